@@ -1,0 +1,1 @@
+"""Typer front-end: parse, call a service, render, map to an exit code. No logic lives here."""

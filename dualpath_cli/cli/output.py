@@ -1,0 +1,43 @@
+"""Output helpers shared by every command: data on stdout, messages on stderr.
+
+Human mode renders with rich; ``--json`` prints exactly one JSON object (or JSON Lines for
+streams) on stdout. NO_COLOR is honoured by rich itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+
+__all__ = ["stdout", "stderr", "emit_json", "to_jsonable", "fail"]
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert dataclasses, tuples and non-finite floats into plain JSON values."""
+    if hasattr(value, "to_dict"):
+        return to_jsonable(value.to_dict())
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def emit_json(payload: Any) -> None:
+    """Print one JSON document on stdout (no colour, no wrapping)."""
+    sys.stdout.write(json.dumps(to_jsonable(payload), sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str) -> None:
+    """Print a one-line error on stderr (the caller then exits with its code)."""
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
