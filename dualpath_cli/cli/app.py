@@ -8,7 +8,7 @@ import click
 import typer
 
 from dualpath_cli import __version__
-from dualpath_cli.cli import config_cmd, plan_cmd, plugins_cmd, trace_cmd, tune_cmd
+from dualpath_cli.cli import config_cmd, plan_cmd, plugins_cmd, storage_cmd, trace_cmd, tune_cmd
 from dualpath_cli.cli.output import fail
 from dualpath_cli.errors import EXIT_USAGE, DualPathError
 
@@ -45,6 +45,7 @@ app.add_typer(tune_cmd.app, name="tune")
 app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(trace_cmd.app, name="trace")
 app.add_typer(plugins_cmd.app, name="plugins")
+app.add_typer(storage_cmd.app, name="storage")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,7 @@
+"""`dualpath storage` commands (being written)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(help="storage commands.", no_args_is_help=True)

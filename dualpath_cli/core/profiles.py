@@ -1,0 +1,131 @@
+"""Model and hardware profiles, and the FLOP model derived from them.
+
+A profile is the set of facts every threshold and cost computation needs: KV bytes per
+token per layer, layer count, attention shape (dense or sparse top-k) and active
+parameters for the linear layers; and for hardware, GPU peak FLOPs with an achieved
+fraction (MFU), HBM, NIC and DRAM bandwidths.
+
+FLOP model (2 FLOPs per multiply-accumulate):
+
+* linear layers: ``2 * active_params`` per new token;
+* attention, per layer: each new token i (0-based) of a chunk with ``cached`` earlier tokens
+  attends to ``cached + i + 1`` tokens, capped at ``attention_topk`` for sparse attention;
+  QK^T and AV cost ``4 * n_heads * head_dim`` FLOPs per attended token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ModelProfile",
+    "HardwareProfile",
+    "MODEL_PROFILES",
+    "HARDWARE_PROFILES",
+    "attended_tokens",
+]
+
+
+def attended_tokens(cached: int, bsz: int, topk: int = 0) -> int:
+    """Sum over ``bsz`` new tokens of how many tokens each attends to (causal, capped)."""
+    if bsz <= 0:
+        return 0
+    first, last = cached + 1, cached + bsz  # token i attends to cached + i + 1
+    if topk <= 0 or last <= topk:
+        return (first + last) * bsz // 2
+    if first >= topk:
+        return topk * bsz
+    below = topk - first  # tokens attending to fewer than topk: first .. topk-1
+    return (first + topk - 1) * below // 2 + topk * (bsz - below)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """Facts about a model that scheduling and cost models need."""
+
+    name: str
+    n_layers: int
+    kv_bytes_per_token_layer: int
+    n_heads: int
+    head_dim: int
+    active_params: float
+    attention_topk: int = 0  # 0 = dense attention
+    kv_dtype: str = "fp16"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over all layers."""
+        return self.n_layers * self.kv_bytes_per_token_layer
+
+    def attention_flops(self, cached: int, bsz: int) -> float:
+        """Attention FLOPs over all layers for ``bsz`` new tokens after ``cached`` ones."""
+        per_layer = 4.0 * self.n_heads * self.head_dim * attended_tokens(
+            cached, bsz, self.attention_topk)
+        return per_layer * self.n_layers
+
+    def linear_flops(self, bsz: int) -> float:
+        """Linear-layer FLOPs (projections, MLP/MoE) for ``bsz`` tokens."""
+        return 2.0 * self.active_params * bsz
+
+    def prefill_flops(self, cached: int, bsz: int) -> float:
+        """Total prefill FLOPs for a chunk of ``bsz`` new tokens after ``cached`` ones."""
+        return self.linear_flops(bsz) + self.attention_flops(cached, bsz)
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """Facts about one node type. Bandwidths in bytes/s, capacities in bytes."""
+
+    name: str
+    gpus_per_node: int
+    gpu_peak_flops: float
+    mfu: float
+    hbm_bytes: int
+    snic_bandwidth: float
+    snics_per_node: int
+    cnic_bandwidth: float
+    dram_bandwidth: float
+    dram_buffer_bytes: int
+
+    @property
+    def gpu_flops(self) -> float:
+        """Achieved FLOP/s of one GPU (peak x MFU)."""
+        return self.gpu_peak_flops * self.mfu
+
+    def prefill_tokens_per_s(self, model: ModelProfile, context: int) -> float:
+        """Tokens/s one GPU prefills when each new token follows ``context`` cached tokens."""
+        return self.gpu_flops / model.prefill_flops(context, 1)
+
+
+MODEL_PROFILES: dict[str, ModelProfile] = {
+    # DeepSeek-V3.2 with sparse attention (DSA top-k 2048), FP8 MLA KV: 656 B latent + ~132 B
+    # indexer key per token per layer (brief section 11: about 40-48 KB per token).
+    "ds660b": ModelProfile("ds660b", n_layers=61, kv_bytes_per_token_layer=788, n_heads=128,
+                           head_dim=576, active_params=37e9, attention_topk=2048,
+                           kv_dtype="fp8"),
+    # The paper's internal DS 27B (Appendix A.2): 30 layers, 32 heads, top-k 1024. KV size is
+    # not given; assumed to use the same FP8 MLA format as DS 660B.
+    "ds27b": ModelProfile("ds27b", n_layers=30, kv_bytes_per_token_layer=788, n_heads=32,
+                          head_dim=576, active_params=4.2e9, attention_topk=1024,
+                          kv_dtype="fp8"),
+    # Qwen2.5-32B: 64 layers, GQA with 8 KV heads x 128 dims, FP16 K and V = 4 KiB/token/layer.
+    "qwen32b": ModelProfile("qwen32b", n_layers=64, kv_bytes_per_token_layer=4096, n_heads=40,
+                            head_dim=128, active_params=32.5e9, kv_dtype="fp16"),
+    # The embedded runtime's numpy reference model (default size; see runtime config).
+    "reference": ModelProfile("reference", n_layers=4, kv_bytes_per_token_layer=512,
+                              n_heads=4, head_dim=32, active_params=2.0e6, kv_dtype="fp16"),
+}
+
+HARDWARE_PROFILES: dict[str, HardwareProfile] = {
+    # The paper's testbed: 8 Hopper GPUs, one 400 Gbps CNIC per GPU, one 400 Gbps SNIC per
+    # node, about 500 GB/s DRAM, 80 GB DualPath buffer per node (DS models).
+    "hopper": HardwareProfile("hopper", gpus_per_node=8, gpu_peak_flops=989e12, mfu=0.4,
+                              hbm_bytes=80 * 10**9, snic_bandwidth=50e9, snics_per_node=1,
+                              cnic_bandwidth=50e9, dram_bandwidth=500e9,
+                              dram_buffer_bytes=80 * 10**9),
+    # One CPU machine emulating a small cluster for the embedded runtime.
+    "cpu": HardwareProfile("cpu", gpus_per_node=1, gpu_peak_flops=50e9, mfu=0.3,
+                           hbm_bytes=256 * 2**20, snic_bandwidth=200e6, snics_per_node=1,
+                           cnic_bandwidth=1e9, dram_bandwidth=10e9,
+                           dram_buffer_bytes=512 * 2**20),
+}
