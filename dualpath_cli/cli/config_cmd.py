@@ -1,7 +1,106 @@
-"""`dualpath config` commands (being written)."""
+"""`dualpath config show|validate|init`: inspect, check and write deployment configuration.
+
+Thin front-end over :mod:`dualpath_cli.config`: parse options, load, render, exit code.
+"""
 
 from __future__ import annotations
 
-import typer
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
 
-app = typer.Typer(help="config commands.", no_args_is_help=True)
+import typer
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, fail, stderr, stdout
+from dualpath_cli.config import PRESETS, default_user_file, load_config, load_file, load_preset
+from dualpath_cli.config.render import atomic_write_text, display_value, render_yaml, resolved_text
+from dualpath_cli.errors import EXIT_USAGE, ConfigError, UsageError
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Show, validate and write the deployment configuration.",
+                  no_args_is_help=True)
+
+_PRESET_HELP = f"Preset to start from: {', '.join(PRESETS)}."
+
+
+@app.command("show")
+def show(
+    preset: Annotated[str | None, typer.Option("--preset", help=_PRESET_HELP)] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Config file layered over env and user/system files.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override one key, e.g. --set scheduler.alpha=8KiB (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Print every effective value with its source; alpha, beta and quota also resolved."""
+    loaded = load_config(preset=preset, config_file=config, overrides=overrides or ())
+    if as_json:
+        emit_json(loaded.to_dict())
+        return
+    table = Table(title=f"dualpath config (preset {loaded.config.preset})",
+                  title_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("resolved", overflow="fold")
+    table.add_column("source", overflow="fold")
+    for key, setting in loaded.settings.items():
+        table.add_row(key, display_value(key, setting.value, setting.raw),
+                      resolved_text(loaded, key),
+                      str(setting.source))
+    stdout.print(table)
+    for name in ("alpha", "beta", "compute_quota"):
+        value = getattr(loaded.resolved, name)
+        resolved = resolved_text(loaded, f"scheduler.{name}")
+        stdout.print(f"{name}: {value.given} ({value.form}) -> {resolved}: {value.derivation}",
+                     highlight=False, soft_wrap=True)
+
+
+@app.command("validate")
+def validate(
+    file: Annotated[Path, typer.Argument(help="YAML config file to check (over the defaults).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Check FILE: exit 0 when valid, 2 with one line naming file, line, key and reason."""
+    try:
+        loaded = load_file(file)
+    except ConfigError as err:
+        if not as_json:
+            raise
+        emit_json({"path": str(file), "valid": False, "error": str(err)})
+        fail(str(err))
+        raise typer.Exit(EXIT_USAGE) from None
+    if as_json:
+        emit_json({"path": str(file), "valid": True, "preset": loaded.config.preset,
+                   "resolved": loaded.resolved.to_dict()})
+    else:
+        stderr.print(f"{file}: valid", highlight=False, soft_wrap=True)
+
+
+@app.command("init")
+def init(
+    preset: Annotated[str, typer.Option("--preset", help=_PRESET_HELP)] = "embedded",
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", help="File to write ('-' for stdout) [default: the user config file, "
+        "$XDG_CONFIG_HOME/dualpath/config.yaml].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Write a commented YAML config for a preset; it loads back to the same values."""
+    text = render_yaml(load_preset(preset))
+    if output == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(output) if output else default_user_file(os.environ)
+    if path.exists() and not force:
+        raise UsageError(f"{path}: already exists; use --force to overwrite")
+    try:
+        atomic_write_text(path, text)
+    except OSError as err:
+        raise UsageError(f"{path}: cannot write: {err.strerror or err}") from None
+    if as_json:
+        emit_json({"path": str(path), "preset": preset})
+    else:
+        stderr.print(f"wrote {path} (preset {preset})", highlight=False, soft_wrap=True)

@@ -1,0 +1,295 @@
+"""The one table of configuration keys: name, kind (parser), default, unit and meaning.
+
+Loading, validation, ``config init``, ``config show`` and docs/config.md are all driven by
+:data:`KEYS`, so a key cannot exist in one place and be missing in another. A key whose
+default is ``None`` takes its value from the selected hardware or model profile
+(``from_profile``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dualpath_cli.config.model import parse_pd
+from dualpath_cli.config.quantities import (
+    ALPHA_FORMS,
+    BETA_FORMS,
+    QUOTA_FORMS,
+    parse_alpha,
+    parse_beta,
+    parse_quota,
+)
+from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
+from dualpath_cli.errors import UnitError
+from dualpath_cli.units import (
+    parse_bandwidth,
+    parse_bytes,
+    parse_duration,
+    parse_flops,
+    parse_tokens,
+)
+
+__all__ = [
+    "Kind",
+    "Key",
+    "KEYS",
+    "KEY_BY_PATH",
+    "SECTIONS",
+    "CUSTOM",
+    "READ_SIDE_POLICIES",
+    "CODECS",
+    "LAYOUTS",
+    "KV_DTYPES",
+]
+
+CUSTOM = "custom"
+READ_SIDE_POLICIES = ("dualpath", "basic", "round-robin", "random", "split", "seed-select")
+CODECS = ("raw-fp16", "raw-bf16", "raw-fp32", "fp8-e4m3")
+LAYOUTS = ("layer-major",)
+KV_DTYPES = ("fp16", "bf16", "fp32", "fp8")
+SECTIONS = ("cluster", "hardware", "model", "storage", "scheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """How a key's raw value is parsed and checked, and how docs describe it."""
+
+    name: str
+    unit: str
+    parse: Callable[[Any], Any]
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise UnitError(f"expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise UnitError(f"{value!r} is not one of: {', '.join(options)}")
+        return value
+    return parse
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise UnitError(f"expected true or false, got {value!r}")
+
+
+def _integer(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UnitError(f"expected a whole number, got {value!r}")
+        try:
+            number = int(value)
+        except ValueError:
+            raise UnitError(f"expected a whole number, got {value!r}") from None
+        if number < minimum:
+            raise UnitError(f"must be at least {minimum}, got {number}")
+        return number
+    return parse
+
+
+def _at_least(parse: Callable[[Any], Any], minimum: float, what: str) -> Callable[[Any], Any]:
+    def checked(value: Any) -> Any:
+        number = parse(value)
+        if number < minimum:
+            raise UnitError(f"{value!r} must be {what}")
+        return number
+    return checked
+
+
+def _positive(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def checked(value: Any) -> Any:
+        number = parse(value)
+        if number <= 0:
+            raise UnitError(f"{value!r} must be greater than zero")
+        return number
+    return checked
+
+
+def _real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UnitError(f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise UnitError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise UnitError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    number = _real(value)
+    if not 0 < number <= 1:
+        raise UnitError(f"must be in (0, 1], got {value!r}")
+    return number
+
+
+def _pd(value: Any) -> Any:
+    try:
+        return parse_pd(value)
+    except Exception as err:  # UsageError -> reported as a field problem
+        raise UnitError(str(err)) from None
+
+
+TEXT = Kind("string", "-", _text)
+BOOL = Kind("bool", "true/false", _boolean)
+COUNT = Kind("integer", "count", _integer(1))
+NON_NEGATIVE_INT = Kind("integer", "count", _integer(0))
+PD = Kind("P/D spec", "nodes", _pd)
+BYTES = Kind("bytes", "bytes", _positive(parse_bytes))
+BANDWIDTH = Kind("bandwidth", "bytes/s", _positive(parse_bandwidth))
+DURATION = Kind("duration", "seconds", _positive(parse_duration))
+FLOP_RATE = Kind("FLOP/s", "FLOP/s", _positive(parse_flops))
+FRACTION = Kind("fraction", "ratio", _fraction)
+TOKENS = Kind("tokens", "tokens", _positive(parse_tokens))
+TOKENS_ANY = Kind("tokens", "tokens", parse_tokens)
+PARAMS = Kind("count", "parameters", _positive(parse_tokens))
+Z = Kind("number", "factor", _at_least(_real, 1.0, "at least 1"))
+ALPHA = Kind("alpha", "bytes | tokens | seconds", parse_alpha)
+BETA = Kind("beta", "tokens | seconds", parse_beta)
+QUOTA = Kind("quota", "seconds | FLOPs", parse_quota)
+
+
+def _choices(options: tuple[str, ...]) -> Kind:
+    return Kind("choice", "-", _choice(options))
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One configuration key.
+
+    Attributes:
+        section: top-level section ("" for top-level keys such as ``preset``).
+        name: key inside its section.
+        kind: parser and documentation of the value.
+        default: raw default (as it would be written in YAML); ``None`` means the value
+            comes from a profile, see ``from_profile``.
+        doc: one-line meaning.
+        from_profile: ``(section whose profile, attribute of the core profile)``.
+        forms: accepted input forms, for docs.
+    """
+
+    section: str
+    name: str
+    kind: Kind
+    default: Any
+    doc: str
+    from_profile: tuple[str, str] | None = None
+    forms: str = ""
+
+    @property
+    def path(self) -> str:
+        """Dotted key, e.g. ``scheduler.alpha``."""
+        return f"{self.section}.{self.name}" if self.section else self.name
+
+    @property
+    def env_var(self) -> str:
+        """The DUALPATH_* variable that sets this key."""
+        if not self.section:
+            return f"DUALPATH_{self.name.upper()}"
+        return f"DUALPATH_{self.section.upper()}__{self.name.upper()}"
+
+
+def _hw(name: str, kind: Kind, attr: str, doc: str) -> Key:
+    return Key("hardware", name, kind, None, doc, from_profile=("hardware", attr))
+
+
+def _mdl(name: str, kind: Kind, attr: str, doc: str) -> Key:
+    return Key("model", name, kind, None, doc, from_profile=("model", attr))
+
+
+def _preset_names() -> tuple[str, ...]:
+    from dualpath_cli.config.presets import PRESETS  # presets import nothing from here
+    return tuple(PRESETS)
+
+
+PRESET = Kind("choice", "-", lambda value: _choice(_preset_names())(value))
+
+KEYS: tuple[Key, ...] = (
+    Key("", "preset", PRESET, "embedded",
+        "Named bundle of values applied over the defaults (embedded, small, medium, large, "
+        "paper)."),
+    # cluster
+    Key("cluster", "pd", PD, "1P2D",
+        "Prefill and decode node counts, e.g. 2P4D (2 PE nodes, 4 DE nodes)."),
+    Key("cluster", "gpus_per_node", COUNT, None,
+        "GPUs per node; one engine per GPU. Default: from the hardware profile.",
+        from_profile=("hardware", "gpus_per_node")),
+    # hardware
+    Key("hardware", "profile", _choices((*HARDWARE_PROFILES, CUSTOM)), "cpu",
+        "Hardware profile the fields below default to ('custom': set them all)."),
+    _hw("gpu_peak_flops", FLOP_RATE, "gpu_peak_flops", "Peak FLOP/s of one GPU (e.g. 989TFLOPS)."),
+    _hw("mfu", FRACTION, "mfu", "Achieved fraction of peak FLOP/s (model FLOP utilisation)."),
+    _hw("hbm_per_gpu", BYTES, "hbm_bytes", "HBM capacity of one GPU."),
+    _hw("snic_bandwidth", BANDWIDTH, "snic_bandwidth", "Bandwidth of one storage NIC."),
+    _hw("snics_per_node", COUNT, "snics_per_node", "Storage NICs per node."),
+    _hw("cnic_bandwidth", BANDWIDTH, "cnic_bandwidth", "Compute-network NIC bandwidth per GPU."),
+    _hw("dram_bandwidth", BANDWIDTH, "dram_bandwidth", "DRAM bandwidth of one node."),
+    _hw("dram_buffer_per_node", BYTES, "dram_buffer_bytes",
+        "DRAM set aside per node for the PE/DE KV buffer."),
+    # model
+    Key("model", "profile", _choices((*MODEL_PROFILES, CUSTOM)), "reference",
+        "Model profile the fields below default to ('custom': set them all)."),
+    _mdl("n_layers", COUNT, "n_layers", "Transformer layers."),
+    _mdl("kv_bytes_per_token_layer", BYTES, "kv_bytes_per_token_layer",
+         "KV-cache bytes of one token in one layer."),
+    _mdl("n_heads", COUNT, "n_heads", "Attention heads (FLOP model)."),
+    _mdl("head_dim", COUNT, "head_dim", "Dimension of one attention head (FLOP model)."),
+    _mdl("active_params", PARAMS, "active_params",
+         "Parameters active per token, for linear-layer FLOPs (e.g. 37B)."),
+    _mdl("attention_topk", NON_NEGATIVE_INT, "attention_topk",
+         "Sparse-attention top-k (0 = dense attention)."),
+    _mdl("kv_dtype", _choices(KV_DTYPES), "kv_dtype", "Element type of the KV cache."),
+    # storage
+    Key("storage", "root", TEXT, "~/.local/share/dualpath/kv",
+        "Directory (or 3FS/NFS mount) holding KV blocks; ~ is expanded."),
+    Key("storage", "block_size", TOKENS, 64, "Tokens per full block (the paper's example: 64)."),
+    Key("storage", "layout", _choices(LAYOUTS), "layer-major",
+        "Byte layout of a full block: [layer, tokens, bytes]."),
+    Key("storage", "codec", _choices(CODECS), "raw-fp16", "Encoding of KV bytes on storage."),
+    # scheduler
+    Key("scheduler", "alpha", ALPHA, "3s",
+        "Short-read-queue threshold; resolved to tokens (bytes / KV bytes per token, or tokens "
+        "one node's storage NICs read in the given seconds).", forms=ALPHA_FORMS),
+    Key("scheduler", "beta", BETA, "5s",
+        "Unfinished-token limit per engine; resolved to tokens (tokens one GPU prefills in the "
+        "given seconds at reference_context). Must resolve to at least one block.",
+        forms=BETA_FORMS),
+    Key("scheduler", "compute_quota", QUOTA, "300ms",
+        "Predicted attention time allowed per prefill batch; resolved to seconds (FLOPs / "
+        "achieved GPU FLOP/s).", forms=QUOTA_FORMS),
+    Key("scheduler", "z_factor", Z, 1.05,
+        "Z = z_factor x mean DE tokens: the high-token line in DE scheduling (at least 1)."),
+    Key("scheduler", "read_side", _choices(READ_SIDE_POLICIES), "dualpath",
+        "Read-side / path policy: " + ", ".join(READ_SIDE_POLICIES) + "."),
+    Key("scheduler", "fetch_period", DURATION, "100ms",
+        "How often an engine group fetches work (our choice; the paper does not say)."),
+    Key("scheduler", "reference_context", TOKENS, "32K",
+        "Context length at which beta in seconds is converted to tokens."),
+    Key("scheduler", "layerwise_prefill", BOOL, False,
+        "Stream KV layer by layer while prefilling."),
+    Key("scheduler", "hierarchical", BOOL, False,
+        "Hierarchical (group-then-engine) scheduling for large clusters."),
+    Key("scheduler", "dynamic_alpha", BOOL, False,
+        "Adjust alpha from storage-NIC utilisation (x0.9 above 80%, x1.1 below 50%)."),
+    Key("scheduler", "dynamic_beta", BOOL, False, "Adjust beta from GPU utilisation."),
+    Key("scheduler", "random_seed", Kind("integer", "count", _integer(0)), 0,
+        "Seed of the 'random' read-side policy."),
+)
+
+KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}
