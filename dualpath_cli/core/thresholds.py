@@ -6,6 +6,17 @@
   GPU processes in a window (5 s).
 The scheduler compares both in tokens, so bytes are converted with the model's KV bytes per
 token (all layers).
+
+Dynamic controllers (pure: current value and a utilisation in, next value out):
+
+* :func:`dynamic_alpha`, the seed's rule: x0.9 above 80% storage-NIC utilisation (a busy NIC
+  should be offered fewer reads), x1.1 below 50%, unchanged between; clamped to [lo, hi]. The
+  seed multiplies a fixed base each time (so it only ever yields base x0.9, base, base x1.1);
+  calling this with ``current=base`` reproduces that, feeding back the result makes it a
+  multiplicative controller.
+* :func:`dynamic_beta`, our reading of the seed's "adjust the unfinished-token limit from GPU
+  utilisation": x0.9 above 90% GPU utilisation (saturated engines should queue less), x1.1
+  below 60% (idle GPUs may take more), clamped to [lo, hi].
 """
 
 from __future__ import annotations
@@ -17,6 +28,9 @@ __all__ = [
     "bytes_to_tokens",
     "tokens_readable",
     "tokens_processable",
+    "dynamic_alpha",
+    "dynamic_beta",
+    "step_controller",
 ]
 
 
@@ -40,3 +54,38 @@ def tokens_readable(bandwidth: float, bytes_per_token: int, window: float) -> in
 def tokens_processable(tokens_per_s: float, window: float) -> int:
     """The paper's beta: tokens one GPU processes in ``window`` seconds."""
     return max(0, math.floor(tokens_per_s * window))
+
+
+def step_controller(current: float, utilisation: float, *, lo: float, hi: float,
+                    high_util: float, low_util: float, down: float = 0.9,
+                    up: float = 1.1) -> float:
+    """``current * down`` above ``high_util``, ``* up`` below ``low_util``, clamped to [lo, hi].
+
+    Raises:
+        ValueError: on a negative or NaN utilisation, ``lo > hi``, or ``low_util > high_util``.
+    """
+    if not utilisation >= 0.0:
+        raise ValueError(f"utilisation must be >= 0, got {utilisation}")
+    if lo > hi:
+        raise ValueError(f"bounds reversed: lo={lo} > hi={hi}")
+    if low_util > high_util:
+        raise ValueError(f"low_util {low_util} above high_util {high_util}")
+    if utilisation > high_util:
+        current *= down
+    elif utilisation < low_util:
+        current *= up
+    return min(hi, max(lo, current))
+
+
+def dynamic_alpha(current: float, snic_util: float, *, lo: float, hi: float,
+                  high_util: float = 0.8, low_util: float = 0.5) -> float:
+    """The seed's dynamic alpha: x0.9 above 80% storage-NIC utilisation, x1.1 below 50%."""
+    return step_controller(current, snic_util, lo=lo, hi=hi, high_util=high_util,
+                           low_util=low_util)
+
+
+def dynamic_beta(current: float, gpu_util: float, *, lo: float, hi: float,
+                 high_util: float = 0.9, low_util: float = 0.6) -> float:
+    """Dynamic beta: x0.9 above 90% GPU utilisation, x1.1 below 60% (see module doc)."""
+    return step_controller(current, gpu_util, lo=lo, hi=hi, high_util=high_util,
+                           low_util=low_util)

@@ -1,0 +1,225 @@
+"""DE scheduling in two phases (paper section 6.3): across groups, then inside one group.
+
+Phase 1 drains the global queue when any DE group fetches: each request goes to the group whose
+total token load is minimum, and that load grows by ``len_r`` before the next request (the
+paper does not say so; without it a whole drain lands on one group). A group's load is what the
+caller puts in :class:`GroupLoads`: normally the reported sum of ``tok_e`` plus the lengths
+already routed to its private queue (see :func:`group_load`). A lazy min-heap keeps each
+routing at O(log groups) instead of a scan over all groups.
+
+Phase 2 places the fetching group's private queue on its DEs:
+
+1. ``R`` = the longest head of the queue whose total length fits in the group's total free HBM
+   (ignoring fragmentation);
+2. ``Z = z_factor * (sum of len_r over R + sum of tok_e over E) / |E|``;
+3. pop the head ``r``; among DEs with ``hbm_free >= len_r``: a normal DE (``tok + len_r <= Z``)
+   with minimum ``seq``, else a high-token DE with minimum ``tok``; if none has the HBM, stop.
+   Each placement adds ``len_r`` to ``tok``, 1 to ``seq`` and takes ``len_r`` of ``hbm_free``.
+
+``E`` is the group's healthy engines; an unhealthy DE neither counts nor receives. Walking past
+``R`` is never needed: once ``R`` is placed the free HBM left is below the next length, so no
+DE can take it and the stop rule ends the fetch the same way.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dualpath_cli.core.types import EngineSnapshot, Request
+
+__all__ = [
+    "GroupLoads",
+    "RouteResult",
+    "DEPlaceResult",
+    "group_load",
+    "de_route",
+    "hbm_bounded_count",
+    "z_threshold",
+    "pick_de",
+    "de_place",
+]
+
+DEFAULT_Z_FACTOR = 1.05
+
+
+class GroupLoads:
+    """Token load per DE group with O(log n) minimum lookup (a lazily cleaned heap).
+
+    Ties go to the lower group id. Plain data: no clocks or I/O; :meth:`copy` gives an
+    independent instance so phase 1 can stay a function of its inputs.
+    """
+
+    __slots__ = ("_load", "_heap")
+
+    def __init__(self, loads: Mapping[int, int]) -> None:
+        self._load: dict[int, int] = dict(loads)
+        self._heap: list[tuple[int, int]] = [(v, g) for g, v in self._load.items()]
+        heapq.heapify(self._heap)
+
+    def copy(self) -> GroupLoads:
+        """An independent copy (O(groups), C speed)."""
+        new = GroupLoads.__new__(GroupLoads)
+        new._load = self._load.copy()
+        new._heap = self._heap.copy()
+        return new
+
+    def __len__(self) -> int:
+        return len(self._load)
+
+    def load(self, group: int) -> int:
+        """Current load of ``group``."""
+        return self._load[group]
+
+    def as_dict(self) -> dict[int, int]:
+        """A copy of every group's load."""
+        return self._load.copy()
+
+    def set(self, group: int, load: int) -> None:
+        """Replace a group's load (e.g. from a fresh report); adds the group if new."""
+        self._load[group] = load
+        heapq.heappush(self._heap, (load, group))
+        if len(self._heap) > 2 * len(self._load) + 16:
+            self._heap = [(v, g) for g, v in self._load.items()]
+            heapq.heapify(self._heap)
+
+    def add(self, group: int, delta: int) -> None:
+        """Grow (or shrink) a group's load by ``delta``."""
+        self.set(group, self._load[group] + delta)
+
+    def _clean_top(self) -> tuple[int, int]:
+        heap, load = self._heap, self._load
+        while True:
+            top = heap[0]
+            if load.get(top[1]) == top[0]:
+                return top
+            heapq.heappop(heap)
+
+    def min_group(self) -> int:
+        """The group with minimum load (lowest id on ties)."""
+        if not self._load:
+            raise ValueError("no DE groups")
+        return self._clean_top()[1]
+
+    def assign(self, length: int) -> int:
+        """Route one request of ``length`` tokens: return the min group and grow its load."""
+        if not self._load:
+            raise ValueError("no DE groups")
+        load, group = self._clean_top()
+        new = load + length
+        self._load[group] = new
+        heapq.heapreplace(self._heap, (new, group))
+        return group
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    """Outcome of phase 1: ``(request_id, group)`` in FIFO order and the loads after it."""
+
+    assignments: tuple[tuple[int, int], ...]
+    loads: GroupLoads
+
+
+@dataclass(frozen=True, slots=True)
+class DEPlaceResult:
+    """Outcome of one DE group fetch (phase 2).
+
+    Attributes:
+        assignments: ``(request_id, engine_id)`` in FIFO order.
+        remaining: the private queue left for the next fetch.
+        engines: updated copies of the group's snapshots.
+        z: the high-token threshold used (0.0 when the group has no healthy engine).
+        r_count: ``|R|``, the HBM-bounded head of the queue.
+        stop_reason: ``"queue_empty"``, ``"no_hbm"`` or ``"no_engines"``.
+    """
+
+    assignments: tuple[tuple[int, int], ...]
+    remaining: tuple[Request, ...]
+    engines: tuple[EngineSnapshot, ...]
+    z: float
+    r_count: int
+    stop_reason: str
+
+
+def group_load(engines: Iterable[EngineSnapshot], queued: Iterable[Request] = ()) -> int:
+    """A group's phase-1 load: reported ``tok`` of its engines plus lengths routed but unplaced."""
+    return sum(e.tok for e in engines) + sum(r.length for r in queued)
+
+
+def de_route(queue: Sequence[Request], loads: GroupLoads | Mapping[int, int]) -> RouteResult:
+    """Phase 1: route every request of the global queue to the min-load group, in order.
+
+    ``loads`` is not modified; the result carries the updated copy.
+    """
+    work = loads.copy() if isinstance(loads, GroupLoads) else GroupLoads(loads)
+    assign = work.assign
+    out = tuple((r.request_id, assign(r.length)) for r in queue)
+    return RouteResult(out, work)
+
+
+def hbm_bounded_count(queue: Sequence[Request], total_hbm: int) -> int:
+    """``|R|``: how many head requests fit in ``total_hbm`` tokens if HBM never fragmented."""
+    used = 0
+    n = 0
+    for r in queue:
+        used += r.length
+        if used > total_hbm:
+            break
+        n += 1
+    return n
+
+
+def z_threshold(r_tokens: int, engines: Sequence[EngineSnapshot],
+                z_factor: float = DEFAULT_Z_FACTOR) -> float:
+    """``Z = z_factor * (r_tokens + sum tok_e) / |E|`` over ``engines`` (all counted)."""
+    if not engines:
+        raise ValueError("Z needs at least one engine")
+    return z_factor * (r_tokens + sum(e.tok for e in engines)) / len(engines)
+
+
+def pick_de(engines: Sequence[EngineSnapshot], length: int, z: float) -> EngineSnapshot | None:
+    """The DE for a request of ``length``: normal by min ``seq``, else high-token by min ``tok``.
+
+    Only engines with ``hbm_free >= length`` qualify. Ties: lower ``tok`` then ``engine_id`` for
+    normal DEs, lower ``engine_id`` for high-token ones. ``None`` when no DE has the HBM.
+    """
+    normal: EngineSnapshot | None = None
+    high: EngineSnapshot | None = None
+    for e in engines:
+        if e.hbm_free < length:
+            continue
+        if e.tok + length <= z:
+            if normal is None or (e.seq, e.tok, e.engine_id) < (
+                    normal.seq, normal.tok, normal.engine_id):
+                normal = e
+        elif normal is None and (high is None or (e.tok, e.engine_id) < (
+                high.tok, high.engine_id)):
+            high = e
+    return normal if normal is not None else high
+
+
+def de_place(queue: Sequence[Request], engines: Sequence[EngineSnapshot],
+             z_factor: float = DEFAULT_Z_FACTOR) -> DEPlaceResult:
+    """Phase 2: place the group's private ``queue`` on its healthy DEs (see module doc)."""
+    work = [e.copy() for e in engines]
+    live = [e for e in work if e.healthy]
+    if not live:
+        return DEPlaceResult((), tuple(queue), tuple(work), 0.0, 0, "no_engines")
+    r_count = hbm_bounded_count(queue, sum(e.hbm_free for e in live))
+    z = z_threshold(sum(r.length for r in queue[:r_count]), live, z_factor)
+    assignments: list[tuple[int, int]] = []
+    n = 0
+    stop = "queue_empty"
+    for r in queue:
+        length = r.length
+        e = pick_de(live, length, z)
+        if e is None:
+            stop = "no_hbm"
+            break
+        e.tok += length
+        e.seq += 1
+        e.hbm_free -= length
+        assignments.append((r.request_id, e.engine_id))
+        n += 1
+    return DEPlaceResult(tuple(assignments), tuple(queue[n:]), tuple(work), z, r_count, stop)
