@@ -94,9 +94,9 @@ def test_paper_alpha_is_tokens_readable_in_three_seconds() -> None:
 
 
 def test_seed_alpha_bytes_convert_to_tokens() -> None:
-    reference = MODEL_PROFILES["reference"]  # 4 layers x 512 B = 2048 B per token
+    reference = MODEL_PROFILES["reference"]  # 4 layers x 256 B = 1024 B per token
     resolved = resolve_alpha(parse_alpha("8KiB"), reference, HOPPER)
-    assert resolved.value == bytes_to_tokens(8192, 2048) == 4
+    assert resolved.value == bytes_to_tokens(8192, 1024) == 8
     # For DS 660B one token's KV is 48,068 B, so the seed's 8 KiB is 0 tokens, and we say so.
     zero = resolve_alpha(parse_alpha("8KiB"), DS660B, HOPPER)
     assert zero.value == 0 and "less than one token" in zero.derivation

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from types import ModuleType
 
-import click
 import typer
+import typer.core
 
 from dualpath_cli import __version__
-from dualpath_cli.cli import config_cmd, plan_cmd, plugins_cmd, storage_cmd, trace_cmd, tune_cmd
+from dualpath_cli.cli import (
+    bench_cmd,
+    config_cmd,
+    plan_cmd,
+    plugins_cmd,
+    storage_cmd,
+    trace_cmd,
+    tune_cmd,
+)
 from dualpath_cli.cli.output import fail
 from dualpath_cli.errors import EXIT_USAGE, DualPathError
+from dualpath_cli.plugins import get_manager
 
 __all__ = ["app", "main"]
 
@@ -40,6 +51,7 @@ def _root(
     """DualPath operations toolkit."""
 
 
+app.command("bench")(bench_cmd.bench)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(tune_cmd.app, name="tune")
 app.add_typer(plan_cmd.app, name="plan")
@@ -48,20 +60,32 @@ app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(storage_cmd.app, name="storage")
 
 
+def _click_module() -> ModuleType:
+    """The click that Typer really uses: Typer >= 0.29 vendors its own copy as typer._click."""
+    return getattr(typer.core, "_click", None) or importlib.import_module("click")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, print errors as one line, return the code."""
+    click_mod = _click_module()
+    click_error = click_mod.exceptions.ClickException
+    abort = (getattr(click_mod.exceptions, "Abort", typer.Abort), typer.Abort)
+    get_manager().install_commands(app)  # plugin sub-commands; idempotent per app
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="dualpath", standalone_mode=False)
     except DualPathError as err:
         fail(str(err))
         return err.exit_code
-    except click.exceptions.Exit as done:
-        return int(done.exit_code or 0)
-    except click.ClickException as err:
-        err.show()
-        return err.exit_code if err.exit_code else EXIT_USAGE
-    except click.exceptions.Abort:
+    except click_error as err:
+        ctx = getattr(err, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        message = err.format_message()
+        if message:  # an empty message is click's "no arguments: help was shown"
+            fail(f"{where}{message}{hint}")
+        return int(getattr(err, "exit_code", EXIT_USAGE) or EXIT_USAGE)
+    except abort:
         fail("aborted")
         return 130
     except KeyboardInterrupt:

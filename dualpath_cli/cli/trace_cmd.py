@@ -1,7 +1,145 @@
-"""`dualpath trace` commands (being written)."""
+"""`dualpath trace`: generate Table 2-calibrated agent traces and summarise trace files.
+
+``gen`` draws a synthetic trace (workload/build.py) and writes it atomically; ``stats`` reads a
+dualpath or Mooncake trace and prints its means. The format is in docs/trace-format.md.
+"""
 
 from __future__ import annotations
 
-import typer
+import math
+from pathlib import Path
+from typing import Any
 
-app = typer.Typer(help="trace commands.", no_args_is_help=True)
+import typer
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import UsageError
+from dualpath_cli.units import format_tokens, parse_tokens
+from dualpath_cli.workload.build import DEFAULT_BASE_AGENTS, synthetic_trace
+from dualpath_cli.workload.mooncake import mooncake_stats
+from dualpath_cli.workload.stats import TraceStats, trace_stats
+from dualpath_cli.workload.table2 import TABLE2, Table2Row, targets_for
+from dualpath_cli.workload.trace_io import (
+    TraceFormat,
+    detect_format,
+    read_mooncake,
+    read_trace,
+    write_trace,
+)
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Generate and inspect agent traces (Table 2 calibrated, or Mooncake).",
+                  no_args_is_help=True)
+
+_FORMATS: tuple[TraceFormat, ...] = ("dualpath", "mooncake")
+_COLUMNS = ("turns", "append", "gen", "total", "context")
+
+
+@app.command("gen")
+def gen(
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (JSONL)."),
+    max_len: str = typer.Option(
+        "64K", "--max-len", help="Cap on every trajectory's total tokens; 32K, 48K and 64K "
+        "are the paper's Table 2 rows (K = 1000)."),
+    agents: int = typer.Option(500, "--agents", help="Number of agents (trajectories)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; equal seeds give equal traces."),
+    base_agents: int = typer.Option(
+        DEFAULT_BASE_AGENTS, "--base-agents", help="Base trajectories; more agents replay "
+        "them behind a synthetic first round (g = 1), as in the paper."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Write a synthetic agent trace calibrated to the paper's Table 2."""
+    length = parse_tokens(max_len)
+    trace = synthetic_trace(length, agents, seed, base_agents=base_agents)
+    stats = trace_stats(trace.trajectories)
+    write_trace(output, trace)
+    target = targets_for(length)
+    if as_json:
+        emit_json({"path": str(output), "format": "dualpath", "max_len": length,
+                   "seed": seed, "augmented": trace.header.generator["augmented"],
+                   "stats": stats.to_dict(), "targets": target.to_dict()})
+        return
+    stderr.print(f"wrote {output}", highlight=False)
+    _render_dualpath(stats, length, target, title=f"{output}: {agents} agents, max_len "
+                     f"{format_tokens(length)}, seed {seed}")
+
+
+@app.command("stats")
+def stats(
+    path: Path = typer.Argument(..., help="Trace file (dualpath JSONL or Mooncake JSONL)."),
+    fmt: str | None = typer.Option(
+        None, "--format", help="dualpath or mooncake [default: detected from the first line]."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Table 2 means of a dualpath trace, or request statistics of a Mooncake trace."""
+    kind = _format(fmt) if fmt is not None else detect_format(path)
+    if kind == "mooncake":
+        summary = mooncake_stats(read_mooncake(path))
+        if as_json:
+            emit_json({"path": str(path), "format": kind, **summary.to_dict()})
+            return
+        table = _table(f"{path}: Mooncake trace", with_target=False)
+        table.add_row("requests", f"{summary.requests:,}")
+        table.add_row("mean input length", f"{summary.mean_input_length:,.1f}")
+        table.add_row("mean output length", f"{summary.mean_output_length:,.1f}")
+        table.add_row("prefix-hit ratio (unbounded cache)", f"{summary.prefix_hit_ratio:.2%}")
+        table.add_row("unique 512-token blocks", f"{summary.unique_blocks:,}")
+        table.add_row("duration", f"{summary.duration_s:,.1f} s")
+        stdout.print(table)
+        return
+    trace = read_trace(path)
+    if not trace.trajectories:
+        raise UsageError(f"{path}: the trace has a header but no trajectories")
+    result = trace_stats(trace.trajectories)
+    max_len = trace.header.max_len
+    if as_json:
+        emit_json({"path": str(path), "format": kind, "max_len": max_len,
+                   **result.to_dict()})
+        return
+    row = next((r for r in TABLE2 if r.max_len == max_len), None)
+    _render_dualpath(result, max_len, row, title=f"{path}: max_len {format_tokens(max_len)}")
+
+
+def _format(value: str) -> TraceFormat:
+    for kind in _FORMATS:
+        if value.lower() == kind:
+            return kind
+    raise UsageError(f"invalid --format {value!r}: expected one of {', '.join(_FORMATS)}")
+
+
+def _table(title: str, *, with_target: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    if with_target:
+        table.add_column("Table 2", justify="right")
+        table.add_column("diff", justify="right")
+    return table
+
+
+def _render_dualpath(result: TraceStats, max_len: int, target: Table2Row | None, *,
+                     title: str) -> None:
+    exact = target is not None and any(r.max_len == max_len for r in TABLE2)
+    table = _table(title, with_target=target is not None)
+    if target is not None and not exact:
+        table.columns[2].header = "target (interp.)"
+    values: dict[str, Any] = result.to_dict()
+    table.add_row("agents", f"{result.agents:,}", *(["", ""] if target is not None else []))
+    for key in _COLUMNS:
+        cells = [f"{values[key]:,.1f}"]
+        if target is not None:
+            want = getattr(target, key)
+            cells += [f"{want:,.0f}", f"{values[key] / want - 1:+.1%}"]
+        table.add_row(key, *cells)
+    extra = ["", ""] if target is not None else []
+    table.add_row("max total", f"{result.max_total:,} (cap {max_len:,})", *extra)
+    table.add_row("turn/size correlation", _number(result.turn_size_corr), *extra)
+    table.add_row("dispersion Turns(A+G)/Total", f"{result.dispersion:.3f}", *extra)
+    table.add_row("replay hit ratio", f"{result.hit_ratio:.2%}", *extra)
+    stdout.print(table)
+
+
+def _number(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:+.3f}"

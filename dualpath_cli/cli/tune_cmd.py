@@ -1,7 +1,239 @@
-"""`dualpath tune` commands (being written)."""
+"""`dualpath tune`: compute the scheduler thresholds alpha and beta from hardware facts.
+
+Two rules exist and both are supported (see core/thresholds.py):
+
+* the seed's bandwidth-delay rule, alpha = storage-NIC bandwidth x latency, in bytes;
+* the paper's window rule, alpha = tokens the node's storage NICs read in a window (3 s) and
+  beta = tokens one GPU prefills in a window (5 s).
+"""
 
 from __future__ import annotations
 
-import typer
+from typing import Any
 
-app = typer.Typer(help="tune commands.", no_args_is_help=True)
+import typer
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stdout
+from dualpath_cli.core.profiles import (
+    HARDWARE_PROFILES,
+    MODEL_PROFILES,
+    HardwareProfile,
+    ModelProfile,
+)
+from dualpath_cli.core.thresholds import (
+    alpha_bytes_from_bdp,
+    bytes_to_tokens,
+    tokens_processable,
+    tokens_readable,
+)
+from dualpath_cli.errors import UsageError
+from dualpath_cli.units import (
+    format_bandwidth,
+    format_bytes,
+    format_duration,
+    format_tokens,
+    parse_bandwidth,
+    parse_bytes,
+    parse_duration,
+    parse_tokens,
+)
+
+__all__ = ["app", "model_profile", "hardware_profile", "SEED_ALPHA_NOTE"]
+
+app = typer.Typer(help="Compute the scheduler thresholds alpha and beta from hardware facts.",
+                  no_args_is_help=True)
+
+#: The paper's storage NIC (one 400 Gbps NIC per node), used when no bandwidth is given.
+DEFAULT_SNIC = "400Gbps"
+
+SEED_ALPHA_NOTE = ("the seed quotes alpha = 8KB for a 400Gbps storage NIC and 50us latency, "
+                   "but its own rule gives 400Gbps x 50us = 2.5MB; 8KB would need a latency "
+                   "of about 160ns")
+
+
+def model_profile(name: str) -> ModelProfile:
+    """The built-in model profile ``name``, or a UsageError listing the known ones."""
+    try:
+        return MODEL_PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown model profile {name!r}: choose one of "
+                         f"{', '.join(MODEL_PROFILES)}") from None
+
+
+def hardware_profile(name: str) -> HardwareProfile:
+    """The built-in hardware profile ``name``, or a UsageError listing the known ones."""
+    try:
+        return HARDWARE_PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown hardware profile {name!r}: choose one of "
+                         f"{', '.join(HARDWARE_PROFILES)}") from None
+
+
+def _snic(snic: str | None, hardware: str | None) -> tuple[float, str]:
+    """Node storage bandwidth in bytes/s and where it came from."""
+    if snic is not None:
+        return parse_bandwidth(snic), "--snic"
+    if hardware is not None:
+        profile = hardware_profile(hardware)
+        return profile.snic_bandwidth * profile.snics_per_node, f"hardware {profile.name}"
+    return parse_bandwidth(DEFAULT_SNIC), f"default {DEFAULT_SNIC}"
+
+
+def _bytes_per_token(value: str | None, model: str | None) -> tuple[int | None, str | None]:
+    if value is not None:
+        amount = parse_bytes(value)
+        if amount <= 0:
+            raise UsageError(f"invalid --bytes-per-token {value!r}: must be greater than zero")
+        return amount, "--bytes-per-token"
+    if model is not None:
+        return model_profile(model).kv_bytes_per_token, f"model {model}"
+    return None, None
+
+
+def _render(title: str, rows: list[tuple[str, str]], notes: list[str]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("quantity", style="bold")
+    table.add_column("value")
+    for name, value in rows:
+        table.add_row(name, value)
+    stdout.print(table)
+    for note in notes:
+        stdout.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+@app.command("alpha")
+def alpha(
+    latency: str | None = typer.Option(
+        None, "--latency", help="Expected latency, e.g. 50us: selects the seed's "
+        "bandwidth-delay rule (alpha in bytes)."),
+    window: str | None = typer.Option(
+        None, "--window", help="Reading window, e.g. 3s: selects the paper's rule (alpha in "
+        "tokens the storage NICs read in that time)."),
+    snic: str | None = typer.Option(
+        None, "--snic", help="Storage-NIC bandwidth of one node, e.g. 400Gbps "
+        "[default: from --hardware, else 400Gbps]."),
+    bytes_per_token: str | None = typer.Option(
+        None, "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model profile giving KV bytes per token (e.g. ds660b)."),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="Hardware profile giving the storage-NIC bandwidth."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Alpha, the short-read-queue threshold, by the seed's rule or the paper's."""
+    if (latency is None) == (window is None):
+        raise UsageError("tune alpha: give exactly one of --latency (the seed's bandwidth-delay "
+                         "rule, bytes) or --window (the paper's rule, tokens)")
+    bandwidth, bandwidth_source = _snic(snic, hardware)
+    bpt, bpt_source = _bytes_per_token(bytes_per_token, model)
+    if latency is not None:
+        _alpha_bdp(bandwidth, bandwidth_source, parse_duration(latency), bpt, bpt_source,
+                   as_json)
+    else:
+        assert window is not None
+        if bpt is None:
+            raise UsageError("tune alpha --window: give --bytes-per-token or --model to turn "
+                             "bytes read into tokens")
+        _alpha_window(bandwidth, bandwidth_source, parse_duration(window), bpt,
+                      bpt_source or "", as_json)
+
+
+def _alpha_bdp(bandwidth: float, bandwidth_source: str, latency: float, bpt: int | None,
+               bpt_source: str | None, as_json: bool) -> None:
+    amount = round(alpha_bytes_from_bdp(bandwidth, latency))
+    tokens = bytes_to_tokens(amount, bpt) if bpt is not None else None
+    inputs: dict[str, Any] = {"snic_bytes_per_s": bandwidth, "snic_source": bandwidth_source,
+                              "latency_s": latency}
+    if bpt is not None:
+        inputs["bytes_per_token"] = bpt
+    if as_json:
+        payload: dict[str, Any] = {"rule": "bandwidth-delay", "alpha_bytes": amount}
+        if tokens is not None:
+            payload["alpha_tokens"] = tokens
+        payload["inputs"] = inputs
+        payload["note"] = SEED_ALPHA_NOTE
+        emit_json(payload)
+        return
+    rows = [
+        ("rule", "seed: alpha = storage-NIC bandwidth x latency (bandwidth-delay product)"),
+        ("storage NIC", f"{format_bandwidth(bandwidth, bits=True)} = "
+                        f"{format_bandwidth(bandwidth)} ({bandwidth_source})"),
+        ("latency", format_duration(latency)),
+        ("alpha", f"{format_bandwidth(bandwidth)} x {format_duration(latency)} = "
+                  f"{format_bytes(amount, binary=False)} ({amount:,} bytes)"),
+    ]
+    if tokens is not None and bpt is not None:
+        rows.append(("alpha in tokens", f"{amount:,} B / {bpt:,} B per token = {tokens:,} "
+                                        f"tokens ({bpt_source})"))
+    _render("tune alpha", rows, [SEED_ALPHA_NOTE])
+
+
+def _alpha_window(bandwidth: float, bandwidth_source: str, window: float, bpt: int,
+                  bpt_source: str, as_json: bool) -> None:
+    tokens = tokens_readable(bandwidth, bpt, window)
+    if as_json:
+        emit_json({"rule": "window", "alpha_tokens": tokens, "inputs": {
+            "snic_bytes_per_s": bandwidth, "snic_source": bandwidth_source, "window_s": window,
+            "bytes_per_token": bpt, "bytes_per_token_source": bpt_source}})
+        return
+    per_s = bandwidth / bpt
+    _render("tune alpha", [
+        ("rule", "paper: alpha = tokens the node's storage NICs read in the window"),
+        ("storage NIC", f"{format_bandwidth(bandwidth, bits=True)} = "
+                        f"{format_bandwidth(bandwidth)} ({bandwidth_source})"),
+        ("KV per token", f"{bpt:,} bytes ({bpt_source})"),
+        ("read rate", f"{format_bandwidth(bandwidth)} / {bpt:,} B = "
+                      f"{format_tokens(per_s)} tokens/s"),
+        ("window", format_duration(window)),
+        ("alpha", f"{format_tokens(per_s)} tokens/s x {format_duration(window)} = "
+                  f"{tokens:,} tokens ({format_tokens(tokens)})"),
+    ], [])
+
+
+@app.command("beta")
+def beta(
+    window: str = typer.Option("5s", "--window", help="GPU work window (the paper uses 5s)."),
+    tokens_per_s: str | None = typer.Option(
+        None, "--tokens-per-s", help="Prefill throughput of one GPU in tokens/s, e.g. 12K."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model profile (e.g. ds660b) to derive tokens/s from FLOPs."),
+    hardware: str = typer.Option(
+        "hopper", "--hardware", help="Hardware profile giving the GPU's achieved FLOP/s."),
+    context: str = typer.Option(
+        "32K", "--context", help="Cached context each new token follows, for the FLOP model."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Beta, the unfinished-token limit: tokens one GPU processes in the window."""
+    seconds = parse_duration(window)
+    inputs: dict[str, Any] = {"window_s": seconds}
+    if tokens_per_s is not None:
+        if model is not None:
+            raise UsageError("tune beta: give --tokens-per-s or --model, not both")
+        rate = float(parse_tokens(tokens_per_s))
+        inputs.update({"tokens_per_s": rate, "source": "--tokens-per-s"})
+        derivation = f"{format_tokens(rate)} tokens/s (given)"
+    elif model is not None:
+        profile, node = model_profile(model), hardware_profile(hardware)
+        cached = parse_tokens(context)
+        rate = node.prefill_tokens_per_s(profile, cached)
+        inputs.update({"tokens_per_s": rate, "source": "profile", "model": profile.name,
+                       "hardware": node.name, "context_tokens": cached})
+        derivation = (f"{node.name} GPU {node.gpu_flops / 1e12:.4g} TFLOP/s achieved / "
+                      f"{profile.prefill_flops(cached, 1) / 1e9:.4g} GFLOP per token "
+                      f"({profile.name} after {format_tokens(cached)} cached) = "
+                      f"{format_tokens(rate)} tokens/s")
+    else:
+        raise UsageError("tune beta: give --tokens-per-s, or --model (with --hardware and "
+                         "--context) to derive it from the FLOP model")
+    tokens = tokens_processable(rate, seconds)
+    if as_json:
+        emit_json({"rule": "window", "beta_tokens": tokens, "inputs": inputs})
+        return
+    _render("tune beta", [
+        ("rule", "paper: beta = tokens one GPU processes in the window"),
+        ("throughput", derivation),
+        ("window", format_duration(seconds)),
+        ("beta", f"{format_tokens(rate)} tokens/s x {format_duration(seconds)} = "
+                 f"{tokens:,} tokens ({format_tokens(tokens)})"),
+    ], [])

@@ -111,9 +111,13 @@ MODEL_PROFILES: dict[str, ModelProfile] = {
     # Qwen2.5-32B: 64 layers, GQA with 8 KV heads x 128 dims, FP16 K and V = 4 KiB/token/layer.
     "qwen32b": ModelProfile("qwen32b", n_layers=64, kv_bytes_per_token_layer=4096, n_heads=40,
                             head_dim=128, active_params=32.5e9, kv_dtype="fp16"),
-    # The embedded runtime's numpy reference model (default size; see runtime config).
-    "reference": ModelProfile("reference", n_layers=4, kv_bytes_per_token_layer=512,
-                              n_heads=4, head_dim=32, active_params=2.0e6, kv_dtype="fp16"),
+    # The embedded runtime's numpy reference model: MODEL_CONFIGS["tiny"].to_profile() (4 layers,
+    # 2 KV heads x 32 dims, fp16 K and V) and the larger "bench" size. A test keeps them equal.
+    "reference": ModelProfile("reference", n_layers=4, kv_bytes_per_token_layer=256,
+                              n_heads=4, head_dim=32, active_params=770560.0, kv_dtype="fp16"),
+    "reference-bench": ModelProfile("reference-bench", n_layers=8, kv_bytes_per_token_layer=1024,
+                                    n_heads=8, head_dim=64, active_params=23726080.0,
+                                    kv_dtype="fp16"),
 }
 
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {

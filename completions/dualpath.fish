@@ -1,0 +1,1 @@
+complete --command dualpath --no-files --arguments "(env _DUALPATH_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) dualpath)" --condition "env _DUALPATH_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) dualpath"

@@ -1,0 +1,87 @@
+"""Local process cluster: one child process per engine (the embedded default).
+
+Children are started with the ``spawn`` method (no inherited sockets or threads) and limit
+BLAS to one thread. A supervisor thread waits on the children's sentinels, so an engine that
+dies is reported at once (the scheduler's heartbeat timeout is the second line of defence).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dualpath_cli.runtime.context import EngineSpec
+
+__all__ = ["LocalCluster", "engine_main"]
+
+
+def engine_main(spec: EngineSpec) -> None:
+    """Child-process entry: single-threaded BLAS, ZeroMQ fabric, reference model."""
+    from dualpath_cli.runtime.model.threads import limit_blas_threads
+
+    limit_blas_threads(1)
+    from dualpath_cli.runtime.engine import run_engine
+    from dualpath_cli.runtime.model import load_model
+    from dualpath_cli.transfer import ZmqFabric
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us
+    run_engine(spec, ZmqFabric(), load_model)
+
+
+class LocalCluster:
+    """Starts engine processes and reports unexpected exits through ``on_death``."""
+
+    def __init__(self, on_death: Callable[[int], None] | None = None) -> None:
+        self.on_death = on_death
+        self._procs: dict[int, Any] = {}
+        self._closing = threading.Event()
+        self._ctx = mp.get_context("spawn")
+        self._watch: threading.Thread | None = None
+
+    def start(self, specs: list[EngineSpec]) -> None:
+        env_keep = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        try:
+            for spec in specs:
+                p = self._ctx.Process(target=engine_main, args=(spec,), daemon=True,
+                                      name=f"dualpath-engine-{spec.engine_id}")
+                p.start()
+                self._procs[spec.engine_id] = p
+        finally:
+            for k, v in env_keep.items():
+                if v is None:
+                    os.environ.pop(k, None)
+        self._watch = threading.Thread(target=self._supervise, daemon=True,
+                                       name="cluster-supervisor")
+        self._watch.start()
+
+    def _supervise(self) -> None:
+        pending = {p.sentinel: eid for eid, p in self._procs.items()}
+        while pending and not self._closing.is_set():
+            ready = multiprocessing.connection.wait(list(pending), timeout=0.2)
+            for sentinel in ready:
+                eid = pending.pop(int(sentinel))  # type: ignore[arg-type]
+                if not self._closing.is_set() and self.on_death:
+                    self.on_death(eid)
+
+    def pid(self, engine_id: int) -> int:
+        """OS pid of an engine."""
+        return int(self._procs[engine_id].pid)
+
+    def kill(self, engine_id: int) -> None:
+        self._procs[engine_id].kill()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._closing.set()
+        for p in self._procs.values():
+            p.join(timeout)
+        for p in self._procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)

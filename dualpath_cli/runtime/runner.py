@@ -1,0 +1,124 @@
+"""The agentic runner: N agents replay trajectories against a running system.
+
+Turn ``i+1`` is sent when turn ``i`` returns; its prompt is every earlier appended and
+generated token plus this turn's appended tokens (ids from ``workload.tokens``, generated
+ids are the model's own greedy output). Hits come only from the agent's own earlier KV,
+found in the store through the prefix keys (agents' first rounds differ, so keys do).
+Offline mode starts every agent at t = 0 and reports the JCT; online mode starts agents at
+Poisson arrivals of ``aps`` agents per second and reports TTFT, TTST and TPOT.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
+from dualpath_cli.runtime.system import RuntimeSystem
+from dualpath_cli.workload.tokens import append_token_ids
+from dualpath_cli.workload.trajectory import Trajectory
+
+__all__ = ["TurnRecord", "RunResult", "run_agents", "percentile"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One served turn."""
+
+    agent: int
+    turn: int
+    prompt: int
+    cached: int
+    tokens: tuple[int, ...]
+    ttft: float
+    ttst: float
+    tpot: float
+    latency: float
+    attempts: int
+    pe_tokens: int
+    rx_from_pe: int
+
+
+@dataclass
+class RunResult:
+    """Everything one run measured."""
+
+    jct: float
+    turns: list[TurnRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def tokens_by_turn(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Generated tokens of every (agent, turn)."""
+        return {(t.agent, t.turn): t.tokens for t in self.turns}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) or NaN when empty."""
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def _record(traj: Trajectory, i: int, prompt: int, r: TurnResult) -> TurnRecord:
+    gen = len(r.tokens)
+    ttst = (r.second_at - r.submitted) if r.second_at else float("nan")
+    tpot = (r.done_at - r.first_at) / (gen - 1) if gen > 1 else 0.0
+    return TurnRecord(traj.agent_id, i, prompt, r.cached, tuple(r.tokens),
+                      r.first_at - r.submitted, ttst, tpot, r.done_at - r.submitted,
+                      r.attempts, r.pe_tokens, r.rx_from_pe)
+
+
+def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
+               aps: float | None = None, seed: int = 0, vocab_size: int = 256,
+               on_turn: Callable[[TurnRecord], None] | None = None,
+               timeout: float = 600.0) -> RunResult:
+    """Replay ``trajectories`` concurrently (offline when ``aps`` is None).
+
+    Args:
+        system: a started runtime system.
+        trajectories: one per agent.
+        aps: online mode arrival rate (agents per second); None = all start at t = 0.
+        seed: seeds the Poisson arrivals.
+        vocab_size: token-id range of appended tokens.
+        on_turn: called after every turn (progress bars).
+        timeout: per-turn wait limit in seconds.
+    """
+    starts = [0.0] * len(trajectories)
+    if aps is not None:
+        gaps = np.random.default_rng(seed).exponential(1.0 / aps, len(trajectories))
+        starts = np.cumsum(gaps).tolist()
+    result = RunResult(0.0)
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def agent(k: int, traj: Trajectory) -> None:
+        delay = t0 + starts[k] - time.monotonic()
+        if delay > 0:
+            threading.Event().wait(delay)  # the arrival time itself, not a test sleep
+        context: list[int] = []
+        for i, turn in enumerate(traj.turns):
+            prompt = context + append_token_ids(traj, i, vocab_size).tolist()
+            try:
+                r = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), turn.gen)
+                                  ).wait(timeout)
+            except TimeoutError as err:
+                with lock:
+                    result.errors.append(f"agent {traj.agent_id} turn {i}: {err}")
+                return
+            rec = _record(traj, i, len(prompt), r)
+            with lock:
+                result.turns.append(rec)
+            if on_turn:
+                on_turn(rec)
+            context = prompt + list(r.tokens)
+
+    threads = [threading.Thread(target=agent, args=(k, t), daemon=True)
+               for k, t in enumerate(trajectories)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result.jct = time.monotonic() - t0
+    return result

@@ -1,0 +1,90 @@
+"""ZeroMQ fabric: PUSH/PULL over loopback TCP, msgpack header + zero-copy buffer frames.
+
+Each endpoint binds one PULL socket on 127.0.0.1 (random port); senders keep one PUSH socket
+per destination. A message is a multipart ``[msgpack(header + buffer specs), buf0, buf1...]``
+sent with ``copy=False`` and received with ``copy=False``, so layer blocks are never
+serialised. ZeroMQ sockets are not thread-safe: sends are serialised by a lock and only the
+owning thread receives.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from dualpath_cli.transfer.base import Message, buffer_specs, restore_buffers
+
+__all__ = ["ZmqFabric", "ZmqEndpoint"]
+
+
+class ZmqEndpoint:
+    """A PULL mailbox plus cached PUSH sockets to peers."""
+
+    def __init__(self, ctx: zmq.Context[Any], host: str = "127.0.0.1") -> None:
+        self._ctx = ctx
+        self._pull = ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        port = self._pull.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self._push: dict[str, zmq.Socket[Any]] = {}
+        self._lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._closed = False
+        self.dropped = 0
+
+    def send(self, to: str, header: dict[str, Any],
+             buffers: list[np.ndarray] | None = None) -> None:
+        bufs = [np.ascontiguousarray(b) for b in (buffers or [])]
+        head = dict(header)
+        head["_b"] = buffer_specs(bufs)
+        frames: list[Any] = [msgpack.packb(head, use_bin_type=True)]
+        frames.extend(b.reshape(-1).view(np.uint8).data if b.size else b"" for b in bufs)
+        with self._lock:
+            if self._closed:
+                return
+            sock = self._push.get(to)
+            if sock is None:
+                sock = self._ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 200)
+                sock.setsockopt(zmq.SNDTIMEO, 500)  # a dead peer must not stall the sender
+                sock.connect(to)
+                self._push[to] = sock
+            try:
+                sock.send_multipart(frames, copy=False)
+            except zmq.Again:
+                self.dropped += 1  # peer gone: the scheduler re-queues its work
+
+    def recv(self, timeout: float | None = None) -> Message | None:
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        if not self._poller.poll(ms):
+            return None
+        frames = self._pull.recv_multipart(copy=False)
+        head = msgpack.unpackb(frames[0].bytes, raw=False)
+        specs = head.pop("_b", [])
+        return Message(head, restore_buffers(specs, [f.buffer for f in frames[1:]]))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for sock in self._push.values():
+                sock.close()
+            self._push.clear()
+            self._pull.close()
+
+
+class ZmqFabric:
+    """Creates ZeroMQ endpoints sharing one context per process."""
+
+    kind = "zmq"
+
+    def __init__(self) -> None:
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
+
+    def endpoint(self, name: str) -> ZmqEndpoint:
+        del name
+        return ZmqEndpoint(self._ctx)

@@ -1,0 +1,94 @@
+"""Deterministic token ids for trace replay, derived from seeds instead of stored.
+
+A trace records only lengths; the runtime needs real token ids to build prefix-hash keys and
+to feed a model. The ids of a turn's appended tokens are a pure function of
+``(seed, base turn index)``, so they never need to be stored and a replay is reproducible.
+
+Keying: base turns use ``(token_seed, j)`` where ``j`` counts the base trajectory's turns, so
+agents augmented from the same base trajectory share those ids, exactly like replaying one real
+trajectory several times. An augmented first round uses ``(prefix_seed, 0)``: its ids differ per
+agent, and because prefix-hash keys chain over the whole prefix (each block's key includes its
+parent's), every later block key differs too. Generated tokens get their own stream; a runtime
+that samples from a real model may use the model's tokens instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dualpath_cli.workload.trajectory import Trajectory
+
+__all__ = [
+    "DEFAULT_VOCAB",
+    "MAX_SEED",
+    "seeded_ids",
+    "append_token_ids",
+    "gen_token_ids",
+    "prompt_token_ids",
+    "distinct_seeds",
+]
+
+DEFAULT_VOCAB = 32_000
+MAX_SEED = 2**63 - 1
+"""Largest seed a trace may carry (seeds fit a signed 64-bit integer)."""
+
+_APPEND, _GEN = 0, 1
+
+
+def seeded_ids(seed: int, index: int, stream: int, length: int,
+               vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """``length`` token ids in ``[0, vocab_size)`` from the key ``(seed, index, stream)``."""
+    if length < 0:
+        raise ValueError(f"length must be non-negative, got {length}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, index, stream]))
+    return rng.integers(0, vocab_size, size=length, dtype=np.int64).astype(np.int32)
+
+
+def _key(traj: Trajectory, i: int) -> tuple[int, int]:
+    """(seed, index) of turn ``i``: the prefix seed for an augmented round 1, else the base."""
+    if not 0 <= i < traj.num_turns:
+        raise IndexError(f"turn {i} out of range for {traj.num_turns} turns")
+    if traj.prefix_seed is None:
+        return traj.token_seed, i
+    if i == 0:
+        return traj.prefix_seed, 0
+    return traj.token_seed, i - 1
+
+
+def append_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """Ids of the tokens turn ``i`` appends (length ``turns[i].append``)."""
+    seed, index = _key(traj, i)
+    return seeded_ids(seed, index, _APPEND, traj.turns[i].append, vocab_size)
+
+
+def gen_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """Stand-in ids of the tokens turn ``i`` generates (length ``turns[i].gen``)."""
+    seed, index = _key(traj, i)
+    return seeded_ids(seed, index, _GEN, traj.turns[i].gen, vocab_size)
+
+
+def prompt_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """The full prompt of turn ``i``: every earlier append and gen, then this append.
+
+    Its length is ``traj.prompt_length(i)``; its first ``traj.hit_length(i)`` ids are the
+    context, identical to the ids of turn ``i - 1``'s prompt plus its generated tokens.
+    """
+    parts: list[np.ndarray] = []
+    for j in range(i):
+        parts.append(append_token_ids(traj, j, vocab_size))
+        parts.append(gen_token_ids(traj, j, vocab_size))
+    parts.append(append_token_ids(traj, i, vocab_size))
+    return np.concatenate(parts)
+
+
+def distinct_seeds(rng: np.random.Generator, count: int, *, exclude: frozenset[int] = frozenset(),
+                   high: int = MAX_SEED) -> list[int]:
+    """``count`` distinct seeds in ``[1, high)`` not in ``exclude`` (redrawn on collision)."""
+    seeds: list[int] = []
+    seen: set[int] = set(exclude)
+    while len(seeds) < count:
+        for value in rng.integers(1, high, size=count - len(seeds)).tolist():
+            if value not in seen:
+                seen.add(value)
+                seeds.append(value)
+    return seeds

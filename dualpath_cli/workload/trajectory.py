@@ -1,0 +1,128 @@
+"""Agent trajectories: turns of appended and generated tokens, and their replay lengths.
+
+The paper's replay semantics (Appendix A.3): round ``i`` appends ``A_i`` tokens (tool output,
+or the task prompt in round 1) and forces exactly ``g_i`` generated tokens. The prompt of round
+``i`` is ``Context_i + A_i`` where ``Context_i = A_1, G_1, ..., A_{i-1}, G_{i-1}``; the whole
+context is a prefix-cache hit (hits only happen within a trajectory, no eviction), so the hit
+length of round ``i`` equals ``len(Context_i)`` and only ``A_i`` needs prefill compute.
+
+Turn indices are 0-based in code (``turns[0]`` is round 1 of the paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+__all__ = ["Turn", "Trajectory", "truncate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One round: ``append`` new prompt tokens, then exactly ``gen`` generated tokens."""
+
+    append: int
+    gen: int
+
+    @property
+    def size(self) -> int:
+        """Tokens this round adds to the trajectory (append + gen)."""
+        return self.append + self.gen
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One agent's run.
+
+    Attributes:
+        agent_id: identity of the agent (unique within a trace).
+        turns: the rounds, in order.
+        token_seed: seeds the token ids of the base turns (see ``workload.tokens``); two
+            agents augmented from the same base trajectory share it.
+        prefix_seed: set when round 1 is a synthetic augmentation round; seeds that round's
+            token ids so every augmented agent's prefix (hence every prefix-hash key) differs.
+        source: index of the base trajectory this one was augmented from, if any.
+    """
+
+    agent_id: int
+    turns: tuple[Turn, ...]
+    token_seed: int = 0
+    prefix_seed: int | None = None
+    source: int | None = None
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = [t.append + t.gen for t in self.turns]
+        object.__setattr__(self, "_starts", tuple(accumulate(sizes, initial=0)))
+
+    @property
+    def num_turns(self) -> int:
+        """Number of rounds."""
+        return len(self.turns)
+
+    @property
+    def total(self) -> int:
+        """All tokens of the trajectory: sum of A_i + g_i (must stay <= MaxLen)."""
+        return self._starts[-1]
+
+    @property
+    def total_append(self) -> int:
+        """Sum of appended tokens (the prefill work when every context is a hit)."""
+        return sum(t.append for t in self.turns)
+
+    @property
+    def total_gen(self) -> int:
+        """Sum of generated tokens."""
+        return sum(t.gen for t in self.turns)
+
+    def context_length(self, i: int) -> int:
+        """``len(Context_i)``: tokens of all earlier rounds (0 for the first turn)."""
+        self._check(i)
+        return self._starts[i]
+
+    def hit_length(self, i: int) -> int:
+        """Prefix-cache hit of turn ``i`` (= its context; hits stay within a trajectory)."""
+        return self.context_length(i)
+
+    def prompt_length(self, i: int) -> int:
+        """Prompt sent in turn ``i``: context plus the appended tokens."""
+        return self.context_length(i) + self.turns[i].append
+
+    def context_lengths(self) -> tuple[int, ...]:
+        """Context length of every turn, in order."""
+        return self._starts[:-1]
+
+    def mean_context(self) -> float:
+        """Mean context length over this trajectory's turns (0 for an empty one)."""
+        if not self.turns:
+            return 0.0
+        return sum(self._starts[:-1]) / len(self.turns)
+
+    def _check(self, i: int) -> None:
+        if not 0 <= i < len(self.turns):
+            raise IndexError(f"turn {i} out of range for {len(self.turns)} turns")
+
+
+def truncate(traj: Trajectory, max_len: int) -> Trajectory:
+    """Cut a trajectory at ``max_len`` total tokens, as the paper does when scaling appends.
+
+    Whole turns that fit are kept; the first turn that does not fit keeps what fits of its
+    append and at least one generated token (it is dropped if fewer than two tokens remain).
+    """
+    if traj.total <= max_len:
+        return traj
+    kept: list[Turn] = []
+    used = 0
+    for turn in traj.turns:
+        room = max_len - used
+        if turn.size <= room:
+            kept.append(turn)
+            used += turn.size
+            continue
+        if room >= 2:
+            append = min(turn.append, room - 1)
+            kept.append(Turn(append, min(turn.gen, room - append)))
+        break
+    return Trajectory(traj.agent_id, tuple(kept), traj.token_seed, traj.prefix_seed,
+                      traj.source)
+

@@ -1,0 +1,43 @@
+"""Local process cluster: an engine killed mid-run is detected fast and nothing is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_runtime import AGENTS, _reference
+
+from dualpath_cli.runtime.runner import RunResult, TurnRecord, run_agents
+from dualpath_cli.runtime.system import RuntimeOptions, RuntimeSystem
+
+
+@pytest.mark.parametrize("victim_role", ["decode", "prefill"])
+def test_killed_engine_work_is_requeued_and_tokens_unchanged(tmp_path: Path,
+                                                             victim_role: str) -> None:
+    opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
+                          store_dir=tmp_path / "store",
+                          prefill_nodes=2 if victim_role == "prefill" else 1,
+                          decode_nodes=2, heartbeat_timeout=1.5)
+    first_turn = threading.Event()
+    out: list[RunResult] = []
+
+    def on_turn(rec: TurnRecord) -> None:
+        first_turn.set()
+
+    with RuntimeSystem(opts) as system:
+        runner = threading.Thread(target=lambda: out.append(
+            run_agents(system, AGENTS, on_turn=on_turn, timeout=60)))
+        runner.start()
+        assert first_turn.wait(60)
+        victim = system.engine_ids(victim_role)[0]
+        killed_at = time.monotonic()
+        system.cluster.kill(victim)
+        runner.join(120)
+        assert not runner.is_alive()
+        dead = dict(system.scheduler.dead_events)
+    assert victim in dead and dead[victim] - killed_at < 2.0
+    result = out[0]
+    assert not result.errors
+    assert result.tokens_by_turn() == _reference()
