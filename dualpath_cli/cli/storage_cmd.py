@@ -1,7 +1,161 @@
-"""`dualpath storage` commands (being written)."""
+"""`dualpath storage`: bench, inspect, verify and gc a KV block store.
+
+Thin: parse, call dualpath_cli.storage, render, exit code. ``verify`` uses monitoring exit
+codes: 0 clean, 2 corrupt blocks found (and quarantined).
+"""
 
 from __future__ import annotations
 
-import typer
+import tempfile
+from pathlib import Path
 
-app = typer.Typer(help="storage commands.", no_args_is_help=True)
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import UsageError
+from dualpath_cli.storage import ENGINES, PosixStore
+from dualpath_cli.storage.benchmark import loader_gbps, make_dataset, warm_page_cache
+from dualpath_cli.storage.inspect import inspect_store, verify_store
+from dualpath_cli.units import format_bytes, parse_bytes
+
+app = typer.Typer(help="Inspect, verify, clean and benchmark a KV block store.",
+                  no_args_is_help=True)
+
+_ROOT = typer.Argument(..., help="Store root directory (the storage.root of the config).")
+_JSON = typer.Option(False, "--json", help="Print one JSON object instead of a table.")
+
+
+def _open(root: Path, **kwargs: object) -> PosixStore:
+    if not root.is_dir():
+        raise UsageError(f"storage root {root}: not a directory")
+    return PosixStore(root, **kwargs)  # type: ignore[arg-type]
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{what} {text!r}: expected integers separated by commas") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{what} {text!r}: expected positive integers")
+    return values
+
+
+@app.command()
+def bench(
+    root: Path | None = typer.Option(None, help="Directory for the bench files "
+                                     "(default: a temporary directory, removed after)."),
+    block_size: str = typer.Option("64KiB,1MiB,4MiB", help="Block file sizes, comma-separated."),
+    queue_depth: str = typer.Option("1,8,32", help="Reads in flight, comma-separated."),
+    size: str = typer.Option("256MiB", help="Bytes of block files per block size."),
+    direct: bool = typer.Option(False, "--direct", help="Read with O_DIRECT (page cache off)."),
+    engine: str = typer.Option("auto", help=f"Read engine: {', '.join(ENGINES)}."),
+    seconds: float = typer.Option(0.5, help="Minimum measuring time per point."),
+    json_out: bool = _JSON,
+) -> None:
+    """Loader throughput vs block size and queue depth (checksums verified on every read)."""
+    sizes = [parse_bytes(v) for v in block_size.split(",") if v.strip()]
+    depths = _int_list(queue_depth, "--queue-depth")
+    total = parse_bytes(size)
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(dir=root) as tmp, Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                                                                      "{task.total}"),
+            TimeElapsedColumn(), console=stderr, transient=True,
+            disable=json_out) as progress:
+        task = progress.add_task("storage bench", total=len(sizes) * len(depths))
+        for bs in sizes:
+            progress.update(task, description=f"writing {format_bytes(bs)} blocks")
+            data = make_dataset(Path(tmp) / str(bs), bs, total)
+            if not direct:
+                warm_page_cache(data)
+            for qd in depths:
+                progress.update(task, description=f"{format_bytes(bs)} QD {qd}")
+                gbps, used = loader_gbps(data, qd, direct=direct, engine=engine,
+                                         min_seconds=seconds)
+                rows.append({"mode": "direct" if direct else "page_cache", "block_size": bs,
+                             "queue_depth": qd, "loader_gbps": round(gbps, 3),
+                             "engine": used})
+                progress.advance(task)
+    if json_out:
+        emit_json({"rows": rows})
+        return
+    table = Table(title="dualpath storage bench (GB/s = 1e9 bytes/s)")
+    for col in ("mode", "block", "QD", "engine", "loader GB/s"):
+        table.add_column(col, justify="right" if col in ("QD", "loader GB/s") else "left")
+    for r in rows:
+        table.add_row(str(r["mode"]), format_bytes(int(r["block_size"])),  # type: ignore[call-overload]
+                      str(r["queue_depth"]), str(r["engine"]), f"{r['loader_gbps']:.2f}")
+    stdout.print(table)
+
+
+@app.command()
+def inspect(root: Path = _ROOT, top: int = typer.Option(10, help="Hottest blocks to list."),
+            json_out: bool = _JSON) -> None:
+    """Blocks, bytes, namespaces and the hottest blocks of a store."""
+    report = inspect_store(_open(root), top)
+    if json_out:
+        emit_json(report)
+        return
+    stdout.print(f"root {report.root}: {report.blocks} blocks, {format_bytes(report.bytes)}"
+                 + (f" of {format_bytes(report.capacity_bytes)}" if report.capacity_bytes
+                    else "") + f", {report.quarantined} quarantined", highlight=False)
+    table = Table(title="namespaces")
+    table.add_column("namespace")
+    table.add_column("blocks", justify="right")
+    table.add_column("bytes", justify="right")
+    for ns in report.namespaces:
+        table.add_row(ns.namespace, str(ns.blocks), format_bytes(ns.bytes))
+    stdout.print(table)
+    if report.hottest:
+        hot = Table(title="hottest blocks")
+        hot.add_column("key")
+        hot.add_column("reads", justify="right")
+        for key, reads in report.hottest:
+            hot.add_row(key, str(reads))
+        stdout.print(hot)
+    if report.unreadable_headers:
+        stderr.print(f"{report.unreadable_headers} blocks have unreadable headers; "
+                     "run `dualpath storage verify`", highlight=False)
+
+
+@app.command()
+def verify(root: Path = _ROOT, json_out: bool = _JSON) -> None:
+    """Check every block's checksums; corrupt blocks are quarantined. Exit 0 clean, 2 not."""
+    report = verify_store(_open(root))
+    if json_out:
+        emit_json(report)
+    else:
+        for bad in report.corrupt:
+            stdout.print(f"CORRUPT {bad['key']} ({bad['reason']}): {bad['detail']}",
+                         highlight=False)
+        stdout.print(f"checked {report.checked} blocks: {report.ok} ok, "
+                     f"{len(report.corrupt)} corrupt (quarantined)", highlight=False)
+    if report.corrupt:
+        raise typer.Exit(2)
+
+
+@app.command()
+def gc(
+    root: Path = _ROOT,
+    capacity: str | None = typer.Option(None, help="Evict least-recently-used blocks down "
+                                        "to this size (e.g. 500GiB)."),
+    purge_quarantine: bool = typer.Option(False, "--purge-quarantine",
+                                          help="Also delete quarantined blocks."),
+    json_out: bool = _JSON,
+) -> None:
+    """Remove stale temp files, enforce a capacity, optionally empty the quarantine."""
+    limit = parse_bytes(capacity) if capacity is not None else None
+    report = _open(root).gc(limit, purge_quarantine)
+    if json_out:
+        emit_json({"evicted_blocks": report.evicted_blocks,
+                   "evicted_bytes": report.evicted_bytes, "temp_files": report.temp_files,
+                   "quarantine_files": report.quarantine_files})
+        return
+    stdout.print(f"evicted {report.evicted_blocks} blocks ({format_bytes(report.evicted_bytes)}"
+                 f"), removed {report.temp_files} temp files and {report.quarantine_files} "
+                 "quarantined blocks", highlight=False)

@@ -1,0 +1,217 @@
+"""KV block layouts and prefix-hash-chain keys (paper 4.1 and Appendix A.5). Pure.
+
+A **Full Block** holds ``block_tokens`` tokens of KV for every layer; a **Layer Block** holds
+one layer. In the ``layer_major`` layout a Full Block is ``[n_layers, block_tokens, width]``,
+so each layer's slice is one contiguous Layer Block and concatenating ``n_layers`` Layer
+Blocks *is* the Full Block: storage moves Full Blocks, layerwise streaming moves Layer
+Blocks, and nothing is ever converted. ``token_major`` (``[block_tokens, n_layers, width]``,
+the usual paged-attention order) is supported for interop; its layer slices are strided
+views, which is exactly why DualPath prefers layer-major.
+
+Keys form a **prefix hash chain**: ``key_i = H(key_{i-1}, tokens of block i, namespace)``
+where the namespace names the model and layout. Two prompts share key ``i`` only if they
+share the whole prefix up to block ``i`` — the paper's trie, one node per Full Block — so
+the longest cached prefix is found by walking keys until the first miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "LAYOUTS",
+    "KEY_BYTES",
+    "BlockShape",
+    "BlockKey",
+    "Namespace",
+    "full_block_shape",
+    "layer_view",
+    "layer_views",
+    "assemble_full_block",
+    "to_layer_major",
+    "block_key",
+    "prefix_keys",
+    "longest_cached_prefix",
+]
+
+LAYOUTS: tuple[str, ...] = ("layer_major", "token_major")
+KEY_BYTES = 16  # 128-bit keys: collision odds are negligible at any realistic store size
+
+
+@dataclass(frozen=True, slots=True)
+class BlockShape:
+    """Geometry of one Full Block.
+
+    Args:
+        n_layers: transformer layers whose KV the block holds.
+        block_tokens: tokens per block (64 by default in the paper's runs).
+        bytes_per_token_layer: KV bytes of one token in one layer.
+    """
+
+    n_layers: int
+    block_tokens: int
+    bytes_per_token_layer: int
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "block_tokens", "bytes_per_token_layer"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"block shape: {name} must be a positive integer, got {value!r}")
+
+    @property
+    def layer_nbytes(self) -> int:
+        """Bytes of one Layer Block."""
+        return self.block_tokens * self.bytes_per_token_layer
+
+    @property
+    def full_nbytes(self) -> int:
+        """Bytes of one Full Block."""
+        return self.n_layers * self.layer_nbytes
+
+    def width(self, itemsize: int) -> int:
+        """Elements per token per layer for a dtype of ``itemsize`` bytes."""
+        if self.bytes_per_token_layer % itemsize:
+            raise ValueError(f"block shape: {self.bytes_per_token_layer} bytes per token-layer "
+                             f"is not a multiple of the element size {itemsize}")
+        return self.bytes_per_token_layer // itemsize
+
+
+def full_block_shape(shape: BlockShape, layout: str, itemsize: int = 1) -> tuple[int, int, int]:
+    """Array shape of a Full Block in ``layout`` with elements of ``itemsize`` bytes."""
+    width = shape.width(itemsize)
+    if layout == "layer_major":
+        return (shape.n_layers, shape.block_tokens, width)
+    if layout == "token_major":
+        return (shape.block_tokens, shape.n_layers, width)
+    raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+
+
+def layer_view(full: np.ndarray, layer: int, layout: str = "layer_major") -> np.ndarray:
+    """Layer Block ``layer`` of a Full Block as a zero-copy view ``[1, tokens, width]``.
+
+    Contiguous for ``layer_major``; strided for ``token_major``.
+    """
+    if full.ndim != 3:
+        raise ValueError(f"a Full Block is 3-D, got shape {full.shape}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    axis = 0 if layout == "layer_major" else 1
+    if not 0 <= layer < full.shape[axis]:
+        raise IndexError(f"layer {layer} out of range for a Full Block of shape {full.shape}")
+    if layout == "layer_major":
+        return full[layer:layer + 1]
+    return full[:, layer, :][np.newaxis]
+
+
+def layer_views(full: np.ndarray, layout: str = "layer_major") -> list[np.ndarray]:
+    """All Layer Blocks of a Full Block, in layer order, as views."""
+    n_layers = full.shape[0] if layout == "layer_major" else full.shape[1]
+    return [layer_view(full, layer, layout) for layer in range(n_layers)]
+
+
+def assemble_full_block(layers: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate Layer Blocks ``[1, tokens, width]`` into a layer-major Full Block."""
+    if not layers:
+        raise ValueError("cannot assemble a Full Block from zero Layer Blocks")
+    return np.concatenate(list(layers), axis=0)
+
+
+def to_layer_major(full: np.ndarray, layout: str) -> np.ndarray:
+    """A Full Block in ``layout`` as a layer-major array (a view when already layer-major)."""
+    if layout == "layer_major":
+        return full
+    if layout == "token_major":
+        return np.ascontiguousarray(full.transpose(1, 0, 2))
+    raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """What makes two blocks with equal tokens incompatible: model, layout, geometry, codec."""
+
+    model: str
+    layout: str
+    shape: BlockShape
+    codec: str = "fp16"
+
+    @property
+    def label(self) -> str:
+        """Human-readable form, stored in block headers and shown by ``storage inspect``."""
+        s = self.shape
+        return (f"{self.model}/{self.layout}/{s.n_layers}x{s.block_tokens}x"
+                f"{s.bytes_per_token_layer}/{self.codec}")
+
+    @property
+    def digest(self) -> bytes:
+        """Fixed-size hash of :attr:`label`, mixed into every key."""
+        return hashlib.blake2b(self.label.encode(), digest_size=KEY_BYTES).digest()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BlockKey:
+    """A 128-bit block key; ``hex`` is its file name."""
+
+    raw: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.raw) != KEY_BYTES:
+            raise ValueError(f"a block key has {KEY_BYTES} bytes, got {len(self.raw)}")
+
+    @property
+    def hex(self) -> str:
+        """Lower-case hex form (32 characters)."""
+        return self.raw.hex()
+
+    @classmethod
+    def from_hex(cls, text: str) -> BlockKey:
+        """Parse the hex form; ``ValueError`` naming the text when malformed."""
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise ValueError(
+                f"not a block key: {text!r} (expected {2 * KEY_BYTES} hex digits)") from None
+        if len(raw) != KEY_BYTES:
+            raise ValueError(f"not a block key: {text!r} (expected {2 * KEY_BYTES} hex digits)")
+        return cls(raw)
+
+    def __str__(self) -> str:
+        return self.hex
+
+
+_ROOT = b"\x00" * KEY_BYTES
+
+
+def block_key(parent: BlockKey | None, tokens: Sequence[int], namespace: Namespace) -> BlockKey:
+    """Key of the block holding ``tokens`` after the prefix whose last key is ``parent``."""
+    h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"dualpath-kv-v1")
+    h.update(namespace.digest)
+    h.update(parent.raw if parent is not None else _ROOT)
+    h.update(struct.pack("<I", len(tokens)))
+    h.update(np.asarray(tokens, dtype="<u4").tobytes())
+    return BlockKey(h.digest())
+
+
+def prefix_keys(tokens: Sequence[int], namespace: Namespace) -> list[BlockKey]:
+    """Keys of every *complete* block of ``tokens`` (a trailing partial block has no key)."""
+    size = namespace.shape.block_tokens
+    keys: list[BlockKey] = []
+    parent: BlockKey | None = None
+    for start in range(0, len(tokens) - size + 1, size):
+        parent = block_key(parent, tokens[start:start + size], namespace)
+        keys.append(parent)
+    return keys
+
+
+def longest_cached_prefix(keys: Iterable[BlockKey], contains: Callable[[BlockKey], bool]) -> int:
+    """Number of leading blocks present (the trie walk): stops at the first missing key."""
+    hits = 0
+    for key in keys:
+        if not contains(key):
+            break
+        hits += 1
+    return hits

@@ -1,0 +1,167 @@
+"""Throughput measurements of the loader (and of fio on the same files) for benchmarks.
+
+Used by ``dualpath storage bench`` and by ``bench/storage.py``. A data set is a store whose
+block *files* are exactly ``block_size`` bytes (4 KiB header + payload), so fio reading whole
+files with ``bs=block_size`` moves the same bytes the loader does. The loader is driven the
+way an engine drives it: batches submitted as tickets, blocks released as they complete so
+the buffers are reused, checksums verified on every read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
+from dualpath_cli.storage.block import encode_block
+from dualpath_cli.storage.errors import StorageUsageError
+from dualpath_cli.storage.header import HEADER_SIZE
+from dualpath_cli.storage.loader import LoadResult, StorageLoader
+from dualpath_cli.storage.posix import PosixStore
+from dualpath_cli.telemetry.registry import MetricsRegistry
+
+__all__ = ["Dataset", "make_dataset", "loader_gbps", "shaped_mbps", "fio_gbps",
+           "fio_available", "warm_page_cache"]
+
+_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Block files of one size under ``root`` and their keys."""
+
+    root: Path
+    block_size: int
+    keys: list
+    namespace: Namespace
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all block files."""
+        return self.block_size * len(self.keys)
+
+
+def make_dataset(root: Path, block_size: int, total_bytes: int, seed: int = 0) -> Dataset:
+    """Write ``total_bytes`` of ``block_size``-byte block files (fp16 random payloads)."""
+    payload = block_size - HEADER_SIZE
+    if payload <= 0 or payload % (_TOKENS * 2):
+        raise StorageUsageError(f"bench block size {block_size} must exceed the 4 KiB header "
+                                f"by a multiple of {_TOKENS * 2} bytes")
+    shape = BlockShape(1, _TOKENS, payload // _TOKENS)
+    ns = Namespace("bench", "layer_major", shape, "fp16")
+    count = max(1, total_bytes // block_size)
+    tokens = np.arange(count * _TOKENS, dtype=np.uint32) + seed * 1_000_003
+    keys = prefix_keys(tokens.tolist(), ns)
+    store = PosixStore(root)
+    rng = np.random.default_rng(seed)
+    block = rng.standard_normal((1, _TOKENS, payload // _TOKENS // 2)).astype(np.float16)
+    for i, key in enumerate(keys):
+        block[0, 0, 0] = i  # distinct content per block
+        store.put(*encode_block(key, block, ns))
+    return Dataset(Path(root), block_size, keys, ns)
+
+
+def _drive(loader: StorageLoader, keys: list, chunk: int, window: int) -> float:
+    """Read ``keys`` through ``loader`` in tickets of ``chunk`` blocks, at most ``window``
+    tickets outstanding, releasing blocks on completion; returns seconds elapsed."""
+    slots = threading.Semaphore(window)
+    done = threading.Event()
+    remaining = [0]
+    lock = threading.Lock()
+    failures: list[int] = []
+    chunks = [keys[i:i + chunk] for i in range(0, len(keys), chunk)]
+    remaining[0] = len(chunks)
+
+    def finished(result: LoadResult) -> None:
+        if result.misses:
+            failures.append(result.misses)
+        result.release()
+        slots.release()
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+
+    start = time.perf_counter()
+    for part in chunks:
+        slots.acquire()
+        loader.submit(part).add_done_callback(finished)
+    done.wait()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise RuntimeError(f"bench read {sum(failures)} misses; the data set is damaged")
+    return elapsed
+
+
+def loader_gbps(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "auto",
+                min_seconds: float = 0.5, workers: int | None = None,
+                progress: Callable[[], None] | None = None) -> tuple[float, str]:
+    """Loader throughput in GB/s (1e9 bytes/s) over the data set; returns (gbps, engine)."""
+    store = PosixStore(data.root, direct=direct, engine=engine, queue_depth=max(queue_depth, 8))
+    with StorageLoader(store, max_inflight=queue_depth, registry=MetricsRegistry(),
+                       block_nbytes=data.block_size, workers=workers) as loader:
+        # an engine asks for a whole cached prefix at once: tickets of >= 8 MiB
+        chunk = max(queue_depth, (8 << 20) // data.block_size)
+        total_bytes, elapsed = 0, 0.0
+        _drive(loader, data.keys[: max(1, len(data.keys) // 8)], chunk, 4)  # warm-up
+        while True:  # at least one full pass
+            elapsed += _drive(loader, data.keys, chunk, 4)
+            total_bytes += data.nbytes
+            if progress:
+                progress()
+            if elapsed >= min_seconds:
+                break
+    return total_bytes / elapsed / 1e9, store.engine.name
+
+
+def shaped_mbps(data: Dataset, target_bps: float, seconds: float = 1.0,
+                queue_depth: int = 8) -> float:
+    """Measured MB/s (1e6) when the loader is shaped to ``target_bps`` bytes/s."""
+    store = PosixStore(data.root)
+    count = max(queue_depth * 4, int(target_bps * seconds / data.block_size))
+    keys = (data.keys * (count // len(data.keys) + 1))[:count]
+    with StorageLoader(store, max_inflight=queue_depth, shaping_bps=target_bps,
+                       registry=MetricsRegistry(), block_nbytes=data.block_size) as loader:
+        elapsed = _drive(loader, keys, queue_depth, 4)
+    return count * data.block_size / elapsed / 1e6
+
+
+def fio_available() -> str | None:
+    """Path of the fio binary, or None."""
+    return shutil.which("fio")
+
+
+def fio_gbps(data: Dataset, queue_depth: int, *, direct: bool,
+             min_seconds: float = 0.5) -> float:
+    """fio's throughput in GB/s reading every block file of the data set whole."""
+    fio = fio_available()
+    if fio is None:
+        raise StorageUsageError("fio is not installed (apt-get install -y fio)")
+    engine = "io_uring"
+    cmd = [fio, "--name=dualpath", f"--opendir={data.root / 'blocks'}", "--rw=read",
+           f"--bs={data.block_size}", f"--ioengine={engine}", f"--iodepth={queue_depth}",
+           f"--direct={int(direct)}", "--invalidate=0", "--thread", "--time_based=1",
+           f"--runtime={max(1, round(min_seconds))}", "--output-format=json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"fio failed: {out.stderr.strip()[:300]}")
+    text = out.stdout[out.stdout.index("{"):]
+    job = json.loads(text)["jobs"][0]["read"]
+    return float(job["bw_bytes"]) / 1e9
+
+
+def warm_page_cache(data: Dataset) -> None:
+    """Read every block file once so page-cache rows measure DRAM, not the disk."""
+    store = PosixStore(data.root, engine="preadv")
+    for key in data.keys:
+        with open(store.path(key), "rb") as fh:
+            while fh.read(1 << 22):
+                pass

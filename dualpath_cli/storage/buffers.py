@@ -1,0 +1,112 @@
+"""Page-aligned, reusable read buffers (the PE/DE buffer in host DRAM).
+
+Reads land directly in these buffers (``preadv`` or io_uring into two aligned iovecs), and
+decoded raw blocks are views of them, so a block crosses the storage NIC into DRAM once and
+is never copied again. Buffers are reference-counted leases: the loader's DRAM cache and
+every caller holding a block keep a reference, and the buffer returns to its pool for reuse
+when the last one releases it. Allocation is mmap, so buffers are page-aligned (O_DIRECT).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections import defaultdict
+
+import numpy as np
+
+from dualpath_cli.storage.header import HEADER_SIZE, padded
+
+__all__ = ["BlockBuffer", "BufferPool"]
+
+
+class BlockBuffer:
+    """One aligned buffer big enough for a whole block file (header + padded payload)."""
+
+    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool")
+
+    def __init__(self, nbytes: int, pool: BufferPool | None = None) -> None:
+        self.capacity = padded(max(nbytes, HEADER_SIZE))
+        self._map = mmap.mmap(-1, self.capacity)
+        self.data = np.frombuffer(self._map, dtype=np.uint8)
+        self._refs = 1
+        self._lock = threading.Lock()
+        self._pool = pool
+
+    @property
+    def header(self) -> memoryview:
+        """The header region, as a writable memoryview (an iovec target)."""
+        return self.data[:HEADER_SIZE].data
+
+    def payload(self, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of the payload region (a view)."""
+        return self.data[HEADER_SIZE:HEADER_SIZE + nbytes]
+
+    def payload_iov(self, file_size: int) -> memoryview:
+        """The payload region covering a file of ``file_size`` bytes, aligned (iovec target)."""
+        end = min(self.capacity, padded(max(file_size, HEADER_SIZE)))
+        return self.data[HEADER_SIZE:max(end, HEADER_SIZE)].data
+
+    def retain(self) -> BlockBuffer:
+        """Add a reference (the cache and a caller may both hold the buffer)."""
+        with self._lock:
+            if self._refs <= 0:
+                raise RuntimeError("retain() on a released buffer")
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        """Drop a reference; the last one returns the buffer to its pool."""
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+            if self._refs < 0:
+                raise RuntimeError("buffer released more times than retained")
+        if last and self._pool is not None:
+            self._pool._give_back(self)
+
+    @property
+    def refs(self) -> int:
+        """Current reference count (for tests and inspection)."""
+        return self._refs
+
+
+class BufferPool:
+    """Free lists of :class:`BlockBuffer` by size class; bounded by ``max_free_bytes``.
+
+    Args:
+        max_free_bytes: free buffers kept for reuse beyond this are unmapped (default 1 GiB).
+    """
+
+    def __init__(self, max_free_bytes: int = 1 << 30) -> None:
+        self.max_free_bytes = max_free_bytes
+        self._lock = threading.Lock()
+        self._free: dict[int, list[BlockBuffer]] = defaultdict(list)
+        self._free_bytes = 0
+        self.allocated = 0  # buffers ever created (reuse shows as a flat count)
+
+    def acquire(self, file_size: int) -> BlockBuffer:
+        """A buffer for a block file of ``file_size`` bytes, reused when one is free."""
+        size = padded(max(file_size, HEADER_SIZE))
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                buf = free.pop()
+                self._free_bytes -= size
+                buf._refs = 1
+                return buf
+            self.allocated += 1
+        return BlockBuffer(size, self)
+
+    def _give_back(self, buf: BlockBuffer) -> None:
+        with self._lock:
+            if self._free_bytes + buf.capacity <= self.max_free_bytes:
+                self._free[buf.capacity].append(buf)
+                self._free_bytes += buf.capacity
+                return
+        buf._pool = None  # dropped; the mmap is freed with the object
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes held in free lists."""
+        return self._free_bytes

@@ -1,0 +1,400 @@
+"""A KV store of plain files: one file per Full Block under a two-level fan-out tree.
+
+It only uses POSIX calls that distributed file systems honour (open, pread, rename), so it
+works unchanged on a 3FS, Lustre, NFS or any FUSE mount. Writes are atomic (temp file in the
+same directory, then rename; optional fsync of file and directory), so a reader sees a whole
+block or none. Reads go through a batched engine (preadv or io_uring) into caller-owned
+aligned buffers; O_DIRECT is used when asked and silently dropped where the file system
+refuses it (most FUSE mounts), which :attr:`PosixStore.direct_active` reports.
+
+Layout under ``root``::
+
+    blocks/ab/cd/<32 hex>.kv     a block (header + payload)
+    quarantine/<hex>.<reason>.<ns>.kv   blocks found corrupt, never read again
+    .dualpath/access.json        persisted read counts (hot blocks, ``storage inspect``)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from dualpath_cli.core.layout import BlockKey
+from dualpath_cli.storage.buffers import BufferPool
+from dualpath_cli.storage.engines import ReadEngine, ReadJob, make_engine
+from dualpath_cli.storage.errors import (
+    CapacityError,
+    CorruptBlockError,
+    StorageError,
+    StorageUsageError,
+)
+from dualpath_cli.storage.header import BlockHeader, pack_header, padded
+from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
+
+__all__ = ["PosixStore", "BLOCK_SUFFIX"]
+
+BLOCK_SUFFIX = ".kv"
+_TMP_SUFFIX = ".tmp"
+_ZERO_PAD = bytes(4096)
+
+
+class PosixStore:
+    """Block files under ``root``.
+
+    Args:
+        root: directory of the store (created if missing).
+        direct: open block files with O_DIRECT for reads (bypasses the page cache).
+        fsync: fsync each block file and its directory before it becomes visible.
+        engine: read engine: ``auto`` (io_uring for O_DIRECT when usable, else preadv),
+            ``preadv``, ``io_uring``.
+        capacity_bytes: byte limit; a put beyond it evicts least-recently-used blocks.
+        queue_depth: io_uring ring depth (reads one thread keeps in flight).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, direct: bool = False,
+                 fsync: bool = False, engine: str = "auto", capacity_bytes: int | None = None,
+                 queue_depth: int = 64) -> None:
+        self.root = Path(root)
+        try:
+            (self.root / "blocks").mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StorageUsageError(f"storage root {self.root}: cannot create ({err.strerror})"
+                                    ) from None
+        if capacity_bytes is not None and capacity_bytes <= 0:
+            raise StorageUsageError(f"storage capacity must be positive, got {capacity_bytes}")
+        self.direct_requested = direct
+        self.direct_active = direct and hasattr(os, "O_DIRECT")
+        self.fsync = fsync
+        self.capacity_bytes = capacity_bytes
+        self.engine: ReadEngine = make_engine(engine, queue_depth, direct)
+        self._blocks = str(self.root / "blocks")
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, int] | None = None  # hex -> file bytes, LRU order
+        self._index_bytes = 0
+        self._access: dict[str, int] = {}
+        self._flushed: dict[str, int] = {}
+        if capacity_bytes is not None:
+            self._ensure_index()
+
+    # --- identity and paths -----------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The root path (metric label)."""
+        return str(self.root)
+
+    def path(self, key: BlockKey) -> Path:
+        """Where the block of ``key`` lives."""
+        return Path(self._file(key))
+
+    def _file(self, key: BlockKey) -> str:
+        h = key.raw.hex()  # plain strings: pathlib costs more than a 1 MiB page-cache read
+        return f"{self._blocks}/{h[:2]}/{h[2:4]}/{h}{BLOCK_SUFFIX}"
+
+    # --- writes -----------------------------------------------------------------------------
+    def contains(self, key: BlockKey) -> bool:
+        """True when the block file exists (not verified; reads verify)."""
+        return os.path.exists(self._file(key))
+
+    def put(self, header: BlockHeader, payload: np.ndarray | bytes) -> int:
+        """Write a block atomically; 0 when the key is already stored (keys are content)."""
+        path = self.path(header.key)
+        if path.exists():
+            self._touch(header.key.hex)
+            return 0
+        size = header.file_nbytes
+        if self.capacity_bytes is not None:
+            if size > self.capacity_bytes:
+                raise CapacityError(f"block of {size} bytes exceeds store capacity "
+                                    f"{self.capacity_bytes} ({self.root})")
+            self._make_room(size)
+        data = payload if isinstance(payload, bytes) else payload.data.cast("B")
+        pad = padded(header.payload_len) - header.payload_len
+        parts = [pack_header(header), data, _ZERO_PAD[:pad]]
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}{_TMP_SUFFIX}"
+        try:
+            self._write(tmp, parts)
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._write(tmp, parts)
+            os.replace(tmp, path)
+        except OSError as err:
+            _unlink_quiet(tmp)
+            raise StorageError(f"{path}: cannot write block ({err.strerror})") from None
+        if self.fsync:
+            _fsync_dir(path.parent)
+        with self._lock:
+            if self._index is not None:
+                self._index[header.key.hex] = size
+                self._index_bytes += size
+        return size
+
+    def _write(self, tmp: Path, parts: list[bytes | memoryview]) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            total = sum(len(p) for p in parts)
+            written = os.writev(fd, parts)
+            if written != total:  # rare: finish with plain writes
+                blob = b"".join(bytes(p) for p in parts)
+                while written < total:
+                    written += os.write(fd, blob[written:])
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --- reads ------------------------------------------------------------------------------
+    def read_batch(self, ops: list[ReadOp], pool: BufferPool) -> None:
+        """Read ``ops`` with one engine call; corrupt blocks are quarantined, never returned."""
+        jobs: list[ReadJob] = []
+        by_job: dict[int, ReadOp] = {}
+        retry: list[ReadOp] = []
+        flags = os.O_RDONLY | (os.O_DIRECT if self.direct_active else 0)
+        for op in ops:
+            try:
+                fd = os.open(self._file(op.key), flags)
+            except FileNotFoundError:
+                op.missing = True
+                continue
+            except OSError as err:
+                if err.errno == errno.EINVAL and self.direct_active:
+                    self.direct_active = False  # e.g. a FUSE mount without direct_io
+                    self.read_batch([op], pool)
+                else:
+                    op.missing, op.io_error = True, f"{self._file(op.key)}: {err.strerror}"
+                continue
+            size = os.fstat(fd).st_size
+            buf = pool.acquire(size)
+            op.buffer = buf
+            job = ReadJob(fd, [buf.header, buf.payload_iov(size)], size)
+            by_job[id(job)] = op
+            jobs.append(job)
+
+        def done(job: ReadJob) -> None:
+            op = by_job[id(job)]
+            os.close(job.fd)
+            assert op.buffer is not None
+            if job.result < 0:
+                op.buffer.release()
+                op.buffer = None
+                if -job.result == errno.EINVAL and self.direct_active:
+                    self.direct_active = False
+                    retry.append(op)
+                else:
+                    op.missing = True
+                    op.io_error = f"{self._file(op.key)}: {os.strerror(-job.result)}"
+                return
+            try:
+                op.header = check_read(op.key, op.buffer, job.result, self._file(op.key))
+            except CorruptBlockError as err:
+                op.buffer.release()
+                op.buffer = None
+                op.error = err
+                self.quarantine(op.key, err.reason)
+
+        if jobs:
+            self.engine.run(jobs, done)
+        if retry:
+            self.read_batch(retry, pool)
+        hits = [by_job[id(job)].key.hex for job in jobs if by_job[id(job)].header is not None]
+        if hits:
+            with self._lock:
+                for h in hits:
+                    self._access[h] = self._access.get(h, 0) + 1
+                    if self._index is not None and h in self._index:
+                        self._index.move_to_end(h)
+
+    def verify(self, key: BlockKey) -> BlockHeader | None:
+        """Read and check one block; None if missing; raises (after quarantine) if corrupt."""
+        op = ReadOp(key)
+        self.read_batch([op], BufferPool(0))
+        if op.error is not None:
+            raise op.error
+        if op.buffer is not None:
+            op.buffer.release()
+        return op.header
+
+    # --- removal, quarantine, capacity ------------------------------------------------------
+    def delete(self, key: BlockKey) -> bool:
+        """Remove a block file."""
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            return False
+        self._forget(key.hex)
+        return True
+
+    def quarantine(self, key: BlockKey, reason: str) -> str | None:
+        """Move a block file to ``quarantine/`` (kept for post-mortems, never read)."""
+        qdir = self.root / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        dest = qdir / f"{key.hex}.{reason}.{time.time_ns()}{BLOCK_SUFFIX}"
+        try:
+            os.replace(self.path(key), dest)
+        except FileNotFoundError:
+            return None
+        self._forget(key.hex)
+        return str(dest)
+
+    def quarantined(self) -> list[str]:
+        """Files in quarantine."""
+        qdir = self.root / "quarantine"
+        return sorted(str(p) for p in qdir.iterdir()) if qdir.is_dir() else []
+
+    def _forget(self, h: str) -> None:
+        with self._lock:
+            if self._index is not None and h in self._index:
+                self._index_bytes -= self._index.pop(h)
+
+    def _touch(self, h: str) -> None:
+        with self._lock:
+            if self._index is not None and h in self._index:
+                self._index.move_to_end(h)
+
+    def _scan(self) -> Iterator[tuple[str, os.stat_result]]:
+        base = self.root / "blocks"
+        for top in _subdirs(base):
+            for mid in _subdirs(top):
+                for entry in os.scandir(mid):
+                    if entry.name.endswith(BLOCK_SUFFIX) and not entry.name.startswith("."):
+                        try:
+                            yield entry.name[:-len(BLOCK_SUFFIX)], entry.stat()
+                        except FileNotFoundError:
+                            continue
+
+    def _ensure_index(self) -> OrderedDict[str, int]:
+        with self._lock:
+            if self._index is None:
+                found = sorted(self._scan(), key=lambda item: max(item[1].st_atime_ns,
+                                                                  item[1].st_mtime_ns))
+                self._index = OrderedDict((h, st.st_size) for h, st in found)
+                self._index_bytes = sum(self._index.values())
+            return self._index
+
+    def _make_room(self, size: int) -> None:
+        assert self.capacity_bytes is not None
+        self._evict_to(self.capacity_bytes - size)
+
+    def _evict_to(self, limit: int) -> tuple[int, int]:
+        index = self._ensure_index()
+        blocks = freed = 0
+        while True:
+            with self._lock:
+                if self._index_bytes <= limit or not index:
+                    break
+                h, size = index.popitem(last=False)
+                self._index_bytes -= size
+            try:
+                os.unlink(self.path(BlockKey.from_hex(h)))
+                blocks, freed = blocks + 1, freed + size
+            except FileNotFoundError:
+                pass
+        return blocks, freed
+
+    def keys(self) -> Iterator[BlockKey]:
+        """Every stored key."""
+        for h, _ in self._scan():
+            try:
+                yield BlockKey.from_hex(h)
+            except ValueError:
+                continue
+
+    def usage(self) -> StoreUsage:
+        """Blocks and bytes (from the LRU index when kept, else a scan)."""
+        with self._lock:
+            if self._index is not None:
+                return StoreUsage(len(self._index), self._index_bytes, self.capacity_bytes)
+        sizes = [st.st_size for _, st in self._scan()]
+        return StoreUsage(len(sizes), sum(sizes), self.capacity_bytes)
+
+    def gc(self, capacity_bytes: int | None = None, purge_quarantine: bool = False,
+           tmp_max_age_s: float = 600.0) -> GcReport:
+        """Evict LRU blocks to ``capacity_bytes`` (default: the store's), remove temp files
+        older than ``tmp_max_age_s`` left by crashed writers, optionally empty quarantine."""
+        report = GcReport()
+        now = time.time()
+        for top in _subdirs(self.root / "blocks"):
+            for mid in _subdirs(top):
+                for entry in os.scandir(mid):
+                    if entry.name.endswith(_TMP_SUFFIX):
+                        try:
+                            if now - entry.stat().st_mtime > tmp_max_age_s:
+                                os.unlink(entry.path)
+                                report.temp_files += 1
+                        except FileNotFoundError:
+                            continue
+        limit = capacity_bytes if capacity_bytes is not None else self.capacity_bytes
+        if limit is not None:
+            with self._lock:
+                self._index = None  # rescan: other processes may have written
+            report.evicted_blocks, report.evicted_bytes = self._evict_to(limit)
+        if purge_quarantine:
+            qdir = self.root / "quarantine"
+            if qdir.is_dir():
+                report.quarantine_files = sum(1 for _ in qdir.iterdir())
+                shutil.rmtree(qdir, ignore_errors=True)
+        return report
+
+    # --- access counts ----------------------------------------------------------------------
+    def access_counts(self) -> dict[BlockKey, int]:
+        """Reads per block: persisted counts plus this process's."""
+        merged = dict(self._load_counts())
+        with self._lock:
+            for h, n in self._access.items():
+                merged[h] = merged.get(h, 0) + n - self._flushed.get(h, 0)
+        return {BlockKey.from_hex(h): n for h, n in merged.items()}
+
+    def flush_access_counts(self) -> None:
+        """Merge this process's read counts into ``.dualpath/access.json`` (atomic)."""
+        with self._lock:
+            delta = {h: n - self._flushed.get(h, 0) for h, n in self._access.items()
+                     if n != self._flushed.get(h, 0)}
+            self._flushed = dict(self._access)
+        if not delta:
+            return
+        counts = self._load_counts()
+        for h, n in delta.items():
+            counts[h] = counts.get(h, 0) + n
+        meta = self.root / ".dualpath"
+        meta.mkdir(exist_ok=True)
+        tmp = meta / f"access.json.{os.getpid()}{_TMP_SUFFIX}"
+        tmp.write_text(json.dumps(counts))
+        os.replace(tmp, meta / "access.json")
+
+    def _load_counts(self) -> dict[str, int]:
+        try:
+            data = json.loads((self.root / ".dualpath" / "access.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _subdirs(path: Path | str) -> list[str]:
+    try:
+        return [e.path for e in os.scandir(path) if e.is_dir() and len(e.name) == 2]
+    except FileNotFoundError:
+        return []
+
+
+def _unlink_quiet(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

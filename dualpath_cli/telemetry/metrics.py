@@ -1,0 +1,153 @@
+"""THE metrics table: every metric the project records, defined once.
+
+The Prometheus exporter, the JSON API, ``dualpath-monitor --metric``, the TUI and
+docs/metrics.md are generated from or checked against :data:`METRICS`, so names cannot drift.
+Conventions (Prometheus): ``dualpath_`` prefix, base units (bytes, seconds, ratio 0..1),
+counters end in ``_total``, identities (engine, node, role, layer, tier, nic, ...) are labels,
+never part of the name. Add a metric here before recording it; the registry refuses others.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["MetricType", "MetricSpec", "METRICS", "spec", "UNITS", "LATENCY_BUCKETS"]
+
+
+class MetricType(str, Enum):
+    """Prometheus metric kinds."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+# Base units only. "" is a plain count (blocks, requests).
+UNITS: tuple[str, ...] = ("", "bytes", "seconds", "ratio", "tokens", "bytes_per_second",
+                          "flops_per_second", "flops")
+
+# Read latency buckets: 10 us (DRAM hit) .. 10 s (a queued read behind a saturated SNIC).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+_NAME = re.compile(r"^dualpath_[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One row of the table.
+
+    Args:
+        name: full Prometheus name (``dualpath_`` prefix; ``_total`` iff a counter).
+        type: counter, gauge or histogram.
+        unit: a base unit from :data:`UNITS` ("" for plain counts).
+        labels: label names, in the order exporters print them.
+        help: one sentence saying what is measured.
+        buckets: histogram bucket upper bounds (histograms only).
+    """
+
+    name: str
+    type: MetricType
+    unit: str
+    labels: tuple[str, ...]
+    help: str
+    buckets: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"metric {self.name!r}: names are dualpath_[a-z0-9_]+")
+        if (self.type is MetricType.COUNTER) != self.name.endswith("_total"):
+            raise ValueError(f"metric {self.name!r}: counters, and only counters, end in _total")
+        if self.unit not in UNITS:
+            raise ValueError(f"metric {self.name!r}: unit {self.unit!r} is not a base unit")
+        if self.unit and self.unit not in self.name:
+            raise ValueError(f"metric {self.name!r}: the name must carry its unit {self.unit!r}")
+        if (self.type is MetricType.HISTOGRAM) != bool(self.buckets):
+            raise ValueError(f"metric {self.name!r}: buckets are required for, and only for, "
+                             "histograms")
+
+
+_C, _G, _H = MetricType.COUNTER, MetricType.GAUGE, MetricType.HISTOGRAM
+
+METRICS: tuple[MetricSpec, ...] = (
+    # --- storage: loader and stores (issue 3) ------------------------------------------------
+    MetricSpec("dualpath_storage_read_bytes_total", _C, "bytes", ("node", "role"),
+               "Bytes of Full Blocks read from the store by a node's loader."),
+    MetricSpec("dualpath_storage_read_blocks_total", _C, "", ("node", "role"),
+               "Full Blocks read from the store by a node's loader."),
+    MetricSpec("dualpath_storage_read_queue_length", _G, "", ("node",),
+               "Full Blocks queued or in flight in a node's loader (the seed's "
+               "read_queue_length)."),
+    MetricSpec("dualpath_storage_read_queue_tokens", _G, "tokens", ("node",),
+               "Tokens queued or in flight in a node's loader: the read_q compared with alpha."),
+    MetricSpec("dualpath_storage_read_queue_bytes", _G, "bytes", ("node",),
+               "Bytes queued or in flight in a node's loader."),
+    MetricSpec("dualpath_storage_reads_in_flight", _G, "", ("node",),
+               "Store reads issued and not yet completed."),
+    MetricSpec("dualpath_storage_read_latency_seconds", _H, "seconds", ("node", "tier"),
+               "Time from submission to completion of one block read, by serving tier.",
+               LATENCY_BUCKETS),
+    MetricSpec("dualpath_storage_cache_hits_total", _C, "", ("node", "tier"),
+               "Block lookups served by a tier (dram = loader buffer cache, store)."),
+    MetricSpec("dualpath_storage_cache_misses_total", _C, "", ("node", "tier"),
+               "Block lookups a tier could not serve."),
+    MetricSpec("dualpath_storage_cache_hit_ratio", _G, "ratio", ("node", "tier"),
+               "Hits over lookups since start, by tier (the seed's cache_hit_ratio)."),
+    MetricSpec("dualpath_storage_cache_bytes", _G, "bytes", ("node",),
+               "Bytes held by a node's DRAM buffer cache."),
+    MetricSpec("dualpath_storage_corrupt_blocks_total", _C, "", ("node", "reason"),
+               "Blocks found corrupt (checksum, truncated, foreign header) and quarantined."),
+    MetricSpec("dualpath_storage_cancelled_reads_total", _C, "", ("node",),
+               "Queued block reads dropped because their request was cancelled."),
+    MetricSpec("dualpath_storage_prefetched_blocks_total", _C, "", ("node",),
+               "Blocks read ahead into the DRAM buffer cache by prefetch."),
+    MetricSpec("dualpath_storage_shaped_bandwidth_bytes_per_second", _G, "bytes_per_second",
+               ("node",), "Configured storage-NIC bandwidth of the shaper (0 = unshaped)."),
+    MetricSpec("dualpath_storage_actual_bandwidth_bytes_per_second", _G, "bytes_per_second",
+               ("node",), "Measured read bandwidth over the last completed batch window."),
+    MetricSpec("dualpath_snic_utilization_ratio", _G, "ratio", ("node",),
+               "Storage-NIC utilisation: actual over shaped bandwidth (the seed's "
+               "snic_utilization)."),
+    MetricSpec("dualpath_storage_store_bytes", _G, "bytes", ("root",),
+               "Bytes of block files held by a store root."),
+    MetricSpec("dualpath_storage_evicted_blocks_total", _C, "", ("root",),
+               "Blocks evicted by a store's capacity limit or by gc."),
+    MetricSpec("dualpath_storage_replicated_blocks_total", _C, "", ("root",),
+               "Hot blocks copied to an extra store root."),
+    # --- compute (seed) ----------------------------------------------------------------------
+    MetricSpec("dualpath_gpu_utilization_ratio", _G, "ratio", ("engine", "node", "role"),
+               "GPU busy fraction of an engine."),
+    MetricSpec("dualpath_attention_bubble_seconds_total", _C, "seconds", ("engine", "layer"),
+               "Time a layer's attention waited for its KV (layerwise-prefill bubbles)."),
+    MetricSpec("dualpath_flops_achieved_flops_per_second", _G, "flops_per_second",
+               ("engine", "role"), "Achieved model FLOP/s of an engine."),
+    # --- memory (seed) -----------------------------------------------------------------------
+    MetricSpec("dualpath_hbm_usage_bytes", _G, "bytes", ("engine",),
+               "HBM held by an engine's KV pool."),
+    MetricSpec("dualpath_hbm_fragmentation_ratio", _G, "ratio", ("engine",),
+               "HBM fragmentation score 0..1 (1 - largest free run / free)."),
+    MetricSpec("dualpath_prefetch_accuracy_ratio", _G, "ratio", ("node",),
+               "Prefetched blocks later used, over blocks prefetched."),
+    # --- per-layer hits and per-NIC traffic (seed) -------------------------------------------
+    MetricSpec("dualpath_layer_cache_hits_total", _C, "", ("engine", "layer", "tier"),
+               "Layer Blocks served per layer, by tier (hbm, dram, store, peer)."),
+    MetricSpec("dualpath_nic_bytes_total", _C, "bytes", ("node", "nic", "role", "direction"),
+               "Bytes moved through a NIC (snic, cnic), by engine role and direction."),
+)
+
+_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+if len(_BY_NAME) != len(METRICS):  # pragma: no cover - guarded by tests
+    raise RuntimeError("duplicate metric names in METRICS")
+
+
+def spec(name: str) -> MetricSpec:
+    """The table row for ``name``; ``KeyError`` naming it when it is not in the table."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not in the metrics table "
+                       "(dualpath_cli/telemetry/metrics.py)") from None
