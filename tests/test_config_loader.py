@@ -44,7 +44,7 @@ def test_defaults_are_the_embedded_deployment(files: dict[str, Path]) -> None:
     assert config.preset == "embedded"
     assert str(config.cluster.pd) == "1P2D"
     assert config.hardware.profile == "cpu" and config.model.profile == "reference"
-    assert config.storage.block_size == 64 and config.storage.layout == "layer-major"
+    assert config.storage.block_size == 64 and config.storage.layout == "layer_major"
     assert config.scheduler.z_factor == 1.05
     assert config.scheduler.alpha.text == "3s" and config.scheduler.beta.text == "5s"
     assert loaded.resolved.compute_quota_s == pytest.approx(0.3)
@@ -253,7 +253,7 @@ _CHOICES = {
     "hardware.snic_bandwidth": ["100Gbps", "12.5GB/s", "25000000000"],
     "model.profile": ["ds27b", "qwen32b", "reference"],
     "storage.root": ["/mnt/3fs/kv", "relative dir", "~/kv: odd"],
-    "storage.codec": ["raw-bf16", "fp8-e4m3"],
+    "storage.codec": ["bf16", "fp8_e4m3"],
     "scheduler.alpha": ["8KiB", "2M", "16K tokens", "1.5s", "0"],
     "scheduler.beta": ["16K", "64", "5s"],
     "scheduler.compute_quota": ["20TFLOP", "0.25", "1s"],

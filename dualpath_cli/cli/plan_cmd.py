@@ -13,7 +13,6 @@ import typer
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stdout
-from dualpath_cli.cli.tune_cmd import hardware_profile, model_profile
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.core.capacity import (
     PDRange,
@@ -23,6 +22,7 @@ from dualpath_cli.core.capacity import (
     working_set_bytes,
     working_set_tokens,
 )
+from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import (
     format_bandwidth,
@@ -78,7 +78,7 @@ def pd_ratio(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The bottleneck-free P/D range (the paper's equation 9) for one node type."""
-    node = hardware_profile(hardware)
+    node = get_hardware_profile(hardware)
     g = gpus_per_node if gpus_per_node is not None else node.gpus_per_node
     snics = snics_per_node if snics_per_node is not None else node.snics_per_node
     cnic = _bandwidth(nic_bandwidth, node.cnic_bandwidth)
@@ -166,7 +166,7 @@ def working_set(
         bpt, source = parse_bytes(bytes_per_token), "--bytes-per-token"
     else:
         assert model is not None
-        bpt, source = model_profile(model).kv_bytes_per_token, f"model {model}"
+        bpt, source = get_model_profile(model).kv_bytes_per_token, f"model {model}"
     seconds, length = parse_duration(jct), parse_tokens(total_len)
     tokens = working_set_tokens(aps, seconds, length)
     amount = working_set_bytes(aps, seconds, length, bpt)

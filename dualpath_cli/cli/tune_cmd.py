@@ -16,10 +16,8 @@ from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.core.profiles import (
-    HARDWARE_PROFILES,
-    MODEL_PROFILES,
-    HardwareProfile,
-    ModelProfile,
+    get_hardware_profile,
+    get_model_profile,
 )
 from dualpath_cli.core.thresholds import (
     alpha_bytes_from_bdp,
@@ -39,7 +37,7 @@ from dualpath_cli.units import (
     parse_tokens,
 )
 
-__all__ = ["app", "model_profile", "hardware_profile", "SEED_ALPHA_NOTE"]
+__all__ = ["app", "SEED_ALPHA_NOTE"]
 
 app = typer.Typer(help="Compute the scheduler thresholds alpha and beta from hardware facts.",
                   no_args_is_help=True)
@@ -52,30 +50,12 @@ SEED_ALPHA_NOTE = ("the seed quotes alpha = 8KB for a 400Gbps storage NIC and 50
                    "of about 160ns")
 
 
-def model_profile(name: str) -> ModelProfile:
-    """The built-in model profile ``name``, or a UsageError listing the known ones."""
-    try:
-        return MODEL_PROFILES[name]
-    except KeyError:
-        raise UsageError(f"unknown model profile {name!r}: choose one of "
-                         f"{', '.join(MODEL_PROFILES)}") from None
-
-
-def hardware_profile(name: str) -> HardwareProfile:
-    """The built-in hardware profile ``name``, or a UsageError listing the known ones."""
-    try:
-        return HARDWARE_PROFILES[name]
-    except KeyError:
-        raise UsageError(f"unknown hardware profile {name!r}: choose one of "
-                         f"{', '.join(HARDWARE_PROFILES)}") from None
-
-
 def _snic(snic: str | None, hardware: str | None) -> tuple[float, str]:
     """Node storage bandwidth in bytes/s and where it came from."""
     if snic is not None:
         return parse_bandwidth(snic), "--snic"
     if hardware is not None:
-        profile = hardware_profile(hardware)
+        profile = get_hardware_profile(hardware)
         return profile.snic_bandwidth * profile.snics_per_node, f"hardware {profile.name}"
     return parse_bandwidth(DEFAULT_SNIC), f"default {DEFAULT_SNIC}"
 
@@ -87,7 +67,7 @@ def _bytes_per_token(value: str | None, model: str | None) -> tuple[int | None, 
             raise UsageError(f"invalid --bytes-per-token {value!r}: must be greater than zero")
         return amount, "--bytes-per-token"
     if model is not None:
-        return model_profile(model).kv_bytes_per_token, f"model {model}"
+        return get_model_profile(model).kv_bytes_per_token, f"model {model}"
     return None, None
 
 
@@ -214,7 +194,7 @@ def beta(
         inputs.update({"tokens_per_s": rate, "source": "--tokens-per-s"})
         derivation = f"{format_tokens(rate)} tokens/s (given)"
     elif model is not None:
-        profile, node = model_profile(model), hardware_profile(hardware)
+        profile, node = get_model_profile(model), get_hardware_profile(hardware)
         cached = parse_tokens(context)
         rate = node.prefill_tokens_per_s(profile, cached)
         inputs.update({"tokens_per_s": rate, "source": "profile", "model": profile.name,

@@ -22,8 +22,11 @@ from dualpath_cli.config.quantities import (
     parse_beta,
     parse_quota,
 )
+from dualpath_cli.core.layout import LAYOUTS
+from dualpath_cli.core.policies import POLICIES
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.errors import UnitError
+from dualpath_cli.storage.codecs import CODECS
 from dualpath_cli.units import (
     parse_bandwidth,
     parse_bytes,
@@ -46,9 +49,7 @@ __all__ = [
 ]
 
 CUSTOM = "custom"
-READ_SIDE_POLICIES = ("dualpath", "basic", "round-robin", "random", "split", "seed-select")
-CODECS = ("raw-fp16", "raw-bf16", "raw-fp32", "fp8-e4m3")
-LAYOUTS = ("layer-major",)
+READ_SIDE_POLICIES = tuple(POLICIES)  # the core registry is the one list of names
 KV_DTYPES = ("fp16", "bf16", "fp32", "fp8")
 SECTIONS = ("cluster", "hardware", "model", "storage", "scheduler")
 
@@ -259,9 +260,11 @@ KEYS: tuple[Key, ...] = (
     Key("storage", "root", TEXT, "~/.local/share/dualpath/kv",
         "Directory (or 3FS/NFS mount) holding KV blocks; ~ is expanded."),
     Key("storage", "block_size", TOKENS, 64, "Tokens per full block (the paper's example: 64)."),
-    Key("storage", "layout", _choices(LAYOUTS), "layer-major",
-        "Byte layout of a full block: [layer, tokens, bytes]."),
-    Key("storage", "codec", _choices(CODECS), "raw-fp16", "Encoding of KV bytes on storage."),
+    Key("storage", "layout", _choices(LAYOUTS), "layer_major",
+        "Byte layout of a full block: layer_major [layer, tokens, bytes] or token_major."),
+    Key("storage", "codec", _choices(CODECS), "fp16",
+        "Encoding of KV bytes on storage: raw fp16/bf16/fp32, or FP8 e4m3 with per-block or "
+        "per-layer scales."),
     # scheduler
     Key("scheduler", "alpha", ALPHA, "3s",
         "Short-read-queue threshold; resolved to tokens (bytes / KV bytes per token, or tokens "

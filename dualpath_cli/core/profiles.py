@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath_cli.errors import UsageError
+
 __all__ = [
     "ModelProfile",
     "HardwareProfile",
     "MODEL_PROFILES",
     "HARDWARE_PROFILES",
     "attended_tokens",
+    "get_model_profile",
+    "get_hardware_profile",
 ]
 
 
@@ -133,3 +137,21 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
                            cnic_bandwidth=1e9, dram_bandwidth=10e9,
                            dram_buffer_bytes=512 * 2**20),
 }
+
+
+def get_model_profile(name: str) -> ModelProfile:
+    """The built-in model profile ``name``, or a UsageError listing the known ones."""
+    try:
+        return MODEL_PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown model profile {name!r}: choose one of "
+                         f"{', '.join(MODEL_PROFILES)}") from None
+
+
+def get_hardware_profile(name: str) -> HardwareProfile:
+    """The built-in hardware profile ``name``, or a UsageError listing the known ones."""
+    try:
+        return HARDWARE_PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown hardware profile {name!r}: choose one of "
+                         f"{', '.join(HARDWARE_PROFILES)}") from None
