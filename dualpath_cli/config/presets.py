@@ -43,6 +43,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
         "scheduler.alpha": "4KB",
         "scheduler.beta": "8K",
         "scheduler.compute_quota": "15TFLOP",
+        "scheduler.layerwise_prefill": False,  # the seed turns it on from medium scale up
     }),
     "medium": Preset("medium", "seed 8.1 medium scale (16-32 nodes), layerwise prefill", {
         **_SEED_HARDWARE,

@@ -284,7 +284,7 @@ KEYS: tuple[Key, ...] = (
         "How often an engine group fetches work (our choice; the paper does not say)."),
     Key("scheduler", "reference_context", TOKENS, "32K",
         "Context length at which beta in seconds is converted to tokens."),
-    Key("scheduler", "layerwise_prefill", BOOL, False,
+    Key("scheduler", "layerwise_prefill", BOOL, True,
         "Stream KV layer by layer while prefilling."),
     Key("scheduler", "hierarchical", BOOL, False,
         "Hierarchical (group-then-engine) scheduling for large clusters."),
