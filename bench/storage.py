@@ -8,11 +8,18 @@ Usage::
 
 For each block size (64 KiB, 1 MiB, 4 MiB) it writes one data set of block files whose
 files are exactly that size (4 KiB header + payload), then for page-cache and O_DIRECT
-reads at queue depth 1, 8 and 32 it runs fio (io_uring engine, reading whole files with
-bs = file size) and the StorageLoader (checksums verified on every read) alternately,
-``--rounds`` times, and keeps each tool's best round (the host is shared, so single runs
-are noisy; both tools get the same treatment). Then it shapes the loader to 100 MB/s ..
-2 GB/s and measures the delivered rate. fio is installed from Debian when missing.
+reads at queue depth 1, 8 and 32 it runs, alternately and ``--rounds`` times, keeping each
+one's best round (the host is shared, so single runs are noisy; all get the same treatment):
+
+* the StorageLoader (engine ``auto``; both checksums verified on every read);
+* fio laid out like the loader (``fio_gbps``, apples to apples): as many threads
+  (``numjobs``) as the loader has readers, each with the reader's reads in flight, and the
+  loader's engine (``psync`` for its preadv readers, ``io_uring`` for its io_uring rings);
+* fio as one thread with an io_uring ring of the whole queue depth (``fio_single_job_gbps``).
+
+Both fio runs read whole files (bs = file size), opening and closing each file per read as
+the loader does. Then it shapes the loader to 100 MB/s .. 2 GB/s and measures the delivered
+rate. fio is installed from Debian when missing.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 from dualpath_cli.storage.benchmark import (
     fio_available,
     fio_gbps,
-    loader_gbps,
+    loader_run,
     make_dataset,
     shaped_mbps,
     warm_page_cache,
@@ -58,7 +65,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the files")
     parser.add_argument("--size-mib", type=int, default=256, help="MiB per block size")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per point")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per point")
     parser.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement")
     args = parser.parse_args()
     ensure_fio()
@@ -71,22 +78,31 @@ def main() -> int:
             warm_page_cache(data)
             for mode, direct in (("page_cache", False), ("direct", True)):
                 for qd in QUEUE_DEPTHS:
-                    fio_best = loader_best = 0.0
-                    engine = ""
+                    fio_best = single_best = loader_best = 0.0
+                    engine, layout = "", ("", 0, 0)
                     for _ in range(args.rounds):
-                        fio_best = max(fio_best, fio_gbps(data, qd, direct=direct,
-                                                          min_seconds=args.seconds))
-                        gbps, engine = loader_gbps(data, qd, direct=direct,
-                                                   min_seconds=args.seconds)
-                        loader_best = max(loader_best, gbps)
+                        single_best = max(single_best, fio_gbps(
+                            data, qd, direct=direct, min_seconds=args.seconds))
+                        run = loader_run(data, qd, direct=direct, min_seconds=args.seconds)
+                        loader_best = max(loader_best, run.gbps)
+                        engine, layout = run.engine, run.fio_layout
+                        ioengine, numjobs, iodepth = layout
+                        fio_best = max(fio_best, fio_gbps(
+                            data, iodepth, direct=direct, min_seconds=args.seconds,
+                            ioengine=ioengine, numjobs=numjobs))
                     rows.append({"mode": mode, "block_size": bs, "queue_depth": qd,
                                  "fio_gbps": round(fio_best, 3),
                                  "loader_gbps": round(loader_best, 3),
                                  "loader_engine": engine,
-                                 "ratio": round(loader_best / fio_best, 3) if fio_best else None})
+                                 "fio_layout": f"{layout[0]} {layout[1]}x{layout[2]}",
+                                 "fio_single_job_gbps": round(single_best, 3),
+                                 "ratio": round(loader_best / fio_best, 3) if fio_best else None,
+                                 "ratio_single_job": (round(loader_best / single_best, 3)
+                                                      if single_best else None)})
                     if not args.json:
                         print(f"  {mode:10s} {bs >> 10:5d} KiB QD{qd:<3d} fio {fio_best:6.2f} "
-                              f"loader {loader_best:6.2f} GB/s ({engine})", file=sys.stderr)
+                              f"(1 job {single_best:6.2f}) loader {loader_best:6.2f} GB/s "
+                              f"({engine})", file=sys.stderr)
             if bs == 1 << 20:
                 for target in SHAPING_MBPS:
                     measured = shaped_mbps(data, target * 1e6, seconds=1.0)
@@ -97,12 +113,14 @@ def main() -> int:
     if args.json:
         print(json.dumps({"rows": rows, "shaping": shaping, "seconds": round(elapsed, 1)}))
         return 0
-    print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio GB/s':>9s} {'loader GB/s':>12s} "
-          f"{'ratio':>6s}  engine")
+    print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio layout':>14s} {'fio GB/s':>9s} "
+          f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s}  engine")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        ratio1 = f"{r['ratio_single_job']:.2f}" if r["ratio_single_job"] is not None else "-"
         print(f"{r['mode']:10s} {int(r['block_size']) >> 10:5d}Ki {r['queue_depth']:>3} "  # type: ignore[call-overload]
-              f"{r['fio_gbps']:>9.2f} {r['loader_gbps']:>12.2f} {ratio:>6s}  {r['loader_engine']}")
+              f"{r['fio_layout']:>14s} {r['fio_gbps']:>9.2f} {r['loader_gbps']:>12.2f} "
+              f"{ratio:>6s} {r['fio_single_job_gbps']:>10.2f} {ratio1:>6s}  {r['loader_engine']}")
     print(f"\n{'target MB/s':>11s} {'measured MB/s':>14s} {'error':>7s}")
     for s in shaping:
         print(f"{s['target_mbps']:>11} {s['measured_mbps']:>14.1f} {float(s['error']):>+7.1%}")  # type: ignore[arg-type]

@@ -28,8 +28,8 @@ from dualpath_cli.storage.loader import LoadResult, StorageLoader
 from dualpath_cli.storage.posix import PosixStore
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
-__all__ = ["Dataset", "make_dataset", "loader_gbps", "shaped_mbps", "fio_gbps",
-           "fio_available", "warm_page_cache"]
+__all__ = ["Dataset", "LoaderRun", "make_dataset", "loader_run", "loader_gbps", "shaped_mbps",
+           "fio_gbps", "fio_available", "warm_page_cache"]
 
 _TOKENS = 64
 
@@ -101,10 +101,38 @@ def _drive(loader: StorageLoader, keys: list, chunk: int, window: int) -> float:
     return elapsed
 
 
+@dataclass(frozen=True, slots=True)
+class LoaderRun:
+    """One loader measurement and the I/O layout it used, so fio can be run the same way:
+    ``workers`` threads, each with at most ``per_worker`` reads in flight on ``engine``."""
+
+    gbps: float
+    engine: str
+    workers: int
+    per_worker: int
+
+    @property
+    def fio_layout(self) -> tuple[str, int, int]:
+        """(ioengine, numjobs, iodepth) for fio: psync threads for preadv (one read each in
+        flight), io_uring rings of the reader's share for io_uring."""
+        if self.engine == "io_uring":
+            return "io_uring", self.workers, self.per_worker
+        return "psync", self.workers, 1
+
+
 def loader_gbps(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "auto",
                 min_seconds: float = 0.5, workers: int | None = None,
                 progress: Callable[[], None] | None = None) -> tuple[float, str]:
     """Loader throughput in GB/s (1e9 bytes/s) over the data set; returns (gbps, engine)."""
+    run = loader_run(data, queue_depth, direct=direct, engine=engine, min_seconds=min_seconds,
+                     workers=workers, progress=progress)
+    return run.gbps, run.engine
+
+
+def loader_run(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "auto",
+               min_seconds: float = 0.5, workers: int | None = None,
+               progress: Callable[[], None] | None = None) -> LoaderRun:
+    """Loader throughput over the data set and the thread/depth layout it used."""
     store = PosixStore(data.root, direct=direct, engine=engine, queue_depth=max(queue_depth, 8))
     with StorageLoader(store, max_inflight=queue_depth, registry=MetricsRegistry(),
                        block_nbytes=data.block_size, workers=workers) as loader:
@@ -119,7 +147,10 @@ def loader_gbps(data: Dataset, queue_depth: int, *, direct: bool, engine: str = 
                 progress()
             if elapsed >= min_seconds:
                 break
-    return total_bytes / elapsed / 1e9, store.engine.name
+        # preadv readers keep one read each in flight; io_uring readers keep their share
+        per_worker = loader.max_share if store.engine.name == "io_uring" else 1
+        return LoaderRun(total_bytes / elapsed / 1e9, store.engine.name, loader.workers,
+                         per_worker)
 
 
 def shaped_mbps(data: Dataset, target_bps: float, seconds: float = 1.0,
@@ -139,15 +170,19 @@ def fio_available() -> str | None:
     return shutil.which("fio")
 
 
-def fio_gbps(data: Dataset, queue_depth: int, *, direct: bool,
-             min_seconds: float = 0.5) -> float:
-    """fio's throughput in GB/s reading every block file of the data set whole."""
+def fio_gbps(data: Dataset, queue_depth: int, *, direct: bool, min_seconds: float = 0.5,
+             ioengine: str = "io_uring", numjobs: int = 1) -> float:
+    """fio's throughput in GB/s reading every block file of the data set whole.
+
+    ``numjobs`` threads each keep ``queue_depth`` reads in flight (psync: one), each opening,
+    reading and closing every block file in turn, as the loader does.
+    """
     fio = fio_available()
     if fio is None:
         raise StorageUsageError("fio is not installed (apt-get install -y fio)")
-    engine = "io_uring"
     cmd = [fio, "--name=dualpath", f"--opendir={data.root / 'blocks'}", "--rw=read",
-           f"--bs={data.block_size}", f"--ioengine={engine}", f"--iodepth={queue_depth}",
+           f"--bs={data.block_size}", f"--ioengine={ioengine}", f"--iodepth={queue_depth}",
+           f"--numjobs={numjobs}", "--group_reporting",
            f"--direct={int(direct)}", "--invalidate=0", "--thread", "--time_based=1",
            f"--runtime={max(1, round(min_seconds))}", "--output-format=json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -2,10 +2,11 @@
 
 * ``preadv``: one ``os.preadv`` per block into two aligned iovecs (header, payload). The
   GIL is released during the copy, so several loader threads read in parallel.
-* ``io_uring``: the whole batch is submitted to a per-thread ring and reaped together — the
-  paper's "io_uring-like interface" — using the ``liburing`` PyPI package when it imports
-  and a ring can be created on this host (kernels or sandboxes may forbid io_uring). When it
-  cannot, :func:`uring_status` says why and ``auto`` falls back to ``preadv``.
+* ``io_uring``: a per-thread ring kept full (up to the reader's share of the queue depth)
+  and refilled before each completed block is verified — the paper's "io_uring-like
+  interface" — using the ``liburing`` PyPI package when it imports and a ring can be
+  created on this host (kernels or sandboxes may forbid io_uring). When it cannot,
+  :func:`uring_status` says why and ``auto`` falls back to ``preadv``.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ ENGINES: tuple[str, ...] = ("auto", "preadv", "io_uring")
 
 @dataclass(eq=False, slots=True)
 class ReadJob:
-    """Read ``expected`` bytes at offset 0 of ``fd`` into ``iov``; ``result``: bytes or -errno."""
+    """Read ``expected`` bytes at offset 0 of ``fd`` into ``iov``; ``result``: bytes or -errno.
+
+    ``tag`` is the caller's (the store keeps its read operation there).
+    """
 
     fd: int
     iov: list[memoryview]
     expected: int
     result: int = 0
+    tag: Any = None
 
 
 class ReadEngine(Protocol):
@@ -42,9 +47,11 @@ class ReadEngine(Protocol):
 
     name: str
 
-    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None]) -> None:
+    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None],
+            max_in_flight: int | None = None) -> None:
         """Run every job to completion (short reads are finished with preadv), calling
-        ``on_done(job)`` as each completes, while its bytes are still hot in the CPU cache."""
+        ``on_done(job)`` as each completes, while its bytes are still hot in the CPU cache.
+        At most ``max_in_flight`` reads are in the kernel at once (default: the engine's)."""
         ...
 
 
@@ -74,12 +81,13 @@ def _finish_short(job: ReadJob) -> None:
 
 
 class PreadvEngine:
-    """Synchronous ``preadv`` per job (the portable engine)."""
+    """Synchronous ``preadv`` per job (the portable engine); one read in flight per thread."""
 
     name = "preadv"
 
-    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None]) -> None:
-        """Read each job in order."""
+    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None],
+            max_in_flight: int | None = None) -> None:
+        """Read each job in order, verifying it right after its read."""
         for job in jobs:
             try:
                 job.result = os.preadv(job.fd, job.iov, 0)
@@ -90,56 +98,120 @@ class PreadvEngine:
             on_done(job)
 
 
+# with ``async_buffered``, buffered (page-cache) reads at least this big are punted to
+# io_uring's kernel workers (IOSQE_ASYNC), so the copy runs on another core while this thread
+# verifies the previous block. Off by default: on the 2-core bench host the hand-off to a
+# kernel worker cost more than it overlapped (fio's own force_async=1 halves its QD1 rate).
+ASYNC_MIN_BYTES = 256 << 10
+
+
+class _Ring:
+    """One thread's ring, with an eventfd so waiting for completions releases the GIL.
+
+    The ``liburing`` binding holds the GIL inside ``io_uring_wait_cqe``; a reader blocked
+    there would stall every other Python thread (the other readers, the engine's callbacks)
+    for a whole device latency. Blocking in ``os.eventfd_read`` instead releases it.
+    """
+
+    def __init__(self, depth: int) -> None:
+        import liburing as L
+
+        self.ring, self.cqe = L.Ring(), L.Cqe()
+        L.io_uring_queue_init(depth, self.ring)
+        self.efd = os.eventfd(0, os.EFD_CLOEXEC)
+        L.io_uring_register_eventfd(self.ring, self.efd)
+
+    def close(self) -> None:
+        import liburing as L
+
+        L.io_uring_queue_exit(self.ring)
+        os.close(self.efd)
+
+
 class UringEngine:
-    """Batched reads through io_uring, one ring per thread (rings are not thread-safe)."""
+    """Pipelined reads through io_uring, one ring per thread (rings are not thread-safe).
+
+    Keeps up to ``max_in_flight`` reads in the ring; as completions arrive it first refills
+    the ring from the batch, then verifies the completed blocks, so verification of block
+    *i* overlaps the read of block *i+1* even at queue depth 1.
+
+    Args:
+        depth: ring size (the most reads one thread can have in flight).
+        async_buffered: punt large buffered reads to kernel workers (see ASYNC_MIN_BYTES);
+            pointless for O_DIRECT, whose reads are asynchronous already.
+    """
 
     name = "io_uring"
 
-    def __init__(self, depth: int = 64) -> None:
+    def __init__(self, depth: int = 64, async_buffered: bool = False) -> None:
         import liburing  # noqa: F401  (fails early when unavailable)
 
         self.depth = depth
+        self.async_buffered = async_buffered
         self._local = threading.local()
 
-    def _ring(self) -> tuple[Any, Any]:
-        ring = getattr(self._local, "ring", None)
+    def _ring(self) -> _Ring:
+        ring: _Ring | None = getattr(self._local, "ring", None)
         if ring is None:
-            import liburing as L
+            ring = self._local.ring = _Ring(self.depth)
+        return ring
 
-            ring, cqe = L.Ring(), L.Cqe()
-            L.io_uring_queue_init(self.depth, ring)
-            self._local.ring, self._local.cqe = ring, cqe
-        return self._local.ring, self._local.cqe
-
-    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None]) -> None:
-        """Submit up to ``depth`` reads at a time and reap their completions together."""
+    def run(self, jobs: list[ReadJob], on_done: Callable[[ReadJob], None],
+            max_in_flight: int | None = None) -> None:
+        """Read every job, at most ``max_in_flight`` at a time, verifying as they land."""
         import liburing as L
 
-        ring, cqe = self._ring()
-        for start in range(0, len(jobs), self.depth):
-            chunk = jobs[start:start + self.depth]
-            keep = []
-            for index, job in enumerate(chunk):
-                iov = L.Iovec(job.iov)
-                keep.append(iov)  # the kernel reads into these until completion
+        r = self._ring()
+        ring, cqe, efd = r.ring, r.cqe, r.efd
+        limit = max(1, min(self.depth, max_in_flight or self.depth))
+        punt = L.IOSQE_ASYNC if self.async_buffered else 0
+        iovs: dict[int, Any] = {}  # the kernel reads into these until completion
+        total, issued, done = len(jobs), 0, 0
+
+        def refill() -> None:
+            nonlocal issued
+            first = issued
+            while issued < total and len(iovs) < limit:
+                job = jobs[issued]
+                iov = iovs[issued] = L.Iovec(job.iov)
                 sqe = L.io_uring_get_sqe(ring)
                 L.io_uring_prep_readv(sqe, job.fd, iov, 0)
-                L.io_uring_sqe_set_data64(sqe, index)
-            L.io_uring_submit(ring)
-            pending = len(chunk)
-            while pending:
-                # one entry at a time: indexing cqe[i] past the first is wrong when the
-                # completion ring wraps around
-                L.io_uring_wait_cqe(ring, cqe)
-                entry = cqe[0]
-                job = chunk[entry.user_data]
-                job.result = _cqe_result(entry)
+                L.io_uring_sqe_set_data64(sqe, issued)
+                if punt and job.expected >= ASYNC_MIN_BYTES:
+                    L.io_uring_sqe_set_flags(sqe, punt)
+                issued += 1
+            if issued > first:
+                L.io_uring_submit(ring)
+
+        try:
+            refill()
+            while done < total:
+                while not L.io_uring_cq_ready(ring):
+                    os.eventfd_read(efd)  # blocks with the GIL released
+                landed: list[ReadJob] = []
+                while L.io_uring_cq_ready(ring):
+                    L.io_uring_peek_cqe(ring, cqe)
+                    entry = cqe[0]
+                    index = entry.user_data
+                    job = jobs[index]
+                    job.result = _cqe_result(entry)
+                    L.io_uring_cq_advance(ring, 1)
+                    del iovs[index]
+                    landed.append(job)
+                refill()  # the next reads run while these are verified
+                for job in landed:
+                    if 0 < job.result < job.expected:
+                        _finish_short(job)
+                    done += 1
+                    on_done(job)
+        finally:
+            # never leave a read in flight into a buffer the caller may reuse
+            while iovs:
+                while not L.io_uring_cq_ready(ring):
+                    os.eventfd_read(efd)
+                L.io_uring_peek_cqe(ring, cqe)
+                iovs.pop(cqe[0].user_data, None)
                 L.io_uring_cq_advance(ring, 1)
-                pending -= 1
-                if 0 < job.result < job.expected:
-                    _finish_short(job)
-                on_done(job)
-            del keep
 
 
 def _cqe_result(entry: Any) -> int:
@@ -193,8 +265,10 @@ def make_engine(name: str = "auto", depth: int = 64, direct: bool = False) -> Re
     """The engine called ``name``.
 
     ``auto`` picks io_uring for O_DIRECT reads when it is usable (deep queues without a
-    thread per read) and preadv threads for page-cache reads, where the cost is the memory
-    copy: threads spread it over cores and verify each block while it is still in cache.
+    thread per read, waits that release the GIL) and preadv threads for page-cache reads:
+    there the cost is the memory copy, which ``os.preadv`` does with the GIL released while
+    the ``liburing`` binding does it inside ``io_uring_submit`` with the GIL held, so only
+    preadv threads spread it over cores.
     """
     if name not in ENGINES:
         raise StorageUsageError(f"unknown read engine {name!r}; expected one of "

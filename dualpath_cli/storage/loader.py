@@ -40,6 +40,8 @@ __all__ = ["StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_P
 log = logging.getLogger(__name__)
 
 PREFETCH_PRIORITY = 1 << 30  # below every request (lower numbers are served first)
+_LOOKAHEAD_BYTES = 8 << 20  # how far a pipelined reader's batch runs ahead of its share
+_LOOKAHEAD_BLOCKS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ class _Pending:
     prefetch: bool = False
     started: bool = False
     dropped: bool = False
+    counted: bool = False  # counted in reads in flight (a pipelined batch's head)
 
 
 class StorageLoader:
@@ -156,7 +159,8 @@ class StorageLoader:
         batch_bytes: a reader takes at least this much work per wake-up, so small reads are
             grouped instead of costing one thread wake-up each (default 1 MiB).
         burst_bytes: credit an idle emulated NIC may spend at once (default 0).
-        pool: buffer pool for reads (default: a private one).
+        pool: buffer pool for reads (default: a private one keeping up to 1 GiB, or 4x the
+            cache, of free buffers mapped for reuse).
         registry: metrics registry (default: the process-wide one).
         clock, sleep: injectable time source (tests use a fake clock; no real sleeps).
     """
@@ -178,15 +182,20 @@ class StorageLoader:
         if workers is None:  # io_uring keeps many reads in flight per thread: one per core
             workers = min(max_inflight, cpus if engine == "io_uring" else max(2, 2 * cpus))
         self.workers = max(1, min(workers, max_inflight))
-        # a reader hands at most its share to the engine at once, so workers x share bounds
-        # the reads in flight (io_uring submits a share together; preadv reads it in order)
+        # a reader keeps at most its share in flight, so workers x share bounds the reads in
+        # flight (preadv reads one at a time; io_uring keeps up to a share in the ring)
         self.max_share = max(1, max_inflight // self.workers)
+        # a store that pipelines (io_uring) gets a longer batch than the share: the ring stays
+        # full while completed blocks are verified, instead of draining at every hand-off
+        self._pipelined = bool(getattr(store, "pipelined_reads", False))
         self.batch_bytes = batch_bytes
         self.block_tokens = block_tokens
         self._est_bytes = block_nbytes
         self.shaper = TokenBucket(shaping_bps, burst_bytes, clock, sleep)
         self.cache = BlockCache(cache_bytes)
-        self.pool = pool or BufferPool(max(1 << 28, 4 * cache_bytes))
+        # free buffers kept for reuse: a fresh mmap buffer costs a page fault and a zeroing
+        # pass per 4 KiB page, more than the read itself, so keep the working set mapped
+        self.pool = pool or BufferPool(max(1 << 30, 4 * cache_bytes))
         self.clock = clock
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -387,18 +396,29 @@ class StorageLoader:
             return 1
         return max(1, min(self.max_share, -(-self.batch_bytes // self._est_bytes)))
 
+    def _lookahead(self) -> int:
+        """Blocks a pipelined reader takes beyond its share: about 8 MiB (lock held)."""
+        est = self._est_bytes or (1 << 20)
+        return max(self.max_share, min(_LOOKAHEAD_BLOCKS, -(-_LOOKAHEAD_BYTES // est)))
+
     def _take(self) -> list[_Pending]:
-        """Pop this reader's share of the queue (called with the lock held)."""
+        """Pop this reader's share of the queue (called with the lock held).
+
+        With a pipelining store the batch may exceed the share by a lookahead; the store keeps
+        only the share in flight, and only those count as reads in flight here.
+        """
         fair = -(-self._q_blocks // self.workers)
-        share = min(self.max_share, max(self._min_share(), fair))
+        cap = self.max_share + (self._lookahead() if self._pipelined else 0)
+        share = min(cap, max(self._min_share(), fair))
         batch: list[_Pending] = []
         while self._heap and len(batch) < share:
             _, _, pending = heapq.heappop(self._heap)
             if pending.started or pending.dropped:
                 continue
             pending.started = True
+            pending.counted = len(batch) < self.max_share
             batch.append(pending)
-        self._in_flight += len(batch)
+        self._in_flight += min(len(batch), self.max_share)
         return batch
 
     # --- reader threads ---------------------------------------------------------------------
@@ -420,7 +440,10 @@ class StorageLoader:
         ops = [ReadOp(p.key) for p in batch]
         started = self.clock()
         try:
-            self.store.read_batch(ops, self.pool)
+            if self._pipelined:
+                self.store.read_batch(ops, self.pool, max_in_flight=self.max_share)  # type: ignore[call-arg]
+            else:
+                self.store.read_batch(ops, self.pool)
         except Exception as err:  # an unexpected store failure must not kill the reader
             log.warning("store read failed on node %s: %s", self.node, err)
             for op in ops:
@@ -445,7 +468,7 @@ class StorageLoader:
         with self._lock:
             for pending, op in done:
                 self._pending.pop(pending.key.raw, None)
-                if pending.started:
+                if pending.counted:
                     self._in_flight -= 1
                 self._q_blocks -= 1
                 self._q_bytes -= pending.nbytes

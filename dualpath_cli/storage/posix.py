@@ -153,65 +153,92 @@ class PosixStore:
             os.close(fd)
 
     # --- reads ------------------------------------------------------------------------------
-    def read_batch(self, ops: list[ReadOp], pool: BufferPool) -> None:
-        """Read ``ops`` with one engine call; corrupt blocks are quarantined, never returned."""
+    @property
+    def pipelined_reads(self) -> bool:
+        """True when :meth:`read_batch` honours ``max_in_flight`` with a batch larger than it
+        (io_uring keeps that many reads in the ring and verifies as they land), so a loader
+        may hand over a longer batch without exceeding its queue depth."""
+        return self.engine.name == "io_uring"
+
+    def read_batch(self, ops: list[ReadOp], pool: BufferPool,
+                   max_in_flight: int | None = None) -> None:
+        """Read ``ops`` with one engine call, at most ``max_in_flight`` reads in the kernel at
+        once; corrupt blocks are quarantined, never returned."""
         jobs: list[ReadJob] = []
-        by_job: dict[int, ReadOp] = {}
         retry: list[ReadOp] = []
-        flags = os.O_RDONLY | (os.O_DIRECT if self.direct_active else 0)
+        direct = self.direct_active
+        flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+        file = self._file
         for op in ops:
+            path = file(op.key)
             try:
-                fd = os.open(self._file(op.key), flags)
+                fd = os.open(path, flags)
             except FileNotFoundError:
                 op.missing = True
                 continue
             except OSError as err:
-                if err.errno == errno.EINVAL and self.direct_active:
+                if err.errno == errno.EINVAL and direct:
                     self.direct_active = False  # e.g. a FUSE mount without direct_io
-                    self.read_batch([op], pool)
+                    retry.append(op)
                 else:
-                    op.missing, op.io_error = True, f"{self._file(op.key)}: {err.strerror}"
+                    op.missing, op.io_error = True, f"{path}: {err.strerror}"
                 continue
-            size = os.fstat(fd).st_size
+            try:
+                size = os.fstat(fd).st_size
+            except OSError as err:
+                os.close(fd)
+                op.missing, op.io_error = True, f"{path}: {err.strerror}"
+                continue
             buf = pool.acquire(size)
             op.buffer = buf
-            job = ReadJob(fd, [buf.header, buf.payload_iov(size)], size)
-            by_job[id(job)] = op
-            jobs.append(job)
+            jobs.append(ReadJob(fd, [buf.header, buf.payload_iov(size)], size, tag=op))
 
         def done(job: ReadJob) -> None:
-            op = by_job[id(job)]
+            op: ReadOp = job.tag
             os.close(job.fd)
-            assert op.buffer is not None
+            job.fd = -1
+            buf = op.buffer
+            assert buf is not None
             if job.result < 0:
-                op.buffer.release()
+                buf.release()
                 op.buffer = None
-                if -job.result == errno.EINVAL and self.direct_active:
+                if -job.result == errno.EINVAL and direct:
                     self.direct_active = False
                     retry.append(op)
                 else:
                     op.missing = True
-                    op.io_error = f"{self._file(op.key)}: {os.strerror(-job.result)}"
+                    op.io_error = f"{file(op.key)}: {os.strerror(-job.result)}"
                 return
             try:
-                op.header = check_read(op.key, op.buffer, job.result, self._file(op.key))
+                op.header = check_read(op.key, buf, job.result, file(op.key))
             except CorruptBlockError as err:
-                op.buffer.release()
+                buf.release()
                 op.buffer = None
                 op.error = err
                 self.quarantine(op.key, err.reason)
 
         if jobs:
-            self.engine.run(jobs, done)
+            try:
+                self.engine.run(jobs, done, max_in_flight)
+            finally:
+                for job in jobs:  # jobs never completed (the engine raised): no fd leak
+                    if job.fd >= 0:
+                        os.close(job.fd)
+                        job.fd = -1
+                        if job.tag.buffer is not None:
+                            job.tag.buffer.release()
+                            job.tag.buffer = None
         if retry:
-            self.read_batch(retry, pool)
-        hits = [by_job[id(job)].key.hex for job in jobs if by_job[id(job)].header is not None]
+            self.read_batch(retry, pool, max_in_flight)
+        hits = [op.key.hex for op in ops if op.header is not None]
         if hits:
             with self._lock:
+                index = self._index
+                access = self._access
                 for h in hits:
-                    self._access[h] = self._access.get(h, 0) + 1
-                    if self._index is not None and h in self._index:
-                        self._index.move_to_end(h)
+                    access[h] = access.get(h, 0) + 1
+                    if index is not None and h in index:
+                        index.move_to_end(h)
 
     def verify(self, key: BlockKey) -> BlockHeader | None:
         """Read and check one block; None if missing; raises (after quarantine) if corrupt."""

@@ -1,0 +1,179 @@
+"""Read engines and the fast read path: pipelined io_uring batches, GIL-free checksums,
+memoised header decoding, and that none of it weakens verification."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
+from dualpath_cli.storage import (
+    BufferPool,
+    ChecksumMismatch,
+    ForeignHeader,
+    PosixStore,
+    ReadOp,
+    StorageLoader,
+    encode_block,
+    read_one,
+    uring_status,
+)
+from dualpath_cli.storage.engines import PreadvEngine, ReadJob, UringEngine
+from dualpath_cli.storage.header import (
+    HEADER_SIZE,
+    BlockHeader,
+    pack_header,
+    payload_checksum,
+    unpack_header,
+)
+from dualpath_cli.telemetry import MetricsRegistry
+
+SHAPE = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=2048)  # 64 KiB payload
+NS = Namespace("m", "layer_major", SHAPE, "fp16")
+uring = pytest.mark.skipif(not uring_status()[0], reason="io_uring not usable here")
+
+
+def filled(root: Path, n: int, **kw: object) -> tuple[PosixStore, list, dict]:
+    store = PosixStore(root, **kw)  # type: ignore[arg-type]
+    keys = prefix_keys(list(range(16 * n)), NS)
+    blocks = {}
+    for i, key in enumerate(keys):
+        block = np.full((2, 16, 1024), i, dtype=np.float16)
+        blocks[key] = block
+        store.put(*encode_block(key, block, NS))
+    return store, keys, blocks
+
+
+@pytest.mark.parametrize("nbytes", [0, 100, 32 << 10, (32 << 10) + 1, 1 << 20])
+def test_payload_checksum_is_xxh3_64_whatever_the_path(nbytes: int) -> None:
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    want = xxhash.xxh3_64_intdigest(data.tobytes())
+    assert payload_checksum(data) == want
+    assert payload_checksum(memoryview(data)) == want
+    assert payload_checksum(data.tobytes()) == want
+
+
+def test_header_decoding_is_memoised_but_exact() -> None:
+    keys = prefix_keys(list(range(32)), NS)
+    headers = [BlockHeader(key=k, shape=SHAPE, layout="layer_major", dtype="fp16",
+                           codec="fp16", namespace=label, payload_len=SHAPE.full_nbytes,
+                           checksum=i, created_ns=i)
+               for i, (k, label) in enumerate(zip(keys, ["a", "b"], strict=True))]
+    for h in headers * 2:  # second pass hits the memo
+        assert unpack_header(pack_header(h), "p", expected_key=h.key) == h
+    with pytest.raises(ForeignHeader, match="belongs to block"):
+        unpack_header(pack_header(headers[0]), "p", expected_key=headers[1].key)
+    raw = bytearray(pack_header(headers[0]))
+    raw[100] ^= 1
+    with pytest.raises(ChecksumMismatch):
+        unpack_header(raw, "p")
+
+
+@uring
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("in_flight", [1, 3, None])
+def test_pipelined_batches_read_verify_and_quarantine(tmp_path: Path, direct: bool,
+                                                      in_flight: int | None) -> None:
+    store, keys, blocks = filled(tmp_path, 9, engine="io_uring", direct=direct)
+    assert store.pipelined_reads
+    with open(store.path(keys[4]), "r+b") as fh:  # flip a payload byte of block 4
+        fh.seek(HEADER_SIZE + 7)
+        byte = fh.read(1)
+        fh.seek(HEADER_SIZE + 7)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    store.delete(keys[6])
+    ops = [ReadOp(k) for k in keys]
+    store.read_batch(ops, BufferPool(), max_in_flight=in_flight)
+    for i, op in enumerate(ops):
+        if i == 4:
+            assert op.error is not None and op.buffer is None and op.header is None
+        elif i == 6:
+            assert op.missing and op.buffer is None
+        else:
+            assert op.ok and op.buffer is not None and op.header is not None
+            got = op.buffer.payload(op.header.payload_len).view(np.float16)
+            assert np.array_equal(got.reshape(2, 16, 1024), blocks[keys[i]])
+            op.buffer.release()
+    assert len(store.quarantined()) == 1
+    assert read_one(store, keys[4]) is None  # quarantined: a miss from now on
+
+
+@uring
+def test_uring_engine_drains_the_ring_when_verification_raises(tmp_path: Path) -> None:
+    """A callback that raises must not leave reads in flight into reusable buffers."""
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(bytes([i]) * 8192)
+        paths.append(p)
+    engine = UringEngine(depth=8)
+    bufs = [bytearray(8192) for _ in paths]
+
+    def jobs() -> list[ReadJob]:
+        return [ReadJob(os.open(p, os.O_RDONLY), [memoryview(b)], 8192)
+                for p, b in zip(paths, bufs, strict=True)]
+
+    first = jobs()
+
+    def boom(job: ReadJob) -> None:
+        raise RuntimeError("verification blew up")
+
+    with pytest.raises(RuntimeError, match="blew up"):
+        engine.run(first, boom, max_in_flight=4)
+    for job in first:
+        os.close(job.fd)
+    seen: list[int] = []
+    second = jobs()
+    engine.run(second, lambda job: seen.append(job.result), max_in_flight=2)  # ring is clean
+    for job in second:
+        os.close(job.fd)
+    assert seen == [8192] * 6
+    assert all(bytes(b) == bytes([i]) * 8192 for i, b in enumerate(bufs))
+
+
+def test_preadv_engine_accepts_an_in_flight_limit(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 4096)
+    buf = bytearray(4096)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        job = ReadJob(fd, [memoryview(buf)], 4096)
+        PreadvEngine().run([job], lambda j: None, max_in_flight=1)
+    finally:
+        os.close(fd)
+    assert job.result == 4096 and bytes(buf) == b"x" * 4096
+
+
+@uring
+@pytest.mark.parametrize("max_inflight", [1, 4])
+def test_loader_on_a_pipelined_store_bounds_reads_in_flight(tmp_path: Path,
+                                                            max_inflight: int) -> None:
+    store, keys, blocks = filled(tmp_path, 40, engine="io_uring")
+    seen: list[int] = []
+    sizes: list[int] = []
+    original = store.read_batch
+
+    def record(ops: list[ReadOp], pool: BufferPool, max_in_flight: int | None = None) -> None:
+        seen.append(max_in_flight or 0)
+        sizes.append(len(ops))
+        original(ops, pool, max_in_flight)
+
+    store.read_batch = record  # type: ignore[method-assign]
+    with StorageLoader(store, max_inflight=max_inflight, block_nbytes=SHAPE.full_nbytes,
+                       registry=MetricsRegistry()) as loader:
+        assert loader._pipelined
+        result = loader.load(keys, timeout=30)
+        assert result.store_hits == 40 and result.misses == 0
+        for key, block in zip(keys, result.blocks, strict=True):
+            assert block is not None and np.array_equal(block.array(), blocks[key])
+        result.release()
+        assert loader.read_queue.in_flight == 0 and loader.read_queue.blocks == 0
+        share = loader.max_share
+    # each reader keeps at most its share in the ring, all readers at most max_inflight...
+    assert seen and all(n == share for n in seen) and share * loader.workers <= max_inflight
+    # ...while its batch runs ahead of the share, so the ring never drains at a hand-off
+    assert sum(sizes) == 40 and max(sizes) > share
