@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from dualpath_cli.runtime.blockstore import MemoryBlockStore
 from dualpath_cli.runtime.model import load_model
 from dualpath_cli.runtime.runner import RunResult, run_agents
 from dualpath_cli.runtime.scheduler import TurnRequest
 from dualpath_cli.runtime.system import RuntimeOptions, RuntimeSystem
 from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.storage import HEADER_SIZE, MemoryStore
+from dualpath_cli.telemetry.metrics import METRICS
 from dualpath_cli.workload.tokens import append_token_ids
 
 AGENTS = agentic_workload(3, turns=3, first_append=40, append=12, gen=4, seed=1)
@@ -72,8 +75,7 @@ def test_de_path_returns_only_miss_kv() -> None:
 
 def test_corrupt_block_recomputes_with_same_tokens(
         reference: dict[tuple[int, int], tuple[int, ...]]) -> None:
-    model = load_model("tiny")
-    store = MemoryBlockStore((model.n_layers, 8, model.kv_bytes_per_token_layer))
+    store = MemoryStore()
     traj = AGENTS[0]
     with RuntimeSystem(RuntimeOptions(policy="dualpath", block_tokens=8), store) as system:
         ctx: list[int] = []
@@ -81,10 +83,85 @@ def test_corrupt_block_recomputes_with_same_tokens(
             prompt = ctx + append_token_ids(traj, i, 256).tolist()
             if i == 1:  # corrupt the first stored block of this agent's prefix
                 from dualpath_cli.core.layout import prefix_keys
-                store.corrupt(prefix_keys(prompt, system.namespace)[0])
+                key = prefix_keys(prompt, system.namespace)[0]
+                raw = bytearray(store.raw(key))
+                raw[HEADER_SIZE] ^= 0xFF  # a payload byte: the checksum no longer matches
+                store.set_raw(key, bytes(raw))
             r = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), turn.gen)
                               ).wait(60)
             assert tuple(r.tokens) == reference[(traj.agent_id, i)]
             if i == 1:
                 assert r.attempts == 2 and r.cached == 0  # recomputed from scratch
             ctx = prompt + r.tokens
+
+
+def test_pe_chunks_under_a_tiny_quota_and_tokens_stay_identical(
+        reference: dict[tuple[int, int], tuple[int, ...]]) -> None:
+    opts = RuntimeOptions(policy="dualpath", block_tokens=8, quota_s=1e-6)
+    with RuntimeSystem(opts) as system:
+        result = run_agents(system, AGENTS, timeout=60)
+        reports = system.scheduler.fresh_reports(time.monotonic())
+    assert not result.errors
+    assert result.tokens_by_turn() == reference
+    pe = reports[system.engine_ids("prefill")[0]]
+    assert pe["chunks"] > 0  # every prefill was cut into single-token chunks (progress rule)
+
+
+def test_decisions_use_two_phase_de_placement_and_log_inputs() -> None:
+    _, system = _run("dualpath")
+    decisions = system.scheduler.decisions
+    assert decisions
+    for d in decisions:
+        inputs = d["inputs"]
+        route, place = inputs["de_route"], inputs["de_place"]
+        assert route["group"] == d["de_group"] and place["de"] == d["de"]
+        assert d["rid"] in route["queue_head"] or len(route["queue_head"]) == 8
+        assert {e["id"] for e in place["engines"]} <= set(system.engine_ids("decode"))
+        loads = {int(g): v for g, v in route["group_loads"].items()}
+        assert loads[d["de_group"]] == min(loads.values())  # phase 1: min-load group
+        assert [e["id"] for e in inputs["pe_engines"]] == system.engine_ids("prefill")
+        assert inputs["de_engine"]["read_q"] == d["de_read_q"]  # inputs are pre-decision
+        pe_before = next(e for e in inputs["pe_engines"] if e["id"] == d["pe"])
+        assert pe_before["read_q"] == d["pe_read_q"]
+        want = "de" if d["de_read_q"] < d["pe_read_q"] else "pe"
+        assert d["side"] == (want if d["cached"] else d["side"])
+
+
+def test_read_side_sees_reads_it_just_assigned() -> None:
+    """A burst of cached turns spreads over both sides even before any report comes back."""
+    store = MemoryStore()
+    opts = RuntimeOptions(policy="dualpath", block_tokens=8, snic_bw=2e6)
+    agents = agentic_workload(6, turns=2, first_append=40, append=8, gen=2, seed=3)
+    with RuntimeSystem(opts, store) as system:
+        prompts = []
+        for traj in agents:  # round 1 fills the store
+            prompt = append_token_ids(traj, 0, 256).tolist()
+            r = system.submit(TurnRequest(traj.agent_id, 0, np.asarray(prompt), 2)).wait(60)
+            prompts.append(prompt + r.tokens + append_token_ids(traj, 1, 256).tolist())
+        tickets = [system.submit(TurnRequest(t.agent_id, 1, np.asarray(p), 2))
+                   for t, p in zip(agents, prompts, strict=True)]
+        for t in tickets:
+            t.wait(60)
+        burst = [d for d in system.scheduler.decisions if d["turn"] == 1]
+    assert {d["side"] for d in burst} == {"pe", "de"}
+    assert max(d["pe_read_q"] for d in burst) > 0  # charged at once, seen by the next choice
+
+
+def test_metrics_snapshot_from_the_launcher() -> None:
+    opts = RuntimeOptions(policy="round-robin", block_tokens=8)
+    with RuntimeSystem(opts) as system:
+        run_agents(system, AGENTS, timeout=60)
+        snap = system.metrics(fresh=True)
+    pe = snap[system.engine_ids("prefill")[0]]
+    assert pe["alive"] and pe["role"] == "prefill" and pe["age_s"] is not None
+    names = set(pe["metrics"])
+    assert {"dualpath_attention_bubble_seconds_total", "dualpath_gpu_utilization_ratio",
+            "dualpath_hbm_usage_bytes", "dualpath_hbm_fragmentation_ratio",
+            "dualpath_storage_read_queue_tokens", "dualpath_layer_cache_hits_total",
+            "dualpath_nic_bytes_total"} <= names
+    assert names <= {m.name for m in METRICS}
+    tiers = {row["labels"]["tier"] for row in pe["metrics"]["dualpath_layer_cache_hits_total"]}
+    assert tiers == {"store", "peer"}  # round robin: PE reads and DE-streamed layers
+    read = sum(row["value"] for e in snap.values()
+               for row in e["metrics"].get("dualpath_storage_read_bytes_total", []))
+    assert read > 0

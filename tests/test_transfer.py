@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dualpath_cli.transfer import InProcFabric, ZmqFabric, fabric_for
+from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket, pay
 
 
 @pytest.fixture(params=["inproc", "zmq"])
@@ -74,3 +76,23 @@ def test_send_to_closed_inproc_endpoint_is_dropped() -> None:
 def test_unknown_fabric() -> None:
     with pytest.raises(ValueError, match="unknown transfer fabric"):
         fabric_for("carrier-pigeon")
+
+
+def _child_reserve(bucket: SharedTokenBucket, out: Any) -> None:
+    out.put(bucket.reserve(500, 0.0))
+
+
+def test_shared_token_bucket_is_one_nic_across_processes() -> None:
+    """A node's storage NIC is one timeline even when its engines are separate processes."""
+    import multiprocessing as mp
+
+    bucket = SharedTokenBucket(1000.0)  # 1000 B/s
+    assert bucket.reserve(1000, 0.0) == 1.0
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_child_reserve, args=(bucket, out))
+    p.start()
+    assert out.get(timeout=60) == 1.5  # queued behind the parent's transfer
+    p.join(60)
+    assert bucket.reserve(500, 0.0) == 2.0  # and the parent sees the child's booking
+    assert not make_bucket(0, shared=True).enabled and pay(make_bucket(0, False), 10) == 0.0

@@ -1,8 +1,11 @@
-"""What one engine process holds: endpoint, model, store, NICs, HBM, counters, sender.
+"""What one engine process holds: endpoint, model, store + loader, NICs, HBM, metrics, sender.
 
 Why one object: the prefill and decode workers share the plumbing (an ordered sender that
-pays the compute NIC before each send, the storage reader that pays the node's storage NIC,
-HBM reads/writes of per-layer token ranges) and differ only in the data path they run.
+pays the compute NIC before each send, the node's StorageLoader that pays the storage NIC and
+whose read queue is the node's read_q, block persistence through the storage NIC, HBM
+reads/writes of per-layer token ranges, the engine's metrics) and differ only in the data
+path they run. Each engine records into its own :class:`MetricsRegistry`, so engines sharing
+a process (the in-process cluster) never mix their numbers; heartbeats carry its snapshot.
 """
 
 from __future__ import annotations
@@ -10,18 +13,32 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.layout import BlockKey
+from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace
 from dualpath_cli.runtime.hbm import HbmPool
-from dualpath_cli.runtime.nic import Link
-from dualpath_cli.runtime.ports import ModelPort, StorePort
+from dualpath_cli.runtime.ports import ModelPort
+from dualpath_cli.storage import (
+    HEADER_SIZE,
+    KVStore,
+    LoadResult,
+    MemoryStore,
+    PosixStore,
+    StorageLoader,
+    TokenBucket,
+    encode_block,
+)
+from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer.base import Endpoint
+from dualpath_cli.transfer.shaping import pay
 
-__all__ = ["EngineSpec", "Counters", "EngineContext"]
+__all__ = ["EngineSpec", "Counters", "EngineContext", "open_store", "KV_DTYPE"]
+
+KV_DTYPE = np.dtype(np.float16)  # the reference model keeps K and V as fp16 (raw codec)
 
 
 @dataclass
@@ -40,9 +57,14 @@ class EngineSpec:
         hbm_blocks: HBM capacity in KV blocks.
         block_tokens: tokens per KV block.
         model: model name for the model factory.
-        store: store description for the store factory (e.g. ``{"kind": "dir", "root": ...}``).
+        store: ``{"kind": "posix", "root": DIR}`` or ``{"kind": "memory", "obj": store}``.
+        codec: storage codec (a raw one: the runtime's KV must stay bit-exact).
+        dram_cache_bytes: the loader's DRAM buffer cache (0: reads always cross the NIC).
+        quota_s: PE compute quota per forward batch, seconds of predicted compute.
+        flops_rate: achieved FLOP/s that turns the model's FLOPs into predicted seconds.
         heartbeat_s: heartbeat period.
         fetch_s: leader fetch period.
+        metrics_s: how often a heartbeat carries the full metrics snapshot.
     """
 
     engine_id: int
@@ -51,20 +73,25 @@ class EngineSpec:
     group: int
     leader: bool
     ctl: str
-    snic_read: Link
-    snic_write: Link
-    cnic: Link
+    snic_read: TokenBucket
+    snic_write: TokenBucket
+    cnic: TokenBucket
     hbm_blocks: int
     block_tokens: int
     model: str = "tiny"
     store: dict[str, Any] = field(default_factory=dict)
+    codec: str = "fp16"
+    dram_cache_bytes: int = 0
+    quota_s: float = 0.3
+    flops_rate: float = 1e9
     heartbeat_s: float = 0.05
     fetch_s: float = 0.005
+    metrics_s: float = 0.25
 
 
 @dataclass
 class Counters:
-    """Engine-local counters, reported with every heartbeat."""
+    """Engine-local counters, reported with every heartbeat (the bench summarises them)."""
 
     busy_s: float = 0.0
     bubble_s: float = 0.0
@@ -76,6 +103,9 @@ class Counters:
     kv_rx_from_de_bytes: int = 0
     blocks_persisted: int = 0
     corrupt_blocks: int = 0
+    batches: int = 0
+    batched_items: int = 0
+    chunks: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: float) -> None:
@@ -90,11 +120,23 @@ class Counters:
             return {k: v for k, v in self.__dict__.items() if k != "lock"}
 
 
+def open_store(spec: dict[str, Any]) -> KVStore:
+    """The store described by ``spec`` (``posix`` root, or an in-process ``memory`` object)."""
+    kind = spec.get("kind", "memory")
+    if kind == "posix":
+        return PosixStore(str(spec["root"]))
+    obj = spec.get("obj")
+    if isinstance(obj, MemoryStore):
+        return obj
+    raise ValueError(f"unknown store spec {spec!r}: expected kind posix with a root, or "
+                     "memory with a MemoryStore object")
+
+
 class EngineContext:
     """Shared plumbing of one engine."""
 
     def __init__(self, spec: EngineSpec, endpoint: Endpoint, model: ModelPort,
-                 store: StorePort) -> None:
+                 store: KVStore) -> None:
         self.spec = spec
         self.ep = endpoint
         self.model = model
@@ -102,14 +144,75 @@ class EngineContext:
         self.bpl = model.kv_bytes_per_token_layer
         self.n_layers = model.n_layers
         self.bt = spec.block_tokens
+        shape = BlockShape(model.n_layers, spec.block_tokens, self.bpl)
+        self.namespace = Namespace(spec.model, "layer_major", shape, spec.codec)
+        self.registry = MetricsRegistry()
+        self.loader = StorageLoader(
+            store, node=spec.node, role=spec.role, shaping_bps=spec.snic_read.rate,
+            block_tokens=spec.block_tokens, block_nbytes=HEADER_SIZE + shape.full_nbytes,
+            cache_bytes=spec.dram_cache_bytes, registry=self.registry)
+        self.loader.shaper = spec.snic_read  # the node's one NIC, shared by its engines
         self.hbm = HbmPool(spec.hbm_blocks, spec.block_tokens, model.n_layers, self.bpl)
         self.counters = Counters()
+        self.started = time.monotonic()
         self.stopped = threading.Event()
+        self.seen = -1  # highest dispatch sequence whose reads were submitted to the loader
+        self._report_lock = threading.Lock()
+        self._report_n = 0
+        self._bind_metrics()
         self._out: queue.Queue[tuple[str, dict[str, Any], list[np.ndarray], bool] | None] = (
             queue.Queue())
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name=f"send-{spec.engine_id}")
         self._sender.start()
+
+    # -- metrics ------------------------------------------------------------------------
+    def _bind_metrics(self) -> None:
+        r, s = self.registry, self.spec
+        eid, node, role = s.engine_id, s.node, s.role
+        self.m_util = r.gauge("dualpath_gpu_utilization_ratio", engine=eid, node=node,
+                              role=role)
+        self.m_flops = r.gauge("dualpath_flops_achieved_flops_per_second", engine=eid,
+                               role=role)
+        self.m_hbm = r.gauge("dualpath_hbm_usage_bytes", engine=eid)
+        self.m_frag = r.gauge("dualpath_hbm_fragmentation_ratio", engine=eid)
+        self.m_bubble = [r.counter("dualpath_attention_bubble_seconds_total", engine=eid,
+                                   layer=layer) for layer in range(self.n_layers)]
+        self.m_nic = {(nic, d): r.counter("dualpath_nic_bytes_total", node=node, nic=nic,
+                                          role=role, direction=d)
+                      for nic in ("snic", "cnic") for d in ("read", "write", "tx", "rx")
+                      if (nic == "snic") == (d in ("read", "write"))}
+
+    def layer_hits(self, layer: int, tier: str, blocks: int) -> None:
+        """Count ``blocks`` Layer Blocks of ``layer`` served by ``tier``."""
+        if blocks > 0:
+            self.registry.counter("dualpath_layer_cache_hits_total", engine=self.spec.engine_id,
+                                  layer=layer, tier=tier).inc(blocks)
+
+    def refresh_gauges(self) -> None:
+        """Update the sampled gauges (HBM, GPU utilisation) before a snapshot."""
+        st = self.hbm.stats()
+        block_bytes = self.n_layers * self.bt * self.bpl
+        self.m_hbm.set(st.used_blocks * block_bytes)
+        self.m_frag.set(st.fragmentation)
+        wall = time.monotonic() - self.started
+        if wall > 0:
+            self.m_util.set(min(1.0, self.counters.busy_s / wall))
+
+    # -- reports ------------------------------------------------------------------------
+    def report_queue(self, extra: dict[str, Any] | None = None) -> None:
+        """Send the node's read queue now, with ``extra`` fields (a heartbeat passes them).
+
+        ``n`` orders reports sent from several threads (mailbox, loader callbacks); ``seen``
+        is the last dispatch whose reads are already counted in ``rq``.
+        """
+        with self._report_lock:
+            header: dict[str, Any] = {"t": "rq", **(extra or {})}
+            header["seen"] = self.seen  # read before rq: rq includes everything up to seen
+            header["rq"] = self.loader.read_queue.tokens
+            self._report_n += 1
+            header["n"] = self._report_n
+            self.to_ctl(header)
 
     # -- network ------------------------------------------------------------------------
     def to_ctl(self, header: dict[str, Any]) -> None:
@@ -130,32 +233,45 @@ class EngineContext:
             to, header, buffers, shaped = item
             nbytes = sum(b.nbytes for b in buffers)
             if shaped:
-                self.spec.cnic.transfer(nbytes)
+                pay(self.spec.cnic, nbytes)
             self.counters.add(cnic_tx_bytes=nbytes)
+            self.m_nic["cnic", "tx"].inc(nbytes)
             self.ep.send(to, header, buffers)
 
     def h2d(self, nbytes: int, shaped: bool) -> None:
         """A host<->device copy through this engine's compute NIC (loopback RDMA write)."""
         if shaped:
-            self.spec.cnic.transfer(nbytes)
+            pay(self.spec.cnic, nbytes)
 
     # -- storage ------------------------------------------------------------------------
-    def read_block(self, key: BlockKey, shaped: bool) -> np.ndarray | None:
-        """Read one Full Block through the node's storage NIC (raises on corruption)."""
-        block = self.store.get(key)
-        if block is None:
-            return None
-        if shaped:  # the oracle skips the read: its bytes never cross a storage NIC
-            self.spec.snic_read.transfer(block.nbytes)
-            self.counters.add(snic_read_bytes=block.nbytes)
-        return block
+    def read_blocks(self, keys: Sequence[str], done: Callable[[LoadResult], None]) -> None:
+        """Queue Full Block reads on the node's loader; ``done(result)`` runs when all landed.
+
+        A corrupt block was quarantined by the store and comes back as a miss (None).
+        """
+        ticket = self.loader.submit([BlockKey.from_hex(k) for k in keys],
+                                    block_tokens=self.bt)
+
+        def account(result: LoadResult) -> None:
+            nbytes = sum(b.nbytes for b in result.blocks if b is not None and b.tier == "store")
+            self.counters.add(snic_read_bytes=nbytes)
+            self.m_nic["snic", "read"].inc(nbytes)
+            done(result)
+
+        ticket.add_done_callback(account)
+
+    def block_rows(self, block: Any, layer: int) -> np.ndarray:
+        """Layer ``layer`` of a loaded Full Block as packed rows ``uint8 [tokens, bytes]``."""
+        return block.array()[layer].view(np.uint8)
 
     def write_block(self, key: BlockKey, block: np.ndarray, shaped: bool) -> None:
-        """Persist one Full Block through the node's storage NIC."""
+        """Persist one Full Block (``uint8 [L, tokens, bytes]``) through the storage NIC."""
+        header, payload = encode_block(key, block.view(KV_DTYPE), self.namespace)
         if shaped:
-            self.spec.snic_write.transfer(block.nbytes)
-        self.store.put(key, np.ascontiguousarray(block))
-        self.counters.add(snic_write_bytes=block.nbytes, blocks_persisted=1)
+            pay(self.spec.snic_write, header.file_nbytes)
+        self.store.put(header, payload)
+        self.counters.add(snic_write_bytes=header.file_nbytes, blocks_persisted=1)
+        self.m_nic["snic", "write"].inc(header.file_nbytes)
 
     # -- HBM ----------------------------------------------------------------------------
     def hbm_write(self, owner: int, layer: int, start: int, kv: np.ndarray) -> None:
@@ -185,6 +301,7 @@ class EngineContext:
         return time.monotonic()
 
     def close(self) -> None:
-        """Stop the sender thread."""
+        """Stop the sender thread and the loader."""
         self.stopped.set()
         self._out.put(None)
+        self.loader.close()

@@ -1,16 +1,19 @@
-"""The decode engine (DE): DE buffer, DE read path, decode and block persistence.
+"""The decode engine (DE): DE buffer, DE read path, batched decode and block persistence.
 
 The DE buffer (host DRAM) assembles the complete prompt KV: on the PE read path the PE sends
-every layer's hit + miss KV; on the DE read path the DE reads the hit Full Blocks from storage
-into its buffer, streams them layer by layer over its compute NIC to the PE, and receives
-back only the miss-token KV. Once every layer and the first token are in, the DE allocates
-HBM, copies the prompt KV in (H2D), releases the buffer and decodes greedily. All active
-requests share the decode loop (one token each per round, the DE's "batch"). Each Full Block
-is persisted as soon as its last token's KV exists.
+every layer's hit + miss KV; on the DE read path the DE's node loader reads the hit Full
+Blocks from storage into its buffer, the DE streams them layer by layer over its compute NIC
+to the PE, and receives back only the miss-token KV (chunk by chunk when the PE chunks the
+prefill). Once every layer and the first token are in, the DE allocates HBM, copies the
+prompt KV in (H2D), releases the buffer and decodes greedily. All active requests form one
+batch per decode step (paper 6.5: DEs always batch everything); the reference model's batched
+layer is bit-identical to single runs. Each Full Block is persisted as soon as its last
+token's KV exists.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -19,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.layout import BlockKey, Namespace, block_key
+from dualpath_cli.core.layout import BlockKey, block_key
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
-from dualpath_cli.storage.errors import CorruptBlockError
+from dualpath_cli.storage import LoadResult
 from dualpath_cli.transfer.base import Message
 
 __all__ = ["DecodeJob", "DecodeWorker"]
@@ -42,7 +45,9 @@ class DecodeJob:
     pe: str
     shaped: bool
     buffer: np.ndarray  # DE buffer [L, prompt, bytes]
-    got: set[int] = field(default_factory=set)
+    filled: list[int] = field(default_factory=list)  # miss rows received per layer
+    heads: set[int] = field(default_factory=set)  # layers whose PE-read hit rows arrived
+    own_loaded: bool = True  # the DE-read part of the hit is in the buffer
     first: int | None = None
     out: list[int] = field(default_factory=list)
     n_kv: int = 0  # tokens whose KV is in HBM
@@ -55,18 +60,16 @@ class DecodeJob:
 
 
 class DecodeWorker:
-    """Runs decode jobs: a storage reader (DE read path) and the decode loop."""
+    """Runs decode jobs: DE-path reads on the node loader and the batched decode loop."""
 
-    def __init__(self, ctx: EngineContext, namespace: Namespace) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
-        self.ns = namespace
+        self.ns = ctx.namespace
         self.jobs: dict[int, DecodeJob] = {}
         self._early: dict[int, list[Message]] = {}
         self._lock = threading.Lock()
-        self._reads: queue.Queue[DecodeJob | None] = queue.Queue()
         self._ready: queue.Queue[DecodeJob | None] = queue.Queue()
-        for target, name in ((self._read_loop, "read"), (self._decode_loop, "decode")):
-            threading.Thread(target=target, daemon=True, name=f"de-{name}").start()
+        threading.Thread(target=self._decode_loop, daemon=True, name="de-decode").start()
 
     # -- messages -----------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -89,16 +92,18 @@ class DecodeWorker:
                 self._early.setdefault(rid, []).append(msg)
                 return
         if msg.kind == "layer":
-            self._on_layer(job, int(h["layer"]), msg.buffers)
+            self._on_layer(job, int(h["layer"]), int(h["start"]), msg.buffers)
         elif msg.kind == "prefill_done":
             job.first = int(h["token"])
             self._maybe_ready(job)
 
     def _on_decode(self, h: dict[str, Any]) -> None:
+        ctx = self.ctx
         tokens = np.asarray(h["tokens"], dtype=np.int64)
         job = DecodeJob(int(h["rid"]), int(h["att"]), tokens, int(h["gen"]), int(h["cached"]),
                         list(h["keys"]), int(h["pe_tokens"]), str(h["pe"]), bool(h["shaped"]),
-                        np.zeros((self.ctx.n_layers, len(tokens), self.ctx.bpl), np.uint8))
+                        np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
+                        filled=[0] * ctx.n_layers)
         job.persisted = len(job.keys)
         if job.keys:
             job.last_key = BlockKey.from_hex(job.keys[-1])
@@ -106,59 +111,62 @@ class DecodeWorker:
             self.jobs[job.rid] = job
             early = [m for m in self._early.pop(job.rid, []) if m.header["att"] == job.att]
         if job.cached > job.pe_tokens:
-            self._reads.put(job)
+            job.own_loaded = False
+            first = job.pe_tokens // ctx.bt
+            ctx.read_blocks(job.keys[first:], functools.partial(self._loaded, job, first))
+        ctx.seen = max(ctx.seen, int(h.get("seq", -1)))
+        ctx.report_queue()
         for m in early:
             self.handle(m)
 
-    def _on_layer(self, job: DecodeJob, layer: int, parts: list[np.ndarray]) -> None:
-        head, miss = parts  # the PE-read hit rows and the miss rows; merged with ours
-        job.buffer[layer, :job.pe_tokens] = head
-        job.buffer[layer, job.cached:] = miss
+    def _loaded(self, job: DecodeJob, first: int, result: LoadResult) -> None:
+        """Loader callback (DE read path): fill the DE buffer, stream Layer Blocks to the PE."""
+        ctx, bt = self.ctx, self.ctx.bt
+        ctx.report_queue()
+        good = result.hit_prefix
+        if good < len(result.keys) or job.cancelled:
+            result.release()
+            if not job.cancelled:
+                ctx.counters.add(corrupt_blocks=result.corrupt)
+                ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
+                            "block": first + good, "why": "missing or corrupt block"})
+            return
+        for i, block in enumerate(result.blocks):
+            assert block is not None
+            b = first + i
+            job.buffer[:, b * bt:(b + 1) * bt] = block.array().view(np.uint8)
+        result.release()
+        job.own_loaded = True
+        for layer in range(ctx.n_layers):  # stream Layer Blocks to the PE
+            ctx.send_kv(job.pe, {"t": "layer", "rid": job.rid, "att": job.att,
+                                 "layer": layer},
+                        [job.buffer[layer, job.pe_tokens:job.cached]], job.shaped)
+        self._maybe_ready(job)
+
+    def _on_layer(self, job: DecodeJob, layer: int, start: int,
+                  parts: list[np.ndarray]) -> None:
+        head, miss = parts  # the PE-read hit rows (first chunk only) and new KV rows
+        if head.shape[0]:
+            job.buffer[layer, :head.shape[0]] = head
+        if job.pe_tokens == 0 or head.shape[0]:
+            job.heads.add(layer)
+        job.buffer[layer, start:start + miss.shape[0]] = miss
+        job.filled[layer] += miss.shape[0]
         nbytes = head.nbytes + miss.nbytes
         job.rx_from_pe += nbytes
         self.ctx.counters.add(kv_rx_from_pe_bytes=nbytes)
-        job.got.add(layer)
+        self.ctx.m_nic["cnic", "rx"].inc(nbytes)
         self._maybe_ready(job)
 
     def _maybe_ready(self, job: DecodeJob) -> None:
+        want = len(job.tokens) - job.cached
         with self._lock:
-            if job.started or job.first is None or len(job.got) < self.ctx.n_layers:
+            if job.started or job.first is None or not job.own_loaded:
+                return
+            if len(job.heads) < self.ctx.n_layers or any(f < want for f in job.filled):
                 return
             job.started = True
         self._ready.put(job)
-
-    # -- DE read path -------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        while True:
-            job = self._reads.get()
-            if job is None:
-                return
-            if job.cancelled:
-                continue
-            bt = self.ctx.bt
-            ok = True
-            first = job.pe_tokens // bt
-            i = first
-            try:
-                for i in range(first, len(job.keys)):
-                    key = job.keys[i]
-                    block = self.ctx.read_block(BlockKey.from_hex(key), job.shaped)
-                    if block is None:
-                        raise CorruptBlockError(key, "missing")
-                    job.buffer[:, i * bt:(i + 1) * bt] = block
-            except CorruptBlockError as err:
-                ok = False
-                self.ctx.counters.add(corrupt_blocks=1)
-                self.ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
-                                 "block": i, "why": str(err)})
-            self.ctx.to_ctl({"t": "read_done", "rid": job.rid, "att": job.att,
-                             "tokens": job.cached - job.pe_tokens})
-            if not ok:
-                continue
-            for layer in range(self.ctx.n_layers):  # stream Layer Blocks to the PE
-                self.ctx.send_kv(job.pe, {"t": "layer", "rid": job.rid, "att": job.att,
-                                          "layer": layer},
-                                 [job.buffer[layer, job.pe_tokens:job.cached]], job.shaped)
 
     # -- decode -------------------------------------------------------------------------
     def _start(self, job: DecodeJob) -> bool:
@@ -201,18 +209,22 @@ class DecodeWorker:
             job.last_key = key
             job.persisted += 1
 
-    def _step(self, job: DecodeJob) -> None:
+    def _step(self, jobs: list[DecodeJob]) -> None:
+        """One decode step of every active request, as one batch."""
         ctx, model = self.ctx, self.ctx.model
-        hidden = model.embed(np.asarray(job.out[-1:], dtype=np.int64))
+        hiddens = [model.embed(np.asarray(job.out[-1:], dtype=np.int64)) for job in jobs]
         for layer in range(ctx.n_layers):
-            past = ctx.hbm_read(job.rid, layer, job.n_kv)
-            hidden, kv = model.forward_layer(layer, hidden, past, job.n_kv)
-            ctx.hbm_write(job.rid, layer, job.n_kv, kv)
-        job.n_kv += 1
-        job.out.append(model.next_token(hidden[-1]))
-        if len(job.out) == 2:
-            job.second_at = time.monotonic()
-        self._persist_full_blocks(job)
+            pasts = [ctx.hbm_read(job.rid, layer, job.n_kv) for job in jobs]
+            hiddens, kvs = model.forward_layer_batch(layer, hiddens, pasts)
+            for job, kv in zip(jobs, kvs, strict=True):
+                ctx.hbm_write(job.rid, layer, job.n_kv, kv.pack())
+        now = time.monotonic()
+        for job, hidden in zip(jobs, hiddens, strict=True):
+            job.n_kv += 1
+            job.out.append(model.next_token(hidden[-1]))
+            if len(job.out) == 2:
+                job.second_at = now
+            self._persist_full_blocks(job)
 
     def _finish(self, job: DecodeJob) -> None:
         self.ctx.hbm.free(job.rid)
@@ -228,15 +240,17 @@ class DecodeWorker:
         active: list[DecodeJob] = []
         waiting: list[DecodeJob] = []
         while True:
-            block = not active and not waiting
             try:
-                while True:
-                    job = self._ready.get(timeout=None if block else 0) if block else (
-                        self._ready.get_nowait())
-                    if job is None:
+                if not active:  # idle (or HBM-blocked): wait for news
+                    item = self._ready.get(timeout=None if not waiting else 0.01)
+                    if item is None:
                         return
-                    waiting.append(job)
-                    block = False
+                    waiting.append(item)
+                while True:
+                    item = self._ready.get_nowait()
+                    if item is None:
+                        return
+                    waiting.append(item)
             except queue.Empty:
                 pass
             for job in list(waiting):
@@ -244,27 +258,25 @@ class DecodeWorker:
                     waiting.remove(job)
                 elif self._start(job):
                     waiting.remove(job)
-                    active.append(job)
-                    if job.gen <= 1 or len(job.out) >= job.gen:
-                        active.remove(job)
+                    if job.gen <= 1:
                         self._finish(job)
+                    else:
+                        active.append(job)
                 else:
                     break
+            for job in [j for j in active if j.cancelled]:
+                active.remove(job)
+                self.ctx.hbm.free(job.rid)
             if not active:
-                if waiting:
-                    time.sleep(0.001)  # HBM full and nothing decoding: cannot happen long
                 continue
             t0 = time.monotonic()
-            for job in list(active):
-                if job.cancelled:
-                    active.remove(job)
-                    self.ctx.hbm.free(job.rid)
-                    continue
-                self._step(job)
-                if len(job.out) >= job.gen:
-                    active.remove(job)
-                    self._finish(job)
-            self.ctx.counters.add(busy_s=time.monotonic() - t0)
+            batch = len(active)
+            self._step(active)
+            for job in [j for j in active if len(j.out) >= j.gen]:
+                active.remove(job)
+                self._finish(job)
+            self.ctx.counters.add(busy_s=time.monotonic() - t0, batches=1,
+                                  batched_items=batch)
 
     def report(self) -> dict[str, Any]:
         """Engine-specific report fields."""
@@ -273,6 +285,5 @@ class DecodeWorker:
                 "fragmentation": st.fragmentation}
 
     def close(self) -> None:
-        """Stop worker threads."""
-        self._reads.put(None)
+        """Stop the decode thread."""
         self._ready.put(None)

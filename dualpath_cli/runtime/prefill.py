@@ -1,8 +1,8 @@
-"""The prefill engine (PE): layerwise prefill on either read path (paper section 4).
+"""The prefill engine (PE): layerwise prefill on either read path (paper section 4), batched.
 
-PE read path: storage -> PE buffer (Full Blocks through the node's storage NIC) -> per layer,
-the Layer Block is copied into PE HBM (compute-NIC loopback) just before that layer runs ->
-the layer's full prompt KV (hit + miss) goes to the DE buffer.
+PE read path: storage -> PE buffer (Full Blocks read by the node's StorageLoader through its
+storage NIC) -> per layer, the Layer Blocks are copied into PE HBM (compute-NIC loopback)
+just before that layer runs -> the layer's full prompt KV (hit + miss) goes to the DE buffer.
 DE read path: the DE streams hit Layer Blocks over its compute NIC into PE HBM, one per
 layer; after each layer only the miss-token KV goes back to the DE.
 Split read: the PE reads the first ``pe_tokens`` of the hit, the DE the rest; a layer is
@@ -10,10 +10,18 @@ ready when both parts are in HBM, and the PE returns exactly what the DE lacks.
 
 Layerwise: layer l+1's blocks load while layer l computes; the time compute waits for a
 layer is the attention bubble. ``layerwise=False`` (basic) loads every layer before compute.
+
+Intra-engine batching (paper 6.5): ready requests wait in a FIFO of ``(cached, bsz)`` work;
+each forward batch is :func:`dualpath_cli.core.quota.pack_batch` under the compute quota with
+a predictor from the model profile's FLOPs at a calibrated rate. A request cut by the quota
+is chunked: its remainder stays at the head with ``cached`` advanced (chunked prefill), and
+every chunk's new KV goes to the DE as it is computed.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import queue
 import threading
 import time
@@ -22,13 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.layout import BlockKey
+from dualpath_cli.core.quota import PrefillWork, pack_batch
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
-from dualpath_cli.storage.errors import CorruptBlockError
+from dualpath_cli.runtime.model import model_config
+from dualpath_cli.storage import LoadedBlock, LoadResult
 from dualpath_cli.transfer.base import Message
 
 __all__ = ["PrefillJob", "PrefillWorker"]
+
+_serial = itertools.count()
 
 
 @dataclass
@@ -37,6 +48,7 @@ class PrefillJob:
 
     rid: int
     att: int = -1
+    serial: int = field(default_factory=lambda: next(_serial))
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     cached: int = 0
     keys: list[str] = field(default_factory=list)  # the blocks this PE reads
@@ -46,10 +58,13 @@ class PrefillJob:
     shaped: bool = True
     known: bool = False
     queued: bool = False
-    buffer: np.ndarray | None = None  # PE buffer (PE read path) [L, cached, bytes]
-    hit: dict[int, np.ndarray] = field(default_factory=dict)  # DE path layer blocks
+    loaded: bool = False  # PE-side blocks are in the PE buffer
+    blocks: list[LoadedBlock] = field(default_factory=list)  # PE buffer (loader buffers)
+    hit: dict[int, np.ndarray] = field(default_factory=dict)  # DE path layer rows
     ready: list[threading.Event] = field(default_factory=list)
     parts: list[int] = field(default_factory=list)  # parts each layer still waits for
+    started: bool = False  # HBM allocated, H2D running
+    h2d_running: bool = False
     cancelled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -65,18 +80,26 @@ class PrefillJob:
             if self.parts[layer] <= 0:
                 self.ready[layer].set()
 
+    def release(self) -> None:
+        """Give the PE buffer back to the loader's pool."""
+        for b in self.blocks:
+            b.release()
+        self.blocks = []
+
 
 class PrefillWorker:
-    """Runs prefill jobs: one reader (storage), one compute thread, H2D copier per job."""
+    """Runs prefill jobs: storage reads on the loader, H2D copies, one batched compute thread."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
         self.jobs: dict[int, PrefillJob] = {}
         self._lock = threading.Lock()
-        self._reads: queue.Queue[PrefillJob | None] = queue.Queue()
         self._compute: queue.Queue[PrefillJob | None] = queue.Queue()
-        for target, name in ((self._read_loop, "read"), (self._compute_loop, "compute")):
-            threading.Thread(target=target, daemon=True, name=f"pe-{name}").start()
+        profile = model_config(ctx.spec.model).to_profile()
+        rate = ctx.spec.flops_rate
+        self.predict = lambda cached, bsz: profile.prefill_flops(cached, bsz) / rate
+        self.flops = profile.prefill_flops
+        threading.Thread(target=self._compute_loop, daemon=True, name="pe-compute").start()
 
     # -- messages -----------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -123,139 +146,208 @@ class PrefillWorker:
                     job.ready[layer].clear()
         job.known = True
         if job.pe_tokens:
-            self._reads.put(job)
-        elif job.cached == 0 or job.hit:  # nothing to read, or DE blocks already arriving
-            self._enqueue(job)
+            self.ctx.read_blocks(job.keys, functools.partial(self._loaded, job))
+        self.ctx.seen = max(self.ctx.seen, int(h.get("seq", -1)))
+        self.ctx.report_queue()
+        self._maybe_enqueue(job)
+
+    def _loaded(self, job: PrefillJob, result: LoadResult) -> None:
+        """Loader callback: the PE buffer is full, or a block was missing/corrupt."""
+        self.ctx.report_queue()
+        good = result.hit_prefix
+        if good < len(job.keys) or job.cancelled:
+            result.release()
+            if not job.cancelled:
+                self.ctx.counters.add(corrupt_blocks=result.corrupt)
+                self.ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
+                                 "block": good, "why": "missing or corrupt block"})
+            return
+        job.blocks = [b for b in result.blocks if b is not None]
+        job.loaded = True
+        self._maybe_enqueue(job)
 
     def _on_layer(self, h: dict[str, Any], kv: np.ndarray) -> None:
         job = self._job(int(h["rid"]), int(h["att"]))
         layer = int(h["layer"])
         job.hit[layer] = kv
         self.ctx.counters.add(kv_rx_from_de_bytes=kv.nbytes)
+        self.ctx.m_nic["cnic", "rx"].inc(kv.nbytes)
         job.part_done(layer)
-        if job.known and not job.pe_tokens:
-            self._enqueue(job)
+        self._maybe_enqueue(job)
 
-    def _enqueue(self, job: PrefillJob) -> None:
+    def _maybe_enqueue(self, job: PrefillJob) -> None:
+        """Queue for compute once the PE buffer is loaded and the DE's first layer is here."""
+        if not job.known or (job.pe_tokens and not job.loaded):
+            return
+        if job.de_tokens and 0 not in job.hit and not job.ready[0].is_set():
+            return
         with self._lock:
             if job.queued:
                 return
             job.queued = True
         self._compute.put(job)
 
-    # -- storage reader (PE read path) --------------------------------------------------
-    def _read_loop(self) -> None:
-        while True:
-            job = self._reads.get()
-            if job is None:
-                return
-            if job.cancelled:
-                continue
-            buf = np.empty((self.ctx.n_layers, job.pe_tokens, self.ctx.bpl), dtype=np.uint8)
-            bt = self.ctx.bt
-            try:
-                for i, key in enumerate(job.keys):
-                    block = self.ctx.read_block(BlockKey.from_hex(key), job.shaped)
-                    if block is None:
-                        raise CorruptBlockError(key, "missing")
-                    buf[:, i * bt:(i + 1) * bt] = block
-            except CorruptBlockError as err:
-                self.ctx.counters.add(corrupt_blocks=1)
-                self.ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
-                                 "block": i, "why": str(err)})
-                continue
-            finally:
-                self.ctx.to_ctl({"t": "read_done", "rid": job.rid, "att": job.att,
-                                 "tokens": job.pe_tokens})
-            job.buffer = buf
-            self._enqueue(job)
-
+    # -- H2D (PE read path) -------------------------------------------------------------
     def _h2d_loop(self, job: PrefillJob) -> None:
         """Copy PE-buffer Layer Blocks into HBM, one layer at a time (runs ahead of compute)."""
-        assert job.buffer is not None
-        for layer in range(self.ctx.n_layers):
-            if job.cancelled:
-                return
-            lb = job.buffer[layer]
-            self.ctx.h2d(lb.nbytes, job.shaped)
-            self.ctx.hbm_write(job.rid, layer, 0, lb)
-            job.part_done(layer)
+        ctx, bt = self.ctx, self.ctx.bt
+        try:
+            tiers: dict[str, int] = {}
+            for b in job.blocks:
+                tiers[b.tier] = tiers.get(b.tier, 0) + 1
+            for layer in range(ctx.n_layers):
+                if job.cancelled:
+                    return
+                for i, block in enumerate(job.blocks):
+                    rows = ctx.block_rows(block, layer)
+                    ctx.h2d(rows.nbytes, job.shaped)
+                    try:
+                        ctx.hbm_write(job.rid, layer, i * bt, rows)
+                    except IndexError:  # cancelled meanwhile: its HBM is already freed
+                        return
+                for tier, n in tiers.items():
+                    ctx.layer_hits(layer, tier, n)
+                job.part_done(layer)
+        finally:
+            job.release()
 
     # -- compute ------------------------------------------------------------------------
     def _compute_loop(self) -> None:
+        works: list[PrefillWork] = []
+        live: dict[int, PrefillJob] = {}
         while True:
-            job = self._compute.get()
-            if job is None:
-                return
-            if job.cancelled:
-                continue
             try:
-                self._prefill(job)
-            except HbmExhausted as err:
-                self.ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
-                                 "block": -1, "why": str(err)})
-            finally:
-                self.ctx.hbm.free(job.rid)
-                with self._lock:
-                    if self.jobs.get(job.rid) is job:
-                        del self.jobs[job.rid]
+                while True:
+                    job = self._compute.get() if not works else self._compute.get_nowait()
+                    if job is None:
+                        return
+                    live[job.serial] = job
+                    works.append(PrefillWork(job.serial, job.cached, len(job.tokens) - job.cached))
+            except queue.Empty:
+                pass
+            for w in works:
+                job = live[w.request_id]
+                if job.cancelled:
+                    self._drop(job)
+            works = [w for w in works if not live[w.request_id].cancelled]
+            if not works:
+                continue
+            batch = pack_batch(works, self.ctx.spec.quota_s, self.predict)
+            self._run_batch([(live[w.request_id], w.cached, w.bsz) for w in batch.items])
+            works = list(batch.remaining)
+            for serial in [s for s, j in live.items() if j.cancelled or not any(
+                    w.request_id == s for w in works)]:
+                del live[serial]
 
-    def _wait_layer(self, job: PrefillJob, layer: int) -> float:
-        t0 = time.monotonic()
-        job.ready[layer].wait()
-        return time.monotonic() - t0
+    def _drop(self, job: PrefillJob) -> None:
+        """Forget a cancelled job (its H2D copier, if any, releases the PE buffer)."""
+        if job.started:
+            self.ctx.hbm.free(job.rid)
+        if not job.h2d_running:
+            job.release()
 
-    def _prefill(self, job: PrefillJob) -> None:
-        ctx, model = self.ctx, self.ctx.model
-        n_total = len(job.tokens)
+    def _start(self, job: PrefillJob) -> bool:
+        """Allocate HBM for the whole prompt and start the H2D copier (first chunk)."""
+        ctx = self.ctx
+        need = ctx.hbm.blocks_for_tokens(len(job.tokens))
         try:
-            ctx.hbm.allocate(job.rid, ctx.hbm.blocks_for_tokens(n_total))
+            ctx.hbm.allocate(job.rid, need)
         except HbmExhausted:
             ctx.hbm.compact()
-            ctx.hbm.allocate(job.rid, ctx.hbm.blocks_for_tokens(n_total))
-        if job.pe_tokens:  # PE buffer -> HBM, running ahead of compute
+            try:
+                ctx.hbm.allocate(job.rid, need)
+            except HbmExhausted as err:
+                ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att, "block": -1,
+                            "why": str(err)})
+                job.cancelled = True
+                job.release()
+                return False
+        job.started = True
+        if job.pe_tokens:
+            job.h2d_running = True
             threading.Thread(target=self._h2d_loop, args=(job,), daemon=True).start()
-        bubble = wait = 0.0
-        if not job.layerwise:
-            for layer in range(ctx.n_layers):
-                wait += self._wait_layer(job, layer)
+        return True
+
+    def _run_batch(self, items: list[tuple[PrefillJob, int, int]]) -> None:
+        ctx, model = self.ctx, self.ctx.model
+        wait = 0.0
+        run: list[tuple[PrefillJob, int, int]] = []
+        for job, start, n in items:
+            first = start == job.cached
+            if first and not self._start(job):
+                continue
+            if first and not job.layerwise:  # basic: every layer loaded before compute
+                t0 = time.monotonic()
+                for ev in job.ready:
+                    ev.wait()
+                wait += time.monotonic() - t0
+            run.append((job, start, n))
+        if not run:
+            return
         t_start = time.monotonic()
-        hidden = model.embed(job.tokens[job.cached:])
-        pending: list[tuple[int, list[np.ndarray]]] = []
+        bubble = 0.0
+        hiddens = [model.embed(job.tokens[start:start + n]) for job, start, n in run]
+        pending: list[list[tuple[dict[str, Any], list[np.ndarray]]]] = [[] for _ in run]
         for layer in range(ctx.n_layers):
-            waited = self._wait_layer(job, layer)
-            if job.cancelled:
-                return
-            bubble += waited
-            if job.de_tokens:
-                ctx.hbm_write(job.rid, layer, job.pe_tokens, job.hit.pop(layer))
-            past = ctx.hbm_read(job.rid, layer, job.cached)
-            hidden, new_kv = model.forward_layer(layer, hidden, past, job.cached)
-            ctx.hbm_write(job.rid, layer, job.cached, new_kv)
-            # the DE lacks the PE-read part of the hit and the miss tokens: send just those
-            out = [np.ascontiguousarray(past[:job.pe_tokens]), new_kv]
-            if job.layerwise:
-                ctx.send_kv(job.de, {"t": "layer", "rid": job.rid, "att": job.att,
-                                     "layer": layer}, out, job.shaped)
-            else:
-                pending.append((layer, out))
-        first = model.next_token(hidden[-1])
+            pasts = []
+            for job, start, _ in run:
+                if start == job.cached:
+                    t0 = time.monotonic()
+                    job.ready[layer].wait()
+                    waited = time.monotonic() - t0
+                    bubble += waited
+                    ctx.m_bubble[layer].inc(waited)
+                    rows = job.hit.pop(layer, None)
+                    if job.de_tokens and rows is not None:
+                        ctx.hbm_write(job.rid, layer, job.pe_tokens, rows)
+                        ctx.layer_hits(layer, "peer", job.de_tokens // ctx.bt)
+                pasts.append(ctx.hbm_read(job.rid, layer, start))
+            hiddens, kvs = model.forward_layer_batch(layer, hiddens, pasts)
+            for i, (job, start, _) in enumerate(run):
+                new_kv = kvs[i].pack()
+                ctx.hbm_write(job.rid, layer, start, new_kv)
+                # the DE lacks the PE-read part of the hit and the miss tokens: send just those
+                head = pasts[i][:job.pe_tokens] if start == job.cached else pasts[i][:0]
+                msg = ({"t": "layer", "rid": job.rid, "att": job.att, "layer": layer,
+                        "start": start}, [np.ascontiguousarray(head), new_kv])
+                if job.layerwise and not job.cancelled:
+                    ctx.send_kv(job.de, msg[0], msg[1], job.shaped)
+                else:
+                    pending[i].append(msg)
         t_end = time.monotonic()
-        ctx.counters.add(busy_s=t_end - t_start - bubble, bubble_s=bubble, load_wait_s=wait)
-        for layer, out in pending:
-            ctx.send_kv(job.de, {"t": "layer", "rid": job.rid, "att": job.att,
-                                 "layer": layer}, out, job.shaped)
-        ctx.to_ctl({"t": "first", "rid": job.rid, "att": job.att, "token": first,
-                    "at": t_end})
-        ctx.send_kv(job.de, {"t": "prefill_done", "rid": job.rid, "att": job.att,
-                             "token": first}, [], False)
+        busy = t_end - t_start - bubble
+        flops = sum(self.flops(start, n) for _, start, n in run)
+        if busy > 0:
+            ctx.m_flops.set(flops / busy)
+        ctx.counters.add(busy_s=busy, bubble_s=bubble, load_wait_s=wait, batches=1,
+                         batched_items=len(run),
+                         chunks=sum(1 for j, s, n in run if s + n < len(j.tokens)))
+        for i, (job, start, n) in enumerate(run):
+            if job.cancelled:
+                continue
+            for header, bufs in pending[i]:
+                ctx.send_kv(job.de, header, bufs, job.shaped)
+            if start + n < len(job.tokens):
+                continue  # a chunk: the remainder stays queued
+            token = model.next_token(hiddens[i][-1])
+            ctx.to_ctl({"t": "first", "rid": job.rid, "att": job.att, "token": token,
+                        "at": t_end})
+            ctx.send_kv(job.de, {"t": "prefill_done", "rid": job.rid, "att": job.att,
+                                 "token": token}, [], False)
+            ctx.hbm.free(job.rid)
+            with self._lock:
+                if self.jobs.get(job.rid) is job:
+                    del self.jobs[job.rid]
+        for job, _, _ in run:
+            if job.cancelled:
+                ctx.hbm.free(job.rid)
 
     def report(self) -> dict[str, Any]:
         """Engine-specific report fields."""
         st = self.ctx.hbm.stats()
-        return {"hbm_free_tokens": st.free_blocks * self.ctx.bt, "jobs": len(self.jobs)}
+        return {"hbm_free_tokens": st.free_blocks * self.ctx.bt, "jobs": len(self.jobs),
+                "fragmentation": st.fragmentation}
 
     def close(self) -> None:
-        """Stop worker threads."""
-        self._reads.put(None)
+        """Stop the compute thread."""
         self._compute.put(None)

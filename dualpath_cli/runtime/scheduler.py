@@ -1,13 +1,29 @@
 """The global scheduler service: FIFO, pull-based group fetches, decisions from core/ only.
 
-Runs in the launcher on its own thread and endpoint. Engines say ``hello`` and send
-heartbeats; group leaders send ``fetch`` periodically. On a PE group fetch the service walks
-the global FIFO and calls :func:`dualpath_cli.core.policies.decide` for each request with
-the engines' current ``seq``/``tok``/``read_q``/``hbm_free`` (kept here from assignments,
-read completions and reports), dispatches ``decode`` to the DE and ``prefill`` to the PE and
-logs the decision with its inputs as one JSON line. An engine that stops heartbeating (or
-whose process exits) is marked dead; its in-flight requests are cancelled on their other
-engine and re-queued at the head of the FIFO with a new attempt number, so none is lost.
+Runs in the launcher on its own thread and endpoint. Engines say ``hello``, send heartbeats
+and read-queue reports; group leaders send ``fetch`` periodically (pull). A request goes
+through two fetches, each deciding with core/ functions only:
+
+1. **DE group fetch** (paper 6.3): phase 1 :func:`~dualpath_cli.core.de_schedule.de_route`
+   drains the global FIFO onto the DE groups' private queues (min group load), phase 2
+   :func:`~dualpath_cli.core.de_schedule.de_place` places the fetching group's private queue
+   on its DEs (HBM set R, the Z rule). Placed requests wait, in order, for a PE.
+2. **PE group fetch** (paper 6.2, 6.4): :func:`~dualpath_cli.core.pe_fetch.pe_fetch` picks the
+   PE, then :func:`~dualpath_cli.core.policies.read_plan` picks the read side (or a split)
+   from the two nodes' read queues, and the chosen nodes are charged at once with
+   :func:`~dualpath_cli.core.policies.charge_read`.
+
+Read queues: a node's read_q is what its loaders last reported (``rq``, tokens queued or in
+flight) plus the reads dispatched since that the report did not include yet. Each dispatch
+carries a per-engine sequence number; a report says the last one it counted (``seen``), which
+retires those pending charges. Without the pending charges every decision in the gap between
+two reports would see the same stale queues and herd onto one side.
+
+Every decision is logged as one JSON line holding its inputs as they were *before* it (queue
+head, snapshots, group loads, read queues) and its outcome. An engine that stops
+heartbeating (or whose process exits) is marked dead; its in-flight requests are cancelled on
+their other engine and re-queued at the head of the FIFO with a new attempt number, so none
+is lost.
 """
 
 from __future__ import annotations
@@ -22,12 +38,13 @@ from typing import IO, Any
 
 import numpy as np
 
-from dualpath_cli.core.de_schedule import GroupLoads
+from dualpath_cli.core.de_schedule import GroupLoads, de_place, de_route, group_load
 from dualpath_cli.core.layout import Namespace, longest_cached_prefix, prefix_keys
-from dualpath_cli.core.policies import SchedParams, decide, get_policy
+from dualpath_cli.core.pe_fetch import pe_fetch
+from dualpath_cli.core.policies import SchedParams, charge_read, get_policy, read_plan
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
-from dualpath_cli.errors import NoAvailableEngine, UsageError
-from dualpath_cli.runtime.ports import StorePort
+from dualpath_cli.errors import UsageError
+from dualpath_cli.storage import KVStore
 from dualpath_cli.transfer.base import Fabric, Message
 
 __all__ = ["RUNTIME_POLICIES", "TurnRequest", "TurnResult", "Ticket", "EngineState",
@@ -42,6 +59,8 @@ RUNTIME_POLICIES: dict[str, tuple[str, bool, bool]] = {
     "split": ("split", True, True),
     "oracle": ("basic", True, False),
 }
+
+_HEAD = 8  # queue-head request ids kept in a decision's inputs
 
 
 @dataclass
@@ -100,6 +119,18 @@ class EngineState:
     last_seen: float = 0.0
     alive: bool = True
     report: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics_at: float = 0.0
+    rq: int = 0  # tokens in the node loader's queue, as last reported
+    rq_n: int = 0  # order of that report
+    seen: int = -1  # last dispatch sequence that report counted
+    next_seq: int = 0
+    charges: dict[int, int] = field(default_factory=dict)  # dispatch seq -> tokens pending
+
+    @property
+    def read_q(self) -> int:
+        """Reported queue plus the reads dispatched since (the scheduler's view)."""
+        return self.rq + sum(self.charges.values())
 
 
 @dataclass
@@ -114,10 +145,18 @@ class _Flight:
     max_hit_blocks: int | None = None
     pe: int = -1
     de: int = -1
+    de_group: int = -1
     pe_tokens: int = 0
-    charged: dict[int, int] = field(default_factory=dict)  # node -> read tokens pending
+    charges: list[tuple[int, int]] = field(default_factory=list)  # (engine, dispatch seq)
     prefilled: bool = False
     first_at: float = 0.0
+    route: dict[str, Any] = field(default_factory=dict)  # DE phase-1 inputs and outcome
+    place: dict[str, Any] = field(default_factory=dict)  # DE phase-2 inputs and outcome
+
+
+def _snap(e: EngineSnapshot) -> dict[str, Any]:
+    return {"id": e.engine_id, "role": e.role.value, "node": e.node, "group": e.group,
+            "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
 
 
 class SchedulerService:
@@ -134,7 +173,7 @@ class SchedulerService:
         decision_log: JSONL path for decisions (None: keep them in memory only).
     """
 
-    def __init__(self, fabric: Fabric, store: StorePort, namespace: Namespace, policy: str,
+    def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
                  params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 1.0,
                  decision_log: Path | None = None) -> None:
         if policy not in RUNTIME_POLICIES:
@@ -152,9 +191,11 @@ class SchedulerService:
         self.ep = fabric.endpoint("scheduler")
         self.address = self.ep.address
         self.engines: dict[int, EngineState] = {}
-        self.queue: collections.deque[_Flight] = collections.deque()
+        self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
+        self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
+            collections.deque)  # DE group -> routed, not yet placed
+        self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
         self.flights: dict[int, _Flight] = {}
-        self.read_q: dict[int, int] = collections.defaultdict(int)
         self.decisions: list[dict[str, Any]] = []
         self.dead_events: list[tuple[int, float]] = []
         self._log: IO[str] | None = open(decision_log, "a") if decision_log else None
@@ -237,6 +278,39 @@ class SchedulerService:
         with self._lock:
             return {eid: dict(e.report) for eid, e in self.engines.items()}
 
+    def metrics(self, fresh: bool = False, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
+        """Every engine's metrics snapshot (``MetricsRegistry.snapshot()`` form) by engine id.
+
+        Heartbeats carry a snapshot every ``metrics_s``; ``fresh`` asks every live engine for
+        one now and waits (up to ``timeout``) until all have answered. Each value holds
+        ``role``, ``node``, ``alive``, ``age_s`` (seconds since the snapshot) and ``metrics``.
+        """
+        with self._registered:
+            asked = time.monotonic()
+            if fresh:
+                for e in self.engines.values():
+                    if e.alive and e.address:
+                        self.ep.send(e.address, {"t": "metrics"})
+                deadline = asked + timeout
+                while any(e.alive and e.metrics_at <= asked for e in self.engines.values()):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._registered.wait(left)
+            now = time.monotonic()
+            return {eid: {"role": e.role, "node": e.node, "alive": e.alive,
+                          "age_s": now - e.metrics_at if e.metrics_at else None,
+                          "metrics": e.metrics} for eid, e in self.engines.items()}
+
+    def node_read_q(self) -> dict[int, int]:
+        """The scheduler's view of each node's read queue in tokens."""
+        with self._lock:
+            out: dict[int, int] = collections.defaultdict(int)
+            for e in self.engines.values():
+                if e.alive:
+                    out[e.node] += e.read_q
+            return dict(out)
+
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: _Flight) -> None:
         keys = prefix_keys(f.req.tokens.tolist(), self.ns)
@@ -268,26 +342,30 @@ class SchedulerService:
         e = self.engines.get(eid)
         if e is None or not e.alive:
             return
-        e.last_seen = time.monotonic()
+        now = time.monotonic()
+        e.last_seen = now
         kind = msg.kind
         if kind == "hello":
             e.address, e.pid = str(h["addr"]), int(h["pid"])
             self._registered.notify_all()
-        elif kind == "hb":
-            e.report = dict(h, received=time.monotonic())
-            self._registered.notify_all()
+        elif kind in ("hb", "rq"):
+            self._on_queue_report(e, h)
+            if kind == "hb":
+                metrics = h.pop("metrics", None)
+                if metrics is not None:
+                    e.metrics, e.metrics_at = metrics, now
+                e.report = dict(h, received=now)
+                self._registered.notify_all()
         elif kind == "fetch":
             if e.role == Role.PREFILL.value:
-                self._fetch(e.group)
+                self._pe_fetch(e.group)
+            else:
+                self._de_fetch(e.group)
         else:
             f = self.flights.get(int(h.get("rid", -1)))
             if f is None or f.att != int(h.get("att", -2)):
                 return  # a stale attempt
-            if kind == "read_done":
-                node = e.node
-                f.charged[node] = max(0, f.charged.get(node, 0) - int(h["tokens"]))
-                self.read_q[node] = max(0, self.read_q[node] - int(h["tokens"]))
-            elif kind == "first":
+            if kind == "first":
                 f.prefilled = True
                 f.first_at = float(h["at"])
                 f.ticket.first_event.set()
@@ -297,8 +375,17 @@ class SchedulerService:
                 block = int(h["block"])
                 self._requeue(f, max_hit=block if block >= 0 else None)
 
+    def _on_queue_report(self, e: EngineState, h: dict[str, Any]) -> None:
+        n = int(h.get("n", 0))
+        if n <= e.rq_n:
+            return  # an older report overtaken by a newer one
+        e.rq_n, e.rq, e.seen = n, int(h["rq"]), int(h["seen"])
+        for seq in [s for s in e.charges if s <= e.seen]:
+            del e.charges[seq]
+
     def _finish(self, f: _Flight, h: dict[str, Any]) -> None:
         del self.flights[f.rid]
+        self._drop_charges(f)
         f.ticket.result = TurnResult([int(t) for t in h["tokens"]], f.submitted,
                                      f.first_at, float(h["at"]), f.cached, f.att + 1, f.pe,
                                      f.de, f.pe_tokens, int(h["rx_from_pe"]),
@@ -306,17 +393,26 @@ class SchedulerService:
         f.ticket.first_event.set()
         f.ticket.event.set()
 
+    def _drop_charges(self, f: _Flight) -> None:
+        for eid, seq in f.charges:
+            e = self.engines.get(eid)
+            if e is not None:
+                e.charges.pop(seq, None)
+        f.charges.clear()
+
     def _requeue(self, f: _Flight, max_hit: int | None = None) -> None:
         for eid in (f.pe, f.de):
             e = self.engines.get(eid)
             if e is not None and e.alive and e.address:
                 self.ep.send(e.address, {"t": "cancel", "rid": f.rid})
-        for node, tokens in f.charged.items():
-            self.read_q[node] = max(0, self.read_q[node] - tokens)
-        f.charged.clear()
+        self._drop_charges(f)
+        for q in (self.pe_queue, *self.private.values()):
+            if f in q:
+                q.remove(f)
         f.att += 1
-        f.pe = f.de = -1
+        f.pe = f.de = f.de_group = -1
         f.prefilled = False
+        f.route, f.place = {}, {}
         if max_hit is not None:
             f.max_hit_blocks = max_hit
         self._lookup(f)
@@ -327,11 +423,19 @@ class SchedulerService:
         if e is None or not e.alive:
             return
         e.alive = False
+        e.charges.clear()
         self.dead_events.append((engine_id, time.monotonic()))
         for f in [f for f in self.flights.values() if engine_id in (f.pe, f.de)]:
             self._requeue(f)
+        if e.role == Role.DECODE.value and not any(
+                x.alive for x in self.engines.values() if x.group == e.group):
+            stranded = self.private.pop(e.group, collections.deque())
+            self.queue.extendleft(reversed(stranded))
 
     # -- scheduling ---------------------------------------------------------------------
+    def _request(self, f: _Flight) -> Request:
+        return Request(f.rid, len(f.req.tokens), f.cached)
+
     def _snapshots(self) -> tuple[dict[int, list[EngineSnapshot]], dict[int, list[
             EngineSnapshot]]]:
         seq: dict[int, int] = collections.defaultdict(int)
@@ -345,6 +449,10 @@ class SchedulerService:
                 seq[f.de] += 1
                 tok[f.de] += len(f.req.tokens)
                 hbm_used[f.de] += len(f.req.tokens) + f.req.gen
+        node_q: dict[int, int] = collections.defaultdict(int)
+        for e in self.engines.values():
+            if e.alive:
+                node_q[e.node] += e.read_q
         pe: dict[int, list[EngineSnapshot]] = collections.defaultdict(list)
         de: dict[int, list[EngineSnapshot]] = collections.defaultdict(list)
         for e in self.engines.values():
@@ -352,69 +460,116 @@ class SchedulerService:
                 continue
             role = Role(e.role)
             snap = EngineSnapshot(e.engine_id, e.node, e.group, role, seq[e.engine_id],
-                                  tok[e.engine_id], self.read_q[e.node],
+                                  tok[e.engine_id], node_q[e.node],
                                   self.hbm_tokens - hbm_used[e.engine_id])
             (pe if role is Role.PREFILL else de)[e.group].append(snap)
         return pe, de
 
-    def _fetch(self, group: int) -> None:
-        if not self.queue:
+    def _de_fetch(self, group: int) -> None:
+        """A DE group fetch: phase 1 over the global FIFO, phase 2 on this group's queue."""
+        if not self.queue and not self.private.get(group):
+            return
+        _, de_groups = self._snapshots()
+        if group not in de_groups:
+            return
+        if self.queue:
+            loads = {g: group_load(engines, [self._request(f) for f in self.private[g]])
+                     for g, engines in de_groups.items()}
+            head = [f.rid for f in list(self.queue)[:_HEAD]]
+            flights = list(self.queue)
+            route = de_route([self._request(f) for f in flights], GroupLoads(loads))
+            self.queue.clear()
+            running = dict(loads)  # each request's inputs: the loads just before its routing
+            for f, (_, g) in zip(flights, route.assignments, strict=True):
+                f.route = {"queue_head": head, "group_loads": dict(running), "group": g}
+                running[g] += len(f.req.tokens)
+                self.private[g].append(f)
+        private = self.private[group]
+        if not private:
+            return
+        engines = de_groups[group]
+        before = [_snap(e) for e in engines]
+        head = [f.rid for f in list(private)[:_HEAD]]
+        res = de_place([self._request(f) for f in private], engines, self.params.z_factor)
+        for _, de_id in res.assignments:
+            f = private.popleft()
+            f.de, f.de_group = de_id, group
+            f.place = {"queue_head": head, "engines": before, "z": res.z,
+                       "r_count": res.r_count, "stop": res.stop_reason, "de": de_id}
+            self.pe_queue.append(f)
+
+    def _pe_fetch(self, group: int) -> None:
+        """A PE group fetch: the PE by Algorithm 1, then the read side, charged at once."""
+        if not self.pe_queue:
             return
         pe_groups, de_groups = self._snapshots()
-        pe_engines = pe_groups.get(group, [])
-        if not pe_engines or not de_groups:
+        pes = pe_groups.get(group, [])
+        if not pes:
             return
-        loads = GroupLoads({g: sum(s.tok for s in engines) for g, engines in de_groups.items()})
-        while self.queue:
-            f = self.queue[0]
-            request = Request(f.rid, len(f.req.tokens), f.cached)
-            try:
-                res = decide(self.policy, request, pe_engines, de_groups, loads, self.params,
-                             self._ordinal)
-            except NoAvailableEngine:
+        des = [e for engines in de_groups.values() for e in engines]
+        de_by_id = {e.engine_id: e for e in des}
+        head = [f.rid for f in list(self.pe_queue)[:_HEAD]]
+        while self.pe_queue:
+            f = self.pe_queue[0]
+            de = de_by_id.get(f.de)
+            if de is None:  # its DE died meanwhile
+                self._requeue(f)
+                continue
+            request = self._request(f)
+            pes_before = [_snap(e) for e in pes]
+            res = pe_fetch((request,), pes, self.params.alpha, self.params.beta)
+            if not res.assignments:
                 return
-            self.queue.popleft()
+            self.pe_queue.popleft()
+            pe_id = res.assignments[0][1]
+            pes = list(res.engines)
+            pe = next(e for e in pes if e.engine_id == pe_id)
+            de_before = _snap(de)
+            plan = read_plan(self.policy, request, pe, de, self.params, self._ordinal)
+            pe_q, de_q = pe.read_q, de.read_q
+            pe_tokens = plan.pe_tokens if self.shaped else f.cached
+            de_tokens = f.cached - pe_tokens
+            for node, tokens in ((pe.node, pe_tokens), (de.node, de_tokens)):
+                charge_read(pes, node, tokens)
+                charge_read(des, node, tokens)
             self._ordinal += 1
-            d = res.decision
-            pe_engines = list(res.pe_engines)
-            de_groups[d.de_group] = list(res.de_engines)
-            loads = res.loads
-            self._dispatch(f, d.pe_engine, d.de_engine, d.plan.pe_tokens)
-            self._record(f, d, pe_engines, de_groups[d.de_group])
+            self._dispatch(f, pe_id, de.engine_id, pe_tokens)
+            side = plan.side.value if plan.side is not None else "split"
+            self._record(f, side, pe_q, de_q, {
+                "pe_queue_head": head, "pe_engines": pes_before, "de_engine": de_before,
+                "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
+                "alpha": self.params.alpha, "beta": self.params.beta,
+                "z_factor": self.params.z_factor})
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
-        if not self.shaped:  # oracle: no storage NIC is involved, read locally for free
-            pe_tokens = f.cached
         f.pe, f.de, f.pe_tokens = pe, de, pe_tokens
         pe_state, de_state = self.engines[pe], self.engines[de]
-        de_tokens = f.cached - pe_tokens
-        for node, tokens in ((pe_state.node, pe_tokens), (de_state.node, de_tokens)):
+        seqs = {}
+        for state, tokens in ((de_state, f.cached - pe_tokens), (pe_state, pe_tokens)):
+            seq = seqs[state.engine_id] = state.next_seq
+            state.next_seq += 1
             if tokens:
-                f.charged[node] = f.charged.get(node, 0) + tokens
-                self.read_q[node] += tokens
+                state.charges[seq] = tokens
+                f.charges.append((state.engine_id, seq))
         tokens = f.req.tokens.tolist()
         self.ep.send(de_state.address, {
-            "t": "decode", "rid": f.rid, "att": f.att, "tokens": tokens, "gen": f.req.gen,
-            "cached": f.cached, "keys": f.keys, "pe_tokens": pe_tokens,
+            "t": "decode", "rid": f.rid, "att": f.att, "seq": seqs[de], "tokens": tokens,
+            "gen": f.req.gen, "cached": f.cached, "keys": f.keys, "pe_tokens": pe_tokens,
             "pe": pe_state.address, "shaped": self.shaped})
         self.ep.send(pe_state.address, {
-            "t": "prefill", "rid": f.rid, "att": f.att, "tokens": tokens, "cached": f.cached,
-            "keys": f.keys[:pe_tokens // self.bt], "pe_tokens": pe_tokens,
+            "t": "prefill", "rid": f.rid, "att": f.att, "seq": seqs[pe], "tokens": tokens,
+            "cached": f.cached, "keys": f.keys[:pe_tokens // self.bt], "pe_tokens": pe_tokens,
             "de": de_state.address, "layerwise": self.layerwise, "shaped": self.shaped})
 
-    def _record(self, f: _Flight, d: Any, pes: list[EngineSnapshot],
-                des: list[EngineSnapshot]) -> None:
-        side = d.plan.side.value if d.plan.side is not None else "split"
+    def _record(self, f: _Flight, side: str, pe_q: int, de_q: int,
+                inputs: dict[str, Any]) -> None:
         entry = {
             "at": time.time(), "policy": self.policy_name, "rid": f.rid, "attempt": f.att,
             "agent": f.req.agent, "turn": f.req.turn, "length": len(f.req.tokens),
-            "cached": f.cached, "pe": d.pe_engine, "de_group": d.de_group, "de": d.de_engine,
-            "side": side, "pe_tokens": f.pe_tokens, "de_tokens": f.cached - f.pe_tokens,
-            "pe_read_q": d.pe_read_q, "de_read_q": d.de_read_q, "z": d.z,
-            "alpha": self.params.alpha, "beta": self.params.beta,
-            "engines": [{"id": s.engine_id, "role": s.role.value, "node": s.node,
-                         "seq": s.seq, "tok": s.tok, "read_q": s.read_q,
-                         "hbm_free": s.hbm_free} for s in (*pes, *des)],
+            "cached": f.cached, "inputs": inputs, "pe": f.pe, "de_group": f.de_group,
+            "de": f.de, "side": side, "pe_tokens": f.pe_tokens,
+            "de_tokens": f.cached - f.pe_tokens, "pe_read_q": pe_q, "de_read_q": de_q,
+            "z": f.place.get("z", 0.0),
         }
         self.decisions.append(entry)
         if self._log:

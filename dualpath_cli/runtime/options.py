@@ -1,0 +1,125 @@
+"""The knobs of one embedded run, and how they come from a deployment config.
+
+Why apart from the system: the bench command, the benchmark script and the tests all build
+options, from flags or from :func:`dualpath_cli.config.load_config`; the system only starts
+what the options say. Everything here is in base units (bytes/s, tokens, seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dualpath_cli.config import LoadedConfig
+from dualpath_cli.errors import ConfigError
+from dualpath_cli.runtime.model import MODEL_CONFIGS
+from dualpath_cli.storage import get_codec
+
+__all__ = ["RuntimeOptions", "options_from_config", "runtime_model_for"]
+
+
+@dataclass
+class RuntimeOptions:
+    """Shape and knobs of one embedded run (base units: bytes/s, tokens, seconds).
+
+    Args:
+        prefill_nodes / decode_nodes: the P/D spec (1P2D by default).
+        gpus_per_node: engines per node (they share the node's storage NIC).
+        model: reference-model profile name (runtime.model MODEL_CONFIGS).
+        block_tokens: KV block size in tokens.
+        snic_bw: storage-NIC bandwidth per node, each direction (<= 0: unshaped).
+        cnic_bw: compute-NIC bandwidth per engine (<= 0: unshaped).
+        hbm_blocks: HBM capacity per engine, in blocks.
+        policy: runtime policy (dualpath, basic, round-robin, random, split, oracle).
+        store_dir: block directory (None: in-memory store, in-process cluster only).
+        processes: one process per engine over ZeroMQ (False: threads over queues).
+        alpha / beta: scheduler thresholds in tokens.
+        z_factor: the DE high-token factor Z.
+        quota_s: PE compute quota per forward batch (seconds of predicted compute).
+        flops_rate: achieved FLOP/s of the PE predictor (0: calibrate on this machine).
+        codec: storage codec (raw ``fp16``: the KV must stay bit-exact).
+        dram_cache_bytes: loader DRAM cache per node (0: every read crosses the NIC).
+        fetch_s: group leaders' fetch period.
+        heartbeat_s: engine heartbeat period.
+        heartbeat_timeout: seconds of silence before an engine is declared dead.
+        decision_log: JSONL file for scheduler decisions.
+    """
+
+    prefill_nodes: int = 1
+    decode_nodes: int = 2
+    gpus_per_node: int = 1
+    model: str = "tiny"
+    block_tokens: int = 16
+    snic_bw: float = 0.0
+    cnic_bw: float = 0.0
+    hbm_blocks: int = 4096
+    policy: str = "dualpath"
+    store_dir: Path | None = None
+    processes: bool = False
+    alpha: int = 10**9
+    beta: int = 10**9
+    z_factor: float = 1.05
+    quota_s: float = 0.3
+    flops_rate: float = 0.0
+    codec: str = "fp16"
+    dram_cache_bytes: int = 0
+    fetch_s: float = 0.005
+    heartbeat_s: float = 0.05
+    heartbeat_timeout: float = 1.0
+    decision_log: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_CONFIGS:
+            raise ConfigError(f"runtime model {self.model!r}: expected one of "
+                              f"{', '.join(sorted(MODEL_CONFIGS))}")
+        if get_codec(self.codec).name != "fp16":
+            raise ConfigError(f"storage.codec {self.codec!r}: the embedded runtime keeps the "
+                              "reference model's fp16 KV bit-exact, so it needs codec fp16")
+        for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
+                     "hbm_blocks"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"runtime option {name} must be >= 1, got "
+                                  f"{getattr(self, name)}")
+
+
+def runtime_model_for(profile: str) -> str:
+    """The runtime model whose profile is called ``profile`` (``reference`` -> ``tiny``)."""
+    for name, cfg in MODEL_CONFIGS.items():
+        if cfg.to_profile().name == profile:
+            return name
+    names = ", ".join(cfg.to_profile().name for cfg in MODEL_CONFIGS.values())
+    raise ConfigError(f"model.profile {profile!r}: the embedded runtime runs the numpy "
+                      f"reference model; use one of {names}")
+
+
+def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOptions:
+    """Runtime options from an effective config (``overrides`` win, e.g. ``policy``).
+
+    P/D shape, GPUs per node, model, block size, codec, NIC bandwidths, HBM per GPU, alpha
+    and beta (resolved to tokens), Z, the compute quota and the fetch period all come from
+    the config.
+    """
+    cfg = loaded.config
+    name = runtime_model_for(cfg.model.profile)
+    model = MODEL_CONFIGS[name]
+    if (cfg.model.n_layers, cfg.model.kv_bytes_per_token_layer) != (
+            model.n_layers, model.kv_bytes_per_token_layer):
+        raise ConfigError(f"model: {cfg.model.n_layers} layers x "
+                          f"{cfg.model.kv_bytes_per_token_layer} B do not match the runtime "
+                          f"model {name!r} ({model.n_layers} x "
+                          f"{model.kv_bytes_per_token_layer} B)")
+    bt = cfg.storage.block_size
+    block_bytes = model.n_layers * bt * model.kv_bytes_per_token_layer
+    values: dict[str, Any] = {
+        "prefill_nodes": cfg.cluster.prefill_nodes, "decode_nodes": cfg.cluster.decode_nodes,
+        "gpus_per_node": cfg.cluster.gpus_per_node, "model": name, "block_tokens": bt,
+        "snic_bw": cfg.hardware.node_read_bandwidth, "cnic_bw": cfg.hardware.cnic_bandwidth,
+        "hbm_blocks": max(1, cfg.hardware.hbm_per_gpu // block_bytes),
+        "alpha": loaded.resolved.alpha_tokens, "beta": loaded.resolved.beta_tokens,
+        "z_factor": cfg.scheduler.z_factor, "quota_s": loaded.resolved.compute_quota_s,
+        "codec": cfg.storage.codec, "fetch_s": cfg.scheduler.fetch_period,
+    }
+    values.update(overrides)
+    return RuntimeOptions(**values)
