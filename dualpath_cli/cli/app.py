@@ -15,6 +15,7 @@ from dualpath_cli.cli import (
     config_cmd,
     plan_cmd,
     plugins_cmd,
+    sim_cmd,
     storage_cmd,
     trace_cmd,
     tune_cmd,
@@ -58,6 +59,7 @@ app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(trace_cmd.app, name="trace")
 app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(storage_cmd.app, name="storage")
+app.add_typer(sim_cmd.app, name="sim")
 
 
 def _click_module() -> ModuleType:

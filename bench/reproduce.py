@@ -1,0 +1,346 @@
+"""Reproduce the paper's tables and figures with the simulator; write docs/reproduction.md.
+
+Usage::
+
+    python bench/reproduce.py            # human summary, writes docs/reproduction.md
+    python bench/reproduce.py --json     # one JSON object: {"targets": [{name, paper, ours, ok}]}
+    python bench/reproduce.py --quick    # smaller agent counts and shorter online runs
+    python bench/reproduce.py --full     # Table 3 at the paper's 48P96D / 48K agents
+
+Every number comes from the same models and calibration (dualpath_cli/sim/calibration.py);
+nothing is tuned per table. Agent counts are scaled down where the paper's are expensive,
+and the report says so next to each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dualpath_cli.core.profiles import MODEL_PROFILES
+from dualpath_cli.sim import (
+    AgentPlan,
+    SimResult,
+    make_setup,
+    simulate_capacity,
+    simulate_offline,
+    simulate_online,
+    synthetic_plans,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "docs" / "reproduction.md"
+MAXLEN = 64_000
+
+
+NOTES = """\
+## What is modelled
+
+* **Per node** one storage NIC whose read bandwidth is fair-shared by the node's engines (one
+  outstanding read per engine, FIFO behind it), reads land in the node's DRAM buffer (80 GB;
+  a read waits while the buffer is full). Writes (per-block persistence during decode) use
+  the NIC's other direction and never delay reads.
+* **Per GPU** a compute NIC where model collectives keep 30% busy and KV gets the rest
+  (`cnic_model_share`); KV copies into HBM (loopback H2D) and PE-to-DE transfers go through
+  it, as FIFO servers per direction (not contended across GPUs: the paper's bottleneck-free
+  analysis says these links are not the bottleneck in the P/D ratios run here).
+* **Prefill**: FLOPs of core/profiles.py (linear + attention over the cached context, DSA
+  top-k capped) at peak x MFU; batches packed by core's compute-quota packer (300 ms);
+  layerwise prefill takes first-layer load + layers x max(load, compute); Basic loads the
+  whole batch's KV into HBM first (load + compute) and is limited by PE HBM.
+* **Decode**: memory-bound step = weights per GPU / HBM bandwidth + per-layer EP collective
+  latency + attended KV / HBM bandwidth; a fluid batch model updated on every join/leave.
+  DE HBM is reserved (prompt + generated tokens) from DE assignment to the end of decode.
+* **Scheduling** is core/ unchanged: `pe_fetch` (alpha 3 s of reads, beta 5 s of work),
+  `de_route` + `de_place` (Z = 1.05), `read_plan` with the policy's read rule,
+  `pack_batch` for the quota. Groups are nodes and fetch on a 50 ms period while work waits.
+
+## Why some numbers miss
+
+* **Table 1, DeepSeek-V3.2.** core's FLOP model caps attention at top-k 2048 tokens but
+  omits DSA's lightning indexer, which scores *every* cached token (64 heads x 128 dims,
+  about 16 KFLOP per cached token per layer). Without it FLOPs stop growing with context
+  while KV keeps growing, so the ratio at 64K is far too high. With the indexer term the
+  ratio is 14.4 / 25.5 / 41.7 GB/PFLOP at 16K / 32.7K / 64K with 788 B/token/layer, or
+  12.0 / 21.2 / 34.7 with the 656 B FlashMLA latent alone: the paper's 13 / ~22 / 36 match
+  the latter within 10%. Proposed profile change in the session report; not applied here
+  because profiles.py belongs to core.
+* **+ layerwise prefill (-17% in the paper).** In our Basic the storage reads are pipelined
+  into the PE's DRAM buffer, so Basic is bound by the two PE storage NICs; layerwise prefill
+  only hides the HBM copy on the PE, which is not the bottleneck, hence about -1%. The
+  paper's larger gain suggests its Basic also loses read/compute overlap (e.g. loading a
+  batch's KV synchronously before computing it), which we do not assume.
+* **Speedup over Basic (2.2-2.3x vs 1.87x) and the last ablation step.** Basic's JCT here is
+  close to total KV bytes / (2 x 50 GB/s), so it is storage-bound as in the paper. Our
+  DualPath (and the split read) end 1.24x above the oracle at 2048 agents, and the oracle
+  itself is bound by decode HBM: DE HBM is reserved from DE assignment to the end of decode,
+  and at our prefill speed about 30 requests per DE fill it. Our prefill is faster per turn
+  than the paper's. The oracle at 2048 agents takes 2,166 s against the paper's DualPath at
+  about 5,365 s. Part of the gap is the missing indexer FLOPs (about +30% prefill FLOPs per
+  turn). The rest is MFU 0.4. A slower prefill would bring DualPath nearer to the I/O-free
+  bound and lower the ratio over Basic.
+* **SNIC Max/Avg for DualPath.** The paper's rule reads on the side with the shorter queue
+  and core breaks ties toward the PE; when the cluster is not storage-bound both queues are
+  often empty, so PE nodes take more reads in those windows. Our metric averages every 5 s
+  bin of the busy first half, underloaded bins included, which the paper's chosen window
+  likely avoids.
+* **Online TTFT/TTST at 0.4 APS** are 5-8x below Table 3 because 0.4 APS is less than half
+  our DualPath capacity (0.91 APS), where the paper runs near its capacity. TPOT, which comes
+  from the decode roofline, is within 20%. The **DS 27B capacity gain** (1.99x against 1.67x)
+  misses for the same reason as the offline ratio: our DS 27B prefill is cheap, so the
+  storage path decides even more.
+* **Table 3 at full scale** (from `bench/sim_speed.py`, 48P96D with 48,000 agents, which is
+  2,000 per 2P4D unit rather than 2,048): JCT 2,585 s against 2,685 s for 2P4D with 2,048
+  agents, a ratio of 0.963. `--full` runs it with 49,152 agents.
+* **Online capacity** depends on how long a probe runs: agents live for roughly 157 turns x
+  ~6 s, so a probe shorter than a few agent lifetimes is still filling up. Probes run 30
+  minutes of simulated time; the SLO test also fails a probe whose oldest waiting turn is
+  older than 4 s (a growing backlog).
+"""
+
+
+@dataclass
+class Target:
+    """One paper number beside ours."""
+
+    name: str
+    paper: float | str
+    ours: float | str
+    ok: bool | None
+    note: str = ""
+    section: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {"name": self.name, "paper": self.paper, "ours": self.ours, "ok": self.ok,
+                "note": self.note}
+
+
+def _within(ours: float, paper: float, rel: float) -> bool:
+    return abs(ours - paper) <= rel * abs(paper)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Runner:
+    """Caches offline runs so a (model, pd, policy, agents) is simulated once."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[int, int], list[AgentPlan]] = {}
+        self.runs: dict[tuple[str, str, str, int], SimResult] = {}
+
+    def offline(self, model: str, pd: str, policy: str, agents: int) -> SimResult:
+        key = (model, pd, policy, agents)
+        if key not in self.runs:
+            pk = (MAXLEN, agents)
+            if pk not in self.plans:
+                self.plans[pk] = synthetic_plans(MAXLEN, agents, 1)
+            t0 = time.perf_counter()
+            self.runs[key] = simulate_offline(make_setup(model, pd, policy), self.plans[pk])
+            r = self.runs[key]
+            _log(f"  {model} {pd} {policy:9s} {agents:6d} agents: JCT {r.jct:8.0f} s "
+                 f"({r.turns} turns, {time.perf_counter() - t0:.1f} s wall)")
+        return self.runs[key]
+
+
+def table1() -> list[Target]:
+    """Cache-compute ratio, GB of KV per PFLOP of prefill, append 429 (paper Table 1)."""
+    out = []
+
+    def ratio(name: str, ctx: int) -> float:
+        m = MODEL_PROFILES[name]
+        return ctx * m.kv_bytes_per_token / 1e9 / (m.prefill_flops(ctx, 429) / 1e15)
+
+    for name, label, lo, hi in (("ds660b", "DeepSeek-V3.2 660B", 13, 36),
+                                ("qwen32b", "Qwen2.5-32B", 117, 267)):
+        for ctx, paper in ((16_384, lo), (65_536, hi)):
+            ours = ratio(name, ctx)
+            out.append(Target(f"table1 {label} @{ctx // 1024}K GB/PFLOP", paper,
+                              round(ours, 1), _within(ours, paper, 0.10), section="table1"))
+    ours = ratio("ds660b", 32_721)
+    out.append(Target("table1 DeepSeek-V3.2 @32.7K GB/PFLOP (text: ~22)", 22, round(ours, 1),
+                      _within(ours, 22, 0.10), section="table1"))
+    return out
+
+
+def offline(run: Runner, quick: bool) -> list[Target]:
+    out = []
+    counts = (512, 1024) if quick else (2048, 4096)
+    for n in counts:
+        b = run.offline("ds660b", "2P4D", "basic", n).jct
+        d = run.offline("ds660b", "2P4D", "dualpath", n).jct
+        s = b / d
+        out.append(Target(f"offline DS660B 2P4D 64K speedup over basic, {n} agents", 1.87,
+                          round(s, 2), 1.7 <= s <= 2.0,
+                          note="paper agents 2048/4096" if quick else "", section="offline"))
+    o = run.offline("ds660b", "2P4D", "oracle", counts[0]).jct
+    d = run.offline("ds660b", "2P4D", "dualpath", counts[0]).jct
+    sp = run.offline("ds660b", "2P4D", "split", counts[0]).jct
+    out.append(Target(f"DualPath JCT / oracle JCT, {counts[0]} agents", "close to 1",
+                      round(d / o, 3), None, section="offline"))
+    out.append(Target(f"beyond paper: split read JCT / oracle, {counts[0]} agents (goal <= 1.05)",
+                      "-", round(sp / o, 3), sp / o <= 1.05, section="beyond"))
+    return out
+
+
+def ablation(run: Runner, quick: bool) -> list[Target]:
+    counts = (512, 1024) if quick else (1024, 2048)
+    steps = (("layerwise", "+ layerwise prefill", -17.21),
+             ("dual-rr", "+ dual-path loading (round robin)", -38.19),
+             ("dualpath", "+ scheduling algorithm", -45.62))
+    out = []
+    for policy, label, paper in steps:
+        vals = []
+        for n in counts:
+            b = run.offline("ds660b", "2P4D", "basic", n).jct
+            vals.append(100.0 * (run.offline("ds660b", "2P4D", policy, n).jct / b - 1))
+        ours = sum(vals) / len(vals)
+        out.append(Target(f"ablation {label}: JCT change vs basic (%)", paper, round(ours, 1),
+                          abs(ours - paper) <= 6.0,
+                          note=f"agents {counts[0]}/{counts[1]}", section="ablation"))
+    return out
+
+
+def pd_sweep(run: Runner, quick: bool) -> list[Target]:
+    n = 512 if quick else 1024
+    j = {(pd, p): run.offline("ds27b", pd, p, n).jct
+         for pd in ("1P1D", "2P1D", "1P2D") for p in ("basic", "dualpath")}
+    pairs = (("basic 1P1D ~ basic 1P2D", ("1P1D", "basic"), ("1P2D", "basic")),
+             ("DualPath 1P1D ~ basic 2P1D", ("1P1D", "dualpath"), ("2P1D", "basic")),
+             ("DualPath 2P1D ~ DualPath 1P2D", ("2P1D", "dualpath"), ("1P2D", "dualpath")))
+    out = []
+    for label, a, b in pairs:
+        r = j[a] / j[b]
+        out.append(Target(f"P/D equivalence DS27B 64K {n} agents: {label} (JCT ratio)", 1.0,
+                          round(r, 3), abs(r - 1) <= 0.10, section="pd"))
+    best = max(j[(pd, "basic")] / j[(pd, "dualpath")] for pd in ("1P1D", "2P1D", "1P2D"))
+    out.append(Target(f"P/D sweep DS27B best speedup over basic, {n} agents", 2.46,
+                      round(best, 2), None, note="paper: up to 2.46x, average 1.64x",
+                      section="pd"))
+    return out
+
+
+def balance(run: Runner, quick: bool) -> list[Target]:
+    n = 1024 if quick else 2048
+    rr = run.offline("ds660b", "2P4D", "dual-rr", n).snic_max_avg
+    dp = run.offline("ds660b", "2P4D", "dualpath", n).snic_max_avg
+    sp = run.offline("ds660b", "2P4D", "split", n).snic_max_avg
+    note = "max/avg of bytes read per 5 s bin over all 6 SNICs, busy first half"
+    return [
+        Target("SNIC Max/Avg, round robin", 1.53, round(rr, 2), _within(rr, 1.53, 0.15),
+               note=note, section="balance"),
+        Target("SNIC Max/Avg, DualPath (<= 1.2)", 1.18, round(dp, 2), dp <= 1.2, note=note,
+               section="balance"),
+        Target("beyond paper: SNIC Max/Avg, split read (goal <= 1.10)", "-", round(sp, 2),
+               sp <= 1.10, note=note, section="beyond"),
+    ]
+
+
+def online(quick: bool) -> list[Target]:
+    horizon = 1200.0 if quick else 1800.0
+    steps = 3 if quick else 5
+    out = []
+    caps = {}
+    for model, pd, paper in (("ds660b", "2P4D", 2.25), ("ds27b", "1P1D", 1.67)):
+        for policy in ("basic", "dualpath"):
+            t0 = time.perf_counter()
+            c = simulate_capacity(make_setup(model, pd, policy), lo=0.05, hi=1.5,
+                                  horizon=horizon, steps=steps)
+            caps[(model, policy)] = c.aps
+            _log(f"  capacity {model} {pd} {policy}: {c.aps:.3f} APS "
+                 f"({time.perf_counter() - t0:.0f} s wall)")
+        b, d = caps[(model, "basic")], caps[(model, "dualpath")]
+        gain = d / b if b > 0 else float("inf")
+        out.append(Target(f"online capacity gain {model} {pd} (APS under SLO)", paper,
+                          round(gain, 2), _within(gain, paper, 0.15),
+                          note=f"basic {b:.3f} APS, DualPath {d:.3f} APS; horizon "
+                               f"{horizon:.0f} s, {steps} bisection steps",
+                          section="online"))
+    res = simulate_online(make_setup("ds660b", "2P4D", "dualpath"), 0.4, horizon=horizon)
+    for label, paper, stat in (("TTFT", 1.739, res.ttft), ("TTST", 0.228, res.ttst),
+                               ("TPOT", 0.039, res.tpot)):
+        ours = stat.mean if stat else float("nan")
+        out.append(Target(f"Table 3 online 2P4D 0.4 APS mean {label} (s)", paper,
+                          round(ours, 3), _within(ours, paper, 0.25),
+                          note="informational; 25% band", section="online"))
+    return out
+
+
+def table3(run: Runner, full: bool) -> list[Target]:
+    small = run.offline("ds660b", "2P4D", "dualpath", 2048).jct
+    big_pd, big_n = ("48P96D", 49_152) if full else ("8P16D", 8192)
+    big = run.offline("ds660b", big_pd, "dualpath", big_n).jct
+    r = big / small
+    return [Target(f"Table 3 offline JCT {big_pd}/{big_n} agents over 2P4D/2048",
+                   round(3201 / 3167, 3),
+                   round(r, 3), abs(r - 1) <= 0.02,
+                   note="" if full else "scaled: 8P16D/8192 agents instead of 48P96D/48K (49,152) "
+                                        "(use --full)", section="table3")]
+
+
+def render(targets: list[Target], wall: float, args: argparse.Namespace) -> str:
+    lines = ["# Reproduction report", "",
+             "Generated by `python bench/reproduce.py"
+             + (" --quick" if args.quick else "") + (" --full" if args.full else "")
+             + f"` in {wall / 60:.1f} minutes of one core. Paper numbers are from",
+             "shared/reference/dualpath-paper.md (figure readings marked [R] there).",
+             "Every run uses the same model, hardware and calibration "
+             "(`dualpath_cli/sim/calibration.py`); no constant is tuned to a table.", "",
+             "| target | paper | ours | ok | note |", "|---|---|---|---|---|"]
+    for t in targets:
+        ok = "-" if t.ok is None else ("yes" if t.ok else "**no**")
+        lines.append(f"| {t.name} | {t.paper} | {t.ours} | {ok} | {t.note} |")
+    hit = sum(1 for t in targets if t.ok)
+    graded = sum(1 for t in targets if t.ok is not None)
+    lines += ["", f"**{hit} of {graded} graded targets met.**", ""]
+    lines.append(NOTES)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every experiment, print targets, write the report."""
+    ap = argparse.ArgumentParser(description="Reproduce the DualPath paper's numbers.")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="smaller runs (minutes less)")
+    ap.add_argument("--full", action="store_true", help="Table 3 at 48P96D / 48K agents")
+    ap.add_argument("--no-online", action="store_true", help="skip capacity searches")
+    ap.add_argument("--no-write", action="store_true", help="do not write the report")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    run = Runner()
+    steps: list[tuple[str, Callable[[], list[Target]]]] = [
+        ("table 1", table1),
+        ("offline", lambda: offline(run, args.quick)),
+        ("ablation", lambda: ablation(run, args.quick)),
+        ("load balance", lambda: balance(run, args.quick)),
+        ("P/D sweep", lambda: pd_sweep(run, args.quick)),
+        ("table 3", lambda: table3(run, args.full)),
+    ]
+    if not args.no_online:
+        steps.append(("online", lambda: online(args.quick)))
+    targets: list[Target] = []
+    for label, fn in steps:
+        _log(f"{label} ...")
+        targets.extend(fn())
+    wall = time.perf_counter() - t0
+    if not args.no_write:
+        REPORT.write_text(render(targets, wall, args))
+    if args.json:
+        print(json.dumps({"targets": [t.to_dict() for t in targets], "wall_s": round(wall, 1)}))
+    else:
+        for t in targets:
+            mark = "-" if t.ok is None else ("ok " if t.ok else "MISS")
+            print(f"{mark:4s} {t.name}: paper {t.paper}, ours {t.ours} {t.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`dualpath sim`: what-if runs of the cluster simulator (offline JCT, online, capacity).
+
+Thin front-end: parse, call :mod:`dualpath_cli.sim`, render. Register with
+``app.add_typer(sim_cmd.app, name="sim")``.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import UsageError
+from dualpath_cli.sim import (
+    SIM_POLICIES,
+    SimResult,
+    make_setup,
+    simulate_capacity,
+    simulate_offline,
+    simulate_online,
+)
+from dualpath_cli.sim.trace import synthetic_plans
+from dualpath_cli.units import format_duration, parse_tokens
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Simulate a DualPath cluster in simulated time with the core scheduler.",
+                  no_args_is_help=True)
+
+_MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, qwen32b).")
+_PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
+_HW = typer.Option("hopper", "--hardware", help="Hardware profile.")
+_MAXLEN = typer.Option("64K", "--max-len", help="Trace max length (32K, 48K, 64K).")
+_SEED = typer.Option(1, "--seed", help="Trace seed.")
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+
+
+def _agents(value: int) -> int:
+    if value < 1:
+        raise UsageError(f"invalid --agents {value}: must be at least 1")
+    return value
+
+
+def _row(r: SimResult) -> list[str]:
+    return [r.policy, r.pd, str(r.agents), str(r.turns), format_duration(r.jct),
+            f"{r.snic_max_avg:.2f}", f"{r.snic_util:.0%}", f"{r.pe_util:.0%}",
+            f"{r.wall_s:.1f}s"]
+
+
+_HEAD = ["policy", "P/D", "agents", "turns", "JCT", "SNIC max/avg", "SNIC util", "PE busy",
+         "wall"]
+
+
+@app.command("run")
+def run(
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
+    agents: int = typer.Option(2048, "--agents", help="Agents (offline: all start at t=0)."),
+    policy: str = typer.Option("dualpath", "--policy",
+                               help=f"One of: {', '.join(SIM_POLICIES)}."),
+    aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
+    horizon: float = typer.Option(1800.0, "--horizon", help="Online run length, seconds."),
+    seed: int = _SEED, json_out: bool = _JSON,
+) -> None:
+    """Run one simulation (offline JCT, or online with --aps)."""
+    setup = make_setup(model, pd, policy, hardware)
+    ml = parse_tokens(max_len)
+    if aps is None:
+        res = simulate_offline(setup, agents=_agents(agents), max_len=ml, trace_seed=seed)
+    else:
+        res = simulate_online(setup, aps, horizon=horizon, max_len=ml, trace_seed=seed)
+    if json_out:
+        emit_json(res)
+        return
+    table = Table(*_HEAD, title=f"{model} {pd} {max_len} ({res.mode})")
+    table.add_row(*_row(res))
+    stdout.print(table)
+    if res.mode == "online" and res.ttft and res.tpot and res.ttst:
+        stdout.print(f"TTFT mean {res.ttft.mean:.3f}s  TTST mean {res.ttst.mean:.3f}s  "
+                     f"TPOT mean {res.tpot.mean * 1000:.1f}ms")
+
+
+@app.command("compare")
+def compare(
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
+    agents: int = typer.Option(1024, "--agents", help="Agents starting at t=0."),
+    policies: str = typer.Option("basic,layerwise,dual-rr,dualpath,split,oracle",
+                                 "--policies", help="Comma-separated policies."),
+    seed: int = _SEED, json_out: bool = _JSON,
+) -> None:
+    """Run several policies on the same offline workload and compare JCT."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        raise UsageError("--policies is empty")
+    setups = [make_setup(model, pd, name, hardware) for name in names]  # validate all first
+    plans = synthetic_plans(parse_tokens(max_len), _agents(agents), seed)
+    results = []
+    for setup in setups:
+        if not json_out:
+            stderr.print(f"simulating {setup.policy.name} ...", highlight=False)
+        results.append(simulate_offline(setup, plans))
+    base = next((r.jct for r in results if r.policy == "basic"), None)
+    if json_out:
+        emit_json({"model": model, "pd": pd, "agents": agents, "max_len": max_len,
+                   "results": [r.to_dict() for r in results],
+                   "speedup_vs_basic": {r.policy: base / r.jct for r in results}
+                   if base else None})
+        return
+    table = Table(*_HEAD, "vs basic", title=f"{model} {pd} {max_len}, {agents} agents")
+    for r in results:
+        table.add_row(*_row(r), f"{base / r.jct:.2f}x" if base else "-")
+    stdout.print(table)
+
+
+@app.command("capacity")
+def capacity(
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
+    policy: str = typer.Option("dualpath", "--policy", help="Policy to size."),
+    lo: float = typer.Option(0.05, "--lo", help="Lowest APS to probe."),
+    hi: float = typer.Option(2.0, "--hi", help="Highest APS to probe."),
+    horizon: float = typer.Option(2400.0, "--horizon", help="Seconds simulated per probe."),
+    steps: int = typer.Option(6, "--steps", help="Bisection steps."),
+    seed: int = _SEED, json_out: bool = _JSON,
+) -> None:
+    """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
+    setup = make_setup(model, pd, policy, hardware)
+    res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon,
+                            max_len=parse_tokens(max_len), trace_seed=seed, steps=steps)
+    if json_out:
+        emit_json({"model": model, "pd": pd, "policy": policy, **res.to_dict()})
+        return
+    table = Table("APS", "SLO met", "TTFT mean", "TPOT mean",
+                  title=f"{model} {pd} {policy}: capacity {res.aps:.3g} APS")
+    for a, ok, f, p in sorted(res.probes):
+        table.add_row(f"{a:.3g}", "yes" if ok else "no", f"{f:.3f}s", f"{p * 1000:.1f}ms")
+    stdout.print(table)

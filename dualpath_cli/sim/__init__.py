@@ -1,0 +1,31 @@
+"""Discrete-event cluster simulator: the core/ scheduler in simulated time.
+
+Public API (everything else is private to the package)::
+
+    make_setup(model, pd, policy, hardware, calibration, seed) -> SimSetup
+    simulate_offline(setup, plans=None, agents=..., max_len=...) -> SimResult
+    simulate_online(setup, aps, horizon=..., ...) -> SimResult
+    simulate_capacity(setup, lo=..., hi=..., ...) -> CapacityResult
+    calibrate_from_measurements(hardware, ...) -> (HardwareProfile, SimCalibration)
+"""
+
+from dualpath_cli.sim.api import (
+    make_setup,
+    simulate_capacity,
+    simulate_offline,
+    simulate_online,
+)
+from dualpath_cli.sim.calibration import SimCalibration, calibrate_from_measurements
+from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.metrics import LatencyStats, SimResult
+from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity, meets_slo
+from dualpath_cli.sim.policies import ABLATION, SIM_POLICIES, SimPolicy, get_sim_policy
+from dualpath_cli.sim.trace import AgentPlan, plans_from_trajectories, synthetic_plans
+
+__all__ = [
+    "make_setup", "simulate_offline", "simulate_online", "simulate_capacity",
+    "SimCalibration", "calibrate_from_measurements", "SimSetup", "Simulation",
+    "LatencyStats", "SimResult", "SLO", "CapacityResult", "find_capacity", "meets_slo",
+    "ABLATION", "SIM_POLICIES", "SimPolicy", "get_sim_policy", "AgentPlan",
+    "plans_from_trajectories", "synthetic_plans",
+]

@@ -1,0 +1,66 @@
+"""The simulator's front door: build a setup from names, run offline, online or capacity.
+
+Front-ends (``dualpath sim``, ``tune set --dry-run``, bench scripts) call these and nothing
+deeper, so every run is configured the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dualpath_cli.config.model import parse_pd
+from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
+from dualpath_cli.sim.calibration import SimCalibration
+from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.metrics import SimResult
+from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity
+from dualpath_cli.sim.policies import get_sim_policy
+from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
+
+__all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity"]
+
+
+def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str = "dualpath",
+               hardware: str = "hopper", calibration: SimCalibration | None = None,
+               seed: int = 0, alpha: int | None = None, beta: int | None = None) -> SimSetup:
+    """A :class:`SimSetup` from profile and policy names (errors name the bad value)."""
+    spec = parse_pd(pd)
+    return SimSetup(model=get_model_profile(model),
+                    hardware=get_hardware_profile(hardware),
+                    prefill_nodes=spec.prefill_nodes, decode_nodes=spec.decode_nodes,
+                    policy=get_sim_policy(policy),
+                    calibration=calibration or SimCalibration(), seed=seed,
+                    alpha=alpha, beta=beta)
+
+
+def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,
+                     agents: int = 2048, max_len: int = 64_000,
+                     trace_seed: int = 1) -> SimResult:
+    """Offline JCT: ``agents`` agents (or ``plans``) start at t = 0."""
+    plans = plans if plans is not None else synthetic_plans(max_len, agents, trace_seed)
+    return Simulation(setup, plans).run_offline()
+
+
+def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
+                    warmup: float | None = None, max_len: int = 64_000,
+                    trace_seed: int = 1, plans: list[AgentPlan] | None = None) -> SimResult:
+    """One online run at ``aps`` agents/s for ``horizon`` s (latencies after ``warmup``)."""
+    if plans is None:
+        need = int(aps * horizon * 1.3) + 50
+        plans = synthetic_plans(max_len, need, trace_seed)
+    res = Simulation(setup, plans).run_online(
+        aps, horizon, warmup=horizon / 3 if warmup is None else warmup)
+    res.slo_ok = None
+    return res
+
+
+def simulate_capacity(setup: SimSetup, *, lo: float = 0.05, hi: float = 2.0,
+                      horizon: float = 1200.0, max_len: int = 64_000, trace_seed: int = 1,
+                      steps: int = 6, slo: SLO | None = None) -> CapacityResult:
+    """Highest APS meeting ``slo`` in ``[lo, hi]`` (bisection over online runs)."""
+    plans = synthetic_plans(max_len, int(hi * horizon * 1.3) + 50, trace_seed)
+
+    def run_at(aps: float) -> SimResult:
+        return simulate_online(replace(setup), aps, horizon=horizon, plans=plans)
+
+    return find_capacity(run_at, lo, hi, slo or SLO(), steps)

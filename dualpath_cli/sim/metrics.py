@@ -1,0 +1,109 @@
+"""What a run reports: job completion, per-turn latencies, NIC balance, utilisation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+__all__ = ["SimResult", "LatencyStats", "latency_stats", "max_over_avg"]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    """Mean and percentiles of one latency, seconds (NaN when no sample)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    count: int
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain dict."""
+        return asdict(self)
+
+
+def latency_stats(values: list[float] | np.ndarray) -> LatencyStats:
+    """Summarise ``values`` (empty gives NaNs and count 0)."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        nan = float("nan")
+        return LatencyStats(nan, nan, nan, nan, 0)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return LatencyStats(float(arr.mean()), float(p50), float(p90), float(p99), int(arr.size))
+
+
+def max_over_avg(bins: list[dict[int, float]], first: int, last: int) -> float:
+    """Mean over time bins ``[first, last)`` of max/avg bytes across nodes (1.0 = balanced).
+
+    Bins where no node read anything are skipped.
+    """
+    ratios = []
+    for b in range(first, last):
+        vals = [node_bins.get(b, 0.0) for node_bins in bins]
+        total = sum(vals)
+        if total <= 0:
+            continue
+        ratios.append(max(vals) / (total / len(vals)))
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Outcome of one simulated run (offline or online).
+
+    ``jct`` is the offline job completion time (time the last agent finishes); in online
+    mode it is the mean trajectory completion time of agents that finished.
+    """
+
+    mode: str
+    policy: str
+    model: str
+    pd: str
+    agents: int
+    turns: int
+    sim_time: float
+    jct: float
+    events: int
+    wall_s: float
+    snic_max_avg: float
+    snic_util: float
+    pe_util: float
+    de_util: float
+    read_tokens_pe_side: int
+    read_tokens_de_side: int
+    aps: float = 0.0
+    ttft: LatencyStats | None = None
+    ttst: LatencyStats | None = None
+    tpot: LatencyStats | None = None
+    slo_ok: bool | None = None
+    steady: bool | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def turns_per_s(self) -> float:
+        """Simulated turns per wall-clock second."""
+        return self.turns / self.wall_s if self.wall_s > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able dict."""
+        out: dict[str, object] = {
+            "mode": self.mode, "policy": self.policy, "model": self.model, "pd": self.pd,
+            "agents": self.agents, "turns": self.turns, "sim_time_s": self.sim_time,
+            "jct_s": self.jct, "events": self.events, "wall_s": self.wall_s,
+            "turns_per_s": self.turns_per_s, "snic_max_avg": self.snic_max_avg,
+            "snic_util": self.snic_util, "pe_util": self.pe_util, "de_util": self.de_util,
+            "read_tokens_pe_side": self.read_tokens_pe_side,
+            "read_tokens_de_side": self.read_tokens_de_side,
+        }
+        if self.mode == "online":
+            out.update({
+                "aps": self.aps,
+                "ttft": self.ttft.to_dict() if self.ttft else None,
+                "ttst": self.ttst.to_dict() if self.ttst else None,
+                "tpot": self.tpot.to_dict() if self.tpot else None,
+                "slo_ok": self.slo_ok, "steady": self.steady,
+            })
+        out.update(self.extra)
+        return out

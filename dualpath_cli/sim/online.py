@@ -1,0 +1,106 @@
+"""Online serving: a run at a given arrival rate, the SLO, the steady-state rule, capacity.
+
+The paper (section 7.2): agents arrive as a Poisson process (APS); the SLO is TTFT <= 4 s and
+TPOT <= 50 ms; a run stops when TTFT exceeds 4 s or at steady state, when the TTFT over a
+150 s window stays within 5% of its value 30 minutes earlier. The capacity is the highest APS
+whose run meets the SLO, found here by bisection over APS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dualpath_cli.errors import UsageError
+from dualpath_cli.sim.metrics import SimResult
+
+__all__ = ["SLO", "meets_slo", "steady_state", "CapacityResult", "find_capacity"]
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Service-level objective on mean latencies (paper: 4 s TTFT, 50 ms TPOT)."""
+
+    ttft_s: float = 4.0
+    tpot_s: float = 0.050
+
+
+def meets_slo(result: SimResult, slo: SLO | None = None) -> bool:
+    """Whether an online run met the SLO.
+
+    Mean TTFT and TPOT over the measured turns must be within the SLO, and no turn still
+    waiting at the end may be older than the TTFT bound (a growing backlog is a miss even
+    if the turns that did finish were fast).
+    """
+    slo = slo or SLO()
+    if result.ttft is None or result.tpot is None or result.ttft.count == 0:
+        return False
+    if result.extra.get("oldest_waiting_s", 0.0) > slo.ttft_s:
+        return False
+    tpot_ok = math.isnan(result.tpot.mean) or result.tpot.mean <= slo.tpot_s
+    return result.ttft.mean <= slo.ttft_s and tpot_ok
+
+
+def steady_state(samples: Sequence[tuple[float, float]], now: float, window: float = 150.0,
+                 lookback: float = 1800.0, tolerance: float = 0.05) -> bool:
+    """The paper's rule on ``(arrival time, TTFT)`` samples at time ``now``.
+
+    Mean TTFT over ``[now - window, now)`` within ``tolerance`` (relative) of the mean over
+    the window ending ``lookback`` seconds earlier. False when either window is empty.
+    """
+    def mean_in(lo: float, hi: float) -> float:
+        vals = [v for t, v in samples if lo <= t < hi]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    recent = mean_in(now - window, now)
+    past = mean_in(now - lookback - window, now - lookback)
+    if math.isnan(recent) or math.isnan(past) or past <= 0:
+        return False
+    return abs(recent - past) <= tolerance * past
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """Highest APS meeting the SLO, and every probe made on the way."""
+
+    aps: float
+    probes: tuple[tuple[float, bool, float, float], ...]  # (aps, ok, ttft mean, tpot mean)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict."""
+        return {"capacity_aps": self.aps,
+                "probes": [{"aps": a, "ok": ok, "ttft_mean_s": f, "tpot_mean_s": p}
+                           for a, ok, f, p in self.probes]}
+
+
+def find_capacity(run_at: Callable[[float], SimResult], lo: float, hi: float,
+                  slo: SLO | None = None, steps: int = 7) -> CapacityResult:
+    """Bisect APS in ``[lo, hi]`` for the highest rate whose run meets ``slo``.
+
+    ``run_at(aps)`` runs one online simulation. If ``hi`` meets the SLO it is returned (widen
+    the range); if ``lo`` fails, the capacity is reported as 0.
+    """
+    if not 0 < lo < hi:
+        raise UsageError(f"capacity search needs 0 < lo < hi, got lo={lo}, hi={hi}")
+    probes: list[tuple[float, bool, float, float]] = []
+
+    def probe(aps: float) -> bool:
+        res = run_at(aps)
+        ok = meets_slo(res, slo)
+        probes.append((aps, ok, res.ttft.mean if res.ttft else math.nan,
+                       res.tpot.mean if res.tpot else math.nan))
+        return ok
+
+    if probe(hi):
+        return CapacityResult(hi, tuple(probes))
+    if not probe(lo):
+        return CapacityResult(0.0, tuple(probes))
+    good, bad = lo, hi
+    for _ in range(steps):
+        mid = (good + bad) / 2
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return CapacityResult(good, tuple(probes))

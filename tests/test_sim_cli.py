@@ -1,0 +1,53 @@
+"""`dualpath sim` front-end: --json keys and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from dualpath_cli.cli import sim_cmd
+
+_app = typer.Typer()
+_app.add_typer(sim_cmd.app, name="sim")
+runner = CliRunner()
+
+
+def _json(args: list[str]) -> dict:  # type: ignore[type-arg]
+    res = runner.invoke(_app, ["sim", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_run_json_keys() -> None:
+    out = _json(["run", "--model", "ds660b", "--pd", "2P4D", "--agents", "16",
+                 "--max-len", "16K", "--policy", "dualpath"])
+    for key in ("jct_s", "turns", "policy", "pd", "snic_max_avg", "turns_per_s"):
+        assert key in out
+    assert out["policy"] == "dualpath" and out["pd"] == "2P4D" and out["turns"] > 0
+
+
+def test_run_online_json_keys() -> None:
+    out = _json(["run", "--agents", "4", "--max-len", "16K", "--aps", "0.2",
+                 "--horizon", "120"])
+    assert out["mode"] == "online" and "ttft" in out and "tpot" in out
+
+
+def test_compare_json() -> None:
+    out = _json(["compare", "--agents", "16", "--max-len", "16K", "--policies",
+                 "basic,oracle"])
+    assert [r["policy"] for r in out["results"]] == ["basic", "oracle"]
+    assert out["speedup_vs_basic"]["basic"] == 1.0
+
+
+def test_capacity_json() -> None:
+    out = _json(["capacity", "--max-len", "16K", "--lo", "0.05", "--hi", "0.1",
+                 "--horizon", "120", "--steps", "1"])
+    assert "capacity_aps" in out and out["probes"]
+
+
+def test_bad_policy_is_a_usage_error() -> None:
+    res = runner.invoke(_app, ["sim", "run", "--policy", "nope", "--agents", "2"])
+    assert res.exit_code != 0
+    assert "unknown simulator policy 'nope'" in str(res.exception)
