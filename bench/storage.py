@@ -8,8 +8,9 @@ Usage::
 
 For each block size (64 KiB, 1 MiB, 4 MiB) it writes one data set of block files whose
 files are exactly that size (4 KiB header + payload), then for page-cache and O_DIRECT
-reads at queue depth 1, 8 and 32 it runs, alternately and ``--rounds`` times, keeping each
-one's best round (the host is shared, so single runs are noisy; all get the same treatment):
+reads at queue depth 1, 8 and 32 it runs, interleaved (fio, loader, fio, ...) ``--rounds``
+times, and reports each one's median round (the host is shared, so single runs are noisy;
+interleaving exposes both to the same load, and all get the same treatment):
 
 * the StorageLoader (engine ``auto``; both checksums verified on every read);
 * fio laid out like the loader (``fio_gbps``, apples to apples): as many threads
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +67,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the files")
     parser.add_argument("--size-mib", type=int, default=256, help="MiB per block size")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per point")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds per point (medians are reported)")
     parser.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement")
     args = parser.parse_args()
     ensure_fio()
@@ -78,30 +81,35 @@ def main() -> int:
             warm_page_cache(data)
             for mode, direct in (("page_cache", False), ("direct", True)):
                 for qd in QUEUE_DEPTHS:
-                    fio_best = single_best = loader_best = 0.0
+                    fios: list[float] = []
+                    singles: list[float] = []
+                    loaders: list[float] = []
                     engine, layout = "", ("", 0, 0)
                     for _ in range(args.rounds):
-                        single_best = max(single_best, fio_gbps(
-                            data, qd, direct=direct, min_seconds=args.seconds))
+                        singles.append(fio_gbps(data, qd, direct=direct,
+                                                min_seconds=args.seconds))
                         run = loader_run(data, qd, direct=direct, min_seconds=args.seconds)
-                        loader_best = max(loader_best, run.gbps)
+                        loaders.append(run.gbps)
                         engine, layout = run.engine, run.fio_layout
                         ioengine, numjobs, iodepth = layout
-                        fio_best = max(fio_best, fio_gbps(
-                            data, iodepth, direct=direct, min_seconds=args.seconds,
-                            ioengine=ioengine, numjobs=numjobs))
+                        fios.append(fio_gbps(data, iodepth, direct=direct,
+                                             min_seconds=args.seconds, ioengine=ioengine,
+                                             numjobs=numjobs))
+                    fio_med = statistics.median(fios)
+                    single_med = statistics.median(singles)
+                    loader_med = statistics.median(loaders)
                     rows.append({"mode": mode, "block_size": bs, "queue_depth": qd,
-                                 "fio_gbps": round(fio_best, 3),
-                                 "loader_gbps": round(loader_best, 3),
+                                 "fio_gbps": round(fio_med, 3),
+                                 "loader_gbps": round(loader_med, 3),
                                  "loader_engine": engine,
                                  "fio_layout": f"{layout[0]} {layout[1]}x{layout[2]}",
-                                 "fio_single_job_gbps": round(single_best, 3),
-                                 "ratio": round(loader_best / fio_best, 3) if fio_best else None,
-                                 "ratio_single_job": (round(loader_best / single_best, 3)
-                                                      if single_best else None)})
+                                 "fio_single_job_gbps": round(single_med, 3),
+                                 "ratio": round(loader_med / fio_med, 3) if fio_med else None,
+                                 "ratio_single_job": (round(loader_med / single_med, 3)
+                                                      if single_med else None)})
                     if not args.json:
-                        print(f"  {mode:10s} {bs >> 10:5d} KiB QD{qd:<3d} fio {fio_best:6.2f} "
-                              f"(1 job {single_best:6.2f}) loader {loader_best:6.2f} GB/s "
+                        print(f"  {mode:10s} {bs >> 10:5d} KiB QD{qd:<3d} fio {fio_med:6.2f} "
+                              f"(1 job {single_med:6.2f}) loader {loader_med:6.2f} GB/s "
                               f"({engine})", file=sys.stderr)
             if bs == 1 << 20:
                 for target in SHAPING_MBPS:

@@ -177,3 +177,42 @@ def test_loader_on_a_pipelined_store_bounds_reads_in_flight(tmp_path: Path,
     assert seen and all(n == share for n in seen) and share * loader.workers <= max_inflight
     # ...while its batch runs ahead of the share, so the ring never drains at a hand-off
     assert sum(sizes) == 40 and max(sizes) > share
+
+
+@pytest.mark.parametrize("oneshot", [True, False])
+@pytest.mark.parametrize("nbytes", [0, 4096, 60 << 10, (64 << 10) + 1, 1 << 20])
+def test_payload_checksum_is_the_same_digest_on_every_hashing_path(
+        monkeypatch: pytest.MonkeyPatch, oneshot: bool, nbytes: int) -> None:
+    """One-shot (xxhash >= 4.1), object API (older xxhash) and a streamed, chunked update
+    all give the digest stored in block headers: the on-disk format does not depend on it."""
+    from dualpath_cli.storage import header
+
+    monkeypatch.setattr(header, "_ONESHOT_DROPS_GIL", oneshot)
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    streamed = xxhash.xxh3_64()
+    for start in range(0, nbytes, 256 << 10):
+        streamed.update(data[start:start + (256 << 10)])
+    want = xxhash.xxh3_64_intdigest(data.tobytes())
+    assert streamed.intdigest() == want
+    assert payload_checksum(data) == payload_checksum(memoryview(data)) == want
+
+
+def test_block_buffer_views_share_one_mapping() -> None:
+    """The cached iovec targets and checksum view are the array's memory, not copies."""
+    buf = BufferPool(0).acquire(HEADER_SIZE + 10_000)
+    buf.header[:4] = b"head"
+    iov = buf.payload_iov(HEADER_SIZE + 10_000)
+    assert len(iov) == 12288  # payload padded to 4 KiB for O_DIRECT
+    iov[:3] = b"abc"
+    assert bytes(buf.data[:4]) == b"head"
+    assert bytes(buf.payload(3)) == b"abc" == bytes(buf.payload_view(3))
+    assert len(buf.payload_view(10_000)) == 10_000
+
+
+@pytest.mark.parametrize(("direct", "want"), [(False, 2), (True, 4)])
+def test_loader_defaults_to_one_preadv_reader_per_core_unless_reads_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool, want: int) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    store = PosixStore(tmp_path, engine="preadv", direct=direct)
+    with StorageLoader(store, max_inflight=32, registry=MetricsRegistry()) as loader:
+        assert loader.workers == want

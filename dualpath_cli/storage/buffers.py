@@ -23,12 +23,17 @@ __all__ = ["BlockBuffer", "BufferPool"]
 class BlockBuffer:
     """One aligned buffer big enough for a whole block file (header + padded payload)."""
 
-    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool")
+    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool", "_header", "_body")
 
     def __init__(self, nbytes: int, pool: BufferPool | None = None) -> None:
         self.capacity = padded(max(nbytes, HEADER_SIZE))
         self._map = mmap.mmap(-1, self.capacity)
         self.data = np.frombuffer(self._map, dtype=np.uint8)
+        # iovec targets made once: slicing a memoryview is several times cheaper than
+        # slicing the array and asking for its ``.data`` on every read
+        whole = memoryview(self._map)
+        self._header = whole[:HEADER_SIZE]
+        self._body = whole[HEADER_SIZE:]
         self._refs = 1
         self._lock = threading.Lock()
         self._pool = pool
@@ -36,16 +41,21 @@ class BlockBuffer:
     @property
     def header(self) -> memoryview:
         """The header region, as a writable memoryview (an iovec target)."""
-        return self.data[:HEADER_SIZE].data
+        return self._header
 
     def payload(self, nbytes: int) -> np.ndarray:
         """The first ``nbytes`` of the payload region (a view)."""
         return self.data[HEADER_SIZE:HEADER_SIZE + nbytes]
 
+    def payload_view(self, nbytes: int) -> memoryview:
+        """The first ``nbytes`` of the payload region as a memoryview (cheaper than
+        :meth:`payload` where only the bytes matter, e.g. checksums)."""
+        return self._body[:nbytes]
+
     def payload_iov(self, file_size: int) -> memoryview:
         """The payload region covering a file of ``file_size`` bytes, aligned (iovec target)."""
         end = min(self.capacity, padded(max(file_size, HEADER_SIZE)))
-        return self.data[HEADER_SIZE:max(end, HEADER_SIZE)].data
+        return self._body[:max(end, HEADER_SIZE) - HEADER_SIZE]
 
     def retain(self) -> BlockBuffer:
         """Add a reference (the cache and a caller may both hold the buffer)."""

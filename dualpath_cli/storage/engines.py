@@ -32,7 +32,8 @@ ENGINES: tuple[str, ...] = ("auto", "preadv", "io_uring")
 class ReadJob:
     """Read ``expected`` bytes at offset 0 of ``fd`` into ``iov``; ``result``: bytes or -errno.
 
-    ``tag`` is the caller's (the store keeps its read operation there).
+    ``tag`` is the caller's (the store keeps its read operation there); ``path`` names the
+    file in error messages.
     """
 
     fd: int
@@ -40,6 +41,7 @@ class ReadJob:
     expected: int
     result: int = 0
     tag: Any = None
+    path: str = ""
 
 
 class ReadEngine(Protocol):

@@ -157,7 +157,9 @@ class PosixStore:
     def pipelined_reads(self) -> bool:
         """True when :meth:`read_batch` honours ``max_in_flight`` with a batch larger than it
         (io_uring keeps that many reads in the ring and verifies as they land), so a loader
-        may hand over a longer batch without exceeding its queue depth."""
+        may hand over a longer batch without exceeding its queue depth. False for preadv:
+        measured, longer preadv batches did not pay (one reader would take work that another,
+        idle one could have read)."""
         return self.engine.name == "io_uring"
 
     def read_batch(self, ops: list[ReadOp], pool: BufferPool,
@@ -191,7 +193,7 @@ class PosixStore:
                 continue
             buf = pool.acquire(size)
             op.buffer = buf
-            jobs.append(ReadJob(fd, [buf.header, buf.payload_iov(size)], size, tag=op))
+            jobs.append(ReadJob(fd, [buf.header, buf.payload_iov(size)], size, 0, op, path))
 
         def done(job: ReadJob) -> None:
             op: ReadOp = job.tag
@@ -207,10 +209,10 @@ class PosixStore:
                     retry.append(op)
                 else:
                     op.missing = True
-                    op.io_error = f"{file(op.key)}: {os.strerror(-job.result)}"
+                    op.io_error = f"{job.path}: {os.strerror(-job.result)}"
                 return
             try:
-                op.header = check_read(op.key, buf, job.result, file(op.key))
+                op.header = check_read(op.key, buf, job.result, job.path)
             except CorruptBlockError as err:
                 buf.release()
                 op.buffer = None

@@ -132,6 +132,5 @@ def check_read(key: BlockKey, buffer: BlockBuffer, nread: int, path: str) -> Blo
     if header.file_nbytes > buffer.capacity or nread < HEADER_SIZE + header.payload_len:
         raise TruncatedBlock(path, f"file has {nread} bytes, header says "
                                    f"{HEADER_SIZE + header.payload_len}")
-    payload = buffer.payload(header.payload_len)
-    verify_payload(header, payload, nread - HEADER_SIZE, path)
+    verify_payload(header, buffer.payload_view(header.payload_len), nread - HEADER_SIZE, path)
     return header
