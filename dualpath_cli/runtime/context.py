@@ -148,10 +148,10 @@ class EngineContext:
         self.namespace = Namespace(spec.model, "layer_major", shape, spec.codec)
         self.registry = MetricsRegistry()
         self.loader = StorageLoader(
-            store, node=spec.node, role=spec.role, shaping_bps=spec.snic_read.rate,
+            store, node=spec.node, role=spec.role,
+            shaper=spec.snic_read,  # the node's one storage NIC, shared by its engines
             block_tokens=spec.block_tokens, block_nbytes=HEADER_SIZE + shape.full_nbytes,
             cache_bytes=spec.dram_cache_bytes, registry=self.registry)
-        self.loader.shaper = spec.snic_read  # the node's one NIC, shared by its engines
         self.hbm = HbmPool(spec.hbm_blocks, spec.block_tokens, model.n_layers, self.bpl)
         self.counters = Counters()
         self.started = time.monotonic()

@@ -149,6 +149,8 @@ class StorageLoader:
         node: node id (metric label).
         role: engine role of the node (``prefill``/``decode``; metric label).
         shaping_bps: emulated storage-NIC bandwidth in bytes/s; None or 0 = unshaped.
+        shaper: a token bucket to pace reads with instead of a private one built from
+            ``shaping_bps`` (engines of one node share their node's storage NIC this way).
         max_inflight: store reads in flight at most (the queue depth).
         workers: reader threads (default: one per CPU; two per CPU for O_DIRECT preadv,
             which waits on the device); each hands at most ``max_inflight // workers`` reads
@@ -167,7 +169,8 @@ class StorageLoader:
     """
 
     def __init__(self, store: KVStore, *, node: int | str = 0, role: str = "prefill",
-                 shaping_bps: float | None = None, max_inflight: int = 8,
+                 shaping_bps: float | None = None, shaper: TokenBucket | None = None,
+                 max_inflight: int = 8,
                  workers: int | None = None, cache_bytes: int = 0, block_tokens: int = 64,
                  block_nbytes: int = 0, batch_bytes: int = 1 << 20, burst_bytes: int = 0,
                  pool: BufferPool | None = None, registry: MetricsRegistry = REGISTRY,
@@ -197,7 +200,8 @@ class StorageLoader:
         self.batch_bytes = batch_bytes
         self.block_tokens = block_tokens
         self._est_bytes = block_nbytes
-        self.shaper = TokenBucket(shaping_bps, burst_bytes, clock, sleep)
+        self.shaper = shaper or TokenBucket(shaping_bps, burst_bytes, clock, sleep)
+        shaping_bps = self.shaper.rate
         self.cache = BlockCache(cache_bytes)
         # free buffers kept for reuse: a fresh mmap buffer costs a page fault and a zeroing
         # pass per 4 KiB page, more than the read itself, so keep the working set mapped
