@@ -3,7 +3,7 @@
 Usage: ``python bench/runtime.py [--json] [--agents N] [--snic-bw 5MB/s] [--preset P]
 [--config FILE] [--set key=value ...]``.
 The setup is the deployment config (default preset ``embedded``: 1P2D, reference model,
-64-token blocks) with the bench defaults of :mod:`dualpath_cli.runtime.bench` (storage NICs
+64-token blocks) with the bench defaults of :mod:`dualpath_cli.services.bench` (storage NICs
 shaped so that reading over the three nodes takes about as long as prefilling). Targets
 (issue 4): JCT(basic)/JCT(dualpath) >= 1.8 at 1P2D and JCT(dualpath) <= 1.2 x JCT(oracle).
 ``--json`` prints one object whose ``jct_s`` and ``snic_max_avg`` map each policy to its
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from dualpath_cli.cli.output import to_jsonable
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.bench import load_bench_config, run_bench
 from dualpath_cli.runtime.options import options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services.bench import load_bench_config, run_bench
 
 POLICIES = ["basic", "dualpath", "oracle", "split", "round-robin"]
 

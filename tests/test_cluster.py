@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from test_runtime import AGENTS, _reference
 
-from dualpath_cli.runtime.runner import RunResult, TurnRecord, run_agents
-from dualpath_cli.runtime.system import RuntimeOptions, RuntimeSystem
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
 
 @pytest.mark.parametrize("victim_role", ["decode", "prefill"])

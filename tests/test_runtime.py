@@ -7,11 +7,12 @@ import time
 import numpy as np
 import pytest
 
+from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.model import load_model
-from dualpath_cli.runtime.runner import RunResult, run_agents
+from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import TurnRequest
-from dualpath_cli.runtime.system import RuntimeOptions, RuntimeSystem
 from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services.runner import RunResult, run_agents
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore
 from dualpath_cli.telemetry.metrics import METRICS
 from dualpath_cli.workload.tokens import append_token_ids

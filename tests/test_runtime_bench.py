@@ -12,8 +12,8 @@ from test_runtime import AGENTS
 from dualpath_cli.cli.app import main
 from dualpath_cli.config import load_config
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.runtime.bench import SLO, load_bench_config, run_bench
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
+from dualpath_cli.services.bench import SLO, load_bench_config, run_bench
 
 
 def test_online_mode_reports_latencies_and_the_scaled_slo(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``dualpath bench``: the main job. Thin: parse, call runtime.bench, render."""
+"""``dualpath bench``: the main job. Thin: parse, call services.bench, render."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from rich.table import Table
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.bench import SLO, BenchReport, load_bench_config, run_bench
 from dualpath_cli.runtime.options import options_from_config
-from dualpath_cli.runtime.runner import TurnRecord
 from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
 from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services.bench import SLO, BenchReport, load_bench_config, run_bench
+from dualpath_cli.services.runner import TurnRecord
 from dualpath_cli.units import format_bytes
 
 __all__ = ["bench", "default_store_root"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
-from dualpath_cli.runtime.system import RuntimeSystem
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
 

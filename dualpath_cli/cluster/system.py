@@ -1,11 +1,14 @@
 """Assemble a running embedded system: store, scheduler service, engines on a cluster.
 
-Why here: the bench service, the tests and the ops commands all need "start 1P2D with this
-policy on this store, submit turns, collect metrics, stop"; this is that, once. The store is
-storage's :class:`~dualpath_cli.storage.PosixStore` (a directory) or its shipped fake
-:class:`~dualpath_cli.storage.MemoryStore`; each engine reads through a StorageLoader whose
-shaper is its node's storage NIC (one token bucket per node and direction, shared across the
-node's engine processes), and sends through its own compute-NIC bucket.
+Why in cluster/ (the launch service) and not in runtime/: it picks the Cluster, Fabric and
+store implementations, which is launching, so runtime/ stays a world that imports no
+service. Why at all: the bench service, the tests and the ops commands all need "start 1P2D
+with this policy on this store, submit turns, collect metrics, stop"; this is that, once.
+The store is storage's :class:`~dualpath_cli.storage.PosixStore` (a directory) or its
+shipped fake :class:`~dualpath_cli.storage.MemoryStore`; each engine reads through a
+StorageLoader whose shaper is its node's storage NIC (one token bucket per node and
+direction, shared across the node's engine processes), and sends through its own
+compute-NIC bucket.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
 from dualpath_cli.transfer import InProcFabric, ZmqFabric
 from dualpath_cli.transfer.shaping import make_bucket
 
-__all__ = ["RuntimeOptions", "RuntimeSystem"]
+__all__ = ["RuntimeSystem"]
 
 
 class RuntimeSystem:
