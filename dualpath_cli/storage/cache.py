@@ -3,6 +3,9 @@
 Entries keep a reference to the read buffer itself (no copy), so a hit hands out another
 reference to the very bytes the store wrote into; eviction only drops the cache's reference
 and the buffer is reused once every caller has released it too.
+
+Blocks put by a prefetch stay marked until a request's lookup first hits them, which is how
+the loader measures prefetch accuracy (:attr:`BlockCache.prefetch_used`).
 """
 
 from __future__ import annotations
@@ -28,19 +31,32 @@ class BlockCache:
         self._entries: OrderedDict[bytes, tuple[BlockHeader, BlockBuffer]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
+        self._unused_prefetch: set[bytes] = set()  # prefetched, not yet hit by a request
+        self.prefetch_used = 0  # prefetched blocks a request's lookup later hit
 
-    def get(self, key: BlockKey) -> tuple[BlockHeader, BlockBuffer] | None:
-        """A new reference to the cached block (caller releases it), or None."""
+    def get(self, key: BlockKey, prefetch: bool = False) -> tuple[BlockHeader, BlockBuffer] | None:
+        """A new reference to the cached block (caller releases it), or None.
+
+        A hit from a request (``prefetch`` False) on a block a prefetch put here counts it,
+        once, in :attr:`prefetch_used`; a prefetch's own lookup never does.
+        """
         with self._lock:
             entry = self._entries.get(key.raw)
             if entry is None:
                 return None
             self._entries.move_to_end(key.raw)
+            if not prefetch and key.raw in self._unused_prefetch:
+                self._unused_prefetch.discard(key.raw)
+                self.prefetch_used += 1
             entry[1].retain()
             return entry
 
-    def put(self, key: BlockKey, header: BlockHeader, buffer: BlockBuffer) -> bool:
-        """Cache a block (takes its own reference); False when it cannot fit."""
+    def put(self, key: BlockKey, header: BlockHeader, buffer: BlockBuffer,
+            prefetched: bool = False) -> bool:
+        """Cache a block (takes its own reference); False when it cannot fit.
+
+        ``prefetched`` marks a block read ahead that no request has used yet.
+        """
         size = buffer.capacity
         if size > self.capacity_bytes:
             return False
@@ -50,12 +66,15 @@ class BlockCache:
                 self._entries.move_to_end(key.raw)
                 return True
             while self._entries and self.bytes + size > self.capacity_bytes:
-                _, (_, old) = self._entries.popitem(last=False)
+                old_key, (_, old) = self._entries.popitem(last=False)
+                self._unused_prefetch.discard(old_key)
                 self.bytes -= old.capacity
                 self.evictions += 1
                 dropped.append(old)
             self._entries[key.raw] = (header, buffer.retain())
             self.bytes += size
+            if prefetched:
+                self._unused_prefetch.add(key.raw)
         for old in dropped:
             old.release()
         return True
@@ -64,6 +83,7 @@ class BlockCache:
         """Drop a key (e.g. after the store quarantined it)."""
         with self._lock:
             entry = self._entries.pop(key.raw, None)
+            self._unused_prefetch.discard(key.raw)
             if entry is not None:
                 self.bytes -= entry[1].capacity
         if entry is not None:
@@ -74,6 +94,7 @@ class BlockCache:
         with self._lock:
             entries = list(self._entries.values())
             self._entries.clear()
+            self._unused_prefetch.clear()
             self.bytes = 0
         for _, buf in entries:
             buf.release()

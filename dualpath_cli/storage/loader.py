@@ -5,7 +5,8 @@ measured in blocks, bytes and tokens (``read_queue.tokens`` is the paper's read_
 scheduler compares with alpha); a fixed set of reader threads keeps at most ``max_inflight``
 reads in flight through the store's batched engine; a token bucket paces delivery to the
 emulated NIC bandwidth; verified blocks land in a DRAM cache (LRU by bytes) that serves later
-hits without touching the store.
+hits without touching the store. Prefetch accuracy is the share of blocks read ahead that a
+later request used: it hit them in the cache, or joined their read while still in flight.
 
 Hand-offs are batched because a thread wake-up costs 25-40 us: a submission wakes at most
 as many readers as it has batches of work, each reader takes a share of the queue per wake
@@ -217,6 +218,8 @@ class StorageLoader:
         self._closed = False
         self._bw_window = (clock(), 0)
         self._lookups = {"dram": [0, 0], "store": [0, 0]}
+        self._pf_read = 0  # blocks a prefetch read successfully
+        self._pf_joined = 0  # ... of which a request joined while the read was in flight
         self._bind_metrics(registry, shaping_bps or 0.0)
         self._threads = [threading.Thread(target=self._run, name=f"dp-loader-{node}-{i}",
                                           daemon=True) for i in range(self.workers)]
@@ -243,6 +246,7 @@ class StorageLoader:
         self.m_cache_bytes = r.gauge("dualpath_storage_cache_bytes", node=n)
         self.m_cancel = r.counter("dualpath_storage_cancelled_reads_total", node=n)
         self.m_prefetch = r.counter("dualpath_storage_prefetched_blocks_total", node=n)
+        self.m_pf_accuracy = r.gauge("dualpath_prefetch_accuracy_ratio", node=n)
         self.m_actual = r.gauge("dualpath_storage_actual_bandwidth_bytes_per_second", node=n)
         self.m_util = r.gauge("dualpath_snic_utilization_ratio", node=n)
         r.gauge("dualpath_storage_shaped_bandwidth_bytes_per_second", node=n).set(shaped)
@@ -258,6 +262,12 @@ class StorageLoader:
         counts[1] += hits + misses
         if counts[1]:
             self.m_ratio[tier].set(counts[0] / counts[1])
+
+    def _publish_accuracy(self) -> None:
+        """Prefetched blocks a request used, over blocks prefetched (lock held)."""
+        if self._pf_read:
+            used = self.cache.prefetch_used + self._pf_joined
+            self.m_pf_accuracy.set(used / self._pf_read)
 
     def _publish_queue(self) -> None:
         self.m_q_len.set(self._q_blocks)
@@ -329,7 +339,8 @@ class StorageLoader:
                 raise RuntimeError("loader is closed")
             est = block_nbytes or self._est_bytes
             for index, key in enumerate(keys):
-                cached = self.cache.get(key) if self.cache.capacity_bytes else None
+                cached = (self.cache.get(key, prefetch=ticket is None)
+                          if self.cache.capacity_bytes else None)
                 if cached is not None:
                     dram_hits += 1
                     if ticket is None:
@@ -357,6 +368,8 @@ class StorageLoader:
                     pending.waiters.append((ticket, index))
             if self.cache.capacity_bytes:
                 self._count_lookup("dram", dram_hits, dram_misses)
+                if dram_hits and ticket is not None:
+                    self._publish_accuracy()
             if queued:
                 self._publish_queue()
                 wake = min(self._idle, -(-queued // self._min_share()))
@@ -487,8 +500,12 @@ class StorageLoader:
                     hits += 1
                     read_bytes += op.header.file_nbytes
                     self._est_bytes = self._est_bytes or op.header.file_nbytes
+                    if pending.prefetch:
+                        self._pf_read += 1
+                        self._pf_joined += bool(pending.waiters)
                     if pending.prefetch or (self.cache.capacity_bytes and pending.waiters):
-                        self.cache.put(pending.key, op.header, op.buffer)
+                        self.cache.put(pending.key, op.header, op.buffer,
+                                       prefetched=pending.prefetch and not pending.waiters)
                     for ticket, index in pending.waiters:
                         ticket.result.blocks[index] = LoadedBlock(
                             pending.key, op.header, op.buffer.retain(), "store")
@@ -509,6 +526,7 @@ class StorageLoader:
                         finished.append(ticket)
                 latencies.append(now - pending.submitted)
             self._count_lookup("store", hits, misses)
+            self._publish_accuracy()
             self._publish_queue()
             self.m_cache_bytes.set(self.cache.bytes)
             start, total = self._bw_window

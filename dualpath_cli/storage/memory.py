@@ -3,6 +3,8 @@
 It stores exactly the on-disk format (header + padded payload) and verifies reads the same
 way as the POSIX store, so tests and users can corrupt, truncate or forge a block in memory
 (:meth:`MemoryStore.raw` / :meth:`MemoryStore.set_raw`) and see the same quarantine path.
+Bytes held and capacity evictions are recorded like the POSIX store's, so dashboards and tests
+see the same ``dualpath_storage_store_bytes`` / ``dualpath_storage_evicted_blocks_total``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.errors import CapacityError, CorruptBlockError
 from dualpath_cli.storage.header import BlockHeader, pack_header, padded
 from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
+from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
 __all__ = ["MemoryStore"]
 
@@ -30,13 +33,21 @@ class MemoryStore:
 
     Args:
         capacity_bytes: byte limit with LRU eviction (None = unlimited).
+        registry: metrics registry for bytes held and evictions (default: the process-wide
+            one), labelled ``root=memory:<n>``.
     """
 
-    def __init__(self, capacity_bytes: int | None = None) -> None:
+    def __init__(self, capacity_bytes: int | None = None,
+                 registry: MetricsRegistry = REGISTRY) -> None:
         self.capacity_bytes = capacity_bytes
         self._name = f"memory:{next(_ids)}"
         self._lock = threading.Lock()
         self._blocks: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0  # sum of len(blob) over _blocks, kept so put/usage are O(1)
+        self.m_bytes = registry.gauge("dualpath_storage_store_bytes", root=self._name)
+        self.m_evicted = registry.counter("dualpath_storage_evicted_blocks_total",
+                                          root=self._name)
+        self.m_bytes.set(0)
         self._quarantine: dict[str, bytes] = {}
         self._access: dict[str, int] = {}
         self.reads = 0  # store reads served (tests check the DRAM cache in front of it)
@@ -64,10 +75,16 @@ class MemoryStore:
                 if len(blob) > self.capacity_bytes:
                     raise CapacityError(f"block of {len(blob)} bytes exceeds store capacity "
                                         f"{self.capacity_bytes} ({self._name})")
-                used = sum(len(b) for b in self._blocks.values())
-                while self._blocks and used + len(blob) > self.capacity_bytes:
-                    used -= len(self._blocks.popitem(last=False)[1])
+                evicted = 0
+                while self._blocks and self._bytes + len(blob) > self.capacity_bytes:
+                    self._bytes -= len(self._blocks.popitem(last=False)[1])
+                    evicted += 1
+                if evicted:
+                    self.m_evicted.inc(evicted)
+            old = self._blocks.get(h)  # a concurrent put of the same key: count it once
+            self._bytes += len(blob) - (len(old) if old is not None else 0)
             self._blocks[h] = blob
+            self.m_bytes.set(self._bytes)
         return len(blob)
 
     def read_batch(self, ops: list[ReadOp], pool: BufferPool) -> None:
@@ -97,7 +114,12 @@ class MemoryStore:
     def delete(self, key: BlockKey) -> bool:
         """Remove a block."""
         with self._lock:
-            return self._blocks.pop(key.hex, None) is not None
+            blob = self._blocks.pop(key.hex, None)
+            if blob is None:
+                return False
+            self._bytes -= len(blob)
+            self.m_bytes.set(self._bytes)
+        return True
 
     def keys(self) -> Iterator[BlockKey]:
         """Stored keys, least recently used first."""
@@ -108,8 +130,7 @@ class MemoryStore:
     def usage(self) -> StoreUsage:
         """Blocks and bytes."""
         with self._lock:
-            return StoreUsage(len(self._blocks), sum(len(b) for b in self._blocks.values()),
-                              self.capacity_bytes)
+            return StoreUsage(len(self._blocks), self._bytes, self.capacity_bytes)
 
     def quarantine(self, key: BlockKey, reason: str) -> str | None:
         """Move a block aside."""
@@ -117,6 +138,8 @@ class MemoryStore:
             blob = self._blocks.pop(key.hex, None)
             if blob is None:
                 return None
+            self._bytes -= len(blob)
+            self.m_bytes.set(self._bytes)
             self._quarantine[f"{key.hex}.{reason}"] = blob
         return f"{self._name}/quarantine/{key.hex}.{reason}"
 
@@ -135,15 +158,17 @@ class MemoryStore:
         limit = capacity_bytes if capacity_bytes is not None else self.capacity_bytes
         with self._lock:
             if limit is not None:
-                used = sum(len(b) for b in self._blocks.values())
-                while self._blocks and used > limit:
+                while self._blocks and self._bytes > limit:
                     size = len(self._blocks.popitem(last=False)[1])
-                    used -= size
+                    self._bytes -= size
                     report.evicted_blocks += 1
                     report.evicted_bytes += size
+                self.m_bytes.set(self._bytes)
             if purge_quarantine:
                 report.quarantine_files = len(self._quarantine)
                 self._quarantine.clear()
+        if report.evicted_blocks:
+            self.m_evicted.inc(report.evicted_blocks)
         return report
 
     # --- test helpers: the stored bytes, to corrupt on purpose ------------------------------
@@ -154,4 +179,7 @@ class MemoryStore:
     def set_raw(self, key: BlockKey, blob: bytes) -> None:
         """Replace the stored bytes of ``key`` (to simulate corruption)."""
         with self._lock:
+            old = self._blocks.get(key.hex)
+            self._bytes += len(blob) - (len(old) if old is not None else 0)
             self._blocks[key.hex] = blob
+            self.m_bytes.set(self._bytes)

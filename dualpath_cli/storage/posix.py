@@ -7,6 +7,11 @@ block or none. Reads go through a batched engine (preadv or io_uring) into calle
 aligned buffers; O_DIRECT is used when asked and silently dropped where the file system
 refuses it (most FUSE mounts), which :attr:`PosixStore.direct_active` reports.
 
+Bytes held (``dualpath_storage_store_bytes``) are this process's view: the store is scanned
+once, lazily, at its first change (or taken from the LRU index when a capacity keeps one),
+then tracked by this process's puts, deletes, evictions and quarantines. A read-only opener
+never pays that scan; a scanning ``usage()`` seeds the figure, ``gc`` re-bases it.
+
 Layout under ``root``::
 
     blocks/ab/cd/<32 hex>.kv     a block (header + payload)
@@ -39,6 +44,7 @@ from dualpath_cli.storage.errors import (
 )
 from dualpath_cli.storage.header import BlockHeader, pack_header, padded
 from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
+from dualpath_cli.telemetry.registry import REGISTRY, Gauge, MetricsRegistry
 
 __all__ = ["PosixStore", "BLOCK_SUFFIX"]
 
@@ -58,11 +64,13 @@ class PosixStore:
             ``preadv``, ``io_uring``.
         capacity_bytes: byte limit; a put beyond it evicts least-recently-used blocks.
         queue_depth: io_uring ring depth (reads one thread keeps in flight).
+        registry: metrics registry for bytes held and evictions (default: the process-wide
+            one), labelled ``root=<root path>``.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, direct: bool = False,
                  fsync: bool = False, engine: str = "auto", capacity_bytes: int | None = None,
-                 queue_depth: int = 64) -> None:
+                 queue_depth: int = 64, registry: MetricsRegistry = REGISTRY) -> None:
         self.root = Path(root)
         try:
             (self.root / "blocks").mkdir(parents=True, exist_ok=True)
@@ -82,8 +90,15 @@ class PosixStore:
         self._index_bytes = 0
         self._access: dict[str, int] = {}
         self._flushed: dict[str, int] = {}
+        self._registry = registry
+        self._bytes: int | None = None  # bytes held as tracked here; None until first known
+        self._bytes_lock = threading.Lock()  # one baseline scan at a time
+        self._m_bytes: Gauge | None = None  # bound when the figure is first known
+        self.m_evicted = registry.counter("dualpath_storage_evicted_blocks_total",
+                                          root=self.name)
         if capacity_bytes is not None:
             self._ensure_index()
+            self._ensure_bytes()
 
     # --- identity and paths -----------------------------------------------------------------
     @property
@@ -110,6 +125,7 @@ class PosixStore:
         if path.exists():
             self._touch(header.key.hex)
             return 0
+        self._ensure_bytes()
         size = header.file_nbytes
         if self.capacity_bytes is not None:
             if size > self.capacity_bytes:
@@ -132,10 +148,14 @@ class PosixStore:
             raise StorageError(f"{path}: cannot write block ({err.strerror})") from None
         if self.fsync:
             _fsync_dir(path.parent)
+        h = header.key.hex
         with self._lock:
-            if self._index is not None:
-                self._index[header.key.hex] = size
-                self._index_bytes += size
+            index = self._index
+            if index is None or h not in index:  # a racing put of the same key counts once
+                if index is not None:
+                    index[h] = size
+                    self._index_bytes += size
+                self._add_bytes(size)
         return size
 
     def _write(self, tmp: Path, parts: list[bytes | memoryview]) -> None:
@@ -255,23 +275,29 @@ class PosixStore:
     # --- removal, quarantine, capacity ------------------------------------------------------
     def delete(self, key: BlockKey) -> bool:
         """Remove a block file."""
+        self._ensure_bytes()
+        path = self.path(key)
         try:
-            os.unlink(self.path(key))
+            size = os.stat(path).st_size
+            os.unlink(path)
         except FileNotFoundError:
             return False
-        self._forget(key.hex)
+        self._forget(key.hex, size)
         return True
 
     def quarantine(self, key: BlockKey, reason: str) -> str | None:
         """Move a block file to ``quarantine/`` (kept for post-mortems, never read)."""
+        self._ensure_bytes()
         qdir = self.root / "quarantine"
         qdir.mkdir(exist_ok=True)
         dest = qdir / f"{key.hex}.{reason}.{time.time_ns()}{BLOCK_SUFFIX}"
+        path = self.path(key)
         try:
-            os.replace(self.path(key), dest)
+            size = os.stat(path).st_size
+            os.replace(path, dest)
         except FileNotFoundError:
             return None
-        self._forget(key.hex)
+        self._forget(key.hex, size)
         return str(dest)
 
     def quarantined(self) -> list[str]:
@@ -279,10 +305,39 @@ class PosixStore:
         qdir = self.root / "quarantine"
         return sorted(str(p) for p in qdir.iterdir()) if qdir.is_dir() else []
 
-    def _forget(self, h: str) -> None:
+    def _forget(self, h: str, size: int) -> None:
+        """A block file of ``size`` bytes is gone (deleted or quarantined)."""
         with self._lock:
             if self._index is not None and h in self._index:
                 self._index_bytes -= self._index.pop(h)
+            self._add_bytes(-size)
+
+    # --- bytes held (metric) ----------------------------------------------------------------
+    def _ensure_bytes(self) -> None:
+        """Know the bytes held before the first change: from the index, else one scan."""
+        if self._bytes is not None:
+            return
+        with self._bytes_lock:
+            if self._bytes is not None:
+                return
+            with self._lock:
+                known = self._index_bytes if self._index is not None else None
+            if known is None:
+                known = sum(st.st_size for _, st in self._scan())
+            with self._lock:
+                self._set_bytes(known)
+
+    def _set_bytes(self, value: int) -> None:
+        """Replace the figure and publish it (lock held)."""
+        self._bytes = value
+        if self._m_bytes is None:
+            self._m_bytes = self._registry.gauge("dualpath_storage_store_bytes", root=self.name)
+        self._m_bytes.set(value)
+
+    def _add_bytes(self, delta: int) -> None:
+        """Track a change once the figure is known (lock held)."""
+        if self._bytes is not None:
+            self._set_bytes(max(0, self._bytes + delta))
 
     def _touch(self, h: str) -> None:
         with self._lock:
@@ -322,9 +377,11 @@ class PosixStore:
                     break
                 h, size = index.popitem(last=False)
                 self._index_bytes -= size
+                self._add_bytes(-size)  # gone either way: evicted now or removed elsewhere
             try:
                 os.unlink(self.path(BlockKey.from_hex(h)))
                 blocks, freed = blocks + 1, freed + size
+                self.m_evicted.inc()
             except FileNotFoundError:
                 pass
         return blocks, freed
@@ -343,6 +400,11 @@ class PosixStore:
             if self._index is not None:
                 return StoreUsage(len(self._index), self._index_bytes, self.capacity_bytes)
         sizes = [st.st_size for _, st in self._scan()]
+        if self._bytes is None:
+            with self._bytes_lock:  # seed only: while unknown, no change is in flight
+                with self._lock:
+                    if self._bytes is None:
+                        self._set_bytes(sum(sizes))
         return StoreUsage(len(sizes), sum(sizes), self.capacity_bytes)
 
     def gc(self, capacity_bytes: int | None = None, purge_quarantine: bool = False,
@@ -363,8 +425,12 @@ class PosixStore:
                             continue
         limit = capacity_bytes if capacity_bytes is not None else self.capacity_bytes
         if limit is not None:
-            with self._lock:
-                self._index = None  # rescan: other processes may have written
+            with self._bytes_lock:
+                with self._lock:
+                    self._index = None  # rescan: other processes may have written
+                self._ensure_index()
+                with self._lock:  # re-base on the fresh scan, as the LRU index does
+                    self._set_bytes(self._index_bytes)
             report.evicted_blocks, report.evicted_bytes = self._evict_to(limit)
         if purge_quarantine:
             qdir = self.root / "quarantine"

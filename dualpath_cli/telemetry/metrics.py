@@ -113,7 +113,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Storage-NIC utilisation: actual over shaped bandwidth (the seed's "
                "snic_utilization)."),
     MetricSpec("dualpath_storage_store_bytes", _G, "bytes", ("root",),
-               "Bytes of block files held by a store root."),
+               "Bytes of block files held by a store (its root path, or memory:N), as this "
+               "process tracks them."),
     MetricSpec("dualpath_storage_evicted_blocks_total", _C, "", ("root",),
                "Blocks evicted by a store's capacity limit or by gc."),
     MetricSpec("dualpath_storage_replicated_blocks_total", _C, "", ("root",),
@@ -131,10 +132,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_hbm_fragmentation_ratio", _G, "ratio", ("engine",),
                "HBM fragmentation score 0..1 (1 - largest free run / free)."),
     MetricSpec("dualpath_prefetch_accuracy_ratio", _G, "ratio", ("node",),
-               "Prefetched blocks later used, over blocks prefetched."),
+               "Prefetched blocks a later request used (a DRAM-cache hit, or joining the "
+               "read in flight), over blocks prefetched by a node's loader."),
     # --- per-layer hits and per-NIC traffic (seed) -------------------------------------------
     MetricSpec("dualpath_layer_cache_hits_total", _C, "", ("engine", "layer", "tier"),
-               "Layer Blocks served per layer, by tier (hbm, dram, store, peer)."),
+               "Layer Blocks served per layer, by tier (dram, store, peer)."),
     MetricSpec("dualpath_nic_bytes_total", _C, "bytes", ("node", "nic", "role", "direction"),
                "Bytes moved through a NIC (snic, cnic), by engine role and direction."),
 )
