@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
+from dualpath_cli.runtime.context import open_store
 from dualpath_cli.runtime.model import load_model
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import TurnRequest
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import RunResult, run_agents
-from dualpath_cli.storage import HEADER_SIZE, MemoryStore
+from dualpath_cli.storage import HEADER_SIZE, MemoryStore, encode_block
 from dualpath_cli.telemetry.metrics import METRICS
+from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.workload.tokens import append_token_ids
 
 AGENTS = agentic_workload(3, turns=3, first_append=40, append=12, gen=4, seed=1)
@@ -83,7 +87,6 @@ def test_corrupt_block_recomputes_with_same_tokens(
         for i, turn in enumerate(traj.turns):
             prompt = ctx + append_token_ids(traj, i, 256).tolist()
             if i == 1:  # corrupt the first stored block of this agent's prefix
-                from dualpath_cli.core.layout import prefix_keys
                 key = prefix_keys(prompt, system.namespace)[0]
                 raw = bytearray(store.raw(key))
                 raw[HEADER_SIZE] ^= 0xFF  # a payload byte: the checksum no longer matches
@@ -166,3 +169,15 @@ def test_metrics_snapshot_from_the_launcher() -> None:
     read = sum(row["value"] for e in snap.values()
                for row in e["metrics"].get("dualpath_storage_read_bytes_total", []))
     assert read > 0
+
+
+def test_engine_store_metrics_land_in_the_engine_registry(tmp_path: Path) -> None:
+    """A POSIX store opened for an engine records into that engine's registry (heartbeats)."""
+    registry = MetricsRegistry()
+    store = open_store({"kind": "posix", "root": str(tmp_path)}, registry)
+    shape = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=64)
+    ns = Namespace("m", "layer_major", shape, "fp16")
+    key = prefix_keys(list(range(16)), ns)[0]
+    store.put(*encode_block(key, np.zeros((2, 16, 32), dtype=np.float16), ns))
+    rows = registry.snapshot()["dualpath_storage_store_bytes"]
+    assert rows and rows[0]["value"] == store.usage().bytes

@@ -120,11 +120,17 @@ class Counters:
             return {k: v for k, v in self.__dict__.items() if k != "lock"}
 
 
-def open_store(spec: dict[str, Any]) -> KVStore:
-    """The store described by ``spec`` (``posix`` root, or an in-process ``memory`` object)."""
+def open_store(spec: dict[str, Any], registry: MetricsRegistry | None = None) -> KVStore:
+    """The store described by ``spec`` (``posix`` root, or an in-process ``memory`` object).
+
+    A POSIX store opened for one engine records its metrics (store bytes, evictions) into
+    that engine's ``registry``, so they travel with the engine's heartbeat snapshots.
+    """
     kind = spec.get("kind", "memory")
     if kind == "posix":
-        return PosixStore(str(spec["root"]))
+        if registry is None:
+            return PosixStore(str(spec["root"]))
+        return PosixStore(str(spec["root"]), registry=registry)
     obj = spec.get("obj")
     if isinstance(obj, MemoryStore):
         return obj
@@ -136,7 +142,7 @@ class EngineContext:
     """Shared plumbing of one engine."""
 
     def __init__(self, spec: EngineSpec, endpoint: Endpoint, model: ModelPort,
-                 store: KVStore) -> None:
+                 store: KVStore, registry: MetricsRegistry | None = None) -> None:
         self.spec = spec
         self.ep = endpoint
         self.model = model
@@ -146,7 +152,7 @@ class EngineContext:
         self.bt = spec.block_tokens
         shape = BlockShape(model.n_layers, spec.block_tokens, self.bpl)
         self.namespace = Namespace(spec.model, "layer_major", shape, spec.codec)
-        self.registry = MetricsRegistry()
+        self.registry = registry if registry is not None else MetricsRegistry()
         self.loader = StorageLoader(
             store, node=spec.node, role=spec.role,
             shaper=spec.snic_read,  # the node's one storage NIC, shared by its engines

@@ -20,6 +20,7 @@ from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker
+from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer.base import Fabric
 
 __all__ = ["run_engine"]
@@ -30,7 +31,8 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
     """Serve as engine ``spec`` until ``stop`` is set or the scheduler says ``stop``."""
     model = model_factory(spec.model)
     ep = fabric.endpoint(f"engine{spec.engine_id}")
-    ctx = EngineContext(spec, ep, model, open_store(spec.store))
+    registry = MetricsRegistry()
+    ctx = EngineContext(spec, ep, model, open_store(spec.store, registry), registry)
     worker: PrefillWorker | DecodeWorker
     worker = PrefillWorker(ctx) if spec.role == "prefill" else DecodeWorker(ctx)
     ctx.to_ctl({"t": "hello", "addr": ep.address, "role": spec.role, "node": spec.node,
