@@ -71,9 +71,16 @@ def test_beta_from_a_given_rate(capsys: pytest.CaptureFixture[str]) -> None:
 def test_beta_from_profiles_uses_the_flop_model(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, "tune", "beta", "--model", "ds660b", "--hardware", "hopper",
                     "--context", "32K")
-    rate = HARDWARE_PROFILES["hopper"].prefill_tokens_per_s(MODEL_PROFILES["ds660b"], 32_000)
+    hw, model = HARDWARE_PROFILES["hopper"], MODEL_PROFILES["ds660b"]
+    rate = hw.prompt_tokens_per_s(model, 32_000, 429)
     assert data["beta_tokens"] == int(rate * 5)
     assert data["inputs"]["context_tokens"] == 32_000
+    assert data["inputs"]["append_tokens"] == 429  # the paper's mean append at 64K
+    # prompt tokens per second: the whole prompt over the time to prefill the new tokens
+    assert rate == pytest.approx(32_429 / (model.prefill_flops(32_000, 429) / hw.gpu_flops))
+    other = run_json(capsys, "tune", "beta", "--model", "ds660b", "--context", "32K",
+                     "--append", "1K")
+    assert other["beta_tokens"] == int(hw.prompt_tokens_per_s(model, 32_000, 1000) * 5)
     assert main(["tune", "beta", "--model", "ds660b"]) == 0
     assert "tokens/s x 5s" in capsys.readouterr().out
 
@@ -89,6 +96,7 @@ def test_beta_from_profiles_uses_the_flop_model(capsys: pytest.CaptureFixture[st
     (["tune", "beta"], "give --tokens-per-s"),
     (["tune", "beta", "--model", "ds660b", "--hardware", "tpu"], "unknown hardware profile"),
     (["tune", "beta", "--tokens-per-s", "1K", "--model", "ds660b"], "not both"),
+    (["tune", "beta", "--model", "ds660b", "--append", "0"], "at least 1 token"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str],
                                           message: str) -> None:

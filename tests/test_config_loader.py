@@ -154,7 +154,9 @@ def test_paper_preset_resolves_by_the_papers_rules() -> None:
     assert str(config.cluster.pd) == "2P4D" and config.cluster.gpus_per_node == 8
     assert config.hardware.snic_bandwidth == 50e9 and config.hardware.cnic_bandwidth == 50e9
     assert loaded.resolved.alpha_tokens == tokens_readable(50e9, 48068, 3)
-    rate = config.hardware_profile.prefill_tokens_per_s(config.model_profile, 32000)
+    assert (config.scheduler.reference_context, config.scheduler.reference_append) == \
+        (32000, 429)
+    rate = config.hardware_profile.prompt_tokens_per_s(config.model_profile, 32000, 429)
     assert loaded.resolved.beta_tokens == tokens_processable(rate, 5)
     assert loaded.resolved.compute_quota_s == pytest.approx(0.3)
 
@@ -167,7 +169,8 @@ def test_custom_profile_needs_every_field(files: dict[str, Path]) -> None:
                                      "required when model.profile is 'custom'")
     files["user"].write_text("model:\n  profile: custom\n  n_layers: 2\n"
                              "  kv_bytes_per_token_layer: 1KiB\n  n_heads: 2\n  head_dim: 8\n"
-                             "  active_params: 1M\n  attention_topk: 0\n  kv_dtype: bf16\n")
+                             "  active_params: 1M\n  attention_topk: 0\n  kv_dtype: bf16\n"
+                             "  indexer_flops_per_token_layer: 0\n")
     config = _load(files).config
     assert config.model.kv_bytes_per_token == 2048 and config.model.active_params == 10**6
 
@@ -238,10 +241,10 @@ def test_flag_errors_name_the_flag(files: dict[str, Path]) -> None:
 
 
 def test_threshold_error_points_at_the_source_of_the_threshold(files: dict[str, Path]) -> None:
-    files["system"].write_text("scheduler:\n\n  beta: 5ms\n")
+    files["system"].write_text("scheduler:\n\n  beta: 100us\n")
     with pytest.raises(ConfigError) as err:
         _load(files)
-    assert str(err.value).startswith(f"{files['system']}:3: scheduler.beta: 5ms resolves to 1 "
+    assert str(err.value).startswith(f"{files['system']}:3: scheduler.beta: 100us resolves to 1 "
                                      "tokens, below one block (64 tokens)")
 
 

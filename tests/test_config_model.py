@@ -110,8 +110,12 @@ def test_alpha_in_seconds_counts_every_storage_nic_of_the_node() -> None:
 
 
 def test_beta_in_seconds_is_tokens_one_gpu_prefills() -> None:
-    resolved = resolve_beta(parse_beta("5s"), DS660B, HOPPER, 32000)
-    assert resolved.value == tokens_processable(HOPPER.prefill_tokens_per_s(DS660B, 32000), 5)
+    resolved = resolve_beta(parse_beta("5s"), DS660B, HOPPER, 32000, 429)
+    rate = HOPPER.prompt_tokens_per_s(DS660B, 32000, 429)
+    assert resolved.value == tokens_processable(rate, 5)
+    assert "prompt tokens/s" in resolved.derivation
+    # a longer append amortises the cached context less: fewer prompt tokens per second
+    assert resolve_beta(parse_beta("5s"), DS660B, HOPPER, 32000, 4000).value < resolved.value
     assert resolve_beta(parse_beta("16K"), DS660B, HOPPER, 32000).value == 16000
 
 

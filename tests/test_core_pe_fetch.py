@@ -106,3 +106,20 @@ def test_properties(specs: list[tuple[int, int, bool]], lengths: list[int]) -> N
         k: (v.tok, v.seq) for k, v in state.items()}
     if res.remaining:  # stopped early only because C2 and C3 were empty
         assert all(classify_pe(e, ALPHA, BETA) is PEClass.OVERLOADED for e in res.engines)
+
+
+def test_fetch_reads_the_queue_lazily_and_reports_consumed() -> None:
+    # An endless queue: the fetch must stop at the first request no engine can take.
+    def endless():  # type: ignore[no-untyped-def]
+        i = 0
+        while True:
+            yield Request(i, 400)
+            i += 1
+
+    res = pe_fetch(endless(), [pe(0), pe(1)], ALPHA, BETA)
+    # each engine takes requests while tok <= beta: 0, 400, 800 -> three each
+    assert res.consumed == len(res.assignments) == 6
+    assert res.stop_reason == "all_overloaded"
+    queue = reqs(400, 400, 400, 400, 400, 400, 400, 400)
+    res = pe_fetch(queue, [pe(0), pe(1)], ALPHA, BETA)
+    assert res.consumed == 6 and list(res.remaining) == queue[6:]

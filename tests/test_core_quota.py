@@ -119,3 +119,18 @@ def test_pack_properties(work: list[tuple[int, int]], quota: float) -> None:
         for w in chunks:  # remainders carry over with cached updated by bsz'
             assert w.cached == c
             c += w.bsz
+
+
+def test_pack_reads_lazily_and_reports_consumed_and_carry() -> None:
+    def endless():  # type: ignore[no-untyped-def]
+        i = 0
+        while True:
+            yield PrefillWork(i, 0, 4)
+            i += 1
+
+    b = pack_batch(endless(), 10.0, linear)  # 4 + 4 + a chunk of 2
+    assert b.consumed == 3 and b.carry == PrefillWork(2, 2, 2)
+    assert [w.bsz for w in b.items] == [4, 4, 2]
+    queue = [PrefillWork(1, 0, 4), PrefillWork(2, 0, 4), PrefillWork(3, 0, 4)]
+    whole = pack_batch(queue, 8.0, linear)  # two whole items exactly fill the quota
+    assert (whole.consumed, whole.carry, whole.remaining) == (2, None, (queue[2],))

@@ -4,7 +4,8 @@ Two rules exist and both are supported (see core/thresholds.py):
 
 * the seed's bandwidth-delay rule, alpha = storage-NIC bandwidth x latency, in bytes;
 * the paper's window rule, alpha = tokens the node's storage NICs read in a window (3 s) and
-  beta = tokens one GPU prefills in a window (5 s).
+  beta = prompt tokens one GPU prefills in a window (5 s), at a reference turn of --append
+  new tokens after --context cached (core's ``prompt_tokens_per_s``, as config uses).
 """
 
 from __future__ import annotations
@@ -181,7 +182,10 @@ def beta(
     hardware: str = typer.Option(
         "hopper", "--hardware", help="Hardware profile giving the GPU's achieved FLOP/s."),
     context: str = typer.Option(
-        "32K", "--context", help="Cached context each new token follows, for the FLOP model."),
+        "32K", "--context", help="Cached context of the reference turn, for the FLOP model."),
+    append: str = typer.Option(
+        "429", "--append", help="New tokens of the reference turn (the paper's mean append "
+        "on the 64K trace is 429)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Beta, the unfinished-token limit: tokens one GPU processes in the window."""
@@ -195,17 +199,21 @@ def beta(
         derivation = f"{format_tokens(rate)} tokens/s (given)"
     elif model is not None:
         profile, node = get_model_profile(model), get_hardware_profile(hardware)
-        cached = parse_tokens(context)
-        rate = node.prefill_tokens_per_s(profile, cached)
+        cached, new = parse_tokens(context), parse_tokens(append)
+        if new < 1:
+            raise UsageError(f"invalid --append {append!r}: must be at least 1 token")
+        rate = node.prompt_tokens_per_s(profile, cached, new)
         inputs.update({"tokens_per_s": rate, "source": "profile", "model": profile.name,
-                       "hardware": node.name, "context_tokens": cached})
-        derivation = (f"{node.name} GPU {node.gpu_flops / 1e12:.4g} TFLOP/s achieved / "
-                      f"{profile.prefill_flops(cached, 1) / 1e9:.4g} GFLOP per token "
-                      f"({profile.name} after {format_tokens(cached)} cached) = "
-                      f"{format_tokens(rate)} tokens/s")
+                       "hardware": node.name, "context_tokens": cached,
+                       "append_tokens": new})
+        derivation = (f"({format_tokens(cached)} cached + {format_tokens(new)} new) prompt "
+                      f"tokens / {node.prefill_s(profile, cached, new) * 1e3:.4g} ms to "
+                      f"prefill the {format_tokens(new)} new ({profile.name}, {node.name} GPU "
+                      f"{node.gpu_flops / 1e12:.4g} TFLOP/s achieved) = "
+                      f"{format_tokens(rate)} prompt tokens/s")
     else:
-        raise UsageError("tune beta: give --tokens-per-s, or --model (with --hardware and "
-                         "--context) to derive it from the FLOP model")
+        raise UsageError("tune beta: give --tokens-per-s, or --model (with --hardware, "
+                         "--context and --append) to derive it from the FLOP model")
     tokens = tokens_processable(rate, seconds)
     if as_json:
         emit_json({"rule": "window", "beta_tokens": tokens, "inputs": inputs})

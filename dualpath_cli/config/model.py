@@ -128,6 +128,7 @@ class HardwareConfig:
     cnic_bandwidth: float
     dram_bandwidth: float
     dram_buffer_per_node: int
+    hbm_bandwidth: float
 
     @property
     def node_read_bandwidth(self) -> float:
@@ -140,7 +141,8 @@ class HardwareConfig:
             name=self.profile, gpus_per_node=gpus_per_node, gpu_peak_flops=self.gpu_peak_flops,
             mfu=self.mfu, hbm_bytes=self.hbm_per_gpu, snic_bandwidth=self.snic_bandwidth,
             snics_per_node=self.snics_per_node, cnic_bandwidth=self.cnic_bandwidth,
-            dram_bandwidth=self.dram_bandwidth, dram_buffer_bytes=self.dram_buffer_per_node)
+            dram_bandwidth=self.dram_bandwidth, dram_buffer_bytes=self.dram_buffer_per_node,
+            hbm_bandwidth=self.hbm_bandwidth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,7 @@ class ModelConfig:
     active_params: int
     attention_topk: int
     kv_dtype: str
+    indexer_flops_per_token_layer: int
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -167,7 +170,8 @@ class ModelConfig:
             name=self.profile, n_layers=self.n_layers,
             kv_bytes_per_token_layer=self.kv_bytes_per_token_layer, n_heads=self.n_heads,
             head_dim=self.head_dim, active_params=float(self.active_params),
-            attention_topk=self.attention_topk, kv_dtype=self.kv_dtype)
+            attention_topk=self.attention_topk, kv_dtype=self.kv_dtype,
+            indexer_flops_per_token_layer=self.indexer_flops_per_token_layer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +200,7 @@ class SchedulerConfig:
     read_side: str
     fetch_period: float
     reference_context: int
+    reference_append: int
     layerwise_prefill: bool
     hierarchical: bool
     dynamic_alpha: bool

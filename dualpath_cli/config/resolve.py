@@ -2,8 +2,11 @@
 
 * alpha -> tokens: bytes / KV bytes per token (all layers); or, for seconds, the tokens one
   node's storage NICs read in that window (the paper's rule, ``tokens_readable``).
-* beta -> tokens: as given; or, for seconds, the tokens one GPU prefills in that window at
-  ``scheduler.reference_context`` cached tokens (``tokens_processable``).
+* beta -> tokens: as given; or, for seconds, the *prompt* tokens one GPU prefills in that
+  window (``tokens_processable``) at core's ``HardwareProfile.prompt_tokens_per_s`` for a
+  reference turn of ``scheduler.reference_append`` new tokens after
+  ``scheduler.reference_context`` cached ones. Prompt tokens because PE fetch charges a
+  request's whole prompt to ``tok``; the simulator and ``tune beta`` use the same formula.
 * compute quota -> seconds: as given; or FLOPs / achieved GPU FLOP/s (peak x MFU).
 
 Both the given form and the resolved value are kept, so ``config show`` can print both.
@@ -112,13 +115,14 @@ def resolve_alpha(threshold: Threshold, model: ModelProfile,
 
 
 def resolve_beta(threshold: Threshold, model: ModelProfile, hardware: HardwareProfile,
-                 reference_context: int) -> ResolvedValue:
-    """Beta in tokens from tokens or seconds of one GPU's prefill work."""
+                 reference_context: int, reference_append: int = 429) -> ResolvedValue:
+    """Beta in tokens from tokens or seconds of one GPU's prefill work (module doc)."""
     if threshold.form == "seconds":
-        rate = hardware.prefill_tokens_per_s(model, reference_context)
+        rate = hardware.prompt_tokens_per_s(model, reference_context, reference_append)
         tokens = tokens_processable(rate, threshold.amount)
-        how = (f"{format_duration(threshold.amount)} x {rate:.4g} tokens/s per GPU "
-               f"(prefill at {format_tokens(reference_context)} context)")
+        how = (f"{format_duration(threshold.amount)} x {rate:.4g} prompt tokens/s per GPU "
+               f"(prefill of {format_tokens(reference_append)} new tokens after "
+               f"{format_tokens(reference_context)} cached)")
     elif threshold.form == "tokens":
         tokens, how = int(threshold.amount), "given in tokens"
     else:
@@ -150,7 +154,8 @@ def resolve_scheduler(config: Config) -> ResolvedScheduler:
     sched = config.scheduler
     resolved = ResolvedScheduler(
         alpha=resolve_alpha(sched.alpha, model, hardware),
-        beta=resolve_beta(sched.beta, model, hardware, sched.reference_context),
+        beta=resolve_beta(sched.beta, model, hardware, sched.reference_context,
+                          sched.reference_append),
         compute_quota=resolve_quota(sched.compute_quota, hardware),
     )
     block = config.storage.block_size

@@ -243,6 +243,8 @@ KEYS: tuple[Key, ...] = (
     _hw("dram_bandwidth", BANDWIDTH, "dram_bandwidth", "DRAM bandwidth of one node."),
     _hw("dram_buffer_per_node", BYTES, "dram_buffer_bytes",
         "DRAM set aside per node for the PE/DE KV buffer."),
+    _hw("hbm_bandwidth", BANDWIDTH, "hbm_bandwidth",
+        "HBM read bandwidth of one GPU (memory-bound decode; hopper 3.35 TB/s)."),
     # model
     Key("model", "profile", _choices((*MODEL_PROFILES, CUSTOM)), "reference",
         "Model profile the fields below default to ('custom': set them all)."),
@@ -256,6 +258,9 @@ KEYS: tuple[Key, ...] = (
     _mdl("attention_topk", NON_NEGATIVE_INT, "attention_topk",
          "Sparse-attention top-k (0 = dense attention)."),
     _mdl("kv_dtype", _choices(KV_DTYPES), "kv_dtype", "Element type of the KV cache."),
+    _mdl("indexer_flops_per_token_layer", NON_NEGATIVE_INT, "indexer_flops_per_token_layer",
+         "Sparse-attention indexer FLOPs per earlier token per layer, uncapped by top-k "
+         "(DeepSeek DSA: 2 x indexer heads x indexer dim; 0 = none)."),
     # storage
     Key("storage", "root", TEXT, "~/.local/share/dualpath/kv",
         "Directory (or 3FS/NFS mount) holding KV blocks; ~ is expanded."),
@@ -270,8 +275,10 @@ KEYS: tuple[Key, ...] = (
         "Short-read-queue threshold; resolved to tokens (bytes / KV bytes per token, or tokens "
         "one node's storage NICs read in the given seconds).", forms=ALPHA_FORMS),
     Key("scheduler", "beta", BETA, "5s",
-        "Unfinished-token limit per engine; resolved to tokens (tokens one GPU prefills in the "
-        "given seconds at reference_context). Must resolve to at least one block.",
+        "Unfinished-token limit per engine; resolved to tokens: prompt tokens (cached + new, "
+        "the unit PE fetch charges) one GPU prefills in the given seconds, for a turn of "
+        "reference_append new tokens after reference_context cached ones. Must resolve to at "
+        "least one block.",
         forms=BETA_FORMS),
     Key("scheduler", "compute_quota", QUOTA, "300ms",
         "Predicted attention time allowed per prefill batch; resolved to seconds (FLOPs / "
@@ -283,7 +290,11 @@ KEYS: tuple[Key, ...] = (
     Key("scheduler", "fetch_period", DURATION, "100ms",
         "How often an engine group fetches work (our choice; the paper does not say)."),
     Key("scheduler", "reference_context", TOKENS, "32K",
-        "Context length at which beta in seconds is converted to tokens."),
+        "Cached context of the reference turn at which beta in seconds is converted to tokens "
+        "(the 64K trace's mean context is about 32K)."),
+    Key("scheduler", "reference_append", TOKENS, 429,
+        "New (appended) tokens of the reference turn for beta in seconds (the paper's mean "
+        "append on the 64K trace, Table 2: 429)."),
     Key("scheduler", "layerwise_prefill", BOOL, True,
         "Stream KV layer by layer while prefilling."),
     Key("scheduler", "hierarchical", BOOL, False,

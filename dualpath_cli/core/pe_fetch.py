@@ -18,9 +18,10 @@ For each request in FIFO order the engine with minimum ``tok`` in C2 (else C3) t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import islice
 
 from dualpath_cli.core.types import EngineSnapshot, Request
 from dualpath_cli.errors import NoAvailableEngine
@@ -47,17 +48,33 @@ class PEClass(IntEnum):
 class PEFetchResult:
     """Outcome of one PE group fetch.
 
+    Why ``consumed`` and not a copied queue: a fetch assigns a handful of requests from a
+    queue that may hold thousands, so copying the rest on every call made a fetch O(queue).
+    The caller drops the first ``consumed`` requests (they are exactly the assigned ones, in
+    order); ``remaining`` is still offered, computed on demand, for callers that want a copy.
+
     Attributes:
         assignments: ``(request_id, engine_id)`` in FIFO order.
-        remaining: the queue left for the next fetch (its head is the first unassigned request).
+        consumed: how many requests from the head of the queue were assigned
+            (``len(assignments)``).
         engines: updated copies of the group's snapshots (``tok``/``seq`` grown).
         stop_reason: ``"queue_empty"`` or ``"all_overloaded"``.
     """
 
     assignments: tuple[tuple[int, int], ...]
-    remaining: tuple[Request, ...]
+    consumed: int
     engines: tuple[EngineSnapshot, ...]
     stop_reason: str
+    source: Iterable[Request] = field(default=(), repr=False, compare=False)
+
+    @property
+    def remaining(self) -> tuple[Request, ...]:
+        """The queue left for the next fetch, copied now (head = first unassigned request).
+
+        Only meaningful when the queue passed in is a collection not changed since the call
+        (a one-shot iterator has already been advanced).
+        """
+        return tuple(islice(self.source, self.consumed, None))
 
 
 def classify_pe(engine: EngineSnapshot, alpha: int, beta: int) -> PEClass:
@@ -89,12 +106,16 @@ def pick_pe(engines: Sequence[EngineSnapshot], alpha: int,
     return best
 
 
-def pe_fetch(queue: Sequence[Request], engines: Sequence[EngineSnapshot], alpha: int,
+def pe_fetch(queue: Iterable[Request], engines: Sequence[EngineSnapshot], alpha: int,
              beta: int) -> PEFetchResult:
     """Run one fetch of a PE group over the global FIFO ``queue`` (paper Algorithm 1).
 
+    Cost is O(assigned requests x group size): the queue is read lazily from its head and
+    reading stops at the first request no engine can take.
+
     Args:
-        queue: the global waiting queue, head first. Not modified.
+        queue: the global waiting queue, head first (any iterable; read lazily, at most
+            ``consumed + 1`` items). Not modified.
         engines: the fetching group's snapshots. Not modified; copies are updated.
         alpha: short-read-queue threshold in tokens.
         beta: unfinished-token upper limit in tokens.
@@ -112,7 +133,7 @@ def pe_fetch(queue: Sequence[Request], engines: Sequence[EngineSnapshot], alpha:
         e.seq += 1
         assignments.append((r.request_id, e.engine_id))
         n += 1
-    return PEFetchResult(tuple(assignments), tuple(queue[n:]), tuple(work), stop)
+    return PEFetchResult(tuple(assignments), n, tuple(work), stop, queue)
 
 
 def _healthy(e: EngineSnapshot, alpha: int, beta: int) -> bool:

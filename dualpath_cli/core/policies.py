@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 from dualpath_cli.core.de_schedule import DEFAULT_Z_FACTOR, GroupLoads, de_place, de_route
 from dualpath_cli.core.pe_fetch import pe_fetch
-from dualpath_cli.core.read_side import DEFAULT_BLOCK_TOKENS, SplitRead, split_read
+from dualpath_cli.core.read_side import (
+    DEFAULT_BLOCK_TOKENS,
+    SplitRead,
+    choose_read_side,
+    split_read,
+)
 from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request
 from dualpath_cli.errors import NoAvailableEngine, UsageError
 
@@ -88,7 +93,9 @@ def _whole(side: ReadSide, cached: int) -> ReadPlan:
 def _plan_dualpath(r: Request, pe: EngineSnapshot, de: EngineSnapshot, p: SchedParams,
                    i: int) -> ReadPlan:
     c = r.cached
-    return ReadPlan(ReadSide.DE, 0, c) if de.read_q < pe.read_q else ReadPlan(ReadSide.PE, c, 0)
+    if choose_read_side(pe.read_q, de.read_q) is ReadSide.PE:
+        return ReadPlan(ReadSide.PE, c, 0)
+    return ReadPlan(ReadSide.DE, 0, c)
 
 
 def _plan_basic(r: Request, pe: EngineSnapshot, de: EngineSnapshot, p: SchedParams,

@@ -20,8 +20,9 @@ last one that fits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import islice
 
 from dualpath_cli.core.profiles import ModelProfile
 
@@ -57,17 +58,36 @@ class PrefillWork:
 class QuotaBatch:
     """One forward batch and what is left.
 
+    Why ``consumed``/``carry`` and not a copied queue: a batch takes a few items from a queue
+    that may be long, so copying the rest on every call made packing O(queue). The caller
+    drops the first ``consumed`` items of its queue and, if ``carry`` is set, puts it back at
+    the head. ``remaining`` still gives that queue as a copy, on demand.
+
     Attributes:
         items: the batch, FIFO; the last item may be a chunk of its request.
         predicted: sum of predicted attention times of ``items``.
-        remaining: the queue after this batch (a chunk's remainder first, cached updated).
+        consumed: how many items from the head of the queue the batch used (a chunked one
+            included).
+        carry: a chunked item's remainder ``(cached + bsz', bsz - bsz')``, which goes back at
+            the head of the queue; None when no item was chunked.
         over_quota: True only for the single-token progress rule (see module doc).
     """
 
     items: tuple[PrefillWork, ...]
     predicted: float
-    remaining: tuple[PrefillWork, ...]
+    consumed: int = 0
+    carry: PrefillWork | None = None
     over_quota: bool = False
+    source: Iterable[PrefillWork] = field(default=(), repr=False, compare=False)
+
+    @property
+    def remaining(self) -> tuple[PrefillWork, ...]:
+        """The queue after this batch, copied now (the chunk's remainder first).
+
+        Only meaningful when the queue passed in is a collection not changed since the call.
+        """
+        head = (self.carry,) if self.carry is not None else ()
+        return head + tuple(islice(self.source, self.consumed, None))
 
 
 def flops_predictor(model: ModelProfile, flops_per_s: float) -> Predictor:
@@ -103,9 +123,13 @@ def largest_fitting_bsz(predict: Predictor, cached: int, bsz: int, budget: float
     return lo
 
 
-def pack_batch(queue: Sequence[PrefillWork], quota: float,
+def pack_batch(queue: Iterable[PrefillWork], quota: float,
                predict: Predictor) -> QuotaBatch:
-    """Pack one batch from ``queue`` (FIFO) under ``quota`` (see module doc)."""
+    """Pack one batch from ``queue`` (FIFO) under ``quota`` (see module doc).
+
+    ``queue`` is read lazily from its head (any iterable, not modified); reading stops at the
+    first item that does not fit whole, so the cost is O(batch), not O(queue).
+    """
     if quota <= 0:
         raise ValueError(f"compute quota must be > 0, got {quota}")
     items: list[PrefillWork] = []
@@ -127,8 +151,6 @@ def pack_batch(queue: Sequence[PrefillWork], quota: float,
             break
         items.append(PrefillWork(w.request_id, w.cached, b))
         used += predict(w.cached, b)
-        rest: tuple[PrefillWork, ...] = ()
-        if b < w.bsz:
-            rest = (PrefillWork(w.request_id, w.cached + b, w.bsz - b),)
-        return QuotaBatch(tuple(items), used, rest + tuple(queue[n + 1:]), over)
-    return QuotaBatch(tuple(items), used, tuple(queue[n:]))
+        carry = PrefillWork(w.request_id, w.cached + b, w.bsz - b) if b < w.bsz else None
+        return QuotaBatch(tuple(items), used, n + 1, carry, over, queue)
+    return QuotaBatch(tuple(items), used, n, None, False, queue)

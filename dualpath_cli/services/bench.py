@@ -109,10 +109,15 @@ class BenchReport:
         }
 
 
-def mean_prompt(trajectories: Sequence[Trajectory]) -> int:
-    """Mean prompt length over every turn of ``trajectories``."""
-    lengths = [t.prompt_length(i) for t in trajectories for i in range(t.num_turns)]
-    return max(1, round(sum(lengths) / len(lengths))) if lengths else 1
+def mean_context_and_append(trajectories: Sequence[Trajectory]) -> tuple[int, int]:
+    """Mean cached context and mean appended tokens per turn: beta's profiling point."""
+    turns = [(t.hit_length(i), t.turns[i].append)
+             for t in trajectories for i in range(t.num_turns)]
+    if not turns:
+        return 0, 1
+    context = round(sum(c for c, _ in turns) / len(turns))
+    append = max(1, round(sum(a for _, a in turns) / len(turns)))
+    return context, append
 
 
 def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None = None,
@@ -125,8 +130,10 @@ def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None 
     """
     flags = list(sets) + ([f"hardware.snic_bandwidth={snic_bw}"] if snic_bw else [])
     loaded = load_config(preset=preset, config_file=config_file, overrides=flags)
+    context, append = mean_context_and_append(trajectories)
     wanted = {"hardware.snic_bandwidth": BENCH_SNIC, "scheduler.fetch_period": BENCH_FETCH,
-              "scheduler.reference_context": str(mean_prompt(trajectories))}
+              "scheduler.reference_context": str(context),
+              "scheduler.reference_append": str(append)}
     extra = [f"{k}={v}" for k, v in wanted.items()
              if loaded.source(k).kind in ("default", "profile")]
     if extra:

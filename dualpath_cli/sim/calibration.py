@@ -1,8 +1,8 @@
 """Simulator calibration: the facts profiles do not hold, and the seam for measured ones.
 
-core/profiles.py describes a model's FLOPs and KV bytes and a node's NICs; the simulator
-also needs weight bytes per GPU (for the decode roofline and the HBM left for KV), HBM
-bandwidth, per-layer collective latency during decode, and the share of a compute NIC that
+core/profiles.py describes a model's FLOPs and KV bytes and a node's NICs and HBM bandwidth;
+the simulator also needs weight bytes per GPU (for the decode roofline and the HBM left for
+KV), per-layer collective latency during decode, and the share of a compute NIC that
 model traffic keeps busy. These live here, in one object, so a profile measured on a real
 deployment (or on the embedded runtime) can replace them wholesale:
 :func:`calibrate_from_measurements` builds the pair (hardware, calibration) from measured
@@ -62,7 +62,8 @@ class SimCalibration:
     """Knobs of the simulator's timing model (seconds, bytes, bytes/s, fractions).
 
     Attributes:
-        hbm_bandwidth: HBM read bandwidth per GPU (H800/H100 SXM: 3.35 TB/s).
+        hbm_bandwidth: override of the hardware profile's HBM read bandwidth per GPU
+            (None: use ``HardwareProfile.hbm_bandwidth``, e.g. hopper 3.35 TB/s).
         hbm_reserve: fraction of HBM kept for activations and allocator slack.
         cnic_model_share: fraction of a compute NIC that model collectives occupy while the
             engine computes; KV traffic gets the rest (the VL arbiter reserves ~99% for model
@@ -77,9 +78,12 @@ class SimCalibration:
         z_factor: the DE high-token factor (paper: 1.05).
         block_tokens: storage block size (paper's example: 64 tokens).
         decode_step_s: if set, a measured decode step time that replaces the roofline.
+        full_blocks_only: a turn's cache hit is its context rounded down to whole blocks
+            (the tail of a partial block is recomputed), as the embedded runtime's store
+            does; False (the paper-scale default) counts the whole context as a hit.
     """
 
-    hbm_bandwidth: float = 3.35e12
+    hbm_bandwidth: float | None = None
     hbm_reserve: float = 0.10
     cnic_model_share: float = 0.30
     snic_efficiency: float = 1.0
@@ -91,6 +95,7 @@ class SimCalibration:
     z_factor: float = 1.05
     block_tokens: int = 64
     decode_step_s: float | None = None
+    full_blocks_only: bool = False
 
     def cnic_kv_rate(self, cnic_bandwidth: float) -> float:
         """Bytes/s a compute NIC gives KV traffic."""
@@ -99,7 +104,7 @@ class SimCalibration:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first impossible value."""
         checks = (
-            ("hbm_bandwidth", self.hbm_bandwidth > 0),
+            ("hbm_bandwidth", self.hbm_bandwidth is None or self.hbm_bandwidth > 0),
             ("hbm_reserve", 0 <= self.hbm_reserve < 1),
             ("cnic_model_share", 0 <= self.cnic_model_share <= 1),
             ("snic_efficiency", 0 < self.snic_efficiency <= 1),

@@ -31,9 +31,8 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 
 import numpy as np
 
@@ -56,7 +55,6 @@ from dualpath_cli.sim.trace import AgentPlan
 
 __all__ = ["SimSetup", "Simulation", "derive_thresholds"]
 
-_FETCH_HEAD = 64      # requests offered to one PE fetch (the rest wait for a refetch)
 _DE_HEAD_MAX = 4096   # bound on the private-queue head offered to one DE fetch
 
 
@@ -88,7 +86,9 @@ def derive_thresholds(cost: CostModel, plans: Sequence[AgentPlan]) -> tuple[int,
     """The paper's alpha (tokens the SNIC reads in 3 s) and beta (tokens a PE processes in 5 s).
 
     core's PE fetch charges a request's full length to ``tok``, so beta is counted in the
-    same unit: prompt tokens per second at the workload's mean turn (its "profiling").
+    same unit: core's ``HardwareProfile.prompt_tokens_per_s`` (the formula config and
+    ``tune beta`` use) at the workload's mean context and append (the paper's "profiling").
+    The cost model's FLOP/s is the hardware profile's peak x MFU, so both agree.
     """
     cal = cost.calibration
     alpha = tokens_readable(cost.snic_rate, cost.kv_bytes_per_token, cal.alpha_window_s)
@@ -103,8 +103,18 @@ def derive_thresholds(cost: CostModel, plans: Sequence[AgentPlan]) -> tuple[int,
     if n == 0:
         raise UsageError("the workload has no turns")
     c, a = ctx_sum // n, max(1, app_sum // n)
-    rate = (c + a) / cost.prefill_s(c, a)
+    rate = cost.hardware.prompt_tokens_per_s(cost.model, c, a)
     return alpha, tokens_processable(rate, cal.beta_window_s)
+
+
+def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[PrefillWork]:
+    """The head of ``ready`` whose whole prompts fit in ``hbm_tokens`` (always the first)."""
+    used = 0
+    for i, w in enumerate(ready):
+        used += w.cached + w.bsz
+        if used > hbm_tokens and i > 0:
+            return
+        yield w
 
 
 class Simulation:
@@ -228,6 +238,11 @@ class Simulation:
         self.next_turn[agent] = k + 1
         cached = self.context[agent]
         self.context[agent] = cached + append + gen
+        if self.setup.calibration.full_blocks_only:  # only whole blocks hit; the rest is new
+            bt = self.setup.calibration.block_tokens
+            hit = (cached // bt) * bt
+            append += cached - hit
+            cached = hit
         self.rid += 1
         req = Req(self.rid, agent, k, cached, append, gen, self.loop.now)
         if req.length + gen > self.cost.de_hbm_tokens:
@@ -253,8 +268,7 @@ class Simulation:
             return
         for e in grp.engines:
             e.snap.read_q = e.node.read_q
-        head = [r.core for r in islice(q, _FETCH_HEAD)]
-        res = pe_fetch(head, grp.snaps, self.alpha, self.beta)
+        res = pe_fetch((r.core for r in q), grp.snaps, self.alpha, self.beta)
         grp.snaps = list(res.engines)
         for e, snap in zip(grp.engines, res.engines, strict=True):
             e.snap = snap
@@ -430,21 +444,14 @@ class Simulation:
         cost = self.cost
         ready = pe.ready
         layerwise = self.policy.layerwise
-        tail: list[PrefillWork] = []
+        queue: Iterable[PrefillWork] = ready
         if not layerwise:  # whole-prompt KV must sit in HBM: offer only what fits
-            items = list(ready)
-            used, cut = 0, len(items)
-            for i, w in enumerate(items):
-                used += w.cached + w.bsz
-                if used > cost.pe_hbm_tokens and i > 0:
-                    cut = i
-                    break
-            queue, tail = items[:cut], items[cut:]
-        else:
-            queue = list(ready)
+            queue = _hbm_prefix(ready, cost.pe_hbm_tokens)
         qb = pack_batch(queue, self.setup.calibration.quota_s, cost.predictor)
-        pe.ready = deque(qb.remaining)
-        pe.ready.extend(tail)
+        for _ in range(qb.consumed):
+            ready.popleft()
+        if qb.carry is not None:
+            ready.appendleft(qb.carry)
         compute = 0.0
         cached = 0
         for w in qb.items:

@@ -42,6 +42,7 @@ class CostModel:
     snic_rate: float               # bytes/s one node's storage NIC reads
     cnic_kv_rate: float            # bytes/s of a compute NIC left for KV
     decode_base_s: float           # weights read + collectives per decode step
+    hbm_bandwidth: float           # bytes/s one GPU reads from HBM
     topk: int                      # 0 = dense attention
     predictor: Predictor           # (cached, bsz) -> attention time, for the quota
 
@@ -66,7 +67,7 @@ class CostModel:
         fixed = self.calibration.decode_step_s
         if fixed is not None:
             return fixed
-        kv = attended_tokens * self.kv_bytes_per_token / self.calibration.hbm_bandwidth
+        kv = attended_tokens * self.kv_bytes_per_token / self.hbm_bandwidth
         linear = self.model.linear_flops(batch) / self.flops
         return self.decode_base_s + max(kv, linear)
 
@@ -105,7 +106,9 @@ def build_cost_model(model: ModelProfile, hardware: HardwareProfile,
             f"{prefill_nodes}P{decode_nodes}D (weights {pe_w / 1e9:.1f} GB per PE, "
             f"{de_w / 1e9:.1f} GB per DE, HBM {hardware.hbm_bytes / 1e9:.0f} GB)")
     flops = hardware.gpu_flops
-    base = de_w / calibration.hbm_bandwidth + model.n_layers * facts.layer_comm_s
+    hbm_bw = (calibration.hbm_bandwidth if calibration.hbm_bandwidth is not None
+              else hardware.hbm_bandwidth)
+    base = de_w / hbm_bw + model.n_layers * facts.layer_comm_s
     return CostModel(
         model=model, hardware=hardware, calibration=calibration, flops=flops,
         kv_bytes_per_token=kvpt, n_layers=model.n_layers, pe_hbm_tokens=pe_tokens,
@@ -113,6 +116,6 @@ def build_cost_model(model: ModelProfile, hardware: HardwareProfile,
         snic_rate=hardware.snic_bandwidth * hardware.snics_per_node
         * calibration.snic_efficiency,
         cnic_kv_rate=calibration.cnic_kv_rate(hardware.cnic_bandwidth),
-        decode_base_s=base, topk=model.attention_topk,
+        decode_base_s=base, hbm_bandwidth=hbm_bw, topk=model.attention_topk,
         predictor=flops_predictor(model, flops),
     )
