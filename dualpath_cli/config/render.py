@@ -8,13 +8,12 @@ hardware/model profile are commented out (so changing ``profile`` still takes ef
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from dualpath_cli.atomicio import atomic_write_text as write_atomically
 from dualpath_cli.config.loader import LoadedConfig, plain
 from dualpath_cli.config.schema import KEY_BY_PATH, KEYS, SECTIONS
 from dualpath_cli.units import (
@@ -100,19 +99,7 @@ def render_yaml(loaded: LoadedConfig) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and ``os.replace``.
-
-    A reader never sees a half-written file; on failure the temp file is removed.
-    """
+    """Write ``text`` to ``path`` atomically, creating its directory (config files are 0644)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualpath_cli.atomicio import atomic_write_text
 from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.engines import ReadEngine, ReadJob, make_engine
@@ -461,9 +462,9 @@ class PosixStore:
             counts[h] = counts.get(h, 0) + n
         meta = self.root / ".dualpath"
         meta.mkdir(exist_ok=True)
-        tmp = meta / f"access.json.{os.getpid()}{_TMP_SUFFIX}"
-        tmp.write_text(json.dumps(counts))
-        os.replace(tmp, meta / "access.json")
+        # a unique temp file per writer: engines of one process share a root (in-process
+        # cluster) and used to race on a pid-named temp file
+        atomic_write_text(meta / "access.json", json.dumps(counts), fsync=False)
 
     def _load_counts(self) -> dict[str, int]:
         try:

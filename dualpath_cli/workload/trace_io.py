@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TextIO
 
+from dualpath_cli.atomicio import atomic_write_lines
 from dualpath_cli.errors import TraceError
 from dualpath_cli.workload.mooncake import MooncakeRequest, decode_mooncake
 from dualpath_cli.workload.trace_format import FORMAT_NAME, Trace, decode_lines, encode_lines
@@ -82,30 +82,9 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
         TraceError: the directory does not exist or is not writable.
     """
     p = Path(path)
-    directory = p.parent if str(p.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
+        atomic_write_lines(p, encode_lines(trace))
     except OSError as err:
         raise TraceError(f"{p}: cannot write: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in encode_lines(trace):
-                handle.write(line)
-                handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a trace is a shareable artefact
-        os.replace(tmp, p)
-    except OSError as err:
-        _discard(tmp)
-        raise TraceError(f"{p}: cannot write: {err.strerror or err}") from None
-    except BaseException:
-        _discard(tmp)
-        raise
 
 
-def _discard(tmp: str) -> None:
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
