@@ -12,12 +12,12 @@ from dualpath_cli.core.read_side import choose_read_side, split_read
 from dualpath_cli.core.types import ReadSide
 
 
-def test_shorter_queue_and_tie_to_de() -> None:
+def test_shorter_queue_and_tie_to_pe() -> None:
     assert choose_read_side(10, 5) is ReadSide.DE
     assert choose_read_side(5, 10) is ReadSide.PE
-    # ties (typically both queues empty) go to the DE side: there are usually more DE nodes
-    assert choose_read_side(7, 7) is ReadSide.DE
-    assert choose_read_side(0, 0) is ReadSide.DE
+    # ties (typically both queues empty) go to the PE side: one hop fewer before prefill
+    assert choose_read_side(7, 7) is ReadSide.PE
+    assert choose_read_side(0, 0) is ReadSide.PE
 
 
 def test_split_hand_worked() -> None:

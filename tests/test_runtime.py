@@ -127,7 +127,7 @@ def test_decisions_use_two_phase_de_placement_and_log_inputs() -> None:
         assert inputs["de_engine"]["read_q"] == d["de_read_q"]  # inputs are pre-decision
         pe_before = next(e for e in inputs["pe_engines"] if e["id"] == d["pe"])
         assert pe_before["read_q"] == d["pe_read_q"]
-        want = "pe" if d["pe_read_q"] < d["de_read_q"] else "de"  # ties go to the DE side
+        want = "de" if d["de_read_q"] < d["pe_read_q"] else "pe"  # ties go to the PE side
         assert d["side"] == (want if d["cached"] else d["side"])
 
 

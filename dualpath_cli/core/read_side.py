@@ -1,14 +1,13 @@
 """Which node's storage NIC reads a request's cached KV (paper section 6.4), or both.
 
 * :func:`choose_read_side`: the side whose node has the shorter read queue (the paper's rule).
-  A tie goes to the **DE side**. Ties are common (both queues are often empty when the run is
-  not I/O-bound), so the tie rule decides a large share of reads; sending them all to the PE
-  side piled reads on the (usually fewer) PE nodes' storage NICs. Deployments run more DE
-  than PE nodes (the paper's 1:2), so DE-side ties spread reads over more NICs, and a DE-side
-  read does not occupy the PE node's NIC that the next fetched request will need. In the
-  simulator (DS 660B 2P4D, 1,024 agents) tie->DE cut storage-NIC Max/Avg from 1.77 to 1.48 at
-  equal JCT (-0.4%), and JCT was equal or slightly lower at DS 27B 1P2D, 2P1D and 1P1D (SNIC
-  Max/Avg within 0.03): docs/reproduction.md.
+  A tie (typically both queues empty, when the run is not I/O-bound) goes to the **PE side**.
+  Measured in the simulator with bench/reproduce.py: sending ties to the DE side instead
+  spreads reads over more NICs (DS 660B 2P4D offline: storage-NIC Max/Avg 1.83 -> 1.63 at
+  equal JCT) but cut DS 660B 2P4D online capacity under the SLO from 0.91 to 0.59 agents/s
+  (probably because the DE path adds a compute-network hop before prefill can start, which
+  costs TTFT exactly when the system is idle). Capacity is the headline number, so ties stay
+  on the PE side (docs/reproduction.md).
 * :func:`split_read`: the paper's future work. The cached prefix, in blocks of
   ``block_tokens``, is cut once: the PE node reads blocks ``[0, k)`` and the DE node reads
   ``[k, n)``. ``k`` minimises the later of the two drain times ``(read_q + share) / rate``, so
@@ -29,8 +28,8 @@ DEFAULT_BLOCK_TOKENS = 64
 
 
 def choose_read_side(pe_read_q: int, de_read_q: int) -> ReadSide:
-    """The side with the shorter read queue (tokens); DE on a tie (module doc)."""
-    return ReadSide.PE if pe_read_q < de_read_q else ReadSide.DE
+    """The side with the shorter read queue (tokens); PE on a tie (module doc)."""
+    return ReadSide.DE if de_read_q < pe_read_q else ReadSide.PE
 
 
 @dataclass(frozen=True, slots=True)
