@@ -1,6 +1,6 @@
 """Benchmark: the embedded runtime in an I/O-bound setting, every policy on one workload.
 
-Usage: ``python bench/runtime.py [--json] [--agents N] [--snic-bw 5MB/s] [--preset P]
+Usage: ``python bench/runtime.py [--json] [--agents N] [--snic-bw 7MB/s] [--preset P]
 [--config FILE] [--set key=value ...]``.
 The setup is the deployment config (default preset ``embedded``: 1P2D, reference model,
 64-token blocks) with the bench defaults of :mod:`dualpath_cli.services.bench` (storage NICs

@@ -9,7 +9,7 @@ Usage::
 
 For each deployment (1P1D, 1P2D, 2P1D) the runtime runs ``dualpath bench``'s workload and
 setup (runtime.workloads.agentic_workload, services.bench.load_bench_config: 16 agents x 12
-turns, 5 MB/s storage NICs, 5 ms fetch period) under basic and dualpath. The simulator then
+turns, 7 MB/s storage NICs, 5 ms fetch period) under basic and dualpath. The simulator then
 predicts the same runs from a profile calibrated on this machine
 (:func:`dualpath_cli.sim.calibrate_from_measurements`):
 

@@ -36,7 +36,7 @@ def test_online_mode_reports_latencies_and_the_scaled_slo(tmp_path: Path) -> Non
 
 def test_bench_config_comes_from_load_config() -> None:
     loaded, applied = load_bench_config(AGENTS)
-    assert "hardware.snic_bandwidth=5MB/s" in applied
+    assert "hardware.snic_bandwidth=7MB/s" in applied
     opts = options_from_config(loaded)
     assert (opts.prefill_nodes, opts.decode_nodes, opts.model) == (1, 2, "tiny")
     assert opts.block_tokens == 64 and opts.snic_bw == 5e6 and opts.cnic_bw == 1e9

@@ -87,7 +87,7 @@ def bench(
                                                "$XDG_DATA_HOME/dualpath/store).")] = None,
     snic: Annotated[str | None, typer.Option("--snic-bw", help="Storage-NIC bandwidth per "
                                              "node (default: hardware.snic_bandwidth when set, "
-                                             "else an I/O-bound 5MB/s).")] = None,
+                                             "else an I/O-bound 7MB/s).")] = None,
     aps: Annotated[float | None, typer.Option("--aps", min=0.001, help="Online mode: agents "
                                               "per second (Poisson arrivals).")] = None,
     slo_scale: Annotated[float, typer.Option("--slo-scale", min=0.0001, help="Scale of the "

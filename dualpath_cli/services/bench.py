@@ -10,8 +10,9 @@ The setup comes from the deployment config (:func:`load_bench_config`). Three ke
 bench defaults that apply only when nothing (preset, file, env, flag) set them, because the
 config defaults describe a GPU deployment while the bench must be I/O-bound on a CPU model:
 the storage-NIC bandwidth (see :data:`BENCH_SNIC`), the fetch period (a CPU turn lasts tens
-of milliseconds, so a 100 ms pull would dominate it) and beta's reference context (the
-workload's mean prompt, so that beta is five seconds of *this* workload's prefill).
+of milliseconds, so a 100 ms pull would dominate it) and beta's reference context and append
+(the workload's mean cached context and append, so that beta is five seconds of *this*
+workload's prefill).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from dualpath_cli.workload.trajectory import Trajectory
 __all__ = ["BENCH_SNIC", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
            "load_bench_config", "run_policy", "run_bench"]
 
-BENCH_SNIC = "5MB/s"
-"""Storage-NIC bandwidth per node when unset: reading one turn's context over the three
-1P2D nodes takes about as long as prefilling it, so storage is the bottleneck of PE-only
-reads (docs/benchmarks.md, "Embedded runtime", explains the choice)."""
+BENCH_SNIC = "7MB/s"
+"""Storage-NIC bandwidth per node when unset: reading the workload's KV over all three 1P2D
+nodes' NICs takes a little less than its compute, while one NIC (PE-only reads) takes about
+2.5x as long, so storage is the bottleneck of PE-only reads only. At 5 MB/s even three NICs
+bound the run (docs/benchmarks.md, "Embedded runtime", has the sweep)."""
 BENCH_FETCH = "5ms"
 
 
