@@ -39,7 +39,7 @@ def test_bench_config_comes_from_load_config() -> None:
     assert "hardware.snic_bandwidth=7MB/s" in applied
     opts = options_from_config(loaded)
     assert (opts.prefill_nodes, opts.decode_nodes, opts.model) == (1, 2, "tiny")
-    assert opts.block_tokens == 64 and opts.snic_bw == 5e6 and opts.cnic_bw == 1e9
+    assert opts.block_tokens == 64 and opts.snic_bw == 7e6 and opts.cnic_bw == 1e9
     assert opts.alpha == loaded.resolved.alpha_tokens and opts.quota_s == 0.3
     loaded, applied = load_bench_config(AGENTS, sets=["hardware.snic_bandwidth=1GB/s"])
     assert not any(a.startswith("hardware.snic") for a in applied)
