@@ -28,6 +28,7 @@ from typing import Any
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config import LoadedConfig, load_config
+from dualpath_cli.core.balance import max_over_avg
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, run_agents
 from dualpath_cli.workload.trajectory import Trajectory
@@ -144,12 +145,6 @@ def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None 
     return loaded, extra
 
 
-def _max_avg(values: Sequence[float]) -> float:
-    if not values or sum(values) == 0:
-        return float("nan")
-    return max(values) / (sum(values) / len(values))
-
-
 def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
                reports: dict[int, dict[str, Any]], slo: SLO) -> PolicyReport:
     per_node: dict[int, int] = {}
@@ -176,7 +171,7 @@ def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
         policy, run.jct, len(turns), pct("ttft", 50), ttft99, pct("ttst", 50),
         pct("ttst", 99), pct("tpot", 50), tpot99,
         ttft99 <= slo.ttft_limit and tpot99 <= slo.tpot_limit, per_node,
-        _max_avg(list(per_node.values())),
+        max_over_avg(list(per_node.values())),
         busy / (run.jct * n_eng) if run.jct > 0 else 0.0, bubble,
         sum(t.cached for t in turns), items / batches if batches else 0.0, chunks,
         list(run.errors))

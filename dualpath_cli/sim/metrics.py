@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from dualpath_cli.core.balance import max_over_avg as node_max_avg
 
 __all__ = ["SimResult", "LatencyStats", "latency_stats", "max_over_avg"]
 
@@ -39,13 +42,9 @@ def max_over_avg(bins: list[dict[int, float]], first: int, last: int) -> float:
 
     Bins where no node read anything are skipped.
     """
-    ratios = []
-    for b in range(first, last):
-        vals = [node_bins.get(b, 0.0) for node_bins in bins]
-        total = sum(vals)
-        if total <= 0:
-            continue
-        ratios.append(max(vals) / (total / len(vals)))
+    ratios = [node_max_avg([node_bins.get(b, 0.0) for node_bins in bins])
+              for b in range(first, last)]
+    ratios = [r for r in ratios if not math.isnan(r)]
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
