@@ -6,7 +6,12 @@ then exit with ``err.exit_code``. Nothing below the CLI ever calls ``sys.exit``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
+from typing import TypeVar
+
 __all__ = [
+    "pick",
     "EXIT_OK",
     "EXIT_FAILURE",
     "EXIT_USAGE",
@@ -49,3 +54,22 @@ class TraceError(UsageError):
 
 class NoAvailableEngine(DualPathError):
     """No healthy engine can take a request (the seed's NoAvailableEngineError)."""
+
+
+_T = TypeVar("_T")
+
+
+def pick(table: Mapping[str, _T], name: str, kind: str,
+         error: type[UsageError] = UsageError) -> _T:
+    """``table[name]``, or ``error`` naming the closest choice and all of them.
+
+    One rule for every named registry (policies, profiles, codecs): the message reads
+    ``unknown KIND 'NAME' (did you mean 'X'?); choose one of: A, B``.
+    """
+    try:
+        return table[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(table), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise error(f"unknown {kind} {name!r}{hint}; choose one of: "
+                    f"{', '.join(table)}") from None

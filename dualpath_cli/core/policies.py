@@ -21,7 +21,6 @@ A runtime or simulator calls the fetch-level functions (:func:`pe_fetch`, :func:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from dualpath_cli.core.read_side import (
     split_read,
 )
 from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request
-from dualpath_cli.errors import NoAvailableEngine, UsageError
+from dualpath_cli.errors import NoAvailableEngine, pick
 
 __all__ = [
     "SchedParams",
@@ -161,13 +160,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
 
 def get_policy(name: str) -> Policy:
     """The policy called ``name``; a :class:`UsageError` naming the choices otherwise."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, POLICIES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"unknown scheduling policy {name!r}{hint}; "
-                         f"choose one of: {', '.join(POLICIES)}") from None
+    return pick(POLICIES, name, "scheduling policy")
 
 
 def read_plan(policy: Policy, request: Request, pe: EngineSnapshot, de: EngineSnapshot,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import pick
 
 __all__ = [
     "ModelProfile",
@@ -174,17 +174,9 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
 
 def get_model_profile(name: str) -> ModelProfile:
     """The built-in model profile ``name``, or a UsageError listing the known ones."""
-    try:
-        return MODEL_PROFILES[name]
-    except KeyError:
-        raise UsageError(f"unknown model profile {name!r}: choose one of "
-                         f"{', '.join(MODEL_PROFILES)}") from None
+    return pick(MODEL_PROFILES, name, "model profile")
 
 
 def get_hardware_profile(name: str) -> HardwareProfile:
     """The built-in hardware profile ``name``, or a UsageError listing the known ones."""
-    try:
-        return HARDWARE_PROFILES[name]
-    except KeyError:
-        raise UsageError(f"unknown hardware profile {name!r}: choose one of "
-                         f"{', '.join(HARDWARE_PROFILES)}") from None
+    return pick(HARDWARE_PROFILES, name, "hardware profile")

@@ -19,10 +19,9 @@ oracle          yes        (none)                no reads, H2D/D2H or PD transfe
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import pick
 
 __all__ = ["SimPolicy", "SIM_POLICIES", "get_sim_policy", "ABLATION"]
 
@@ -57,10 +56,4 @@ ABLATION: tuple[str, ...] = ("basic", "layerwise", "dual-rr", "dualpath")
 
 def get_sim_policy(name: str) -> SimPolicy:
     """The policy called ``name``, or a :class:`UsageError` naming the choices."""
-    try:
-        return SIM_POLICIES[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, SIM_POLICIES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"unknown simulator policy {name!r}{hint}; choose one of: "
-                         f"{', '.join(SIM_POLICIES)}") from None
+    return pick(SIM_POLICIES, name, "simulator policy")

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from dualpath_cli.core.layout import BlockShape, full_block_shape
+from dualpath_cli.errors import pick
 from dualpath_cli.storage.errors import StorageUsageError
 
 __all__ = [
@@ -134,11 +135,7 @@ _REGISTRY: dict[str, Codec] = {
 
 def get_codec(name: str) -> Codec:
     """The codec called ``name``; a usage error listing the accepted names."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise StorageUsageError(f"unknown codec {name!r}; expected one of "
-                                f"{', '.join(CODECS)}") from None
+    return pick(_REGISTRY, name, "codec", StorageUsageError)
 
 
 @dataclass(frozen=True, slots=True)
