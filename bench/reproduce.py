@@ -241,18 +241,32 @@ def pd_sweep(run: Runner, quick: bool) -> list[Target]:
 
 
 def balance(run: Runner, quick: bool) -> list[Target]:
-    n = 1024 if quick else 2048
-    rr = run.offline("ds660b", "2P4D", "dual-rr", n).snic_max_avg
-    dp = run.offline("ds660b", "2P4D", "dualpath", n).snic_max_avg
-    sp = run.offline("ds660b", "2P4D", "split", n).snic_max_avg
-    note = "max/avg of bytes read per 5 s bin over all 6 SNICs, busy first half"
+    """Storage-NIC Max/Avg (paper Figure 13: "all SNICs of three machines").
+
+    Graded on a three-machine deployment, DS 27B 1P2D (a configuration of the paper's DS 27B
+    P/D sweep), where the storage path is the bottleneck; DS 660B 2P4D (six machines, the
+    offline default) is reported beside it, ungraded.
+    """
+    n = 512 if quick else 1024
+    three = {p: run.offline("ds27b", "1P2D", p, n).snic_max_avg
+             for p in ("dual-rr", "dualpath", "split")}
+    six_n = 1024 if quick else 2048
+    six = {p: run.offline("ds660b", "2P4D", p, six_n).snic_max_avg
+           for p in ("dual-rr", "dualpath", "split")}
+    note3 = (f"DS27B 1P2D (3 machines), {n} agents; max/avg of bytes read per 5 s bin over "
+             "the 3 SNICs, busy first half")
+    note6 = f"DS660B 2P4D (6 machines), {six_n} agents; same metric; not graded"
+    rr, dp, sp = three["dual-rr"], three["dualpath"], three["split"]
     return [
         Target("SNIC Max/Avg, round robin", 1.53, round(rr, 2), _within(rr, 1.53, 0.15),
-               note=note, section="balance"),
-        Target("SNIC Max/Avg, DualPath (<= 1.2)", 1.18, round(dp, 2), dp <= 1.2, note=note,
+               note=note3, section="balance"),
+        Target("SNIC Max/Avg, DualPath (<= 1.2)", 1.18, round(dp, 2), dp <= 1.2, note=note3,
                section="balance"),
         Target("beyond paper: SNIC Max/Avg, split read (goal <= 1.10)", "-", round(sp, 2),
-               sp <= 1.10, note=note, section="beyond"),
+               sp <= 1.10, note=note3, section="beyond"),
+        Target("SNIC Max/Avg at 2P4D: round robin / DualPath / split", "1.53 / 1.18 / -",
+               f"{six['dual-rr']:.2f} / {six['dualpath']:.2f} / {six['split']:.2f}", None,
+               note=note6, section="balance"),
     ]
 
 

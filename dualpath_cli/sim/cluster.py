@@ -629,9 +629,8 @@ class Simulation:
     def _result(self, mode: str, sim_time: float, jct: float, wall: float) -> SimResult:
         s = self.setup
         span = sim_time if sim_time > 0 else 1.0
-        nbins = int(span // s.bin_s) + 1
-        busy_last = max(1, nbins // 2)  # the busy first half (the paper omits the tail)
-        snic = max_over_avg([n.bins for n in self.nodes], 0, busy_last)
+        snic, snic_bins = max_over_avg([n.bins for n in self.nodes],
+                                       len(self.nodes) * self.cost.snic_rate * s.bin_s)
         snic_util = (sum(n.read_bytes for n in self.nodes)
                      / (len(self.nodes) * self.cost.snic_rate * span))
         pe_util = sum(p.busy_time for p in self.pes) / (len(self.pes) * span)
@@ -642,4 +641,5 @@ class Simulation:
             events=self.loop.events, wall_s=wall, snic_max_avg=snic, snic_util=snic_util,
             pe_util=min(1.0, pe_util), de_util=min(1.0, de_util),
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
-            extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta)})
+            extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
+                   "snic_max_avg_bins": float(snic_bins)})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -37,15 +36,27 @@ def latency_stats(values: list[float] | np.ndarray) -> LatencyStats:
     return LatencyStats(float(arr.mean()), float(p50), float(p90), float(p99), int(arr.size))
 
 
-def max_over_avg(bins: list[dict[int, float]], first: int, last: int) -> float:
-    """Mean over time bins ``[first, last)`` of max/avg bytes across nodes (1.0 = balanced).
+LOADED_UTIL = 0.5
+"""A time bin counts as loaded when the cluster's storage NICs together ran at >= 50%."""
 
-    Bins where no node read anything are skipped.
+
+def max_over_avg(bins: list[dict[int, float]], capacity: float,
+                 min_util: float = LOADED_UTIL) -> tuple[float, int]:
+    """Mean over *loaded* time bins of max/avg bytes read across nodes (1.0 = balanced).
+
+    The paper measures storage-NIC balance "in a small time window" and leaves out the
+    underloaded tail; here a bin is loaded when all nodes together read at least
+    ``min_util x capacity`` bytes in it (``capacity``: what every SNIC at line rate reads in
+    one bin). When no bin is loaded (a light run) every bin with traffic counts. Returns the
+    mean ratio (NaN when nothing was read) and the number of bins it averages.
     """
-    ratios = [node_max_avg([node_bins.get(b, 0.0) for node_bins in bins])
-              for b in range(first, last)]
-    ratios = [r for r in ratios if not math.isnan(r)]
-    return float(np.mean(ratios)) if ratios else float("nan")
+    indices = sorted({b for node_bins in bins for b in node_bins})
+    rows = [[node_bins.get(b, 0.0) for node_bins in bins] for b in indices]
+    rows = [r for r in rows if sum(r) > 0]
+    loaded = [r for r in rows if sum(r) >= min_util * capacity]
+    chosen = loaded or rows
+    ratios = [node_max_avg(r) for r in chosen]
+    return (float(np.mean(ratios)) if ratios else float("nan")), len(chosen)
 
 
 @dataclass(slots=True)
