@@ -6,6 +6,9 @@ Thin front-end: parse, call :mod:`dualpath_cli.sim`, render. Register with
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
 from rich.table import Table
 
@@ -18,6 +21,11 @@ from dualpath_cli.sim import (
     simulate_capacity,
     simulate_offline,
     simulate_online,
+)
+from dualpath_cli.sim.plots import (
+    check_png_path,
+    render_compare_terminal,
+    write_compare_png,
 )
 from dualpath_cli.sim.trace import synthetic_plans
 from dualpath_cli.units import format_duration, parse_tokens
@@ -85,30 +93,79 @@ def compare(
     agents: int = typer.Option(1024, "--agents", help="Agents starting at t=0."),
     policies: str = typer.Option("basic,layerwise,dual-rr,dualpath,split,oracle",
                                  "--policies", help="Comma-separated policies."),
+    aps: float | None = typer.Option(
+        None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
+    horizon: float = typer.Option(1800.0, "--horizon", help="Online run length, seconds."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also write a PNG chart (JCT per policy; online: TTFT, TPOT) "
+        "to this .png file."),
+    plot_terminal: bool = typer.Option(
+        False, "--plot-terminal", help="Also draw the chart as text (on stderr with --json)."),
     seed: int = _SEED, json_out: bool = _JSON,
 ) -> None:
-    """Run several policies on the same offline workload and compare JCT."""
+    """Run several policies on the same workload and compare JCT (online: TTFT, TPOT)."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise UsageError("--policies is empty")
     setups = [make_setup(model, pd, name, hardware) for name in names]  # validate all first
-    plans = synthetic_plans(parse_tokens(max_len), _agents(agents), seed)
+    if plot is not None:
+        check_png_path(plot)
+    ml = parse_tokens(max_len)
+    if aps is not None and (aps <= 0 or horizon <= 0):
+        raise UsageError(f"invalid --aps {aps:g} / --horizon {horizon:g}: both must be > 0")
+    plans = synthetic_plans(ml, _agents(agents), seed) if aps is None else None
     results = []
     for setup in setups:
         if not json_out:
             stderr.print(f"simulating {setup.policy.name} ...", highlight=False)
-        results.append(simulate_offline(setup, plans))
+        if aps is None:
+            results.append(simulate_offline(setup, plans))
+        else:
+            results.append(simulate_online(setup, aps, horizon=horizon, max_len=ml,
+                                           trace_seed=seed))
+    title = (f"{model} {pd} {max_len}, {agents} agents" if aps is None
+             else f"{model} {pd} {max_len}, {aps:g} agents/s for {horizon:g}s")
+    head: dict[str, object] = {"model": model, "pd": pd, "agents": agents, "max_len": max_len}
+    if aps is not None:  # online: agents arrive at --aps; --agents does not apply
+        head = {"model": model, "pd": pd, "max_len": max_len, "aps": aps, "horizon_s": horizon}
+    _output_compare(results, title, json_out, head, online=aps is not None)
+    _plots(results, title, plot, plot_terminal, json_out)
+
+
+def _output_compare(results: list[SimResult], title: str, json_out: bool,
+                    head: dict[str, object], online: bool) -> None:
     base = next((r.jct for r in results if r.policy == "basic"), None)
     if json_out:
-        emit_json({"model": model, "pd": pd, "agents": agents, "max_len": max_len,
-                   "results": [r.to_dict() for r in results],
+        emit_json({**head, "results": [r.to_dict() for r in results],
                    "speedup_vs_basic": {r.policy: base / r.jct for r in results}
                    if base else None})
         return
-    table = Table(*_HEAD, "vs basic", title=f"{model} {pd} {max_len}, {agents} agents")
-    for r in results:
-        table.add_row(*_row(r), f"{base / r.jct:.2f}x" if base else "-")
+    if not online:
+        table = Table(*_HEAD, "vs basic", title=title)
+        for r in results:
+            table.add_row(*_row(r), f"{base / r.jct:.2f}x" if base else "-")
+    else:
+        table = Table(*_HEAD, "TTFT mean", "TPOT mean", title=f"{title} (online)")
+        for r in results:
+            ttft = f"{r.ttft.mean:.3f}s" if r.ttft else "-"
+            tpot = f"{r.tpot.mean * 1000:.1f}ms" if r.tpot else "-"
+            table.add_row(*_row(r), ttft, tpot)
     stdout.print(table)
+
+
+def _plots(results: list[SimResult], title: str, png: Path | None, terminal: bool,
+           json_out: bool) -> None:
+    """Write the PNG and/or the text chart; the text chart avoids stdout under --json."""
+    if png is not None:
+        size = write_compare_png(results, png, title)
+        if not json_out:
+            stderr.print(f"wrote {png} ({size:,} bytes)", highlight=False, soft_wrap=True)
+    if terminal:
+        console = stderr if json_out else stdout
+        text = render_compare_terminal(
+            results, title, width=console.width,
+            color=console.is_terminal and not console.no_color)
+        (sys.stderr if json_out else sys.stdout).write(text)
 
 
 @app.command("capacity")

@@ -1,4 +1,4 @@
-"""`dualpath tune`: compute the scheduler thresholds alpha and beta from hardware facts.
+"""`dualpath tune`: compute the scheduler thresholds from hardware facts, and set them.
 
 Two rules exist and both are supported (see core/thresholds.py):
 
@@ -6,16 +6,37 @@ Two rules exist and both are supported (see core/thresholds.py):
 * the paper's window rule, alpha = tokens the node's storage NICs read in a window (3 s) and
   beta = prompt tokens one GPU prefills in a window (5 s), at a reference turn of --append
   new tokens after --context cached (core's ``prompt_tokens_per_s``, as config uses).
+
+``tune set`` writes alpha, beta, the compute quota or z into a config file (atomically,
+editing only those values' text so other keys and comments stay); ``--dry-run`` writes
+nothing and runs the simulator on one scenario with the current and the proposed values.
 """
 
 from __future__ import annotations
 
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 from rich.table import Table
 
-from dualpath_cli.cli.output import emit_json, stdout
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.config import (
+    LoadedConfig,
+    SchedulerConfig,
+    default_user_file,
+    load_config,
+    resolve_alpha,
+    resolve_beta,
+    resolve_quota,
+)
+from dualpath_cli.config.layers import parse_yaml_text, scalar_from_text
+from dualpath_cli.config.render import atomic_write_text, display_value
+from dualpath_cli.config.schema import KEY_BY_PATH
 from dualpath_cli.core.profiles import (
     get_hardware_profile,
     get_model_profile,
@@ -26,7 +47,17 @@ from dualpath_cli.core.thresholds import (
     tokens_processable,
     tokens_readable,
 )
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import ConfigError, DualPathError, UsageError, pick
+from dualpath_cli.sim import (
+    AgentPlan,
+    SimCalibration,
+    SimResult,
+    make_setup,
+    meets_slo,
+    simulate_offline,
+    simulate_online,
+    synthetic_plans,
+)
 from dualpath_cli.units import (
     format_bandwidth,
     format_bytes,
@@ -38,9 +69,9 @@ from dualpath_cli.units import (
     parse_tokens,
 )
 
-__all__ = ["app", "SEED_ALPHA_NOTE"]
+__all__ = ["app", "SEED_ALPHA_NOTE", "TUNABLE", "edit_config_text"]
 
-app = typer.Typer(help="Compute the scheduler thresholds alpha and beta from hardware facts.",
+app = typer.Typer(help="Compute the scheduler thresholds from hardware facts, and set them.",
                   no_args_is_help=True)
 
 #: The paper's storage NIC (one 400 Gbps NIC per node), used when no bandwidth is given.
@@ -225,3 +256,301 @@ def beta(
         ("beta", f"{format_tokens(rate)} tokens/s x {format_duration(seconds)} = "
                  f"{tokens:,} tokens ({format_tokens(tokens)})"),
     ], [])
+
+
+# --- tune set ------------------------------------------------------------------------------
+
+#: What ``tune set`` changes: short name -> config key (``scheduler.`` may be written too).
+TUNABLE: dict[str, str] = {
+    "alpha": "scheduler.alpha",
+    "beta": "scheduler.beta",
+    "compute_quota": "scheduler.compute_quota",
+    "z_factor": "scheduler.z_factor",
+}
+
+#: Layer precedence (config/loader.py): a key set in a higher layer than the file written
+#: keeps its value, so ``tune set`` says so instead of silently changing nothing.
+_RANK = {"default": 0, "profile": 0, "preset": 0, "system": 1, "user": 2, "file": 3,
+         "env": 4, "flag": 5}
+
+
+def _assignments(pairs: list[str]) -> dict[str, str]:
+    """``{config key: value text}`` from KEY=VALUE arguments, each value checked alone."""
+    changes: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, text = (part.strip() for part in pair.partition("="))
+        if not sep or not name or not text:
+            raise UsageError(f"tune set: {pair!r}: expected KEY=VALUE, e.g. alpha=3s")
+        try:
+            key = pick(TUNABLE, name.removeprefix("scheduler."), "tunable key")
+            KEY_BY_PATH[key].kind.parse(scalar_from_text(text))
+        except (UsageError, ValueError) as err:
+            raise UsageError(f"tune set: {name}={text}: {err}") from None
+        changes[key] = text
+    return changes
+
+
+def _yaml_scalar(value: object) -> str:
+    """``value`` as a one-line YAML scalar that reads back as ``value``."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return text.removesuffix("...").strip()
+
+
+def _set_one(text: str, key: str, scalar: str, name: str) -> str:
+    """``text`` with ``key`` set to ``scalar``; every other line, comments included, kept."""
+    section, field = key.split(".")
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    block = None
+    if isinstance(root, yaml.MappingNode):
+        block = next((v for k, v in root.value if k.value == section), None)
+    if not isinstance(block, yaml.MappingNode):  # no such section yet: append one
+        sep = "\n" if text and not text.endswith("\n") else ""
+        return f"{text}{sep}{section}:\n  {field}: {scalar}\n"
+    if block.flow_style:
+        raise UsageError(f"{name}: cannot edit the flow-style {section!r} mapping; "
+                         "write it in block style")
+    for key_node, value_node in block.value:
+        if key_node.value == field:  # replace the value's own characters only
+            start, end_index = value_node.start_mark.index, value_node.end_mark.index
+            return text[:start] + scalar + text[end_index:]
+    indent = " " * block.value[0][0].start_mark.column
+    end = block.value[-1][1].end_mark
+    if end.column == 0:  # a block scalar ends at the start of the next line
+        return f"{text[:end.index]}{indent}{field}: {scalar}\n{text[end.index:]}"
+    eol = text.find("\n", end.index)
+    eol = len(text) if eol < 0 else eol
+    return f"{text[:eol]}\n{indent}{field}: {scalar}{text[eol:]}"
+
+
+def edit_config_text(text: str, values: dict[str, object], name: str) -> str:
+    """Set dotted ``values`` in config YAML ``text`` (shown as ``name`` in errors).
+
+    The existing text must be a valid config layer; the result is re-read to check that each
+    key now holds exactly its new value.
+    """
+    parse_yaml_text(text, name, "file")
+    for key, value in values.items():
+        text = _set_one(text, key, _yaml_scalar(value), name)
+    layer = parse_yaml_text(text, name, "file")
+    for key, value in values.items():
+        if key not in layer or layer[key].raw != value:
+            raise DualPathError(f"{name}: internal: {key} did not read back as {value!r}")
+    return text
+
+
+def _given(loaded: LoadedConfig, key: str) -> str:
+    setting = loaded.settings[key]
+    return display_value(key, setting.value, setting.raw)
+
+
+def _shadowed(loaded: LoadedConfig, key: str, target_kind: str) -> str | None:
+    """A note when a higher layer than the file (env, --config) sets ``key``."""
+    source = loaded.source(key)
+    if _RANK[source.kind] > _RANK[target_kind]:
+        return (f"{key} stays {_given(loaded, key)} from {source}, which overrides the "
+                "file written")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Scenario:
+    """The ``--dry-run`` workload: ``sim run``'s options."""
+
+    model: str
+    pd: str
+    hardware: str
+    policy: str
+    max_len: int
+    agents: int
+    aps: float | None
+    horizon: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "pd": self.pd, "hardware": self.hardware,
+                "policy": self.policy, "max_len": self.max_len,
+                "mode": "offline" if self.aps is None else "online",
+                **({"agents": self.agents} if self.aps is None
+                   else {"aps": self.aps, "horizon_s": self.horizon}), "seed": self.seed}
+
+
+def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
+    """alpha/beta in tokens, quota in seconds, z: resolved against the scenario's profiles."""
+    model, hw = get_model_profile(sc.model), get_hardware_profile(sc.hardware)
+    return {
+        "scheduler.alpha": resolve_alpha(sched.alpha, model, hw).value,
+        "scheduler.beta": resolve_beta(sched.beta, model, hw, sched.reference_context,
+                                       sched.reference_append).value,
+        "scheduler.compute_quota": resolve_quota(sched.compute_quota, hw).value,
+        "scheduler.z_factor": sched.z_factor,
+    }
+
+
+def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan] | None
+              ) -> SimResult:
+    cal = replace(SimCalibration(), quota_s=values["scheduler.compute_quota"],
+                  z_factor=values["scheduler.z_factor"])
+    beta = int(values["scheduler.beta"])
+    if beta < cal.block_tokens:
+        raise UsageError(f"tune set --dry-run: beta resolves to {beta} tokens for "
+                         f"{sc.model} on {sc.hardware}, below one block ({cal.block_tokens})")
+    setup = make_setup(sc.model, sc.pd, sc.policy, sc.hardware, calibration=cal,
+                       alpha=int(values["scheduler.alpha"]), beta=beta)
+    if sc.aps is None:
+        return simulate_offline(setup, plans)
+    return simulate_online(setup, sc.aps, horizon=sc.horizon, max_len=sc.max_len,
+                           trace_seed=sc.seed)
+
+
+def _metrics(res: SimResult) -> list[tuple[str, float, str]]:
+    """(name, value, format) compared by the dry run; NaN where the run has no value."""
+    nan = float("nan")
+    rows = [("JCT" if res.mode == "offline" else "mean trajectory time", res.jct, "duration")]
+    if res.mode == "online":
+        rows += [("TTFT mean", res.ttft.mean if res.ttft else nan, "duration"),
+                 ("TTFT p90", res.ttft.p90 if res.ttft else nan, "duration"),
+                 ("TTST mean", res.ttst.mean if res.ttst else nan, "duration"),
+                 ("TPOT mean", res.tpot.mean if res.tpot else nan, "duration"),
+                 ("SLO met", float(meets_slo(res)), "bool")]
+    rows += [("SNIC Max/Avg", res.snic_max_avg, ".2f"), ("SNIC util", res.snic_util, ".0%"),
+             ("PE busy", res.pe_util, ".0%")]
+    return rows
+
+
+def _fmt(value: float, fmt: str) -> str:
+    if math.isnan(value):
+        return "-"
+    if fmt == "bool":
+        return "yes" if value else "no"
+    return format_duration(value) if fmt == "duration" else format(value, fmt)
+
+
+def _change(current: float, proposed: float) -> float | None:
+    if math.isnan(current) or math.isnan(proposed) or current == 0:
+        return None
+    return (proposed - current) / current
+
+
+def _resolved_text(key: str, value: float) -> str:
+    if key == "scheduler.compute_quota":
+        return format_duration(value)
+    if key == "scheduler.z_factor":
+        return f"{value:g}"
+    return f"{int(value):,} tokens"
+
+
+@app.command("set")
+def set_thresholds(
+    assignments: list[str] = typer.Argument(
+        ..., metavar="KEY=VALUE", help="Thresholds to set: alpha, beta, compute_quota, "
+        "z_factor (optionally scheduler.-prefixed), e.g. alpha=2s beta=300K."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Config file to update [default: the user config file, "
+        "$XDG_CONFIG_HOME/dualpath/config.yaml]; created if missing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Write nothing: simulate the scenario below with the current "
+        "and the proposed thresholds and print the predicted difference."),
+    model: str = typer.Option("ds660b", "--model", help="Dry run: model profile."),
+    pd: str = typer.Option("2P4D", "--pd", help="Dry run: prefill and decode nodes."),
+    hardware: str = typer.Option("hopper", "--hardware", help="Dry run: hardware profile."),
+    max_len: str = typer.Option("32K", "--max-len", help="Dry run: trace max length."),
+    agents: int = typer.Option(512, "--agents", help="Dry run: agents starting at t=0."),
+    policy: str = typer.Option("dualpath", "--policy", help="Dry run: simulator policy."),
+    aps: float | None = typer.Option(
+        None, "--aps", help="Dry run: online mode at this many agents/s (TTFT, TPOT)."),
+    horizon: float = typer.Option(600.0, "--horizon", help="Dry run: online length, s."),
+    seed: int = typer.Option(1, "--seed", help="Dry run: trace seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Set scheduler thresholds in a config file (atomically), or --dry-run them first.
+
+    Other keys and comments stay; the dry run resolves seconds and bytes on its profiles.
+    """
+    changes = _assignments(assignments)
+    target = config if config is not None else default_user_file(os.environ)
+    base = config if config is not None and config.exists() else None
+    current = load_config(config_file=base)
+    try:
+        proposed = load_config(config_file=base,
+                               overrides=[f"{k}={v}" for k, v in changes.items()])
+    except ConfigError as err:  # e.g. beta below one block: name the key, not "--set"
+        raise UsageError(f"tune set: {str(err).removeprefix('--set: ')}") from None
+    kind = "file" if config is not None else "user"
+    notes = [n for n in (_shadowed(current, k, kind) for k in changes) if n]
+    rows = [{"key": k, "current": _given(current, k), "current_source": str(current.source(k)),
+             "proposed": _given(proposed, k)} for k in changes]
+    if dry_run:
+        _dry_run(target, rows, notes, current, proposed, _Scenario(
+            model, pd, hardware, policy, parse_tokens(max_len), agents, aps, horizon, seed),
+            as_json)
+        return
+    _write(target, changes, rows, notes, as_json)
+
+
+def _write(target: Path, changes: dict[str, str], rows: list[dict[str, Any]],
+           notes: list[str], as_json: bool) -> None:
+    try:
+        old = target.read_text(encoding="utf-8") if target.exists() else ""
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{target}: cannot read: {err}") from None
+    text = edit_config_text(old, {k: scalar_from_text(v) for k, v in changes.items()},
+                            str(target))
+    try:
+        atomic_write_text(target, text)
+    except OSError as err:
+        raise UsageError(f"{target}: cannot write: {err.strerror or err}") from None
+    if as_json:
+        emit_json({"path": str(target), "dry_run": False, "written": True, "changes": rows,
+                   "notes": notes})
+        return
+    table = Table("key", "was", "now", title=f"tune set: {target}", title_justify="left")
+    for row in rows:
+        table.add_row(row["key"], f"{row['current']} ({row['current_source']})",
+                      row["proposed"])
+    stdout.print(table)
+    for note in notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {target}", highlight=False, soft_wrap=True)
+
+
+def _dry_run(target: Path, rows: list[dict[str, Any]], notes: list[str],
+             current: LoadedConfig, proposed: LoadedConfig, sc: _Scenario,
+             as_json: bool) -> None:
+    if sc.aps is None and sc.agents < 1:
+        raise UsageError(f"invalid --agents {sc.agents}: must be at least 1")
+    if sc.aps is not None and (sc.aps <= 0 or sc.horizon <= 0):
+        raise UsageError(f"invalid --aps {sc.aps:g} / --horizon {sc.horizon:g}: both must "
+                         "be greater than zero")
+    old, new = (_thresholds(c.config.scheduler, sc) for c in (current, proposed))
+    for row in rows:
+        row.update({"current_resolved": old[row["key"]], "proposed_resolved": new[row["key"]]})
+    plans = synthetic_plans(sc.max_len, sc.agents, sc.seed) if sc.aps is None else None
+    before, after = _simulate(old, sc, plans), _simulate(new, sc, plans)
+    metrics = [(name, a, b, fmt) for (name, a, fmt), (_, b, _) in
+               zip(_metrics(before), _metrics(after), strict=True)]
+    if as_json:
+        emit_json({"path": str(target), "dry_run": True, "written": False, "changes": rows,
+                   "notes": notes, "scenario": sc.to_dict(), "simulation": {
+                       "current": before.to_dict(), "proposed": after.to_dict(),
+                       "delta": {name: {"current": a, "proposed": b, "change": _change(a, b)}
+                                 for name, a, b, _ in metrics}}})
+        return
+    settings = Table("key", "current", "proposed", title=f"tune set --dry-run: {target} "
+                     "(nothing written)", title_justify="left")
+    for row in rows:
+        settings.add_row(
+            row["key"],
+            f"{row['current']} = {_resolved_text(row['key'], row['current_resolved'])}",
+            f"{row['proposed']} = {_resolved_text(row['key'], row['proposed_resolved'])}")
+    stdout.print(settings)
+    what = (f"{sc.agents} agents" if sc.aps is None
+            else f"{sc.aps:g} agents/s for {sc.horizon:g}s")
+    table = Table("predicted", "current", "proposed", "change", title_justify="left",
+                  title=f"{sc.model} {sc.pd} {format_tokens(sc.max_len)}, {what}, {sc.policy}")
+    for name, a, b, fmt in metrics:
+        change = _change(a, b)
+        table.add_row(name, _fmt(a, fmt), _fmt(b, fmt),
+                      "-" if change is None or fmt == "bool" else f"{change:+.1%}")
+    stdout.print(table)
+    for note in notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
