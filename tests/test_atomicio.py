@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath_cli.atomicio import atomic_write_lines, atomic_write_text
+from dualpath_cli.atomicio import atomic_write_bytes, atomic_write_lines, atomic_write_text
 
 
 def test_concurrent_writers_each_leave_a_whole_file(tmp_path: Path) -> None:
@@ -60,3 +60,41 @@ def test_a_failing_writer_leaves_the_old_file_and_no_temp(tmp_path: Path) -> Non
 def test_missing_directory_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         atomic_write_text(tmp_path / "nope" / "x", "y")
+
+
+def test_bytes_are_written_exactly_with_mode_and_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "chart.png"
+    data = bytes(range(256)) * 40 + b"\r\n\n"  # every byte value, line ends untouched
+    atomic_write_bytes(target, data, mode=0o600)
+    assert target.read_bytes() == data
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["chart.png"]
+
+
+def test_bytes_replace_an_existing_file(tmp_path: Path) -> None:
+    target = tmp_path / "chart.png"
+    target.write_bytes(b"old chart")
+    atomic_write_bytes(target, b"new", fsync=False)
+    assert target.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["chart.png"]
+
+
+def test_a_failed_byte_write_leaves_the_old_file_and_no_temp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "chart.png"
+    target.write_bytes(b"old chart")
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)  # fails after the temp file has the data
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_bytes(target, b"new chart")
+    assert target.read_bytes() == b"old chart"
+    assert sorted(os.listdir(tmp_path)) == ["chart.png"]
+
+
+def test_bytes_into_a_missing_directory_raise_oserror(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        atomic_write_bytes(tmp_path / "nope" / "x.png", b"y")
+    assert os.listdir(tmp_path) == []

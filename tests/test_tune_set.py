@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dualpath_cli.cli.app import main
-from dualpath_cli.cli.tune_cmd import edit_config_text
+from dualpath_cli.config.edit import edit_config_text, write_config_values
 from dualpath_cli.errors import UsageError
 
 SMALL = ["--agents", "8", "--max-len", "16K"]
@@ -153,3 +155,24 @@ def test_edit_keeps_quotes_comments_and_other_sections() -> None:
 def test_edit_refuses_flow_style_and_names_the_file() -> None:
     with pytest.raises(UsageError, match="t.yaml: cannot edit the flow-style"):
         edit_config_text("scheduler: {alpha: 3s}\n", {"scheduler.beta": "5s"}, "t.yaml")
+
+
+def test_write_config_values_creates_the_file_and_its_directory(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "dir" / "config.yaml"
+    write_config_values(target, {"scheduler.alpha": "2s", "scheduler.z_factor": 2})
+    assert target.read_text(encoding="utf-8") == "scheduler:\n  alpha: 2s\n  z_factor: 2\n"
+    assert sorted(os.listdir(target.parent)) == ["config.yaml"]  # no temp file left
+
+
+def test_write_config_values_on_a_directory_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot read") as err:
+        write_config_values(tmp_path, {"scheduler.alpha": "2s"})
+    assert "\n" not in str(err.value)
+
+
+def test_config_edit_does_not_depend_on_the_cli() -> None:
+    code = ("import sys, dualpath_cli.config.edit; "
+            "print([m for m in sys.modules if m.startswith('dualpath_cli.cli')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"  # config/ sits below cli/

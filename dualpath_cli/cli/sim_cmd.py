@@ -7,6 +7,7 @@ Thin front-end: parse, call :mod:`dualpath_cli.sim`, render. Register with
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -25,7 +26,9 @@ from dualpath_cli.sim import (
 from dualpath_cli.sim.plots import (
     check_png_path,
     render_compare_terminal,
+    render_series_terminal,
     write_compare_png,
+    write_series_png,
 )
 from dualpath_cli.sim.trace import synthetic_plans
 from dualpath_cli.units import format_duration, parse_tokens
@@ -67,24 +70,47 @@ def run(
                                help=f"One of: {', '.join(SIM_POLICIES)}."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
     horizon: float = typer.Option(1800.0, "--horizon", help="Online run length, seconds."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also write a PNG chart of each node's storage-NIC read rate "
+        "over time (GB/s per time bin; PE nodes solid, DE nodes dashed) to this .png file."),
+    plot_terminal: bool = typer.Option(
+        False, "--plot-terminal", help="Also draw that chart as text (on stderr with --json; "
+        "above 16 nodes, each role's max and mean)."),
+    series: bool = typer.Option(
+        False, "--series", help="With --json: add snic_series, the bytes each node's "
+        "storage NIC read per time bin (large for big clusters)."),
     seed: int = _SEED, json_out: bool = _JSON,
 ) -> None:
-    """Run one simulation (offline JCT, or online with --aps)."""
+    """Run one simulation (offline JCT, or online with --aps).
+
+    --plot and --plot-terminal chart each node's storage-NIC reads over
+    time, where the balance of the read paths shows. --json --series adds
+    snic_series: bin_s, end_s, line_rate_bytes_per_s, nodes (P0.. prefill,
+    D0.. decode) and read_bytes (per node, the bytes read in each bin).
+    """
+    if series and not json_out:
+        raise UsageError("--series adds the per-node series to the JSON output; "
+                         "pass --json too")
     setup = make_setup(model, pd, policy, hardware)
+    if plot is not None:
+        check_png_path(plot)
     ml = parse_tokens(max_len)
     if aps is None:
         res = simulate_offline(setup, agents=_agents(agents), max_len=ml, trace_seed=seed)
     else:
         res = simulate_online(setup, aps, horizon=horizon, max_len=ml, trace_seed=seed)
+    title = f"{model} {pd} {max_len} {policy} ({res.mode})"
     if json_out:
-        emit_json(res)
-        return
-    table = Table(*_HEAD, title=f"{model} {pd} {max_len} ({res.mode})")
-    table.add_row(*_row(res))
-    stdout.print(table)
-    if res.mode == "online" and res.ttft and res.tpot and res.ttst:
-        stdout.print(f"TTFT mean {res.ttft.mean:.3f}s  TTST mean {res.ttst.mean:.3f}s  "
-                     f"TPOT mean {res.tpot.mean * 1000:.1f}ms")
+        emit_json(res.to_dict(series=series))
+    else:
+        table = Table(*_HEAD, title=f"{model} {pd} {max_len} ({res.mode})")
+        table.add_row(*_row(res))
+        stdout.print(table)
+        if res.mode == "online" and res.ttft and res.tpot and res.ttst:
+            stdout.print(f"TTFT mean {res.ttft.mean:.3f}s  TTST mean {res.ttst.mean:.3f}s  "
+                         f"TPOT mean {res.tpot.mean * 1000:.1f}ms")
+    _charts(plot, plot_terminal, json_out, lambda path: write_series_png(res, path, title),
+            lambda width, color: render_series_terminal(res, title, width, color))
 
 
 @app.command("compare")
@@ -129,7 +155,8 @@ def compare(
     if aps is not None:  # online: agents arrive at --aps; --agents does not apply
         head = {"model": model, "pd": pd, "max_len": max_len, "aps": aps, "horizon_s": horizon}
     _output_compare(results, title, json_out, head, online=aps is not None)
-    _plots(results, title, plot, plot_terminal, json_out)
+    _charts(plot, plot_terminal, json_out, lambda path: write_compare_png(results, path, title),
+            lambda width, color: render_compare_terminal(results, title, width, color))
 
 
 def _output_compare(results: list[SimResult], title: str, json_out: bool,
@@ -153,18 +180,16 @@ def _output_compare(results: list[SimResult], title: str, json_out: bool,
     stdout.print(table)
 
 
-def _plots(results: list[SimResult], title: str, png: Path | None, terminal: bool,
-           json_out: bool) -> None:
+def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callable[[Path], int],
+            render_text: Callable[[int, bool], str]) -> None:
     """Write the PNG and/or the text chart; the text chart avoids stdout under --json."""
     if png is not None:
-        size = write_compare_png(results, png, title)
+        size = write_png(png)
         if not json_out:
             stderr.print(f"wrote {png} ({size:,} bytes)", highlight=False, soft_wrap=True)
     if terminal:
         console = stderr if json_out else stdout
-        text = render_compare_terminal(
-            results, title, width=console.width,
-            color=console.is_terminal and not console.no_color)
+        text = render_text(console.width, console.is_terminal and not console.no_color)
         (sys.stderr if json_out else sys.stdout).write(text)
 
 

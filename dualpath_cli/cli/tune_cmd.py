@@ -8,8 +8,9 @@ Two rules exist and both are supported (see core/thresholds.py):
   new tokens after --context cached (core's ``prompt_tokens_per_s``, as config uses).
 
 ``tune set`` writes alpha, beta, the compute quota or z into a config file (atomically,
-editing only those values' text so other keys and comments stay); ``--dry-run`` writes
-nothing and runs the simulator on one scenario with the current and the proposed values.
+editing only those values' text so other keys and comments stay; see config/edit.py);
+``--dry-run`` writes nothing and runs the simulator on one scenario with the current and the
+proposed values.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
@@ -34,8 +34,9 @@ from dualpath_cli.config import (
     resolve_beta,
     resolve_quota,
 )
-from dualpath_cli.config.layers import parse_yaml_text, scalar_from_text
-from dualpath_cli.config.render import atomic_write_text, display_value
+from dualpath_cli.config.edit import write_config_values
+from dualpath_cli.config.layers import scalar_from_text
+from dualpath_cli.config.render import display_value
 from dualpath_cli.config.schema import KEY_BY_PATH
 from dualpath_cli.core.profiles import (
     get_hardware_profile,
@@ -47,7 +48,7 @@ from dualpath_cli.core.thresholds import (
     tokens_processable,
     tokens_readable,
 )
-from dualpath_cli.errors import ConfigError, DualPathError, UsageError, pick
+from dualpath_cli.errors import ConfigError, UsageError, pick
 from dualpath_cli.sim import (
     AgentPlan,
     SimCalibration,
@@ -69,7 +70,7 @@ from dualpath_cli.units import (
     parse_tokens,
 )
 
-__all__ = ["app", "SEED_ALPHA_NOTE", "TUNABLE", "edit_config_text"]
+__all__ = ["app", "SEED_ALPHA_NOTE", "TUNABLE"]
 
 app = typer.Typer(help="Compute the scheduler thresholds from hardware facts, and set them.",
                   no_args_is_help=True)
@@ -290,54 +291,6 @@ def _assignments(pairs: list[str]) -> dict[str, str]:
     return changes
 
 
-def _yaml_scalar(value: object) -> str:
-    """``value`` as a one-line YAML scalar that reads back as ``value``."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
-    return text.removesuffix("...").strip()
-
-
-def _set_one(text: str, key: str, scalar: str, name: str) -> str:
-    """``text`` with ``key`` set to ``scalar``; every other line, comments included, kept."""
-    section, field = key.split(".")
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    block = None
-    if isinstance(root, yaml.MappingNode):
-        block = next((v for k, v in root.value if k.value == section), None)
-    if not isinstance(block, yaml.MappingNode):  # no such section yet: append one
-        sep = "\n" if text and not text.endswith("\n") else ""
-        return f"{text}{sep}{section}:\n  {field}: {scalar}\n"
-    if block.flow_style:
-        raise UsageError(f"{name}: cannot edit the flow-style {section!r} mapping; "
-                         "write it in block style")
-    for key_node, value_node in block.value:
-        if key_node.value == field:  # replace the value's own characters only
-            start, end_index = value_node.start_mark.index, value_node.end_mark.index
-            return text[:start] + scalar + text[end_index:]
-    indent = " " * block.value[0][0].start_mark.column
-    end = block.value[-1][1].end_mark
-    if end.column == 0:  # a block scalar ends at the start of the next line
-        return f"{text[:end.index]}{indent}{field}: {scalar}\n{text[end.index:]}"
-    eol = text.find("\n", end.index)
-    eol = len(text) if eol < 0 else eol
-    return f"{text[:eol]}\n{indent}{field}: {scalar}{text[eol:]}"
-
-
-def edit_config_text(text: str, values: dict[str, object], name: str) -> str:
-    """Set dotted ``values`` in config YAML ``text`` (shown as ``name`` in errors).
-
-    The existing text must be a valid config layer; the result is re-read to check that each
-    key now holds exactly its new value.
-    """
-    parse_yaml_text(text, name, "file")
-    for key, value in values.items():
-        text = _set_one(text, key, _yaml_scalar(value), name)
-    layer = parse_yaml_text(text, name, "file")
-    for key, value in values.items():
-        if key not in layer or layer[key].raw != value:
-            raise DualPathError(f"{name}: internal: {key} did not read back as {value!r}")
-    return text
-
-
 def _given(loaded: LoadedConfig, key: str) -> str:
     setting = loaded.settings[key]
     return display_value(key, setting.value, setting.raw)
@@ -489,16 +442,7 @@ def set_thresholds(
 
 def _write(target: Path, changes: dict[str, str], rows: list[dict[str, Any]],
            notes: list[str], as_json: bool) -> None:
-    try:
-        old = target.read_text(encoding="utf-8") if target.exists() else ""
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"{target}: cannot read: {err}") from None
-    text = edit_config_text(old, {k: scalar_from_text(v) for k, v in changes.items()},
-                            str(target))
-    try:
-        atomic_write_text(target, text)
-    except OSError as err:
-        raise UsageError(f"{target}: cannot write: {err.strerror or err}") from None
+    write_config_values(target, {k: scalar_from_text(v) for k, v in changes.items()})
     if as_json:
         emit_json({"path": str(target), "dry_run": False, "written": True, "changes": rows,
                    "notes": notes})

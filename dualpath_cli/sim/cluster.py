@@ -627,6 +627,8 @@ class Simulation:
         return res
 
     def _result(self, mode: str, sim_time: float, jct: float, wall: float) -> SimResult:
+        from dualpath_cli.sim.metrics import snic_series
+
         s = self.setup
         span = sim_time if sim_time > 0 else 1.0
         snic, snic_bins = max_over_avg([n.bins for n in self.nodes],
@@ -642,4 +644,6 @@ class Simulation:
             pe_util=min(1.0, pe_util), de_util=min(1.0, de_util),
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
-                   "snic_max_avg_bins": float(snic_bins)})
+                   "snic_max_avg_bins": float(snic_bins)},
+            snic_series=snic_series([(n.role, n.bins) for n in self.nodes], s.bin_s,
+                                    sim_time, self.cost.snic_rate))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from dualpath_cli.core.balance import max_over_avg as node_max_avg
+from dualpath_cli.core.types import Role
 
-__all__ = ["SimResult", "LatencyStats", "latency_stats", "max_over_avg"]
+__all__ = ["SimResult", "LatencyStats", "SnicSeries", "latency_stats", "max_over_avg",
+           "snic_series"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,70 @@ def max_over_avg(bins: list[dict[int, float]], capacity: float,
     return (float(np.mean(ratios)) if ratios else float("nan")), len(chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class SnicSeries:
+    """Bytes each node's storage NIC read per time bin: the balance Max/Avg sums up, over time.
+
+    ``nodes`` are labelled ``P0..`` (prefill) then ``D0..`` (decode); ``read_bytes[i][b]`` is
+    what node ``i`` read in ``[b * bin_s, (b + 1) * bin_s)``, bins from t = 0 to the last read.
+    ``line_rate`` is one node's storage-NIC bandwidth, bytes/s; ``end_s`` the run's end.
+    """
+
+    bin_s: float
+    end_s: float
+    line_rate: float
+    nodes: tuple[str, ...]
+    read_bytes: tuple[tuple[float, ...], ...]
+
+    @property
+    def bins(self) -> int:
+        """Number of time bins (0 when nothing was read)."""
+        return len(self.read_bytes[0]) if self.read_bytes else 0
+
+    def times(self) -> list[float]:
+        """Each bin's start, seconds."""
+        return [b * self.bin_s for b in range(self.bins)]
+
+    def spans(self) -> list[float]:
+        """Each bin's length, seconds: ``bin_s``, except a last bin cut short by the run's end."""
+        spans = [min(self.bin_s, self.end_s - t) for t in self.times()]
+        return [span if span > 0 else self.bin_s for span in spans]
+
+    def edges(self) -> list[float]:
+        """The ``bins + 1`` bin boundaries, seconds (after the last one, the end of reads)."""
+        spans = self.spans()
+        return [*self.times(), (self.bins - 1) * self.bin_s + spans[-1]] if spans else [0.0]
+
+    def gb_per_s(self) -> list[list[float]]:
+        """Per node, per bin: GB/s read (a last, partial bin is divided by its own length)."""
+        spans = self.spans()
+        return [[v / span / 1e9 for v, span in zip(row, spans, strict=True)]
+                for row in self.read_bytes]
+
+    def is_prefill(self, index: int) -> bool:
+        """Whether node ``index`` is a prefill (PE) node."""
+        return self.nodes[index].startswith("P")
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able dict (bytes per bin, as recorded)."""
+        return {"bin_s": self.bin_s, "end_s": self.end_s,
+                "line_rate_bytes_per_s": self.line_rate, "nodes": list(self.nodes),
+                "read_bytes": [list(row) for row in self.read_bytes]}
+
+
+def snic_series(nodes: Sequence[tuple[Role, Mapping[int, float]]], bin_s: float,
+                end_s: float, line_rate: float) -> SnicSeries:
+    """A :class:`SnicSeries` from each node's role and sparse ``{bin: bytes}`` record."""
+    count = max((b + 1 for _, bins in nodes for b in bins), default=0)
+    labels: list[str] = []
+    seen = {Role.PREFILL: 0, Role.DECODE: 0}
+    for role, _ in nodes:
+        labels.append(f"{'P' if role is Role.PREFILL else 'D'}{seen[role]}")
+        seen[role] += 1
+    rows = tuple(tuple(bins.get(b, 0.0) for b in range(count)) for _, bins in nodes)
+    return SnicSeries(bin_s, end_s, line_rate, tuple(labels), rows)
+
+
 @dataclass(slots=True)
 class SimResult:
     """Outcome of one simulated run (offline or online).
@@ -90,14 +157,15 @@ class SimResult:
     slo_ok: bool | None = None
     steady: bool | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    snic_series: SnicSeries | None = None
 
     @property
     def turns_per_s(self) -> float:
         """Simulated turns per wall-clock second."""
         return self.turns / self.wall_s if self.wall_s > 0 else float("inf")
 
-    def to_dict(self) -> dict[str, object]:
-        """Plain JSON-able dict."""
+    def to_dict(self, series: bool = False) -> dict[str, object]:
+        """Plain JSON-able dict; ``series`` adds ``snic_series`` (None when not recorded)."""
         out: dict[str, object] = {
             "mode": self.mode, "policy": self.policy, "model": self.model, "pd": self.pd,
             "agents": self.agents, "turns": self.turns, "sim_time_s": self.sim_time,
@@ -116,4 +184,6 @@ class SimResult:
                 "slo_ok": self.slo_ok, "steady": self.steady,
             })
         out.update(self.extra)
+        if series:
+            out["snic_series"] = self.snic_series.to_dict() if self.snic_series else None
         return out
