@@ -39,6 +39,8 @@ __all__ = [
     "z_threshold",
     "pick_de",
     "de_place",
+    "de_place_in_place",
+    "place_under_z",
 ]
 
 DEFAULT_Z_FACTOR = 1.05
@@ -186,15 +188,20 @@ def pick_de(engines: Sequence[EngineSnapshot], length: int, z: float) -> EngineS
     """
     normal: EngineSnapshot | None = None
     high: EngineSnapshot | None = None
-    for e in engines:
+    for e in engines:  # comparisons spelled out: no key tuples in the per-request loop
         if e.hbm_free < length:
             continue
-        if e.tok + length <= z:
-            if normal is None or (e.seq, e.tok, e.engine_id) < (
-                    normal.seq, normal.tok, normal.engine_id):
+        tok = e.tok
+        if tok + length <= z:
+            if normal is None:
                 normal = e
-        elif normal is None and (high is None or (e.tok, e.engine_id) < (
-                high.tok, high.engine_id)):
+            else:
+                seq, nseq = e.seq, normal.seq
+                if seq < nseq or (seq == nseq and (tok < normal.tok or (
+                        tok == normal.tok and e.engine_id < normal.engine_id))):
+                    normal = e
+        elif normal is None and (high is None or tok < high.tok or (
+                tok == high.tok and e.engine_id < high.engine_id)):
             high = e
     return normal if normal is not None else high
 
@@ -203,23 +210,48 @@ def de_place(queue: Sequence[Request], engines: Sequence[EngineSnapshot],
              z_factor: float = DEFAULT_Z_FACTOR) -> DEPlaceResult:
     """Phase 2: place the group's private ``queue`` on its healthy DEs (see module doc)."""
     work = [e.copy() for e in engines]
-    live = [e for e in work if e.healthy]
+    assignments, z, r_count, stop = de_place_in_place(queue, work, z_factor)
+    return DEPlaceResult(tuple(assignments), tuple(queue[len(assignments):]), tuple(work), z,
+                         r_count, stop)
+
+
+def de_place_in_place(queue: Sequence[Request], engines: Sequence[EngineSnapshot],
+                      z_factor: float = DEFAULT_Z_FACTOR,
+                      ) -> tuple[list[tuple[int, int]], float, int, str]:
+    """:func:`de_place` on the caller's own snapshots: ``(assignments, z, r_count, stop)``.
+
+    Why: a caller that owns its snapshots and adopts the updated ones anyway need not pay for
+    copies, the copied remainder of the queue and a result object. The healthy ``engines``
+    are updated in place exactly as :func:`de_place` updates its copies; :func:`de_place` is
+    this function applied to copies, so both always agree.
+    """
+    live = [e for e in engines if e.healthy]
     if not live:
-        return DEPlaceResult((), tuple(queue), tuple(work), 0.0, 0, "no_engines")
+        return [], 0.0, 0, "no_engines"
     r_count = hbm_bounded_count(queue, sum(e.hbm_free for e in live))
     z = z_threshold(sum(r.length for r in queue[:r_count]), live, z_factor)
+    assignments, stop = place_under_z(queue, live, z)
+    return assignments, z, r_count, stop
+
+
+def place_under_z(queue: Iterable[Request], live: Sequence[EngineSnapshot],
+                  z: float) -> tuple[list[tuple[int, int]], str]:
+    """Step 3 of phase 2 alone: place from the head of ``queue`` on ``live`` (in place).
+
+    Returns ``(assignments, stop)``; ``stop`` is ``"no_hbm"`` when a request found no DE with
+    the HBM (it and the rest stay queued), else ``"queue_empty"``. ``queue`` is read lazily
+    and at most one request past the last placed one is read. Why separate: a caller that
+    already knows ``Z`` (say, from running totals and :func:`z_threshold`) can place without
+    walking the HBM-bounded head again; :func:`de_place` uses it for the same loop.
+    """
     assignments: list[tuple[int, int]] = []
-    n = 0
-    stop = "queue_empty"
     for r in queue:
         length = r.length
-        e = pick_de(live, length, z)
-        if e is None:
-            stop = "no_hbm"
-            break
-        e.tok += length
-        e.seq += 1
-        e.hbm_free -= length
-        assignments.append((r.request_id, e.engine_id))
-        n += 1
-    return DEPlaceResult(tuple(assignments), tuple(queue[n:]), tuple(work), z, r_count, stop)
+        d = pick_de(live, length, z)
+        if d is None:
+            return assignments, "no_hbm"
+        d.tok += length
+        d.seq += 1
+        d.hbm_free -= length
+        assignments.append((r.request_id, d.engine_id))
+    return assignments, "queue_empty"

@@ -32,6 +32,7 @@ __all__ = [
     "classify_pe",
     "pick_pe",
     "pe_fetch",
+    "pe_fetch_in_place",
     "select_loading_path",
 ]
 
@@ -121,19 +122,30 @@ def pe_fetch(queue: Iterable[Request], engines: Sequence[EngineSnapshot], alpha:
         beta: unfinished-token upper limit in tokens.
     """
     work = [e.copy() for e in engines]
+    assignments, stop = pe_fetch_in_place(queue, work, alpha, beta)
+    return PEFetchResult(tuple(assignments), len(assignments), tuple(work), stop, queue)
+
+
+def pe_fetch_in_place(queue: Iterable[Request], engines: Sequence[EngineSnapshot], alpha: int,
+                      beta: int) -> tuple[list[tuple[int, int]], str]:
+    """:func:`pe_fetch` on the caller's own snapshots: ``(assignments, stop_reason)``.
+
+    Why: a caller that owns its snapshots and adopts the updated ones anyway (the simulator,
+    hundreds of thousands of fetches per run) need not pay for copies and a result object.
+    ``engines`` are updated in place exactly as :func:`pe_fetch` updates its copies;
+    :func:`pe_fetch` is this function applied to copies, so both always agree.
+    """
     assignments: list[tuple[int, int]] = []
-    n = 0
     stop = "queue_empty"
     for r in queue:
-        e = pick_pe(work, alpha, beta)
+        e = pick_pe(engines, alpha, beta)
         if e is None:
             stop = "all_overloaded"
             break
         e.tok += r.length
         e.seq += 1
         assignments.append((r.request_id, e.engine_id))
-        n += 1
-    return PEFetchResult(tuple(assignments), n, tuple(work), stop, queue)
+    return assignments, stop
 
 
 def _healthy(e: EngineSnapshot, alpha: int, beta: int) -> bool:

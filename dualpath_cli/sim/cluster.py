@@ -1,8 +1,11 @@
 """The cluster simulation: agents' turns through PE fetch, reads, prefill, PD transfer, decode.
 
 Every scheduling decision is a call into core/ (``pe_fetch``, ``de_route``, ``de_place``,
-``read_plan``, ``pack_batch``); this module only moves simulated time and bytes. One turn's
-life (ARCHITECTURE.md, "data flow of one agent turn"):
+``read_plan``, ``pack_batch``); this module only moves simulated time and bytes. For speed
+the fetches use core's in-place forms on the groups' own snapshots (``pe_fetch_in_place``;
+``de_place`` as ``z_threshold`` plus ``place_under_z``, with ``|R|`` and its total taken from
+running sums), which compute exactly what the copying forms compute. One turn's life
+(ARCHITECTURE.md, "data flow of one agent turn"):
 
 1. the agent submits its turn: it joins the global PE FIFO; idle PE groups are woken and
    fetch at their next period tick (pull-based, paper 6.1);
@@ -27,22 +30,25 @@ whenever the batch changes).
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from itertools import islice
+from operator import attrgetter
 
 import numpy as np
 
-from dualpath_cli.core.de_schedule import de_place, de_route
-from dualpath_cli.core.pe_fetch import pe_fetch
+from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
+from dualpath_cli.core.pe_fetch import pe_fetch_in_place
 from dualpath_cli.core.policies import Policy, SchedParams, get_policy, read_plan
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.core.quota import PrefillWork, pack_batch
 from dualpath_cli.core.thresholds import tokens_processable, tokens_readable
-from dualpath_cli.core.types import Request, Role
+from dualpath_cli.core.types import Role
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.costs import CostModel, build_cost_model
@@ -56,6 +62,7 @@ from dualpath_cli.sim.trace import AgentPlan
 __all__ = ["SimSetup", "Simulation", "derive_thresholds"]
 
 _DE_HEAD_MAX = 4096   # bound on the private-queue head offered to one DE fetch
+_cum_end = attrgetter("cum_end")
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,15 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
 
 
 class Simulation:
-    """One simulated run. Build, then call :meth:`run_offline` or :meth:`run_online`."""
+    """One simulated run. Build, then call :meth:`run_offline` or :meth:`run_online`.
+
+    Why the handlers look flat: a 48P96D run is about 7.5M turns and 50M events, so the hot
+    paths read attributes into locals, inline their one-line helpers, keep per-group totals
+    (``Group.tok``/``hbm_free``) as running sums instead of re-summing snapshots, and call
+    core's in-place fetch functions on the groups' own snapshots instead of copying them.
+    Every float is still computed by the same operations in the same order, so a run is bit
+    for bit what the plain version computed (pinned in tests/test_sim_determinism.py).
+    """
 
     def __init__(self, setup: SimSetup, plans: Sequence[AgentPlan]) -> None:
         if setup.prefill_nodes < 1 or setup.decode_nodes < 1:
@@ -141,8 +156,22 @@ class Simulation:
         cal = setup.calibration
         self.params = SchedParams(self.alpha, self.beta, cal.z_factor, cal.block_tokens,
                                   read_rate, read_rate, setup.seed)
+        # constants the hot paths read (attribute chains resolved once)
+        self._io = setup.policy.io
+        self._layerwise = setup.policy.layerwise
+        self._period = cal.fetch_period_s
+        self._quota = cal.quota_s
+        self._z_factor = cal.z_factor
+        self._full_blocks = cal.full_blocks_only
+        self._block_tokens = cal.block_tokens
+        self._kvpt = cost.kv_bytes_per_token
+        self._de_hbm = cost.de_hbm_tokens
+        self._bin_s = setup.bin_s
         self.loop = EventLoop()
         ev = self.loop
+        self._at = ev.at
+        self._heap = ev.heap          # direct pushes where the time cannot be in the past
+        self._ticket = ev.ticket
         self.K_PE_FETCH = ev.register(self._pe_fetch)
         self.K_DE_DRAIN = ev.register(self._de_drain)
         self.K_DE_FETCH = ev.register(self._de_fetch)
@@ -154,6 +183,7 @@ class Simulation:
         self._build()
         # workload state
         n = len(self.plans)
+        self.num_turns = [p.num_turns for p in self.plans]
         self.next_turn = [0] * n
         self.context = [0] * n
         self.agent_start = [math.nan] * n
@@ -187,7 +217,7 @@ class Simulation:
             role = Role.PREFILL if n < s.prefill_nodes else Role.DECODE
             node = Node(n, role, cost.snic_rate, buf)
             self.nodes.append(node)
-            grp = Group(n, role)
+            grp = Group(n, role, node)
             (self.pe_groups if role is Role.PREFILL else self.de_groups).append(grp)
             for _ in range(g):
                 idx = len(self.engines)
@@ -202,6 +232,8 @@ class Simulation:
                 node.engines.append(e)
                 grp.engines.append(e)
                 grp.snaps.append(e.snap)
+            grp.tok = sum(sn.tok for sn in grp.snaps)
+            grp.hbm_free = sum(sn.hbm_free for sn in grp.snaps if sn.healthy)
         self.pe_idle: set[int] = {grp.idx for grp in self.pe_groups}
         for grp in self.pe_groups:
             grp.idle = True
@@ -209,19 +241,23 @@ class Simulation:
                       for i, grp in enumerate(self.pe_groups)}
         self.phase.update({grp.idx: (i + 0.5) / len(self.de_groups)
                            for i, grp in enumerate(self.de_groups)})
+        period = s.calibration.fetch_period_s
+        for grp in (*self.pe_groups, *self.de_groups):
+            grp.tick_ph = self.phase[grp.idx] * period
 
     # ----------------------------------------------------------------- helpers
-    def _tick(self, gidx: int) -> float:
-        """The next periodic fetch time of group ``gidx`` at or after now."""
-        period = self.setup.calibration.fetch_period_s
-        ph = self.phase[gidx] * period
-        now = self.loop.now
-        return ph + period * math.ceil((now - ph) / period - 1e-12)
+    def _tick(self, grp: Group) -> float:
+        """The next periodic fetch time of ``grp`` at or after now."""
+        period = self._period
+        ph = grp.tick_ph
+        return ph + period * math.ceil((self.loop.now - ph) / period - 1e-12)
 
     def _wake(self, grp: Group, kind: int) -> None:
         if not grp.pending:
             grp.pending = True
-            self.loop.at(self._tick(grp.idx), kind, grp)
+            period = self._period
+            ph = grp.tick_ph
+            self._at(ph + period * math.ceil((self.loop.now - ph) / period - 1e-12), kind, grp)
 
     # ----------------------------------------------------------------- agents and turns
     def _agent_arrives(self, agent: int) -> None:
@@ -229,34 +265,37 @@ class Simulation:
         self._start_turn(agent)
 
     def _start_turn(self, agent: int) -> None:
-        plan = self.plans[agent]
         k = self.next_turn[agent]
-        t = plan.turns[k]
+        t = self.plans[agent].turns[k]
         append, gen = t.append, t.gen
-        append = max(1, append)
-        gen = max(1, gen)
+        if append < 1:
+            append = 1
+        if gen < 1:
+            gen = 1
         self.next_turn[agent] = k + 1
         cached = self.context[agent]
         self.context[agent] = cached + append + gen
-        if self.setup.calibration.full_blocks_only:  # only whole blocks hit; the rest is new
-            bt = self.setup.calibration.block_tokens
+        if self._full_blocks:  # only whole blocks hit; the rest is new
+            bt = self._block_tokens
             hit = (cached // bt) * bt
             append += cached - hit
             cached = hit
-        self.rid += 1
-        req = Req(self.rid, agent, k, cached, append, gen, self.loop.now)
-        if req.length + gen > self.cost.de_hbm_tokens:
+        rid = self.rid = self.rid + 1
+        req = Req(rid, agent, k, cached, append, gen, self.loop.now)
+        if req.length + gen > self._de_hbm:
             raise ConfigError(
                 f"agent {agent} turn {k}: {req.length + gen} tokens of KV cannot fit in one "
-                f"decode engine's HBM ({self.cost.de_hbm_tokens} tokens)")
-        self.reqs[req.rid] = req
+                f"decode engine's HBM ({self._de_hbm} tokens)")
+        self.reqs[rid] = req
         self.pe_queue.append(req)
-        if self.pe_idle:
-            for gidx in list(self.pe_idle):
-                grp = self.pe_groups[gidx]
+        pe_idle = self.pe_idle
+        if pe_idle:
+            groups, kind = self.pe_groups, self.K_PE_FETCH
+            for gidx in list(pe_idle):
+                grp = groups[gidx]
                 grp.idle = False
-                self._wake(grp, self.K_PE_FETCH)
-            self.pe_idle.clear()
+                self._wake(grp, kind)
+            pe_idle.clear()
 
     # ----------------------------------------------------------------- PE fetch
     def _pe_fetch(self, grp: Group) -> None:
@@ -266,21 +305,21 @@ class Simulation:
             grp.idle = True
             self.pe_idle.add(grp.idx)
             return
-        for e in grp.engines:
-            e.snap.read_q = e.node.read_q
-        res = pe_fetch((r.core for r in q), grp.snaps, self.alpha, self.beta)
-        grp.snaps = list(res.engines)
-        for e, snap in zip(grp.engines, res.engines, strict=True):
-            e.snap = snap
-        engines = self.engines
-        for _rid, eid in res.assignments:
-            req = q.popleft()
-            req.pe = engines[eid]  # type: ignore[assignment]
-            self.de_global.append(req)
-        if res.assignments and not self.drain_pending:
-            self.drain_pending = True
-            self.loop.at(self._tick(self.de_groups[0].idx), self.K_DE_DRAIN, None)
-        if res.stop_reason == "queue_empty":
+        snaps = grp.snaps
+        read_q = grp.node.read_q  # a group is one node: its engines share the node's queue
+        for sn in snaps:
+            sn.read_q = read_q
+        assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
+        if assignments:
+            engines, de_global = self.engines, self.de_global
+            for _rid, eid in assignments:
+                req = q.popleft()
+                req.pe = engines[eid]  # type: ignore[assignment]
+                de_global.append(req)
+            if not self.drain_pending:
+                self.drain_pending = True
+                self._at(self._tick(self.de_groups[0]), self.K_DE_DRAIN, None)
+        if stop == "queue_empty":
             if q:
                 self._wake(grp, self.K_PE_FETCH)
             else:
@@ -293,47 +332,55 @@ class Simulation:
         q = self.de_global
         if not q:
             return
-        loads = {grp.idx: sum(s.tok for s in grp.snaps) + grp.private_tokens
-                 for grp in self.de_groups}
+        loads = {grp.idx: grp.tok + grp.private_tokens for grp in self.de_groups}
         res = de_route([r.core for r in q], loads)
-        nodes = self.nodes
+        groups, first, kind = self.de_groups, self.setup.prefill_nodes, self.K_DE_FETCH
         for _rid, gidx in res.assignments:
             req = q.popleft()
-            grp = self._de_group_of(nodes[gidx])
-            grp.private.append(req.core)
+            grp = groups[gidx - first]  # DE groups are numbered by node, after the PE nodes
+            grp.private.append(req)
             grp.private_tokens += req.length
-            self._wake(grp, self.K_DE_FETCH)
-
-    def _de_group_of(self, node: Node) -> Group:
-        return self.de_groups[node.idx - self.setup.prefill_nodes]
+            req.cum_end = grp.routed = grp.routed + req.length
+            if not grp.pending:
+                self._wake(grp, kind)
 
     def _de_fetch(self, grp: Group) -> None:
         grp.pending = False
         priv = grp.private
         if not priv:
             return
-        free = sum(s.hbm_free for s in grp.snaps if s.healthy)
-        head: list[Request] = []
-        used = 0
-        for r in priv:
-            head.append(r)
-            used += r.length
-            if used > free or len(head) >= _DE_HEAD_MAX:
+        snaps = grp.snaps
+        first = priv[0].length
+        for sn in snaps:
+            if sn.healthy and sn.hbm_free >= first:
                 break
-        res = de_place(head, grp.snaps, self.setup.calibration.z_factor)
-        grp.snaps = list(res.engines)
-        for e, snap in zip(grp.engines, res.engines, strict=True):
-            e.snap = snap
-        engines, reqs = self.engines, self.reqs
-        for rid, eid in res.assignments:
-            priv.popleft()
-            req = reqs[rid]
+        else:  # no DE has room for the head: core's placement would stop at once, empty
+            return
+        # core's de_place on the head R + 1 of the queue (R: the longest head whose total
+        # fits the group's free HBM, at most _DE_HEAD_MAX requests offered), without walking
+        # it: |R| by bisection over the running totals, sum(R) by one subtraction, then Z by
+        # core's z_threshold and the placement loop by core's place_under_z, as de_place does
+        free = grp.hbm_free
+        base = priv[0].cum_end - first
+        fit = bisect_right(priv, base + free, key=_cum_end)
+        offered = min(fit + 1, len(priv), _DE_HEAD_MAX)
+        r_count = fit if fit < offered else offered
+        r_tokens = priv[r_count - 1].cum_end - base if r_count else 0
+        live = [sn for sn in snaps if sn.healthy]
+        z = z_threshold(r_tokens, live, self._z_factor)
+        assignments, stop = place_under_z((r.core for r in islice(priv, offered)), live, z)
+        engines = self.engines
+        for _rid, eid in assignments:
+            req = priv.popleft()
             de = engines[eid]
             req.de = de  # type: ignore[assignment]
-            de.snap.hbm_free -= req.gen  # generated tokens also live in HBM
-            grp.private_tokens -= req.length
+            length, gen = req.length, req.gen
+            de.snap.hbm_free -= gen  # generated tokens also live in HBM
+            grp.private_tokens -= length
+            grp.tok += length
+            grp.hbm_free -= length + gen
             self._start_io(req)
-        if res.stop_reason == "queue_empty" and priv:
+        if stop == "queue_empty" and priv:
             self._wake(grp, self.K_DE_FETCH)
 
     # ----------------------------------------------------------------- reads
@@ -344,75 +391,100 @@ class Simulation:
         if pol is None or req.cached == 0:
             self._pe_ready(req)
             return
-        pe.snap.read_q = pe.node.read_q
-        de.snap.read_q = de.node.read_q
-        plan = read_plan(pol, req.core, pe.snap, de.snap, self.params, self.ordinal)
+        pe_snap, de_snap = pe.snap, de.snap
+        pe_snap.read_q = pe.node.read_q
+        de_snap.read_q = de.node.read_q
+        plan = read_plan(pol, req.core, pe_snap, de_snap, self.params, self.ordinal)
         self.ordinal += 1
-        kvpt = self.cost.kv_bytes_per_token
-        jobs = []
-        if plan.pe_tokens:
-            jobs.append(ReadJob(req, plan.pe_tokens, plan.pe_tokens * kvpt, pe))
-            self.read_pe_tokens += plan.pe_tokens
-        if plan.de_tokens:
-            jobs.append(ReadJob(req, plan.de_tokens, plan.de_tokens * kvpt, de))
-            self.read_de_tokens += plan.de_tokens
-        req.pending_reads = len(jobs)
-        for job in jobs:
-            eng = job.engine
-            eng.node.read_q += job.tokens
-            eng.rq.append(job)
-            if eng.reading is None:
-                self._try_read(eng)
+        kvpt = self._kvpt
+        pe_tokens, de_tokens = plan.pe_tokens, plan.de_tokens
+        pe_job = de_job = None
+        if pe_tokens:
+            pe_job = ReadJob(req, pe_tokens, pe_tokens * kvpt, pe)
+            self.read_pe_tokens += pe_tokens
+        if de_tokens:
+            de_job = ReadJob(req, de_tokens, de_tokens * kvpt, de)
+            self.read_de_tokens += de_tokens
+        req.pending_reads = (pe_job is not None) + (de_job is not None)
+        if pe_job is not None:
+            pe.node.read_q += pe_tokens
+            pe.rq.append(pe_job)
+            if pe.reading is None:
+                self._try_read(pe)
+        if de_job is not None:
+            de.node.read_q += de_tokens
+            de.rq.append(de_job)
+            if de.reading is None:
+                self._try_read(de)
 
     def _try_read(self, eng: PEngine | DEngine) -> bool:
-        if eng.reading is not None or not eng.rq:
+        rq = eng.rq
+        if eng.reading is not None or not rq:
             return False
-        job = eng.rq[0]
+        job = rq[0]
         node = eng.node
-        if node.buffer_free < job.nbytes and node.snic.flows:
+        link = node.snic
+        nbytes = job.nbytes
+        if node.buffer_free < nbytes and link.flows:
+            if not eng.blocked:
+                eng.blocked = True
+                node.blocked += 1
             return False  # DRAM buffer full: wait for a release (never blocks an idle NIC)
-        eng.rq.popleft()
-        node.buffer_free -= job.nbytes
+        if eng.blocked:
+            eng.blocked = False
+            node.blocked -= 1
+        rq.popleft()
+        node.buffer_free -= nbytes
         now = self.loop.now
         job.start = now
-        flow = Flow(job.nbytes, now, job, eng.idx)
+        flow = Flow(nbytes, now, job, eng.idx)
         eng.reading = flow
-        node.snic.add(now, flow)
-        self._schedule_node(node)
+        link.add(now, flow)
+        version = link.version = link.version + 1  # reschedule the next completion
+        heappush(self._heap, (link.next_finish(), self._ticket(), self.K_READ, (node, version)))
         return True
-
-    def _schedule_node(self, node: Node) -> None:
-        link = node.snic
-        link.version += 1
-        if link.flows:
-            self.loop.at(link.next_finish(), self.K_READ, (node, link.version))
 
     def _read_done(self, payload: tuple[Node, int]) -> None:
         node, version = payload
-        if version != node.snic.version:
+        link = node.snic
+        if version != link.version:
             return
         now = self.loop.now
-        engines = self.engines
-        for flow in node.snic.pop_done(now):
+        engines, bin_s, bins = self.engines, self._bin_s, node.bins
+        for flow in link.pop_done(now):
             job: ReadJob = flow.token  # type: ignore[assignment]
             eng = engines[flow.owner]
             eng.reading = None
             node.read_q -= job.tokens
-            self._bin(node, job.start, now, job.nbytes)
-            req = job.req
-            if eng.snap.role is Role.PREFILL:
-                req.buf_pe += job.nbytes
+            nbytes, start = job.nbytes, job.start
+            b0 = int(start // bin_s)
+            if b0 == int(now // bin_s) or now <= start:  # _bin's single-bin case, inlined
+                node.read_bytes += nbytes
+                bins[b0] = bins.get(b0, 0.0) + nbytes
             else:
-                req.buf_de += job.nbytes
+                self._bin(node, start, now, nbytes)
+            req = job.req
+            if eng.prefill:
+                req.buf_pe += nbytes
+            else:
+                req.buf_de += nbytes
             req.pending_reads -= 1
-            if req.pending_reads == 0:
-                self._pe_ready(req)
-            self._try_read(eng)
-        self._schedule_node(node)
+            if req.pending_reads == 0:  # _pe_ready, inlined
+                pe = req.pe
+                assert pe is not None
+                pe.ready.append(PrefillWork(req.rid, req.cached, req.new))
+                if not pe.busy:
+                    self._start_batch(pe)
+            if eng.rq:
+                self._try_read(eng)
+        version = link.version = link.version + 1
+        if link.flows:  # next_finish() >= now: the link was just advanced to now
+            heappush(self._heap, (link.next_finish(), self._ticket(), self.K_READ,
+                                  (node, version)))
 
     def _bin(self, node: Node, start: float, end: float, nbytes: float) -> None:
         node.read_bytes += nbytes
-        w = self.setup.bin_s
+        w = self._bin_s
         b0, b1 = int(start // w), int(end // w)
         bins = node.bins
         if b0 == b1 or end <= start:
@@ -428,9 +500,10 @@ class Simulation:
         if nbytes <= 0:
             return
         node.buffer_free += nbytes
-        for eng in node.engines:
-            if eng.reading is None and eng.rq:
-                self._try_read(eng)
+        if node.blocked:  # else every engine of the node is reading or has nothing queued
+            for eng in node.engines:
+                if eng.reading is None and eng.rq:
+                    self._try_read(eng)
 
     # ----------------------------------------------------------------- prefill
     def _pe_ready(self, req: Req) -> None:
@@ -443,27 +516,29 @@ class Simulation:
     def _start_batch(self, pe: PEngine) -> None:
         cost = self.cost
         ready = pe.ready
-        layerwise = self.policy.layerwise
+        layerwise = self._layerwise
         queue: Iterable[PrefillWork] = ready
         if not layerwise:  # whole-prompt KV must sit in HBM: offer only what fits
             queue = _hbm_prefix(ready, cost.pe_hbm_tokens)
-        qb = pack_batch(queue, self.setup.calibration.quota_s, cost.predictor)
+        qb = pack_batch(queue, self._quota, cost.predictor)
         for _ in range(qb.consumed):
             ready.popleft()
         if qb.carry is not None:
             ready.appendleft(qb.carry)
         compute = 0.0
         cached = 0
-        for w in qb.items:
-            compute += cost.prefill_s(w.cached, w.bsz)
+        prefill_s = cost.prefill_s
+        items = qb.items
+        for w in items:
+            compute += prefill_s(w.cached, w.bsz)
             cached += w.cached
-        load = cached * cost.kv_bytes_per_token if self.policy.io else 0.0
+        load = cached * self._kvpt if self._io else 0.0
         dur = cost.batch_s(compute, load, layerwise)
         pe.cnic_in.bytes += load
         pe.busy = True
         pe.busy_time += dur
         pe.batches += 1
-        self.loop.at(self.loop.now + dur, self.K_PE_DONE, (pe, qb.items))
+        heappush(self._heap, (self.loop.now + dur, self._ticket(), self.K_PE_DONE, (pe, items)))
 
     def _pe_done(self, payload: tuple[PEngine, tuple[PrefillWork, ...]]) -> None:
         pe, items = payload
@@ -488,85 +563,96 @@ class Simulation:
         grp = pe.group
         if self.pe_queue and not grp.pending:
             self._wake(grp, self.K_PE_FETCH)
-        self._release(pe.node, req.buf_pe)
+        buf = req.buf_pe
+        if buf > 0:
+            self._release(pe.node, buf)
         req.buf_pe = 0.0
         t = now
-        if self.policy.io:
-            kvpt = self.cost.kv_bytes_per_token
+        if self._io:
+            kvpt = self._kvpt
             full = req.length * kvpt
-            if self.policy.layerwise:  # streamed per layer during the prefill
+            if self._layerwise:  # streamed per layer during the prefill
                 pe.cnic_out.bytes += (req.length if req.buf_de == 0 else req.new) * kvpt
             else:
                 t = pe.cnic_out.send(now, full)
             t = de.cnic_in.send(t, full)  # H2D into DE HBM through the CNIC loopback
-        self.loop.at(t, self.K_JOIN, req)
+        heappush(self._heap, (t, self._ticket(), self.K_JOIN, req))  # t >= now
 
     # ----------------------------------------------------------------- decode
-    def _advance(self, de: DEngine) -> None:
-        now = self.loop.now
-        if de.step_s > 0:
-            de.steps += (now - de.last) / de.step_s
-            de.busy_time += now - de.last
-        de.last = now
-
-    def _reschedule(self, de: DEngine) -> None:
-        de.version += 1
-        n = len(de.heap)
-        if n == 0:
+    def _reschedule(self, de: DEngine, now: float) -> None:
+        """Set the step time for the batch as it now is and schedule its next completion."""
+        version = de.version = de.version + 1
+        heap = de.heap
+        if not heap:
             de.step_s = 0.0
             return
-        de.step_s = self.cost.decode_step_s(n, de.attended)
-        wait = max(0.0, de.heap[0][0] - de.steps) * de.step_s
-        self.loop.at(self.loop.now + wait, self.K_STEP, (de, de.version))
+        step_s = de.step_s = self.cost.decode_step_s(len(heap), de.attended)
+        wait = max(0.0, heap[0][0] - de.steps) * step_s
+        heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
 
     def _de_join(self, req: Req) -> None:
         de = req.de
         assert de is not None
         now = self.loop.now
-        self._release(de.node, req.buf_de)
+        buf = req.buf_de
+        if buf > 0:
+            self._release(de.node, buf)
         req.buf_de = 0.0
-        self._advance(de)
+        step_s = de.step_s  # advance the batch's step count to now
+        if step_s > 0:
+            de.steps += (now - de.last) / step_s
+            de.busy_time += now - de.last
+        de.last = now
         att = self.cost.attended(req.length + req.gen // 2)
         req.finish_s = att
         de.attended += att
-        heapq.heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
+        heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
         req.t_join = now
-        self._reschedule(de)
+        self._reschedule(de, now)
         req.t_second = now + de.step_s
 
     def _de_step(self, payload: tuple[DEngine, int]) -> None:
         de, version = payload
         if version != de.version:
             return
-        self._advance(de)
+        now = self.loop.now
+        step_s = de.step_s  # advance the batch's step count to now
+        if step_s > 0:
+            de.steps += (now - de.last) / step_s
+            de.busy_time += now - de.last
+        de.last = now
         heap = de.heap
         limit = de.steps + 1e-9
         while heap and heap[0][0] <= limit:
-            _, _, req = heapq.heappop(heap)
+            req = heappop(heap)[2]
             de.attended -= int(req.finish_s)
             self._finish(req, de)
-        self._reschedule(de)
+        self._reschedule(de, now)
 
     def _finish(self, req: Req, de: DEngine) -> None:
         now = self.loop.now
         snap = de.snap
-        snap.tok -= req.length
+        length, gen = req.length, req.gen
+        snap.tok -= length
         snap.seq -= 1
-        snap.hbm_free += req.length + req.gen
-        if de.group.private:
-            self._wake(de.group, self.K_DE_FETCH)
-        if self.policy.io:  # persist the turn's new full blocks (never delays a read)
-            nbytes = (req.new + req.gen) * self.cost.kv_bytes_per_token
+        snap.hbm_free += length + gen
+        grp = de.group
+        grp.tok -= length
+        grp.hbm_free += length + gen
+        if grp.private and not grp.pending:
+            self._wake(grp, self.K_DE_FETCH)
+        if self._io:  # persist the turn's new full blocks (never delays a read)
+            nbytes = (req.new + gen) * self._kvpt
             de.node.write.send(now, nbytes)
             de.cnic_out.bytes += nbytes
         if self.record:
-            tpot = (now - req.t_second) / (req.gen - 2) if req.gen > 2 else math.nan
-            ttst = req.t_second - req.t_first if req.gen > 1 else math.nan
+            tpot = (now - req.t_second) / (gen - 2) if gen > 2 else math.nan
+            ttst = req.t_second - req.t_first if gen > 1 else math.nan
             self.samples.append((req.t_arrive, req.t_first - req.t_arrive, ttst, tpot))
         del self.reqs[req.rid]
         self.turns_done += 1
         agent = req.agent
-        if self.next_turn[agent] < self.plans[agent].num_turns:
+        if self.next_turn[agent] < self.num_turns[agent]:
             self._start_turn(agent)
         else:
             self.agent_end[agent] = now

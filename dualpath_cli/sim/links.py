@@ -68,10 +68,11 @@ class SharedLink:
     def next_finish(self) -> float:
         """Absolute time the next flow completes at the current shares (inf when idle)."""
         flows = self.flows
-        if not flows:
+        n = len(flows)
+        if n == 0:
             return float("inf")
-        least = min(f.remaining for f in flows)
-        return self.last + max(0.0, least) * len(flows) / self.bandwidth
+        least = flows[0].remaining if n == 1 else min([f.remaining for f in flows])
+        return self.last + max(0.0, least) * n / self.bandwidth
 
     def pop_done(self, now: float) -> list[Flow]:
         """Advance to ``now`` and remove the flows with (almost) nothing left.
@@ -81,9 +82,16 @@ class SharedLink:
         """
         self.advance(now)
         eps = self.bandwidth * 1e-6
-        done = [f for f in self.flows if f.remaining <= eps]
+        flows = self.flows
+        if len(flows) == 1:  # the common case, without the two list scans
+            if flows[0].remaining > eps:
+                return []
+            self.flows = []
+            self.version += 1
+            return flows
+        done = [f for f in flows if f.remaining <= eps]
         if done:
-            self.flows = [f for f in self.flows if f.remaining > eps]
+            self.flows = [f for f in flows if f.remaining > eps] if len(done) < len(flows) else []
             self.version += 1
         return done
 

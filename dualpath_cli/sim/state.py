@@ -20,7 +20,7 @@ class Req:
 
     __slots__ = ("rid", "agent", "turn", "length", "cached", "new", "gen", "core", "pe", "de",
                  "pending_reads", "t_arrive", "t_first", "t_join", "t_second", "done_new",
-                 "buf_pe", "buf_de", "finish_s")
+                 "buf_pe", "buf_de", "finish_s", "cum_end")
 
     def __init__(self, rid: int, agent: int, turn: int, cached: int, new: int, gen: int,
                  now: float) -> None:
@@ -43,6 +43,7 @@ class Req:
         self.buf_pe = 0.0   # bytes held in the PE node's DRAM buffer
         self.buf_de = 0.0   # bytes held in the DE node's DRAM buffer
         self.finish_s = 0.0
+        self.cum_end = 0    # its DE group's routed tokens up to and including this request
 
 
 class ReadJob:
@@ -62,7 +63,7 @@ class Node:
     """A machine: one storage NIC (read side fair-shared), a DRAM buffer, its engines."""
 
     __slots__ = ("idx", "role", "snic", "write", "read_q", "buffer_free", "engines", "bins",
-                 "read_bytes")
+                 "read_bytes", "blocked")
 
     def __init__(self, idx: int, role: Role, snic_rate: float, buffer_bytes: float) -> None:
         self.idx = idx
@@ -74,16 +75,20 @@ class Node:
         self.engines: list[PEngine | DEngine] = []
         self.bins: dict[int, float] = {}  # time bin -> bytes read
         self.read_bytes = 0.0
+        self.blocked = 0                 # engines whose next read waits for buffer space
 
 
 class _Engine:
-    __slots__ = ("idx", "node", "group", "snap", "rq", "reading", "cnic_in", "cnic_out")
+    __slots__ = ("idx", "node", "group", "snap", "rq", "reading", "cnic_in", "cnic_out",
+                 "prefill", "blocked")
 
     def __init__(self, idx: int, node: Node, group: Group, role: Role, hbm_tokens: int,
                  cnic_rate: float) -> None:
         self.idx = idx
         self.node = node
         self.group = group
+        self.prefill = role is Role.PREFILL
+        self.blocked = False   # idle with a read queued that the DRAM buffer cannot take yet
         self.snap = EngineSnapshot(idx, node.idx, group.idx, role, hbm_free=hbm_tokens)
         self.rq: deque[ReadJob] = deque()
         self.reading: Flow | None = None
@@ -125,17 +130,29 @@ class DEngine(_Engine):
 
 
 class Group:
-    """An engine group (one node's engines): fetches together through its leader."""
+    """An engine group (one node's engines): fetches together through its leader.
 
-    __slots__ = ("idx", "role", "engines", "snaps", "pending", "private", "private_tokens",
-                 "idle")
+    ``snaps`` are the engines' own snapshots (core's in-place fetches update them), and
+    ``tok``/``hbm_free`` are running totals over them (``hbm_free`` over healthy engines),
+    kept up to date on every change so a DE drain or fetch never re-sums the group.
+    ``routed`` counts every token ever routed to the private queue; each queued request keeps
+    the count up to itself (``Req.cum_end``), so any head's total is one subtraction.
+    """
 
-    def __init__(self, idx: int, role: Role) -> None:
+    __slots__ = ("idx", "role", "node", "engines", "snaps", "pending", "private",
+                 "private_tokens", "idle", "tick_ph", "tok", "hbm_free", "routed")
+
+    def __init__(self, idx: int, role: Role, node: Node) -> None:
         self.idx = idx
         self.role = role
+        self.node = node
         self.engines: list = []
         self.snaps: list[EngineSnapshot] = []
         self.pending = False
-        self.private: deque[Request] = deque()
+        self.private: deque[Req] = deque()   # routed by phase 1, not yet placed
         self.private_tokens = 0
         self.idle = False
+        self.tick_ph = 0.0      # the group's fetch phase within the period, in seconds
+        self.tok = 0            # sum of the snapshots' tok
+        self.hbm_free = 0       # sum of the healthy snapshots' hbm_free
+        self.routed = 0         # tokens ever appended to ``private``
