@@ -261,7 +261,7 @@ def balance(run: Runner, quick: bool) -> list[Target]:
     six = {p: run.offline("ds660b", "2P4D", p, six_n).snic_max_avg
            for p in ("dual-rr", "dualpath", "split")}
     note3 = (f"DS27B 1P2D (3 machines), {n} agents; max/avg of bytes read per 5 s bin over "
-             "the 3 SNICs, busy first half")
+             "the 3 SNICs, bins with the SNICs >= 50% busy")
     note6 = f"DS660B 2P4D (6 machines), {six_n} agents; same metric; not graded"
     rr, dp, sp = three["dual-rr"], three["dualpath"], three["split"]
     return [
