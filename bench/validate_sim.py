@@ -13,12 +13,13 @@ turns, 7 MB/s storage NICs, 5 ms fetch period) under basic and dualpath. The sim
 predicts the same runs from a profile calibrated on this machine
 (:func:`dualpath_cli.sim.calibrate_from_measurements`):
 
-* compute: the reference model's achieved prefill FLOP/s and decode step time, measured with
-  runtime/calibrate.py and runtime/model/timing.py. Measured **while** as many other busy
-  processes run as the deployment has engines beyond one, because the engines share this
-  machine's cores: on 2 cores, 3 engine processes do not each get a core. The measured rate
-  is therefore the rate one engine sees when every engine is busy (an upper bound on the
-  slowdown; engines are not always all busy);
+* compute: the reference model's achieved prefill FLOP/s and decode step time of one engine
+  alone, measured with runtime/calibrate.py and runtime/model/timing.py; the engine processes
+  share this machine's cores (on 2 cores, 3 engine processes do not each get one), which the
+  simulator models with ``SimCalibration.host_cores``: while more engines compute than there
+  are cores, each runs at cores / computing engines of its speed. (``--host-cores 0`` gives
+  the older method: no contention model, compute calibrated while ``--busy`` rival
+  processes spin, i.e. as if those engines were always busy);
 * storage NICs: the bench's shaped rate, less the 4 KiB header each 64 KiB block carries on
   disk (payload fraction, storage's block format); compute NICs: the config's rate, with no
   model traffic on them (the runtime sends none);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import time
@@ -129,8 +131,12 @@ def measure_compute(model: str, busy_others: int, context: int) -> dict[str, flo
 
 
 def predict(traj: list[Trajectory], pd: str, policy: str,
-            compute: dict[str, float]) -> float:
-    """Simulated JCT of ``policy`` at ``pd`` with the calibrated profile."""
+            compute: dict[str, float], host_cores: int | None = None) -> float:
+    """Simulated JCT of ``policy`` at ``pd`` with the calibrated profile.
+
+    ``host_cores``: model the engines sharing this many CPU cores (SimCalibration.host_cores);
+    ``compute`` must then be the speed of one engine alone.
+    """
     base = _bench_setup(traj, pd)
     loaded, _ = load_bench_config(traj, sets=[f"cluster.pd={pd}"])
     cfg = loaded.config
@@ -144,7 +150,7 @@ def predict(traj: list[Trajectory], pd: str, policy: str,
                             fetch_period_s=base.fetch_s, quota_s=base.quota_s,
                             block_tokens=base.block_tokens, z_factor=base.z_factor,
                             prefill_overhead_s=compute["prefill_overhead_s"],
-                            full_blocks_only=True))
+                            full_blocks_only=True, host_cores=host_cores))
     setup = SimSetup(model=cfg.model_profile, hardware=hw, prefill_nodes=base.prefill_nodes,
                      decode_nodes=base.decode_nodes, policy=get_sim_policy(policy),
                      calibration=cal, alpha=base.alpha, beta=base.beta)
@@ -175,9 +181,13 @@ def main() -> None:
     ap.add_argument("--save", type=Path, default=None, help="save runtime JCTs here")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runtime runs per setting, averaged (default 2)")
+    ap.add_argument("--host-cores", type=int, default=os.cpu_count() or 1,
+                    help="model the engines sharing this many CPU cores (default: this "
+                    "machine's); compute is then calibrated with no rivals. 0: no contention "
+                    "model; calibrate with rivals instead (--busy)")
     ap.add_argument("--busy", choices=("prefill", "engines"), default="prefill",
-                    help="engines assumed busy while calibrating compute: the prefill "
-                    "engines (default) or every engine")
+                    help="with --host-cores 0: engines assumed busy while calibrating compute, "
+                    "the prefill engines or every engine")
     args = ap.parse_args()
     pds = tuple(x.strip().upper() for x in args.pd.split(","))
     traj = agentic_workload(args.agents, turns=args.turns)
@@ -194,18 +204,19 @@ def main() -> None:
     compute_by_n: dict[int, dict[str, float]] = {}
     rows: list[dict[str, Any]] = []
     for pd in pds:
-        n = busy_engines(pd, args.busy)
+        n = busy_engines(pd, args.busy) if args.host_cores == 0 else 1
         if n not in compute_by_n:
             compute_by_n[n] = measure_compute(model, n - 1, mean_ctx)
         for policy in POLICIES:
             got = float(measured[pd][policy])
-            pred = predict(traj, pd, policy, compute_by_n[n])
+            pred = predict(traj, pd, policy, compute_by_n[n], args.host_cores or None)
             err = 100.0 * (pred - got) / got
             rows.append({"pd": pd, "policy": policy, "measured_jct_s": round(got, 3),
                          "predicted_jct_s": round(pred, 3), "error_pct": round(err, 1),
                          "ok": abs(err) <= GOAL_PCT})
     out = {"rows": rows, "goal_pct": GOAL_PCT, "agents": args.agents, "turns": args.turns,
-           "repeats": args.repeats, "busy": args.busy,
+           "repeats": args.repeats, "host_cores": args.host_cores,
+           "busy": args.busy if args.host_cores == 0 else None,
            "calibration": {str(k): v for k, v in compute_by_n.items()},
            "wall_s": round(time.perf_counter() - wall, 1)}
     if args.json:

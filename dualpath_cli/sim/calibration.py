@@ -78,6 +78,12 @@ class SimCalibration:
         z_factor: the DE high-token factor (paper: 1.05).
         block_tokens: storage block size (paper's example: 64 tokens).
         decode_step_s: if set, a measured decode step time that replaces the roofline.
+        host_cores: if set, every engine runs on one host with this many CPU cores (the
+            embedded runtime on one machine): while more engines compute than there are
+            cores, each computes at ``cores / computing engines`` of its speed (processor
+            sharing; a prefill batch's share is fixed when it starts, decode steps are
+            re-timed whenever the count changes). None (the default): each engine has its own
+            GPU and there is no such contention.
         full_blocks_only: a turn's cache hit is its context rounded down to whole blocks
             (the tail of a partial block is recomputed), as the embedded runtime's store
             does; False (the paper-scale default) counts the whole context as a hit.
@@ -96,6 +102,7 @@ class SimCalibration:
     block_tokens: int = 64
     decode_step_s: float | None = None
     full_blocks_only: bool = False
+    host_cores: int | None = None
 
     def cnic_kv_rate(self, cnic_bandwidth: float) -> float:
         """Bytes/s a compute NIC gives KV traffic."""
@@ -112,6 +119,7 @@ class SimCalibration:
             ("quota_s", self.quota_s > 0),
             ("block_tokens", self.block_tokens >= 1),
             ("z_factor", self.z_factor >= 1),
+            ("host_cores", self.host_cores is None or self.host_cores >= 1),
         )
         for name, ok in checks:
             if not ok:

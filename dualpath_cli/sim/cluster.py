@@ -161,6 +161,8 @@ class Simulation:
         self._layerwise = setup.policy.layerwise
         self._period = cal.fetch_period_s
         self._quota = cal.quota_s
+        self._host_cores = cal.host_cores   # None: no CPU contention between engines
+        self._computing = 0                 # busy PEs + DEs with a batch (host_cores only)
         self._z_factor = cal.z_factor
         self._full_blocks = cal.full_blocks_only
         self._block_tokens = cal.block_tokens
@@ -533,6 +535,10 @@ class Simulation:
             compute += prefill_s(w.cached, w.bsz)
             cached += w.cached
         load = cached * self._kvpt if self._io else 0.0
+        if self._host_cores is not None:
+            self._computing += 1
+            self._retime_decode(self.loop.now, None)
+            compute *= self._slowdown()
         dur = cost.batch_s(compute, load, layerwise)
         pe.cnic_in.bytes += load
         pe.busy = True
@@ -543,6 +549,9 @@ class Simulation:
     def _pe_done(self, payload: tuple[PEngine, tuple[PrefillWork, ...]]) -> None:
         pe, items = payload
         pe.busy = False
+        if self._host_cores is not None:
+            self._computing -= 1
+            self._retime_decode(self.loop.now, None)
         reqs = self.reqs
         for w in items:
             req = reqs[w.request_id]
@@ -583,12 +592,36 @@ class Simulation:
         """Set the step time for the batch as it now is and schedule its next completion."""
         version = de.version = de.version + 1
         heap = de.heap
+        if self._host_cores is not None and bool(heap) != de.active:
+            de.active = bool(heap)
+            self._computing += 1 if de.active else -1
+            self._retime_decode(now, de)
         if not heap:
             de.step_s = 0.0
             return
-        step_s = de.step_s = self.cost.decode_step_s(len(heap), de.attended)
+        step_s = self.cost.decode_step_s(len(heap), de.attended)
+        if self._host_cores is not None:
+            step_s *= self._slowdown()
+        de.step_s = step_s
         wait = max(0.0, heap[0][0] - de.steps) * step_s
         heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+
+    def _slowdown(self) -> float:
+        """How much slower an engine computes now that ``_computing`` share the host cores."""
+        cores = self._host_cores
+        return max(1.0, self._computing / cores) if cores else 1.0
+
+    def _retime_decode(self, now: float, skip: DEngine | None) -> None:
+        """Re-time every decoding DE (but ``skip``) after the number of computing engines
+        changed: advance its steps at the old rate, then reschedule at the new one."""
+        for de in self.des:
+            if de is skip or not de.heap:
+                continue
+            if de.step_s > 0:
+                de.steps += (now - de.last) / de.step_s
+                de.busy_time += now - de.last
+            de.last = now
+            self._reschedule(de, now)
 
     def _de_join(self, req: Req) -> None:
         de = req.de

@@ -114,7 +114,7 @@ class DEngine(_Engine):
     """A decode engine: a fluid decode batch advanced in virtual steps."""
 
     __slots__ = ("steps", "last", "step_s", "heap", "attended", "version", "busy_time",
-                 "hbm_cap")
+                 "hbm_cap", "active")
 
     def __init__(self, idx: int, node: Node, group: Group, hbm_tokens: int,
                  cnic_rate: float) -> None:
@@ -127,6 +127,7 @@ class DEngine(_Engine):
         self.version = 0
         self.busy_time = 0.0
         self.hbm_cap = hbm_tokens
+        self.active = False       # has a batch (counted in the host-core contention model)
 
 
 class Group:
