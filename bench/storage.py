@@ -12,7 +12,9 @@ reads at queue depth 1, 8 and 32 it runs, interleaved (fio, loader, fio, ...) ``
 times, and reports each one's median round (the host is shared, so single runs are noisy;
 interleaving exposes both to the same load, and all get the same treatment):
 
-* the StorageLoader (engine ``auto``; both checksums verified on every read);
+* the StorageLoader (engine ``auto``; both checksums verified on every read), driven like an
+  engine: tickets of about 8 MiB (a cached prefix), held until all their blocks landed,
+  with enough tickets outstanding for the queue depth (``ticket_layout``);
 * fio laid out like the loader (``fio_gbps``, apples to apples): as many threads
   (``numjobs``) as the loader has readers, each with the reader's reads in flight, and the
   loader's engine (``psync`` for its preadv readers, ``io_uring`` for its io_uring rings);
@@ -43,6 +45,7 @@ from dualpath_cli.storage.benchmark import (
     shaped_mbps,
     warm_page_cache,
 )
+from dualpath_cli.storage.native import native_status
 
 BLOCK_SIZES = (64 << 10, 1 << 20, 4 << 20)
 QUEUE_DEPTHS = (1, 8, 32)
@@ -119,7 +122,8 @@ def main() -> int:
             shutil.rmtree(data.root, ignore_errors=True)
     elapsed = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"rows": rows, "shaping": shaping, "seconds": round(elapsed, 1)}))
+        print(json.dumps({"rows": rows, "shaping": shaping, "seconds": round(elapsed, 1),
+                          "page_cache_read_path": native_status()}))
         return 0
     print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio layout':>14s} {'fio GB/s':>9s} "
           f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s}  engine")
@@ -132,7 +136,7 @@ def main() -> int:
     print(f"\n{'target MB/s':>11s} {'measured MB/s':>14s} {'error':>7s}")
     for s in shaping:
         print(f"{s['target_mbps']:>11} {s['measured_mbps']:>14.1f} {float(s['error']):>+7.1%}")  # type: ignore[arg-type]
-    print(f"\n({elapsed:.0f} s)")
+    print(f"\npage-cache read path: {native_status()}  ({elapsed:.0f} s)")
     return 0
 
 

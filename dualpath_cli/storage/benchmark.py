@@ -29,7 +29,7 @@ from dualpath_cli.storage.posix import PosixStore
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
 __all__ = ["Dataset", "LoaderRun", "make_dataset", "loader_run", "loader_gbps", "shaped_mbps",
-           "fio_gbps", "fio_available", "warm_page_cache"]
+           "fio_gbps", "fio_available", "warm_page_cache", "ticket_layout"]
 
 _TOKENS = 64
 
@@ -120,6 +120,20 @@ class LoaderRun:
         return "psync", self.workers, 1
 
 
+def ticket_layout(block_size: int, queue_depth: int) -> tuple[int, int]:
+    """(blocks per ticket, tickets outstanding) for a bench run.
+
+    An engine asks for a whole cached prefix at once: tickets of about 8 MiB (at least one
+    block), and holds a ticket's blocks until all of them landed. Enough tickets stay
+    outstanding that at least ``queue_depth`` blocks (and never fewer than four tickets) are
+    queued, so the loader can keep its queue depth. Tickets do not grow with the queue
+    depth: a 128 MiB ticket (32 blocks of 4 MiB) would make the consumer hold 128 MiB of
+    buffers, far beyond the CPU caches, which no engine reading a prefix needs.
+    """
+    chunk = max(1, (8 << 20) // block_size)
+    return chunk, max(4, -(-queue_depth // chunk) + 1)
+
+
 def loader_gbps(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "auto",
                 min_seconds: float = 0.5, workers: int | None = None,
                 progress: Callable[[], None] | None = None) -> tuple[float, str]:
@@ -136,15 +150,14 @@ def loader_run(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "
     store = PosixStore(data.root, direct=direct, engine=engine, queue_depth=max(queue_depth, 8))
     with StorageLoader(store, max_inflight=queue_depth, registry=MetricsRegistry(),
                        block_nbytes=data.block_size, workers=workers) as loader:
-        # an engine asks for a whole cached prefix at once: tickets of >= 8 MiB
-        chunk = max(queue_depth, (8 << 20) // data.block_size)
+        chunk, window = ticket_layout(data.block_size, queue_depth)
         total_bytes, elapsed = 0, 0.0
         # warm-up: one full pass, so the buffer pool holds its steady-state working set (a
-        # fresh buffer costs a page fault and a zeroing pass per 4 KiB page; at QD 32 with
-        # 4 MiB blocks the tickets in flight need ~128 buffers) and is not measured here
-        _drive(loader, data.keys, chunk, 4)
+        # fresh buffer costs a page fault and a zeroing pass per 4 KiB page) and is not
+        # measured here
+        _drive(loader, data.keys, chunk, window)
         while True:  # at least one full pass
-            elapsed += _drive(loader, data.keys, chunk, 4)
+            elapsed += _drive(loader, data.keys, chunk, window)
             total_bytes += data.nbytes
             if progress:
                 progress()

@@ -23,7 +23,8 @@ __all__ = ["BlockBuffer", "BufferPool"]
 class BlockBuffer:
     """One aligned buffer big enough for a whole block file (header + padded payload)."""
 
-    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool", "_header", "_body")
+    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool", "_header", "_body",
+                 "iov", "addr")
 
     def __init__(self, nbytes: int, pool: BufferPool | None = None) -> None:
         self.capacity = padded(max(nbytes, HEADER_SIZE))
@@ -34,6 +35,10 @@ class BlockBuffer:
         whole = memoryview(self._map)
         self._header = whole[:HEADER_SIZE]
         self._body = whole[HEADER_SIZE:]
+        # the whole buffer as (header, payload) iovecs: a page-cache read asks for as much as
+        # fits, so one preadv returns the whole file without an fstat to size it first
+        self.iov = [self._header, self._body]
+        self.addr: int = self.data.ctypes.data  # for the native read path (storage.native)
         self._refs = 1
         self._lock = threading.Lock()
         self._pool = pool

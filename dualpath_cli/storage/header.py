@@ -36,6 +36,9 @@ __all__ = [
     "file_nbytes",
     "payload_checksum",
     "verify_payload",
+    "claimed_file_nbytes",
+    "check_header",
+    "check_digest",
 ]
 
 HEADER_SIZE = 4096
@@ -46,6 +49,8 @@ _CHECKSUM_XXH3_64 = 1
 _LABEL_BYTES = 192
 _FIELDS = struct.Struct(f"<8sHH{KEY_BYTES}sBB2xIIIQQQ8s16s{_LABEL_BYTES}s")
 _HCHK = struct.Struct("<Q")
+_PAYLOAD_LEN = struct.Struct("<Q")
+_PAYLOAD_LEN_AT = struct.calcsize(f"<8sHH{KEY_BYTES}sBB2xIII")  # offset of payload_len
 
 
 def padded(nbytes: int) -> int:
@@ -188,4 +193,40 @@ def verify_payload(h: BlockHeader, payload: object, nread: int, path: str) -> No
     if nread < h.payload_len:
         raise TruncatedBlock(path, f"payload has {nread} of {h.payload_len} bytes")
     if payload_checksum(payload) != h.checksum:
+        raise ChecksumMismatch(path, "payload checksum mismatch")
+
+
+def claimed_file_nbytes(raw: memoryview) -> int:
+    """The file size an *unverified* header claims (0 when it is not a dualpath header).
+
+    Only a size hint for the read path (is the file longer than what was read?); nothing is
+    trusted before :func:`check_header` and the payload checksum have passed.
+    """
+    if raw.nbytes < _PAYLOAD_LEN_AT + 8 or raw[:8] != MAGIC:
+        return 0
+    (payload_len,) = _PAYLOAD_LEN.unpack_from(raw, _PAYLOAD_LEN_AT)
+    return file_nbytes(payload_len) if payload_len < (1 << 48) else 0
+
+
+def check_header(key: BlockKey, header: memoryview, capacity: int, nread: int,
+                 path: str) -> BlockHeader:
+    """Every check of a block read except the payload checksum (see :func:`check_digest`):
+    the header's own checksum and fields, the key, and that the whole payload was read.
+
+    Split from the payload checksum so the read path may compute that on another core; the
+    block is trusted only once both passed. Raises a typed :class:`CorruptBlockError`.
+    """
+    if nread < HEADER_SIZE:
+        raise TruncatedBlock(path, f"file has {nread} bytes, less than the {HEADER_SIZE}-byte "
+                                   "header")
+    h = unpack_header(header, path, expected_key=key)
+    if h.file_nbytes > capacity or nread < HEADER_SIZE + h.payload_len:
+        raise TruncatedBlock(path, f"file has {nread} bytes, header says "
+                                   f"{HEADER_SIZE + h.payload_len}")
+    return h
+
+
+def check_digest(h: BlockHeader, digest: int, path: str) -> None:
+    """Raise :class:`ChecksumMismatch` unless ``digest`` (of the payload read) is the header's."""
+    if digest != h.checksum:
         raise ChecksumMismatch(path, "payload checksum mismatch")

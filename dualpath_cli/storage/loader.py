@@ -32,6 +32,7 @@ from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.block import LoadedBlock
 from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.cache import BlockCache
+from dualpath_cli.storage.engines import ChecksumHelper
 from dualpath_cli.storage.shaper import TokenBucket
 from dualpath_cli.storage.store import KVStore, ReadOp
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 PREFETCH_PRIORITY = 1 << 30  # below every request (lower numbers are served first)
 _LOOKAHEAD_BYTES = 8 << 20  # how far a pipelined reader's batch runs ahead of its share
 _LOOKAHEAD_BLOCKS = 64
+# a reader that reads one block at a time (preadv) takes at most about this much per batch:
+# a batch's buffers are held until the whole batch completes, and a long batch of large
+# blocks keeps a working set of buffers bigger than the CPU caches (every block read into a
+# cold buffer costs a fetch and a write-back of its lines)
+_SYNC_BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,17 @@ class _Pending:
     counted: bool = False  # counted in reads in flight (a pipelined batch's head)
 
 
+@dataclass(eq=False, slots=True)
+class _Started:
+    """A batch whose reads returned; checksums may still be running on the helper."""
+
+    batch: list[_Pending]
+    ops: list[ReadOp]
+    time: float
+    unchecked: list = field(default_factory=list)
+    error: Exception | None = None
+
+
 class StorageLoader:
     """Reads Full Blocks from a store for one node.
 
@@ -198,6 +215,14 @@ class StorageLoader:
         # a store that pipelines (io_uring) gets a longer batch than the share: the ring stays
         # full while completed blocks are verified, instead of draining at every hand-off
         self._pipelined = bool(getattr(store, "pipelined_reads", False))
+        # page-cache reads are a CPU copy and so is the payload checksum. With a core to
+        # spare (fewer readers than cores), each reader hands its checksums to a helper
+        # thread and reads the next batch while the helper hashes the last one; a block is
+        # still delivered only after its digest matched. Only stores whose own type offers
+        # the split read (a wrapper delegating by __getattr__ keeps its own read_batch).
+        self._overlap = (not self._pipelined and cpus >= 2 * self.workers
+                         and callable(getattr(type(store), "read_batch_start", None))
+                         and bool(getattr(store, "sync_reads", False)))
         self.batch_bytes = batch_bytes
         self.block_tokens = block_tokens
         self._est_bytes = block_nbytes
@@ -428,11 +453,23 @@ class StorageLoader:
         """Pop this reader's share of the queue (called with the lock held).
 
         With a pipelining store the batch may exceed the share by a lookahead; the store keeps
-        only the share in flight, and only those count as reads in flight here.
+        only the share in flight, and only those count as reads in flight here. A reader that
+        reads one block at a time takes no more than about ``_SYNC_BATCH_BYTES`` (and at
+        least ``batch_bytes``), so buffers return to the pool while still cache-hot.
         """
         fair = -(-self._q_blocks // self.workers)
-        cap = self.max_share + (self._lookahead() if self._pipelined else 0)
-        share = min(cap, max(self._min_share(), fair))
+        least = self._min_share()
+        if self._pipelined:
+            share = min(self.max_share + self._lookahead(), max(least, fair))
+        else:
+            est = self._est_bytes or (1 << 20)
+            sync_cap = max(least, -(-_SYNC_BATCH_BYTES // est))
+            # a lone reader (or one overlapping its checksums) reads its batch one block at a
+            # time whatever its length, so it may take more than its share: fewer hand-offs,
+            # reads in flight unchanged, and no other reader it could starve
+            alone = self._overlap or self.workers == 1
+            cap = max(self.max_share, sync_cap) if alone else self.max_share
+            share = min(cap, max(least, min(fair, sync_cap)))
         batch: list[_Pending] = []
         while self._heap and len(batch) < share:
             _, _, pending = heapq.heappop(self._heap)
@@ -446,6 +483,13 @@ class StorageLoader:
 
     # --- reader threads ---------------------------------------------------------------------
     def _run(self) -> None:
+        if self._overlap:
+            helper = ChecksumHelper()
+            try:
+                self._run_overlapped(helper)
+            finally:
+                helper.close()
+            return
         while True:
             with self._lock:
                 while not self._heap and not self._closed:
@@ -459,6 +503,70 @@ class StorageLoader:
                 continue
             self._read(batch)
 
+    def _run_overlapped(self, helper: ChecksumHelper) -> None:
+        """Read batch i+1 while the helper hashes batch i; then finish batch i.
+
+        Reads stay one at a time (the store's read is synchronous), so reads in flight are
+        still bounded by the share: a batch stops counting as in flight once its reads have
+        returned, before its checksums are collected.
+        """
+        prev: _Started | None = None
+        while True:
+            with self._lock:
+                if prev is not None:
+                    self._retire(prev.batch)
+                while not self._heap and not self._closed and prev is None:
+                    self._idle += 1
+                    self._cv.wait()
+                    self._idle -= 1
+                if self._closed and prev is None:
+                    return
+                batch = self._take() if not self._closed else []
+            started = self._start(batch, helper) if batch else None
+            if prev is not None:
+                self._finish(prev, helper)
+            if started is not None and started.error is not None:
+                helper.drain()  # its checksums were queued after prev's: collected now
+            prev = started
+
+    def _retire(self, batch: list[_Pending]) -> None:
+        """The batch's reads have returned: no longer reads in flight (lock held)."""
+        for pending in batch:
+            if pending.counted:
+                pending.counted = False
+                self._in_flight -= 1
+
+    def _start(self, batch: list[_Pending], helper: ChecksumHelper) -> _Started:
+        ops = [ReadOp(p.key) for p in batch]
+        started = _Started(batch, ops, self.clock())
+        try:
+            started.unchecked = self.store.read_batch_start(  # type: ignore[attr-defined]
+                ops, self.pool, helper)
+        except Exception as err:  # an unexpected store failure must not kill the reader
+            started.error = err
+        return started
+
+    def _finish(self, started: _Started, helper: ChecksumHelper) -> None:
+        error = started.error
+        if error is None and started.unchecked:
+            try:
+                self.store.read_batch_finish(  # type: ignore[attr-defined]
+                    started.ops, started.unchecked, helper)
+            except Exception as err:
+                error = err
+        if error is not None:
+            self._fail(started.ops, error)
+        self._deliver(started.batch, started.ops, started.time)
+
+    def _fail(self, ops: list[ReadOp], err: Exception) -> None:
+        """An unexpected store failure: every op of the batch is a miss, nothing returned."""
+        log.warning("store read failed on node %s: %s", self.node, err)
+        for op in ops:
+            if op.buffer is not None:
+                op.buffer.release()
+                op.buffer = None
+            op.header, op.missing, op.io_error = None, True, str(err)
+
     def _read(self, batch: list[_Pending]) -> None:
         ops = [ReadOp(p.key) for p in batch]
         started = self.clock()
@@ -468,15 +576,15 @@ class StorageLoader:
             else:
                 self.store.read_batch(ops, self.pool)
         except Exception as err:  # an unexpected store failure must not kill the reader
-            log.warning("store read failed on node %s: %s", self.node, err)
-            for op in ops:
-                if op.buffer is not None:
-                    op.buffer.release()
-                    op.buffer = None
-                op.header, op.missing, op.io_error = None, True, str(err)
-        nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
-        if self.shaper.enabled and nbytes:
-            self.shaper.wait_until(self.shaper.reserve(nbytes, started))
+            self._fail(ops, err)
+        self._deliver(batch, ops, started)
+
+    def _deliver(self, batch: list[_Pending], ops: list[ReadOp], started: float) -> None:
+        """Pace to the emulated NIC, then hand the batch's blocks to their tickets."""
+        if self.shaper.enabled:
+            nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
+            if nbytes:
+                self.shaper.wait_until(self.shaper.reserve(nbytes, started))
         finished = self._complete(list(zip(batch, ops, strict=True)))
         for ticket in finished:
             ticket._finish()
@@ -486,45 +594,59 @@ class StorageLoader:
         now = self.clock()
         finished: list[LoadTicket] = []
         latencies: list[float] = []
-        read_bytes = hits = misses = 0
+        read_bytes = hits = misses = prefetched = 0
         corrupt: dict[str, int] = {}
+        cache = self.cache
+        caching = cache.capacity_bytes > 0
+        pending_by_key = self._pending
         with self._lock:
             for pending, op in done:
-                self._pending.pop(pending.key.raw, None)
+                pending_by_key.pop(pending.key.raw, None)
                 if pending.counted:
                     self._in_flight -= 1
                 self._q_blocks -= 1
                 self._q_bytes -= pending.nbytes
                 self._q_tokens -= pending.tokens
-                if op.header is not None and op.buffer is not None:
+                waiters = pending.waiters
+                header, buf = op.header, op.buffer
+                if header is not None and buf is not None:
                     hits += 1
-                    read_bytes += op.header.file_nbytes
-                    self._est_bytes = self._est_bytes or op.header.file_nbytes
+                    read_bytes += header.file_nbytes
                     if pending.prefetch:
+                        prefetched += 1
                         self._pf_read += 1
-                        self._pf_joined += bool(pending.waiters)
-                    if pending.prefetch or (self.cache.capacity_bytes and pending.waiters):
-                        self.cache.put(pending.key, op.header, op.buffer,
-                                       prefetched=pending.prefetch and not pending.waiters)
-                    for ticket, index in pending.waiters:
-                        ticket.result.blocks[index] = LoadedBlock(
-                            pending.key, op.header, op.buffer.retain(), "store")
+                        self._pf_joined += bool(waiters)
+                    if pending.prefetch or (caching and waiters):
+                        cache.put(pending.key, header, buf,
+                                  prefetched=pending.prefetch and not waiters)
+                    if waiters:
+                        # every waiter holds a reference; the last one takes the read's own
+                        for ticket, index in waiters[:-1]:
+                            ticket.result.blocks[index] = LoadedBlock(
+                                pending.key, header, buf.retain(), "store")
+                            ticket.result.store_hits += 1
+                        ticket, index = waiters[-1]
+                        ticket.result.blocks[index] = LoadedBlock(pending.key, header, buf,
+                                                                  "store")
                         ticket.result.store_hits += 1
-                    op.buffer.release()
+                    else:
+                        buf.release()
                 else:
                     misses += 1
                     if op.error is not None:
                         corrupt[op.error.reason] = corrupt.get(op.error.reason, 0) + 1
-                        self.cache.discard(pending.key)
-                    for ticket, _ in pending.waiters:
+                        cache.discard(pending.key)
+                    for ticket, _ in waiters:
                         ticket.result.misses += 1
                         ticket.result.corrupt += op.error is not None
-                for ticket, _ in pending.waiters:
+                for ticket, _ in waiters:
                     ticket._remaining -= 1
                     if ticket._remaining == 0:
                         ticket._completed = True
                         finished.append(ticket)
                 latencies.append(now - pending.submitted)
+            if read_bytes and not self._est_bytes:
+                self._est_bytes = read_bytes // hits
             self._count_lookup("store", hits, misses)
             self._publish_accuracy()
             self._publish_queue()
@@ -542,7 +664,6 @@ class StorageLoader:
         if read_bytes:
             self.m_bytes.inc(read_bytes)
             self.m_blocks.inc(hits)
-        prefetched = sum(1 for p, op in done if p.prefetch and op.header is not None)
         if prefetched:
             self.m_prefetch.inc(prefetched)
         for reason, count in corrupt.items():

@@ -35,15 +35,31 @@ import numpy as np
 
 from dualpath_cli.atomicio import atomic_write_text
 from dualpath_cli.core.layout import BlockKey
-from dualpath_cli.storage.buffers import BufferPool
-from dualpath_cli.storage.engines import ReadEngine, ReadJob, make_engine
+from dualpath_cli.storage.buffers import BlockBuffer, BufferPool
+from dualpath_cli.storage.engines import (
+    OFFLOAD_MIN_BYTES,
+    ChecksumHelper,
+    ReadEngine,
+    ReadJob,
+    make_engine,
+)
 from dualpath_cli.storage.errors import (
     CapacityError,
     CorruptBlockError,
     StorageError,
     StorageUsageError,
 )
-from dualpath_cli.storage.header import BlockHeader, pack_header, padded
+from dualpath_cli.storage.header import (
+    HEADER_SIZE,
+    BlockHeader,
+    check_digest,
+    check_header,
+    claimed_file_nbytes,
+    pack_header,
+    padded,
+    payload_checksum,
+)
+from dualpath_cli.storage.native import NativeReader, native_reader
 from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
 from dualpath_cli.telemetry.registry import REGISTRY, Gauge, MetricsRegistry
 
@@ -52,6 +68,9 @@ __all__ = ["PosixStore", "BLOCK_SUFFIX"]
 BLOCK_SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 _ZERO_PAD = bytes(4096)
+
+# (op, header, path) of a block whose payload digest a ChecksumHelper is computing
+_Unchecked = tuple[ReadOp, BlockHeader, str]
 
 
 class PosixStore:
@@ -86,6 +105,7 @@ class PosixStore:
         self.capacity_bytes = capacity_bytes
         self.engine: ReadEngine = make_engine(engine, queue_depth, direct)
         self._blocks = str(self.root / "blocks")
+        self._size_hint = 0  # size of the last block file read: page-cache reads skip fstat
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] | None = None  # hex -> file bytes, LRU order
         self._index_bytes = 0
@@ -183,10 +203,244 @@ class PosixStore:
         idle one could have read)."""
         return self.engine.name == "io_uring"
 
+    @property
+    def sync_reads(self) -> bool:
+        """True when reads take the page-cache fast path (``preadv`` engine, no O_DIRECT):
+        one ``preadv`` per block, sized by the last file read instead of an ``fstat``, and
+        :meth:`read_batch_start` may hand payload checksums to a :class:`ChecksumHelper`."""
+        return self.engine.name == "preadv" and not self.direct_active
+
     def read_batch(self, ops: list[ReadOp], pool: BufferPool,
                    max_in_flight: int | None = None) -> None:
         """Read ``ops`` with one engine call, at most ``max_in_flight`` reads in the kernel at
         once; corrupt blocks are quarantined, never returned."""
+        if self.sync_reads:
+            self._read_sync(ops, pool, None)
+            self._count_hits(ops)
+            return
+        self._read_engine(ops, pool, max_in_flight)
+        self._count_hits(ops)
+
+    def read_batch_start(self, ops: list[ReadOp], pool: BufferPool,
+                         checksums: ChecksumHelper | None) -> list[_Unchecked]:
+        """First half of :meth:`read_batch` for a reader that overlaps checksums with reads.
+
+        Reads every op and checks each header; payloads (of at least ``OFFLOAD_MIN_BYTES``
+        on the Python path) go to ``checksums`` instead of being hashed here. They are handed
+        to it as one batch when the *next* batch's reads start (or when a result is asked
+        for), so the helper wakes while this thread is in a GIL-free read. Those ops are not
+        done: they have a buffer but no header until :meth:`read_batch_finish` has compared
+        their digests. Only on the page-cache fast path (:attr:`sync_reads`); otherwise this
+        is the whole :meth:`read_batch` and nothing is left to finish.
+        """
+        if not self.sync_reads:
+            self._read_engine(ops, pool, None)
+            self._count_hits(ops)
+            return []
+        unchecked = self._read_sync(ops, pool, checksums)
+        if not unchecked:
+            self._count_hits(ops)
+        return unchecked
+
+    def read_batch_finish(self, ops: list[ReadOp], unchecked: list[_Unchecked],
+                          checksums: ChecksumHelper) -> None:
+        """Second half: collect the digests in order; a block becomes readable (its header
+        set) only when its digest matched, else it is quarantined like any corrupt block."""
+        digests: list[int | None] = []
+        for _ in unchecked:  # all of them first: the helper's results stay in step
+            try:
+                digests.append(checksums.result())
+            except Exception:  # could not hash (not corruption): the read failed
+                digests.append(None)
+        for (op, header, path), digest in zip(unchecked, digests, strict=True):
+            buf = op.buffer
+            try:
+                if digest is None:
+                    raise OSError(errno.EIO, "payload checksum failed")
+                check_digest(header, digest, path)
+            except CorruptBlockError as err:
+                if buf is not None:
+                    buf.release()
+                    op.buffer = None
+                op.error = err
+                self.quarantine(op.key, err.reason)
+                continue
+            except OSError as err:
+                if buf is not None:
+                    buf.release()
+                    op.buffer = None
+                op.missing, op.io_error = True, f"{path}: {err.strerror}"
+                continue
+            op.header = header
+        if unchecked:
+            self._count_hits(ops)
+
+    def _read_sync(self, ops: list[ReadOp], pool: BufferPool,
+                   checksums: ChecksumHelper | None) -> list[_Unchecked]:
+        """Page-cache reads of a batch; payload digests go to ``checksums`` if given.
+
+        The native path (:mod:`~dualpath_cli.storage.native`) reads the whole batch in one
+        GIL-free call once the block size is known; otherwise (no compiler, the first read
+        of a store) the same reads and checks run as Python calls.
+        """
+        native = native_reader() if self._size_hint else None
+        if native is not None:
+            return self._read_native(ops, pool, checksums, native)
+        return self._read_python(ops, pool, checksums)
+
+    def _read_native(self, ops: list[ReadOp], pool: BufferPool,
+                     checksums: ChecksumHelper | None, native: NativeReader) -> list[_Unchecked]:
+        """One GIL-free native call reads the batch (and, without a helper, hashes each
+        payload right after its read); Python checks every header; a block is trusted only
+        when its digest (computed here, or by the helper) matched its checked header's."""
+        file = self._file
+        paths = [file(op.key) for op in ops]
+        bufs = [pool.acquire(self._size_hint) for _ in ops]
+        if checksums is not None:
+            # hand over the previous batch's payloads now: the helper wakes while this thread
+            # is in the GIL-free read below, so the two never wait for each other's GIL
+            checksums.flush()
+        try:
+            nreads, hot = native.read([os.fsencode(p) for p in paths], [b.addr for b in bufs],
+                                      [b.capacity for b in bufs], digest=checksums is None)
+        except BaseException:
+            for buf in bufs:
+                buf.release()
+            raise
+        checked: list[tuple[ReadOp, BlockHeader, str, BlockBuffer, int | None]] = []
+        longer: list[ReadOp] = []
+        for op, buf, path, nread, digest in zip(ops, bufs, paths, nreads, hot, strict=True):
+            if nread < 0:
+                buf.release()
+                op.missing = True
+                if nread != -errno.ENOENT:
+                    op.io_error = f"{path}: {os.strerror(-nread)}"
+                continue
+            claimed = claimed_file_nbytes(buf.header)
+            if nread == buf.capacity and claimed > nread:  # a longer file than the last one
+                buf.release()
+                longer.append(op)
+                continue
+            if 0 < claimed <= nread:
+                self._size_hint = claimed
+            try:
+                header = check_header(op.key, buf.header, buf.capacity, nread, path)
+            except CorruptBlockError as err:
+                buf.release()
+                op.error = err
+                self.quarantine(op.key, err.reason)
+                continue
+            checked.append((op, header, path, buf, digest))
+        if checksums is not None:
+            for op, header, _, buf, _ in checked:
+                op.buffer = buf  # not trusted (no header) until its digest matched
+                checksums.submit(buf, header.payload_len)
+            unchecked = [(op, header, path) for op, header, path, _, _ in checked]
+        else:
+            unchecked = []
+            for op, header, path, buf, digest in checked:
+                # the digest covers the length the header claimed when it was read; the
+                # checked header says the same (same bytes), else hash again here
+                if digest is None:
+                    digest = payload_checksum(buf.payload_view(header.payload_len))
+                try:
+                    check_digest(header, digest, path)
+                except CorruptBlockError as err:
+                    buf.release()
+                    op.error = err
+                    self.quarantine(op.key, err.reason)
+                    continue
+                op.header, op.buffer = header, buf
+        if longer:
+            self._read_python(longer, pool, None)
+        return unchecked
+
+    def _read_python(self, ops: list[ReadOp], pool: BufferPool,
+                     checksums: ChecksumHelper | None) -> list[_Unchecked]:
+        """Page-cache reads, one after another, each checked right after its read (its bytes
+        are still in this core's cache); large payload digests go to ``checksums`` if given."""
+        if checksums is not None:
+            checksums.flush()  # the previous batch's payloads, before this batch's reads
+        unchecked: list[_Unchecked] = []
+        file = self._file
+        for op in ops:
+            path = file(op.key)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                op.missing = True
+                continue
+            except OSError as err:
+                op.missing, op.io_error = True, f"{path}: {err.strerror}"
+                continue
+            try:
+                buf, nread = self._pread_whole(fd, pool)
+            except OSError as err:
+                op.missing, op.io_error = True, f"{path}: {err.strerror}"
+                continue
+            finally:
+                os.close(fd)
+            try:
+                header = check_header(op.key, buf.header, buf.capacity, nread, path)
+                payload = buf.payload_view(header.payload_len)
+                if checksums is not None and header.payload_len >= OFFLOAD_MIN_BYTES:
+                    checksums.submit(buf, header.payload_len)
+                    op.buffer = buf
+                    unchecked.append((op, header, path))
+                    continue
+                check_digest(header, payload_checksum(payload), path)
+            except CorruptBlockError as err:
+                buf.release()
+                op.error = err
+                self.quarantine(op.key, err.reason)
+                continue
+            op.header, op.buffer = header, buf
+        return unchecked
+
+    def _pread_whole(self, fd: int, pool: BufferPool) -> tuple[BlockBuffer, int]:
+        """Read a whole block file into a pooled buffer; returns (buffer, bytes read).
+
+        The buffer is sized by the last file read (block files of a store are mostly one
+        size), so the common case is one ``preadv`` and no ``fstat``. A read that fills the
+        buffer while the header claims more was a longer file: it is sized with ``fstat`` and
+        read again. A read shorter than the header claims (a signal or a FUSE daemon may split
+        reads) is finished before anyone judges the block truncated. Raises OSError (the
+        buffer released).
+        """
+        buf = pool.acquire(self._size_hint or os.fstat(fd).st_size)
+        try:
+            nread = os.preadv(fd, buf.iov, 0)
+            claimed = claimed_file_nbytes(buf.header)
+            if nread == buf.capacity and claimed > nread:
+                size = os.fstat(fd).st_size
+                if size > nread:  # a longer file than the last one: read it whole
+                    buf.release()
+                    buf = pool.acquire(size)
+                    nread = os.preadv(fd, buf.iov, 0)
+            if nread < min(claimed or HEADER_SIZE, buf.capacity):
+                nread = _finish_read(fd, buf, nread)
+        except OSError:
+            buf.release()
+            raise
+        if 0 < claimed <= nread:  # a size this file really has (never a corrupt claim)
+            self._size_hint = claimed
+        return buf, nread
+
+    def _count_hits(self, ops: list[ReadOp]) -> None:
+        """Access counts and LRU order of the blocks read."""
+        hits = [op.key.hex for op in ops if op.header is not None]
+        if hits:
+            with self._lock:
+                index = self._index
+                access = self._access
+                for h in hits:
+                    access[h] = access.get(h, 0) + 1
+                    if index is not None and h in index:
+                        index.move_to_end(h)
+
+    def _read_engine(self, ops: list[ReadOp], pool: BufferPool,
+                     max_in_flight: int | None) -> None:
+        """Reads through the engine (io_uring, or O_DIRECT preadv), sized by ``fstat``."""
         jobs: list[ReadJob] = []
         retry: list[ReadOp] = []
         direct = self.direct_active
@@ -251,17 +505,11 @@ class PosixStore:
                         if job.tag.buffer is not None:
                             job.tag.buffer.release()
                             job.tag.buffer = None
-        if retry:
-            self.read_batch(retry, pool, max_in_flight)
-        hits = [op.key.hex for op in ops if op.header is not None]
-        if hits:
-            with self._lock:
-                index = self._index
-                access = self._access
-                for h in hits:
-                    access[h] = access.get(h, 0) + 1
-                    if index is not None and h in index:
-                        index.move_to_end(h)
+        if retry:  # O_DIRECT refused: read these again without it
+            if self.sync_reads:
+                self._read_python(retry, pool, None)
+            else:
+                self._read_engine(retry, pool, max_in_flight)
 
     def verify(self, key: BlockKey) -> BlockHeader | None:
         """Read and check one block; None if missing; raises (after quarantine) if corrupt."""
@@ -472,6 +720,17 @@ class PosixStore:
         except (FileNotFoundError, ValueError):
             return {}
         return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _finish_read(fd: int, buf: BlockBuffer, nread: int) -> int:
+    """Continue a short read until the buffer is full or the file ends; returns bytes read."""
+    whole = buf.data.data
+    while nread < buf.capacity:
+        got = os.preadv(fd, [whole[nread:]], nread)
+        if got <= 0:
+            break
+        nread += got
+    return nread
 
 
 def _subdirs(path: Path | str) -> list[str]:
