@@ -67,15 +67,6 @@ class EventLoop:
                 self.now = time
                 handlers[kind](payload)
                 n += 1
-        elif stop is None:
-            while heap:
-                if heap[0][0] > until:
-                    self.now = until
-                    break
-                time, _, kind, payload = pop(heap)
-                self.now = time
-                handlers[kind](payload)
-                n += 1
         else:
             while heap:
                 if heap[0][0] > until:
@@ -85,7 +76,7 @@ class EventLoop:
                 self.now = time
                 handlers[kind](payload)
                 n += 1
-                if stop():
+                if stop is not None and stop():
                     break
         self.events += n
         return self.now
