@@ -18,7 +18,15 @@ interleaving exposes both to the same load, and all get the same treatment):
 * fio laid out like the loader (``fio_gbps``, apples to apples): as many threads
   (``numjobs``) as the loader has readers, each with the reader's reads in flight, and the
   loader's engine (``psync`` for its preadv readers, ``io_uring`` for its io_uring rings);
-* fio as one thread with an io_uring ring of the whole queue depth (``fio_single_job_gbps``).
+* fio as one thread with an io_uring ring of the whole queue depth (``fio_single_job_gbps``);
+* page cache only: the **verified-read ceiling** (``verified_ceiling_gbps``): the loader's
+  threads and checksum strategy with nothing else, i.e. native batch reads plus xxh3-64 of
+  every payload and no Python per block. fio copies and verifies nothing; this is what any
+  reader that verifies every block can reach on the host, so ``ceiling_ratio`` bounds the
+  loader/fio ratio from above.
+
+O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swings by up to
+2x between one-second runs, so more rounds are needed for a stable median.
 
 Both fio runs read whole files (bs = file size), opening and closing each file per read as
 the loader does. Then it shapes the loader to 100 MB/s .. 2 GB/s and measures the delivered
@@ -43,6 +51,7 @@ from dualpath_cli.storage.benchmark import (
     loader_run,
     make_dataset,
     shaped_mbps,
+    verified_ceiling_gbps,
     warm_page_cache,
 )
 from dualpath_cli.storage.native import native_status
@@ -65,6 +74,11 @@ def ensure_fio() -> None:
                        stdout=subprocess.DEVNULL)
 
 
+def _num(value: object) -> str:
+    """A table cell: two decimals, or '-' for a missing number."""
+    return f"{float(value):.2f}" if isinstance(value, (int, float)) else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -72,6 +86,8 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=256, help="MiB per block size")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per point (medians are reported)")
+    parser.add_argument("--direct-rounds", type=int, default=7,
+                        help="rounds for O_DIRECT points (the disk's rate swings run to run)")
     parser.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement")
     args = parser.parse_args()
     ensure_fio()
@@ -87,8 +103,10 @@ def main() -> int:
                     fios: list[float] = []
                     singles: list[float] = []
                     loaders: list[float] = []
+                    ceilings: list[float] = []
                     engine, layout = "", ("", 0, 0)
-                    for _ in range(args.rounds):
+                    rounds = args.rounds if not direct else max(args.rounds, args.direct_rounds)
+                    for _ in range(rounds):
                         singles.append(fio_gbps(data, qd, direct=direct,
                                                 min_seconds=args.seconds))
                         run = loader_run(data, qd, direct=direct, min_seconds=args.seconds)
@@ -98,9 +116,15 @@ def main() -> int:
                         fios.append(fio_gbps(data, iodepth, direct=direct,
                                              min_seconds=args.seconds, ioengine=ioengine,
                                              numjobs=numjobs))
+                        if not direct:
+                            ceiling = verified_ceiling_gbps(data, run.workers, overlap=run.overlap,
+                                                            min_seconds=args.seconds)
+                            if ceiling is not None:
+                                ceilings.append(ceiling)
                     fio_med = statistics.median(fios)
                     single_med = statistics.median(singles)
                     loader_med = statistics.median(loaders)
+                    ceiling_med = statistics.median(ceilings) if ceilings else None
                     rows.append({"mode": mode, "block_size": bs, "queue_depth": qd,
                                  "fio_gbps": round(fio_med, 3),
                                  "loader_gbps": round(loader_med, 3),
@@ -109,7 +133,12 @@ def main() -> int:
                                  "fio_single_job_gbps": round(single_med, 3),
                                  "ratio": round(loader_med / fio_med, 3) if fio_med else None,
                                  "ratio_single_job": (round(loader_med / single_med, 3)
-                                                      if single_med else None)})
+                                                      if single_med else None),
+                                 "rounds": rounds,
+                                 "verified_ceiling_gbps": (round(ceiling_med, 3)
+                                                           if ceiling_med else None),
+                                 "ceiling_ratio": (round(ceiling_med / fio_med, 3)
+                                                   if ceiling_med and fio_med else None)})
                     if not args.json:
                         print(f"  {mode:10s} {bs >> 10:5d} KiB QD{qd:<3d} fio {fio_med:6.2f} "
                               f"(1 job {single_med:6.2f}) loader {loader_med:6.2f} GB/s "
@@ -126,13 +155,16 @@ def main() -> int:
                           "page_cache_read_path": native_status()}))
         return 0
     print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio layout':>14s} {'fio GB/s':>9s} "
-          f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s}  engine")
+          f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s} "
+          f"{'ceiling':>8s} {'ratio':>6s}  engine")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         ratio1 = f"{r['ratio_single_job']:.2f}" if r["ratio_single_job"] is not None else "-"
         print(f"{r['mode']:10s} {int(r['block_size']) >> 10:5d}Ki {r['queue_depth']:>3} "  # type: ignore[call-overload]
               f"{r['fio_layout']:>14s} {r['fio_gbps']:>9.2f} {r['loader_gbps']:>12.2f} "
-              f"{ratio:>6s} {r['fio_single_job_gbps']:>10.2f} {ratio1:>6s}  {r['loader_engine']}")
+              f"{ratio:>6s} {r['fio_single_job_gbps']:>10.2f} {ratio1:>6s} "
+              f"{_num(r['verified_ceiling_gbps']):>8s} {_num(r['ceiling_ratio']):>6s}  "
+              f"{r['loader_engine']}")
     print(f"\n{'target MB/s':>11s} {'measured MB/s':>14s} {'error':>7s}")
     for s in shaping:
         print(f"{s['target_mbps']:>11} {s['measured_mbps']:>14.1f} {float(s['error']):>+7.1%}")  # type: ignore[arg-type]

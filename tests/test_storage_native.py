@@ -109,3 +109,28 @@ def test_disabled_by_environment(fresh: None, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DUALPATH_NATIVE", "0")
     assert native_reader() is None
     assert "disabled" in native_status()
+
+
+def test_hasher_thread_digests_every_batch_in_order() -> None:
+    """Back-to-back batches (collected at once or after waiting) each give xxh3-64 of their
+    own bytes; a second batch before the first is collected is refused."""
+    reader = require_native()
+    hasher = reader.hasher()
+    if hasher is None:
+        pytest.skip("no digest symbol")
+    rng = np.random.default_rng(3)
+    try:
+        for round_ in range(200):
+            blobs = [rng.integers(0, 256, size=int(n), dtype=np.uint8)
+                     for n in rng.integers(0, 70_000, size=1 + round_ % 5)]
+            hasher.submit([int(b.ctypes.data) for b in blobs], [b.size for b in blobs])
+            assert hasher.busy
+            if round_ == 0:
+                with pytest.raises(RuntimeError):
+                    hasher.submit([int(blobs[0].ctypes.data)], [1])
+            assert hasher.wait() == [xxhash.xxh3_64_intdigest(b.tobytes()) for b in blobs]
+            assert not hasher.busy
+        assert hasher.wait() == []  # nothing outstanding
+    finally:
+        hasher.close()
+        hasher.close()  # idempotent

@@ -10,6 +10,7 @@ the buffers are reused, checksums verified on every read.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -29,7 +30,8 @@ from dualpath_cli.storage.posix import PosixStore
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
 __all__ = ["Dataset", "LoaderRun", "make_dataset", "loader_run", "loader_gbps", "shaped_mbps",
-           "fio_gbps", "fio_available", "warm_page_cache", "ticket_layout"]
+           "fio_gbps", "fio_available", "warm_page_cache", "ticket_layout",
+           "verified_ceiling_gbps"]
 
 _TOKENS = 64
 
@@ -110,6 +112,7 @@ class LoaderRun:
     engine: str
     workers: int
     per_worker: int
+    overlap: bool = False  # checksums hashed on a helper thread while the next batch is read
 
     @property
     def fio_layout(self) -> tuple[str, int, int]:
@@ -166,7 +169,7 @@ def loader_run(data: Dataset, queue_depth: int, *, direct: bool, engine: str = "
         # preadv readers keep one read each in flight; io_uring readers keep their share
         per_worker = loader.max_share if store.engine.name == "io_uring" else 1
         return LoaderRun(total_bytes / elapsed / 1e9, store.engine.name, loader.workers,
-                         per_worker)
+                         per_worker, loader.overlaps_checksums)
 
 
 def shaped_mbps(data: Dataset, target_bps: float, seconds: float = 1.0,
@@ -207,6 +210,66 @@ def fio_gbps(data: Dataset, queue_depth: int, *, direct: bool, min_seconds: floa
     text = out.stdout[out.stdout.index("{"):]
     job = json.loads(text)["jobs"][0]["read"]
     return float(job["bw_bytes"]) / 1e9
+
+
+def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
+                          min_seconds: float = 0.5, batch_bytes: int = 8 << 20) -> float | None:
+    """The fastest a *verifying* page-cache reader can go here, in GB/s; None without the
+    native read path.
+
+    ``workers`` threads each read their share of the block files whole, in batches of about
+    ``batch_bytes``, through the native read path (one GIL-free C call per batch, no Python per
+    block) and hash every payload with xxh3-64: inline right after its read, or with
+    ``overlap`` on a C hashing thread of its own while the next batch is read, the two
+    strategies the loader uses. Nothing is checked or delivered, so this is the copy plus the
+    checksum alone: the bound that any loader verifying every block meets on this host, to
+    set beside fio (which copies and verifies nothing).
+    """
+    from dualpath_cli.storage.native import native_reader
+
+    native = native_reader()
+    if native is None or not native.hashes:
+        return None
+    store = PosixStore(data.root)
+    paths = [os.fsencode(store.path(key)) for key in data.keys]
+    per_batch = max(1, batch_bytes // data.block_size)
+    payload = data.block_size - HEADER_SIZE
+    moved = [0] * workers
+
+    def reader(index: int, deadline: float) -> None:
+        mine = paths[index::workers] or paths
+        batches = [mine[i:i + per_batch] for i in range(0, len(mine), per_batch)]
+        slots = 2 if overlap else 1  # overlap: read one buffer set while the other is hashed
+        bufs = [np.zeros((per_batch, data.block_size), dtype=np.uint8) for _ in range(slots)]
+        addrs = [[int(b.ctypes.data) + i * data.block_size for i in range(per_batch)]
+                 for b in bufs]
+        hasher = native.hasher() if overlap else None
+        try:
+            turn = 0
+            while time.perf_counter() < deadline:
+                for batch in batches:
+                    slot = addrs[turn % slots][:len(batch)]
+                    nread, _ = native.read(batch, slot, [data.block_size] * len(batch),
+                                           digest=hasher is None)
+                    if hasher is not None:
+                        hasher.wait()
+                        hasher.submit([a + HEADER_SIZE for a in slot], [payload] * len(batch))
+                    moved[index] += sum(nread)
+                    turn += 1
+            if hasher is not None:
+                hasher.wait()
+        finally:
+            if hasher is not None:
+                hasher.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=reader, args=(i, start + min_seconds))
+               for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(moved) / (time.perf_counter() - start) / 1e9
 
 
 def warm_page_cache(data: Dataset) -> None:

@@ -251,6 +251,11 @@ class StorageLoader:
         for t in self._threads:
             t.start()
 
+    @property
+    def overlaps_checksums(self) -> bool:
+        """True when each reader hashes on a helper thread while reading its next batch."""
+        return self._overlap
+
     # --- metrics ----------------------------------------------------------------------------
     def _bind_metrics(self, r: MetricsRegistry, shaped: float) -> None:
         n, role = self.node, self.role
