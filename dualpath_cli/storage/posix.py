@@ -259,11 +259,7 @@ class PosixStore:
                     raise OSError(errno.EIO, "payload checksum failed")
                 check_digest(header, digest, path)
             except CorruptBlockError as err:
-                if buf is not None:
-                    buf.release()
-                    op.buffer = None
-                op.error = err
-                self.quarantine(op.key, err.reason)
+                self._reject(op, buf, err)
                 continue
             except OSError as err:
                 if buf is not None:
@@ -326,9 +322,7 @@ class PosixStore:
             try:
                 header = check_header(op.key, buf.header, buf.capacity, nread, path)
             except CorruptBlockError as err:
-                buf.release()
-                op.error = err
-                self.quarantine(op.key, err.reason)
+                self._reject(op, buf, err)
                 continue
             checked.append((op, header, path, buf, digest))
         if checksums is not None:
@@ -346,9 +340,7 @@ class PosixStore:
                 try:
                     check_digest(header, digest, path)
                 except CorruptBlockError as err:
-                    buf.release()
-                    op.error = err
-                    self.quarantine(op.key, err.reason)
+                    self._reject(op, buf, err)
                     continue
                 op.header, op.buffer = header, buf
         if longer:
@@ -390,9 +382,7 @@ class PosixStore:
                     continue
                 check_digest(header, payload_checksum(payload), path)
             except CorruptBlockError as err:
-                buf.release()
-                op.error = err
-                self.quarantine(op.key, err.reason)
+                self._reject(op, buf, err)
                 continue
             op.header, op.buffer = header, buf
         return unchecked
@@ -425,6 +415,15 @@ class PosixStore:
         if 0 < claimed <= nread:  # a size this file really has (never a corrupt claim)
             self._size_hint = claimed
         return buf, nread
+
+    def _reject(self, op: ReadOp, buf: BlockBuffer | None, err: CorruptBlockError) -> None:
+        """A corrupt block: its buffer goes back, its file to quarantine, and the op carries
+        the typed error (the loader counts a miss); nothing corrupt is ever handed out."""
+        if buf is not None:
+            buf.release()
+        op.buffer = None
+        op.error = err
+        self.quarantine(op.key, err.reason)
 
     def _count_hits(self, ops: list[ReadOp]) -> None:
         """Access counts and LRU order of the blocks read."""
@@ -489,10 +488,7 @@ class PosixStore:
             try:
                 op.header = check_read(op.key, buf, job.result, job.path)
             except CorruptBlockError as err:
-                buf.release()
-                op.buffer = None
-                op.error = err
-                self.quarantine(op.key, err.reason)
+                self._reject(op, buf, err)
 
         if jobs:
             try:
