@@ -55,6 +55,7 @@ from dualpath_cli.storage.benchmark import (
     warm_page_cache,
 )
 from dualpath_cli.storage.native import native_status
+from dualpath_cli.telemetry.hostload import FOREIGN_WARN_CORES, ForeignCpu, cpu_priority
 
 BLOCK_SIZES = (64 << 10, 1 << 20, 4 << 20)
 QUEUE_DEPTHS = (1, 8, 32)
@@ -89,8 +90,16 @@ def main() -> int:
     parser.add_argument("--direct-rounds", type=int, default=7,
                         help="rounds for O_DIRECT points (the disk's rate swings run to run)")
     parser.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement")
+    parser.add_argument("--no-boost", action="store_true",
+                        help="do not raise this session's autogroup priority while measuring")
     args = parser.parse_args()
     ensure_fio()
+    with cpu_priority(not args.no_boost) as boosted:
+        return run(args, boosted)
+
+
+def run(args: argparse.Namespace, boosted: bool) -> int:
+    """Measure every point and print the table (or the JSON object)."""
     started = time.perf_counter()
     rows: list[dict[str, object]] = []
     shaping: list[dict[str, object]] = []
@@ -106,6 +115,8 @@ def main() -> int:
                     ceilings: list[float] = []
                     engine, layout = "", ("", 0, 0)
                     rounds = args.rounds if not direct else max(args.rounds, args.direct_rounds)
+                    meter = ForeignCpu()
+                    meter.start()
                     for _ in range(rounds):
                         singles.append(fio_gbps(data, qd, direct=direct,
                                                 min_seconds=args.seconds))
@@ -121,6 +132,7 @@ def main() -> int:
                                                             min_seconds=args.seconds)
                             if ceiling is not None:
                                 ceilings.append(ceiling)
+                    foreign = meter.stop()
                     fio_med = statistics.median(fios)
                     single_med = statistics.median(singles)
                     loader_med = statistics.median(loaders)
@@ -135,6 +147,8 @@ def main() -> int:
                                  "ratio_single_job": (round(loader_med / single_med, 3)
                                                       if single_med else None),
                                  "rounds": rounds,
+                                 "foreign_cores": (round(foreign, 2) if foreign is not None
+                                                   else None),
                                  "verified_ceiling_gbps": (round(ceiling_med, 3)
                                                            if ceiling_med else None),
                                  "ceiling_ratio": (round(ceiling_med / fio_med, 3)
@@ -150,9 +164,13 @@ def main() -> int:
                                     "error": round(measured / target - 1, 4)})
             shutil.rmtree(data.root, ignore_errors=True)
     elapsed = time.perf_counter() - started
+    foreigns = [float(r["foreign_cores"]) for r in rows  # type: ignore[arg-type]
+                if r["foreign_cores"] is not None]
+    worst = round(max(foreigns), 2) if foreigns else None
     if args.json:
         print(json.dumps({"rows": rows, "shaping": shaping, "seconds": round(elapsed, 1),
-                          "page_cache_read_path": native_status()}))
+                          "page_cache_read_path": native_status(),
+                          "isolation": {"boosted": boosted, "max_foreign_cores": worst}}))
         return 0
     print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio layout':>14s} {'fio GB/s':>9s} "
           f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s} "
@@ -169,6 +187,11 @@ def main() -> int:
     for s in shaping:
         print(f"{s['target_mbps']:>11} {s['measured_mbps']:>14.1f} {float(s['error']):>+7.1%}")  # type: ignore[arg-type]
     print(f"\npage-cache read path: {native_status()}  ({elapsed:.0f} s)")
+    print(f"session priority boosted: {boosted}; other processes' CPU, worst point: "
+          f"{worst if worst is not None else '-'} cores")
+    if worst is not None and worst > FOREIGN_WARN_CORES:
+        print(f"warning: other processes used up to {worst} cores during a point; "
+              "the ratios are not from a quiet host", file=sys.stderr)
     return 0
 
 
