@@ -113,10 +113,23 @@ NOTES = """\
   from the decode roofline, is within 20%. The **DS 27B capacity gain** (2.08x against 1.67x)
   misses for the same reason as the offline ratio: our DS 27B prefill is cheap, so the
   storage path decides even more.
-* **Table 3 at full scale** (from `bench/sim_speed.py`, 48P96D with 48,000 agents, which is
-  2,000 per 2P4D unit rather than 2,048), measured before the indexer FLOPs were added: JCT
-  2,585 s against 2,685 s for 2P4D with 2,048 agents, a ratio of 0.963. `--full` runs it
-  with 49,152 agents.
+* **Table 3 at full scale** (`--full` grades it; the default run grades 8P16D). Measured with
+  `nice -n 19 python bench/sim_speed.py --pd 48P96D --agents 49152 --json` and the same with
+  `--pd 2P4D --agents 2048` (DS 660B, DualPath, 64K trace, seed 1: what `--full` runs): JCT
+  2,760 s against 2,811 s, a ratio of 0.982, inside the 2% band but 2.9 points below the
+  paper's 3,201 / 3,167 = 1.011. With 2,000 agents per 2P4D unit (`--agents 48000` against
+  `--agents 2000`) it is 2,708 s against 2,764 s, 0.980, just outside (2.04%). The scaled
+  8P16D rows agree (8,192 agents: 0.988; 8,000 against 2,000: 0.983). The workload per unit
+  is the same at every count (157.9 turns and 5.29M cached tokens read per agent; the
+  1,079-turn agents finish last and set the JCT), so the simulator itself gets about 2%
+  faster per unit as groups multiply. We think it is pooling, not the storage side: more PE
+  and DE groups drain one queue (each fetching every 50 ms) with less waiting, as in any
+  multi-server queue. The oracle (no I/O) gains even more, 2,271 s at 2P4D / 2,000 against
+  2,114 s at 8P16D / 8,000 (0.931, PE utilisation 0.77 -> 0.82), and the gap is there by
+  mid-run (its median agent finishes 4% sooner), not only in the tail. What the paper's
+  real 1,152-GPU run pays and we do not model (scheduler and network latency growing with
+  scale, stragglers) would explain its 1.1% slowdown. (The 2,585 s / 2,685 s quoted here before
+  were measured before core's FLOP model had DSA's indexer.)
 * **Online capacity** depends on how long a probe runs: agents live for roughly 157 turns x
   ~6 s, so a probe shorter than a few agent lifetimes is still filling up. Probes run 30
   minutes of simulated time; the SLO test also fails a probe whose oldest waiting turn is
