@@ -5,6 +5,7 @@ Usage::
 
     python bench/storage.py            # table
     python bench/storage.py --json     # {"rows": [...], "shaping": [...]}
+    python bench/storage.py --blocks-kib 1024 --queue-depths 1 --modes page_cache   # one point
 
 For each block size (64 KiB, 1 MiB, 4 MiB) it writes one data set of block files whose
 files are exactly that size (4 KiB header + payload), then for page-cache and O_DIRECT
@@ -30,7 +31,7 @@ O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swin
 
 Both fio runs read whole files (bs = file size), opening and closing each file per read as
 the loader does. Then it shapes the loader to 100 MB/s .. 2 GB/s and measures the delivered
-rate. fio is installed from Debian when missing.
+rate (when 1 MiB blocks are among those measured). fio is installed from Debian when missing.
 """
 
 from __future__ import annotations
@@ -80,6 +81,25 @@ def _num(value: object) -> str:
     return f"{float(value):.2f}" if isinstance(value, (int, float)) else "-"
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    modes = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [m for m in modes if m not in ("page_cache", "direct")]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"modes are page_cache and direct, got {text!r}")
+    return modes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -90,6 +110,12 @@ def main() -> int:
     parser.add_argument("--direct-rounds", type=int, default=7,
                         help="rounds for O_DIRECT points (the disk's rate swings run to run)")
     parser.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement")
+    parser.add_argument("--blocks-kib", type=_ints, default=[b >> 10 for b in BLOCK_SIZES],
+                        help="block sizes to measure, comma-separated KiB (default 64,1024,4096)")
+    parser.add_argument("--queue-depths", type=_ints, default=list(QUEUE_DEPTHS),
+                        help="queue depths to measure, comma-separated (default 1,8,32)")
+    parser.add_argument("--modes", type=_modes, default=["page_cache", "direct"],
+                        help="page_cache, direct or both, comma-separated (default both)")
     parser.add_argument("--no-boost", action="store_true",
                         help="do not raise this session's autogroup priority while measuring")
     args = parser.parse_args()
@@ -104,11 +130,12 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
     rows: list[dict[str, object]] = []
     shaping: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="dualpath-bench-") as tmp:
-        for bs in BLOCK_SIZES:
+        for bs in [kib << 10 for kib in args.blocks_kib]:
             data = make_dataset(Path(tmp) / f"bs{bs}", bs, args.size_mib << 20)
             warm_page_cache(data)
-            for mode, direct in (("page_cache", False), ("direct", True)):
-                for qd in QUEUE_DEPTHS:
+            for mode in args.modes:
+                direct = mode == "direct"
+                for qd in args.queue_depths:
                     fios: list[float] = []
                     singles: list[float] = []
                     loaders: list[float] = []

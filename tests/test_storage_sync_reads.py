@@ -30,12 +30,17 @@ SMALL = BlockShape(n_layers=1, block_tokens=16, bytes_per_token_layer=256)  # 4 
 assert BIG.full_nbytes >= OFFLOAD_MIN_BYTES > SMALL.full_nbytes
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
+@pytest.fixture(autouse=True, params=["pipeline", "native", "python"])
 def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on the native path (when it builds here) and on the Python one."""
-    if request.param == "native":
-        if native_reader() is None:
+    """Every test runs on the native path (when it builds here) and on the Python one; an
+    overlapping loader runs on the native pipeline, and on the checksum helper with native
+    reads ("native") or Python ones."""
+    if request.param in ("pipeline", "native"):
+        native = native_reader()
+        if native is None or (request.param == "pipeline" and not native.hashes):
             pytest.skip(f"native read path unavailable: {native_status()}")
+        if request.param == "native":
+            monkeypatch.setattr(PosixStore, "read_pipeline", lambda self: None)
     else:
         monkeypatch.setattr(posix, "native_reader", lambda: None)
         monkeypatch.setattr(engines, "native_reader", lambda: None)
@@ -100,7 +105,7 @@ def test_short_reads_are_finished_not_called_truncated(tmp_path: Path, read_path
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A FUSE daemon or a signal may split a read: the rest is read before any verdict.
     (The native path's C loop does the same; Python's preadv is what can be split here.)"""
-    if read_path == "native":
+    if read_path != "python":
         pytest.skip("splits Python's preadv")
     store = store_at(tmp_path)
     blocks = put_blocks(store, BIG, 4, 3)
@@ -219,7 +224,7 @@ def test_overlapped_checksums_never_return_a_corrupt_block(tmp_path: Path,
 
 def test_a_failed_checksum_is_a_miss_not_quarantine(tmp_path: Path, read_path: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    if read_path == "native":
+    if read_path != "python":
         pytest.skip("the native hasher only computes; the Python helper can fail")
     store = store_at(tmp_path)
     blocks = put_blocks(store, BIG, 6, 9)
@@ -248,8 +253,10 @@ def test_a_failed_checksum_is_a_miss_not_quarantine(tmp_path: Path, read_path: s
     assert store.quarantined() == []
 
 
-def test_overlapped_reads_in_flight_stay_bounded(tmp_path: Path,
+def test_overlapped_reads_in_flight_stay_bounded(tmp_path: Path, read_path: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if read_path == "pipeline":
+        pytest.skip("the helper's split read; the pipeline has its own test")
     store = store_at(tmp_path)
     blocks = put_blocks(store, BIG, 24, 10)
     keys = list(blocks)
@@ -268,9 +275,11 @@ def test_overlapped_reads_in_flight_stay_bounded(tmp_path: Path,
     assert seen and max(seen) <= 1
 
 
-def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path,
+def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path, read_path: str,
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
+    if read_path == "pipeline":
+        pytest.skip("the helper's split read; the pipeline has its own test")
     store = store_at(tmp_path)
     from dualpath_cli.storage import loader as loader_mod
 

@@ -29,6 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,11 +60,11 @@ from dualpath_cli.storage.header import (
     padded,
     payload_checksum,
 )
-from dualpath_cli.storage.native import NativeReader, native_reader
+from dualpath_cli.storage.native import NativePipeline, NativeReader, PipeJob, native_reader
 from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
 from dualpath_cli.telemetry.registry import REGISTRY, Gauge, MetricsRegistry
 
-__all__ = ["PosixStore", "BLOCK_SUFFIX"]
+__all__ = ["PosixStore", "PipedBatch", "BLOCK_SUFFIX"]
 
 BLOCK_SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
@@ -71,6 +72,17 @@ _ZERO_PAD = bytes(4096)
 
 # (op, header, path) of a block whose payload digest a ChecksumHelper is computing
 _Unchecked = tuple[ReadOp, BlockHeader, str]
+
+
+@dataclass(slots=True)
+class PipedBatch:
+    """A batch queued on a native pipeline: its ops, files and buffers until collected."""
+
+    ops: list[ReadOp]
+    pool: BufferPool
+    paths: list[str]
+    bufs: list[BlockBuffer]
+    job: PipeJob | None  # None: already read synchronously
 
 
 class PosixStore:
@@ -289,9 +301,7 @@ class PosixStore:
         """One GIL-free native call reads the batch (and, without a helper, hashes each
         payload right after its read); Python checks every header; a block is trusted only
         when its digest (computed here, or by the helper) matched its checked header's."""
-        file = self._file
-        paths = [file(op.key) for op in ops]
-        bufs = [pool.acquire(self._size_hint) for _ in ops]
+        paths, bufs = self._native_targets(ops, pool)
         if checksums is not None:
             # hand over the previous batch's payloads now: the helper wakes while this thread
             # is in the GIL-free read below, so the two never wait for each other's GIL
@@ -303,6 +313,22 @@ class PosixStore:
             for buf in bufs:
                 buf.release()
             raise
+        return self._settle_native(ops, pool, paths, bufs, nreads, hot, checksums)
+
+    def _native_targets(self, ops: list[ReadOp],
+                        pool: BufferPool) -> tuple[list[str], list[BlockBuffer]]:
+        """Each op's file and a buffer of the last file size read for it."""
+        file = self._file
+        return [file(op.key) for op in ops], [pool.acquire(self._size_hint) for _ in ops]
+
+    def _settle_native(self, ops: list[ReadOp], pool: BufferPool, paths: list[str],
+                       bufs: list[BlockBuffer], nreads: list[int], hot: list[int | None],
+                       checksums: ChecksumHelper | None) -> list[_Unchecked]:
+        """Judge a batch the native code read: every header checked here, every digest
+        (``hot``, over the length the unchecked header claimed, or None) compared with its
+        checked header's; a file longer than its buffer is read again in Python. Without
+        ``checksums`` every op ends done (a header and buffer, or a miss); with it, checked
+        payloads go to the helper and come back as unchecked ops."""
         checked: list[tuple[ReadOp, BlockHeader, str, BlockBuffer, int | None]] = []
         longer: list[ReadOp] = []
         for op, buf, path, nread, digest in zip(ops, bufs, paths, nreads, hot, strict=True):
@@ -346,6 +372,45 @@ class PosixStore:
         if longer:
             self._read_python(longer, pool, None)
         return unchecked
+
+    # --- pipelined page-cache reads ---------------------------------------------------------
+    def read_pipeline(self) -> NativePipeline | None:
+        """A native read-then-hash pipeline for :meth:`read_batch_submit`, or None where
+        reads do not take the page-cache fast path or the native code (with digests) is not
+        available. The caller closes it."""
+        if not self.sync_reads:
+            return None
+        native = native_reader()
+        return native.pipeline() if native is not None else None
+
+    def read_batch_submit(self, ops: list[ReadOp], pool: BufferPool,
+                          pipeline: NativePipeline) -> PipedBatch:
+        """Queue a batch's reads on ``pipeline`` and return at once; :meth:`read_batch_collect`
+        finishes it. The pipeline reads the files one at a time and hashes the payloads on
+        its own threads; every verdict waits for the collect. Before the first read has sized
+        the buffers the batch is read here, synchronously, and collect only returns it."""
+        if not self._size_hint:
+            self._read_sync(ops, pool, None)
+            return PipedBatch(ops, pool, [], [], None)
+        paths, bufs = self._native_targets(ops, pool)
+        try:
+            job = pipeline.submit([os.fsencode(p) for p in paths], [b.addr for b in bufs],
+                                  [b.capacity for b in bufs])
+        except BaseException:
+            for buf in bufs:
+                buf.release()
+            raise
+        return PipedBatch(ops, pool, paths, bufs, job)
+
+    def read_batch_collect(self, batch: PipedBatch, pipeline: NativePipeline) -> None:
+        """Wait for a submitted batch and judge it exactly as :meth:`read_batch` does: each
+        header checked, each digest compared; corrupt blocks are quarantined, never
+        returned."""
+        if batch.job is not None:
+            nreads, hot = pipeline.collect(batch.job)
+            self._settle_native(batch.ops, batch.pool, batch.paths, batch.bufs, nreads, hot,
+                                None)
+        self._count_hits(batch.ops)
 
     def _read_python(self, ops: list[ReadOp], pool: BufferPool,
                      checksums: ChecksumHelper | None) -> list[_Unchecked]:
