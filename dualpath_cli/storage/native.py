@@ -360,7 +360,7 @@ class NativeReader:
             fns.dp_hasher_try_wait.argtypes = [ctypes.c_void_p]
         for fns in {id(lib): lib, id(self._quick): self._quick}.values():
             fns.dp_pipe_submit.restype = ctypes.c_void_p
-            fns.dp_pipe_submit.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
+            fns.dp_pipe_submit.argtypes = [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 6]
             fns.dp_pipe_collect.restype = ctypes.c_int
             fns.dp_pipe_collect.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.dp_pipe_new.restype = ctypes.c_void_p
