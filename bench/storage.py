@@ -26,6 +26,10 @@ interleaving exposes both to the same load, and all get the same treatment):
   reader that verifies every block can reach on the host, so ``ceiling_ratio`` bounds the
   loader/fio ratio from above.
 
+``ratio`` is the loader's median over fio's median; ``ratio_paired`` the median over rounds
+of the loader's rate over the matched fio run right after it, which cancels the disk's
+drift (O_DIRECT rates wander by 2x over tens of seconds); ``per_round`` has every run.
+
 O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swings by up to
 2x between one-second runs, so more rounds are needed for a stable median.
 
@@ -176,6 +180,15 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                                  "rounds": rounds,
                                  "foreign_cores": (round(foreign, 2) if foreign is not None
                                                    else None),
+                                 # loader over the fio run right after it, per round:
+                                 # the disk's rate drifts (O_DIRECT), and a pair shares it
+                                 "ratio_paired": (round(statistics.median(
+                                     lo / fi for lo, fi in zip(loaders, fios, strict=True)), 3)
+                                                  if min(fios) > 0 else None),
+                                 "per_round": {"fio_gbps": [round(v, 3) for v in fios],
+                                               "loader_gbps": [round(v, 3) for v in loaders],
+                                               "fio_single_job_gbps":
+                                                   [round(v, 3) for v in singles]},
                                  "verified_ceiling_gbps": (round(ceiling_med, 3)
                                                            if ceiling_med else None),
                                  "ceiling_ratio": (round(ceiling_med / fio_med, 3)
@@ -200,14 +213,15 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                           "isolation": {"boosted": boosted, "max_foreign_cores": worst}}))
         return 0
     print(f"{'mode':10s} {'block':>7s} {'QD':>3s} {'fio layout':>14s} {'fio GB/s':>9s} "
-          f"{'loader GB/s':>12s} {'ratio':>6s} {'fio 1 job':>10s} {'ratio':>6s} "
+          f"{'loader GB/s':>12s} {'ratio':>6s} {'paired':>6s} {'fio 1 job':>10s} {'ratio':>6s} "
           f"{'ceiling':>8s} {'ratio':>6s}  engine")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         ratio1 = f"{r['ratio_single_job']:.2f}" if r["ratio_single_job"] is not None else "-"
         print(f"{r['mode']:10s} {int(r['block_size']) >> 10:5d}Ki {r['queue_depth']:>3} "  # type: ignore[call-overload]
               f"{r['fio_layout']:>14s} {r['fio_gbps']:>9.2f} {r['loader_gbps']:>12.2f} "
-              f"{ratio:>6s} {r['fio_single_job_gbps']:>10.2f} {ratio1:>6s} "
+              f"{ratio:>6s} {_num(r['ratio_paired']):>6s} {r['fio_single_job_gbps']:>10.2f} "
+              f"{ratio1:>6s} "
               f"{_num(r['verified_ceiling_gbps']):>8s} {_num(r['ceiling_ratio']):>6s}  "
               f"{r['loader_engine']}")
     print(f"\n{'target MB/s':>11s} {'measured MB/s':>14s} {'error':>7s}")
