@@ -26,9 +26,14 @@ interleaving exposes both to the same load, and all get the same treatment):
   reader that verifies every block can reach on the host, so ``ceiling_ratio`` bounds the
   loader/fio ratio from above.
 
-``ratio`` is the loader's median over fio's median; ``ratio_paired`` the median over rounds
-of the loader's rate over the matched fio run right after it, which cancels the disk's
-drift (O_DIRECT rates wander by 2x over tens of seconds); ``per_round`` has every run.
+In each round the three runs take turns going first (fio 1 job, loader, matched fio; then
+loader, matched, 1 job; then matched, 1 job, loader): on this VM's virtio disk an O_DIRECT
+run's rate depends on the run before it (measured, 4 MiB at QD 1: back-to-back runs of one
+fio command alternate between ~3 and ~1.3 GB/s; the loader after fio ran at 1.4-1.6 GB/s,
+after itself at 2.9-3.1), so a fixed order would favour one position. ``ratio`` is the loader's median over fio's
+median; ``ratio_paired`` the median over rounds of the loader's rate over the same round's
+matched fio (the disk's rate also drifts by 2x over tens of seconds); ``per_round`` has
+every run.
 
 O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swings by up to
 2x between one-second runs, so more rounds are needed for a stable median.
@@ -65,6 +70,10 @@ from dualpath_cli.telemetry.hostload import FOREIGN_WARN_CORES, ForeignCpu, cpu_
 BLOCK_SIZES = (64 << 10, 1 << 20, 4 << 20)
 QUEUE_DEPTHS = (1, 8, 32)
 SHAPING_MBPS = (100, 250, 500, 1000, 2000)
+# per round, who goes first: fio as one job ("single"), the loader, fio laid out like the
+# loader ("matched", which needs the loader's layout, so the loader precedes it in round 1)
+_ORDERS = (("single", "loader", "matched"), ("loader", "matched", "single"),
+           ("matched", "single", "loader"))
 
 
 def ensure_fio() -> None:
@@ -148,16 +157,24 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                     rounds = args.rounds if not direct else max(args.rounds, args.direct_rounds)
                     meter = ForeignCpu()
                     meter.start()
-                    for _ in range(rounds):
-                        singles.append(fio_gbps(data, qd, direct=direct,
-                                                min_seconds=args.seconds))
-                        run = loader_run(data, qd, direct=direct, min_seconds=args.seconds)
-                        loaders.append(run.gbps)
-                        engine, layout = run.engine, run.fio_layout
-                        ioengine, numjobs, iodepth = layout
-                        fios.append(fio_gbps(data, iodepth, direct=direct,
-                                             min_seconds=args.seconds, ioengine=ioengine,
-                                             numjobs=numjobs))
+                    for turn in range(rounds):
+                        # the three runs take turns going first (S L M, L M S, M S L, ...):
+                        # O_DIRECT rates here depend on the run before (see the docstring),
+                        # so no one keeps a position
+                        for what in _ORDERS[turn % len(_ORDERS)]:
+                            if what == "single":
+                                singles.append(fio_gbps(data, qd, direct=direct,
+                                                        min_seconds=args.seconds))
+                            elif what == "loader":
+                                run = loader_run(data, qd, direct=direct,
+                                                 min_seconds=args.seconds)
+                                loaders.append(run.gbps)
+                                engine, layout = run.engine, run.fio_layout
+                            else:
+                                ioengine, numjobs, iodepth = layout
+                                fios.append(fio_gbps(data, iodepth, direct=direct,
+                                                     min_seconds=args.seconds,
+                                                     ioengine=ioengine, numjobs=numjobs))
                         if not direct:
                             ceiling = verified_ceiling_gbps(data, run.workers, overlap=run.overlap,
                                                             min_seconds=args.seconds)
@@ -180,8 +197,8 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                                  "rounds": rounds,
                                  "foreign_cores": (round(foreign, 2) if foreign is not None
                                                    else None),
-                                 # loader over the fio run right after it, per round:
-                                 # the disk's rate drifts (O_DIRECT), and a pair shares it
+                                 # loader over matched fio of the same round: the disk's
+                                 # rate drifts (O_DIRECT), and a round's runs share it
                                  "ratio_paired": (round(statistics.median(
                                      lo / fi for lo, fi in zip(loaders, fios, strict=True)), 3)
                                                   if min(fios) > 0 else None),
