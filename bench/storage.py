@@ -30,10 +30,11 @@ In each round the three runs take turns going first (fio 1 job, loader, matched 
 loader, matched, 1 job; then matched, 1 job, loader): on this VM's virtio disk an O_DIRECT
 run's rate depends on the run before it (measured, 4 MiB at QD 1: back-to-back runs of one
 fio command alternate between ~3 and ~1.3 GB/s; the loader after fio ran at 1.4-1.6 GB/s,
-after itself at 2.9-3.1), so a fixed order would favour one position. ``ratio`` is the loader's median over fio's
-median; ``ratio_paired`` the median over rounds of the loader's rate over the same round's
-matched fio (the disk's rate also drifts by 2x over tens of seconds); ``per_round`` has
-every run.
+after itself at 2.9-3.1), so a fixed order would favour one position.
+
+``ratio`` is the loader's median over fio's median; ``ratio_paired`` the median over rounds
+of the loader's rate over the same round's matched fio (the disk's rate also drifts by 2x
+over tens of seconds); ``per_round`` has every run.
 
 O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swings by up to
 2x between one-second runs, so more rounds are needed for a stable median.
