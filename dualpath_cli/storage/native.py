@@ -112,6 +112,7 @@ typedef struct {
 
 static void *dp_hasher_main(void *arg) {
     dp_hasher *h = arg;
+    pthread_setname_np(pthread_self(), "dp-hasher");
     pthread_mutex_lock(&h->mu);
     for (;;) {
         while (h->state != 1 && h->state != 3) pthread_cond_wait(&h->work, &h->mu);
@@ -209,6 +210,7 @@ typedef struct {
 
 static void *dp_pipe_reader(void *arg) {
     dp_pipe *p = arg;
+    pthread_setname_np(pthread_self(), "dp-pipe-read");
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->read_head && !p->stop_reader) pthread_cond_wait(&p->to_read, &p->mu);
@@ -232,6 +234,7 @@ static void *dp_pipe_reader(void *arg) {
 
 static void *dp_pipe_hasher(void *arg) {
     dp_pipe *p = arg;
+    pthread_setname_np(pthread_self(), "dp-pipe-hash");
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->hash_head && !p->stop_hasher) pthread_cond_wait(&p->to_hash, &p->mu);
