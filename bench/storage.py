@@ -29,8 +29,8 @@ interleaving exposes both to the same load, and all get the same treatment):
 In each round the three runs take turns going first (fio 1 job, loader, matched fio; then
 loader, matched, 1 job; then matched, 1 job, loader): on this VM's virtio disk an O_DIRECT
 run's rate depends on the run before it (measured, 4 MiB at QD 1: back-to-back runs of one
-fio command alternate between ~3 and ~1.3 GB/s; the loader after fio ran at 1.4-1.6 GB/s,
-after itself at 2.9-3.1), so a fixed order would favour one position.
+fio command alternate between ~3 and ~1.3 GB/s; the loader after fio ran at 1.38-1.64 GB/s,
+after itself at 2.85-3.07), so a fixed order would favour one position.
 
 ``ratio`` is the loader's median over fio's median; ``ratio_paired`` the median over rounds
 of the loader's rate over the same round's matched fio (the disk's rate also drifts by 2x
