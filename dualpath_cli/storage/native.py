@@ -57,6 +57,19 @@ _SOURCE = r"""
 
 typedef uint64_t (*dp_hash_fn)(const void *, size_t);
 
+/* If buf (done bytes read) starts with `magic` (8 bytes) and the payload length its header
+   claims (u64 at `len_at`) was read whole after the `header`-byte header: *digest = hash of
+   that many payload bytes, returns 1; else 0. */
+static int dp_hash_claimed(const char *buf, int64_t done, uint64_t *digest, dp_hash_fn hash,
+                           const char *magic, int64_t len_at, int64_t header) {
+    if (done < header || memcmp(buf, magic, 8) != 0) return 0;
+    uint64_t len;
+    memcpy(&len, buf + len_at, sizeof len);
+    if (len > (uint64_t)(done - header)) return 0;
+    *digest = hash(buf + header, (size_t)len);
+    return 1;
+}
+
 /* For each i: open paths[i], read it from offset 0 into bufs[i] until caps[i] bytes or EOF
    (short reads are continued, EINTR retried), close it; nread[i] = bytes read or -errno.
    With a hash function, right after each read (the bytes still in this core's cache): if the
@@ -80,14 +93,8 @@ void dp_read(int n, const char **paths, char **bufs, const int64_t *caps, int64_
         }
         close(fd);
         nread[i] = done;
-        if (hash && done >= header && memcmp(bufs[i], magic, 8) == 0) {
-            uint64_t len;
-            memcpy(&len, bufs[i] + len_at, sizeof len);
-            if (len <= (uint64_t)(done - header)) {
-                digests[i] = hash(bufs[i] + header, (size_t)len);
-                hashed[i] = 1;
-            }
-        }
+        if (hash) hashed[i] = dp_hash_claimed(bufs[i], done, &digests[i], hash, magic, len_at,
+                                              header);
     }
 }
 
@@ -243,18 +250,9 @@ static void *dp_pipe_hasher(void *arg) {
         p->hash_head = job->next;
         if (!p->hash_head) p->hash_tail = NULL;
         pthread_mutex_unlock(&p->mu);
-        for (int i = 0; i < job->n; i++) {
-            int64_t done = job->nread[i];
-            job->hashed[i] = 0;
-            if (done >= p->header && memcmp(job->bufs[i], p->magic, 8) == 0) {
-                uint64_t len;
-                memcpy(&len, job->bufs[i] + p->len_at, sizeof len);
-                if (len <= (uint64_t)(done - p->header)) {
-                    job->digests[i] = p->hash(job->bufs[i] + p->header, (size_t)len);
-                    job->hashed[i] = 1;
-                }
-            }
-        }
+        for (int i = 0; i < job->n; i++)
+            job->hashed[i] = dp_hash_claimed(job->bufs[i], job->nread[i], &job->digests[i],
+                                             p->hash, p->magic, p->len_at, p->header);
         pthread_mutex_lock(&p->mu);
         job->state = 2;
         pthread_cond_broadcast(&p->hashed);
