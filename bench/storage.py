@@ -34,7 +34,10 @@ after itself at 2.85-3.07), so a fixed order would favour one position.
 
 ``ratio`` is the loader's median over fio's median; ``ratio_paired`` the median over rounds
 of the loader's rate over the same round's matched fio (the disk's rate also drifts by 2x
-over tens of seconds); ``per_round`` has every run.
+over tens of seconds); ``per_round`` has every run. O_DIRECT rows also carry
+``request_kib``: the device's average KiB per read request for matched fio and the loader
+(a read whose buffer pages are scattered over more than the device's segment limit goes out
+as two requests).
 
 O_DIRECT points run ``--direct-rounds`` rounds (default 7): the disk's rate swings by up to
 2x between one-second runs, so more rounds are needed for a stable median.
@@ -57,6 +60,7 @@ import time
 from pathlib import Path
 
 from dualpath_cli.storage.benchmark import (
+    DiskRequests,
     fio_available,
     fio_gbps,
     loader_run,
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="dualpath-bench-") as tmp:
         for bs in [kib << 10 for kib in args.blocks_kib]:
             data = make_dataset(Path(tmp) / f"bs{bs}", bs, args.size_mib << 20)
+            disk = DiskRequests(data.root)
             warm_page_cache(data)
             for mode in args.modes:
                 direct = mode == "direct"
@@ -154,6 +159,7 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                     singles: list[float] = []
                     loaders: list[float] = []
                     ceilings: list[float] = []
+                    request_kib: dict[str, list[float]] = {}  # O_DIRECT: KiB per request
                     engine, layout = "", ("", 0, 0)
                     rounds = args.rounds if not direct else max(args.rounds, args.direct_rounds)
                     meter = ForeignCpu()
@@ -163,6 +169,7 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                         # O_DIRECT rates here depend on the run before (see the docstring),
                         # so no one keeps a position
                         for what in _ORDERS[turn % len(_ORDERS)]:
+                            before = disk.read()
                             if what == "single":
                                 singles.append(fio_gbps(data, qd, direct=direct,
                                                         min_seconds=args.seconds))
@@ -176,6 +183,10 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                                 fios.append(fio_gbps(data, iodepth, direct=direct,
                                                      min_seconds=args.seconds,
                                                      ioengine=ioengine, numjobs=numjobs))
+                            if direct:
+                                kib = disk.kib_per_request(before)
+                                if kib is not None:
+                                    request_kib.setdefault(what, []).append(kib)
                         if not direct:
                             ceiling = verified_ceiling_gbps(data, run.workers, overlap=run.overlap,
                                                             min_seconds=args.seconds)
@@ -207,6 +218,13 @@ def run(args: argparse.Namespace, boosted: bool) -> int:
                                                "loader_gbps": [round(v, 3) for v in loaders],
                                                "fio_single_job_gbps":
                                                    [round(v, 3) for v in singles]},
+                                 # O_DIRECT: the device's average KiB per read request
+                                 # (median over rounds) for fio laid out like the loader
+                                 # and for the loader
+                                 "request_kib": ({who: round(statistics.median(request_kib[key]))
+                                                  for who, key in (("fio", "matched"),
+                                                                   ("loader", "loader"))
+                                                  if request_kib.get(key)} or None),
                                  "verified_ceiling_gbps": (round(ceiling_med, 3)
                                                            if ceiling_med else None),
                                  "ceiling_ratio": (round(ceiling_med / fio_med, 3)

@@ -184,6 +184,42 @@ def shaped_mbps(data: Dataset, target_bps: float, seconds: float = 1.0,
     return count * data.block_size / elapsed / 1e6
 
 
+class DiskRequests:
+    """Read requests the block device under a path completed, from ``/proc/diskstats``.
+
+    Why: an O_DIRECT read reaches the device as one or more requests, and on a virtio disk
+    the rate follows the request count (each costs about the same time), so average KiB per
+    request explains an O_DIRECT row: a 1 MiB read split in two (its buffer's pages
+    scattered: more than the device's 254 segments) or merged with a neighbour's.
+    ``read()`` is None where the device cannot be found (not Linux, an overlay, a FUSE fs).
+    """
+
+    stats_path = "/proc/diskstats"
+
+    def __init__(self, path: Path) -> None:
+        dev = os.stat(path).st_dev
+        self._id = (os.major(dev), os.minor(dev))
+
+    def read(self) -> tuple[int, int] | None:
+        """(read requests completed, bytes read) so far, or None."""
+        try:
+            with open(self.stats_path) as fh:
+                for line in fh:
+                    fields = line.split()
+                    if (int(fields[0]), int(fields[1])) == self._id:
+                        return int(fields[3]), int(fields[5]) * 512
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def kib_per_request(self, before: tuple[int, int] | None) -> float | None:
+        """Average KiB per read request since ``before`` (a :meth:`read`), or None."""
+        after = self.read()
+        if before is None or after is None or after[0] <= before[0]:
+            return None
+        return (after[1] - before[1]) / (after[0] - before[0]) / 1024
+
+
 def fio_available() -> str | None:
     """Path of the fio binary, or None."""
     return shutil.which("fio")
