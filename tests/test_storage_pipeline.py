@@ -42,6 +42,14 @@ def put_blocks(store: PosixStore, n: int, seed: int) -> dict:
     return blocks
 
 
+def hinted_store(root: Path) -> PosixStore:
+    """A page-cache store that knows its block size (as after its first read), so even the
+    first batch goes through the pipeline."""
+    store = PosixStore(root, engine="preadv")
+    store._size_hint = file_nbytes(BIG.full_nbytes)
+    return store
+
+
 def piped_loader(store: PosixStore, monkeypatch: pytest.MonkeyPatch,
                  registry: MetricsRegistry | None = None) -> StorageLoader:
     monkeypatch.setattr(os, "cpu_count", lambda: 4)  # a core to spare: the overlapped mode
@@ -159,9 +167,8 @@ def test_loader_on_the_pipeline_delivers_identical_blocks(tmp_path: Path,
 
 def test_loader_on_the_pipeline_never_returns_a_corrupt_block(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
-    pipeline.close()
-    store = PosixStore(tmp_path, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
+    pipeline.close()  # only its availability matters here
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, 12, 5)
     keys = list(blocks)
     for bad in (keys[0], keys[5], keys[11]):
@@ -187,9 +194,8 @@ def test_loader_on_the_pipeline_never_returns_a_corrupt_block(
 
 def test_a_store_failure_on_the_pipeline_is_misses_then_recovers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
-    pipeline.close()
-    store = PosixStore(tmp_path, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
+    pipeline.close()  # only its availability matters here
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, 40, 6)  # 10 MiB: batches of 8 MiB (32 blocks) and 8 blocks
     keys = list(blocks)
     real = store.read_batch_submit
@@ -221,9 +227,8 @@ def test_a_store_failure_on_the_pipeline_is_misses_then_recovers(
 
 def test_closing_the_loader_with_batches_queued_finishes_every_ticket(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
-    pipeline.close()
-    store = PosixStore(tmp_path, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
+    pipeline.close()  # only its availability matters here
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, 64, 7)
     keys = list(blocks)
     loader = piped_loader(store, monkeypatch)
