@@ -30,6 +30,18 @@ def test_large_buffers_are_carved_from_aligned_slabs() -> None:
     assert pool.allocated == 10
 
 
+def test_a_dropped_slab_buffer_gives_its_pages_back() -> None:
+    pool = BufferPool(max_free_bytes=1 << 20)  # keeps one 1 MiB buffer, drops the rest
+    kept, dropped = pool.acquire(1 << 20), pool.acquire(1 << 20)
+    kept.data[:] = 7
+    dropped.data[:] = 9
+    kept.release()  # back to the free list
+    dropped.release()  # over the cap: dropped, its pages returned to the kernel
+    assert pool.free_bytes == 1 << 20
+    assert not dropped.data.any()  # private anonymous pages read as zeros once returned
+    assert pool.acquire(1 << 20) is kept and int(kept.data[-1]) == 7
+
+
 def test_small_buffers_keep_a_mapping_each() -> None:
     pool = BufferPool()
     a, b = pool.acquire(64 << 10), pool.acquire(64 << 10)

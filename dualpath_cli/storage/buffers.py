@@ -63,8 +63,8 @@ class _Slab:
 class BlockBuffer:
     """One aligned buffer big enough for a whole block file (header + padded payload)."""
 
-    __slots__ = ("_map", "data", "capacity", "_refs", "_lock", "_pool", "_header", "_body",
-                 "iov", "addr")
+    __slots__ = ("_map", "_offset", "_carved", "data", "capacity", "_refs", "_lock", "_pool",
+                 "_header", "_body", "iov", "addr")
 
     def __init__(self, nbytes: int, pool: BufferPool | None = None,
                  region: tuple[mmap.mmap, int] | None = None) -> None:
@@ -72,6 +72,7 @@ class BlockBuffer:
         # a mapping of its own, or ``capacity`` bytes at an offset of a pool's slab (the
         # slab's mapping lives as long as any buffer carved from it)
         self._map, offset = region if region is not None else (mmap.mmap(-1, self.capacity), 0)
+        self._offset, self._carved = offset, region is not None
         self.data = np.frombuffer(self._map, dtype=np.uint8, count=self.capacity, offset=offset)
         # iovec targets made once: slicing a memoryview is several times cheaper than
         # slicing the array and asking for its ``.data`` on every read
@@ -174,7 +175,15 @@ class BufferPool:
                 self._free[buf.capacity].append(buf)
                 self._free_bytes += buf.capacity
                 return
-        buf._pool = None  # dropped; the mmap is freed with the object
+        buf._pool = None  # dropped; its own mmap is freed with the object
+        if buf._carved:
+            # a slab lives while any of its buffers does: hand this one's pages back now
+            # (they read as zeros if touched again), so a slab shared with buffers kept for
+            # reuse does not hold dropped memory
+            try:
+                buf._map.madvise(mmap.MADV_DONTNEED, buf._offset, buf.capacity)
+            except (AttributeError, OSError):  # no madvise here: the pages stay until the slab goes
+                pass
 
     @property
     def free_bytes(self) -> int:
