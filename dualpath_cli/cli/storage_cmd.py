@@ -16,7 +16,12 @@ from rich.table import Table
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.storage import ENGINES, PosixStore
-from dualpath_cli.storage.benchmark import loader_gbps, make_dataset, warm_page_cache
+from dualpath_cli.storage.benchmark import (
+    DiskRequests,
+    loader_gbps,
+    make_dataset,
+    warm_page_cache,
+)
 from dualpath_cli.storage.inspect import inspect_store, verify_store
 from dualpath_cli.units import format_bytes, parse_bytes
 
@@ -73,23 +78,30 @@ def bench(
             data = make_dataset(Path(tmp) / str(bs), bs, total)
             if not direct:
                 warm_page_cache(data)
+            disk = DiskRequests(data.root)
             for qd in depths:
                 progress.update(task, description=f"{format_bytes(bs)} QD {qd}")
+                before = disk.read()
                 gbps, used = loader_gbps(data, qd, direct=direct, engine=engine,
                                          min_seconds=seconds)
+                # O_DIRECT: the device's KiB per read request (a request smaller than the
+                # block means split reads; docs/troubleshooting.md)
+                kib = disk.kib_per_request(before) if direct else None
                 rows.append({"mode": "direct" if direct else "page_cache", "block_size": bs,
                              "queue_depth": qd, "loader_gbps": round(gbps, 3),
-                             "engine": used})
+                             "engine": used,
+                             "request_kib": round(kib) if kib is not None else None})
                 progress.advance(task)
     if json_out:
         emit_json({"rows": rows})
         return
     table = Table(title="dualpath storage bench (GB/s = 1e9 bytes/s)")
-    for col in ("mode", "block", "QD", "engine", "loader GB/s"):
-        table.add_column(col, justify="right" if col in ("QD", "loader GB/s") else "left")
+    for col in ("mode", "block", "QD", "engine", "loader GB/s", "KiB/request"):
+        table.add_column(col, justify="left" if col in ("mode", "block", "engine") else "right")
     for r in rows:
         table.add_row(str(r["mode"]), format_bytes(int(r["block_size"])),  # type: ignore[call-overload]
-                      str(r["queue_depth"]), str(r["engine"]), f"{r['loader_gbps']:.2f}")
+                      str(r["queue_depth"]), str(r["engine"]), f"{r['loader_gbps']:.2f}",
+                      "-" if r["request_kib"] is None else str(r["request_kib"]))
     stdout.print(table)
 
 
