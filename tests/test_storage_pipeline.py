@@ -240,3 +240,46 @@ def test_closing_the_loader_with_batches_queued_finishes_every_ticket(
         for key, block in zip(result.keys, result.blocks, strict=True):
             assert block is None or np.array_equal(block.array(), blocks[key])
         result.release()
+
+
+def test_many_small_jobs_stay_in_step(tmp_path: Path, pipeline: NativePipeline) -> None:
+    """Hundreds of jobs of 0-5 files, up to four outstanding, a mix of good, missing and cut
+    files: every result belongs to its own job and file."""
+    import random
+
+    store = PosixStore(tmp_path)
+    blocks = put_blocks(store, 8, 8)
+    keys = list(blocks)
+    cut = store.path(keys[7])
+    cut.write_bytes(cut.read_bytes()[:HEADER_SIZE + 100])
+    size = file_nbytes(BIG.full_nbytes)
+    names = [os.fsencode(store.path(k)) for k in keys] + [os.fsencode(tmp_path / "gone.kv")]
+    rng = random.Random(1)
+    pool = BufferPool()
+    outstanding: list[tuple[list[int], list, object]] = []
+    checked = 0
+    try:
+        for _ in range(300):
+            picks = [rng.randrange(len(names)) for _ in range(rng.randrange(6))]
+            bufs = [pool.acquire(size) for _ in picks]
+            job = pipeline.submit([names[i] for i in picks], [b.addr for b in bufs],
+                                  [b.capacity for b in bufs])
+            outstanding.append((picks, bufs, job))
+            while len(outstanding) > 4 or (outstanding and rng.random() < 0.3):
+                picks, bufs, job = outstanding.pop(0)
+                nread, digests = pipeline.collect(job)  # type: ignore[arg-type]
+                for i, buf, got, digest in zip(picks, bufs, nread, digests, strict=True):
+                    if i == len(keys):  # the missing file
+                        assert got == -errno.ENOENT and digest is None
+                    elif i == 7:  # the cut file: its header claims more than was read
+                        assert got == HEADER_SIZE + 100 and digest is None
+                    else:
+                        assert got == size
+                        payload = buf.payload_view(BIG.full_nbytes)
+                        assert bytes(payload) == blocks[keys[i]].tobytes()
+                        assert digest == payload_checksum(payload)
+                    checked += 1
+                    buf.release()
+    finally:
+        pipeline.close()
+    assert checked > 500
