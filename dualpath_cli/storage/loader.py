@@ -8,6 +8,11 @@ emulated NIC bandwidth; verified blocks land in a DRAM cache (LRU by bytes) that
 hits without touching the store. Prefetch accuracy is the share of blocks read ahead that a
 later request used: it hit them in the cache, or joined their read while still in flight.
 
+With a core to spare (fewer readers than cores: queue depth 1 on two cores) a page-cache
+reader keeps its batches on the store's native read pipeline, C threads that read and hash
+while the reader judges the batch before in Python, or, without the native library, hands
+its checksums to a helper thread while it reads the next batch.
+
 Hand-offs are batched because a thread wake-up costs 25-40 us: a submission wakes at most
 as many readers as it has batches of work, each reader takes a share of the queue per wake
 and records metrics once per batch, and a ticket's waiter is woken once, when its last
