@@ -261,6 +261,15 @@ static void *dp_pipe_hasher(void *arg) {
     return NULL;
 }
 
+/* tell one of the pipeline's threads to stop once its queue is drained, and join it */
+static void dp_pipe_stop(dp_pipe *p, int *stop, pthread_cond_t *wake, pthread_t thread) {
+    pthread_mutex_lock(&p->mu);
+    *stop = 1;
+    pthread_cond_signal(wake);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(thread, NULL);
+}
+
 dp_pipe *dp_pipe_new(dp_hash_fn hash, const char *magic, int64_t len_at, int64_t header) {
     dp_pipe *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -274,11 +283,7 @@ dp_pipe *dp_pipe_new(dp_hash_fn hash, const char *magic, int64_t len_at, int64_t
     pthread_cond_init(&p->hashed, NULL);
     if (pthread_create(&p->reader, NULL, dp_pipe_reader, p) != 0) { free(p); return NULL; }
     if (pthread_create(&p->hasher, NULL, dp_pipe_hasher, p) != 0) {
-        pthread_mutex_lock(&p->mu);
-        p->stop_reader = 1;
-        pthread_cond_signal(&p->to_read);
-        pthread_mutex_unlock(&p->mu);
-        pthread_join(p->reader, NULL);
+        dp_pipe_stop(p, &p->stop_reader, &p->to_read, p->reader);
         free(p);
         return NULL;
     }
@@ -321,16 +326,8 @@ void dp_pipe_wait(dp_pipe *p, dp_job *job) {
 /* stop after every submitted job is done (collect each one first: a job is freed only by
    dp_pipe_collect or dp_pipe_wait) */
 void dp_pipe_free(dp_pipe *p) {
-    pthread_mutex_lock(&p->mu);
-    p->stop_reader = 1;
-    pthread_cond_signal(&p->to_read);
-    pthread_mutex_unlock(&p->mu);
-    pthread_join(p->reader, NULL);
-    pthread_mutex_lock(&p->mu);
-    p->stop_hasher = 1;
-    pthread_cond_signal(&p->to_hash);
-    pthread_mutex_unlock(&p->mu);
-    pthread_join(p->hasher, NULL);
+    dp_pipe_stop(p, &p->stop_reader, &p->to_read, p->reader);
+    dp_pipe_stop(p, &p->stop_hasher, &p->to_hash, p->hasher);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->to_read);
     pthread_cond_destroy(&p->to_hash);
