@@ -28,9 +28,10 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -69,6 +70,8 @@ __all__ = ["PosixStore", "PipedBatch", "BLOCK_SUFFIX"]
 BLOCK_SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 _ZERO_PAD = bytes(4096)
+
+_T = TypeVar("_T")
 
 # (op, header, path) of a block whose payload digest a ChecksumHelper is computing
 _Unchecked = tuple[ReadOp, BlockHeader, str]
@@ -306,13 +309,9 @@ class PosixStore:
             # hand over the previous batch's payloads now: the helper wakes while this thread
             # is in the GIL-free read below, so the two never wait for each other's GIL
             checksums.flush()
-        try:
-            nreads, hot = native.read([os.fsencode(p) for p in paths], [b.addr for b in bufs],
-                                      [b.capacity for b in bufs], digest=checksums is None)
-        except BaseException:
-            for buf in bufs:
-                buf.release()
-            raise
+        digest = checksums is None
+        nreads, hot = _into_buffers(
+            lambda names, addrs, caps: native.read(names, addrs, caps, digest=digest), paths, bufs)
         return self._settle_native(ops, pool, paths, bufs, nreads, hot, checksums)
 
     def _native_targets(self, ops: list[ReadOp],
@@ -393,13 +392,7 @@ class PosixStore:
             self._read_sync(ops, pool, None)
             return PipedBatch(ops, pool, [], [], None)
         paths, bufs = self._native_targets(ops, pool)
-        try:
-            job = pipeline.submit([os.fsencode(p) for p in paths], [b.addr for b in bufs],
-                                  [b.capacity for b in bufs])
-        except BaseException:
-            for buf in bufs:
-                buf.release()
-            raise
+        job = _into_buffers(pipeline.submit, paths, bufs)
         return PipedBatch(ops, pool, paths, bufs, job)
 
     def read_batch_collect(self, batch: PipedBatch, pipeline: NativePipeline) -> None:
@@ -781,6 +774,19 @@ class PosixStore:
         except (FileNotFoundError, ValueError):
             return {}
         return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _into_buffers(call: Callable[[list[bytes], list[int], list[int]], _T], paths: list[str],
+                  bufs: list[BlockBuffer]) -> _T:
+    """``call(encoded paths, buffer addresses, capacities)`` for a native read of ``paths``
+    into ``bufs``; the buffers go back to their pool if it raises."""
+    try:
+        return call([os.fsencode(p) for p in paths], [b.addr for b in bufs],
+                    [b.capacity for b in bufs])
+    except BaseException:
+        for buf in bufs:
+            buf.release()
+        raise
 
 
 def _finish_read(fd: int, buf: BlockBuffer, nread: int) -> int:
