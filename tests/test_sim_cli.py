@@ -51,3 +51,15 @@ def test_bad_policy_is_a_usage_error() -> None:
     res = runner.invoke(_app, ["sim", "run", "--policy", "nope", "--agents", "2"])
     assert res.exit_code != 0
     assert "unknown simulator policy 'nope'" in str(res.exception)
+
+
+def test_bad_arrival_rate_names_the_rate_not_a_derived_agent_count() -> None:
+    # A negative --aps used to size the trace first and fail on "agent count ... -2290".
+    for aps in ("-1", "nan", "inf"):
+        res = runner.invoke(_app, ["sim", "run", "--aps", aps, "--horizon", "60"])
+        assert res.exit_code != 0
+        assert "arrival rate must be a finite number > 0" in str(res.exception), aps
+    res = runner.invoke(_app, ["sim", "compare", "--aps", "nan", "--policies", "basic"])
+    assert "arrival rate must be a finite number > 0" in str(res.exception)
+    res = runner.invoke(_app, ["sim", "run", "--aps", "0.1", "--horizon", "inf"])
+    assert "horizon must be a finite number > 0" in str(res.exception)

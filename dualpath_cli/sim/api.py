@@ -6,10 +6,12 @@ deeper, so every run is configured the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
+from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
@@ -45,6 +47,10 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
                     warmup: float | None = None, max_len: int = 64_000,
                     trace_seed: int = 1, plans: list[AgentPlan] | None = None) -> SimResult:
     """One online run at ``aps`` agents/s for ``horizon`` s (latencies after ``warmup``)."""
+    if not aps > 0 or not math.isfinite(aps):  # checked before the trace is sized from it
+        raise UsageError(f"arrival rate must be a finite number > 0 agents/s, got {aps}")
+    if not horizon > 0 or not math.isfinite(horizon):
+        raise UsageError(f"horizon must be a finite number > 0 s, got {horizon}")
     if plans is None:
         need = int(aps * horizon * 1.3) + 50
         plans = synthetic_plans(max_len, need, trace_seed)
