@@ -140,6 +140,17 @@ def test_model_that_does_not_fit_is_a_config_error() -> None:
         Simulation(make_setup("ds660b", "1P1D", "dualpath"), synthetic_plans(16_000, 2, 1))
 
 
+def test_context_larger_than_decode_hbm_is_refused_before_the_run() -> None:
+    # Qwen2.5-32B (BF16 weights, 256 KiB of KV per token) on an 80 GB GPU keeps ~26.7K
+    # tokens per decode engine; a 64K trace's longest agent cannot fit, and the run must
+    # say so when it is built, not when that agent gets there.
+    setup = make_setup("qwen32b", "1P2D", "dualpath")
+    with pytest.raises(ConfigError, match=r"reaches \d+ tokens of context, more than one "
+                       r"decode engine's HBM holds for qwen32b on hopper \(26702 tokens"):
+        Simulation(setup, synthetic_plans(64_000, 8, 1))
+    assert Simulation(setup, synthetic_plans(16_000, 8, 1)).run_offline().turns > 0
+
+
 def test_bad_names_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="did you mean 'dualpath'"):
         make_setup(policy="dualpth")

@@ -124,6 +124,29 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
         yield w
 
 
+def _check_fits_decode_hbm(plans: Sequence[AgentPlan], de_hbm_tokens: int,
+                           setup: SimSetup) -> None:
+    """Fail before the run when an agent's whole context cannot sit in one DE's HBM.
+
+    Why up front: a decode engine holds a turn's prompt and generated tokens, so the agent
+    whose context grows largest would otherwise stop the run when it gets there, which in an
+    online probe can be deep into a long simulation.
+    """
+    longest, agent = 0, -1
+    for i, plan in enumerate(plans):
+        total = 0
+        for t in plan.turns:
+            total += (t.append if t.append > 1 else 1) + (t.gen if t.gen > 1 else 1)
+        if total > longest:
+            longest, agent = total, i
+    if longest > de_hbm_tokens:
+        raise ConfigError(
+            f"agent {agent} reaches {longest} tokens of context, more than one decode "
+            f"engine's HBM holds for {setup.model.name} on {setup.hardware.name} "
+            f"({de_hbm_tokens} tokens after weights): use a shorter --max-len, more decode "
+            "nodes (expert-parallel models) or a hardware profile with more HBM")
+
+
 class Simulation:
     """One simulated run. Build, then call :meth:`run_offline` or :meth:`run_online`.
 
@@ -149,6 +172,7 @@ class Simulation:
         cost = build_cost_model(setup.model, setup.hardware, setup.calibration,
                                 setup.prefill_nodes, setup.decode_nodes)
         self.cost = cost
+        _check_fits_decode_hbm(self.plans, cost.de_hbm_tokens, setup)
         alpha, beta = derive_thresholds(cost, self.plans)
         self.alpha = setup.alpha if setup.alpha is not None else alpha
         self.beta = setup.beta if setup.beta is not None else beta
@@ -167,7 +191,6 @@ class Simulation:
         self._full_blocks = cal.full_blocks_only
         self._block_tokens = cal.block_tokens
         self._kvpt = cost.kv_bytes_per_token
-        self._de_hbm = cost.de_hbm_tokens
         self._bin_s = setup.bin_s
         self.loop = EventLoop()
         ev = self.loop
@@ -284,10 +307,6 @@ class Simulation:
             cached = hit
         rid = self.rid = self.rid + 1
         req = Req(rid, agent, k, cached, append, gen, self.loop.now)
-        if req.length + gen > self._de_hbm:
-            raise ConfigError(
-                f"agent {agent} turn {k}: {req.length + gen} tokens of KV cannot fit in one "
-                f"decode engine's HBM ({self._de_hbm} tokens)")
         self.reqs[rid] = req
         self.pe_queue.append(req)
         pe_idle = self.pe_idle
