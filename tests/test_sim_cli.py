@@ -63,3 +63,9 @@ def test_bad_arrival_rate_names_the_rate_not_a_derived_agent_count() -> None:
     assert "arrival rate must be a finite number > 0" in str(res.exception)
     res = runner.invoke(_app, ["sim", "run", "--aps", "0.1", "--horizon", "inf"])
     assert "horizon must be a finite number > 0" in str(res.exception)
+
+
+def test_negative_bisection_steps_are_refused() -> None:
+    res = runner.invoke(_app, ["sim", "capacity", "--steps", "-3"])
+    assert res.exit_code != 0
+    assert "capacity search needs steps >= 0, got -3" in str(res.exception)

@@ -83,6 +83,8 @@ def find_capacity(run_at: Callable[[float], SimResult], lo: float, hi: float,
     """
     if not 0 < lo < hi:
         raise UsageError(f"capacity search needs 0 < lo < hi, got lo={lo}, hi={hi}")
+    if steps < 0:
+        raise UsageError(f"capacity search needs steps >= 0, got {steps}")
     probes: list[tuple[float, bool, float, float]] = []
 
     def probe(aps: float) -> bool:
