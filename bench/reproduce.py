@@ -6,6 +6,7 @@ Usage::
     python bench/reproduce.py --json     # one JSON object: {"targets": [{name, paper, ours, ok}]}
     python bench/reproduce.py --quick    # smaller agent counts and shorter online runs
     python bench/reproduce.py --full     # Table 3 at the paper's 48P96D / 48K agents
+    python bench/reproduce.py --ds-kv-bytes 656   # what-if KV size; prints, never writes
 
 Every number comes from the same models and calibration (dualpath_cli/sim/calibration.py);
 nothing is tuned per table. Agent counts are scaled down where the paper's are expensive,
@@ -19,7 +20,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,13 @@ NOTES = """\
 * **Decode**: memory-bound step = weights per GPU / HBM bandwidth (the hardware profile's) +
   per-layer EP collective latency + attended KV / HBM bandwidth; a fluid batch model updated
   on every join/leave. DE HBM is reserved (prompt + generated tokens) from DE assignment to
-  the end of decode.
+  the end of decode, as the embedded runtime's scheduler counts it (its DEs take the blocks
+  at decode start, but the scheduler never places more than they hold). The paper allocates
+  at decode start, once the DE buffer holds the prompt's KV (its section 3.4), and does not
+  say how placement accounts for turns not yet decoding; an experiment that reserves
+  nothing at placement (it checks the HBM free now; a turn whose HBM is short at decode
+  start waits in the DE buffer) moved 2,048-agent JCTs by +7% (Basic), -2% (DualPath) and
+  -5% (oracle): not the cause of any miss below, so the simulator stays with the runtime.
 * **Scheduling** is core/ unchanged: `pe_fetch` (alpha 3 s of reads, beta 5 s of work in
   prompt tokens per second, core's `prompt_tokens_per_s` at the workload's mean turn),
   `de_route` + `de_place` (Z = 1.05), `read_plan` with the policy's read rule,
@@ -74,28 +81,37 @@ NOTES = """\
   the rows above are reported as they come out: 14.4 / 25.5 / 41.6 GB/PFLOP at 16K / 32.7K /
   64K against the paper's 13 / ~22 / 36, i.e. 11-16% high, just outside the 10% band (it was
   28-84% high before the indexer term). With 656 B they would be 12.0 / 21.2 / 34.6. Qwen's
-  rows (dense, no indexer) are unchanged and within 2%.
+  rows (dense, no indexer) are unchanged and within 2%. The whole report with 656 B
+  (`python bench/reproduce.py --ds-kv-bytes 656`, which never writes this file) meets 14 of
+  23: the three rows above pass, but the speedup over Basic stays at 2.22 / 2.29 and the DS
+  660B capacity gain drops to 1.58; the KV size is not what separates our offline ratios
+  from the paper's, so we keep the complete 788 B (the indexer keys must be loaded too).
 * **+ layerwise prefill (-17% in the paper).** In our Basic the storage reads are pipelined
   into the PE's DRAM buffer, so Basic is bound by the two PE storage NICs; layerwise prefill
   only hides the HBM copy on the PE, which is not the bottleneck, hence about -5%. The
   paper's larger gain suggests its Basic also loses read/compute overlap (e.g. loading a
   batch's KV synchronously before computing it), which we do not assume.
-* **Speedup over Basic (2.2-2.3x vs 1.87x) and the last ablation step.** Basic's JCT here is
-  close to total KV bytes / (2 x 50 GB/s), so it is storage-bound as in the paper. Our
-  DualPath at 2P4D / 2,048 agents takes about 2,810 s, 11% below the paper's own Table 3
-  figure for that setting (3,167 s), and ends about 1.2x above our oracle: the storage NICs
-  of all six nodes run at line rate for the last third of the run, when contexts are
-  longest (the paper calls DualPath "close to Oracle"). A paper Basic at 1.87x of 3,167 s
-  would take about 5,900 s; ours takes 6,200 s. So the ratio misses mostly because our
-  DualPath is faster than the paper's, i.e. our GPU side (prefill at MFU 0.4, decode
-  roofline: TPOT 32 ms against the paper's 39 ms) is 10-20% optimistic. Side experiments
-  with a decode step fixed at the paper's 39 ms and MFU 0.3 still gave 2.10x and 2.07x,
-  because Basic slows down with the PE as well (it loads into HBM before computing); we do
-  not change constants to fit this ratio. (The Figure 7 pixel reading of 5,365 s for
-  DualPath at 2,048 agents disagrees with Table 3's 3,167 s; we compare with Table 3.)
-  The split read does no better than DualPath here for the same reason: in the late,
-  storage-bound phase every NIC is already saturated, so no read rule gets within 1.05x of
-  the oracle on this workload.
+* **Speedup over Basic (2.2-2.3x vs 1.87x), the last ablation step and split/oracle.**
+  The offline JCT is the finish of the *last* trajectory, and here that is always a copy of
+  the trace's longest base trajectory: 1,078 turns of about 60 tokens, 6.9x the mean of 157
+  (4 of the 2,048 agents). Its finish is a critical path of 1,079 queued turns: 5.75 s per
+  turn under Basic, 2.6 s under DualPath, 2.14 s in the oracle. The typical trajectory does
+  not look like that: on the same runs the *mean* trajectory time is 1.97x shorter with
+  DualPath than with Basic (inside the paper's 1.7-2.0 band) and DualPath's mean is within
+  1.07 of the oracle's (the paper's "close to Oracle"), where the JCTs give 2.21x and 1.215
+  (rows "same runs, mean trajectory time" above). Five trace seeds agree (JCT speedup
+  2.21-2.29, mean-time speedup 1.93-1.98, DualPath/oracle JCT 1.19-1.22). How long the
+  longest trajectories are is not in the paper: Table 2 gives means only, and our
+  generator's turn counts are log-normal on a fixed quantile grid (p99 656, max 1,078 at
+  64K for every seed), an assumption the JCT ratio depends on and no table can check. We do
+  not cut that tail to fit the ratio. Absolute times: our DualPath at 2P4D / 2,048 agents
+  takes 2,810 s, 11% below the paper's Table 3 figure for that setting (3,167 s); a paper
+  Basic at 1.87x of 3,167 s would take about 5,900 s, ours takes 6,200 s. Side experiments
+  with a decode step fixed at the paper's 39 ms and MFU 0.3 still gave 2.10x and 2.07x.
+  (The Figure 7 pixel reading of 5,365 s for DualPath at 2,048 agents disagrees with
+  Table 3's 3,167 s; we compare with Table 3.) The split read does no better than DualPath:
+  late in the run, when contexts are longest, the storage NICs of all six nodes run at line
+  rate, so no read rule gets the longest trajectories' turns within 1.05x of the oracle's.
 * **SNIC Max/Avg** is now measured as the paper describes it: "across all SNICs of three
   machines in a small time window", leaving out underloaded phases ("tail phases are not
   shown, because the system is underloaded then"). The graded rows use three machines (DS
@@ -213,12 +229,22 @@ def offline(run: Runner, quick: bool) -> list[Target]:
         out.append(Target(f"offline DS660B 2P4D 64K speedup over basic, {n} agents", 1.87,
                           round(s, 2), 1.7 <= s <= 2.0,
                           note="paper agents 2048/4096" if quick else "", section="offline"))
-    o = run.offline("ds660b", "2P4D", "oracle", counts[0]).jct
-    d = run.offline("ds660b", "2P4D", "dualpath", counts[0]).jct
-    sp = run.offline("ds660b", "2P4D", "split", counts[0]).jct
-    out.append(Target(f"DualPath JCT / oracle JCT, {counts[0]} agents", "close to 1",
+    n = counts[0]
+    basic, dual = (run.offline("ds660b", "2P4D", p, n) for p in ("basic", "dualpath"))
+    oracle = run.offline("ds660b", "2P4D", "oracle", n)
+    o, d = oracle.jct, dual.jct
+    sp = run.offline("ds660b", "2P4D", "split", n).jct
+    mean = "mean_trajectory_s"
+    out.append(Target(f"same runs, mean trajectory time: basic / DualPath, {n} agents", "-",
+                      round(basic.extra[mean] / dual.extra[mean], 2), None,
+                      note="not in the paper (it reports JCT); see why the JCT ratio misses",
+                      section="offline"))
+    out.append(Target(f"DualPath JCT / oracle JCT, {n} agents", "close to 1",
                       round(d / o, 3), None, section="offline"))
-    out.append(Target(f"beyond paper: split read JCT / oracle, {counts[0]} agents (goal <= 1.05)",
+    out.append(Target(f"DualPath / oracle mean trajectory time, {n} agents", "-",
+                      round(dual.extra[mean] / oracle.extra[mean], 3), None,
+                      section="offline"))
+    out.append(Target(f"beyond paper: split read JCT / oracle, {n} agents (goal <= 1.05)",
                       "-", round(sp / o, 3), sp / o <= 1.05, section="beyond"))
     return out
 
@@ -359,7 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="Table 3 at 48P96D / 48K agents")
     ap.add_argument("--no-online", action="store_true", help="skip capacity searches")
     ap.add_argument("--no-write", action="store_true", help="do not write the report")
+    ap.add_argument("--ds-kv-bytes", type=int, metavar="B",
+                    help="what-if: KV bytes per token per layer of the DeepSeek profiles "
+                         "(theirs: 788); such a run never writes the report")
     args = ap.parse_args(argv)
+    if args.ds_kv_bytes is not None:
+        if args.ds_kv_bytes < 1:
+            ap.error(f"--ds-kv-bytes must be at least 1, got {args.ds_kv_bytes}")
+        for name in ("ds660b", "ds27b"):  # every lookup by name (make_setup, table1) sees it
+            MODEL_PROFILES[name] = replace(MODEL_PROFILES[name],
+                                           kv_bytes_per_token_layer=args.ds_kv_bytes)
+        args.no_write = True
     t0 = time.perf_counter()
     run = Runner()
     steps: list[tuple[str, Callable[[], list[Target]]]] = [

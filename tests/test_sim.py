@@ -151,6 +151,14 @@ def test_context_larger_than_decode_hbm_is_refused_before_the_run() -> None:
     assert Simulation(setup, synthetic_plans(16_000, 8, 1)).run_offline().turns > 0
 
 
+def test_offline_mean_trajectory_time_is_the_mean_of_agent_finishes() -> None:
+    sim = Simulation(make_setup("ds27b", "1P1D", "dualpath"), synthetic_plans(16_000, 24, 1))
+    res = sim.run_offline()
+    ends = sim.agent_end
+    assert res.extra["mean_trajectory_s"] == pytest.approx(sum(ends) / len(ends))
+    assert min(ends) < res.extra["mean_trajectory_s"] < res.jct == max(ends)
+
+
 def test_bad_names_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="did you mean 'dualpath'"):
         make_setup(policy="dualpth")

@@ -131,7 +131,8 @@ class SimResult:
     """Outcome of one simulated run (offline or online).
 
     ``jct`` is the offline job completion time (time the last agent finishes); in online
-    mode it is the mean trajectory completion time of agents that finished.
+    mode it is the mean trajectory completion time of agents that finished. Offline runs
+    also put the mean trajectory completion time in ``extra["mean_trajectory_s"]``.
     """
 
     mode: str
