@@ -48,7 +48,8 @@ def test_json_output_stays_one_object_with_plots(
     assert main([*TINY, "--json", "--plot", str(out), "--plot-terminal"]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
-    assert set(data) == {"model", "pd", "agents", "max_len", "results", "speedup_vs_basic"}
+    assert set(data) == {"model", "pd", "agents", "workload", "max_len", "results",
+                         "speedup_vs_basic"}
     assert [r["policy"] for r in data["results"]] == ["basic", "dualpath", "oracle"]
     assert "JCT" in captured.err  # the text chart went to stderr
     assert out.read_bytes()[:8] == PNG_MAGIC

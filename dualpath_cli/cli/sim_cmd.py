@@ -18,11 +18,14 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.sim import (
     SIM_POLICIES,
     SimResult,
+    Workload,
     make_setup,
+    online_agents,
     simulate_capacity,
     simulate_offline,
     simulate_online,
 )
+from dualpath_cli.sim.online import check_aps_range
 from dualpath_cli.sim.plots import (
     check_png_path,
     render_compare_terminal,
@@ -30,10 +33,9 @@ from dualpath_cli.sim.plots import (
     write_compare_png,
     write_series_png,
 )
-from dualpath_cli.sim.trace import synthetic_plans
-from dualpath_cli.units import format_duration, parse_tokens
+from dualpath_cli.units import format_duration, format_tokens, parse_tokens
 
-__all__ = ["app"]
+__all__ = ["app", "resolve_agents", "resolve_workload", "workload_keys", "workload_label"]
 
 app = typer.Typer(help="Simulate a DualPath cluster in simulated time with the core scheduler.",
                   no_args_is_help=True)
@@ -41,15 +43,45 @@ app = typer.Typer(help="Simulate a DualPath cluster in simulated time with the c
 _MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, qwen32b).")
 _PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
 _HW = typer.Option("hopper", "--hardware", help="Hardware profile.")
-_MAXLEN = typer.Option("64K", "--max-len", help="Trace max length (32K, 48K, 64K).")
-_SEED = typer.Option(1, "--seed", help="Trace seed.")
+_MAXLEN = typer.Option(None, "--max-len", help="Max length of the synthetic workload (32K, "
+                       "48K, 64K) [default: 64K]; a --trace has its own.")
+_SEED = typer.Option(1, "--seed", help="Seed of the synthetic workload, and of the "
+                     "augmentation of a --trace.")
+_TRACE = typer.Option(None, "--trace", help="Replay this dualpath trace file (docs/"
+                      "trace-format.md) instead of the synthetic workload; more agents than "
+                      "it holds are made from it as the paper does (a synthetic first round).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
 
 
-def _agents(value: int) -> int:
+def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
+    """``--agents``, else every trajectory of a --trace, else ``default``."""
+    if value is None:
+        return workload.trace_agents or default
     if value < 1:
         raise UsageError(f"invalid --agents {value}: must be at least 1")
     return value
+
+
+def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
+                     default_max_len: str = "64K") -> Workload:
+    """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked)."""
+    if trace is None:
+        return Workload(parse_tokens(max_len or default_max_len), seed)
+    if max_len is not None:
+        raise UsageError("--max-len sets the synthetic workload's length; a --trace has its "
+                         "own (drop one of them)")
+    return Workload.from_file(trace, seed)
+
+
+def workload_label(workload: Workload) -> str:
+    """How titles name the workload: ``64K`` or ``FILE (64K)``."""
+    size = format_tokens(workload.max_len)
+    return size if workload.trace is None else f"{Path(workload.source).name} ({size})"
+
+
+def workload_keys(workload: Workload) -> dict[str, object]:
+    """The workload's keys in JSON output."""
+    return {"workload": workload.source, "max_len": workload.max_len}
 
 
 def _row(r: SimResult) -> list[str]:
@@ -64,8 +96,11 @@ _HEAD = ["policy", "P/D", "agents", "turns", "JCT", "SNIC max/avg", "SNIC util",
 
 @app.command("run")
 def run(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
-    agents: int = typer.Option(2048, "--agents", help="Agents (offline: all start at t=0)."),
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
+    trace: Path | None = _TRACE,
+    agents: int | None = typer.Option(
+        None, "--agents", help="Agents, all starting at t=0 (offline) [default: 2048, or "
+        "every trajectory of a --trace]."),
     policy: str = typer.Option("dualpath", "--policy",
                                help=f"One of: {', '.join(SIM_POLICIES)}."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
@@ -94,16 +129,17 @@ def run(
     setup = make_setup(model, pd, policy, hardware)
     if plot is not None:
         check_png_path(plot)
-    ml = parse_tokens(max_len)
+    wl = resolve_workload(trace, max_len, seed)
     if aps is None:
-        res = simulate_offline(setup, agents=_agents(agents), max_len=ml, trace_seed=seed)
+        res = simulate_offline(setup, wl.plans(resolve_agents(agents, wl, 2048)))
     else:
-        res = simulate_online(setup, aps, horizon=horizon, max_len=ml, trace_seed=seed)
-    title = f"{model} {pd} {max_len} {policy} ({res.mode})"
+        res = simulate_online(setup, aps, horizon=horizon,
+                              plans=wl.plans(online_agents(aps, horizon)))
+    title = f"{model} {pd} {workload_label(wl)} {policy} ({res.mode})"
     if json_out:
-        emit_json(res.to_dict(series=series))
+        emit_json({**res.to_dict(series=series), **workload_keys(wl)})
     else:
-        table = Table(*_HEAD, title=f"{model} {pd} {max_len} ({res.mode})")
+        table = Table(*_HEAD, title=f"{model} {pd} {workload_label(wl)} ({res.mode})")
         table.add_row(*_row(res))
         stdout.print(table)
         if res.mode == "online" and res.ttft and res.tpot and res.ttst:
@@ -115,8 +151,11 @@ def run(
 
 @app.command("compare")
 def compare(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
-    agents: int = typer.Option(1024, "--agents", help="Agents starting at t=0."),
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
+    trace: Path | None = _TRACE,
+    agents: int | None = typer.Option(
+        None, "--agents", help="Agents starting at t=0 [default: 1024, or every trajectory "
+        "of a --trace]."),
     policies: str = typer.Option("basic,layerwise,dual-rr,dualpath,split,oracle",
                                  "--policies", help="Comma-separated policies."),
     aps: float | None = typer.Option(
@@ -136,10 +175,9 @@ def compare(
     setups = [make_setup(model, pd, name, hardware) for name in names]  # validate all first
     if plot is not None:
         check_png_path(plot)
-    ml = parse_tokens(max_len)
-    if aps is not None and (aps <= 0 or horizon <= 0):
-        raise UsageError(f"invalid --aps {aps:g} / --horizon {horizon:g}: both must be > 0")
-    plans = synthetic_plans(ml, _agents(agents), seed) if aps is None else None
+    wl = resolve_workload(trace, max_len, seed)
+    n = resolve_agents(agents, wl, 1024) if aps is None else online_agents(aps, horizon)
+    plans = wl.plans(n)  # every policy replays the same agents
     results = []
     for setup in setups:
         if not json_out:
@@ -147,13 +185,12 @@ def compare(
         if aps is None:
             results.append(simulate_offline(setup, plans))
         else:
-            results.append(simulate_online(setup, aps, horizon=horizon, max_len=ml,
-                                           trace_seed=seed))
-    title = (f"{model} {pd} {max_len}, {agents} agents" if aps is None
-             else f"{model} {pd} {max_len}, {aps:g} agents/s for {horizon:g}s")
-    head: dict[str, object] = {"model": model, "pd": pd, "agents": agents, "max_len": max_len}
+            results.append(simulate_online(setup, aps, horizon=horizon, plans=plans))
+    title = (f"{model} {pd} {workload_label(wl)}, {n} agents" if aps is None
+             else f"{model} {pd} {workload_label(wl)}, {aps:g} agents/s for {horizon:g}s")
+    head: dict[str, object] = {"model": model, "pd": pd, "agents": n, **workload_keys(wl)}
     if aps is not None:  # online: agents arrive at --aps; --agents does not apply
-        head = {"model": model, "pd": pd, "max_len": max_len, "aps": aps, "horizon_s": horizon}
+        head = {"model": model, "pd": pd, **workload_keys(wl), "aps": aps, "horizon_s": horizon}
     _output_compare(results, title, json_out, head, online=aps is not None)
     _charts(plot, plot_terminal, json_out, lambda path: write_compare_png(results, path, title),
             lambda width, color: render_compare_terminal(results, title, width, color))
@@ -195,7 +232,8 @@ def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callabl
 
 @app.command("capacity")
 def capacity(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str = _MAXLEN,
+    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
+    trace: Path | None = _TRACE,
     policy: str = typer.Option("dualpath", "--policy", help="Policy to size."),
     lo: float = typer.Option(0.05, "--lo", help="Lowest APS to probe."),
     hi: float = typer.Option(2.0, "--hi", help="Highest APS to probe."),
@@ -205,13 +243,16 @@ def capacity(
 ) -> None:
     """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
     setup = make_setup(model, pd, policy, hardware)
-    res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon,
-                            max_len=parse_tokens(max_len), trace_seed=seed, steps=steps)
+    wl = resolve_workload(trace, max_len, seed)
+    check_aps_range(lo, hi)
+    res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,
+                            plans=wl.plans(online_agents(hi, horizon)))
     if json_out:
-        emit_json({"model": model, "pd": pd, "policy": policy, **res.to_dict()})
+        emit_json({"model": model, "pd": pd, "policy": policy, **workload_keys(wl),
+                   **res.to_dict()})
         return
     table = Table("APS", "SLO met", "TTFT mean", "TPOT mean",
-                  title=f"{model} {pd} {policy}: capacity {res.aps:.3g} APS")
+                  title=f"{model} {pd} {workload_label(wl)} {policy}: capacity {res.aps:.3g} APS")
     for a, ok, f, p in sorted(res.probes):
         table.add_row(f"{a:.3g}", "yes" if ok else "no", f"{f:.3f}s", f"{p * 1000:.1f}ms")
     stdout.print(table)

@@ -25,6 +25,12 @@ import typer
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.cli.sim_cmd import (
+    resolve_agents,
+    resolve_workload,
+    workload_keys,
+    workload_label,
+)
 from dualpath_cli.config import (
     LoadedConfig,
     SchedulerConfig,
@@ -53,11 +59,12 @@ from dualpath_cli.sim import (
     AgentPlan,
     SimCalibration,
     SimResult,
+    Workload,
     make_setup,
     meets_slo,
+    online_agents,
     simulate_offline,
     simulate_online,
-    synthetic_plans,
 )
 from dualpath_cli.units import (
     format_bandwidth,
@@ -313,18 +320,18 @@ class _Scenario:
     pd: str
     hardware: str
     policy: str
-    max_len: int
+    workload: Workload
     agents: int
     aps: float | None
     horizon: float
-    seed: int
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "pd": self.pd, "hardware": self.hardware,
-                "policy": self.policy, "max_len": self.max_len,
+                "policy": self.policy, **workload_keys(self.workload),
                 "mode": "offline" if self.aps is None else "online",
                 **({"agents": self.agents} if self.aps is None
-                   else {"aps": self.aps, "horizon_s": self.horizon}), "seed": self.seed}
+                   else {"aps": self.aps, "horizon_s": self.horizon}),
+                "seed": self.workload.seed}
 
 
 def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
@@ -339,8 +346,7 @@ def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
     }
 
 
-def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan] | None
-              ) -> SimResult:
+def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan]) -> SimResult:
     cal = replace(SimCalibration(), quota_s=values["scheduler.compute_quota"],
                   z_factor=values["scheduler.z_factor"])
     beta = int(values["scheduler.beta"])
@@ -351,8 +357,7 @@ def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan] | 
                        alpha=int(values["scheduler.alpha"]), beta=beta)
     if sc.aps is None:
         return simulate_offline(setup, plans)
-    return simulate_online(setup, sc.aps, horizon=sc.horizon, max_len=sc.max_len,
-                           trace_seed=sc.seed)
+    return simulate_online(setup, sc.aps, horizon=sc.horizon, plans=plans)
 
 
 def _metrics(res: SimResult) -> list[tuple[str, float, str]]:
@@ -406,13 +411,21 @@ def set_thresholds(
     model: str = typer.Option("ds660b", "--model", help="Dry run: model profile."),
     pd: str = typer.Option("2P4D", "--pd", help="Dry run: prefill and decode nodes."),
     hardware: str = typer.Option("hopper", "--hardware", help="Dry run: hardware profile."),
-    max_len: str = typer.Option("32K", "--max-len", help="Dry run: trace max length."),
-    agents: int = typer.Option(512, "--agents", help="Dry run: agents starting at t=0."),
+    max_len: str | None = typer.Option(
+        None, "--max-len", help="Dry run: max length of the synthetic workload [default: "
+        "32K]; a --trace has its own."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Dry run: replay this dualpath trace file instead of the "
+        "synthetic workload (augmented as the paper does past its size)."),
+    agents: int | None = typer.Option(
+        None, "--agents", help="Dry run: agents starting at t=0 [default: 512, or every "
+        "trajectory of a --trace]."),
     policy: str = typer.Option("dualpath", "--policy", help="Dry run: simulator policy."),
     aps: float | None = typer.Option(
         None, "--aps", help="Dry run: online mode at this many agents/s (TTFT, TPOT)."),
     horizon: float = typer.Option(600.0, "--horizon", help="Dry run: online length, s."),
-    seed: int = typer.Option(1, "--seed", help="Dry run: trace seed."),
+    seed: int = typer.Option(1, "--seed", help="Dry run: seed of the synthetic workload "
+                             "(and of a --trace's augmentation)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Set scheduler thresholds in a config file (atomically), or --dry-run them first.
@@ -433,8 +446,9 @@ def set_thresholds(
     rows = [{"key": k, "current": _given(current, k), "current_source": str(current.source(k)),
              "proposed": _given(proposed, k)} for k in changes]
     if dry_run:
+        wl = resolve_workload(trace, max_len, seed, default_max_len="32K")
         _dry_run(target, rows, notes, current, proposed, _Scenario(
-            model, pd, hardware, policy, parse_tokens(max_len), agents, aps, horizon, seed),
+            model, pd, hardware, policy, wl, resolve_agents(agents, wl, 512), aps, horizon),
             as_json)
         return
     _write(target, changes, rows, notes, as_json)
@@ -460,15 +474,11 @@ def _write(target: Path, changes: dict[str, str], rows: list[dict[str, Any]],
 def _dry_run(target: Path, rows: list[dict[str, Any]], notes: list[str],
              current: LoadedConfig, proposed: LoadedConfig, sc: _Scenario,
              as_json: bool) -> None:
-    if sc.aps is None and sc.agents < 1:
-        raise UsageError(f"invalid --agents {sc.agents}: must be at least 1")
-    if sc.aps is not None and (sc.aps <= 0 or sc.horizon <= 0):
-        raise UsageError(f"invalid --aps {sc.aps:g} / --horizon {sc.horizon:g}: both must "
-                         "be greater than zero")
+    n = sc.agents if sc.aps is None else online_agents(sc.aps, sc.horizon)
     old, new = (_thresholds(c.config.scheduler, sc) for c in (current, proposed))
     for row in rows:
         row.update({"current_resolved": old[row["key"]], "proposed_resolved": new[row["key"]]})
-    plans = synthetic_plans(sc.max_len, sc.agents, sc.seed) if sc.aps is None else None
+    plans = sc.workload.plans(n)  # both runs replay the same agents
     before, after = _simulate(old, sc, plans), _simulate(new, sc, plans)
     metrics = [(name, a, b, fmt) for (name, a, fmt), (_, b, _) in
                zip(_metrics(before), _metrics(after), strict=True)]
@@ -490,7 +500,7 @@ def _dry_run(target: Path, rows: list[dict[str, Any]], notes: list[str],
     what = (f"{sc.agents} agents" if sc.aps is None
             else f"{sc.aps:g} agents/s for {sc.horizon:g}s")
     table = Table("predicted", "current", "proposed", "change", title_justify="left",
-                  title=f"{sc.model} {sc.pd} {format_tokens(sc.max_len)}, {what}, {sc.policy}")
+                  title=f"{sc.model} {sc.pd} {workload_label(sc.workload)}, {what}, {sc.policy}")
     for name, a, b, fmt in metrics:
         change = _change(a, b)
         table.add_row(name, _fmt(a, fmt), _fmt(b, fmt),

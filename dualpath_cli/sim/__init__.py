@@ -6,11 +6,13 @@ Public API (everything else is private to the package)::
     simulate_offline(setup, plans=None, agents=..., max_len=...) -> SimResult
     simulate_online(setup, aps, horizon=..., ...) -> SimResult
     simulate_capacity(setup, lo=..., hi=..., ...) -> CapacityResult
+    Workload(max_len, seed) / Workload.from_file(path, seed) -> .plans(agents)
     calibrate_from_measurements(hardware, ...) -> (HardwareProfile, SimCalibration)
 """
 
 from dualpath_cli.sim.api import (
     make_setup,
+    online_agents,
     simulate_capacity,
     simulate_offline,
     simulate_online,
@@ -20,10 +22,11 @@ from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import LatencyStats, SimResult
 from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity, meets_slo
 from dualpath_cli.sim.policies import ABLATION, SIM_POLICIES, SimPolicy, get_sim_policy
-from dualpath_cli.sim.trace import AgentPlan, plans_from_trajectories, synthetic_plans
+from dualpath_cli.sim.trace import AgentPlan, Workload, plans_from_trajectories, synthetic_plans
 
 __all__ = [
-    "make_setup", "simulate_offline", "simulate_online", "simulate_capacity",
+    "make_setup", "simulate_offline", "simulate_online", "simulate_capacity", "online_agents",
+    "Workload",
     "SimCalibration", "calibrate_from_measurements", "SimSetup", "Simulation",
     "LatencyStats", "SimResult", "SLO", "CapacityResult", "find_capacity", "meets_slo",
     "ABLATION", "SIM_POLICIES", "SimPolicy", "get_sim_policy", "AgentPlan",

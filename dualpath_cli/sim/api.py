@@ -15,11 +15,12 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
-from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity
+from dualpath_cli.sim.online import SLO, CapacityResult, check_aps_range, find_capacity
 from dualpath_cli.sim.policies import get_sim_policy
 from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
 
-__all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity"]
+__all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity",
+           "online_agents"]
 
 
 def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str = "dualpath",
@@ -47,24 +48,44 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
                     warmup: float | None = None, max_len: int = 64_000,
                     trace_seed: int = 1, plans: list[AgentPlan] | None = None) -> SimResult:
     """One online run at ``aps`` agents/s for ``horizon`` s (latencies after ``warmup``)."""
-    if not aps > 0 or not math.isfinite(aps):  # checked before the trace is sized from it
-        raise UsageError(f"arrival rate must be a finite number > 0 agents/s, got {aps}")
-    if not horizon > 0 or not math.isfinite(horizon):
-        raise UsageError(f"horizon must be a finite number > 0 s, got {horizon}")
+    _check_online(aps, horizon)
     if plans is None:
-        need = int(aps * horizon * 1.3) + 50
-        plans = synthetic_plans(max_len, need, trace_seed)
+        plans = synthetic_plans(max_len, online_agents(aps, horizon), trace_seed)
     res = Simulation(setup, plans).run_online(
         aps, horizon, warmup=horizon / 3 if warmup is None else warmup)
     res.slo_ok = None
     return res
 
 
+def _check_online(aps: float, horizon: float) -> None:
+    """Why before anything else: the workload is sized from these two numbers."""
+    if not aps > 0 or not math.isfinite(aps):
+        raise UsageError(f"arrival rate must be a finite number > 0 agents/s, got {aps}")
+    if not horizon > 0 or not math.isfinite(horizon):
+        raise UsageError(f"horizon must be a finite number > 0 s, got {horizon}")
+
+
+def online_agents(aps: float, horizon: float) -> int:
+    """Agents an online run of ``aps`` agents/s for ``horizon`` s may need (Poisson slack).
+
+    Raises:
+        UsageError: a rate or horizon that is not a finite number > 0.
+    """
+    _check_online(aps, horizon)
+    return int(aps * horizon * 1.3) + 50
+
+
 def simulate_capacity(setup: SimSetup, *, lo: float = 0.05, hi: float = 2.0,
                       horizon: float = 1200.0, max_len: int = 64_000, trace_seed: int = 1,
-                      steps: int = 6, slo: SLO | None = None) -> CapacityResult:
-    """Highest APS meeting ``slo`` in ``[lo, hi]`` (bisection over online runs)."""
-    plans = synthetic_plans(max_len, int(hi * horizon * 1.3) + 50, trace_seed)
+                      steps: int = 6, slo: SLO | None = None,
+                      plans: list[AgentPlan] | None = None) -> CapacityResult:
+    """Highest APS meeting ``slo`` in ``[lo, hi]`` (bisection over online runs).
+
+    ``plans`` must hold :func:`online_agents` ``(hi, horizon)`` agents when given.
+    """
+    check_aps_range(lo, hi)
+    if plans is None:
+        plans = synthetic_plans(max_len, online_agents(hi, horizon), trace_seed)
 
     def run_at(aps: float) -> SimResult:
         return simulate_online(replace(setup), aps, horizon=horizon, plans=plans)

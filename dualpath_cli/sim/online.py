@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.metrics import SimResult
 
-__all__ = ["SLO", "meets_slo", "steady_state", "CapacityResult", "find_capacity"]
+__all__ = ["SLO", "meets_slo", "steady_state", "CapacityResult", "check_aps_range",
+           "find_capacity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,12 @@ class CapacityResult:
                            for a, ok, f, p in self.probes]}
 
 
+def check_aps_range(lo: float, hi: float) -> None:
+    """A capacity search's range must be finite with ``0 < lo < hi`` (UsageError if not)."""
+    if not 0 < lo < hi < math.inf:
+        raise UsageError(f"capacity search needs 0 < lo < hi (finite), got lo={lo}, hi={hi}")
+
+
 def find_capacity(run_at: Callable[[float], SimResult], lo: float, hi: float,
                   slo: SLO | None = None, steps: int = 7) -> CapacityResult:
     """Bisect APS in ``[lo, hi]`` for the highest rate whose run meets ``slo``.
@@ -81,8 +88,7 @@ def find_capacity(run_at: Callable[[float], SimResult], lo: float, hi: float,
     ``run_at(aps)`` runs one online simulation. If ``hi`` meets the SLO it is returned (widen
     the range); if ``lo`` fails, the capacity is reported as 0.
     """
-    if not 0 < lo < hi:
-        raise UsageError(f"capacity search needs 0 < lo < hi, got lo={lo}, hi={hi}")
+    check_aps_range(lo, hi)
     if steps < 0:
         raise UsageError(f"capacity search needs steps >= 0, got {steps}")
     probes: list[tuple[float, bool, float, float]] = []

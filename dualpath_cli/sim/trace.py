@@ -8,14 +8,18 @@ the 500 base trajectories are built by workload's augmentation (a synthetic firs
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_cli.errors import UsageError
+from dualpath_cli.workload.augment import augment
 from dualpath_cli.workload.build import synthetic_trace
+from dualpath_cli.workload.trace_format import Trace
+from dualpath_cli.workload.trace_io import detect_format, read_trace
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-__all__ = ["AgentPlan", "plans_from_trajectories", "synthetic_plans"]
+__all__ = ["AgentPlan", "Workload", "plans_from_trajectories", "synthetic_plans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +47,63 @@ def synthetic_plans(max_len: int, agents: int, seed: int) -> list[AgentPlan]:
     if agents < 1:
         raise UsageError(f"agent count must be at least 1, got {agents}")
     return plans_from_trajectories(synthetic_trace(max_len, agents, seed).trajectories)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Where a run's agents come from: the Table 2 generator at ``max_len``, or a trace.
+
+    Why one object: ``sim run``, ``sim compare``, ``sim capacity`` and ``tune set --dry-run``
+    all ask "n agents, please" (n from ``--agents`` offline, from the arrival rate online)
+    and must answer it the same way for a synthetic workload and for an operator's own trace.
+    """
+
+    max_len: int
+    seed: int = 1
+    trace: Trace | None = None
+    source: str = "synthetic"
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], seed: int = 1) -> Workload:
+        """A dualpath trace file (docs/trace-format.md), read and validated now.
+
+        Raises:
+            TraceError: unreadable or invalid file (``FILE:LINE: reason``).
+            UsageError: a Mooncake request log, which has no agent turns to replay.
+        """
+        if detect_format(path) == "mooncake":
+            raise UsageError(f"{path}: a Mooncake request log has no agent trajectories to "
+                             "replay; the simulator needs a dualpath trace (docs/"
+                             "trace-format.md; `dualpath trace gen` writes one)")
+        trace = read_trace(path)
+        if not any(t.turns for t in trace.trajectories):
+            raise UsageError(f"{path}: the trace has no trajectory with turns")
+        return cls(trace.header.max_len, seed, trace, os.fspath(path))
+
+    @property
+    def trace_agents(self) -> int | None:
+        """Trajectories in the trace (``None`` for the synthetic workload)."""
+        return None if self.trace is None else len(self.trace.trajectories)
+
+    def plans(self, agents: int) -> list[AgentPlan]:
+        """``agents`` agents: synthetic, a trace's first ones, or a trace augmented.
+
+        A trace with fewer trajectories than asked for is augmented as the paper builds its
+        1K-48K agent runs from 500 (Appendix A.3): every agent replays one of the trace's
+        trajectories behind a synthetic first round, capped at the trace's max length.
+
+        Raises:
+            UsageError: ``agents < 1``, or more agents than an already augmented trace has.
+        """
+        if agents < 1:
+            raise UsageError(f"agent count must be at least 1, got {agents}")
+        if self.trace is None:
+            return synthetic_plans(self.max_len, agents, self.seed)
+        have = self.trace.trajectories
+        if agents <= len(have):
+            return plans_from_trajectories(have[:agents])
+        if any(t.prefix_seed is not None for t in have):
+            raise UsageError(f"{self.source}: {agents} agents asked for but the trace has "
+                             f"{len(have)}, already augmented (they cannot be augmented "
+                             "again); pass at most that many or a trace of base trajectories")
+        return plans_from_trajectories(augment(have, agents, self.seed, max_len=self.max_len))
