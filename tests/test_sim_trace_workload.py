@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -77,7 +78,7 @@ def test_request_logs_and_bad_files_are_refused(tmp_path: Path) -> None:
         Workload(16_000).plans(0)
 
 
-def _json(args: list[str]) -> dict:  # type: ignore[type-arg]
+def _json(args: list[str]) -> dict[str, Any]:
     res = runner.invoke(_app, [*args, "--json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
