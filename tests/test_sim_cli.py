@@ -71,3 +71,17 @@ def test_negative_bisection_steps_are_refused() -> None:
     res = runner.invoke(_app, ["sim", "capacity", "--steps", "-3"])
     assert res.exit_code != 0
     assert "capacity search needs steps >= 0, got -3" in str(res.exception)
+
+
+def test_text_tables_fit_eighty_columns_without_cutting_values() -> None:
+    # CliRunner has no TTY, so rich lays the table out in 80 columns, as in cron or CI logs.
+    res = runner.invoke(_app, ["sim", "compare", "--agents", "8", "--max-len", "16K",
+                               "--policies", "basic,layerwise,dualpath,oracle"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.split()
+            and line.split()[0] in ("basic", "layerwise", "dualpath", "oracle")}
+    assert set(rows) == {"basic", "layerwise", "dualpath", "oracle"}
+    assert rows["basic"][-1] == "1.00x" and all(r[-1].endswith("x") for r in rows.values())
+    assert rows["oracle"][4] == "-"  # no reads: no storage-NIC balance, not "nan"

@@ -6,11 +6,13 @@ Thin front-end: parse, call :mod:`dualpath_cli.sim`, render. Register with
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
@@ -85,13 +87,28 @@ def workload_keys(workload: Workload) -> dict[str, object]:
 
 
 def _row(r: SimResult) -> list[str]:
-    return [r.policy, r.pd, str(r.agents), str(r.turns), format_duration(r.jct),
-            f"{r.snic_max_avg:.2f}", f"{r.snic_util:.0%}", f"{r.pe_util:.0%}",
-            f"{r.wall_s:.1f}s"]
+    """A result under :func:`_head`: offline shows the JCT (the last trajectory's end) and
+    the mean trajectory time, online only the mean (its ``jct``). Wall time is in --json."""
+    times = ([format_duration(r.jct), format_duration(r.extra["mean_trajectory_s"])]
+             if r.mode == "offline" else [format_duration(r.jct)])
+    balance = "-" if math.isnan(r.snic_max_avg) else f"{r.snic_max_avg:.2f}"  # no reads
+    return [r.policy, str(r.turns), *times, balance, f"{r.snic_util:.0%}", f"{r.pe_util:.0%}"]
 
 
-_HEAD = ["policy", "P/D", "agents", "turns", "JCT", "SNIC max/avg", "SNIC util", "PE busy",
-         "wall"]
+def _head(online: bool) -> list[str]:
+    """Columns of :func:`_row`; model, P/D, workload and agents are in the title."""
+    times = ["mean traj"] if online else ["JCT", "mean traj"]
+    return ["policy", "turns", *times, "SNIC max/avg", "SNIC util", "PE busy"]
+
+
+def _print_fitted(table: Table) -> None:
+    """Print ``table`` so a narrow terminal (80 columns without a TTY) wraps headers rather
+    than cutting values: every column is at least as wide as its widest cell, and the
+    columns are not ruled apart."""
+    table.box, table.show_edge = box.SIMPLE_HEAD, False
+    for col in table.columns:
+        col.min_width = max((len(str(cell)) for cell in col.cells), default=0)
+    stdout.print(table)
 
 
 @app.command("run")
@@ -139,9 +156,10 @@ def run(
     if json_out:
         emit_json({**res.to_dict(series=series), **workload_keys(wl)})
     else:
-        table = Table(*_HEAD, title=f"{model} {pd} {workload_label(wl)} ({res.mode})")
+        table = Table(*_head(res.mode == "online"), title=f"{model} {pd} "
+                      f"{workload_label(wl)}, {res.agents} agents ({res.mode})")
         table.add_row(*_row(res))
-        stdout.print(table)
+        _print_fitted(table)
         if res.mode == "online" and res.ttft and res.tpot and res.ttst:
             stdout.print(f"TTFT mean {res.ttft.mean:.3f}s  TTST mean {res.ttst.mean:.3f}s  "
                          f"TPOT mean {res.tpot.mean * 1000:.1f}ms")
@@ -205,16 +223,16 @@ def _output_compare(results: list[SimResult], title: str, json_out: bool,
                    if base else None})
         return
     if not online:
-        table = Table(*_HEAD, "vs basic", title=title)
+        table = Table(*_head(False), "vs basic", title=title)
         for r in results:
             table.add_row(*_row(r), f"{base / r.jct:.2f}x" if base else "-")
     else:
-        table = Table(*_HEAD, "TTFT mean", "TPOT mean", title=f"{title} (online)")
+        table = Table(*_head(True), "TTFT mean", "TPOT mean", title=f"{title} (online)")
         for r in results:
             ttft = f"{r.ttft.mean:.3f}s" if r.ttft else "-"
             tpot = f"{r.tpot.mean * 1000:.1f}ms" if r.tpot else "-"
             table.add_row(*_row(r), ttft, tpot)
-    stdout.print(table)
+    _print_fitted(table)
 
 
 def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callable[[Path], int],
