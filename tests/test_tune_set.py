@@ -77,6 +77,8 @@ def test_dry_run_writes_nothing_and_reports_both_settings(
     assert sim["current"]["turns"] == sim["proposed"]["turns"] > 0  # the same workload
     jct = sim["delta"]["JCT"]
     assert jct["current"] == sim["current"]["jct_s"] and jct["proposed"] == sim["proposed"]["jct_s"]
+    mean = sim["delta"]["mean trajectory time"]
+    assert mean["proposed"] == sim["proposed"]["mean_trajectory_s"] <= jct["proposed"]
     assert data["scenario"]["mode"] == "offline" and data["scenario"]["agents"] == 8
 
 
