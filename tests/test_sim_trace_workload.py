@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from dualpath_cli.cli import sim_cmd, tune_cmd
 from dualpath_cli.errors import TraceError, UsageError
 from dualpath_cli.sim import Workload
+from dualpath_cli.sim.trace import MAX_AGENTS
 from dualpath_cli.workload.build import synthetic_trace
 from dualpath_cli.workload.trace_io import write_trace
 
@@ -76,6 +77,14 @@ def test_request_logs_and_bad_files_are_refused(tmp_path: Path) -> None:
         Workload.from_file(bad)
     with pytest.raises(UsageError, match="agent count must be at least 1"):
         Workload(16_000).plans(0)
+
+
+def test_a_run_too_large_to_hold_is_refused_before_it_is_built() -> None:
+    with pytest.raises(UsageError, match="1,000,001 agents is more than one run replays"):
+        Workload(16_000).plans(MAX_AGENTS + 1)
+    res = runner.invoke(_app, ["sim", "run", "--aps", "1000", "--horizon", "100000"])
+    assert res.exit_code != 0
+    assert "130,000,050 agents is more than one run replays" in str(res.exception)
 
 
 def _json(args: list[str]) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from dualpath_cli.workload.trace_format import Trace
 from dualpath_cli.workload.trace_io import detect_format, read_trace
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-__all__ = ["AgentPlan", "Workload", "plans_from_trajectories", "synthetic_plans"]
+__all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_trajectories",
+           "synthetic_plans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,22 @@ def plans_from_trajectories(trajectories: Sequence[Trajectory]) -> list[AgentPla
     return plans
 
 
-def synthetic_plans(max_len: int, agents: int, seed: int) -> list[AgentPlan]:
-    """``agents`` plans from workload's Table 2-calibrated generator (augmented past 500)."""
+MAX_AGENTS = 1_000_000
+"""Most agents one run replays: 20x the paper's largest run (48K), about 1.3 GB of plans."""
+
+
+def check_agents(agents: int) -> None:
+    """Refuse a run size before any memory is spent on it (UsageError)."""
     if agents < 1:
         raise UsageError(f"agent count must be at least 1, got {agents}")
+    if agents > MAX_AGENTS:
+        raise UsageError(f"{agents:,} agents is more than one run replays ({MAX_AGENTS:,}; "
+                         "an online run asks for about aps x horizon x 1.3)")
+
+
+def synthetic_plans(max_len: int, agents: int, seed: int) -> list[AgentPlan]:
+    """``agents`` plans from workload's Table 2-calibrated generator (augmented past 500)."""
+    check_agents(agents)
     return plans_from_trajectories(synthetic_trace(max_len, agents, seed).trajectories)
 
 
@@ -95,8 +108,7 @@ class Workload:
         Raises:
             UsageError: ``agents < 1``, or more agents than an already augmented trace has.
         """
-        if agents < 1:
-            raise UsageError(f"agent count must be at least 1, got {agents}")
+        check_agents(agents)
         if self.trace is None:
             return synthetic_plans(self.max_len, agents, self.seed)
         have = self.trace.trajectories
