@@ -159,6 +159,12 @@ def test_offline_mean_trajectory_time_is_the_mean_of_agent_finishes() -> None:
     assert min(ends) < res.extra["mean_trajectory_s"] < res.jct == max(ends)
 
 
+def test_a_deployment_too_large_to_build_is_refused() -> None:
+    setup = make_setup("ds27b", "5000P5001D", "dualpath")
+    with pytest.raises(UsageError, match="5000P5001D has more than the 10,000 nodes"):
+        Simulation(setup, synthetic_plans(16_000, 2, 1))
+
+
 def test_bad_names_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="did you mean 'dualpath'"):
         make_setup(policy="dualpth")

@@ -59,7 +59,7 @@ from dualpath_cli.sim.policies import SimPolicy
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
 from dualpath_cli.sim.trace import AgentPlan
 
-__all__ = ["SimSetup", "Simulation", "derive_thresholds"]
+__all__ = ["MAX_NODES", "SimSetup", "Simulation", "derive_thresholds"]
 
 _DE_HEAD_MAX = 4096   # bound on the private-queue head offered to one DE fetch
 _cum_end = attrgetter("cum_end")
@@ -124,6 +124,10 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
         yield w
 
 
+MAX_NODES = 10_000
+"""Most machines one run builds (70x the paper's 144); beyond it, building alone takes long."""
+
+
 def _check_fits_decode_hbm(plans: Sequence[AgentPlan], de_hbm_tokens: int,
                            setup: SimSetup) -> None:
     """Fail before the run when an agent's whole context cannot sit in one DE's HBM.
@@ -162,6 +166,9 @@ class Simulation:
         if setup.prefill_nodes < 1 or setup.decode_nodes < 1:
             raise UsageError(f"invalid deployment {setup.pd}: need at least one prefill and "
                              "one decode node")
+        if setup.prefill_nodes + setup.decode_nodes > MAX_NODES:
+            raise UsageError(f"deployment {setup.pd} has more than the {MAX_NODES:,} nodes one "
+                             "run simulates (the paper's largest, 48P96D, has 144)")
         if not plans:
             raise UsageError("the workload has no agents")
         self.setup = setup
