@@ -17,12 +17,13 @@ from dualpath_cli.sim import (
     find_capacity,
     get_sim_policy,
     make_setup,
+    simulate_online,
     synthetic_plans,
 )
 from dualpath_cli.sim.events import EventLoop
 from dualpath_cli.sim.links import FifoLink, Flow, SharedLink
 from dualpath_cli.sim.metrics import SimResult, latency_stats
-from dualpath_cli.sim.online import steady_state
+from dualpath_cli.sim.online import StopRule
 
 
 def test_events_run_in_time_order_and_fifo_on_ties() -> None:
@@ -182,12 +183,35 @@ def test_calibration_from_measurements_replaces_rates() -> None:
         SimCalibration(quota_s=0).validate()
 
 
-def test_steady_state_rule() -> None:
-    flat = [(float(t), 1.0) for t in range(0, 2400, 5)]
-    assert steady_state(flat, 2400.0)
-    rising = [(float(t), 1.0 + t / 1000) for t in range(0, 2400, 5)]
-    assert not steady_state(rising, 2400.0)
-    assert not steady_state(flat, 100.0)  # nothing 30 minutes earlier
+def _rule(samples: list[tuple[float, float]]) -> StopRule:
+    rule = StopRule()
+    for when, ttft in samples:
+        rule.add(when, ttft)
+    return rule
+
+
+def test_stop_rule_steady_state_and_ttft_bound() -> None:
+    flat = _rule([(float(t), 1.0) for t in range(0, 2400, 5)])
+    assert flat.verdict(2400.0) == "steady"
+    assert flat.verdict(1800.0) is None  # nothing 30 minutes before the window yet
+    assert flat.verdict(100.0) is None   # not one whole window yet
+    rising = _rule([(float(t), 1.0 + t / 1000) for t in range(0, 2400, 5)])
+    assert rising.verdict(2400.0) is None  # 3.3 s now against 1.5 s then: not steady
+    assert rising.mean(2250.0, 2400.0) == pytest.approx(1.0 + 2322.5 / 1000)
+    over = _rule([(float(t), 1.0 if t < 400 else 6.0) for t in range(0, 700, 5)])
+    assert over.verdict(400.0) is None and over.verdict(560.0) == "ttft"
+
+
+def test_online_run_stops_when_ttft_breaks_the_slo() -> None:
+    # Qwen 32B on 1P2D at 5 agents/s is far over capacity: TTFT climbs past 4 s at once
+    setup = make_setup("qwen32b", "1P2D", "basic")
+    res = simulate_online(setup, 5.0, horizon=1800.0, max_len=16_000)
+    assert res.stop_reason == "ttft" and res.slo_ok is False
+    assert 150.0 <= res.sim_time < 1800.0
+    light = simulate_online(setup, 0.05, horizon=300.0, max_len=16_000)
+    assert light.stop_reason == "horizon" and light.sim_time == 300.0 and light.slo_ok
+    full = simulate_online(setup, 5.0, horizon=300.0, max_len=16_000, early_stop=False)
+    assert full.stop_reason == "horizon" and full.sim_time == 300.0 and not full.slo_ok
 
 
 def _fake(aps: float) -> SimResult:

@@ -85,3 +85,17 @@ def test_text_tables_fit_eighty_columns_without_cutting_values() -> None:
     assert set(rows) == {"basic", "layerwise", "dualpath", "oracle"}
     assert rows["basic"][-1] == "1.00x" and all(r[-1].endswith("x") for r in rows.values())
     assert rows["oracle"][4] == "-"  # no reads: no storage-NIC balance, not "nan"
+
+
+def test_online_run_says_how_it_ended() -> None:
+    over = ["sim", "run", "--model", "qwen32b", "--pd", "1P2D", "--max-len", "16K",
+            "--policy", "basic", "--aps", "5", "--horizon", "600"]
+    res = runner.invoke(_app, over)
+    assert res.exit_code == 0, res.output
+    assert "basic: SLO missed; stopped at" in res.stdout
+    assert "mean TTFT over the last 150 s above 4 s" in res.stdout
+    out = _json(over[1:])
+    assert out["stop_reason"] == "ttft" and out["slo_ok"] is False
+    assert out["sim_time_s"] < 600
+    full = _json([*over[1:], "--full-horizon"])
+    assert full["stop_reason"] == "horizon" and full["sim_time_s"] == 600

@@ -19,6 +19,7 @@ from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.sim import (
     SIM_POLICIES,
+    LatencyStats,
     SimResult,
     Workload,
     make_setup,
@@ -121,7 +122,12 @@ def run(
     policy: str = typer.Option("dualpath", "--policy",
                                help=f"One of: {', '.join(SIM_POLICIES)}."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
-    horizon: float = typer.Option(1800.0, "--horizon", help="Online run length, seconds."),
+    horizon: float = typer.Option(
+        1800.0, "--horizon", help="Online: longest run, seconds (the paper's rule may end it "
+        "sooner: TTFT over the last 150 s above 4 s, or steady state)."),
+    full_horizon: bool = typer.Option(
+        False, "--full-horizon", help="Online: run the whole --horizon, past the paper's "
+        "stop rule."),
     plot: Path | None = typer.Option(
         None, "--plot", help="Also write a PNG chart of each node's storage-NIC read rate "
         "over time (GB/s per time bin; PE nodes solid, DE nodes dashed) to this .png file."),
@@ -150,7 +156,7 @@ def run(
     if aps is None:
         res = simulate_offline(setup, wl.plans(resolve_agents(agents, wl, 2048)))
     else:
-        res = simulate_online(setup, aps, horizon=horizon,
+        res = simulate_online(setup, aps, horizon=horizon, early_stop=not full_horizon,
                               plans=wl.plans(online_agents(aps, horizon)))
     title = f"{model} {pd} {workload_label(wl)} {policy} ({res.mode})"
     if json_out:
@@ -160,9 +166,11 @@ def run(
                       f"{workload_label(wl)}, {res.agents} agents ({res.mode})")
         table.add_row(*_row(res))
         _print_fitted(table)
-        if res.mode == "online" and res.ttft and res.tpot and res.ttst:
-            stdout.print(f"TTFT mean {res.ttft.mean:.3f}s  TTST mean {res.ttst.mean:.3f}s  "
-                         f"TPOT mean {res.tpot.mean * 1000:.1f}ms")
+        if res.mode == "online":
+            stdout.print(f"TTFT mean {_mean(res.ttft, 1.0, 's', 3)}  TTST mean "
+                         f"{_mean(res.ttst, 1.0, 's', 3)}  TPOT mean "
+                         f"{_mean(res.tpot, 1e3, 'ms', 1)}", highlight=False)
+            _print_online_end([res])
     _charts(plot, plot_terminal, json_out, lambda path: write_series_png(res, path, title),
             lambda width, color: render_series_terminal(res, title, width, color))
 
@@ -178,7 +186,12 @@ def compare(
                                  "--policies", help="Comma-separated policies."),
     aps: float | None = typer.Option(
         None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
-    horizon: float = typer.Option(1800.0, "--horizon", help="Online run length, seconds."),
+    horizon: float = typer.Option(
+        1800.0, "--horizon", help="Online: longest run, seconds (the paper's rule may end it "
+        "sooner: TTFT over the last 150 s above 4 s, or steady state)."),
+    full_horizon: bool = typer.Option(
+        False, "--full-horizon", help="Online: run the whole --horizon, past the paper's "
+        "stop rule."),
     plot: Path | None = typer.Option(
         None, "--plot", help="Also write a PNG chart (JCT per policy; online: TTFT, TPOT) "
         "to this .png file."),
@@ -203,7 +216,8 @@ def compare(
         if aps is None:
             results.append(simulate_offline(setup, plans))
         else:
-            results.append(simulate_online(setup, aps, horizon=horizon, plans=plans))
+            results.append(simulate_online(setup, aps, horizon=horizon, plans=plans,
+                                           early_stop=not full_horizon))
     title = (f"{model} {pd} {workload_label(wl)}, {n} agents" if aps is None
              else f"{model} {pd} {workload_label(wl)}, {aps:g} agents/s for {horizon:g}s")
     head: dict[str, object] = {"model": model, "pd": pd, "agents": n, **workload_keys(wl)}
@@ -229,10 +243,32 @@ def _output_compare(results: list[SimResult], title: str, json_out: bool,
     else:
         table = Table(*_head(True), "TTFT mean", "TPOT mean", title=f"{title} (online)")
         for r in results:
-            ttft = f"{r.ttft.mean:.3f}s" if r.ttft else "-"
-            tpot = f"{r.tpot.mean * 1000:.1f}ms" if r.tpot else "-"
-            table.add_row(*_row(r), ttft, tpot)
+            table.add_row(*_row(r), _mean(r.ttft, 1.0, "s", 3), _mean(r.tpot, 1e3, "ms", 1))
     _print_fitted(table)
+    if online:
+        _print_online_end(results)
+
+
+_ENDS = {"ttft": "stopped at {t}: mean TTFT over the last 150 s above 4 s",
+         "steady": "stopped at {t}: steady state (TTFT of the last 150 s within 5% of "
+                   "30 minutes before)",
+         "horizon": "ran the whole horizon ({t})"}
+
+
+def _print_online_end(results: list[SimResult]) -> None:
+    """How each online run ended and whether it met the SLO (TTFT <= 4 s, TPOT <= 50 ms)."""
+    for r in results:
+        verdict = "SLO met" if r.slo_ok else "SLO missed"
+        end = _ENDS.get(r.stop_reason or "", "ended at {t}").format(
+            t=format_duration(r.sim_time))
+        stdout.print(f"{r.policy}: {verdict}; {end}", highlight=False)
+
+
+def _mean(stats: LatencyStats | None, scale: float, unit: str, digits: int) -> str:
+    """A latency mean for a table cell; ``-`` where no turn was measured."""
+    if stats is None or math.isnan(stats.mean):
+        return "-"
+    return f"{stats.mean * scale:.{digits}f}{unit}"
 
 
 def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callable[[Path], int],

@@ -15,7 +15,14 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
-from dualpath_cli.sim.online import SLO, CapacityResult, check_aps_range, find_capacity
+from dualpath_cli.sim.online import (
+    SLO,
+    CapacityResult,
+    StopRule,
+    check_aps_range,
+    find_capacity,
+    meets_slo,
+)
 from dualpath_cli.sim.policies import get_sim_policy
 from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
 
@@ -46,14 +53,23 @@ def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,
 
 def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
                     warmup: float | None = None, max_len: int = 64_000,
-                    trace_seed: int = 1, plans: list[AgentPlan] | None = None) -> SimResult:
-    """One online run at ``aps`` agents/s for ``horizon`` s (latencies after ``warmup``)."""
+                    trace_seed: int = 1, plans: list[AgentPlan] | None = None,
+                    slo: SLO | None = None, early_stop: bool = True) -> SimResult:
+    """One online run at ``aps`` agents/s for at most ``horizon`` s.
+
+    Latencies count turns arriving after ``warmup`` (default: a third of the horizon).
+    With ``early_stop`` the run ends as the paper's do (:class:`StopRule`: TTFT over the
+    last 150 s above the SLO's bound, or steady state); ``slo_ok`` says whether it met
+    ``slo``.
+    """
     _check_online(aps, horizon)
+    slo = slo or SLO()
     if plans is None:
         plans = synthetic_plans(max_len, online_agents(aps, horizon), trace_seed)
     res = Simulation(setup, plans).run_online(
-        aps, horizon, warmup=horizon / 3 if warmup is None else warmup)
-    res.slo_ok = None
+        aps, horizon, warmup=horizon / 3 if warmup is None else warmup,
+        stop_rule=StopRule(ttft_bound=slo.ttft_s) if early_stop else None)
+    res.slo_ok = meets_slo(res, slo)
     return res
 
 
@@ -87,7 +103,9 @@ def simulate_capacity(setup: SimSetup, *, lo: float = 0.05, hi: float = 2.0,
     if plans is None:
         plans = synthetic_plans(max_len, online_agents(hi, horizon), trace_seed)
 
-    def run_at(aps: float) -> SimResult:
-        return simulate_online(replace(setup), aps, horizon=horizon, plans=plans)
+    slo = slo or SLO()
 
-    return find_capacity(run_at, lo, hi, slo or SLO(), steps)
+    def run_at(aps: float) -> SimResult:
+        return simulate_online(replace(setup), aps, horizon=horizon, plans=plans, slo=slo)
+
+    return find_capacity(run_at, lo, hi, slo, steps)

@@ -55,6 +55,7 @@ from dualpath_cli.sim.costs import CostModel, build_cost_model
 from dualpath_cli.sim.events import EventLoop
 from dualpath_cli.sim.links import Flow
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg
+from dualpath_cli.sim.online import StopRule
 from dualpath_cli.sim.policies import SimPolicy
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
 from dualpath_cli.sim.trace import AgentPlan
@@ -123,6 +124,9 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
             return
         yield w
 
+
+STOP_CHECK_S = 10.0
+"""How often (simulated seconds) an online run applies its stop rule."""
 
 MAX_NODES = 10_000
 """Most machines one run builds (70x the paper's 144); beyond it, building alone takes long."""
@@ -212,6 +216,7 @@ class Simulation:
         self.K_JOIN = ev.register(self._de_join)
         self.K_STEP = ev.register(self._de_step)
         self.K_AGENT = ev.register(self._agent_arrives)
+        self.K_CHECK = ev.register(self._check_stop)
         self._build()
         # workload state
         n = len(self.plans)
@@ -231,6 +236,8 @@ class Simulation:
         self.read_de_tokens = 0
         self.record = False
         self.samples: list[tuple[float, float, float, float]] = []
+        self.stop_rule: StopRule | None = None  # online runs: the paper's end of a run
+        self.stopped: str | None = None
 
     # ----------------------------------------------------------------- construction
     def _build(self) -> None:
@@ -590,6 +597,8 @@ class Simulation:
     def _prefill_finished(self, req: Req) -> None:
         now = self.loop.now
         req.t_first = now
+        if self.stop_rule is not None:
+            self.stop_rule.add(now, now - req.t_arrive)
         pe, de = req.pe, req.de
         assert pe is not None and de is not None
         snap = pe.snap
@@ -733,10 +742,23 @@ class Simulation:
         res.extra["mean_trajectory_s"] = float(np.mean(self.agent_end))
         return res
 
-    def run_online(self, aps: float, horizon: float, warmup: float = 0.0) -> SimResult:
+    def _check_stop(self, _: object) -> None:
+        rule = self.stop_rule
+        assert rule is not None
+        verdict = rule.verdict(self.loop.now)
+        if verdict is None:
+            self.loop.at(self.loop.now + STOP_CHECK_S, self.K_CHECK, None)
+        else:
+            self.stopped = verdict
+
+    def run_online(self, aps: float, horizon: float, warmup: float = 0.0,
+                   stop_rule: StopRule | None = None) -> SimResult:
         """Agents arrive as a Poisson process of rate ``aps`` until ``horizon`` seconds.
 
-        Latencies count turns that arrive after ``warmup``; the run stops at ``horizon``.
+        Latencies count turns that arrive after ``warmup``. The run ends at ``horizon``, or
+        earlier by ``stop_rule`` (checked every ``STOP_CHECK_S`` simulated seconds): the
+        paper's rule, TTFT over the last 150 s above the SLO or steady state. The result's
+        ``stop_reason`` says which.
         """
         if not aps > 0:
             raise UsageError(f"arrival rate must be > 0 agents/s, got {aps}")
@@ -757,8 +779,14 @@ class Simulation:
             raise UsageError(f"online run needs {agent} agents but the workload has {n}; "
                              "pass more agents")
         self.record = True
-        self.loop.run(until=horizon)
-        res = self._result("online", horizon, math.nan, time.perf_counter() - wall)
+        self.stop_rule = stop_rule
+        if stop_rule is not None:
+            self.loop.at(STOP_CHECK_S, self.K_CHECK, None)
+        self.loop.run(until=horizon, stop=lambda: self.stopped is not None)
+        end = self.loop.now if self.stopped is not None else horizon
+        res = self._result("online", end, math.nan, time.perf_counter() - wall)
+        res.stop_reason = self.stopped or "horizon"
+        res.steady = self.stopped == "steady"
         res.aps = aps
         samples = [s for s in self.samples if s[0] >= warmup]
         ttft = [s[1] for s in samples]
@@ -768,8 +796,8 @@ class Simulation:
         done = [e - s for s, e in zip(self.agent_start, self.agent_end, strict=True)
                 if not math.isnan(e)]
         res.jct = float(np.mean(done)) if done else math.nan
-        # a turn still waiting at the horizon has a TTFT of at least its age
-        waiting = [horizon - r.t_arrive for r in self.reqs.values()
+        # a turn still waiting at the end has a TTFT of at least its age
+        waiting = [end - r.t_arrive for r in self.reqs.values()
                    if r.t_first == 0.0 and r.t_arrive >= warmup]
         res.extra["unfinished_turns"] = float(len(self.reqs))
         res.extra["oldest_waiting_s"] = max(waiting) if waiting else 0.0

@@ -157,6 +157,7 @@ class SimResult:
     tpot: LatencyStats | None = None
     slo_ok: bool | None = None
     steady: bool | None = None
+    stop_reason: str | None = None  # online: "horizon", "steady" or "ttft" (StopRule)
     extra: dict[str, float] = field(default_factory=dict)
     snic_series: SnicSeries | None = None
 
@@ -183,6 +184,7 @@ class SimResult:
                 "ttst": self.ttst.to_dict() if self.ttst else None,
                 "tpot": self.tpot.to_dict() if self.tpot else None,
                 "slo_ok": self.slo_ok, "steady": self.steady,
+                "stop_reason": self.stop_reason,
             })
         out.update(self.extra)
         if series:

@@ -9,13 +9,14 @@ whose run meets the SLO, found here by bisection over APS.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.metrics import SimResult
 
-__all__ = ["SLO", "meets_slo", "steady_state", "CapacityResult", "check_aps_range",
+__all__ = ["SLO", "StopRule", "meets_slo", "CapacityResult", "check_aps_range",
            "find_capacity"]
 
 
@@ -30,11 +31,14 @@ class SLO:
 def meets_slo(result: SimResult, slo: SLO | None = None) -> bool:
     """Whether an online run met the SLO.
 
-    Mean TTFT and TPOT over the measured turns must be within the SLO, and no turn still
-    waiting at the end may be older than the TTFT bound (a growing backlog is a miss even
-    if the turns that did finish were fast).
+    The run must not have been stopped by :class:`StopRule` for TTFT, mean TTFT and TPOT
+    over the measured turns must be within the SLO, and no turn still waiting at the end
+    may be older than the TTFT bound (a growing backlog is a miss even if the turns that did
+    finish were fast).
     """
     slo = slo or SLO()
+    if result.stop_reason == "ttft":  # the run ended because a window broke the bound
+        return False
     if result.ttft is None or result.tpot is None or result.ttft.count == 0:
         return False
     if result.extra.get("oldest_waiting_s", 0.0) > slo.ttft_s:
@@ -43,22 +47,47 @@ def meets_slo(result: SimResult, slo: SLO | None = None) -> bool:
     return result.ttft.mean <= slo.ttft_s and tpot_ok
 
 
-def steady_state(samples: Sequence[tuple[float, float]], now: float, window: float = 150.0,
-                 lookback: float = 1800.0, tolerance: float = 0.05) -> bool:
-    """The paper's rule on ``(arrival time, TTFT)`` samples at time ``now``.
+class StopRule:
+    """The paper's end of an online run, checked while it runs (section 7.2).
 
-    Mean TTFT over ``[now - window, now)`` within ``tolerance`` (relative) of the mean over
-    the window ending ``lookback`` seconds earlier. False when either window is empty.
+    A run stops when the mean TTFT of the last ``window`` seconds exceeds the SLO's bound
+    (``"ttft"``: the rate is over capacity), or at steady state (``"steady"``): that mean is
+    within ``tolerance`` of the same window's mean ``lookback`` seconds earlier. TTFTs are
+    added in the order they are observed, so a check is two bisections over running sums.
     """
-    def mean_in(lo: float, hi: float) -> float:
-        vals = [v for t, v in samples if lo <= t < hi]
-        return sum(vals) / len(vals) if vals else math.nan
 
-    recent = mean_in(now - window, now)
-    past = mean_in(now - lookback - window, now - lookback)
-    if math.isnan(recent) or math.isnan(past) or past <= 0:
-        return False
-    return abs(recent - past) <= tolerance * past
+    def __init__(self, ttft_bound: float = 4.0, window: float = 150.0,
+                 lookback: float = 1800.0, tolerance: float = 0.05) -> None:
+        self.ttft_bound = ttft_bound
+        self.window = window
+        self.lookback = lookback
+        self.tolerance = tolerance
+        self.times: list[float] = []
+        self.sums: list[float] = [0.0]  # sums[i] = total of the first i TTFTs
+
+    def add(self, when: float, ttft: float) -> None:
+        """A TTFT observed at ``when`` (not earlier than the previous one's)."""
+        self.times.append(when)
+        self.sums.append(self.sums[-1] + ttft)
+
+    def mean(self, lo: float, hi: float) -> float:
+        """Mean TTFT observed in ``[lo, hi)``; NaN when none was."""
+        i, j = bisect_left(self.times, lo), bisect_left(self.times, hi)
+        return (self.sums[j] - self.sums[i]) / (j - i) if j > i else math.nan
+
+    def verdict(self, now: float) -> str | None:
+        """``"ttft"``, ``"steady"`` or ``None`` (go on) at time ``now``."""
+        if now < self.window:
+            return None
+        recent = self.mean(now - self.window, now)
+        if math.isnan(recent):
+            return None
+        if recent > self.ttft_bound:
+            return "ttft"
+        past = self.mean(now - self.lookback - self.window, now - self.lookback)
+        if not math.isnan(past) and past > 0 and abs(recent - past) <= self.tolerance * past:
+            return "steady"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
