@@ -54,6 +54,11 @@ _TRACE = typer.Option(None, "--trace", help="Replay this dualpath trace file (do
                       "trace-format.md) instead of the synthetic workload; more agents than "
                       "it holds are made from it as the paper does (a synthetic first round).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
+_HORIZON = typer.Option(1800.0, "--horizon", help="Online: longest run, seconds (the paper's "
+                        "rule may end it sooner: TTFT over the last 150 s above 4 s, or "
+                        "steady state).")
+_FULL_HORIZON = typer.Option(False, "--full-horizon", help="Online: run the whole --horizon, "
+                             "past the paper's stop rule.")
 
 
 def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
@@ -122,12 +127,7 @@ def run(
     policy: str = typer.Option("dualpath", "--policy",
                                help=f"One of: {', '.join(SIM_POLICIES)}."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
-    horizon: float = typer.Option(
-        1800.0, "--horizon", help="Online: longest run, seconds (the paper's rule may end it "
-        "sooner: TTFT over the last 150 s above 4 s, or steady state)."),
-    full_horizon: bool = typer.Option(
-        False, "--full-horizon", help="Online: run the whole --horizon, past the paper's "
-        "stop rule."),
+    horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
     plot: Path | None = typer.Option(
         None, "--plot", help="Also write a PNG chart of each node's storage-NIC read rate "
         "over time (GB/s per time bin; PE nodes solid, DE nodes dashed) to this .png file."),
@@ -186,12 +186,7 @@ def compare(
                                  "--policies", help="Comma-separated policies."),
     aps: float | None = typer.Option(
         None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
-    horizon: float = typer.Option(
-        1800.0, "--horizon", help="Online: longest run, seconds (the paper's rule may end it "
-        "sooner: TTFT over the last 150 s above 4 s, or steady state)."),
-    full_horizon: bool = typer.Option(
-        False, "--full-horizon", help="Online: run the whole --horizon, past the paper's "
-        "stop rule."),
+    horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
     plot: Path | None = typer.Option(
         None, "--plot", help="Also write a PNG chart (JCT per policy; online: TTFT, TPOT) "
         "to this .png file."),
