@@ -46,7 +46,12 @@ NOTES = """\
 * **Per node** one storage NIC whose read bandwidth is fair-shared by the node's engines (one
   outstanding read per engine, FIFO behind it), reads land in the node's DRAM buffer (80 GB;
   a read waits while the buffer is full). Writes (per-block persistence during decode) use
-  the NIC's other direction and never delay reads.
+  the NIC's other direction and never delay reads. DRAM bandwidth is accounted, not queued
+  on: every KV byte through a node's DRAM (storage reads in, copies out to HBM or a PE, the
+  prompt KV a DE buffers, persisted blocks) is counted, and results report the busiest
+  node's share of its 500 GB/s (`dram_util`, and `dram_peak` in its busiest 5 s). DS 660B
+  2P4D with 2,048 agents peaks at 45% under DualPath (22% under Basic), so DRAM, like the
+  paper's bandwidth analysis says, is not what limits these runs.
 * **Per GPU** a compute NIC where model collectives keep 30% busy and KV gets the rest
   (`cnic_model_share`); KV copies into HBM (loopback H2D) and PE-to-DE transfers go through
   it, as FIFO servers per direction (not contended across GPUs: the paper's bottleneck-free

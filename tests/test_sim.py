@@ -160,6 +160,32 @@ def test_offline_mean_trajectory_time_is_the_mean_of_agent_finishes() -> None:
     assert min(ends) < res.extra["mean_trajectory_s"] < res.jct == max(ends)
 
 
+def test_dram_traffic_is_counted_per_node() -> None:
+    plans = synthetic_plans(16_000, 24, 1)
+    basic = Simulation(make_setup("ds27b", "1P1D", "basic"), plans)
+    res = basic.run_offline()
+    pe_node, de_node = basic.nodes
+    # a PE node's KV goes storage -> buffer -> HBM: every byte read is written, then read out
+    assert pe_node.read_bytes > 0
+    assert pe_node.dram_bytes == pytest.approx(2 * pe_node.read_bytes)
+    # the DE node reads nothing but takes every prompt's whole KV into its buffer and out to
+    # HBM, and persists every turn's new tokens (in from the GPU, out to storage)
+    tokens = 0
+    for plan in plans:
+        context = 0
+        for turn in plan.turns:
+            append, gen = max(1, turn.append), max(1, turn.gen)
+            tokens += 2 * (context + append) + 2 * (append + gen)
+            context += append + gen
+    assert de_node.read_bytes == 0
+    assert de_node.dram_bytes == pytest.approx(tokens * basic.cost.kv_bytes_per_token)
+    busiest = max(pe_node.dram_bytes, de_node.dram_bytes)
+    assert res.dram_util == pytest.approx(busiest / (basic.cost.dram_bandwidth * res.sim_time))
+    assert res.dram_util <= res.dram_peak < 1.0
+    oracle = Simulation(make_setup("ds27b", "1P1D", "oracle"), plans)
+    assert oracle.run_offline().dram_util == 0.0
+
+
 def test_a_deployment_too_large_to_build_is_refused() -> None:
     setup = make_setup("ds27b", "5000P5001D", "dualpath")
     with pytest.raises(UsageError, match="5000P5001D has more than the 10,000 nodes"):

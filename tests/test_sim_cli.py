@@ -24,7 +24,7 @@ def test_run_json_keys() -> None:
     out = _json(["run", "--model", "ds660b", "--pd", "2P4D", "--agents", "16",
                  "--max-len", "16K", "--policy", "dualpath"])
     for key in ("jct_s", "turns", "policy", "pd", "snic_max_avg", "turns_per_s",
-                "mean_trajectory_s"):
+                "mean_trajectory_s", "dram_util", "dram_peak"):
         assert key in out
     assert out["policy"] == "dualpath" and out["pd"] == "2P4D" and out["turns"] > 0
     assert 0 < out["mean_trajectory_s"] <= out["jct_s"]

@@ -498,6 +498,7 @@ class Simulation:
                 bins[b0] = bins.get(b0, 0.0) + nbytes
             else:
                 self._bin(node, start, now, nbytes)
+            self._dram(node, nbytes)  # written into the node's buffer
             req = job.req
             if eng.prefill:
                 req.buf_pe += nbytes
@@ -531,9 +532,19 @@ class Simulation:
             if hi > lo:
                 bins[b] = bins.get(b, 0.0) + rate * (hi - lo)
 
+    def _dram(self, node: Node, nbytes: float) -> None:
+        """Count KV bytes through ``node``'s DRAM now (accounting only: DRAM bandwidth is
+        checked by the results' ``dram_util``/``dram_peak``, not queued on)."""
+        node.dram_bytes += nbytes
+        b = int(self.loop.now // self._bin_s)
+        bins = node.dram_bins
+        bins[b] = bins.get(b, 0.0) + nbytes
+
     def _release(self, node: Node, nbytes: float) -> None:
+        """Free ``nbytes`` of ``node``'s buffer, which were read out of it (to HBM or a PE)."""
         if nbytes <= 0:
             return
+        self._dram(node, nbytes)
         node.buffer_free += nbytes
         if node.blocked:  # else every engine of the node is reading or has nothing queued
             for eng in node.engines:
@@ -616,10 +627,13 @@ class Simulation:
             kvpt = self._kvpt
             full = req.length * kvpt
             if self._layerwise:  # streamed per layer during the prefill
-                pe.cnic_out.bytes += (req.length if req.buf_de == 0 else req.new) * kvpt
+                sent = (req.length if req.buf_de == 0 else req.new) * kvpt
+                pe.cnic_out.bytes += sent
             else:
+                sent = full
                 t = pe.cnic_out.send(now, full)
             t = de.cnic_in.send(t, full)  # H2D into DE HBM through the CNIC loopback
+            self._dram(de.node, sent + full)  # into the DE buffer, then out to HBM
         heappush(self._heap, (t, self._ticket(), self.K_JOIN, req))  # t >= now
 
     # ----------------------------------------------------------------- decode
@@ -711,6 +725,7 @@ class Simulation:
             self._wake(grp, self.K_DE_FETCH)
         if self._io:  # persist the turn's new full blocks (never delays a read)
             nbytes = (req.new + gen) * self._kvpt
+            self._dram(de.node, 2 * nbytes)  # GPU -> DRAM -> storage
             de.node.write.send(now, nbytes)
             de.cnic_out.bytes += nbytes
         if self.record:
@@ -814,11 +829,16 @@ class Simulation:
                      / (len(self.nodes) * self.cost.snic_rate * span))
         pe_util = sum(p.busy_time for p in self.pes) / (len(self.pes) * span)
         de_util = sum(d.busy_time for d in self.des) / (len(self.des) * span)
+        dram_bw = self.cost.dram_bandwidth
+        dram_util = max(n.dram_bytes for n in self.nodes) / (dram_bw * span)
+        dram_peak = max((max(n.dram_bins.values(), default=0.0) for n in self.nodes),
+                        default=0.0) / (dram_bw * s.bin_s)
         return SimResult(
             mode=mode, policy=self.policy.name, model=s.model.name, pd=s.pd,
             agents=len(self.plans), turns=self.turns_done, sim_time=sim_time, jct=jct,
             events=self.loop.events, wall_s=wall, snic_max_avg=snic, snic_util=snic_util,
-            pe_util=min(1.0, pe_util), de_util=min(1.0, de_util),
+            pe_util=min(1.0, pe_util), de_util=min(1.0, de_util), dram_util=dram_util,
+            dram_peak=dram_peak,
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
                    "snic_max_avg_bins": float(snic_bins)},

@@ -40,6 +40,7 @@ class CostModel:
     pe_hbm_tokens: int             # KV capacity of one PE's HBM
     de_hbm_tokens: int             # KV capacity of one DE's HBM
     snic_rate: float               # bytes/s one node's storage NIC reads
+    dram_bandwidth: float          # bytes/s one node's DRAM moves (reads + writes)
     cnic_kv_rate: float            # bytes/s of a compute NIC left for KV
     decode_base_s: float           # weights read + collectives per decode step
     hbm_bandwidth: float           # bytes/s one GPU reads from HBM
@@ -115,6 +116,7 @@ def build_cost_model(model: ModelProfile, hardware: HardwareProfile,
         de_hbm_tokens=de_tokens,
         snic_rate=hardware.snic_bandwidth * hardware.snics_per_node
         * calibration.snic_efficiency,
+        dram_bandwidth=hardware.dram_bandwidth,
         cnic_kv_rate=calibration.cnic_kv_rate(hardware.cnic_bandwidth),
         decode_base_s=base, hbm_bandwidth=hbm_bw, topk=model.attention_topk,
         predictor=flops_predictor(model, flops),

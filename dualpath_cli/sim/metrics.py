@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -158,6 +159,8 @@ class SimResult:
     slo_ok: bool | None = None
     steady: bool | None = None
     stop_reason: str | None = None  # online: "horizon", "steady" or "ttft" (StopRule)
+    dram_util: float = math.nan  # the busiest node's KV bytes through DRAM / its bandwidth
+    dram_peak: float = math.nan  # the same in the busiest time bin (bin_s) of any node
     extra: dict[str, float] = field(default_factory=dict)
     snic_series: SnicSeries | None = None
 
@@ -174,6 +177,7 @@ class SimResult:
             "jct_s": self.jct, "events": self.events, "wall_s": self.wall_s,
             "turns_per_s": self.turns_per_s, "snic_max_avg": self.snic_max_avg,
             "snic_util": self.snic_util, "pe_util": self.pe_util, "de_util": self.de_util,
+            "dram_util": self.dram_util, "dram_peak": self.dram_peak,
             "read_tokens_pe_side": self.read_tokens_pe_side,
             "read_tokens_de_side": self.read_tokens_de_side,
         }

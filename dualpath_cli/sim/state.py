@@ -63,7 +63,7 @@ class Node:
     """A machine: one storage NIC (read side fair-shared), a DRAM buffer, its engines."""
 
     __slots__ = ("idx", "role", "snic", "write", "read_q", "buffer_free", "engines", "bins",
-                 "read_bytes", "blocked")
+                 "read_bytes", "blocked", "dram_bytes", "dram_bins")
 
     def __init__(self, idx: int, role: Role, snic_rate: float, buffer_bytes: float) -> None:
         self.idx = idx
@@ -76,6 +76,8 @@ class Node:
         self.bins: dict[int, float] = {}  # time bin -> bytes read
         self.read_bytes = 0.0
         self.blocked = 0                 # engines whose next read waits for buffer space
+        self.dram_bytes = 0.0            # bytes through its DRAM, written and read (KV only)
+        self.dram_bins: dict[int, float] = {}  # time bin -> those bytes, at the event's time
 
 
 class _Engine:
