@@ -10,15 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from storage_blocks import BIG, assert_loads_identical, hinted_store, put_blocks
 
-from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
-from dualpath_cli.storage import BufferPool, PosixStore, ReadOp, StorageLoader, encode_block
+from dualpath_cli.storage import BufferPool, PosixStore, ReadOp, StorageLoader
 from dualpath_cli.storage.header import HEADER_SIZE, file_nbytes, payload_checksum
 from dualpath_cli.storage.native import NativePipeline, native_reader, native_status
 from dualpath_cli.storage.posix import PipedBatch
 from dualpath_cli.telemetry import MetricsRegistry
-
-BIG = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=8192)  # 256 KiB payload
 
 
 @pytest.fixture()
@@ -28,26 +26,6 @@ def pipeline() -> NativePipeline:
     if made is None:
         pytest.skip(f"native pipeline unavailable: {native_status()}")
     return made
-
-
-def put_blocks(store: PosixStore, n: int, seed: int) -> dict:
-    ns = Namespace(f"p{seed}", "layer_major", BIG, "fp16")
-    keys = prefix_keys(list(range(seed * 100_000, seed * 100_000 + 16 * n)), ns)
-    blocks = {}
-    for i, key in enumerate(keys):
-        block = np.full((BIG.n_layers, 16, BIG.bytes_per_token_layer // 2), i + seed,
-                        dtype=np.float16)
-        blocks[key] = block
-        store.put(*encode_block(key, block, ns))
-    return blocks
-
-
-def hinted_store(root: Path) -> PosixStore:
-    """A page-cache store that knows its block size (as after its first read), so even the
-    first batch goes through the pipeline."""
-    store = PosixStore(root, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
-    return store
 
 
 def piped_loader(store: PosixStore, monkeypatch: pytest.MonkeyPatch,
@@ -73,7 +51,7 @@ def spy_submits(store: PosixStore) -> list[int]:
 def test_jobs_come_back_in_order_with_the_payload_digests(tmp_path: Path,
                                                           pipeline: NativePipeline) -> None:
     store = PosixStore(tmp_path)
-    blocks = put_blocks(store, 6, 1)
+    blocks = put_blocks(store, BIG, 6, 1)
     keys = list(blocks)
     size = file_nbytes(BIG.full_nbytes)
     pool = BufferPool()
@@ -99,7 +77,7 @@ def test_jobs_come_back_in_order_with_the_payload_digests(tmp_path: Path,
 def test_missing_and_short_files_get_no_digest(tmp_path: Path,
                                                pipeline: NativePipeline) -> None:
     store = PosixStore(tmp_path)
-    keys = list(put_blocks(store, 2, 2))
+    keys = list(put_blocks(store, BIG, 2, 2))
     cut = store.path(keys[1])
     cut.write_bytes(cut.read_bytes()[:HEADER_SIZE + 1000])  # claims more than it holds
     pool = BufferPool()
@@ -122,7 +100,7 @@ def test_missing_and_short_files_get_no_digest(tmp_path: Path,
 
 def test_close_collects_outstanding_jobs(tmp_path: Path, pipeline: NativePipeline) -> None:
     store = PosixStore(tmp_path)
-    keys = list(put_blocks(store, 4, 3))
+    keys = list(put_blocks(store, BIG, 4, 3))
     pool = BufferPool()
     bufs = [pool.acquire(file_nbytes(BIG.full_nbytes)) for _ in keys]
     for key, buf in zip(keys, bufs, strict=True):
@@ -141,7 +119,7 @@ def test_loader_on_the_pipeline_delivers_identical_blocks(tmp_path: Path,
                                                           pipeline: NativePipeline) -> None:
     pipeline.close()  # only its availability matters here
     store = PosixStore(tmp_path, engine="preadv")  # no size hint: the first batch is sync
-    blocks = put_blocks(store, 30, 4)
+    blocks = put_blocks(store, BIG, 30, 4)
     keys = list(blocks)
     calls = spy_submits(store)
     seen: list[int] = []
@@ -153,14 +131,7 @@ def test_loader_on_the_pipeline_delivers_identical_blocks(tmp_path: Path,
             real(batch, pipe)
 
         store.read_batch_collect = collect  # type: ignore[method-assign]
-        for _ in range(3):
-            result = loader.load(keys, timeout=30)
-            assert result.store_hits == len(keys) and result.misses == 0
-            for key, block in zip(keys, result.blocks, strict=True):
-                assert block is not None and np.array_equal(block.array(), blocks[key])
-            result.release()
-        q = loader.read_queue
-        assert (q.blocks, q.bytes, q.tokens, q.in_flight) == (0, 0, 0, 0)
+        assert_loads_identical(loader, keys, blocks, rounds=3)
     assert sum(calls) >= 3 * len(keys) - 1 and len(calls) >= 3
     assert seen and max(seen) <= 1  # one read at a time, however many batches are queued
 
@@ -169,7 +140,7 @@ def test_loader_on_the_pipeline_never_returns_a_corrupt_block(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
     pipeline.close()  # only its availability matters here
     store = hinted_store(tmp_path)
-    blocks = put_blocks(store, 12, 5)
+    blocks = put_blocks(store, BIG, 12, 5)
     keys = list(blocks)
     for bad in (keys[0], keys[5], keys[11]):
         path = store.path(bad)
@@ -196,7 +167,7 @@ def test_a_store_failure_on_the_pipeline_is_misses_then_recovers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
     pipeline.close()  # only its availability matters here
     store = hinted_store(tmp_path)
-    blocks = put_blocks(store, 40, 6)  # 10 MiB: batches of 8 MiB (32 blocks) and 8 blocks
+    blocks = put_blocks(store, BIG, 40, 6)  # 10 MiB: batches of 8 MiB (32 blocks) and 8 blocks
     keys = list(blocks)
     real = store.read_batch_submit
     count = [0]
@@ -229,7 +200,7 @@ def test_closing_the_loader_with_batches_queued_finishes_every_ticket(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: NativePipeline) -> None:
     pipeline.close()  # only its availability matters here
     store = hinted_store(tmp_path)
-    blocks = put_blocks(store, 64, 7)
+    blocks = put_blocks(store, BIG, 64, 7)
     keys = list(blocks)
     loader = piped_loader(store, monkeypatch)
     tickets = [loader.submit(keys[i:i + 4]) for i in range(0, len(keys), 4)]
@@ -248,7 +219,7 @@ def test_many_small_jobs_stay_in_step(tmp_path: Path, pipeline: NativePipeline) 
     import random
 
     store = PosixStore(tmp_path)
-    blocks = put_blocks(store, 8, 8)
+    blocks = put_blocks(store, BIG, 8, 8)
     keys = list(blocks)
     cut = store.path(keys[7])
     cut.write_bytes(cut.read_bytes()[:HEADER_SIZE + 100])

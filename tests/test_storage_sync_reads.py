@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from storage_blocks import BIG, assert_loads_identical, hinted_store, put_blocks
 
-from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
+from dualpath_cli.core.layout import BlockShape
 from dualpath_cli.storage import (
     BufferPool,
     PosixStore,
     ReadOp,
     StorageLoader,
-    encode_block,
     engines,
     posix,
 )
@@ -25,7 +25,6 @@ from dualpath_cli.storage.header import HEADER_SIZE, file_nbytes
 from dualpath_cli.storage.native import native_reader, native_status
 from dualpath_cli.telemetry import MetricsRegistry
 
-BIG = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=8192)  # 256 KiB payload
 SMALL = BlockShape(n_layers=1, block_tokens=16, bytes_per_token_layer=256)  # 4 KiB payload
 assert BIG.full_nbytes >= OFFLOAD_MIN_BYTES > SMALL.full_nbytes
 
@@ -47,26 +46,6 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
-def store_at(root: Path) -> PosixStore:
-    """A page-cache store that already knows its usual block size (as after its first read),
-    so the native path takes even the first batch."""
-    store = PosixStore(root, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
-    return store
-
-
-def put_blocks(store: PosixStore, shape: BlockShape, n: int, seed: int) -> dict:
-    ns = Namespace(f"m{seed}", "layer_major", shape, "fp16")
-    keys = prefix_keys(list(range(seed * 100_000, seed * 100_000 + 16 * n)), ns)
-    blocks = {}
-    for i, key in enumerate(keys):
-        width = shape.bytes_per_token_layer // 2
-        block = np.full((shape.n_layers, 16, width), i + seed, dtype=np.float16)
-        blocks[key] = block
-        store.put(*encode_block(key, block, ns))
-    return blocks
-
-
 def read(store: PosixStore, keys: list, pool: BufferPool) -> list[ReadOp]:
     ops = [ReadOp(k) for k in keys]
     store.read_batch(ops, pool)
@@ -86,7 +65,7 @@ def corrupt_payload(store: PosixStore, key: object) -> None:
 
 
 def test_mixed_sizes_read_whole_whatever_the_last_size(tmp_path: Path) -> None:
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     assert store.sync_reads
     blocks = {**put_blocks(store, SMALL, 3, 1), **put_blocks(store, BIG, 3, 2)}
     keys = list(blocks)
@@ -107,7 +86,7 @@ def test_short_reads_are_finished_not_called_truncated(tmp_path: Path, read_path
     (The native path's C loop does the same; Python's preadv is what can be split here.)"""
     if read_path != "python":
         pytest.skip("splits Python's preadv")
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 4, 3)
     real = os.preadv
 
@@ -125,7 +104,7 @@ def test_short_reads_are_finished_not_called_truncated(tmp_path: Path, read_path
 
 @pytest.mark.parametrize("cut", ["payload", "header"])
 def test_truncated_files_are_quarantined(tmp_path: Path, cut: str) -> None:
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 3, 4)
     keys = list(blocks)
     path = store.path(keys[1])
@@ -139,7 +118,7 @@ def test_truncated_files_are_quarantined(tmp_path: Path, cut: str) -> None:
 
 
 def test_a_longer_file_than_its_header_claims_still_verifies(tmp_path: Path) -> None:
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 2, 5)
     keys = list(blocks)
     with open(store.path(keys[0]), "ab") as fh:
@@ -185,23 +164,16 @@ def overlapped(store: PosixStore, monkeypatch: pytest.MonkeyPatch,
 
 def test_overlapped_checksums_deliver_identical_blocks(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = {**put_blocks(store, BIG, 12, 6), **put_blocks(store, SMALL, 4, 7)}
     keys = list(blocks)
     with overlapped(store, monkeypatch) as loader:
-        for _ in range(2):
-            result = loader.load(keys, timeout=30)
-            assert result.store_hits == len(keys) and result.misses == 0
-            for key, block in zip(keys, result.blocks, strict=True):
-                assert block is not None and np.array_equal(block.array(), blocks[key])
-            result.release()
-        q = loader.read_queue
-        assert (q.blocks, q.bytes, q.tokens, q.in_flight) == (0, 0, 0, 0)
+        assert_loads_identical(loader, keys, blocks, rounds=2)
 
 
 def test_overlapped_checksums_never_return_a_corrupt_block(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 10, 8)
     keys = list(blocks)
     for bad in (keys[0], keys[4], keys[9]):
@@ -226,7 +198,7 @@ def test_a_failed_checksum_is_a_miss_not_quarantine(tmp_path: Path, read_path: s
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     if read_path != "python":
         pytest.skip("the native hasher only computes; the Python helper can fail")
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 6, 9)
     keys = list(blocks)
     real = ChecksumHelper._hash
@@ -257,7 +229,7 @@ def test_overlapped_reads_in_flight_stay_bounded(tmp_path: Path, read_path: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     if read_path == "pipeline":
         pytest.skip("the helper's split read; the pipeline has its own test")
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 24, 10)
     keys = list(blocks)
     seen: list[int] = []
@@ -280,7 +252,7 @@ def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path, rea
                                                              ) -> None:
     if read_path == "pipeline":
         pytest.skip("the helper's split read; the pipeline has its own test")
-    store = store_at(tmp_path)
+    store = hinted_store(tmp_path)
     from dualpath_cli.storage import loader as loader_mod
 
     monkeypatch.setattr(loader_mod, "_SYNC_BATCH_BYTES", 4 << 20)
