@@ -6,12 +6,10 @@ deeper, so every run is configured the same way.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
-from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
@@ -20,6 +18,7 @@ from dualpath_cli.sim.online import (
     CapacityResult,
     StopRule,
     check_aps_range,
+    check_online,
     find_capacity,
     meets_slo,
 )
@@ -62,7 +61,7 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
     last 150 s above the SLO's bound, or steady state); ``slo_ok`` says whether it met
     ``slo``.
     """
-    _check_online(aps, horizon)
+    check_online(aps, horizon)
     slo = slo or SLO()
     if plans is None:
         plans = synthetic_plans(max_len, online_agents(aps, horizon), trace_seed)
@@ -73,21 +72,13 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
     return res
 
 
-def _check_online(aps: float, horizon: float) -> None:
-    """Why before anything else: the workload is sized from these two numbers."""
-    if not aps > 0 or not math.isfinite(aps):
-        raise UsageError(f"arrival rate must be a finite number > 0 agents/s, got {aps}")
-    if not horizon > 0 or not math.isfinite(horizon):
-        raise UsageError(f"horizon must be a finite number > 0 s, got {horizon}")
-
-
 def online_agents(aps: float, horizon: float) -> int:
     """Agents an online run of ``aps`` agents/s for ``horizon`` s may need (Poisson slack).
 
     Raises:
         UsageError: a rate or horizon that is not a finite number > 0.
     """
-    _check_online(aps, horizon)
+    check_online(aps, horizon)
     return int(aps * horizon * 1.3) + 50
 
 

@@ -55,7 +55,7 @@ from dualpath_cli.sim.costs import CostModel, build_cost_model
 from dualpath_cli.sim.events import EventLoop
 from dualpath_cli.sim.links import Flow
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg
-from dualpath_cli.sim.online import StopRule
+from dualpath_cli.sim.online import StopRule, check_online
 from dualpath_cli.sim.policies import SimPolicy
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
 from dualpath_cli.sim.trace import AgentPlan
@@ -775,10 +775,7 @@ class Simulation:
         paper's rule, TTFT over the last 150 s above the SLO or steady state. The result's
         ``stop_reason`` says which.
         """
-        if not aps > 0:
-            raise UsageError(f"arrival rate must be > 0 agents/s, got {aps}")
-        if not horizon > 0:
-            raise UsageError(f"horizon must be > 0 s, got {horizon}")
+        check_online(aps, horizon)
         wall = time.perf_counter()
         rng = np.random.default_rng(self.setup.seed + 7)
         t = 0.0
@@ -795,13 +792,14 @@ class Simulation:
                              "pass more agents")
         self.record = True
         self.stop_rule = stop_rule
-        if stop_rule is not None:
+        if stop_rule is None:
+            self.loop.run(until=horizon)
+        else:
             self.loop.at(STOP_CHECK_S, self.K_CHECK, None)
-        self.loop.run(until=horizon, stop=lambda: self.stopped is not None)
+            self.loop.run(until=horizon, stop=lambda: self.stopped is not None)
         end = self.loop.now if self.stopped is not None else horizon
         res = self._result("online", end, math.nan, time.perf_counter() - wall)
         res.stop_reason = self.stopped or "horizon"
-        res.steady = self.stopped == "steady"
         res.aps = aps
         samples = [s for s in self.samples if s[0] >= warmup]
         ttft = [s[1] for s in samples]

@@ -157,12 +157,16 @@ class SimResult:
     ttst: LatencyStats | None = None
     tpot: LatencyStats | None = None
     slo_ok: bool | None = None
-    steady: bool | None = None
     stop_reason: str | None = None  # online: "horizon", "steady" or "ttft" (StopRule)
     dram_util: float = math.nan  # the busiest node's KV bytes through DRAM / its bandwidth
     dram_peak: float = math.nan  # the same in the busiest time bin (bin_s) of any node
     extra: dict[str, float] = field(default_factory=dict)
     snic_series: SnicSeries | None = None
+
+    @property
+    def steady(self) -> bool | None:
+        """Whether an online run ended at steady state (``None`` offline)."""
+        return None if self.stop_reason is None else self.stop_reason == "steady"
 
     @property
     def turns_per_s(self) -> float:

@@ -17,7 +17,7 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.sim.metrics import SimResult
 
 __all__ = ["SLO", "StopRule", "meets_slo", "CapacityResult", "check_aps_range",
-           "find_capacity"]
+           "check_online", "find_capacity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +102,17 @@ class CapacityResult:
         return {"capacity_aps": self.aps,
                 "probes": [{"aps": a, "ok": ok, "ttft_mean_s": f, "tpot_mean_s": p}
                            for a, ok, f, p in self.probes]}
+
+
+def check_online(aps: float, horizon: float) -> None:
+    """An online run's rate and length must be finite numbers > 0 (UsageError if not).
+
+    Callers that size a workload from them check before building it.
+    """
+    if not aps > 0 or not math.isfinite(aps):
+        raise UsageError(f"arrival rate must be a finite number > 0 agents/s, got {aps}")
+    if not horizon > 0 or not math.isfinite(horizon):
+        raise UsageError(f"horizon must be a finite number > 0 s, got {horizon}")
 
 
 def check_aps_range(lo: float, hi: float) -> None:
