@@ -97,13 +97,22 @@ class Ticket:
         self.event = threading.Event()
         self.result: TurnResult | None = None
         self.first_event = threading.Event()
+        self.error: Exception | None = None
 
     def wait(self, timeout: float | None = None) -> TurnResult:
-        """Block until the turn is done."""
+        """Block until the turn is done; raises the error it was failed with, if any."""
         if not self.event.wait(timeout):
             raise TimeoutError("turn did not finish in time")
+        if self.error is not None:
+            raise self.error
         assert self.result is not None
         return self.result
+
+    def fail(self, error: Exception) -> None:
+        """Answer the turn with ``error`` instead of a result (a stopping cluster cut it off)."""
+        self.error = error
+        self.first_event.set()
+        self.event.set()
 
 
 @dataclass
