@@ -3,6 +3,12 @@
 Children are started with the ``spawn`` method (no inherited sockets or threads) and limit
 BLAS to one thread. A supervisor thread waits on the children's sentinels, so an engine that
 dies is reported at once (the scheduler's heartbeat timeout is the second line of defence).
+
+Engines die with their launcher, even when it is SIGKILLed: each child watches the pipe that
+``spawn`` keeps open to its parent (the parent sentinel) on a daemon thread and exits when it
+closes. (A watchdog rather than ``prctl(PR_SET_PDEATHSIG)``, which fires when the *thread*
+that started the child ends and exists only on Linux.) With no child left, multiprocessing's
+resource tracker then unlinks the launcher's named semaphores (no ``/dev/shm/sem.mp-*``).
 """
 
 from __future__ import annotations
@@ -17,11 +23,29 @@ from typing import Any
 
 from dualpath_cli.runtime.context import EngineSpec
 
-__all__ = ["LocalCluster", "engine_main"]
+__all__ = ["LocalCluster", "engine_main", "exit_with_parent"]
+
+#: Exit code of an engine whose launcher died.
+ORPHAN_EXIT = 70
+
+
+def exit_with_parent() -> None:
+    """In a spawned child: exit at once when the parent process ends (any way it ends)."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        os._exit(ORPHAN_EXIT)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
 def engine_main(spec: EngineSpec) -> None:
     """Child-process entry: single-threaded BLAS, ZeroMQ fabric, reference model."""
+    exit_with_parent()
     from dualpath_cli.runtime.model.threads import limit_blas_threads
 
     limit_blas_threads(1)
@@ -73,6 +97,15 @@ class LocalCluster:
     def pid(self, engine_id: int) -> int:
         """OS pid of an engine."""
         return int(self._procs[engine_id].pid)
+
+    def pids(self) -> dict[int, int]:
+        """OS pids of all started engines by engine id."""
+        return {eid: int(p.pid) for eid, p in self._procs.items()}
+
+    def exited(self) -> dict[int, int]:
+        """Engines whose process has ended, with exit codes (negative: killed by signal)."""
+        return {eid: int(p.exitcode) for eid, p in self._procs.items()
+                if p.exitcode is not None}
 
     def kill(self, engine_id: int) -> None:
         self._procs[engine_id].kill()

@@ -7,14 +7,22 @@ n's prefix chain and hits its blocks), answers the read model (``view``, ``decis
 accepts guarded control (``update_scheduler``) and stops by draining: no new admissions,
 in-flight turns finish (bounded by a timeout), then the engines and the store close.
 
+Stopping keeps two promises. Every admitted turn either completes or is answered with
+:class:`Draining` (``ticket.wait()`` raises it; front-ends answer HTTP 503 with
+``Retry-After``), never left hanging. And nothing half-written is visible in the store: block
+writes are atomic (temp file, then rename), engines finish the write they are in before they
+obey "stop", and the temp files of an engine that had to be killed are removed here.
+
 The HTTP layer (``dualpath_cli.api``) and ``dualpath launch`` are thin over this.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,13 +33,23 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
 from dualpath_cli.telemetry.view import ClusterView, Decision
 
-__all__ = ["Draining", "SchedulerChange", "AuditEntry", "DrainResult", "LiveCluster"]
+__all__ = ["Draining", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
+           "LiveCluster"]
 
 
 class Draining(DualPathError):
-    """The cluster is stopping and admits no new turn (retryable elsewhere or later)."""
+    """The cluster is stopping and admits no new turn (retryable elsewhere or later).
+
+    Also the error a turn gets when the drain timeout cut it off. ``retry_after_s`` is the
+    HTTP ``Retry-After`` hint.
+    """
 
     exit_code = 3
+    retry_after_s = 5
+
+
+class StartError(DualPathError):
+    """The engines did not all come up (one exited, or the start timed out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +85,11 @@ class DrainResult:
     abandoned: int
     seconds: float
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (what the launcher leaves for ``dualpath stop``)."""
+        return {"drained": self.drained, "abandoned": self.abandoned,
+                "seconds": round(self.seconds, 3)}
+
 
 @dataclass
 class _Session:
@@ -93,15 +116,54 @@ class LiveCluster:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._in_flight: set[Ticket] = set()
+        self._prune_at = 256
         self._next_agent = 0
+        self._drain: DrainResult | None = None
+        self._stop_lock = threading.Lock()
 
-    def start(self) -> float:
-        """Start engines and the scheduler; returns seconds until every engine said hello."""
+    def start(self, timeout: float = 60.0) -> float:
+        """Start engines and the scheduler; returns seconds until every engine said hello.
+
+        Call it from a thread that lives as long as the cluster (the launcher's main thread).
+
+        Raises:
+            StartError: an engine exited before its hello, or ``timeout`` passed; the
+                engines that did start are stopped again.
+        """
         t0 = time.monotonic()
-        self.system.start()
+        system = self.system
+        try:
+            system.scheduler.start()
+            system.cluster.start(system.specs)
+            deadline = t0 + timeout
+            while True:
+                try:
+                    system.scheduler.wait_ready(min(0.1, max(0.0, deadline - time.monotonic())))
+                    break
+                except TimeoutError as err:
+                    exited = self._exited()
+                    if exited:
+                        codes = ", ".join(f"engine {e} (exit code {c})"
+                                          for e, c in sorted(exited.items()))
+                        raise StartError(f"engines exited during start: {codes}") from None
+                    if time.monotonic() >= deadline:
+                        raise StartError(f"{err}; see the engine output above") from None
+        except BaseException:
+            self.close()
+            raise
+        system.started_at = time.monotonic()
         self.ready_s = time.monotonic() - t0
         self.state = "ready"
         return self.ready_s
+
+    def _exited(self) -> dict[int, int]:
+        """Engine processes that have exited, with their exit codes (in-process: none)."""
+        exited = getattr(self.system.cluster, "exited", None)
+        return exited() if callable(exited) else {}
+
+    def ready(self) -> bool:
+        """Serving: every engine said hello and none has exited since (``/readyz``)."""
+        return self.state == "ready" and not self._exited()
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
         """Admit one turn of ``session`` (a new anonymous agent when ``None``).
@@ -123,6 +185,9 @@ class LiveCluster:
             ticket = self.system.submit(TurnRequest(sess.agent, turn,
                                                     np.asarray(tokens, dtype=np.int64), gen))
             self._in_flight.add(ticket)
+            if len(self._in_flight) >= self._prune_at:  # callers that never call done()
+                self._in_flight = {t for t in self._in_flight if not t.event.is_set()}
+                self._prune_at = max(256, 2 * len(self._in_flight))
         return ticket
 
     def done(self, ticket: Ticket) -> None:
@@ -148,22 +213,72 @@ class LiveCluster:
         return entry
 
     def drain(self, timeout: float) -> DrainResult:
-        """Stop admitting, wait (up to ``timeout``) for in-flight turns, then close."""
-        t0 = time.monotonic()
-        with self._lock:
-            self.state = "draining"
-            pending = list(self._in_flight)
-        drained = 0
-        for ticket in pending:
-            left = max(0.0, timeout - (time.monotonic() - t0))
-            if ticket.event.wait(left):
-                drained += 1
-        self.close()
-        return DrainResult(drained, len(pending) - drained, time.monotonic() - t0)
+        """Stop admitting, wait (up to ``timeout``) for in-flight turns, then close.
+
+        Turns still running at the timeout are answered with :class:`Draining`. Idempotent:
+        a second call (a second signal) returns the first call's result once it is done.
+        """
+        with self._stop_lock:
+            if self._drain is not None:
+                return self._drain
+            t0 = time.monotonic()
+            with self._lock:
+                if self.state != "stopped":
+                    self.state = "draining"
+                pending = [t for t in self._in_flight if not t.event.is_set()]
+            drained = 0
+            cut: list[Ticket] = []
+            for ticket in pending:
+                if ticket.event.wait(max(0.0, timeout - (time.monotonic() - t0))):
+                    drained += 1
+                else:
+                    cut.append(ticket)
+            for ticket in cut:
+                ticket.fail(Draining(f"the cluster stopped before this turn finished (drain "
+                                     f"timeout {timeout:g} s); retry it"))
+            self.close()
+            self._drain = DrainResult(drained, len(cut), time.monotonic() - t0)
+            return self._drain
 
     def close(self) -> None:
-        """Stop engines and the scheduler (idempotent)."""
-        if self.state == "stopped":
+        """Stop engines and the scheduler, flush the store (idempotent).
+
+        Turns still in flight are answered with :class:`Draining` (``drain`` is the polite
+        way: it waits for them first).
+        """
+        with self._lock:
+            if self.state == "stopped":
+                return
+            self.state = "stopped"
+            left = [t for t in self._in_flight if not t.event.is_set()]
+        for ticket in left:
+            ticket.fail(Draining("the cluster stopped before this turn finished; retry it"))
+        try:
+            self.system.close()
+        finally:
+            store = self.system.store
+            flush = getattr(store, "flush_access_counts", None)
+            if callable(flush):
+                flush()
+            self._remove_temp_files()
+
+    def _remove_temp_files(self) -> None:
+        """Remove block temp files of engines that did not exit cleanly (killed mid-write).
+
+        A temp file is never a visible block (blocks appear by rename), but it is litter;
+        its name carries the writer's pid (``.<block>.<pid>.<thread>.tmp``).
+        """
+        exited = self._exited()
+        root = getattr(self.system.store, "root", None)
+        procs = getattr(self.system.cluster, "pids", None)
+        if not exited or root is None or not callable(procs):
             return
-        self.state = "stopped"
-        self.system.close()
+        pids = procs()
+        for eid, code in exited.items():
+            if code == 0 or eid not in pids:
+                continue
+            for tmp in Path(root).glob(f"blocks/*/*/.*.{pids[eid]}.*.tmp"):
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
