@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["MetricType", "MetricSpec", "METRICS", "spec", "UNITS", "LATENCY_BUCKETS"]
+__all__ = ["MetricType", "MetricSpec", "METRICS", "spec", "UNITS", "LATENCY_BUCKETS",
+           "TURN_LATENCY_BUCKETS"]
 
 
 class MetricType(str, Enum):
@@ -32,6 +33,12 @@ UNITS: tuple[str, ...] = ("", "bytes", "seconds", "ratio", "tokens", "bytes_per_
 LATENCY_BUCKETS: tuple[float, ...] = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+# Turn latency buckets (TTFT, TPOT): 1 ms (a cached turn on the tiny model) .. 60 s.
+TURN_LATENCY_BUCKETS: tuple[float, ...] = (
+    1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+    60.0,
 )
 
 _NAME = re.compile(r"^dualpath_[a-z][a-z0-9_]*$")
@@ -192,6 +199,20 @@ METRICS: tuple[MetricSpec, ...] = (
                "GPU memory in use on a device."),
     MetricSpec("dualpath_gpu_memory_total_bytes", _G, "bytes", ("gpu",),
                "GPU memory of a device."),
+    # --- scheduler (issue 12, runtime/): recorded by SchedulerService.registry ---------------
+    MetricSpec("dualpath_ttft_seconds", _H, "seconds", (),
+               "Time to first token of a finished turn: submission to the PE's first token.",
+               TURN_LATENCY_BUCKETS),
+    MetricSpec("dualpath_tpot_seconds", _H, "seconds", (),
+               "Time per output token after the first, of a finished turn of two or more "
+               "tokens.", TURN_LATENCY_BUCKETS),
+    MetricSpec("dualpath_scheduler_decisions_total", _C, "", ("pe_class", "de_class", "side"),
+               "Scheduling decisions, by the chosen PE's class (C1, C2, C3), the chosen DE's "
+               "class (normal, high_token) and the read side (pe, de, split)."),
+    MetricSpec("dualpath_scheduler_requeued_turns_total", _C, "", ("reason",),
+               "Turns put back at the head of the FIFO (engine_dead, read_failed)."),
+    MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
+               "Engines by role and state (starting, ready, dead)."),
 )
 
 _BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
