@@ -190,6 +190,11 @@ class LiveCluster:
                 self._prune_at = max(256, 2 * len(self._in_flight))
         return ticket
 
+    def in_flight(self) -> int:
+        """Admitted turns that have not finished yet."""
+        with self._lock:
+            return sum(1 for t in self._in_flight if not t.event.is_set())
+
     def done(self, ticket: Ticket) -> None:
         """Forget a ticket whose result the caller has taken."""
         with self._lock:
