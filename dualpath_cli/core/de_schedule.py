@@ -26,10 +26,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from dualpath_cli.core.types import EngineSnapshot, Request
 
 __all__ = [
+    "DEClass",
+    "classify_de",
+    "placement_classes",
     "GroupLoads",
     "RouteResult",
     "DEPlaceResult",
@@ -204,6 +208,47 @@ def pick_de(engines: Sequence[EngineSnapshot], length: int, z: float) -> EngineS
                 tok == high.tok and e.engine_id < high.engine_id)):
             high = e
     return normal if normal is not None else high
+
+
+class DEClass(str, Enum):
+    """Which rule of step 3 placed a request: a normal DE (under Z) or a high-token one."""
+
+    NORMAL = "normal"
+    HIGH_TOKEN = "high_token"
+
+
+def classify_de(engine: EngineSnapshot, length: int, z: float) -> DEClass:
+    """The class of ``engine`` for a request of ``length`` under ``z`` (``tok + len <= Z``).
+
+    :func:`pick_de` prefers a normal DE, so a request lands on a high-token DE only when no
+    DE with the HBM is normal.
+    """
+    return _de_class(engine.tok, length, z)
+
+
+def _de_class(tok: int, length: int, z: float) -> DEClass:
+    return DEClass.NORMAL if tok + length <= z else DEClass.HIGH_TOKEN
+
+
+def placement_classes(queue: Sequence[Request], engines: Sequence[EngineSnapshot],
+                      assignments: Sequence[tuple[int, int]], z: float) -> list[DEClass]:
+    """The class each of ``assignments`` (a :func:`de_place` result) was placed under.
+
+    ``engines`` are the snapshots *before* the fetch and ``queue`` its private queue; the
+    placements are replayed in order on copies (each adds ``len_r`` to its DE's ``tok``), so
+    each request is classified against the DE as it was when that request was placed.
+    Why: the decision log and the metrics count decisions by DE class, and
+    :class:`DEPlaceResult` keeps only the outcome.
+    """
+    tok = {e.engine_id: e.tok for e in engines}
+    out: list[DEClass] = []
+    for r, (rid, de) in zip(queue, assignments, strict=False):
+        if r.request_id != rid:
+            raise ValueError(f"assignment {rid} is not the queue's request {r.request_id}")
+        length = r.length
+        out.append(_de_class(tok[de], length, z))
+        tok[de] += length
+    return out
 
 
 def de_place(queue: Sequence[Request], engines: Sequence[EngineSnapshot],

@@ -44,6 +44,11 @@ class PEClass(IntEnum):
     SHORT_READ = 2
     LONG_READ = 3
 
+    @property
+    def label(self) -> str:
+        """The paper's name: ``C1``, ``C2`` or ``C3`` (what decision logs and metrics show)."""
+        return f"C{int(self)}"
+
 
 @dataclass(frozen=True, slots=True)
 class PEFetchResult:
