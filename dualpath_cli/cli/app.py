@@ -13,6 +13,7 @@ from dualpath_cli import __version__
 from dualpath_cli.cli import (
     bench_cmd,
     config_cmd,
+    launch_cmd,
     plan_cmd,
     plugins_cmd,
     sim_cmd,
@@ -60,6 +61,7 @@ app.add_typer(trace_cmd.app, name="trace")
 app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(storage_cmd.app, name="storage")
 app.add_typer(sim_cmd.app, name="sim")
+launch_cmd.register(app)  # launch, status, stop
 
 
 def _click_module() -> ModuleType:

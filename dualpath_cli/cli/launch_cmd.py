@@ -1,0 +1,638 @@
+"""``dualpath launch``, ``status`` and ``stop``: serve a cluster, find it, stop it.
+
+Thin: the cluster is :class:`~dualpath_cli.services.live.LiveCluster`, the HTTP app is
+:func:`dualpath_cli.api.app.create_app`, the state file is
+:mod:`dualpath_cli.services.statefile`. Heavy imports (numpy, zmq, fastapi, uvicorn) stay
+inside the command functions so ``dualpath --help`` stays fast.
+
+Lifecycle of ``launch``: check the host (loopback unless ``--allow-remote``) and the port
+(bound before any engine starts, so a second launch on one port fails in milliseconds), serve
+HTTP (``/readyz`` is 503 until every engine said hello), start the engines, publish the state
+file and print the ready line. On SIGINT/SIGTERM: stop admitting (new turns get HTTP 503 with
+``Retry-After``), drain in-flight turns for up to ``--drain-timeout``, stop HTTP, close the
+engines and the store, remove the state and token files, exit 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.services import statefile
+from dualpath_cli.services.statefile import ClusterState
+from dualpath_cli.units import parse_duration
+
+if TYPE_CHECKING:
+    from dualpath_cli.services.live import LiveCluster
+
+__all__ = ["launch", "status", "stop", "register", "LaunchError", "EXIT_NONE",
+           "EXIT_UNHEALTHY", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 8470
+EXIT_UNHEALTHY = 2
+EXIT_NONE = 3
+#: Set in a ``--detach`` child: the fd to report "ready" or the failure on.
+_NOTIFY_FD = "DUALPATH_LAUNCH_NOTIFY_FD"
+#: Set in a ``--detach`` child: the wall-clock time the user's command started.
+_T0 = "DUALPATH_LAUNCH_T0"
+#: Bench default applied when nothing set it: a CPU turn lasts tens of milliseconds, so the
+#: config default's 100 ms pull would dominate it (as for ``dualpath bench``).
+_LAUNCH_DEFAULTS = {"scheduler.fetch_period": "5ms"}
+
+
+class LaunchError(DualPathError):
+    """The cluster could not be launched (port taken, engines failed, ...)."""
+
+
+class NotRunning(DualPathError):
+    """No cluster found through the state file, ``--url`` or ``DUALPATH_URL``."""
+
+    exit_code = EXIT_NONE
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``launch``, ``status`` and ``stop`` to the ``dualpath`` app."""
+    app.command("launch")(launch)
+    app.command("status")(status)
+    app.command("stop")(stop)
+
+
+# --- launch ------------------------------------------------------------------------------
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (before any engine starts: fail fast)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise UsageError(f"--host {host}: cannot resolve it ({err.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not REUSEPORT: one owner
+    try:
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as err:
+        sock.close()
+        if err.errno in (98, 48):  # EADDRINUSE on Linux, macOS
+            raise LaunchError(f"port {port} on {host} is already in use (another dualpath "
+                              "launch or another server); stop it or choose --port") from None
+        raise LaunchError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def _home(path: Path | str) -> str:
+    """``path`` with the home directory shown as ``~``."""
+    text = str(path)
+    home = str(Path.home())
+    return "~" + text[len(home):] if text.startswith(home + os.sep) else text
+
+
+def _started_at() -> float:
+    """Wall-clock start of the user's command (a detached child inherits its parent's)."""
+    inherited = os.environ.get(_T0)
+    if inherited:
+        return float(inherited)
+    start = statefile.process_start_time(os.getpid())
+    return start if start is not None else time.time()
+
+
+def _engines_text(live: LiveCluster) -> str:
+    o = live.opts
+    n_pre = o.prefill_nodes * o.gpus_per_node
+    n_dec = o.decode_nodes * o.gpus_per_node
+    return f"{o.prefill_nodes}P{o.decode_nodes}D ({n_pre} prefill, {n_dec} decode engines)"
+
+
+def _options(preset: str | None, config: Path | None, overrides: list[str], pd: str | None,
+             policy: str | None, store: Path | None) -> Any:
+    from dualpath_cli.cli.bench_cmd import default_store_root
+    from dualpath_cli.config import load_config
+    from dualpath_cli.config.model import parse_pd
+    from dualpath_cli.runtime.options import options_from_config
+    from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
+
+    if policy is not None and policy not in RUNTIME_POLICIES:
+        raise UsageError(f"--policy {policy!r}: choose one of {', '.join(RUNTIME_POLICIES)}")
+    sets = list(overrides)
+    if pd is not None:
+        sets.append(f"cluster.pd={parse_pd(pd)}")
+    loaded = load_config(preset=preset, config_file=config, overrides=sets)
+    extra = [f"{k}={v}" for k, v in _LAUNCH_DEFAULTS.items()
+             if loaded.source(k).kind in ("default", "profile")]
+    if extra:
+        loaded = load_config(preset=preset, config_file=config, overrides=[*extra, *sets])
+    root = (store or default_store_root()).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--store {root}: cannot create it ({err.strerror})") from None
+    more: dict[str, Any] = {"processes": True, "store_dir": root}
+    if policy is not None:
+        more["policy"] = policy
+    return options_from_config(loaded, **more)
+
+
+class _Server:
+    """uvicorn on a pre-bound socket, in a thread (signals stay with the main thread)."""
+
+    def __init__(self, app: Any, sock: socket.socket) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.sock = sock
+        self.thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except BaseException as err:  # SystemExit from a failed startup included
+            self.error = err
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise LaunchError(f"the HTTP server did not start ({self.error!r})")
+            self.thread.join(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10.0)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(5.0)
+        self.sock.close()
+
+
+def _notify(message: dict[str, Any]) -> None:
+    """Tell a waiting ``--detach`` parent how the start went (no-op otherwise)."""
+    fd = os.environ.pop(_NOTIFY_FD, None)
+    if fd is None:
+        return
+    try:
+        with os.fdopen(int(fd), "w") as pipe:
+            pipe.write(json.dumps(message) + "\n")
+    except OSError:
+        pass
+
+
+def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
+           opts_args: tuple[Any, ...], as_json: bool) -> int:
+    """The foreground launcher (also what a ``--detach`` child runs)."""
+    t0 = _started_at()
+    stop_event = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        if stop_event.is_set():
+            stderr.print("already stopping (draining is bounded by --drain-timeout)")
+        stop_event.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _serve_inner(host, port, allow_remote, drain_timeout, opts_args, as_json, t0,
+                            stop_event)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
+                 opts_args: tuple[Any, ...], as_json: bool, t0: float,
+                 stop_event: threading.Event) -> int:
+    _claim_port(port)
+    sock = _bind(host, port)
+    server: _Server | None = None
+    live: LiveCluster | None = None
+    token = statefile.token_path(port)
+    try:
+        opts = _options(*opts_args)
+        from dualpath_cli.api.app import create_app
+        from dualpath_cli.api.auth import TokenAuth
+        from dualpath_cli.services.live import LiveCluster
+
+        auth = TokenAuth.generate(token)
+        live = LiveCluster(opts)
+        app = create_app(live, auth, allow_remote=allow_remote)
+        server = _Server(app, sock)
+        server.start()
+        live.start()
+        ready_s = time.time() - t0
+        url = _url(host, port)
+        state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
+                             started_at=time.time(), token_file=str(token),
+                             pid_start=statefile.process_start_time(os.getpid()),
+                             ready_s=round(ready_s, 3),
+                             pd=f"{opts.prefill_nodes}P{opts.decode_nodes}D",
+                             store=str(opts.store_dir),
+                             log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
+        statefile.write_state(state)
+        line = (f"ready in {ready_s:.1f} s: {_engines_text(live)}, API {url}, "
+                f"token in {_home(token)}")
+        payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line}
+        _notify({"ok": True, "line": line, "state": payload})
+        if as_json:
+            emit_json(payload)
+        else:
+            stdout.print(line, highlight=False, soft_wrap=True)
+        while not stop_event.wait(0.5):
+            if not server.thread.is_alive():
+                raise LaunchError(f"the HTTP server stopped unexpectedly ({server.error!r})")
+        in_flight = live.in_flight()
+        stderr.print(f"stopping: draining {in_flight} turns (at most "
+                     f"{drain_timeout:g} s)", highlight=False)
+        result = live.drain(drain_timeout)
+        server.stop()
+        server = None
+        _finish_state(port, result.to_dict())
+        msg = f"drained {result.drained} turns in {result.seconds:.1f} s"
+        if result.abandoned:
+            msg += f" ({result.abandoned} cut off by --drain-timeout, answered 503)"
+        stderr.print(f"{msg}; stopped", highlight=False)
+        return 0
+    except BaseException as err:
+        _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
+                 else f"{type(err).__name__}: {err}",
+                 "code": getattr(err, "exit_code", 1)})
+        raise
+    finally:
+        if live is not None:
+            live.close()
+        if server is not None:
+            server.stop()
+        sock.close()
+        _remove(token)
+        if not _state_kept(port):
+            _remove_own_state(port)
+
+
+def _remove_own_state(port: int) -> None:
+    """Remove the state file of ``port`` if this process wrote it."""
+    state = statefile.read_state(statefile.state_path(port))
+    if state is not None and state.pid == os.getpid():
+        statefile.remove_state(port, token=False)
+
+
+def _claim_port(port: int) -> None:
+    """Refuse a port whose state file names a live launcher; clean a stale one."""
+    live, stale = statefile.live_states(port)
+    for state in stale:
+        stderr.print(f"removed a stale state file of port {port} (pid {state.pid} is gone)",
+                     highlight=False)
+    if live:
+        s = live[0]
+        raise LaunchError(f"a cluster is already running on port {port} (pid {s.pid}, "
+                          f"{s.url}); stop it with 'dualpath stop' or choose --port")
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _finish_state(port: int, drain: dict[str, Any]) -> None:
+    """Leave the drain result for a waiting ``dualpath stop`` (which removes the file)."""
+    state = statefile.read_state(statefile.state_path(port))
+    if state is None or state.pid != os.getpid():
+        return
+    if state.stop_requested:
+        state.stopped = True
+        state.drain = drain
+        statefile.write_state(state)
+
+
+def _state_kept(port: int) -> bool:
+    """Whether this launcher's state file stays for ``dualpath stop`` to read."""
+    state = statefile.read_state(statefile.state_path(port))
+    return state is not None and state.pid == os.getpid() and state.stopped
+
+
+def _detach(argv: list[str], port: int, as_json: bool, timeout: float) -> int:
+    """Re-run ``launch`` in the background; wait until it is ready or failed."""
+    log = statefile.log_path(port)
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ)
+    env[_NOTIFY_FD] = str(write_fd)
+    env[_T0] = repr(_started_at())
+    env["DUALPATH_LAUNCH_LOG"] = str(log)
+    with open(log, "wb") as out, open(os.devnull, "rb") as devnull:
+        child = subprocess.Popen([sys.executable, "-m", "dualpath_cli.cli.app", "launch",
+                                  *argv], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
+                                 env=env, pass_fds=(write_fd,), start_new_session=True)
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    data = b""
+    with os.fdopen(read_fd, "rb") as pipe:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(pipe, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.2):
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    break
+                data += chunk
+            elif child.poll() is not None:
+                break
+        sel.close()
+    try:
+        message = json.loads(data.decode() or "null")
+    except ValueError:
+        message = None
+    if isinstance(message, dict) and message.get("ok"):
+        if as_json:
+            emit_json(message["state"])
+        else:
+            stdout.print(message["line"], highlight=False, soft_wrap=True)
+        return 0
+    if isinstance(message, dict):
+        raise _Failed(str(message.get("error")), int(message.get("code", 1)))
+    if child.poll() is None:
+        child.terminate()
+        raise LaunchError(f"the detached launcher was not ready within {timeout:g} s; "
+                          f"see {log}")
+    raise LaunchError(f"the detached launcher exited with code {child.returncode} before it "
+                      f"was ready; see {log}")
+
+
+class _Failed(DualPathError):
+    """A detached child's failure, with its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+
+def launch(
+    host: Annotated[str, typer.Option("--host", help="Address to serve the API on "
+                                      "(loopback unless --allow-remote).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="API port.")] = (
+        DEFAULT_PORT),
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a non-loopback "
+                                               "--host (every endpoint then needs the "
+                                               "token).")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="Run in the background (log in "
+                                         "the state directory); return once ready.")] = False,
+    drain_timeout: Annotated[str, typer.Option("--drain-timeout", help="On stop, wait this "
+                                               "long for in-flight turns.")] = "30s",
+    store: Annotated[Path | None, typer.Option("--store", help="Store directory (default: "
+                                               "$XDG_DATA_HOME/dualpath/store).")] = None,
+    pd: Annotated[str | None, typer.Option("--pd", help="Prefill/decode nodes, e.g. 1P2D "
+                                           "(default: cluster.pd).")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Runtime policy (default: "
+                                               "dualpath).")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="Config preset to start "
+                                               "from.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Config file.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override one config key, e.g. --set scheduler.alpha=2s.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the ready state as one JSON "
+                                          "object.")] = False,
+) -> None:
+    """Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM.
+
+    The state file (pid, URL, token file) goes to $XDG_RUNTIME_DIR/dualpath/, else
+    $XDG_STATE_HOME/dualpath/ or ~/.local/state/dualpath/; 'dualpath status' and
+    'dualpath stop' find the cluster through it.
+    """
+    if not _is_loopback(host) and not allow_remote:
+        raise UsageError(f"--host {host} is not a loopback address; add --allow-remote to "
+                         "serve other machines (every endpoint then needs the token)")
+    drain_s = parse_duration(drain_timeout)
+    if detach:
+        _claim_port(port)
+        argv = ["--host", host, "--port", str(port), "--drain-timeout", drain_timeout]
+        argv += ["--allow-remote"] if allow_remote else []
+        for flag, value in (("--store", store), ("--pd", pd), ("--policy", policy),
+                            ("--preset", preset), ("--config", config)):
+            if value is not None:
+                argv += [flag, str(Path(value).resolve()) if isinstance(value, Path)
+                         else value]
+        for item in overrides or []:
+            argv += ["--set", item]
+        code = _detach(argv, port, as_json, timeout=120.0)
+        raise typer.Exit(code)
+    code = _serve(host, port, allow_remote, drain_s,
+                  (preset, config, list(overrides or []), pd, policy, store), as_json)
+    raise typer.Exit(code)
+
+
+# --- status --------------------------------------------------------------------------------
+def _target(url: str | None, port: int | None) -> tuple[str, str | None, ClusterState | None]:
+    """``(url, token, state)`` of the cluster to ask; :class:`NotRunning` when none."""
+    url = url or os.environ.get("DUALPATH_URL")
+    live, stale = statefile.live_states(port)
+    if url:
+        url = url.rstrip("/")
+        match = next((s for s in live if s.url == url), None)
+        token = os.environ.get("DUALPATH_TOKEN") or (
+            _read_token(match.token_file) if match else None)
+        return url, token, match
+    if not live:
+        where = statefile.state_dir()
+        gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
+        raise NotRunning(f"no cluster running (no live state file in {where}{gone})")
+    if len(live) > 1:
+        ports = ", ".join(str(s.port) for s in live)
+        raise UsageError(f"{len(live)} clusters are running (ports {ports}); choose one "
+                         "with --port")
+    s = live[0]
+    return s.url, _read_token(s.token_file), s
+
+
+def _read_token(path: str) -> str | None:
+    from dualpath_cli.api.auth import TokenAuth, TokenFileError
+
+    try:
+        return TokenAuth.load(path).token
+    except TokenFileError:
+        return None
+
+
+def _get_json(url: str, token: str | None, timeout: float = 3.0) -> Any:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        raise NotRunning(f"{url}: HTTP {err.code} {err.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise NotRunning(f"cluster at {url} is not reachable ({reason})") from None
+
+
+def _summary(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the status line from ``/api/v1/status``."""
+    from dualpath_cli.units import format_duration, format_tokens
+
+    view = data.get("view", data)
+    engines = view.get("engines", [])
+    healthy = sum(1 for e in engines if e.get("state") == "ready")
+    sched = view.get("scheduler") or {}
+    th = sched.get("thresholds") or {}
+    src = th.get("source") or {}
+    queue = sched.get("fifo_length")
+    alpha = data.get("alpha") or {}
+    beta = data.get("beta") or {}
+    state = str(data.get("state") or view.get("state") or "unknown")
+    return {
+        "state": state, "pd": view.get("pd"), "engines": len(engines), "healthy": healthy,
+        "queue": queue,
+        "alpha": alpha.get("text") if isinstance(alpha, dict) and alpha.get("text") else (
+            format_duration(th["alpha_s"]) if th.get("alpha_s") is not None else
+            f"{format_tokens(th['alpha_tokens'])} tok" if th.get("alpha_tokens") is not None
+            else None),
+        "alpha_source": src.get("alpha"),
+        "beta": beta.get("text") if isinstance(beta, dict) and beta.get("text") else (
+            f"{format_tokens(th['beta_tokens'])} tok" if th.get("beta_tokens") is not None
+            else None),
+        "beta_source": src.get("beta"),
+    }
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    url: Annotated[str | None, typer.Option("--url", help="Ask this API instead of the state "
+                                            "file's (also DUALPATH_URL).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
+                                             "several run).")] = None,
+) -> None:
+    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."""
+    try:
+        target, token, state = _target(url, port)
+        data = _get_json(f"{target}/api/v1/status", token)
+    except NotRunning as err:
+        if as_json:
+            emit_json({"state": "none", "reason": str(err)})
+        else:
+            stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NONE) from None
+    s = _summary(data)
+    ok = s["state"] == "ready" and s["engines"] > 0 and s["healthy"] == s["engines"]
+    s["url"] = target
+    s["pid"] = state.pid if state else None
+    if as_json:
+        emit_json({**s, "status": data})
+    else:
+        word = "running" if ok else ("starting" if s["state"] == "starting" else "unhealthy")
+        parts = [word, str(s["pd"]), f"{s['healthy']}/{s['engines']} engines healthy",
+                 f"queue {s['queue'] if s['queue'] is not None else 'n/a'}"]
+        for key in ("alpha", "beta"):
+            if s[key] is not None:
+                parts.append(f"{key} {s[key]}" + (f" ({s[key + '_source']})"
+                                                   if s[key + "_source"] else ""))
+        stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if ok else EXIT_UNHEALTHY)
+
+
+# --- stop ----------------------------------------------------------------------------------
+def stop(
+    timeout: Annotated[str, typer.Option("--timeout", help="Wait this long for the launcher "
+                                         "to drain and exit.")] = "60s",
+    force: Annotated[bool, typer.Option("--force", help="After the timeout, SIGKILL the "
+                                        "launcher and its engines.")] = False,
+    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
+                                             "several run).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
+    import psutil
+
+    wait_s = parse_duration(timeout)
+    live, stale = statefile.live_states(port)
+    if not live:
+        gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
+        msg = f"no cluster running (no live state file in {statefile.state_dir()}{gone})"
+        if as_json:
+            emit_json({"stopped": False, "reason": msg})
+        else:
+            stdout.print(f"none  {msg}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NONE)
+    if len(live) > 1:
+        ports = ", ".join(str(s.port) for s in live)
+        raise UsageError(f"{len(live)} clusters are running (ports {ports}); choose one with "
+                         "--port")
+    state = live[0]
+    try:
+        proc = psutil.Process(state.pid)
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    state.stop_requested = True
+    statefile.write_state(state)
+    t0 = time.monotonic()
+    try:
+        os.kill(state.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    gone_alive = psutil.wait_procs(family[:1], timeout=wait_s)[1] if family else []
+    result: dict[str, Any] = {"pid": state.pid, "port": state.port, "forced": False}
+    if gone_alive:
+        if not force:
+            raise LaunchError(f"the launcher (pid {state.pid}) is still running after "
+                              f"{wait_s:g} s; wait, or run 'dualpath stop --force'")
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(family, timeout=10)
+        statefile.remove_state(state.port)
+        result.update(forced=True, killed=len(family), seconds=time.monotonic() - t0)
+        msg = (f"killed the launcher (pid {state.pid}) and {len(family) - 1} child processes "
+               f"after {wait_s:g} s; stopped")
+    else:
+        final = statefile.read_state(state.path)
+        statefile.remove_state(state.port)
+        drain = final.drain if final is not None and final.stopped else {}
+        result.update(drain=drain, seconds=round(time.monotonic() - t0, 3))
+        if drain:
+            msg = f"drained {drain['drained']} turns in {drain['seconds']:.1f} s; stopped"
+            if drain.get("abandoned"):
+                msg += f" ({drain['abandoned']} cut off by the drain timeout)"
+        else:
+            msg = "stopped"
+    if as_json:
+        emit_json({"stopped": True, **result})
+    else:
+        stdout.print(msg, highlight=False, soft_wrap=True)
