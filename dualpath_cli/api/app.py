@@ -1,0 +1,335 @@
+"""The HTTP API of a live cluster: read model, control, Prometheus, health (FastAPI).
+
+Why FastAPI on uvicorn: a well-kept ASGI stack with request validation and an OpenAPI
+document for free; the handlers stay thin over :class:`~dualpath_cli.services.live.LiveCluster`.
+Handlers are plain ``def`` so FastAPI runs them on its worker threads (the live cluster's
+calls take locks). The two big bodies (``/metrics``, ``/api/v1/metrics``) are rendered by our
+own string builders and returned as raw responses: FastAPI's generic encoder took longer than
+the whole 50 ms budget for a 1,152-engine view.
+
+Auth: PATCH needs the bearer token (missing 401, wrong 403); with ``allow_remote`` (a
+non-loopback bind) every endpoint does. Errors are JSON ``{"detail": "<one line>"}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dualpath_cli import __version__
+from dualpath_cli.api.auth import AuthError, TokenAuth
+from dualpath_cli.api.control import SystemUnits, parse_scheduler_change
+from dualpath_cli.api.encode import (
+    decision_dict,
+    dumps,
+    engine_dict,
+    node_dict,
+    view_dict,
+)
+from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.services.live import Draining, LiveCluster
+from dualpath_cli.telemetry.exposition import CONTENT_TYPE, render_prometheus
+from dualpath_cli.telemetry.gpu import GpuBackend, detect_gpu_backend
+from dualpath_cli.telemetry.host import host_facts
+from dualpath_cli.telemetry.view import ClusterView
+
+__all__ = ["create_app", "SchedulerPatch"]
+
+log = logging.getLogger("dualpath.api")
+
+
+class SchedulerPatch(BaseModel):
+    """A change of the running scheduler; omitted fields stay as they are.
+
+    Units as on the command line: alpha ``200K`` tokens, ``8KiB`` of KV, or seconds of
+    reading (``3s``, shaped clusters); beta in tokens (``1M``); quota as time (``300ms``) or
+    FLOPs (``20TFLOP``); read_side a policy name (dualpath, basic, round-robin, random,
+    split, seed-select).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: str | int | None = Field(None, examples=["200K"])
+    beta: str | int | None = Field(None, examples=["1M"])
+    quota: str | float | None = Field(None, examples=["300ms"])
+    read_side: str | None = Field(None, examples=["dualpath"])
+
+
+class Health(BaseModel):
+    """Liveness or readiness."""
+
+    status: str
+    state: str | None = None
+
+
+class EngineCount(BaseModel):
+    """Engines ready and engines in all."""
+
+    healthy: int
+    total: int
+
+
+class Status(BaseModel):
+    """``/api/v1/status``: what an operator checks first."""
+
+    state: str
+    pd: str
+    model: str
+    policy: str
+    engines: EngineCount
+    queue: dict[str, int]
+    thresholds: dict[str, Any]
+    decisions: int
+    ready_s: float | None
+    uptime_s: float
+    audit: list[dict[str, Any]]
+    faults: list[dict[str, Any]]
+    version: str
+
+
+class ChangeResult(BaseModel):
+    """An accepted scheduler change: its audit entry."""
+
+    seq: int
+    at: float
+    token_id: str
+    action: str
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+
+class DecisionsOut(BaseModel):
+    """Logged decisions after ``since``, oldest first, each with its inputs."""
+
+    since: int
+    decisions: list[dict[str, Any]]
+
+
+class ErrorOut(BaseModel):
+    """Every error: one line."""
+
+    detail: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 403, 422, 503)}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "error"
+
+
+def _validation_detail(err: RequestValidationError) -> str:
+    parts = []
+    for e in err.errors()[:3]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query"))
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}" if loc else str(e.get("msg")))
+    return _one_line("; ".join(parts) or "invalid request")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(dumps(data), status_code=status, media_type="application/json")
+
+
+def _audit_dict(entry: Any) -> dict[str, Any]:
+    return {"seq": entry.seq, "at": entry.at, "token_id": entry.token_id,
+            "action": entry.action, "old": entry.old, "new": entry.new}
+
+
+def _units(live: LiveCluster) -> SystemUnits:
+    system = live.system
+    shape = system.shape
+    snic = system.opts.snic_bw if getattr(system, "shaped", True) else 0.0
+    return SystemUnits(kv_bytes_per_token=shape.n_layers * shape.bytes_per_token_layer,
+                       block_tokens=shape.block_tokens, snic_bytes_per_s=max(0.0, snic),
+                       flops_per_s=float(getattr(system, "flops_rate", 0.0) or 0.0))
+
+
+def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
+    s = view.scheduler
+    th = s.thresholds
+    return {
+        "state": view.state, "pd": view.pd, "model": view.model, "policy": s.policy,
+        "engines": {"healthy": sum(1 for e in view.engines if e.state == "ready"),
+                    "total": len(view.engines)},
+        "queue": {"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
+                  "pe": s.pe_queue_length, "in_flight": s.in_flight},
+        "thresholds": {"alpha_tokens": th.alpha_tokens, "beta_tokens": th.beta_tokens,
+                       "z_factor": th.z_factor, "quota_s": th.quota_s,
+                       "read_side": th.read_side, "source": dict(th.source)},
+        "decisions": s.decisions.total, "ready_s": live.ready_s, "uptime_s": view.uptime_s,
+        "audit": [_audit_dict(a) for a in list(live.audit)], "faults": [],
+        "version": __version__,
+    }
+
+
+def _metrics_text(live: LiveCluster, gpu: GpuBackend) -> str:
+    view = live.view()
+    system = live.system
+    engine_metrics = system.metrics(fresh=False)
+    registry = getattr(system.scheduler, "registry", None)
+    sched = registry.snapshot() if registry is not None else None
+    return render_prometheus(view, engine_metrics=engine_metrics, scheduler_metrics=sched,
+                             host=host_facts(), gpu=gpu.report())
+
+
+def _routes(live: LiveCluster, auth: TokenAuth, gpu: GpuBackend
+            ) -> tuple[APIRouter, Any]:
+    """The API's routes and the dependency that checks the token."""
+    bearer = HTTPBearer(auto_error=False, description="The token in the launch's token file.")
+
+    def require_token(request: Request,
+                      _creds: Annotated[HTTPAuthorizationCredentials | None,
+                                        Depends(bearer)]) -> str:
+        """The caller's token id, or 401/403 (raised as AuthError, mapped by the app)."""
+        auth.check_header(request.headers.get("authorization"))
+        return auth.token_id
+
+    r = APIRouter()
+
+    @r.get("/healthz", response_model=Health, tags=["health"])
+    def healthz() -> dict[str, Any]:
+        """The process is alive and serving HTTP."""
+        return {"status": "ok", "state": live.state}
+
+    @r.get("/readyz", response_model=Health, responses=_ERRORS, tags=["health"])
+    def readyz() -> Response:
+        """200 when every engine has said hello and the cluster admits turns; else 503."""
+        state = live.state
+        if live.ready():
+            view_state = live.view().state
+            if view_state == "ready":
+                return _json({"status": "ready", "state": view_state})
+            state = view_state
+        return _json({"detail": f"not ready: cluster is {state}"}, 503)
+
+    @r.get("/api/v1/status", response_model=Status, tags=["read"])
+    def status() -> Response:
+        """State, P/D, engines healthy/total, queues, thresholds in force, audit, faults."""
+        return _json(_status(live, live.view()))
+
+    @r.get("/api/v1/engines", tags=["read"],
+           responses={200: {"description": "Every engine (EngineView as JSON)."}})
+    def engines() -> Response:
+        """Every engine as the scheduler sees it."""
+        return _json([engine_dict(e) for e in live.view().engines])
+
+    @r.get("/api/v1/nodes", tags=["read"],
+           responses={200: {"description": "Every node (NodeView as JSON)."}})
+    def nodes() -> Response:
+        """Every node: NIC utilisation, read queue, DRAM buffer."""
+        return _json([node_dict(n) for n in live.view().nodes])
+
+    @r.get("/api/v1/metrics", tags=["read"],
+           responses={200: {"description": "The ClusterView as JSON."}})
+    def view() -> Response:
+        """The whole ClusterView (``telemetry.view.view_from_dict`` reads it back)."""
+        return _json(view_dict(live.view()))
+
+    @r.get("/api/v1/decisions", response_model=DecisionsOut, responses=_ERRORS,
+           tags=["read"])
+    def decisions(since: Annotated[int, Query(ge=-1, description=(
+            "Return decisions with seq greater than this (-1: all kept)."))] = -1
+                  ) -> Response:
+        """The bounded decision log after ``since``, each decision with its inputs."""
+        return _json({"since": since,
+                      "decisions": [decision_dict(d) for d in live.decisions(since)]})
+
+    @r.patch("/api/v1/scheduler", response_model=ChangeResult, responses=_ERRORS,
+             tags=["control"])
+    def patch_scheduler(body: SchedulerPatch,
+                        token: Annotated[str, Depends(require_token)]) -> Response:
+        """Change alpha, beta, the compute quota or the read-side policy (audited)."""
+        change = parse_scheduler_change(body.model_dump(exclude_none=True), _units(live))
+        try:
+            entry = live.update_scheduler(change, token)
+        except ValueError as err:  # the scheduler refused the values
+            raise UsageError(str(err)) from None
+        log.info("scheduler change %d by %s: %s -> %s", entry.seq, token, entry.old,
+                 entry.new)
+        return _json(_audit_dict(entry))
+
+    @r.get("/metrics", tags=["prometheus"], response_class=Response,
+           responses={200: {"content": {"text/plain": {}},
+                            "description": "Prometheus text exposition (format 0.0.4)."}})
+    def metrics() -> Response:
+        """Every metric of the one metrics table, for Prometheus."""
+        return Response(_metrics_text(live, gpu), media_type=CONTENT_TYPE)
+
+    return r, require_token
+
+
+def _optional_module(name: str) -> Any:
+    """``name`` imported, or None when it does not exist (an error inside it propagates)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise
+        return None
+
+
+def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False,
+               gpu: GpuBackend | None = None) -> FastAPI:
+    """The API of ``live``.
+
+    Args:
+        live: the running cluster (started, or starting: ``/readyz`` says which).
+        auth: the launch's token; PATCH needs it, and with ``allow_remote`` every endpoint.
+        allow_remote: the server binds a non-loopback host, so nothing is served without the
+            token (``dualpath launch`` refuses such a host unless ``--allow-remote``).
+        gpu: GPU facts for ``/metrics`` (default: NVML when present, else "not available").
+    """
+    backend = gpu if gpu is not None else detect_gpu_backend()
+    router, require_token = _routes(live, auth, backend)
+    deps = [Depends(require_token)] if allow_remote else []
+    app = FastAPI(title="dualpath", version=__version__, dependencies=deps,
+                  description="A live DualPath cluster: read model, control, Prometheus, "
+                              "OpenAI-compatible serving.")
+    app.state.live = live
+    app.state.started = time.time()
+    app.include_router(router)
+    openai = _optional_module("dualpath_cli.api.openai_routes")
+    if openai is not None:  # the OpenAI-compatible routes (their own module)
+        app.include_router(openai.router(live))
+
+    @app.exception_handler(AuthError)
+    async def _auth(_request: Request, err: AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse({"detail": _one_line(str(err))}, err.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_detail(err)}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": _one_line(str(err.detail))}, err.status_code,
+                            headers=getattr(err, "headers", None))
+
+    @app.exception_handler(DualPathError)
+    async def _ours(_request: Request, err: DualPathError) -> JSONResponse:
+        if isinstance(err, Draining):
+            code = 503
+        elif isinstance(err, (UsageError, ValueError)):
+            code = 422
+        else:
+            code = 500
+        return JSONResponse({"detail": _one_line(str(err))}, code)
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, err: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request")
+        return JSONResponse({"detail": _one_line(f"internal error: {type(err).__name__}: "
+                                                 f"{err}")}, 500)
+
+    return app

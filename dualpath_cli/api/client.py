@@ -1,0 +1,252 @@
+"""The typed Python client of a live cluster's API (what monitor, TUI, diagnose, tune use).
+
+Light on purpose: httpx and the read model only, never FastAPI or the runtime, so a
+front-end starts fast and can be tested against :class:`~dualpath_cli.api.fake.FakeClient`,
+which has the same methods. Every failure is one :class:`~dualpath_cli.api.errors.ApiError`
+line: no server at the URL is :class:`~dualpath_cli.api.errors.Unreachable` naming the URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+
+from dualpath_cli.api.errors import (
+    ApiError,
+    NotReady,
+    Rejected,
+    Unreachable,
+    error_for_status,
+)
+from dualpath_cli.telemetry.view import (
+    ClusterView,
+    Decision,
+    EngineView,
+    LayerHits,
+    NodeView,
+    Thresholds,
+    decision_from_dict,
+    view_from_dict,
+)
+
+__all__ = ["DualPathClient", "Status", "AuditRecord", "status_from_dict",
+           "audit_from_dict", "engine_from_dict", "node_from_dict", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One accepted control change: when, by which token id, old and new values."""
+
+    seq: int
+    at: float
+    token_id: str
+    action: str
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """``/api/v1/status``: state, shape, health, queues, thresholds in force, audit."""
+
+    state: str
+    pd: str
+    model: str
+    policy: str
+    engines_healthy: int
+    engines_total: int
+    queue: dict[str, int]
+    thresholds: Thresholds
+    decisions: int
+    ready_s: float | None
+    uptime_s: float
+    audit: tuple[AuditRecord, ...] = ()
+    faults: tuple[dict[str, Any], ...] = ()
+    version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _build(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def audit_from_dict(data: dict[str, Any]) -> AuditRecord:
+    """An :class:`AuditRecord` from its JSON form."""
+    return _build(AuditRecord, data)
+
+
+def status_from_dict(data: dict[str, Any]) -> Status:
+    """A :class:`Status` from its JSON form (unknown keys land in ``extra``)."""
+    engines = data.get("engines", {})
+    known = {f.name for f in dataclasses.fields(Status)} | {"engines"}
+    return Status(
+        state=data["state"], pd=data["pd"], model=data["model"], policy=data["policy"],
+        engines_healthy=int(engines.get("healthy", 0)),
+        engines_total=int(engines.get("total", 0)),
+        queue=dict(data.get("queue", {})), thresholds=_build(Thresholds, data["thresholds"]),
+        decisions=int(data.get("decisions", 0)), ready_s=data.get("ready_s"),
+        uptime_s=float(data.get("uptime_s", 0.0)),
+        audit=tuple(audit_from_dict(a) for a in data.get("audit", ())),
+        faults=tuple(data.get("faults", ())), version=str(data.get("version", "")),
+        extra={k: v for k, v in data.items() if k not in known})
+
+
+def engine_from_dict(data: dict[str, Any]) -> EngineView:
+    """An :class:`EngineView` from its JSON form."""
+    layers = tuple(_build(LayerHits, x) for x in data.get("layers", ()))
+    return _build(EngineView, {**data, "layers": layers})
+
+
+def node_from_dict(data: dict[str, Any]) -> NodeView:
+    """A :class:`NodeView` from its JSON form."""
+    return _build(NodeView, {**data, "engines": tuple(data.get("engines", ()))})
+
+
+class DualPathClient:
+    """A client of one cluster's API.
+
+    Args:
+        url: the API's base URL (``http://127.0.0.1:8470``; the launch state file has it).
+        token: the bearer token (needed for control, and for everything on a remote bind).
+        timeout: seconds for connecting and for each answer.
+        transport: an httpx transport (tests; default: the network).
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 *, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                  transport=transport, trust_env=False)
+
+    @classmethod
+    def from_token_file(cls, url: str, path: str | os.PathLike[str],
+                        timeout: float = DEFAULT_TIMEOUT) -> DualPathClient:
+        """A client using the token in ``path`` (refused when others can read the file)."""
+        from dualpath_cli.api.auth import TokenAuth
+
+        return cls(url, TokenAuth.load(path).token, timeout)
+
+    def __repr__(self) -> str:  # never the token
+        return f"DualPathClient({self.url!r})"
+
+    def __enter__(self) -> DualPathClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    # -- transport ----------------------------------------------------------------------
+    def _request(self, method: str, path: str, *, ok: tuple[int, ...] = (200,),
+                 **kw: Any) -> httpx.Response:
+        where = f"{self.url}{path}"
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.ConnectError as err:
+            raise Unreachable(f"cannot reach the dualpath API at {self.url}: "
+                              f"{_reason(err)} (is `dualpath launch` running there?)"
+                              ) from None
+        except httpx.TimeoutException:
+            raise Unreachable(f"the dualpath API at {self.url} did not answer {method} {path} "
+                              f"within {self.timeout:g} s") from None
+        except httpx.HTTPError as err:
+            raise Unreachable(f"{method} {where} failed: {_reason(err)}") from None
+        if resp.status_code not in ok:
+            raise error_for_status(resp.status_code, _detail(resp), where)
+        return resp
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._request(method, path, **kw)
+        try:
+            return resp.json()
+        except ValueError:
+            raise ApiError(f"{self.url}{path}: the answer is not JSON "
+                           f"({resp.headers.get('content-type', 'no content type')})",
+                           resp.status_code) from None
+
+    # -- read ---------------------------------------------------------------------------
+    def healthz(self) -> bool:
+        """True when the server process answers (raises Unreachable when it does not)."""
+        self._request("GET", "/healthz")
+        return True
+
+    def readyz(self) -> bool:
+        """True when every engine has said hello and turns are admitted; False if not yet."""
+        resp = self._request("GET", "/readyz", ok=(200, 503))
+        return resp.status_code == 200
+
+    def status(self) -> Status:
+        """State, shape, engines healthy/total, queues, thresholds, audit."""
+        return status_from_dict(self._json("GET", "/api/v1/status"))
+
+    def view(self) -> ClusterView:
+        """The whole ClusterView now."""
+        return view_from_dict(self._json("GET", "/api/v1/metrics"))
+
+    def engines(self) -> list[EngineView]:
+        """Every engine."""
+        return [engine_from_dict(e) for e in self._json("GET", "/api/v1/engines")]
+
+    def nodes(self) -> list[NodeView]:
+        """Every node."""
+        return [node_from_dict(n) for n in self._json("GET", "/api/v1/nodes")]
+
+    def decisions(self, since: int = -1) -> list[Decision]:
+        """Logged decisions with ``seq > since`` (oldest first), each with its inputs."""
+        data = self._json("GET", "/api/v1/decisions", params={"since": since})
+        return [decision_from_dict(d) for d in data["decisions"]]
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of ``/metrics``."""
+        return self._request("GET", "/metrics").text
+
+    # -- control ------------------------------------------------------------------------
+    def update_scheduler(self, *, alpha: str | int | None = None,
+                         beta: str | int | None = None, quota: str | float | None = None,
+                         read_side: str | None = None) -> AuditRecord:
+        """Change the running scheduler (units as on the CLI: ``200K``, ``300ms``).
+
+        Raises:
+            Unauthorized / Forbidden: no token or a wrong one.
+            Rejected: a bad value (the message says which and why).
+        """
+        body = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("quota", quota),
+                                  ("read_side", read_side)) if v is not None}
+        return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=body))
+
+
+def _reason(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    reason = text[-1] if text else type(err).__name__
+    if "refused" in reason.lower():
+        return "connection refused"
+    return reason
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("detail"), str):
+        return " ".join(data["detail"].split())
+    text = resp.text.strip().splitlines()
+    return text[0][:200] if text else resp.reason_phrase
+
+
+# re-exported for callers that catch by name
+__all__ += ["ApiError", "Unreachable", "NotReady", "Rejected"]

@@ -1,0 +1,194 @@
+"""A shipped fake of :class:`~dualpath_cli.api.client.DualPathClient` for front-end tests.
+
+Why: the monitor, the TUI and diagnose read a cluster only through the client, so they are
+tested by handing them a :class:`FakeClient` holding views (a sequence plays like a cluster
+changing over time: each ``view()`` returns the next one, then the last one again),
+decisions and a metrics page. Control calls are checked like the server checks them (token,
+field names) and recorded, and every failure mode of the real client can be injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dualpath_cli.api.client import AuditRecord, Status
+from dualpath_cli.api.errors import (
+    ApiError,
+    Forbidden,
+    NotReady,
+    Rejected,
+    Unauthorized,
+    Unreachable,
+)
+from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
+
+__all__ = ["FakeClient"]
+
+
+class FakeClient:
+    """Serves given views and decisions through the client's interface.
+
+    Args:
+        views: one view or a sequence played in order (the last one repeats).
+        decisions: the decision log (``decisions(since)`` filters it by ``seq``).
+        metrics_text: what ``metrics_text()`` returns (default: rendered from the view).
+        token: the cluster's token; ``client_token`` the one this client sends.
+        unreachable: every call raises :class:`Unreachable` (a cluster that went away).
+        ready_s: reported in ``status()``.
+        url: shown in error messages.
+    """
+
+    def __init__(self, views: ClusterView | Sequence[ClusterView],
+                 decisions: Iterable[Decision] = (), *, metrics_text: str | None = None,
+                 token: str = "fake-token", client_token: str | None = "fake-token",
+                 unreachable: bool = False, ready_s: float | None = 0.5,
+                 url: str = "http://fake") -> None:
+        self._views = [views] if isinstance(views, ClusterView) else list(views)
+        if not self._views:
+            raise ValueError("FakeClient needs at least one view")
+        self._i = 0
+        self._decisions = list(decisions)
+        self._metrics_text = metrics_text
+        self._token = token
+        self.client_token = client_token
+        self.unreachable = unreachable
+        self.ready_s = ready_s
+        self.url = url
+        self.audit: list[AuditRecord] = []
+        self.calls: list[str] = []
+        self.fail_next: ApiError | None = None
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.unreachable:
+            raise Unreachable(f"cannot reach the dualpath API at {self.url}: connection "
+                              "refused (is `dualpath launch` running there?)")
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+
+    def _current(self) -> ClusterView:
+        return self._views[min(self._i, len(self._views) - 1)]
+
+    # -- read ---------------------------------------------------------------------------
+    def healthz(self) -> bool:
+        """True unless unreachable."""
+        self._call("healthz")
+        return True
+
+    def readyz(self) -> bool:
+        """Whether the current view is ready."""
+        self._call("readyz")
+        return self._current().state == "ready"
+
+    def view(self) -> ClusterView:
+        """The next view of the sequence (the last one repeats)."""
+        self._call("view")
+        view = self._current()
+        self._i += 1
+        return view
+
+    def engines(self) -> list[EngineView]:
+        """The current view's engines."""
+        self._call("engines")
+        return list(self._current().engines)
+
+    def nodes(self) -> list[NodeView]:
+        """The current view's nodes."""
+        self._call("nodes")
+        return list(self._current().nodes)
+
+    def decisions(self, since: int = -1) -> list[Decision]:
+        """Decisions with ``seq > since``."""
+        self._call("decisions")
+        return [d for d in self._decisions if d.seq > since]
+
+    def status(self) -> Status:
+        """Status derived from the current view and the audit so far."""
+        self._call("status")
+        v = self._current()
+        s = v.scheduler
+        return Status(
+            state=v.state, pd=v.pd, model=v.model, policy=s.policy,
+            engines_healthy=sum(1 for e in v.engines if e.state == "ready"),
+            engines_total=len(v.engines),
+            queue={"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
+                   "pe": s.pe_queue_length, "in_flight": s.in_flight},
+            thresholds=s.thresholds, decisions=s.decisions.total, ready_s=self.ready_s,
+            uptime_s=v.uptime_s, audit=tuple(self.audit), faults=(), version="fake")
+
+    def metrics_text(self) -> str:
+        """The given page, or the exposition of the current view."""
+        self._call("metrics_text")
+        if self._metrics_text is not None:
+            return self._metrics_text
+        from dualpath_cli.telemetry.exposition import render_prometheus
+
+        return render_prometheus(self._current())
+
+    # -- control ------------------------------------------------------------------------
+    def update_scheduler(self, *, alpha: str | int | None = None,
+                         beta: str | int | None = None, quota: str | float | None = None,
+                         read_side: str | None = None) -> AuditRecord:
+        """Check the token like the server, record the change, apply it to later views.
+
+        Values are recorded as given (the fake does not resolve units); ``alpha``/``beta``
+        given as plain integers also change the thresholds of the views served after it.
+        """
+        self._call("update_scheduler")
+        if not self.client_token:
+            raise Unauthorized(f"{self.url}/api/v1/scheduler: HTTP 401: this endpoint needs "
+                               "the cluster's bearer token")
+        if self.client_token != self._token:
+            raise Forbidden(f"{self.url}/api/v1/scheduler: HTTP 403: the bearer token does "
+                            "not match this cluster's token")
+        new = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("quota", quota),
+                                 ("read_side", read_side)) if v is not None}
+        if not new:
+            raise Rejected(f"{self.url}/api/v1/scheduler: HTTP 422: nothing to change")
+        th = self._current().scheduler.thresholds
+        old = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
+               "read_side": th.read_side}
+        self._apply(new)
+        entry = AuditRecord(len(self.audit) + 1, time.time(), "tok-fake",
+                            "scheduler", {k: old[k] for k in new}, new)
+        self.audit.append(entry)
+        return entry
+
+    def _apply(self, new: dict[str, Any]) -> None:
+        changes: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for key, attr in (("alpha", "alpha_tokens"), ("beta", "beta_tokens")):
+            if isinstance(new.get(key), int):
+                changes[attr] = new[key]
+                sources[key] = "api"
+        if isinstance(new.get("read_side"), str):
+            changes["read_side"] = new["read_side"]
+            sources["read_side"] = "api"
+        if not changes:
+            return
+        out = []
+        for v in self._views[self._i:] or self._views[-1:]:
+            th = v.scheduler.thresholds
+            th = dataclasses.replace(th, **changes, source={**th.source, **sources})
+            out.append(dataclasses.replace(
+                v, scheduler=dataclasses.replace(v.scheduler, thresholds=th)))
+        keep = self._views[:self._i] if self._i < len(self._views) else self._views[:-1]
+        self._views = keep + out
+        self._i = min(self._i, len(self._views) - 1)
+
+
+# names a test may want beside the fake
+__all__ += ["NotReady"]
