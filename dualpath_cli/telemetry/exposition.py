@@ -327,7 +327,7 @@ def _recompute_hit_ratio(m: _Merged) -> None:
 
 # -- host and GPU ----------------------------------------------------------------------------
 def _from_host(host: HostFacts, out: Scalars) -> None:
-    out["dualpath_host_cpu_count"] = {(): host.cpu_count}
+    out["dualpath_host_cpus"] = {(): host.cpu_count}
     if host.cpu_utilization is not None:
         out["dualpath_host_cpu_utilization_ratio"] = {(): host.cpu_utilization}
     out["dualpath_host_memory_total_bytes"] = {(): host.memory_total_bytes}

@@ -176,7 +176,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_scheduler_compute_quota_seconds", _G, "seconds", ("source",),
                "PE compute quota per forward batch in force, with where it came from."),
     # Host facts from psutil (telemetry/host.py), sampled at scrape time.
-    MetricSpec("dualpath_host_cpu_count", _G, "", (), "Logical CPUs of the host."),
+    MetricSpec("dualpath_host_cpus", _G, "", (), "Logical CPUs of the host."),
     MetricSpec("dualpath_host_cpu_utilization_ratio", _G, "ratio", (),
                "Host CPU busy fraction since the previous scrape."),
     MetricSpec("dualpath_host_memory_total_bytes", _G, "bytes", (), "Host physical memory."),
