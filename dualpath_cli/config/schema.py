@@ -22,11 +22,9 @@ from dualpath_cli.config.quantities import (
     parse_beta,
     parse_quota,
 )
-from dualpath_cli.core.layout import LAYOUTS
 from dualpath_cli.core.policies import POLICIES
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.errors import UnitError
-from dualpath_cli.storage.codecs import CODECS
 from dualpath_cli.units import (
     parse_bandwidth,
     parse_bytes,
@@ -51,6 +49,11 @@ __all__ = [
 CUSTOM = "custom"
 READ_SIDE_POLICIES = tuple(POLICIES)  # the core registry is the one list of names
 KV_DTYPES = ("fp16", "bf16", "fp32", "fp8")
+# The names of core.layout.LAYOUTS and storage.codecs.CODECS, kept here as literals so that
+# loading a config imports neither numpy nor ml_dtypes (the CLI starts in well under a
+# second); tests/test_cli_import_graph.py checks that they equal those registries.
+LAYOUTS: tuple[str, ...] = ("layer_major", "token_major")
+CODECS: tuple[str, ...] = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e4m3_layer")
 SECTIONS = ("cluster", "hardware", "model", "storage", "scheduler")
 
 

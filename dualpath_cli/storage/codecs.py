@@ -8,9 +8,11 @@ e4m3 values first (layer-major like the data) and the float32 scales after them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from dualpath_cli.core.layout import BlockShape, full_block_shape
@@ -28,14 +30,55 @@ __all__ = [
     "codec_report",
 ]
 
-DTYPES: dict[str, np.dtype] = {
-    "fp16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "fp32": np.dtype(np.float32),
-}
+
+
+@cache
+def _ml_dtypes() -> Any:
+    """ml_dtypes (bf16, e4m3), imported on first use: importing it takes about half a second,
+    which every ``dualpath`` command that only names a codec would otherwise pay."""
+    import ml_dtypes
+
+    return ml_dtypes
+
+
+class _Dtypes(Mapping[str, np.dtype]):
+    """The logical dtype names and their numpy dtypes; the names are known without
+    ml_dtypes, the bf16 dtype is built on first lookup."""
+
+    _NAMES = ("fp16", "bf16", "fp32")
+
+    def __init__(self) -> None:
+        self._built: dict[str, np.dtype] = {"fp16": np.dtype(np.float16),
+                                            "fp32": np.dtype(np.float32)}
+
+    def __getitem__(self, name: str) -> np.dtype:
+        try:
+            return self._built[name]
+        except KeyError:
+            if name != "bf16":
+                raise
+        self._built[name] = np.dtype(_ml_dtypes().bfloat16)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+    def __repr__(self) -> str:
+        return f"DTYPES({dict(self.items())!r})"
+
+
+DTYPES: Mapping[str, np.dtype] = _Dtypes()
 CODECS: tuple[str, ...] = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e4m3_layer")
-_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-_E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
+
+
+@cache
+def _e4m3() -> tuple[np.dtype, float]:
+    """The FP8 e4m3 dtype and its largest finite value (448)."""
+    mld = _ml_dtypes()
+    return np.dtype(mld.float8_e4m3fn), float(mld.finfo(mld.float8_e4m3fn).max)
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -92,17 +135,18 @@ class Codec:
                                         f"got dtype {block.dtype}")
             return np.ascontiguousarray(block).reshape(-1).view(np.uint8)
         dtype_name(block.dtype)  # validates the source dtype
+        e4m3, e4m3_max = _e4m3()
         data = block.astype(np.float32)
         lm = data if layout == "layer_major" else data.transpose(1, 0, 2)
         if self.scale == "block":
             amax = np.array([np.abs(lm).max(initial=0.0)], dtype=np.float32)
-            scales = np.where(amax > 0, amax / _E4M3_MAX, 1.0).astype(np.float32)
-            values = (data / scales[0]).astype(_E4M3)
+            scales = np.where(amax > 0, amax / e4m3_max, 1.0).astype(np.float32)
+            values = (data / scales[0]).astype(e4m3)
         else:
             amax = np.abs(lm).reshape(lm.shape[0], -1).max(axis=1, initial=0.0)
-            scales = np.where(amax > 0, amax / _E4M3_MAX, 1.0).astype(np.float32)
+            scales = np.where(amax > 0, amax / e4m3_max, 1.0).astype(np.float32)
             per = scales[:, None, None] if layout == "layer_major" else scales[None, :, None]
-            values = (data / per).astype(_E4M3)
+            values = (data / per).astype(e4m3)
         return np.concatenate([values.reshape(-1).view(np.uint8), scales.view(np.uint8)])
 
     def decode(self, payload: np.ndarray, shape: BlockShape, layout: str,
@@ -113,7 +157,7 @@ class Codec:
         if self.scale is None:
             return payload[:shape.full_nbytes].view(dt).reshape(dims)
         n = shape.full_nbytes // dt.itemsize
-        values = payload[:n].view(_E4M3).reshape(dims).astype(np.float32)
+        values = payload[:n].view(_e4m3()[0]).reshape(dims).astype(np.float32)
         scales = payload[n:n + 4 * self.n_scales(shape)].view(np.float32)
         if self.scale == "block":
             values *= scales[0]
