@@ -58,7 +58,7 @@ def test_tokens_identical_across_policies_and_to_recompute(
     assert result.tokens_by_turn() == reference
     later = [t for t in result.turns if t.turn > 0]
     assert all(t.cached > 0 for t in later)  # hits from the agent's own earlier KV
-    sides = {d["side"] for d in system.scheduler.decisions if d["cached"]}
+    sides = {d.side for d in system.decisions() if d.cached}
     if policy == "round-robin":
         assert sides == {"pe", "de"}
     if policy == "split":
@@ -113,22 +113,23 @@ def test_pe_chunks_under_a_tiny_quota_and_tokens_stay_identical(
 
 def test_decisions_use_two_phase_de_placement_and_log_inputs() -> None:
     _, system = _run("dualpath")
-    decisions = system.scheduler.decisions
+    decisions = system.decisions()
     assert decisions
     for d in decisions:
-        inputs = d["inputs"]
+        inputs = d.inputs
         route, place = inputs["de_route"], inputs["de_place"]
-        assert route["group"] == d["de_group"] and place["de"] == d["de"]
-        assert d["rid"] in route["queue_head"] or len(route["queue_head"]) == 8
+        assert route["group"] == d.de_group and place["de"] == d.de
+        assert d.rid in route["queue_head"] or len(route["queue_head"]) == 8
         assert {e["id"] for e in place["engines"]} <= set(system.engine_ids("decode"))
         loads = {int(g): v for g, v in route["group_loads"].items()}
-        assert loads[d["de_group"]] == min(loads.values())  # phase 1: min-load group
+        assert loads[d.de_group] == min(loads.values())  # phase 1: min-load group
         assert [e["id"] for e in inputs["pe_engines"]] == system.engine_ids("prefill")
-        assert inputs["de_engine"]["read_q"] == d["de_read_q"]  # inputs are pre-decision
-        pe_before = next(e for e in inputs["pe_engines"] if e["id"] == d["pe"])
-        assert pe_before["read_q"] == d["pe_read_q"]
-        want = "de" if d["de_read_q"] < d["pe_read_q"] else "pe"  # ties go to the PE side
-        assert d["side"] == (want if d["cached"] else d["side"])
+        assert inputs["de_engine"]["read_q"] == d.de_read_q  # inputs are pre-decision
+        pe_before = next(e for e in inputs["pe_engines"] if e["id"] == d.pe)
+        assert pe_before["read_q"] == d.pe_read_q
+        want = "de" if d.de_read_q < d.pe_read_q else "pe"  # ties go to the PE side
+        assert d.side == (want if d.cached else d.side)
+        assert d.pe_class == "C2" and d.de_class == place["de_class"]  # alpha, beta: 1e9
 
 
 def test_read_side_sees_reads_it_just_assigned() -> None:
@@ -146,9 +147,9 @@ def test_read_side_sees_reads_it_just_assigned() -> None:
                    for t, p in zip(agents, prompts, strict=True)]
         for t in tickets:
             t.wait(60)
-        burst = [d for d in system.scheduler.decisions if d["turn"] == 1]
-    assert {d["side"] for d in burst} == {"pe", "de"}
-    assert max(d["pe_read_q"] for d in burst) > 0  # charged at once, seen by the next choice
+        burst = [d for d in system.decisions() if d.turn == 1]
+    assert {d.side for d in burst} == {"pe", "de"}
+    assert max(d.pe_read_q for d in burst) > 0  # charged at once, seen by the next choice
 
 
 def test_metrics_snapshot_from_the_launcher() -> None:

@@ -25,8 +25,15 @@ from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES, SchedulerService, Ticket, TurnRequest
+from dualpath_cli.runtime.scheduler import (
+    RUNTIME_POLICIES,
+    SchedulerChange,
+    SchedulerService,
+    Ticket,
+    TurnRequest,
+)
 from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
+from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.transfer import InProcFabric, ZmqFabric
 from dualpath_cli.transfer.shaping import make_bucket
 
@@ -66,13 +73,15 @@ class RuntimeSystem:
         self.scheduler = SchedulerService(
             self.fabric, self.store, self.namespace, opts.policy, params,
             opts.hbm_blocks * opts.block_tokens, heartbeat_timeout=opts.heartbeat_timeout,
-            decision_log=opts.decision_log)
+            decision_log=opts.decision_log, decision_ring=opts.decision_ring,
+            quota_s=opts.quota_s, sources=opts.sources)
         self.cluster: LocalCluster | InProcCluster = (
             LocalCluster(self.scheduler.mark_dead) if opts.processes
             else InProcCluster(self.fabric, self.scheduler.mark_dead))
         self.node_nics: dict[int, tuple[TokenBucket, TokenBucket]] = {}
         self.specs = self._specs(store_spec)
         self.started_at = 0.0
+        self.closed = False
 
     def _specs(self, store_spec: dict[str, Any]) -> list[EngineSpec]:
         o = self.opts
@@ -127,7 +136,43 @@ class RuntimeSystem:
         """
         return self.scheduler.metrics(fresh=fresh, timeout=timeout)
 
+    def view(self) -> ClusterView:
+        """A typed, immutable snapshot of the whole system (the read model).
+
+        ``state`` is ``starting`` until every engine has said hello, then ``ready``, and
+        ``stopped`` after :meth:`close` (a live service that drains says ``draining`` itself,
+        with ``dataclasses.replace``). Values not reported yet are ``None``.
+        """
+        o = self.opts
+        engines, nodes, sched = self.scheduler.view_parts(
+            o.snic_bw if self.shaped else 0.0, o.cnic_bw if self.shaped else 0.0)
+        if self.closed:
+            state = "stopped"
+        else:
+            state = "ready" if self.scheduler.all_hello() and self.started_at else "starting"
+        uptime = time.monotonic() - self.started_at if self.started_at else 0.0
+        return ClusterView(time.time(), state, f"{o.prefill_nodes}P{o.decode_nodes}D",
+                           o.model, uptime, engines, nodes, sched)
+
+    def decisions(self, since: int = -1) -> list[Decision]:
+        """Logged decisions with ``seq > since``, oldest first (the ring keeps the last
+        ``RuntimeOptions.decision_ring``)."""
+        return self.scheduler.decisions(since)
+
+    def update_scheduler(self, change: SchedulerChange) -> tuple[dict[str, Any],
+                                                                 dict[str, Any]]:
+        """Change alpha, beta, the PE quota or the read side of the running scheduler.
+
+        Returns ``(old, new)`` of the fields ``change`` sets; later decisions use the new
+        values (their inputs say so) and the thresholds' source becomes ``api``.
+
+        Raises:
+            UsageError: nothing to change or a bad value, with the reason.
+        """
+        return self.scheduler.update(change)
+
     def close(self) -> None:
         """Stop engines and the scheduler."""
+        self.closed = True
         self.scheduler.stop()
         self.cluster.shutdown()

@@ -22,6 +22,15 @@ import numpy as np
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace
 from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.ports import ModelPort
+from dualpath_cli.runtime.wire import (
+    TIERS,
+    Heartbeat,
+    Layer,
+    PrefillDone,
+    QueueReport,
+    WireMessage,
+    encode,
+)
 from dualpath_cli.storage import (
     HEADER_SIZE,
     KVStore,
@@ -165,9 +174,10 @@ class EngineContext:
         self.seen = -1  # highest dispatch sequence whose reads were submitted to the loader
         self._report_lock = threading.Lock()
         self._report_n = 0
+        self._hits = [[0] * len(TIERS) for _ in range(model.n_layers)]  # [layer][tier]
+        self._tier = {tier: i for i, tier in enumerate(TIERS)}
         self._bind_metrics()
-        self._out: queue.Queue[tuple[str, dict[str, Any], list[np.ndarray], bool] | None] = (
-            queue.Queue())
+        self._out: queue.Queue[tuple[str, Layer | PrefillDone, bool] | None] = queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name=f"send-{spec.engine_id}")
         self._sender.start()
@@ -194,6 +204,8 @@ class EngineContext:
         if blocks > 0:
             self.registry.counter("dualpath_layer_cache_hits_total", engine=self.spec.engine_id,
                                   layer=layer, tier=tier).inc(blocks)
+            with self.counters.lock:
+                self._hits[layer][self._tier[tier]] += blocks
 
     def refresh_gauges(self) -> None:
         """Update the sampled gauges (HBM, GPU utilisation) before a snapshot."""
@@ -206,37 +218,67 @@ class EngineContext:
             self.m_util.set(min(1.0, self.counters.busy_s / wall))
 
     # -- reports ------------------------------------------------------------------------
-    def report_queue(self, extra: dict[str, Any] | None = None) -> None:
-        """Send the node's read queue now, with ``extra`` fields (a heartbeat passes them).
+    def report_queue(self) -> None:
+        """Send the node's read queue now (a :class:`~.wire.QueueReport`)."""
+        self._report(None)
+
+    def heartbeat(self, jobs: int, with_metrics: bool) -> None:
+        """Send a :class:`~.wire.Heartbeat`: the queue report plus the engine's facts.
+
+        ``with_metrics`` refreshes the sampled gauges and attaches the registry snapshot.
+        """
+        st = self.hbm.stats()
+        rq = self.loader.read_queue
+        counters = self.counters.snapshot()
+        with self.counters.lock:
+            hits = tuple(tuple(row) for row in self._hits)
+        metrics = None
+        if with_metrics:
+            self.refresh_gauges()
+            metrics = self.registry.snapshot()
+        facts: dict[str, Any] = {
+            **counters, "rq_bytes": rq.bytes, "rq_blocks": rq.blocks,
+            "dram_cache_bytes": self.loader.cache.bytes,
+            "uptime_s": time.monotonic() - self.started, "jobs": jobs,
+            "quota_s": self.spec.quota_s, "hbm_capacity_blocks": st.capacity_blocks,
+            "hbm_used_blocks": st.used_blocks, "hbm_largest_free_run": st.largest_free_run,
+            "hbm_fragmentation": st.fragmentation,
+            "hbm_block_bytes": self.n_layers * self.bt * self.bpl, "layer_hits": hits,
+            "metrics": metrics}
+        self._report(facts)
+
+    def _report(self, facts: dict[str, Any] | None) -> None:
+        """One queue report (plain, or a heartbeat with ``facts``), numbered and sent.
 
         ``n`` orders reports sent from several threads (mailbox, loader callbacks); ``seen``
         is the last dispatch whose reads are already counted in ``rq``.
         """
         with self._report_lock:
-            header: dict[str, Any] = {"t": "rq", **(extra or {})}
-            header["seen"] = self.seen  # read before rq: rq includes everything up to seen
-            header["rq"] = self.loader.read_queue.tokens
+            seen = self.seen  # read before rq: rq includes everything up to seen
+            rq = self.loader.read_queue.tokens
             self._report_n += 1
-            header["n"] = self._report_n
-            self.to_ctl(header)
+            eid, n = self.spec.engine_id, self._report_n
+            msg: WireMessage = (QueueReport(eid, n, seen, rq) if facts is None
+                                else Heartbeat(eid, n, seen, rq, **facts))
+            self.to_ctl(msg)
 
     # -- network ------------------------------------------------------------------------
-    def to_ctl(self, header: dict[str, Any]) -> None:
+    def to_ctl(self, msg: WireMessage) -> None:
         """Control message to the scheduler (not shaped: control traffic is tiny)."""
-        header.setdefault("eid", self.spec.engine_id)
-        self.ep.send(self.spec.ctl, header)
+        header, frames = encode(msg)
+        self.ep.send(self.spec.ctl, header, frames)
 
-    def send_kv(self, to: str, header: dict[str, Any], buffers: list[np.ndarray],
-                shaped: bool) -> None:
+    def send_kv(self, to: str, msg: Layer | PrefillDone, shaped: bool) -> None:
         """Queue a message on the compute NIC (ordered; the NIC is paid before sending)."""
-        self._out.put((to, header, buffers, shaped))
+        self._out.put((to, msg, shaped))
 
     def _send_loop(self) -> None:
         while True:
             item = self._out.get()
             if item is None:
                 return
-            to, header, buffers, shaped = item
+            to, msg, shaped = item
+            header, buffers = encode(msg)
             nbytes = sum(b.nbytes for b in buffers)
             if shaped:
                 pay(self.spec.cnic, nbytes)

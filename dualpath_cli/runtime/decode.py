@@ -18,15 +18,22 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from dualpath_cli.core.layout import BlockKey, block_key
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
+from dualpath_cli.runtime.wire import (
+    Cancel,
+    Decode,
+    Done,
+    Layer,
+    PrefillDone,
+    ReadFailed,
+    WireMessage,
+)
 from dualpath_cli.storage import LoadResult
-from dualpath_cli.transfer.base import Message
 
 __all__ = ["DecodeJob", "DecodeWorker"]
 
@@ -66,58 +73,57 @@ class DecodeWorker:
         self.ctx = ctx
         self.ns = ctx.namespace
         self.jobs: dict[int, DecodeJob] = {}
-        self._early: dict[int, list[Message]] = {}
+        self._early: dict[int, list[Layer | PrefillDone]] = {}
         self._lock = threading.Lock()
         self._ready: queue.Queue[DecodeJob | None] = queue.Queue()
         threading.Thread(target=self._decode_loop, daemon=True, name="de-decode").start()
 
     # -- messages -----------------------------------------------------------------------
-    def handle(self, msg: Message) -> None:
+    def handle(self, msg: WireMessage) -> None:
         """Dispatch one message from the scheduler or a PE."""
-        h = msg.header
-        rid = int(h.get("rid", -1))
-        if msg.kind == "decode":
-            self._on_decode(h)
+        if isinstance(msg, Decode):
+            self._on_decode(msg)
             return
-        if msg.kind == "cancel":
+        if isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.pop(rid, None)
-                self._early.pop(rid, None)
+                job = self.jobs.pop(msg.rid, None)
+                self._early.pop(msg.rid, None)
             if job is not None:
                 job.cancelled = True
             return
+        if not isinstance(msg, Layer | PrefillDone):
+            return
         with self._lock:
-            job = self.jobs.get(rid)
-            if job is None or job.att != int(h["att"]):
-                self._early.setdefault(rid, []).append(msg)
+            job = self.jobs.get(msg.rid)
+            if job is None or job.att != msg.att:
+                self._early.setdefault(msg.rid, []).append(msg)
                 return
-        if msg.kind == "layer":
-            self._on_layer(job, int(h["layer"]), int(h["start"]), msg.buffers)
-        elif msg.kind == "prefill_done":
-            job.first = int(h["token"])
+        if isinstance(msg, Layer):
+            self._on_layer(job, msg.layer, msg.start, msg.frames)
+        else:
+            job.first = msg.token
             self._maybe_ready(job)
 
-    def _on_decode(self, h: dict[str, Any]) -> None:
+    def _on_decode(self, m: Decode) -> None:
         ctx = self.ctx
-        tokens = np.asarray(h["tokens"], dtype=np.int64)
-        job = DecodeJob(int(h["rid"]), int(h["att"]), tokens, int(h["gen"]), int(h["cached"]),
-                        list(h["keys"]), int(h["pe_tokens"]), str(h["pe"]), bool(h["shaped"]),
-                        np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
+        tokens = np.asarray(m.tokens, dtype=np.int64)
+        job = DecodeJob(m.rid, m.att, tokens, m.gen, m.cached, list(m.keys), m.pe_tokens,
+                        m.pe, m.shaped, np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
                         filled=[0] * ctx.n_layers)
         job.persisted = len(job.keys)
         if job.keys:
             job.last_key = BlockKey.from_hex(job.keys[-1])
         with self._lock:
             self.jobs[job.rid] = job
-            early = [m for m in self._early.pop(job.rid, []) if m.header["att"] == job.att]
+            early = [e for e in self._early.pop(job.rid, []) if e.att == job.att]
         if job.cached > job.pe_tokens:
             job.own_loaded = False
             first = job.pe_tokens // ctx.bt
             ctx.read_blocks(job.keys[first:], functools.partial(self._loaded, job, first))
-        ctx.seen = max(ctx.seen, int(h.get("seq", -1)))
+        ctx.seen = max(ctx.seen, m.seq)
         ctx.report_queue()
-        for m in early:
-            self.handle(m)
+        for e in early:
+            self.handle(e)
 
     def _loaded(self, job: DecodeJob, first: int, result: LoadResult) -> None:
         """Loader callback (DE read path): fill the DE buffer, stream Layer Blocks to the PE."""
@@ -128,8 +134,8 @@ class DecodeWorker:
             result.release()
             if not job.cancelled:
                 ctx.counters.add(corrupt_blocks=result.corrupt)
-                ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
-                            "block": first + good, "why": "missing or corrupt block"})
+                ctx.to_ctl(ReadFailed(ctx.spec.engine_id, job.rid, job.att, first + good,
+                                      "missing or corrupt block"))
             return
         for i, block in enumerate(result.blocks):
             assert block is not None
@@ -138,13 +144,13 @@ class DecodeWorker:
         result.release()
         job.own_loaded = True
         for layer in range(ctx.n_layers):  # stream Layer Blocks to the PE
-            ctx.send_kv(job.pe, {"t": "layer", "rid": job.rid, "att": job.att,
-                                 "layer": layer},
-                        [job.buffer[layer, job.pe_tokens:job.cached]], job.shaped)
+            ctx.send_kv(job.pe, Layer(job.rid, job.att, layer, 0,
+                                      (job.buffer[layer, job.pe_tokens:job.cached],)),
+                        job.shaped)
         self._maybe_ready(job)
 
     def _on_layer(self, job: DecodeJob, layer: int, start: int,
-                  parts: list[np.ndarray]) -> None:
+                  parts: tuple[np.ndarray, ...]) -> None:
         head, miss = parts  # the PE-read hit rows (first chunk only) and new KV rows
         if head.shape[0]:
             job.buffer[layer, :head.shape[0]] = head
@@ -232,9 +238,8 @@ class DecodeWorker:
             if self.jobs.get(job.rid) is job:
                 del self.jobs[job.rid]
         if not job.cancelled:
-            self.ctx.to_ctl({"t": "done", "rid": job.rid, "att": job.att, "tokens": job.out,
-                             "rx_from_pe": job.rx_from_pe, "at": time.monotonic(),
-                             "second_at": job.second_at})
+            self.ctx.to_ctl(Done(self.ctx.spec.engine_id, job.rid, job.att, tuple(job.out),
+                                 job.rx_from_pe, time.monotonic(), job.second_at))
 
     def _decode_loop(self) -> None:
         active: list[DecodeJob] = []
@@ -278,11 +283,9 @@ class DecodeWorker:
             self.ctx.counters.add(busy_s=time.monotonic() - t0, batches=1,
                                   batched_items=batch)
 
-    def report(self) -> dict[str, Any]:
-        """Engine-specific report fields."""
-        st = self.ctx.hbm.stats()
-        return {"hbm_free_tokens": st.free_blocks * self.ctx.bt, "jobs": len(self.jobs),
-                "fragmentation": st.fragmentation}
+    def jobs_in_hand(self) -> int:
+        """Requests this DE holds (for the heartbeat)."""
+        return len(self.jobs)
 
     def close(self) -> None:
         """Stop the decode thread."""

@@ -4,12 +4,14 @@ The same :func:`run_engine` body runs in a child process (local cluster, ZeroMQ)
 thread (in-process fake cluster, queue fabric). Every ``heartbeat_s`` it reports to the
 scheduler: counters, HBM free tokens and fragmentation, the node loader's read queue in
 tokens (``rq``) with the last dispatch it has submitted (``seen``), and every ``metrics_s``
-the engine's whole metrics snapshot. A group leader also sends a ``fetch`` every ``fetch_s``
+the engine's whole metrics snapshot. Every message is a typed record of
+:mod:`~dualpath_cli.runtime.wire`. A group leader also sends a ``fetch`` every ``fetch_s``
 (the paper's pull-based scheduling, section 6.1).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,10 +22,21 @@ from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker
+from dualpath_cli.runtime.wire import (
+    Fetch,
+    Hello,
+    MetricsRequest,
+    SetQuota,
+    Stop,
+    WireError,
+    decode,
+)
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer.base import Fabric
 
 __all__ = ["run_engine"]
+
+log = logging.getLogger(__name__)
 
 
 def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], ModelPort],
@@ -35,35 +48,38 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
     ctx = EngineContext(spec, ep, model, open_store(spec.store, registry), registry)
     worker: PrefillWorker | DecodeWorker
     worker = PrefillWorker(ctx) if spec.role == "prefill" else DecodeWorker(ctx)
-    ctx.to_ctl({"t": "hello", "addr": ep.address, "role": spec.role, "node": spec.node,
-                "group": spec.group, "pid": os.getpid()})
+    ctx.to_ctl(Hello(spec.engine_id, ep.address, spec.role, spec.node, spec.group,
+                     os.getpid()))
     next_hb = next_fetch = next_metrics = 0.0
     try:
         while stop is None or not stop.is_set():
             now = time.monotonic()
             if now >= next_hb:
-                report: dict[str, Any] = {"t": "hb", **ctx.counters.snapshot(),
-                                          **worker.report(), "hbm": ctx.hbm.stats().usage}
-                if now >= next_metrics:
-                    ctx.refresh_gauges()
-                    report["metrics"] = ctx.registry.snapshot()
+                with_metrics = now >= next_metrics
+                ctx.heartbeat(worker.jobs_in_hand(), with_metrics)
+                if with_metrics:
                     next_metrics = now + spec.metrics_s
-                ctx.report_queue(report)
                 next_hb = now + spec.heartbeat_s
             if spec.leader and now >= next_fetch:
-                ctx.to_ctl({"t": "fetch", "group": spec.group, "role": spec.role})
+                ctx.to_ctl(Fetch(spec.engine_id, spec.group, spec.role))
                 next_fetch = now + spec.fetch_s
             wait = min(next_hb, next_fetch if spec.leader else next_hb) - time.monotonic()
-            msg = ep.recv(timeout=max(wait, 0.0))
-            if msg is None:
+            raw = ep.recv(timeout=max(wait, 0.0))
+            if raw is None:
                 continue
-            if msg.kind == "stop":
+            try:
+                msg = decode(raw.header, raw.buffers)
+            except WireError as err:
+                log.warning("engine %d: dropped a message: %s", spec.engine_id, err)
+                continue
+            if isinstance(msg, Stop):
                 break
-            if msg.kind == "metrics":  # a fresh snapshot on demand (monitor, bench end)
-                ctx.refresh_gauges()
-                ctx.report_queue({"t": "hb", **ctx.counters.snapshot(), **worker.report(),
-                                  "hbm": ctx.hbm.stats().usage,
-                                  "metrics": ctx.registry.snapshot()})
+            if isinstance(msg, MetricsRequest):  # a fresh snapshot on demand (monitor, bench)
+                ctx.heartbeat(worker.jobs_in_hand(), True)
+                continue
+            if isinstance(msg, SetQuota):
+                spec.quota_s = msg.quota_s  # the PE's batcher reads it before every batch
+                ctx.heartbeat(worker.jobs_in_hand(), False)  # show the new quota at once
                 continue
             worker.handle(msg)
     finally:

@@ -44,6 +44,11 @@ class RuntimeOptions:
         heartbeat_s: engine heartbeat period.
         heartbeat_timeout: seconds of silence before an engine is declared dead.
         decision_log: JSONL file for scheduler decisions.
+        decision_ring: decisions the scheduler keeps in memory for the read model (a ring;
+            older ones are dropped, counts by class are kept apart).
+        sources: where alpha, beta, z_factor, the quota and the read side came from
+            (``config``, ``flag``, ``default``; keys ``alpha``, ``beta``, ``z_factor``,
+            ``quota``, ``read_side``); a key not given reads ``config``.
     """
 
     prefill_nodes: int = 1
@@ -68,6 +73,8 @@ class RuntimeOptions:
     heartbeat_s: float = 0.05
     heartbeat_timeout: float = 1.0
     decision_log: Path | None = None
+    decision_ring: int = 10_000
+    sources: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,7 +85,7 @@ class RuntimeOptions:
             raise ConfigError(f"storage.codec {self.codec!r}: the embedded runtime keeps the "
                               "reference model's fp16 KV bit-exact, so it needs codec fp16")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks"):
+                     "hbm_blocks", "decision_ring"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
@@ -121,5 +128,17 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "z_factor": cfg.scheduler.z_factor, "quota_s": loaded.resolved.compute_quota_s,
         "codec": cfg.storage.codec, "fetch_s": cfg.scheduler.fetch_period,
     }
+    keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
+            "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}
+    sources = {name: _source_label(loaded.source(key).kind) for name, key in keys.items()}
+    sources["read_side"] = "default"  # the runtime policy is an option, not a config key
+    option = {"quota": "quota_s", "read_side": "policy"}
+    sources.update({name: "flag" for name in sources if option.get(name, name) in overrides})
+    values["sources"] = sources
     values.update(overrides)
     return RuntimeOptions(**values)
+
+
+def _source_label(kind: str) -> str:
+    """A config layer kind as a threshold source: ``default``, ``flag`` or ``config``."""
+    return kind if kind in ("default", "flag") else "config"

@@ -26,7 +26,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -34,8 +33,16 @@ from dualpath_cli.core.quota import PrefillWork, pack_batch
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
 from dualpath_cli.runtime.model import model_config
+from dualpath_cli.runtime.wire import (
+    Cancel,
+    First,
+    Layer,
+    Prefill,
+    PrefillDone,
+    ReadFailed,
+    WireMessage,
+)
 from dualpath_cli.storage import LoadedBlock, LoadResult
-from dualpath_cli.transfer.base import Message
 
 __all__ = ["PrefillJob", "PrefillWorker"]
 
@@ -102,16 +109,15 @@ class PrefillWorker:
         threading.Thread(target=self._compute_loop, daemon=True, name="pe-compute").start()
 
     # -- messages -----------------------------------------------------------------------
-    def handle(self, msg: Message) -> None:
+    def handle(self, msg: WireMessage) -> None:
         """Dispatch one message from the scheduler or a DE."""
-        h = msg.header
-        if msg.kind == "prefill":
-            self._on_prefill(h)
-        elif msg.kind == "layer":
-            self._on_layer(h, msg.buffers[0])
-        elif msg.kind == "cancel":
+        if isinstance(msg, Prefill):
+            self._on_prefill(msg)
+        elif isinstance(msg, Layer):
+            self._on_layer(msg)
+        elif isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.pop(int(h["rid"]), None)
+                job = self.jobs.pop(msg.rid, None)
             if job is not None:
                 job.cancelled = True
                 for ev in job.ready:
@@ -127,15 +133,15 @@ class PrefillWorker:
                 self.jobs[rid] = job
             return job
 
-    def _on_prefill(self, h: dict[str, Any]) -> None:
-        job = self._job(int(h["rid"]), int(h["att"]))
-        job.tokens = np.asarray(h["tokens"], dtype=np.int64)
-        job.cached = int(h["cached"])
-        job.keys = list(h["keys"])
-        job.pe_tokens = int(h["pe_tokens"])
-        job.de = str(h["de"])
-        job.layerwise = bool(h["layerwise"])
-        job.shaped = bool(h["shaped"])
+    def _on_prefill(self, m: Prefill) -> None:
+        job = self._job(m.rid, m.att)
+        job.tokens = np.asarray(m.tokens, dtype=np.int64)
+        job.cached = m.cached
+        job.keys = list(m.keys)
+        job.pe_tokens = m.pe_tokens
+        job.de = m.de
+        job.layerwise = m.layerwise
+        job.shaped = m.shaped
         with job.lock:
             sources = int(job.pe_tokens > 0) + int(job.de_tokens > 0)
             for layer in range(self.ctx.n_layers):
@@ -147,7 +153,7 @@ class PrefillWorker:
         job.known = True
         if job.pe_tokens:
             self.ctx.read_blocks(job.keys, functools.partial(self._loaded, job))
-        self.ctx.seen = max(self.ctx.seen, int(h.get("seq", -1)))
+        self.ctx.seen = max(self.ctx.seen, m.seq)
         self.ctx.report_queue()
         self._maybe_enqueue(job)
 
@@ -159,16 +165,17 @@ class PrefillWorker:
             result.release()
             if not job.cancelled:
                 self.ctx.counters.add(corrupt_blocks=result.corrupt)
-                self.ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att,
-                                 "block": good, "why": "missing or corrupt block"})
+                self.ctx.to_ctl(ReadFailed(self.ctx.spec.engine_id, job.rid, job.att, good,
+                                           "missing or corrupt block"))
             return
         job.blocks = [b for b in result.blocks if b is not None]
         job.loaded = True
         self._maybe_enqueue(job)
 
-    def _on_layer(self, h: dict[str, Any], kv: np.ndarray) -> None:
-        job = self._job(int(h["rid"]), int(h["att"]))
-        layer = int(h["layer"])
+    def _on_layer(self, m: Layer) -> None:
+        job = self._job(m.rid, m.att)
+        layer = m.layer
+        kv = m.frames[0]
         job.hit[layer] = kv
         self.ctx.counters.add(kv_rx_from_de_bytes=kv.nbytes)
         self.ctx.m_nic["cnic", "rx"].inc(kv.nbytes)
@@ -257,8 +264,7 @@ class PrefillWorker:
             try:
                 ctx.hbm.allocate(job.rid, need)
             except HbmExhausted as err:
-                ctx.to_ctl({"t": "read_failed", "rid": job.rid, "att": job.att, "block": -1,
-                            "why": str(err)})
+                ctx.to_ctl(ReadFailed(ctx.spec.engine_id, job.rid, job.att, -1, str(err)))
                 job.cancelled = True
                 job.release()
                 return False
@@ -287,7 +293,7 @@ class PrefillWorker:
         t_start = time.monotonic()
         bubble = 0.0
         hiddens = [model.embed(job.tokens[start:start + n]) for job, start, n in run]
-        pending: list[list[tuple[dict[str, Any], list[np.ndarray]]]] = [[] for _ in run]
+        pending: list[list[Layer]] = [[] for _ in run]
         for layer in range(ctx.n_layers):
             pasts = []
             for job, start, _ in run:
@@ -308,10 +314,10 @@ class PrefillWorker:
                 ctx.hbm_write(job.rid, layer, start, new_kv)
                 # the DE lacks the PE-read part of the hit and the miss tokens: send just those
                 head = pasts[i][:job.pe_tokens] if start == job.cached else pasts[i][:0]
-                msg = ({"t": "layer", "rid": job.rid, "att": job.att, "layer": layer,
-                        "start": start}, [np.ascontiguousarray(head), new_kv])
+                msg = Layer(job.rid, job.att, layer, start,
+                            (np.ascontiguousarray(head), new_kv))
                 if job.layerwise and not job.cancelled:
-                    ctx.send_kv(job.de, msg[0], msg[1], job.shaped)
+                    ctx.send_kv(job.de, msg, job.shaped)
                 else:
                     pending[i].append(msg)
         t_end = time.monotonic()
@@ -325,15 +331,13 @@ class PrefillWorker:
         for i, (job, start, n) in enumerate(run):
             if job.cancelled:
                 continue
-            for header, bufs in pending[i]:
-                ctx.send_kv(job.de, header, bufs, job.shaped)
+            for msg in pending[i]:
+                ctx.send_kv(job.de, msg, job.shaped)
             if start + n < len(job.tokens):
                 continue  # a chunk: the remainder stays queued
             token = model.next_token(hiddens[i][-1])
-            ctx.to_ctl({"t": "first", "rid": job.rid, "att": job.att, "token": token,
-                        "at": t_end})
-            ctx.send_kv(job.de, {"t": "prefill_done", "rid": job.rid, "att": job.att,
-                                 "token": token}, [], False)
+            ctx.to_ctl(First(ctx.spec.engine_id, job.rid, job.att, token, t_end))
+            ctx.send_kv(job.de, PrefillDone(job.rid, job.att, token), False)
             ctx.hbm.free(job.rid)
             with self._lock:
                 if self.jobs.get(job.rid) is job:
@@ -342,11 +346,9 @@ class PrefillWorker:
             if job.cancelled:
                 ctx.hbm.free(job.rid)
 
-    def report(self) -> dict[str, Any]:
-        """Engine-specific report fields."""
-        st = self.ctx.hbm.stats()
-        return {"hbm_free_tokens": st.free_blocks * self.ctx.bt, "jobs": len(self.jobs),
-                "fragmentation": st.fragmentation}
+    def jobs_in_hand(self) -> int:
+        """Requests this PE holds (for the heartbeat)."""
+        return len(self.jobs)
 
     def close(self) -> None:
         """Stop the compute thread."""

@@ -19,8 +19,13 @@ carries a per-engine sequence number; a report says the last one it counted (``s
 retires those pending charges. Without the pending charges every decision in the gap between
 two reports would see the same stale queues and herd onto one side.
 
-Every decision is logged as one JSON line holding its inputs as they were *before* it (queue
-head, snapshots, group loads, read queues) and its outcome. An engine that stops
+Every decision is logged (a bounded ring, :class:`~dualpath_cli.runtime.decisions.DecisionLog`,
+and optionally one JSON line each) with its inputs as they were *before* it (queue head,
+snapshots, group loads, read queues, the thresholds in force) and its outcome, classed by the
+chosen PE's class (C1/C2/C3) and the chosen DE's (normal/high-token). Messages are the typed
+records of :mod:`~dualpath_cli.runtime.wire`; heartbeats feed :meth:`SchedulerService.view`,
+and :meth:`SchedulerService.update` changes alpha, beta, the PE quota and the read side of a
+running scheduler. An engine that stops
 heartbeating (or whose process exits) is marked dead; its in-flight requests are cancelled on
 their other engine and re-queued at the head of the FIFO with a new attempt number, so none
 is lost.
@@ -29,26 +34,67 @@ is lost.
 from __future__ import annotations
 
 import collections
-import json
+import dataclasses
+import logging
+import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.de_schedule import GroupLoads, de_place, de_route, group_load
+from dualpath_cli.core.de_schedule import (
+    GroupLoads,
+    de_place,
+    de_route,
+    group_load,
+    placement_classes,
+)
 from dualpath_cli.core.layout import Namespace, longest_cached_prefix, prefix_keys
-from dualpath_cli.core.pe_fetch import pe_fetch
+from dualpath_cli.core.pe_fetch import classify_pe, pe_fetch
 from dualpath_cli.core.policies import SchedParams, charge_read, get_policy, read_plan
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import NoAvailableEngine, UsageError
+from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
+from dualpath_cli.runtime.decisions import DecisionLog
+from dualpath_cli.runtime.readmodel import Rate, engine_view, node_view
+from dualpath_cli.runtime.wire import (
+    Cancel,
+    Decode,
+    Done,
+    Fetch,
+    First,
+    Heartbeat,
+    Hello,
+    MetricsRequest,
+    Prefill,
+    QueueReport,
+    ReadFailed,
+    SetQuota,
+    Stop,
+    WireError,
+    WireMessage,
+    decode,
+    encode,
+)
 from dualpath_cli.storage import KVStore
+from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.view import (
+    Decision,
+    EngineView,
+    NodeView,
+    SchedulerView,
+    Thresholds,
+)
 from dualpath_cli.transfer.base import Fabric, Message
 
-__all__ = ["RUNTIME_POLICIES", "TurnRequest", "TurnResult", "Ticket", "EngineState",
-           "SchedulerService"]
+__all__ = ["RUNTIME_POLICIES", "ENGINE_STATES", "SchedulerChange", "TurnRequest", "TurnResult",
+           "Ticket", "EngineState", "SchedulerService"]
+
+log = logging.getLogger(__name__)
 
 #: runtime policy -> (core read-path policy, layerwise prefill, NIC shaping)
 RUNTIME_POLICIES: dict[str, tuple[str, bool, bool]] = {
@@ -61,6 +107,9 @@ RUNTIME_POLICIES: dict[str, tuple[str, bool, bool]] = {
 }
 
 _HEAD = 8  # queue-head request ids kept in a decision's inputs
+
+#: States an engine is in, as the scheduler sees it.
+ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "dead")
 
 
 @dataclass
@@ -127,7 +176,8 @@ class EngineState:
     pid: int = 0
     last_seen: float = 0.0
     alive: bool = True
-    report: dict[str, Any] = field(default_factory=dict)
+    hb: Heartbeat | None = None  # the last heartbeat
+    hb_at: float = 0.0  # when it arrived (monotonic)
     metrics: dict[str, Any] = field(default_factory=dict)
     metrics_at: float = 0.0
     rq: int = 0  # tokens in the node loader's queue, as last reported
@@ -135,11 +185,30 @@ class EngineState:
     seen: int = -1  # last dispatch sequence that report counted
     next_seq: int = 0
     charges: dict[int, int] = field(default_factory=dict)  # dispatch seq -> tokens pending
+    snic_rate: Rate = field(default_factory=Rate)  # storage-NIC read bytes/s
+    cnic_rate: Rate = field(default_factory=Rate)  # compute-NIC transmit bytes/s
 
     @property
     def read_q(self) -> int:
         """Reported queue plus the reads dispatched since (the scheduler's view)."""
         return self.rq + sum(self.charges.values())
+
+    @property
+    def state(self) -> str:
+        """``starting`` (no hello yet), ``ready`` or ``dead``."""
+        if not self.alive:
+            return "dead"
+        return "ready" if self.address else "starting"
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The last heartbeat as a plain dict (counters by name) plus ``received``."""
+        if self.hb is None:
+            return {}
+        out = {f.name: getattr(self.hb, f.name) for f in dataclasses.fields(self.hb)
+               if f.name != "metrics"}
+        out["received"] = self.hb_at
+        return out
 
 
 @dataclass
@@ -180,18 +249,29 @@ class SchedulerService:
         hbm_tokens: KV capacity of each DE in tokens.
         heartbeat_timeout: seconds without a heartbeat before an engine is declared dead.
         decision_log: JSONL path for decisions (None: keep them in memory only).
+        decision_ring: how many decisions the in-memory ring keeps (default 10,000).
+        quota_s: the PE compute quota the engines start with (seconds).
+        sources: where each threshold came from (keys ``alpha``, ``beta``, ``z_factor``,
+            ``quota``, ``read_side``; values ``config``, ``flag``, ``default``...); a key not
+            given reads ``config``.
     """
 
     def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
                  params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 1.0,
-                 decision_log: Path | None = None) -> None:
+                 decision_log: Path | None = None, decision_ring: int = 10_000,
+                 quota_s: float = 0.3, sources: Mapping[str, str] | None = None) -> None:
         if policy not in RUNTIME_POLICIES:
             raise UsageError(f"unknown runtime policy {policy!r}; choose one of: "
                              f"{', '.join(RUNTIME_POLICIES)}")
         core_name, self.layerwise, self.shaped = RUNTIME_POLICIES[policy]
         self.policy_name = policy
+        self.read_side = core_name
         self.policy = get_policy(core_name)
         self.params = params
+        self.quota_s = quota_s
+        self.sources = {k: "config" for k in ("alpha", "beta", "z_factor", "quota",
+                                              "read_side")}
+        self.sources.update(sources or {})
         self.store = store
         self.ns = namespace
         self.bt = namespace.shape.block_tokens
@@ -205,9 +285,14 @@ class SchedulerService:
             collections.deque)  # DE group -> routed, not yet placed
         self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
         self.flights: dict[int, _Flight] = {}
-        self.decisions: list[dict[str, Any]] = []
+        self.registry = MetricsRegistry()
+        """Scheduler-side metrics (TTFT/TPOT, decisions, requeues, engines by state)."""
+        self.log = DecisionLog(decision_ring, self.registry, decision_log)
         self.dead_events: list[tuple[int, float]] = []
-        self._log: IO[str] | None = open(decision_log, "a") if decision_log else None
+        self.requeued = 0
+        self.bad_messages = 0
+        self._m_ttft = self.registry.histogram("dualpath_ttft_seconds")
+        self._m_tpot = self.registry.histogram("dualpath_tpot_seconds")
         self._lock = threading.RLock()
         self._next_rid = 0
         self._ordinal = 0
@@ -221,6 +306,7 @@ class SchedulerService:
         with self._lock:
             self.engines[engine_id] = EngineState(engine_id, role, node, group,
                                                   last_seen=time.monotonic())
+            self._count_engines()
 
     def start(self) -> None:
         """Start the service thread."""
@@ -236,6 +322,11 @@ class SchedulerService:
                     missing = [e.engine_id for e in self.engines.values() if not e.address]
                     raise TimeoutError(f"engines {missing} did not start within {timeout} s")
                 self._registered.wait(left)
+
+    def all_hello(self) -> bool:
+        """Whether every registered engine has said hello."""
+        with self._lock:
+            return all(e.address for e in self.engines.values())
 
     def submit(self, req: TurnRequest) -> Ticket:
         """Queue a turn; returns its ticket."""
@@ -259,14 +350,54 @@ class SchedulerService:
         with self._lock:
             for e in self.engines.values():
                 if e.address and e.alive:
-                    self.ep.send(e.address, {"t": "stop"})
+                    self._send(e.address, Stop())
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.ep.close()
-        if self._log:
-            self._log.close()
-            self._log = None
+        self.log.close()
+
+    def decisions(self, since: int = -1) -> list[Decision]:
+        """Logged decisions with ``seq > since``, oldest first (at most the ring's size)."""
+        return self.log.since(since)
+
+    def settings(self) -> Settings:
+        """The values a :class:`SchedulerChange` acts on, as in force now."""
+        with self._lock:
+            return Settings(self.params.alpha, self.params.beta, self.quota_s, self.read_side)
+
+    def update(self, change: SchedulerChange) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Apply ``change``; returns ``(old, new)`` of the fields it set.
+
+        Decisions after this one use the new values (and log them in their inputs); their
+        source becomes ``api``. A new quota is sent to every live PE.
+
+        Raises:
+            UsageError: nothing to change, or a bad value (the message says which and why).
+        """
+        values = check_change(change, self.bt)
+        with self._lock:
+            before = self.settings().as_dict()
+            params = self.params
+            if "alpha_tokens" in values:
+                params = dataclasses.replace(params, alpha=values["alpha_tokens"])
+                self.sources["alpha"] = "api"
+            if "beta_tokens" in values:
+                params = dataclasses.replace(params, beta=values["beta_tokens"])
+                self.sources["beta"] = "api"
+            self.params = params
+            if "read_side" in values:
+                self.read_side = values["read_side"]
+                self.policy = get_policy(self.read_side)
+                self.sources["read_side"] = "api"
+            if "quota_s" in values:
+                self.quota_s = values["quota_s"]
+                self.sources["quota"] = "api"
+                for e in self.engines.values():
+                    if e.alive and e.address and e.role == Role.PREFILL.value:
+                        self._send(e.address, SetQuota(self.quota_s))
+            after = self.settings().as_dict()
+        return {k: before[k] for k in values}, {k: after[k] for k in values}
 
     def fresh_reports(self, after: float, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Reports of live engines all received after ``after`` (monotonic), waiting for them."""
@@ -274,18 +405,23 @@ class SchedulerService:
         with self._registered:
             while True:
                 live = [e for e in self.engines.values() if e.alive]
-                if all(e.report.get("received", 0.0) > after for e in live):
+                if all(e.hb_at > after for e in live):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._registered.wait(left)
-            return {eid: dict(e.report) for eid, e in self.engines.items()}
+            return {eid: e.report for eid, e in self.engines.items()}
 
     def reports(self) -> dict[int, dict[str, Any]]:
-        """Latest heartbeat report of each engine."""
+        """Latest heartbeat report of each engine, as plain dicts (see ``EngineState.report``)."""
         with self._lock:
-            return {eid: dict(e.report) for eid, e in self.engines.items()}
+            return {eid: e.report for eid, e in self.engines.items()}
+
+    def heartbeats(self) -> dict[int, Heartbeat | None]:
+        """Latest typed heartbeat of each engine (``None`` before the first)."""
+        with self._lock:
+            return {eid: e.hb for eid, e in self.engines.items()}
 
     def metrics(self, fresh: bool = False, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Every engine's metrics snapshot (``MetricsRegistry.snapshot()`` form) by engine id.
@@ -299,7 +435,7 @@ class SchedulerService:
             if fresh:
                 for e in self.engines.values():
                     if e.alive and e.address:
-                        self.ep.send(e.address, {"t": "metrics"})
+                        self._send(e.address, MetricsRequest())
                 deadline = asked + timeout
                 while any(e.alive and e.metrics_at <= asked for e in self.engines.values()):
                     left = deadline - time.monotonic()
@@ -320,6 +456,64 @@ class SchedulerService:
                     out[e.node] += e.read_q
             return dict(out)
 
+    # -- read model ---------------------------------------------------------------------
+    def view_parts(self, snic_bw: float = 0.0, cnic_bw: float = 0.0, *,
+                   roles: Mapping[int, str] | None = None,
+                   ) -> tuple[tuple[EngineView, ...], tuple[NodeView, ...], SchedulerView]:
+        """Engines, nodes and the scheduler as one consistent snapshot (taken under the lock).
+
+        Args:
+            snic_bw: a node's storage-NIC read bandwidth, bytes/s (<= 0: unshaped).
+            cnic_bw: one engine's compute-NIC bandwidth, bytes/s (<= 0: unshaped).
+            roles: node -> role for nodes without engines registered (rare; optional).
+        """
+        me = os.getpid()
+        with self._lock:
+            now = time.monotonic()
+            seq, tok, _ = self._loads()
+            engines = tuple(engine_view(
+                e.engine_id, e.role, e.node, e.group, e.state,
+                e.pid if e.pid and e.pid != me else None,  # in-process engines have no pid
+                seq[e.engine_id], tok[e.engine_id], e.rq if e.hb is not None else None, e.hb,
+                now - e.last_seen if e.address else None)
+                for e in sorted(self.engines.values(), key=lambda x: x.engine_id))
+            by_node: dict[int, list[EngineState]] = collections.defaultdict(list)
+            for e in self.engines.values():
+                by_node[e.node].append(e)
+            nodes = []
+            for node in sorted(by_node):
+                members = sorted(by_node[node], key=lambda x: x.engine_id)
+                live = [e for e in members if e.alive and e.hb is not None]
+                snic = [e.snic_rate.rate for e in live]
+                cnic = [e.cnic_rate.rate for e in live]
+                nodes.append(node_view(
+                    node, members[0].role, [e.engine_id for e in members],
+                    [e.hb for e in live if e.hb is not None], sum(e.rq for e in live),
+                    sum(r for r in snic if r is not None) if live and None not in snic else None,
+                    sum(r for r in cnic if r is not None) if live and None not in cnic else None,
+                    snic_bw, cnic_bw))
+            sched = SchedulerView(
+                policy=self.policy_name, fifo_length=len(self.queue),
+                private_queues={g: len(q) for g, q in sorted(self.private.items())},
+                pe_queue_length=len(self.pe_queue),
+                in_flight=sum(1 for f in self.flights.values() if f.pe >= 0),
+                thresholds=Thresholds(self.params.alpha, self.params.beta,
+                                      self.params.z_factor, self.quota_s, self.read_side,
+                                      dict(self.sources)),
+                decisions=self.log.counts(), last_decision_seq=self.log.last_seq,
+                requeued_total=self.requeued)
+            self._count_engines()
+        return engines, tuple(nodes), sched
+
+    def _count_engines(self) -> None:
+        for role in (Role.PREFILL.value, Role.DECODE.value):
+            counts = dict.fromkeys(ENGINE_STATES, 0)
+            for e in self.engines.values():
+                if e.role == role:
+                    counts[e.state] += 1
+            for state, n in counts.items():
+                self.registry.gauge("dualpath_scheduler_engines", role=role, state=state).set(n)
+
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: _Flight) -> None:
         keys = prefix_keys(f.req.tokens.tolist(), self.ns)
@@ -331,12 +525,16 @@ class SchedulerService:
         f.cached = hits * self.bt
 
     # -- service loop -------------------------------------------------------------------
+    def _send(self, to: str, msg: WireMessage) -> None:
+        header, frames = encode(msg)
+        self.ep.send(to, header, frames)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            msg = self.ep.recv(timeout=0.05)
+            raw = self.ep.recv(timeout=0.05)
             with self._lock:
-                if msg is not None:
-                    self._handle(msg)
+                if raw is not None:
+                    self._handle(raw)
                 self._check_heartbeats()
 
     def _check_heartbeats(self) -> None:
@@ -345,60 +543,69 @@ class SchedulerService:
             if e.alive and e.address and now - e.last_seen > self.hb_timeout:
                 self._dead(e.engine_id)
 
-    def _handle(self, msg: Message) -> None:
-        h = msg.header
-        eid = int(h.get("eid", -1))
-        e = self.engines.get(eid)
+    def _handle(self, raw: Message) -> None:
+        try:
+            msg = decode(raw.header, raw.buffers)
+        except WireError as err:
+            self.bad_messages += 1
+            log.warning("scheduler: dropped a message: %s", err)
+            return
+        eid = getattr(msg, "eid", None)
+        e = self.engines.get(eid) if isinstance(eid, int) else None
         if e is None or not e.alive:
             return
         now = time.monotonic()
         e.last_seen = now
-        kind = msg.kind
-        if kind == "hello":
-            e.address, e.pid = str(h["addr"]), int(h["pid"])
+        if isinstance(msg, Hello):
+            e.address, e.pid = msg.addr, msg.pid
+            self._count_engines()
             self._registered.notify_all()
-        elif kind in ("hb", "rq"):
-            self._on_queue_report(e, h)
-            if kind == "hb":
-                metrics = h.pop("metrics", None)
-                if metrics is not None:
-                    e.metrics, e.metrics_at = metrics, now
-                e.report = dict(h, received=now)
+        elif isinstance(msg, QueueReport | Heartbeat):
+            self._on_queue_report(e, msg)
+            if isinstance(msg, Heartbeat):
+                if msg.metrics is not None:
+                    e.metrics, e.metrics_at = msg.metrics, now
+                e.hb, e.hb_at = msg, now
+                e.snic_rate.update(now, msg.snic_read_bytes)
+                e.cnic_rate.update(now, msg.cnic_tx_bytes)
                 self._registered.notify_all()
-        elif kind == "fetch":
+        elif isinstance(msg, Fetch):
             if e.role == Role.PREFILL.value:
                 self._pe_fetch(e.group)
             else:
                 self._de_fetch(e.group)
-        else:
-            f = self.flights.get(int(h.get("rid", -1)))
-            if f is None or f.att != int(h.get("att", -2)):
+        elif isinstance(msg, First | Done | ReadFailed):
+            f = self.flights.get(msg.rid)
+            if f is None or f.att != msg.att:
                 return  # a stale attempt
-            if kind == "first":
+            if isinstance(msg, First):
                 f.prefilled = True
-                f.first_at = float(h["at"])
+                f.first_at = msg.at
                 f.ticket.first_event.set()
-            elif kind == "done":
-                self._finish(f, h)
-            elif kind == "read_failed":
-                block = int(h["block"])
-                self._requeue(f, max_hit=block if block >= 0 else None)
+            elif isinstance(msg, Done):
+                self._finish(f, msg)
+            else:
+                self._requeue(f, "read_failed",
+                              max_hit=msg.block if msg.block >= 0 else None)
 
-    def _on_queue_report(self, e: EngineState, h: dict[str, Any]) -> None:
-        n = int(h.get("n", 0))
-        if n <= e.rq_n:
+    def _on_queue_report(self, e: EngineState, m: QueueReport | Heartbeat) -> None:
+        if m.n <= e.rq_n:
             return  # an older report overtaken by a newer one
-        e.rq_n, e.rq, e.seen = n, int(h["rq"]), int(h["seen"])
+        e.rq_n, e.rq, e.seen = m.n, m.rq, m.seen
         for seq in [s for s in e.charges if s <= e.seen]:
             del e.charges[seq]
 
-    def _finish(self, f: _Flight, h: dict[str, Any]) -> None:
+    def _finish(self, f: _Flight, m: Done) -> None:
         del self.flights[f.rid]
         self._drop_charges(f)
-        f.ticket.result = TurnResult([int(t) for t in h["tokens"]], f.submitted,
-                                     f.first_at, float(h["at"]), f.cached, f.att + 1, f.pe,
-                                     f.de, f.pe_tokens, int(h["rx_from_pe"]),
-                                     float(h.get("second_at", 0.0)))
+        tokens = [int(t) for t in m.tokens]
+        f.ticket.result = TurnResult(tokens, f.submitted, f.first_at, m.at, f.cached,
+                                     f.att + 1, f.pe, f.de, f.pe_tokens, m.rx_from_pe,
+                                     m.second_at)
+        if f.first_at > 0:
+            self._m_ttft.observe(max(0.0, f.first_at - f.submitted))
+            if len(tokens) > 1:
+                self._m_tpot.observe(max(0.0, (m.at - f.first_at) / (len(tokens) - 1)))
         f.ticket.first_event.set()
         f.ticket.event.set()
 
@@ -409,11 +616,11 @@ class SchedulerService:
                 e.charges.pop(seq, None)
         f.charges.clear()
 
-    def _requeue(self, f: _Flight, max_hit: int | None = None) -> None:
+    def _requeue(self, f: _Flight, reason: str, max_hit: int | None = None) -> None:
         for eid in (f.pe, f.de):
             e = self.engines.get(eid)
             if e is not None and e.alive and e.address:
-                self.ep.send(e.address, {"t": "cancel", "rid": f.rid})
+                self._send(e.address, Cancel(f.rid))
         self._drop_charges(f)
         for q in (self.pe_queue, *self.private.values()):
             if f in q:
@@ -426,6 +633,8 @@ class SchedulerService:
             f.max_hit_blocks = max_hit
         self._lookup(f)
         self.queue.appendleft(f)
+        self.requeued += 1
+        self.registry.counter("dualpath_scheduler_requeued_turns_total", reason=reason).inc()
 
     def _dead(self, engine_id: int) -> None:
         e = self.engines.get(engine_id)
@@ -435,18 +644,19 @@ class SchedulerService:
         e.charges.clear()
         self.dead_events.append((engine_id, time.monotonic()))
         for f in [f for f in self.flights.values() if engine_id in (f.pe, f.de)]:
-            self._requeue(f)
+            self._requeue(f, "engine_dead")
         if e.role == Role.DECODE.value and not any(
                 x.alive for x in self.engines.values() if x.group == e.group):
             stranded = self.private.pop(e.group, collections.deque())
             self.queue.extendleft(reversed(stranded))
+        self._count_engines()
 
     # -- scheduling ---------------------------------------------------------------------
     def _request(self, f: _Flight) -> Request:
         return Request(f.rid, len(f.req.tokens), f.cached)
 
-    def _snapshots(self) -> tuple[dict[int, list[EngineSnapshot]], dict[int, list[
-            EngineSnapshot]]]:
+    def _loads(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+        """Per engine: unfinished requests (seq), their tokens (tok) and DE HBM held."""
         seq: dict[int, int] = collections.defaultdict(int)
         tok: dict[int, int] = collections.defaultdict(int)
         hbm_used: dict[int, int] = collections.defaultdict(int)
@@ -458,6 +668,11 @@ class SchedulerService:
                 seq[f.de] += 1
                 tok[f.de] += len(f.req.tokens)
                 hbm_used[f.de] += len(f.req.tokens) + f.req.gen
+        return seq, tok, hbm_used
+
+    def _snapshots(self) -> tuple[dict[int, list[EngineSnapshot]], dict[int, list[
+            EngineSnapshot]]]:
+        seq, tok, hbm_used = self._loads()
         node_q: dict[int, int] = collections.defaultdict(int)
         for e in self.engines.values():
             if e.alive:
@@ -499,12 +714,16 @@ class SchedulerService:
         engines = de_groups[group]
         before = [_snap(e) for e in engines]
         head = [f.rid for f in list(private)[:_HEAD]]
-        res = de_place([self._request(f) for f in private], engines, self.params.z_factor)
-        for _, de_id in res.assignments:
+        queue = [self._request(f) for f in private]
+        res = de_place(queue, engines, self.params.z_factor)
+        classes = placement_classes(queue, [e for e in engines if e.healthy],
+                                    res.assignments, res.z)
+        for (_, de_id), cls in zip(res.assignments, classes, strict=True):
             f = private.popleft()
             f.de, f.de_group = de_id, group
             f.place = {"queue_head": head, "engines": before, "z": res.z,
-                       "r_count": res.r_count, "stop": res.stop_reason, "de": de_id}
+                       "r_count": res.r_count, "stop": res.stop_reason, "de": de_id,
+                       "de_class": cls.value}
             self.pe_queue.append(f)
 
     def _pe_fetch(self, group: int) -> None:
@@ -518,23 +737,30 @@ class SchedulerService:
         des = [e for engines in de_groups.values() for e in engines]
         de_by_id = {e.engine_id: e for e in des}
         head = [f.rid for f in list(self.pe_queue)[:_HEAD]]
+        params = self.params
         while self.pe_queue:
             f = self.pe_queue[0]
             de = de_by_id.get(f.de)
             if de is None:  # its DE died meanwhile
-                self._requeue(f)
+                self._requeue(f, "engine_dead")
                 continue
             request = self._request(f)
             pes_before = [_snap(e) for e in pes]
-            res = pe_fetch((request,), pes, self.params.alpha, self.params.beta)
+            res = pe_fetch((request,), pes, params.alpha, params.beta)
             if not res.assignments:
                 return
-            self.pe_queue.popleft()
             pe_id = res.assignments[0][1]
-            pes = list(res.engines)
-            pe = next(e for e in pes if e.engine_id == pe_id)
+            chosen = next(e for e in pes if e.engine_id == pe_id)
+            pe_class = classify_pe(chosen, params.alpha, params.beta).label
+            new_pes = list(res.engines)
+            pe = next(e for e in new_pes if e.engine_id == pe_id)
             de_before = _snap(de)
-            plan = read_plan(self.policy, request, pe, de, self.params, self._ordinal)
+            try:
+                plan = read_plan(self.policy, request, pe, de, params, self._ordinal)
+            except NoAvailableEngine:
+                return  # seed-select found neither side healthy: wait for the next fetch
+            self.pe_queue.popleft()
+            pes = new_pes
             pe_q, de_q = pe.read_q, de.read_q
             pe_tokens = plan.pe_tokens if self.shaped else f.cached
             de_tokens = f.cached - pe_tokens
@@ -544,11 +770,12 @@ class SchedulerService:
             self._ordinal += 1
             self._dispatch(f, pe_id, de.engine_id, pe_tokens)
             side = plan.side.value if plan.side is not None else "split"
-            self._record(f, side, pe_q, de_q, {
+            self._record(f, side, pe_q, de_q, pe_class, {
                 "pe_queue_head": head, "pe_engines": pes_before, "de_engine": de_before,
                 "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
-                "alpha": self.params.alpha, "beta": self.params.beta,
-                "z_factor": self.params.z_factor})
+                "alpha": params.alpha, "beta": params.beta, "z_factor": params.z_factor,
+                "quota_s": self.quota_s, "read_side": self.read_side,
+                "sources": dict(self.sources)})
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
         f.pe, f.de, f.pe_tokens = pe, de, pe_tokens
@@ -560,27 +787,21 @@ class SchedulerService:
             if tokens:
                 state.charges[seq] = tokens
                 f.charges.append((state.engine_id, seq))
-        tokens = f.req.tokens.tolist()
-        self.ep.send(de_state.address, {
-            "t": "decode", "rid": f.rid, "att": f.att, "seq": seqs[de], "tokens": tokens,
-            "gen": f.req.gen, "cached": f.cached, "keys": f.keys, "pe_tokens": pe_tokens,
-            "pe": pe_state.address, "shaped": self.shaped})
-        self.ep.send(pe_state.address, {
-            "t": "prefill", "rid": f.rid, "att": f.att, "seq": seqs[pe], "tokens": tokens,
-            "cached": f.cached, "keys": f.keys[:pe_tokens // self.bt], "pe_tokens": pe_tokens,
-            "de": de_state.address, "layerwise": self.layerwise, "shaped": self.shaped})
+        prompt = tuple(f.req.tokens.tolist())
+        keys = tuple(f.keys)
+        self._send(de_state.address, Decode(
+            f.rid, f.att, seqs[de], prompt, f.req.gen, f.cached, keys, pe_tokens,
+            pe_state.address, self.shaped))
+        self._send(pe_state.address, Prefill(
+            f.rid, f.att, seqs[pe], prompt, f.cached, keys[:pe_tokens // self.bt], pe_tokens,
+            de_state.address, self.layerwise, self.shaped))
 
-    def _record(self, f: _Flight, side: str, pe_q: int, de_q: int,
+    def _record(self, f: _Flight, side: str, pe_q: int, de_q: int, pe_class: str,
                 inputs: dict[str, Any]) -> None:
-        entry = {
-            "at": time.time(), "policy": self.policy_name, "rid": f.rid, "attempt": f.att,
-            "agent": f.req.agent, "turn": f.req.turn, "length": len(f.req.tokens),
-            "cached": f.cached, "inputs": inputs, "pe": f.pe, "de_group": f.de_group,
-            "de": f.de, "side": side, "pe_tokens": f.pe_tokens,
-            "de_tokens": f.cached - f.pe_tokens, "pe_read_q": pe_q, "de_read_q": de_q,
-            "z": f.place.get("z", 0.0),
-        }
-        self.decisions.append(entry)
-        if self._log:
-            self._log.write(json.dumps(entry) + "\n")
-            self._log.flush()
+        self.log.record(
+            at=time.time(), rid=f.rid, attempt=f.att, agent=f.req.agent, turn=f.req.turn,
+            length=len(f.req.tokens), cached=f.cached, pe=f.pe, de=f.de,
+            de_group=f.de_group, side=side, pe_tokens=f.pe_tokens,
+            de_tokens=f.cached - f.pe_tokens, pe_read_q=pe_q, de_read_q=de_q,
+            pe_class=pe_class, de_class=f.place.get("de_class"), z=f.place.get("z"),
+            inputs=inputs)

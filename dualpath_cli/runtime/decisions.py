@@ -1,0 +1,102 @@
+"""The scheduler's decision log: a bounded ring of typed decisions plus counters kept apart.
+
+Why a ring: a launched cluster runs for days and the log used to be a list that grew with
+every turn (a leak in a daemon). The ring keeps the last ``size`` decisions, each numbered by
+a ``seq`` that only grows, so a reader polls ``since(last_seq)`` and notices a gap when it
+fell behind (the first returned ``seq`` is not ``last_seq + 1``). Counts by class and side
+are kept independently of the ring, so they cover every decision since start. Each decision
+may also be appended to a JSONL file (the ``decision_log`` option).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.view import Decision, DecisionCounts
+
+__all__ = ["PE_CLASSES", "DE_CLASSES", "SIDES", "DecisionLog"]
+
+PE_CLASSES: tuple[str, ...] = ("C1", "C2", "C3")
+DE_CLASSES: tuple[str, ...] = ("normal", "high_token")
+SIDES: tuple[str, ...] = ("pe", "de", "split")
+
+
+class DecisionLog:
+    """The last ``size`` decisions and counts of all of them.
+
+    Args:
+        size: how many decisions the ring keeps (>= 1).
+        registry: where ``dualpath_scheduler_decisions_total`` is counted.
+        path: a JSONL file every decision is appended to (``None``: memory only).
+    """
+
+    def __init__(self, size: int, registry: MetricsRegistry, path: Path | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"decision ring size must be >= 1, got {size}")
+        self.size = size
+        self._ring: collections.deque[Decision] = collections.deque(maxlen=size)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._total = 0
+        self._pe = dict.fromkeys(PE_CLASSES, 0)
+        self._de = dict.fromkeys(DE_CLASSES, 0)
+        self._side = dict.fromkeys(SIDES, 0)
+        self._registry = registry
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path else None
+
+    def record(self, **fields: Any) -> Decision:
+        """Number, keep and count one decision (``fields``: :class:`Decision` less ``seq``)."""
+        with self._lock:
+            self._seq += 1
+            d = Decision(seq=self._seq, **fields)
+            self._ring.append(d)
+            self._total += 1
+            for counts, key in ((self._pe, d.pe_class), (self._de, d.de_class),
+                                (self._side, d.side)):
+                if key is not None:
+                    counts[key] = counts.get(key, 0) + 1
+            if self._file is not None:
+                self._file.write(json.dumps(dataclasses.asdict(d)) + "\n")
+                self._file.flush()
+        self._registry.counter("dualpath_scheduler_decisions_total",
+                               pe_class=d.pe_class or "", de_class=d.de_class or "",
+                               side=d.side).inc()
+        return d
+
+    def since(self, seq: int) -> list[Decision]:
+        """Kept decisions with ``seq`` greater than ``seq``, oldest first."""
+        with self._lock:
+            if not self._ring:
+                return []
+            skip = max(0, seq + 1 - self._ring[0].seq)
+            return list(itertools.islice(self._ring, skip, None))
+
+    @property
+    def last_seq(self) -> int | None:
+        """The newest decision's ``seq`` (``None`` before the first)."""
+        with self._lock:
+            return self._seq or None
+
+    def counts(self) -> DecisionCounts:
+        """Counts of every decision since start, by class and side."""
+        with self._lock:
+            return DecisionCounts(self._total, dict(self._pe), dict(self._de),
+                                  dict(self._side))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ring)
+
+    def close(self) -> None:
+        """Close the JSONL file (the ring stays readable)."""
+        with self._lock:
+            f, self._file = self._file, None
+        if f is not None:
+            f.close()

@@ -1,0 +1,347 @@
+"""The wire protocol between the scheduler and the engines: every message kind, typed.
+
+Why one module: the scheduler, the engines and the PE/DE workers used to build and read
+terse header dicts in four places, so a renamed key failed silently. Each kind is a frozen
+record here; :func:`encode` is the only code that turns a record into a transfer header and
+:func:`decode` the only code that turns a header back into a record.
+
+On the wire a message is the transfer layer's ``(header, buffers)``: the header is a flat map
+of the record's fields plus ``"t"`` (the kind), which msgpack carries between processes; the
+KV of a :class:`Layer` travels as raw buffer frames beside it, never serialised, and comes
+back as the same (zero-copy) arrays in :attr:`Layer.frames`. Sequence fields are tuples in
+records; they are restored from msgpack's lists on decode.
+
+Kinds (direction):
+
+* engine -> scheduler: :class:`Hello`, :class:`QueueReport` (``rq``), :class:`Heartbeat`
+  (``hb``), :class:`Fetch`, :class:`First`, :class:`Done`, :class:`ReadFailed`;
+* scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
+  :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``);
+* engine -> engine: :class:`Layer`, :class:`PrefillDone`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dualpath_cli.errors import DualPathError
+from dualpath_cli.transfer.base import Endpoint
+
+__all__ = ["WireError", "Hello", "QueueReport", "Heartbeat", "Fetch", "First", "Done",
+           "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill", "SetQuota",
+           "Layer", "PrefillDone", "WireMessage", "KINDS", "TIERS", "encode", "decode", "send"]
+
+#: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
+TIERS: tuple[str, ...] = ("dram", "store", "peer")
+
+
+class WireError(DualPathError):
+    """A header that is not a message of this protocol (unknown kind, missing field)."""
+
+
+# -- engine -> scheduler ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """An engine is up and listening at ``addr``."""
+
+    KIND: ClassVar[str] = "hello"
+    eid: int
+    addr: str
+    role: str
+    node: int
+    group: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """The node loader's read queue in tokens (``rq``), sent whenever it changes.
+
+    ``n`` orders reports sent from several threads; ``seen`` is the last dispatch sequence
+    whose reads ``rq`` already counts (it retires the scheduler's pending charges).
+    """
+
+    KIND: ClassVar[str] = "rq"
+    eid: int
+    n: int
+    seen: int
+    rq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A periodic report: the queue report plus everything the read model shows of an engine.
+
+    Counters are totals since the engine started. ``layer_hits[l]`` is ``(dram, store, peer)``
+    Layer Blocks served for layer ``l``. ``metrics`` is the engine's whole
+    ``MetricsRegistry.snapshot()`` every ``metrics_s`` (``None`` in between).
+    """
+
+    KIND: ClassVar[str] = "hb"
+    eid: int
+    n: int
+    seen: int
+    rq: int
+    rq_bytes: int = 0
+    rq_blocks: int = 0
+    dram_cache_bytes: int = 0
+    uptime_s: float = 0.0
+    busy_s: float = 0.0
+    bubble_s: float = 0.0
+    load_wait_s: float = 0.0
+    snic_read_bytes: int = 0
+    snic_write_bytes: int = 0
+    cnic_tx_bytes: int = 0
+    kv_rx_from_pe_bytes: int = 0
+    kv_rx_from_de_bytes: int = 0
+    blocks_persisted: int = 0
+    corrupt_blocks: int = 0
+    batches: int = 0
+    batched_items: int = 0
+    chunks: int = 0
+    jobs: int = 0
+    quota_s: float = 0.0
+    hbm_capacity_blocks: int = 0
+    hbm_used_blocks: int = 0
+    hbm_largest_free_run: int = 0
+    hbm_fragmentation: float = 0.0
+    hbm_block_bytes: int = 0
+    layer_hits: tuple[tuple[int, ...], ...] = ()
+    metrics: dict[str, Any] | None = None
+
+    @property
+    def hbm_free_blocks(self) -> int:
+        """Free HBM blocks."""
+        return self.hbm_capacity_blocks - self.hbm_used_blocks
+
+    @property
+    def busy_fraction(self) -> float | None:
+        """Busy seconds over seconds up (``None`` before any time has passed)."""
+        return min(1.0, self.busy_s / self.uptime_s) if self.uptime_s > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """A group leader asks for work (pull-based scheduling, paper 6.1)."""
+
+    KIND: ClassVar[str] = "fetch"
+    eid: int
+    group: int
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """A PE computed the first token of attempt ``att`` of request ``rid`` at ``at``."""
+
+    KIND: ClassVar[str] = "first"
+    eid: int
+    rid: int
+    att: int
+    token: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A DE finished a request: every generated token and its timeline (monotonic s)."""
+
+    KIND: ClassVar[str] = "done"
+    eid: int
+    rid: int
+    att: int
+    tokens: tuple[int, ...]
+    rx_from_pe: int
+    at: float
+    second_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    """A read (or the HBM for it) failed; ``block`` is the first unusable block (-1: none)."""
+
+    KIND: ClassVar[str] = "read_failed"
+    eid: int
+    rid: int
+    att: int
+    block: int
+    why: str
+
+
+# -- scheduler -> engine ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Finish what is in hand and exit."""
+
+    KIND: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """Send a heartbeat with a fresh metrics snapshot now."""
+
+    KIND: ClassVar[str] = "metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Drop every trace of request ``rid`` (its other engine died or a read failed)."""
+
+    KIND: ClassVar[str] = "cancel"
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decode:
+    """Run attempt ``att`` of request ``rid`` on this DE.
+
+    The DE reads hit blocks ``[pe_tokens, cached)`` (``keys`` are every hit block) and
+    streams them to the PE at ``pe``; ``seq`` is the dispatch sequence the read is charged to.
+    """
+
+    KIND: ClassVar[str] = "decode"
+    rid: int
+    att: int
+    seq: int
+    tokens: tuple[int, ...]
+    gen: int
+    cached: int
+    keys: tuple[str, ...]
+    pe_tokens: int
+    pe: str
+    shaped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """Prefill attempt ``att`` of request ``rid`` on this PE, sending its KV to ``de``.
+
+    ``keys`` are the hit blocks this PE reads (the first ``pe_tokens``).
+    """
+
+    KIND: ClassVar[str] = "prefill"
+    rid: int
+    att: int
+    seq: int
+    tokens: tuple[int, ...]
+    cached: int
+    keys: tuple[str, ...]
+    pe_tokens: int
+    de: str
+    layerwise: bool
+    shaped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetQuota:
+    """Use ``quota_s`` seconds of predicted compute per prefill batch from now on."""
+
+    KIND: ClassVar[str] = "quota"
+    quota_s: float
+
+
+# -- engine -> engine -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """KV rows of one layer of request ``rid``, carried as raw frames.
+
+    PE -> DE: ``frames`` are ``(pe_read_hit_rows, new_rows)`` and ``start`` is the first new
+    token. DE -> PE (DE read path): ``frames`` are ``(hit_rows,)`` and ``start`` is unused.
+    """
+
+    KIND: ClassVar[str] = "layer"
+    rid: int
+    att: int
+    layer: int
+    start: int = 0
+    frames: tuple[np.ndarray, ...] = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """The PE sent every layer of the request; ``token`` is the first generated token."""
+
+    KIND: ClassVar[str] = "prefill_done"
+    rid: int
+    att: int
+    token: int
+
+
+WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
+               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone)
+
+_CLASSES: tuple[type[Any], ...] = (Hello, QueueReport, Heartbeat, Fetch, First, Done,
+                                   ReadFailed, Stop, MetricsRequest, Cancel, Decode, Prefill,
+                                   SetQuota, Layer, PrefillDone)
+
+#: kind -> record class
+KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
+
+
+@dataclass(frozen=True, slots=True)
+class _Codec:
+    cls: type[Any]
+    names: tuple[str, ...]  # header fields, in declaration order
+    required: frozenset[str]
+    tuples: tuple[str, ...]  # fields that are tuples in the record (lists after msgpack)
+
+
+def _codec(cls: type[Any]) -> _Codec:
+    fields = [f for f in dataclasses.fields(cls) if f.name != "frames"]
+    required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+    tuples = tuple(f.name for f in fields if str(f.type).startswith("tuple"))
+    return _Codec(cls, tuple(f.name for f in fields), required, tuples)
+
+
+_CODECS: dict[str, _Codec] = {kind: _codec(cls) for kind, cls in KINDS.items()}
+
+
+def _tupled(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_tupled(v) for v in value)
+    return value
+
+
+def encode(msg: WireMessage) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The transfer header and buffer frames of ``msg`` (frames only for :class:`Layer`)."""
+    codec = _CODECS[msg.KIND]
+    header: dict[str, Any] = {"t": msg.KIND}
+    for name in codec.names:
+        header[name] = getattr(msg, name)
+    return header, list(msg.frames) if isinstance(msg, Layer) else []
+
+
+def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> WireMessage:
+    """The record a received ``header`` (and its frames) carries.
+
+    Raises:
+        WireError: the header names no known kind or lacks a required field.
+    """
+    kind = header.get("t")
+    codec = _CODECS.get(kind) if isinstance(kind, str) else None
+    if codec is None:
+        raise WireError(f"wire: unknown message kind {kind!r}; expected one of "
+                        f"{', '.join(KINDS)}")
+    missing = codec.required.difference(header)
+    if missing:
+        raise WireError(f"wire: {kind} message lacks {', '.join(sorted(missing))}")
+    values = {name: header[name] for name in codec.names if name in header}
+    for name in codec.tuples:
+        if name in values:
+            values[name] = _tupled(values[name])
+    if codec.cls is Layer:
+        values["frames"] = tuple(buffers)
+    msg: WireMessage = codec.cls(**values)
+    return msg
+
+
+def send(endpoint: Endpoint, to: str, msg: WireMessage) -> None:
+    """Encode ``msg`` and send it from ``endpoint`` to the address ``to``."""
+    header, frames = encode(msg)
+    endpoint.send(to, header, frames)
