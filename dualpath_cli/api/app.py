@@ -182,18 +182,23 @@ def _metrics_text(live: LiveCluster, gpu: GpuBackend) -> str:
                              host=host_facts(), gpu=gpu.report())
 
 
-def _routes(live: LiveCluster, auth: TokenAuth, gpu: GpuBackend
-            ) -> tuple[APIRouter, Any]:
-    """The API's routes and the dependency that checks the token."""
-    bearer = HTTPBearer(auto_error=False, description="The token in the launch's token file.")
+_BEARER = HTTPBearer(auto_error=False, description="The token in the launch's token file.")
 
-    def require_token(request: Request,
-                      _creds: Annotated[HTTPAuthorizationCredentials | None,
-                                        Depends(bearer)]) -> str:
-        """The caller's token id, or 401/403 (raised as AuthError, mapped by the app)."""
-        auth.check_header(request.headers.get("authorization"))
-        return auth.token_id
 
+def require_token(request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None,
+                                                      Depends(_BEARER)]) -> str:
+    """The caller's token id, or 401/403 (raised as AuthError, mapped by the app).
+
+    ``_creds`` only declares the bearer scheme in the OpenAPI document; the header is checked
+    by the app's :class:`TokenAuth` (constant time).
+    """
+    auth: TokenAuth = request.app.state.auth
+    auth.check_header(request.headers.get("authorization"))
+    return auth.token_id
+
+
+def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
+    """The API's routes."""
     r = APIRouter()
 
     @r.get("/healthz", response_model=Health, tags=["health"])
@@ -265,7 +270,7 @@ def _routes(live: LiveCluster, auth: TokenAuth, gpu: GpuBackend
         """Every metric of the one metrics table, for Prometheus."""
         return Response(_metrics_text(live, gpu), media_type=CONTENT_TYPE)
 
-    return r, require_token
+    return r
 
 
 def _optional_module(name: str) -> Any:
@@ -290,12 +295,13 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
         gpu: GPU facts for ``/metrics`` (default: NVML when present, else "not available").
     """
     backend = gpu if gpu is not None else detect_gpu_backend()
-    router, require_token = _routes(live, auth, backend)
+    router = _routes(live, backend)
     deps = [Depends(require_token)] if allow_remote else []
     app = FastAPI(title="dualpath", version=__version__, dependencies=deps,
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
     app.state.live = live
+    app.state.auth = auth
     app.state.started = time.time()
     app.include_router(router)
     openai = _optional_module("dualpath_cli.api.openai_routes")
@@ -318,9 +324,10 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
 
     @app.exception_handler(DualPathError)
     async def _ours(_request: Request, err: DualPathError) -> JSONResponse:
-        if isinstance(err, Draining):
-            code = 503
-        elif isinstance(err, (UsageError, ValueError)):
+        if isinstance(err, Draining):  # retryable: elsewhere, or here after a restart
+            return JSONResponse({"detail": _one_line(str(err))}, 503,
+                                headers={"Retry-After": str(err.retry_after_s)})
+        if isinstance(err, (UsageError, ValueError)):
             code = 422
         else:
             code = 500
