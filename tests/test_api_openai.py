@@ -1,0 +1,237 @@
+"""OpenAI-compatible serving, end to end: the official ``openai`` client against a real
+uvicorn server on loopback over a live 1P2D cluster (engine processes, PosixStore)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai_server import Served, serve
+
+from dualpath_cli.api.openai_routes import ChatMessage, render_chat
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.services.live import LiveCluster
+
+BT = 8
+MODEL = "tiny"
+
+
+def _opts(**kw: Any) -> RuntimeOptions:
+    return RuntimeOptions(block_tokens=BT, flops_rate=5e9, fetch_s=0.005, **kw)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    store = tmp_path_factory.mktemp("store")
+    live = LiveCluster(_opts(processes=True, store_dir=store))
+    live.start()
+    try:
+        with serve(live) as s:
+            yield s
+    finally:
+        live.close()
+
+
+def _client(s: Served, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused-on-loopback", **kw)
+
+
+def _in_process(prompts: list[list[int]], gens: list[int]) -> list[list[int]]:
+    """The same prompts as one agent's turns, run in-process through RuntimeSystem."""
+    with RuntimeSystem(_opts()) as system:
+        return [system.submit(TurnRequest(0, i, np.asarray(p), g)).wait(60).tokens
+                for i, (p, g) in enumerate(zip(prompts, gens, strict=True))]
+
+
+def _layer_hits(live: LiveCluster) -> int:
+    """Layer blocks the engines got from a cache tier (dram, store, peer), summed."""
+    snap = live.system.metrics(fresh=True)
+    return int(sum(row["value"] for e in snap.values()
+                   for row in e["metrics"].get("dualpath_layer_cache_hits_total", [])))
+
+
+def test_three_turn_chat_hits_the_cache_and_matches_in_process(served: Served) -> None:
+    client = _client(served)
+    hits0 = _layer_hits(served.live)
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": "You are agent 7 of a chat test; reply tersely."},
+        {"role": "user", "content": "List the files in the repository and read README."}]
+    prompts: list[list[int]] = []
+    outputs: list[list[int]] = []
+    cached: list[int] = []
+    for turn in range(3):
+        r = client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore
+                                           max_tokens=6, temperature=0, user="chat-agent-7",
+                                           extra_body={"return_token_ids": True})
+        choice = r.choices[0]
+        extra = choice.model_extra or {}
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        prompts.append(extra["prompt_token_ids"])
+        outputs.append(extra["token_ids"])
+        cached.append(r.usage.prompt_tokens_details.cached_tokens or 0)
+        assert r.usage.completion_tokens == 6 and choice.finish_reason == "length"
+        assert r.usage.prompt_tokens == len(prompts[-1])
+        assert choice.message.content == ByteTokenizer().decode(outputs[-1])
+        messages += [{"role": "assistant", "content": choice.message.content or ""},
+                     {"role": "user", "content": f"Now run the tests, step {turn}."}]
+    first = [ChatMessage.model_validate(m) for m in messages[:2]]
+    assert prompts[0] == ByteTokenizer().encode(render_chat(first))
+    assert cached[0] == 0
+    for n in (1, 2):  # the template is append-only: turn n extends turn n-1's prompt
+        assert prompts[n][:len(prompts[n - 1])] == prompts[n - 1]
+        assert cached[n] >= len(prompts[n - 1]) // BT * BT > 0
+    assert _layer_hits(served.live) > hits0  # the cache-hit metrics moved
+    assert outputs == _in_process(prompts, [6, 6, 6])
+
+
+def test_token_id_turns_of_a_session_extend_one_prefix_chain(served: Served) -> None:
+    client = _client(served)
+    rng = np.random.default_rng(3)
+    context: list[int] = []
+    prompts, outputs, cached = [], [], []
+    for turn in range(3):
+        prompt = context + rng.integers(0, 256, 40 if turn == 0 else 12).tolist()
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5,
+                                      extra_headers={"X-Session-Id": "ids-agent"},
+                                      extra_body={"return_token_ids": True})
+        ids = (r.choices[0].model_extra or {})["token_ids"]
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        prompts.append(prompt)
+        outputs.append(ids)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        context = prompt + ids
+    assert cached[0] == 0
+    for n in (1, 2):  # the whole previous prompt plus all but the last output token hit
+        assert cached[n] == (len(prompts[n - 1]) + 5 - 1) // BT * BT
+    assert outputs == _in_process(prompts, [5, 5, 5])
+
+
+def test_streaming_chunks_concatenate_to_the_plain_text(served: Served) -> None:
+    client = _client(served)
+    prompt = "The quick brown fox jumps over the lazy dog; stream this."
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=7)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=7,
+                                            stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == plain.choices[0].text and len(text) > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 7
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens // BT * BT  # type: ignore[union-attr]
+
+    msgs = [{"role": "user", "content": "Stream a chat reply, please."}]
+    reply = client.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore
+                                           max_tokens=5)
+    stream = client.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore
+                                            max_tokens=5, stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == reply.choices[0].message.content
+
+
+def test_stream_is_server_sent_events_ending_with_done(served: Served) -> None:
+    body = {"model": MODEL, "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "max_tokens": 3,
+            "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    first = json.loads(events[0][6:])
+    assert first["object"] == "text_completion" and first["choices"][0]["text"] == ""
+
+
+def test_concurrent_requests_are_all_served(served: Served) -> None:
+    """Eight clients at once (the waits run off the event loop); each gets its own turn."""
+    client = _client(served)
+    prompts = [[(7 * k + i) % 256 for i in range(24)] for k in range(8)]
+    got: dict[int, list[int]] = {}
+
+    def one(k: int) -> None:
+        r = client.completions.create(model=MODEL, prompt=prompts[k], max_tokens=4,
+                                      user=f"conc-{k}", extra_body={"return_token_ids": True})
+        got[k] = (r.choices[0].model_extra or {})["token_ids"]
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(got) == list(range(8))
+    with RuntimeSystem(_opts()) as system:
+        want = {k: system.submit(TurnRequest(k, 0, np.asarray(p), 4)).wait(60).tokens
+                for k, p in enumerate(prompts)}
+    assert got == want
+
+
+@pytest.mark.parametrize(("kw", "status", "words"), [
+    ({"temperature": 0.7}, 422, "temperature 0.7 is not supported"),
+    ({"max_tokens": 100_000}, 400, "above this server's limit"),
+    ({"prompt": ""}, 422, "prompt is empty"),
+    ({"prompt": []}, 422, "prompt is empty"),
+    ({"model": "gpt-4o"}, 404, "'gpt-4o' is not served"),
+    ({"n": 2}, 422, "one choice per request"),
+    ({"prompt": ["a", "b"]}, 422, "one prompt per request"),
+    ({"prompt": [1, 2, 999]}, 400, "token id 999 is outside the vocabulary"),
+    ({"stop": ["\n"]}, 422, "stop sequences are not supported"),
+])
+def test_bad_requests_get_a_4xx_with_the_reason(served: Served, kw: dict[str, Any],
+                                                status: int, words: str) -> None:
+    client = _client(served, max_retries=0)
+    args: dict[str, Any] = {"model": MODEL, "prompt": "hello", "max_tokens": 2} | kw
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(**args)
+    err = info.value
+    assert err.status_code == status
+    assert isinstance(err.body, dict) and words in err.body["message"]
+    assert err.body["type"] == "invalid_request_error"
+
+
+def test_bad_chat_and_malformed_bodies(served: Served) -> None:
+    client = _client(served, max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+        client.chat.completions.create(model=MODEL, temperature=1.0,  # type: ignore
+                                       messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model=MODEL, messages=[])
+    r = httpx.post(f"{served.url}/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "error" in r.json()
+    r = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                          "frobnicate": 1})
+    assert r.status_code == 422 and "frobnicate" in r.json()["error"]["message"]
+
+
+def test_models_lists_the_one_served_model(served: Served) -> None:
+    client = _client(served)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        _client(served, max_retries=0).models.retrieve("gpt-4o")
+
+
+def test_a_draining_cluster_answers_503_with_retry_after(tmp_path: Path) -> None:
+    live = LiveCluster(_opts())
+    live.start()
+    with serve(live) as s:
+        live.drain(timeout=5)
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "x"})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+        assert r.json()["error"]["code"] == "draining"
+        with pytest.raises(openai.InternalServerError) as info:
+            _client(s, max_retries=0).completions.create(model=MODEL, prompt="x",
+                                                          max_tokens=1)
+        assert info.value.status_code == 503
