@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -180,3 +182,23 @@ def test_bad_changes_are_refused_with_the_reason(change: SchedulerChange, reason
         assert system.view().scheduler.thresholds.source["alpha"] == "config"
     finally:
         system.close()
+
+
+def test_view_of_engine_processes(tmp_path: Path) -> None:
+    """Heartbeats cross ZeroMQ (msgpack): the view is the same shape, with real pids."""
+    opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
+                          store_dir=tmp_path / "store")
+    with RuntimeSystem(opts) as system:
+        result = run_agents(system, AGENTS[:1], timeout=60)
+        view = _fresh_view(system)
+        pids = {eid: system.cluster.pid(eid) for eid in system.engine_ids("prefill")
+                + system.engine_ids("decode")}  # type: ignore[union-attr]
+    assert not result.errors
+    assert view.state == "ready"
+    for e in view.engines:
+        assert e.state == "ready" and e.pid == pids[e.engine_id] != os.getpid()
+        assert e.hbm_free_bytes is not None and e.gpu_utilization is not None
+    pe = view.engine(system.engine_ids("prefill")[0])
+    assert len(pe.layers) == system.shape.n_layers
+    assert sum(h.store + h.peer for h in pe.layers) > 0
+    assert view.scheduler.decisions.total == AGENTS[0].num_turns

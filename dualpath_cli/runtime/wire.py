@@ -289,23 +289,20 @@ class _Codec:
     names: tuple[str, ...]  # header fields, in declaration order
     required: frozenset[str]
     tuples: tuple[str, ...]  # fields that are tuples in the record (lists after msgpack)
+    nested: tuple[str, ...]  # fields that are tuples of tuples
 
 
 def _codec(cls: type[Any]) -> _Codec:
     fields = [f for f in dataclasses.fields(cls) if f.name != "frames"]
     required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)
-    tuples = tuple(f.name for f in fields if str(f.type).startswith("tuple"))
-    return _Codec(cls, tuple(f.name for f in fields), required, tuples)
+    tuples = tuple(f.name for f in fields if str(f.type).startswith("tuple["))
+    nested = tuple(f.name for f in fields if str(f.type).startswith("tuple[tuple["))
+    return _Codec(cls, tuple(f.name for f in fields), required,
+                  tuple(n for n in tuples if n not in nested), nested)
 
 
 _CODECS: dict[str, _Codec] = {kind: _codec(cls) for kind, cls in KINDS.items()}
-
-
-def _tupled(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(_tupled(v) for v in value)
-    return value
 
 
 def encode(msg: WireMessage) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -332,9 +329,12 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
     if missing:
         raise WireError(f"wire: {kind} message lacks {', '.join(sorted(missing))}")
     values = {name: header[name] for name in codec.names if name in header}
-    for name in codec.tuples:
+    for name in codec.tuples:  # tuple() of a tuple is the same object: free in process
         if name in values:
-            values[name] = _tupled(values[name])
+            values[name] = tuple(values[name])
+    for name in codec.nested:
+        if name in values:
+            values[name] = tuple(map(tuple, values[name]))
     if codec.cls is Layer:
         values["frames"] = tuple(buffers)
     msg: WireMessage = codec.cls(**values)
