@@ -1,4 +1,4 @@
-"""Prometheus exposition: table-driven, merged correctly, "not available" left out, promtool-clean."""
+"""Prometheus exposition: from the table, merged right, "not available" left out, promtool-clean."""
 
 from __future__ import annotations
 
