@@ -81,6 +81,7 @@ def test_view_of_a_running_system() -> None:
     assert len(pe.layers) == n_layers
     assert all(h.store > 0 and h.peer > 0 for h in pe.layers)  # PE reads and DE streams
     assert sum(h.dram for h in pe.layers) == 0  # no DRAM cache configured
+    assert all(h.slack_s is not None and abs(h.slack_s) < 60 for h in pe.layers)
     des = [view.engine(i) for i in system.engine_ids("decode")]
     assert sum(e.nic_bytes["snic_write"] for e in des) > 0  # DEs persist blocks
     for node in view.nodes:

@@ -39,7 +39,7 @@ SAMPLES: list[WireMessage] = [
               kv_rx_from_pe_bytes=7, chunks=2, jobs=1, quota_s=0.3,
               hbm_capacity_blocks=64, hbm_used_blocks=16, hbm_largest_free_run=40,
               hbm_fragmentation=0.2, hbm_block_bytes=1024,
-              layer_hits=((0, 4, 2), (1, 4, 2)),
+              layer_hits=((0, 4, 2), (1, 4, 2)), layer_slack_s=(0.002, None),
               metrics={"dualpath_hbm_usage_bytes": [{"labels": {"engine": "3"}, "value": 1.0}]}),
     Fetch(0, 0, "prefill"),
     First(0, 9, 1, 77, 12.5),

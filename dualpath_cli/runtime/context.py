@@ -175,6 +175,7 @@ class EngineContext:
         self._report_lock = threading.Lock()
         self._report_n = 0
         self._hits = [[0] * len(TIERS) for _ in range(model.n_layers)]  # [layer][tier]
+        self._slack: list[float | None] = [None] * model.n_layers  # last prefill's, per layer
         self._tier = {tier: i for i, tier in enumerate(TIERS)}
         self._bind_metrics()
         self._out: queue.Queue[tuple[str, Layer | PrefillDone, bool] | None] = queue.Queue()
@@ -207,6 +208,11 @@ class EngineContext:
             with self.counters.lock:
                 self._hits[layer][self._tier[tier]] += blocks
 
+    def layer_slack(self, layer: int, seconds: float) -> None:
+        """Load-ahead slack of ``layer`` in the last prefill that read a cached prefix:
+        seconds its KV was ready before compute wanted it (negative: compute waited)."""
+        self._slack[layer] = seconds
+
     def refresh_gauges(self) -> None:
         """Update the sampled gauges (HBM, GPU utilisation) before a snapshot."""
         st = self.hbm.stats()
@@ -232,6 +238,7 @@ class EngineContext:
         counters = self.counters.snapshot()
         with self.counters.lock:
             hits = tuple(tuple(row) for row in self._hits)
+        slack = tuple(self._slack)
         metrics = None
         if with_metrics:
             self.refresh_gauges()
@@ -244,6 +251,7 @@ class EngineContext:
             "hbm_used_blocks": st.used_blocks, "hbm_largest_free_run": st.largest_free_run,
             "hbm_fragmentation": st.fragmentation,
             "hbm_block_bytes": self.n_layers * self.bt * self.bpl, "layer_hits": hits,
+            "layer_slack_s": slack,
             "metrics": metrics}
         self._report(facts)
 

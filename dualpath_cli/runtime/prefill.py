@@ -70,6 +70,7 @@ class PrefillJob:
     hit: dict[int, np.ndarray] = field(default_factory=dict)  # DE path layer rows
     ready: list[threading.Event] = field(default_factory=list)
     parts: list[int] = field(default_factory=list)  # parts each layer still waits for
+    ready_at: dict[int, float] = field(default_factory=dict)  # layer -> when it became ready
     started: bool = False  # HBM allocated, H2D running
     h2d_running: bool = False
     cancelled: bool = False
@@ -85,6 +86,7 @@ class PrefillJob:
         with self.lock:
             self.parts[layer] -= 1
             if self.parts[layer] <= 0:
+                self.ready_at[layer] = time.monotonic()
                 self.ready[layer].set()
 
     def release(self) -> None:
@@ -147,6 +149,7 @@ class PrefillWorker:
             for layer in range(self.ctx.n_layers):
                 job.parts[layer] += sources
                 if job.parts[layer] <= 0:
+                    job.ready_at.setdefault(layer, time.monotonic())
                     job.ready[layer].set()
                 else:
                     job.ready[layer].clear()
@@ -303,6 +306,9 @@ class PrefillWorker:
                     waited = time.monotonic() - t0
                     bubble += waited
                     ctx.m_bubble[layer].inc(waited)
+                    ready_at = job.ready_at.get(layer)
+                    if job.cached and ready_at is not None:  # negative: a bubble
+                        ctx.layer_slack(layer, t0 - ready_at)
                     rows = job.hit.pop(layer, None)
                     if job.de_tokens and rows is not None:
                         ctx.hbm_write(job.rid, layer, job.pe_tokens, rows)

@@ -52,7 +52,9 @@ def nic_bytes(hb: Heartbeat) -> dict[str, int]:
 def _layers(hb: Heartbeat) -> tuple[LayerHits, ...]:
     if not any(any(row) for row in hb.layer_hits):
         return ()
-    return tuple(LayerHits(layer, row[_DRAM], row[_STORE], row[_PEER])
+    slack = hb.layer_slack_s
+    return tuple(LayerHits(layer, row[_DRAM], row[_STORE], row[_PEER],
+                           na(slack[layer]) if layer < len(slack) else None)
                  for layer, row in enumerate(hb.layer_hits))
 
 

@@ -78,7 +78,9 @@ class Heartbeat:
     """A periodic report: the queue report plus everything the read model shows of an engine.
 
     Counters are totals since the engine started. ``layer_hits[l]`` is ``(dram, store, peer)``
-    Layer Blocks served for layer ``l``. ``metrics`` is the engine's whole
+    Layer Blocks served for layer ``l``; ``layer_slack_s[l]`` the load-ahead slack of layer
+    ``l`` in the PE's last prefill of a cached prefix (negative: a bubble; ``None``: none
+    yet, and always on a DE). ``metrics`` is the engine's whole
     ``MetricsRegistry.snapshot()`` every ``metrics_s`` (``None`` in between).
     """
 
@@ -112,6 +114,7 @@ class Heartbeat:
     hbm_fragmentation: float = 0.0
     hbm_block_bytes: int = 0
     layer_hits: tuple[tuple[int, ...], ...] = ()
+    layer_slack_s: tuple[float | None, ...] = ()
     metrics: dict[str, Any] | None = None
 
     @property
