@@ -1,10 +1,12 @@
 """One engine (an emulated GPU): its mailbox loop, heartbeats and group fetches.
 
 The same :func:`run_engine` body runs in a child process (local cluster, ZeroMQ) or in a
-thread (in-process fake cluster, queue fabric). Every ``heartbeat_s`` it reports to the
-scheduler: counters, HBM free tokens and fragmentation, the node loader's read queue in
-tokens (``rq``) with the last dispatch it has submitted (``seen``), and every ``metrics_s``
-the engine's whole metrics snapshot. Every message is a typed record of
+thread (in-process fake cluster, queue fabric). Every ``heartbeat_s`` it sends a
+:class:`~dualpath_cli.runtime.wire.Heartbeat`: counters, HBM use (largest free run,
+fragmentation), per-layer hits by tier, NIC bytes, busy time, the quota in force, the node
+loader's read queue in tokens (``rq``) with the last dispatch it has submitted (``seen``),
+and every ``metrics_s`` the engine's whole metrics snapshot. A ``quota`` message changes the
+PE's compute quota while it runs. Every message is a typed record of
 :mod:`~dualpath_cli.runtime.wire`. A group leader also sends a ``fetch`` every ``fetch_s``
 (the paper's pull-based scheduling, section 6.1).
 """
