@@ -11,6 +11,7 @@ import numpy as np
 from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
 from dualpath_cli.storage import PosixStore, StorageLoader, encode_block
 from dualpath_cli.storage.header import file_nbytes
+from dualpath_cli.storage.reads import PageCacheReads
 
 BIG = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=8192)  # 256 KiB payload
 
@@ -32,8 +33,17 @@ def hinted_store(root: Path) -> PosixStore:
     """A page-cache store that already knows its usual block size (as after its first read),
     so even the first batch takes the native path."""
     store = PosixStore(root, engine="preadv")
-    store._size_hint = file_nbytes(BIG.full_nbytes)
+    reads = store.read_path()
+    assert isinstance(reads, PageCacheReads)
+    reads.size_hint = file_nbytes(BIG.full_nbytes)
     return store
+
+
+def page_cache(store: PosixStore) -> PageCacheReads:
+    """The store's page-cache read path (where the split and pipelined reads live)."""
+    reads = store.read_path()
+    assert isinstance(reads, PageCacheReads)
+    return reads
 
 
 def assert_loads_identical(loader: StorageLoader, keys: list, blocks: dict,

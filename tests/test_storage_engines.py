@@ -30,6 +30,8 @@ from dualpath_cli.storage.header import (
     payload_checksum,
     unpack_header,
 )
+from dualpath_cli.storage.reads import UringReads
+from dualpath_cli.storage.store import BoundedReads
 from dualpath_cli.telemetry import MetricsRegistry
 
 SHAPE = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=2048)  # 64 KiB payload
@@ -79,7 +81,7 @@ def test_header_decoding_is_memoised_but_exact() -> None:
 def test_pipelined_batches_read_verify_and_quarantine(tmp_path: Path, direct: bool,
                                                       in_flight: int | None) -> None:
     store, keys, blocks = filled(tmp_path, 9, engine="io_uring", direct=direct)
-    assert store.pipelined_reads
+    assert isinstance(store.read_path(), BoundedReads)
     with open(store.path(keys[4]), "r+b") as fh:  # flip a payload byte of block 4
         fh.seek(HEADER_SIZE + 7)
         byte = fh.read(1)
@@ -155,14 +157,16 @@ def test_loader_on_a_pipelined_store_bounds_reads_in_flight(tmp_path: Path,
     store, keys, blocks = filled(tmp_path, 40, engine="io_uring")
     seen: list[int] = []
     sizes: list[int] = []
-    original = store.read_batch
+    reads = store.read_path()
+    assert isinstance(reads, UringReads)
+    original = reads.read_batch_bounded
 
-    def record(ops: list[ReadOp], pool: BufferPool, max_in_flight: int | None = None) -> None:
-        seen.append(max_in_flight or 0)
+    def record(ops: list[ReadOp], pool: BufferPool, max_in_flight: int) -> None:
+        seen.append(max_in_flight)
         sizes.append(len(ops))
         original(ops, pool, max_in_flight)
 
-    store.read_batch = record  # type: ignore[method-assign]
+    reads.read_batch_bounded = record  # type: ignore[method-assign]
     with StorageLoader(store, max_inflight=max_inflight, block_nbytes=SHAPE.full_nbytes,
                        registry=MetricsRegistry()) as loader:
         assert loader._pipelined

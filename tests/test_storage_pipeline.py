@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_blocks import BIG, assert_loads_identical, hinted_store, put_blocks
+from storage_blocks import BIG, assert_loads_identical, hinted_store, page_cache, put_blocks
 
 from dualpath_cli.storage import BufferPool, PosixStore, ReadOp, StorageLoader
 from dualpath_cli.storage.header import HEADER_SIZE, file_nbytes, payload_checksum
 from dualpath_cli.storage.native import NativePipeline, native_reader, native_status
-from dualpath_cli.storage.posix import PipedBatch
+from dualpath_cli.storage.reads import PipedBatch
 from dualpath_cli.telemetry import MetricsRegistry
 
 
@@ -38,13 +38,14 @@ def piped_loader(store: PosixStore, monkeypatch: pytest.MonkeyPatch,
 def spy_submits(store: PosixStore) -> list[int]:
     """Count pipelined submissions (an instance attribute shadows the method)."""
     calls: list[int] = []
-    real = store.read_batch_submit
+    path = page_cache(store)
+    real = path.read_batch_submit
 
     def submit(ops: list[ReadOp], pool: BufferPool, pipe: NativePipeline) -> PipedBatch:
         calls.append(len(ops))
         return real(ops, pool, pipe)
 
-    store.read_batch_submit = submit  # type: ignore[method-assign]
+    path.read_batch_submit = submit  # type: ignore[method-assign]
     return calls
 
 
@@ -124,13 +125,14 @@ def test_loader_on_the_pipeline_delivers_identical_blocks(tmp_path: Path,
     calls = spy_submits(store)
     seen: list[int] = []
     with piped_loader(store, monkeypatch) as loader:
-        real = store.read_batch_collect
+        path = page_cache(store)
+        real = path.read_batch_collect
 
         def collect(batch: PipedBatch, pipe: NativePipeline) -> None:
             seen.append(loader.read_queue.in_flight)
             real(batch, pipe)
 
-        store.read_batch_collect = collect  # type: ignore[method-assign]
+        path.read_batch_collect = collect  # type: ignore[method-assign]
         assert_loads_identical(loader, keys, blocks, rounds=3)
     assert sum(calls) >= 3 * len(keys) - 1 and len(calls) >= 3
     assert seen and max(seen) <= 1  # one read at a time, however many batches are queued
@@ -169,7 +171,8 @@ def test_a_store_failure_on_the_pipeline_is_misses_then_recovers(
     store = hinted_store(tmp_path)
     blocks = put_blocks(store, BIG, 40, 6)  # 10 MiB: batches of 8 MiB (32 blocks) and 8 blocks
     keys = list(blocks)
-    real = store.read_batch_submit
+    path = page_cache(store)
+    real = path.read_batch_submit
     count = [0]
     lock = threading.Lock()
 
@@ -181,7 +184,7 @@ def test_a_store_failure_on_the_pipeline_is_misses_then_recovers(
             raise OSError("simulated store failure")
         return real(ops, pool, pipe)
 
-    store.read_batch_submit = failing  # type: ignore[method-assign]
+    path.read_batch_submit = failing  # type: ignore[method-assign]
     with piped_loader(store, monkeypatch) as loader:
         result = loader.load(keys, timeout=30)
         assert result.misses == 8 and result.corrupt == 0 and result.store_hits == 32

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_blocks import BIG, assert_loads_identical, hinted_store, put_blocks
+from storage_blocks import BIG, assert_loads_identical, hinted_store, page_cache, put_blocks
 
 from dualpath_cli.core.layout import BlockShape
 from dualpath_cli.storage import (
@@ -18,11 +18,12 @@ from dualpath_cli.storage import (
     ReadOp,
     StorageLoader,
     engines,
-    posix,
+    reads,
 )
 from dualpath_cli.storage.engines import OFFLOAD_MIN_BYTES, ChecksumHelper
 from dualpath_cli.storage.header import HEADER_SIZE, file_nbytes
 from dualpath_cli.storage.native import native_reader, native_status
+from dualpath_cli.storage.store import SplitReads
 from dualpath_cli.telemetry import MetricsRegistry
 
 SMALL = BlockShape(n_layers=1, block_tokens=16, bytes_per_token_layer=256)  # 4 KiB payload
@@ -39,9 +40,9 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         if native is None or (request.param == "pipeline" and not native.hashes):
             pytest.skip(f"native read path unavailable: {native_status()}")
         if request.param == "native":
-            monkeypatch.setattr(PosixStore, "read_pipeline", lambda self: None)
+            monkeypatch.setattr(reads.PageCacheReads, "read_pipeline", lambda self: None)
     else:
-        monkeypatch.setattr(posix, "native_reader", lambda: None)
+        monkeypatch.setattr(reads, "native_reader", lambda: None)
         monkeypatch.setattr(engines, "native_reader", lambda: None)
     return str(request.param)
 
@@ -66,7 +67,7 @@ def corrupt_payload(store: PosixStore, key: object) -> None:
 
 def test_mixed_sizes_read_whole_whatever_the_last_size(tmp_path: Path) -> None:
     store = hinted_store(tmp_path)
-    assert store.sync_reads
+    assert isinstance(store.read_path(), SplitReads)
     blocks = {**put_blocks(store, SMALL, 3, 1), **put_blocks(store, BIG, 3, 2)}
     keys = list(blocks)
     pool = BufferPool()
@@ -96,7 +97,7 @@ def test_short_reads_are_finished_not_called_truncated(tmp_path: Path, read_path
             return real(fd, [first[:5000]], offset)
         return real(fd, [first], offset)
 
-    monkeypatch.setattr(posix.os, "preadv", split)
+    monkeypatch.setattr(reads.os, "preadv", split)
     ops = read(store, list(blocks), BufferPool())
     assert all(same(op, blocks[op.key]) for op in ops)
     assert store.quarantined() == []
@@ -234,13 +235,14 @@ def test_overlapped_reads_in_flight_stay_bounded(tmp_path: Path, read_path: str,
     keys = list(blocks)
     seen: list[int] = []
     with overlapped(store, monkeypatch) as loader:
-        original = store.read_batch_start
+        path = page_cache(store)
+        original = path.read_batch_start
 
         def record(ops: list[ReadOp], pool: BufferPool, helper: ChecksumHelper) -> list:
             seen.append(loader.read_queue.in_flight)
             return original(ops, pool, helper)
 
-        store.read_batch_start = record  # type: ignore[method-assign]
+        path.read_batch_start = record  # type: ignore[method-assign]
         result = loader.load(keys, timeout=30)
         assert result.store_hits == 24
         result.release()
@@ -259,7 +261,8 @@ def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path, rea
     blocks = put_blocks(store, BIG, 40, 11)  # batches of 16 blocks (4 MiB): 16, 16, 8
     keys = list(blocks)
     with overlapped(store, monkeypatch) as loader:
-        original = store.read_batch_start
+        path = page_cache(store)
+        original = path.read_batch_start
         calls = [0]
         lock = threading.Lock()
 
@@ -272,7 +275,7 @@ def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path, rea
                 raise OSError("simulated store failure")
             return out
 
-        store.read_batch_start = failing  # type: ignore[method-assign]
+        path.read_batch_start = failing  # type: ignore[method-assign]
         result = loader.load(keys, timeout=30)
         assert result.misses == 16 and result.corrupt == 0
         for key, block in zip(keys, result.blocks, strict=True):

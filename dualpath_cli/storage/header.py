@@ -38,6 +38,7 @@ __all__ = [
     "verify_payload",
     "claimed_file_nbytes",
     "check_header",
+    "claimed_payload_len",
     "check_digest",
 ]
 
@@ -196,16 +197,25 @@ def verify_payload(h: BlockHeader, payload: object, nread: int, path: str) -> No
         raise ChecksumMismatch(path, "payload checksum mismatch")
 
 
-def claimed_file_nbytes(raw: memoryview) -> int:
-    """The file size an *unverified* header claims (0 when it is not a dualpath header).
+def claimed_payload_len(raw: memoryview) -> int | None:
+    """The payload length an *unverified* header claims (None when it is not a dualpath
+    header, or claims an absurd length).
 
-    Only a size hint for the read path (is the file longer than what was read?); nothing is
-    trusted before :func:`check_header` and the payload checksum have passed.
+    Only a hint for the read path (how much to hash before the header is checked, is the
+    file longer than what was read?); nothing is trusted before :func:`check_header` and the
+    payload checksum have passed.
     """
     if raw.nbytes < _PAYLOAD_LEN_AT + 8 or raw[:8] != MAGIC:
-        return 0
+        return None
     (payload_len,) = _PAYLOAD_LEN.unpack_from(raw, _PAYLOAD_LEN_AT)
-    return file_nbytes(payload_len) if payload_len < (1 << 48) else 0
+    return payload_len if payload_len < (1 << 48) else None
+
+
+def claimed_file_nbytes(raw: memoryview) -> int:
+    """The file size an *unverified* header claims (0 when it is not a dualpath header); a
+    size hint only, as :func:`claimed_payload_len`."""
+    payload_len = claimed_payload_len(raw)
+    return 0 if payload_len is None else file_nbytes(payload_len)
 
 
 def check_header(key: BlockKey, header: memoryview, capacity: int, nread: int,

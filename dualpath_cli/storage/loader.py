@@ -8,10 +8,15 @@ emulated NIC bandwidth; verified blocks land in a DRAM cache (LRU by bytes) that
 hits without touching the store. Prefetch accuracy is the share of blocks read ahead that a
 later request used: it hit them in the cache, or joined their read while still in flight.
 
-With a core to spare (fewer readers than cores: queue depth 1 on two cores) a page-cache
-reader keeps its batches on the store's native read pipeline, C threads that read and hash
-while the reader judges the batch before in Python, or, without the native library, hands
-its checksums to a helper thread while it reads the next batch.
+The reader loop is chosen by what the store's read path declares it can do
+(:mod:`~dualpath_cli.storage.store`: ``isinstance`` on its capability protocols): a
+:class:`BoundedReads` path (io_uring) gets batches longer than the reads it keeps in flight;
+with a core to spare (fewer readers than cores: queue depth 1 on two cores) a
+:class:`PipelinedReads` path keeps a reader's batches on the native read pipeline, C threads
+that read and hash while the reader judges the batch before in Python, and a
+:class:`SplitReads` path (without the native library) hands its checksums to a helper
+thread while the reader reads the next batch. Any other store is read with its plain
+``read_batch``.
 
 Hand-offs are batched because a thread wake-up costs 25-40 us: a submission wakes at most
 as many readers as it has batches of work, each reader takes a share of the queue per wake
@@ -41,12 +46,20 @@ from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.cache import BlockCache
 from dualpath_cli.storage.engines import ChecksumHelper
 from dualpath_cli.storage.shaper import TokenBucket
-from dualpath_cli.storage.store import KVStore, ReadOp
+from dualpath_cli.storage.store import (
+    BoundedReads,
+    KVStore,
+    PipelinedReads,
+    ReadOp,
+    SplitReads,
+    persists_access_counts,
+    read_path_of,
+)
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
-if TYPE_CHECKING:  # the pipelined read path of a PosixStore, used only when it offers one
+if TYPE_CHECKING:  # types of the pipelined read capability
     from dualpath_cli.storage.native import NativePipeline
-    from dualpath_cli.storage.posix import PipedBatch
+    from dualpath_cli.storage.reads import Deferred, PipedBatch
 
 __all__ = ["StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_PRIORITY"]
 
@@ -171,7 +184,7 @@ class _Started:
     batch: list[_Pending]
     ops: list[ReadOp]
     time: float
-    unchecked: list = field(default_factory=list)
+    deferred: list[Deferred] = field(default_factory=list)
     error: Exception | None = None
 
 
@@ -215,30 +228,36 @@ class StorageLoader:
         self.store = store
         self.node, self.role = str(node), role
         self.max_inflight = max_inflight
-        engine = getattr(getattr(store, "engine", None), "name", "preadv")
+        # the store's read path and what it can do, by type: only a store whose own type
+        # hands out a read path (a wrapper delegating by __getattr__ keeps its own read_batch)
+        path = read_path_of(store)
+        self.engine = path.engine if path is not None else "preadv"
         cpus = os.cpu_count() or 1
         if workers is None:
             # io_uring keeps many reads in flight per thread: one per core. preadv from the
             # page cache is a CPU-bound copy: one per core too (more threads only contend for
             # the GIL and the caches; measured 8-12% slower with two per core). preadv that
             # waits on a device (O_DIRECT without io_uring) overlaps waits: two per core.
-            waits = engine != "io_uring" and bool(getattr(store, "direct_active", False))
+            waits = path is not None and path.waits
             workers = min(max_inflight, max(2, 2 * cpus) if waits else cpus)
         self.workers = max(1, min(workers, max_inflight))
         # a reader keeps at most its share in flight, so workers x share bounds the reads in
         # flight (preadv reads one at a time; io_uring keeps up to a share in the ring)
         self.max_share = max(1, max_inflight // self.workers)
-        # a store that pipelines (io_uring) gets a longer batch than the share: the ring stays
-        # full while completed blocks are verified, instead of draining at every hand-off
-        self._pipelined = bool(getattr(store, "pipelined_reads", False))
+        # a path that bounds its reads in flight (io_uring) gets a longer batch than the
+        # share: the ring stays full while completed blocks are verified, instead of
+        # draining at every hand-off
+        self._bounded = path if isinstance(path, BoundedReads) else None
+        self._pipelined = self._bounded is not None
         # page-cache reads are a CPU copy and so is the payload checksum. With a core to
-        # spare (fewer readers than cores), each reader hands its checksums to a helper
-        # thread and reads the next batch while the helper hashes the last one; a block is
-        # still delivered only after its digest matched. Only stores whose own type offers
-        # the split read (a wrapper delegating by __getattr__ keeps its own read_batch).
-        self._overlap = (not self._pipelined and cpus >= 2 * self.workers
-                         and callable(getattr(type(store), "read_batch_start", None))
-                         and bool(getattr(store, "sync_reads", False)))
+        # spare (fewer readers than cores), each reader keeps its batches on the native
+        # read pipeline, or hands its checksums to a helper thread and reads the next batch
+        # while the helper hashes the last one; a block is still delivered only after its
+        # digest matched.
+        spare = self._bounded is None and cpus >= 2 * self.workers
+        self._split = path if spare and isinstance(path, SplitReads) else None
+        self._piped = path if spare and isinstance(path, PipelinedReads) else None
+        self._overlap = self._split is not None or self._piped is not None
         self.batch_bytes = batch_bytes
         self.block_tokens = block_tokens
         self._est_bytes = block_nbytes
@@ -363,9 +382,9 @@ class StorageLoader:
         for ticket in finished:
             ticket._finish()
         self.cache.clear()
-        flush = getattr(self.store, "flush_access_counts", None)
-        if callable(flush):
-            flush()
+        store = self.store
+        if persists_access_counts(store):
+            store.flush_access_counts()
 
     def __enter__(self) -> StorageLoader:
         return self
@@ -505,18 +524,18 @@ class StorageLoader:
 
     # --- reader threads ---------------------------------------------------------------------
     def _run(self) -> None:
-        if self._overlap:
-            opener = getattr(type(self.store), "read_pipeline", None)
-            pipeline = opener(self.store) if callable(opener) else None
-            if pipeline is not None:
-                try:
-                    self._run_piped(pipeline)
-                finally:
-                    pipeline.close()
-                return
+        piped, split = self._piped, self._split
+        pipeline = piped.read_pipeline() if piped is not None else None
+        if piped is not None and pipeline is not None:
+            try:
+                self._run_piped(piped, pipeline)
+            finally:
+                pipeline.close()
+            return
+        if split is not None:
             helper = ChecksumHelper()
             try:
-                self._run_overlapped(helper)
+                self._run_overlapped(split, helper)
             finally:
                 helper.close()
             return
@@ -533,7 +552,7 @@ class StorageLoader:
                 continue
             self._read(batch)
 
-    def _run_overlapped(self, helper: ChecksumHelper) -> None:
+    def _run_overlapped(self, reads: SplitReads, helper: ChecksumHelper) -> None:
         """Read batch i+1 while the helper hashes batch i; then finish batch i.
 
         Reads stay one at a time (the store's read is synchronous), so reads in flight are
@@ -552,14 +571,14 @@ class StorageLoader:
                 if self._closed and prev is None:
                     return
                 batch = self._take() if not self._closed else []
-            started = self._start(batch, helper) if batch else None
+            started = self._start(reads, batch, helper) if batch else None
             if prev is not None:
-                self._finish(prev, helper)
+                self._finish(reads, prev, helper)
             if started is not None and started.error is not None:
                 helper.drain()  # its checksums were queued after prev's: collected now
             prev = started
 
-    def _run_piped(self, pipeline: NativePipeline) -> None:
+    def _run_piped(self, reads: PipelinedReads, pipeline: NativePipeline) -> None:
         """Keep up to ``_PIPE_DEPTH`` batches queued on a native read-then-hash pipeline and
         judge and deliver the oldest meanwhile.
 
@@ -588,8 +607,7 @@ class StorageLoader:
                 piped: PipedBatch | None = None
                 started = self.clock()
                 try:
-                    piped = self.store.read_batch_submit(  # type: ignore[attr-defined]
-                        ops, self.pool, pipeline)
+                    piped = reads.read_batch_submit(ops, self.pool, pipeline)
                 except Exception as err:  # an unexpected store failure must not kill the reader
                     self._fail(ops, err)
                 queued.append((batch, ops, piped, started))
@@ -598,7 +616,7 @@ class StorageLoader:
             batch, ops, piped, started = queued.popleft()
             if piped is not None:
                 try:
-                    self.store.read_batch_collect(piped, pipeline)  # type: ignore[attr-defined]
+                    reads.read_batch_collect(piped, pipeline)
                 except Exception as err:
                     self._fail(ops, err)
             with self._lock:
@@ -621,22 +639,21 @@ class StorageLoader:
                 pending.counted = False
                 self._in_flight -= 1
 
-    def _start(self, batch: list[_Pending], helper: ChecksumHelper) -> _Started:
+    def _start(self, reads: SplitReads, batch: list[_Pending],
+               helper: ChecksumHelper) -> _Started:
         ops = [ReadOp(p.key) for p in batch]
         started = _Started(batch, ops, self.clock())
         try:
-            started.unchecked = self.store.read_batch_start(  # type: ignore[attr-defined]
-                ops, self.pool, helper)
+            started.deferred = reads.read_batch_start(ops, self.pool, helper)
         except Exception as err:  # an unexpected store failure must not kill the reader
             started.error = err
         return started
 
-    def _finish(self, started: _Started, helper: ChecksumHelper) -> None:
+    def _finish(self, reads: SplitReads, started: _Started, helper: ChecksumHelper) -> None:
         error = started.error
-        if error is None and started.unchecked:
+        if error is None and started.deferred:
             try:
-                self.store.read_batch_finish(  # type: ignore[attr-defined]
-                    started.ops, started.unchecked, helper)
+                reads.read_batch_finish(started.ops, started.deferred, helper)
             except Exception as err:
                 error = err
         if error is not None:
@@ -656,8 +673,8 @@ class StorageLoader:
         ops = [ReadOp(p.key) for p in batch]
         started = self.clock()
         try:
-            if self._pipelined:
-                self.store.read_batch(ops, self.pool, max_in_flight=self.max_share)  # type: ignore[call-arg]
+            if self._bounded is not None:
+                self._bounded.read_batch_bounded(ops, self.pool, self.max_share)
             else:
                 self.store.read_batch(ops, self.pool)
         except Exception as err:  # an unexpected store failure must not kill the reader

@@ -20,7 +20,7 @@ from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.errors import CapacityError, CorruptBlockError
 from dualpath_cli.storage.header import BlockHeader, pack_header, padded
-from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, check_read
+from dualpath_cli.storage.store import GcReport, ReadOp, StoreUsage, verify_block
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
 __all__ = ["MemoryStore"]
@@ -102,7 +102,7 @@ class MemoryStore:
             buf.data[:len(blob)] = np.frombuffer(blob, dtype=np.uint8)
             self.reads += 1
             try:
-                op.header = check_read(op.key, buf, len(blob), f"{self._name}/{h}")
+                op.header = verify_block(op.key, buf, len(blob), f"{self._name}/{h}")
                 op.buffer = buf
                 with self._lock:
                     self._access[h] = self._access.get(h, 0) + 1

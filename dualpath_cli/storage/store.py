@@ -1,31 +1,52 @@
-"""The KVStore seam: what every block store offers, and the batched read operation.
+"""The KVStore seam: what every block store offers, the batched read operation, the optional
+read capabilities a loader may use, and the one verification of a block read.
 
 Real: :class:`~dualpath_cli.storage.posix.PosixStore` (files; works on 3FS, Lustre, NFS or
 FUSE mounts). Fake, shipped: :class:`~dualpath_cli.storage.memory.MemoryStore`. Reads are
 batched (:meth:`KVStore.read_batch`) so an io_uring engine can keep many in flight from one
 thread and so no thread is woken per small read.
+
+Every store offers :meth:`KVStore.read_batch`. A store may also hand out its current
+:class:`ReadPath` (:class:`ReadPathStore`); the loader picks its reader loop from the
+capability protocols that read path implements (checked with ``isinstance``, the store's
+own type checked with ``issubclass``, so a wrapper that delegates by ``__getattr__`` keeps
+its own ``read_batch``):
+
+* :class:`BoundedReads`: a batch longer than the reads kept in flight (io_uring);
+* :class:`SplitReads`: reads now, payload checksums on another core, verdicts later;
+* :class:`PipelinedReads`: a batch queued on C threads that read and hash it, judged later.
+
+The implementations live in :mod:`~dualpath_cli.storage.reads`. Whatever the path, a block
+is trusted only after :func:`verify_block` passed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
 from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.block import LoadedBlock
 from dualpath_cli.storage.buffers import BlockBuffer, BufferPool
-from dualpath_cli.storage.errors import CorruptBlockError, TruncatedBlock
+from dualpath_cli.storage.errors import CorruptBlockError
 from dualpath_cli.storage.header import (
-    HEADER_SIZE,
     BlockHeader,
-    unpack_header,
-    verify_payload,
+    check_digest,
+    check_header,
+    payload_checksum,
 )
 
-__all__ = ["KVStore", "ReadOp", "StoreUsage", "GcReport", "read_one", "check_read"]
+if TYPE_CHECKING:  # types of the optional read capabilities (their implementations)
+    from dualpath_cli.storage.engines import ChecksumHelper
+    from dualpath_cli.storage.native import NativePipeline
+    from dualpath_cli.storage.reads import Deferred, PipedBatch
+
+__all__ = ["KVStore", "ReadOp", "StoreUsage", "GcReport", "read_one", "verify_block",
+           "ReadPath", "ReadPathStore", "BoundedReads", "SplitReads", "PipelinedReads",
+           "PersistsAccessCounts", "read_path_of", "persists_access_counts"]
 
 
 @dataclass(eq=False, slots=True)
@@ -111,6 +132,110 @@ class KVStore(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadPath(Protocol):
+    """How a store reads a batch now: every read path offers a whole, verified batch read."""
+
+    @property
+    def engine(self) -> str:
+        """Engine name (``preadv``, ``io_uring``): the bench lays fio out like it."""
+        ...
+
+    @property
+    def waits(self) -> bool:
+        """True when each read waits on a device (O_DIRECT without io_uring): more reader
+        threads than cores overlap those waits."""
+        ...
+
+    def read_batch(self, ops: list[ReadOp], pool: BufferPool) -> None:
+        """As :meth:`KVStore.read_batch`."""
+        ...
+
+
+@runtime_checkable
+class BoundedReads(ReadPath, Protocol):
+    """Capability: reads a batch longer than the reads it keeps in flight (io_uring keeps
+    ``max_in_flight`` in the ring and verifies blocks as they land), so a loader may hand
+    over more than its queue-depth share without exceeding it."""
+
+    def read_batch_bounded(self, ops: list[ReadOp], pool: BufferPool,
+                           max_in_flight: int) -> None:
+        """:meth:`ReadPath.read_batch` with at most ``max_in_flight`` reads in the kernel."""
+        ...
+
+
+@runtime_checkable
+class SplitReads(ReadPath, Protocol):
+    """Capability: a batch read split in two, so a reader with a core to spare reads its
+    next batch while a :class:`~dualpath_cli.storage.engines.ChecksumHelper` hashes this
+    one's payloads. An op left to finish has a buffer but no header (untrusted)."""
+
+    def read_batch_start(self, ops: list[ReadOp], pool: BufferPool,
+                         checksums: ChecksumHelper) -> list[Deferred]:
+        """Read every op; those whose digest the helper computes come back deferred."""
+        ...
+
+    def read_batch_finish(self, ops: list[ReadOp], deferred: list[Deferred],
+                          checksums: ChecksumHelper) -> None:
+        """Collect the digests in order and verify the deferred ops."""
+        ...
+
+
+@runtime_checkable
+class PipelinedReads(ReadPath, Protocol):
+    """Capability: a batch queued on a native read-then-hash pipeline (two C threads) and
+    judged when collected, so the caller's Python overlaps the next batches' reads."""
+
+    def read_pipeline(self) -> NativePipeline | None:
+        """A pipeline of the caller's own (it closes it), or None where unavailable."""
+        ...
+
+    def read_batch_submit(self, ops: list[ReadOp], pool: BufferPool,
+                          pipeline: NativePipeline) -> PipedBatch:
+        """Queue the batch's reads and return at once."""
+        ...
+
+    def read_batch_collect(self, batch: PipedBatch, pipeline: NativePipeline) -> None:
+        """Wait for a submitted batch and verify it."""
+        ...
+
+
+@runtime_checkable
+class ReadPathStore(Protocol):
+    """A store that hands out its current :class:`ReadPath` (check it with ``issubclass``
+    on the store's type: methods only)."""
+
+    def read_path(self) -> ReadPath:
+        """The path :meth:`KVStore.read_batch` reads through now."""
+        ...
+
+
+@runtime_checkable
+class PersistsAccessCounts(Protocol):
+    """A store that keeps read counts on disk; a loader flushes them when it closes."""
+
+    def flush_access_counts(self) -> None:
+        """Merge this process's read counts into the store's persisted ones."""
+        ...
+
+
+def read_path_of(store: object) -> ReadPath | None:
+    """The read path of a store whose own type hands one out (:class:`ReadPathStore`), else
+    None. By type, not by instance: a wrapper that delegates the rest of the protocol by
+    ``__getattr__`` keeps its own ``read_batch`` and gets no capability of its inner store."""
+    return store.read_path() if _hands_out_read_path(store) else None
+
+
+def _hands_out_read_path(store: object) -> TypeGuard[ReadPathStore]:
+    return issubclass(type(store), ReadPathStore)
+
+
+def persists_access_counts(store: object) -> TypeGuard[PersistsAccessCounts]:
+    """True when the store's own type keeps read counts on disk (by type, as
+    :func:`read_path_of`)."""
+    return issubclass(type(store), PersistsAccessCounts)
+
+
 def read_one(store: KVStore, key: BlockKey, pool: BufferPool | None = None) -> LoadedBlock | None:
     """Read and verify one block (None when missing; raises when corrupt, after quarantine)."""
     op = ReadOp(key)
@@ -123,14 +248,18 @@ def read_one(store: KVStore, key: BlockKey, pool: BufferPool | None = None) -> L
     return LoadedBlock(key, op.header, op.buffer)
 
 
-def check_read(key: BlockKey, buffer: BlockBuffer, nread: int, path: str) -> BlockHeader:
-    """Verify a block just read into ``buffer`` (``nread`` bytes); raises when corrupt."""
-    if nread < HEADER_SIZE:
-        raise TruncatedBlock(path, f"file has {nread} bytes, less than the {HEADER_SIZE}-byte "
-                                   "header")
-    header = unpack_header(buffer.header, path, expected_key=key)
-    if header.file_nbytes > buffer.capacity or nread < HEADER_SIZE + header.payload_len:
-        raise TruncatedBlock(path, f"file has {nread} bytes, header says "
-                                   f"{HEADER_SIZE + header.payload_len}")
-    verify_payload(header, buffer.payload_view(header.payload_len), nread - HEADER_SIZE, path)
+def verify_block(key: BlockKey, buffer: BlockBuffer, nread: int, path: str,
+                 digest: int | None = None) -> BlockHeader:
+    """The one verification of a block read into ``buffer`` (``nread`` bytes): the header
+    (its own checksum, fields, the key, the whole payload read), then the payload's xxh3-64
+    against the header's. Raises a typed :class:`CorruptBlockError`.
+
+    ``digest`` is the payload digest when a faster path already computed it (native code or
+    a checksum helper, over the payload length the same bytes' header claims, which is the
+    checked header's); None computes it here.
+    """
+    header = check_header(key, buffer.header, buffer.capacity, nread, path)
+    if digest is None:
+        digest = payload_checksum(buffer.payload_view(header.payload_len))
+    check_digest(header, digest, path)
     return header
