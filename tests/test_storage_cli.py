@@ -11,6 +11,7 @@ import pytest
 from dualpath_cli.cli.app import main
 from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
 from dualpath_cli.storage import HEADER_SIZE, PosixStore, encode_block, read_one
+from dualpath_cli.storage import native as native_mod
 
 SHAPE = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=64)
 
@@ -93,6 +94,24 @@ def test_bench_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert all(r["loader_gbps"] > 0 for r in data["rows"])
     assert all(r["request_kib"] is None for r in data["rows"])  # page cache: no device reads
     assert list(tmp_path.iterdir()) == []  # bench files removed
+    assert data["page_cache_read_path"] == native_mod.native_info().as_dict()
+
+
+def test_bench_shows_a_fallback_to_python_reads(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator sees from the bench that the native read path is not in use."""
+    lost = native_mod.NativeInfo(False, False, None, None,
+                                 "unavailable (no C compiler): pure-Python reads")
+    monkeypatch.setattr(native_mod, "native_info", lambda: lost)
+    argv = ["storage", "bench", "--root", str(tmp_path), "--size", "256KiB", "--block-size",
+            "64KiB", "--queue-depth", "1", "--seconds", "0"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "page-cache read path: unavailable (no C compiler): pure-Python reads" in out
+    assert "warning: the native read path is not in use" in err
+    code, data = run_json(capsys, *argv, "--json")
+    assert code == 0 and data["page_cache_read_path"] == lost.as_dict()
 
 
 def test_bench_direct_reports_request_size(tmp_path: Path,

@@ -1,10 +1,18 @@
-"""The optional native read path: builds with the system compiler or falls back cleanly,
-reads whole files (errors as -errno), and its digests are exactly xxhash's xxh3-64."""
+"""The optional native read path: built at install or with the system compiler at run time
+(keyed by host, rebuilt once when it fails to load), or a fallback an operator is told about;
+it reads whole files (errors as -errno), and its digests are exactly xxhash's xxh3-64.
+
+With ``DUALPATH_REQUIRE_NATIVE=1`` (CI, which installs a compiler) a missing native path
+fails the suite instead of being skipped."""
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +27,35 @@ from dualpath_cli.storage.native import native_reader, native_status
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """A cold cache (the build runs again) that is restored for the other tests."""
+    """A cold cache and no library from the install (the runtime build runs again), and the
+    fallback warning not given yet; restored for the other tests."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_mod, "installed_library", lambda: None)
+    monkeypatch.setattr(native_mod, "_warned", False)
     native_reader.cache_clear()
     yield
     native_reader.cache_clear()
+
+
+def cached(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "dualpath").iterdir())
+
+
+def compiler() -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
+
+
+@pytest.mark.skipif(os.environ.get("DUALPATH_REQUIRE_NATIVE") != "1",
+                    reason="DUALPATH_REQUIRE_NATIVE=1 (CI) makes the native path required")
+def test_the_native_path_is_required_here() -> None:
+    """CI installs a compiler before ``pip install -e .``: the library must have been built
+    at install and must hash, or CI would silently test only the Python fallback."""
+    info = native_mod.native_info()
+    assert info.available and info.digests, info.status
+    assert info.origin == "installed", f"not built at install: {info.status}"
 
 
 def require_native() -> native_mod.NativeReader:
@@ -92,11 +124,12 @@ def test_read_hashes_each_block_payload_it_read_whole(tmp_path: Path) -> None:
 def test_builds_into_the_cache_once(fresh: None, tmp_path: Path) -> None:
     if native_reader() is None:
         pytest.skip(f"native read path unavailable: {native_status()}")
-    built = list((tmp_path / "cache" / "dualpath").iterdir())
+    built = cached(tmp_path)
     assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
     native_reader.cache_clear()
     assert native_reader() is not None  # loaded from the cache, not rebuilt
-    assert list((tmp_path / "cache" / "dualpath").iterdir()) == built
+    assert cached(tmp_path) == built and built[0].stat().st_mtime_ns == stamp
 
 
 def test_no_compiler_falls_back(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +167,82 @@ def test_hasher_thread_digests_every_batch_in_order() -> None:
     finally:
         hasher.close()
         hasher.close()  # idempotent
+
+
+def test_an_installed_library_is_used_when_present() -> None:
+    path = native_mod.installed_library()
+    if path is None:
+        pytest.skip("not built at install here (no compiler at install time)")
+    info = native_mod.native_info()
+    assert info.origin == "installed" and info.path == str(path), info.status
+    assert "built at install" in info.status
+
+
+def test_the_abi_of_the_source_is_this_modules() -> None:
+    source = (Path(native_mod.__file__).parent / "_native" / "reader.c").read_text()
+    match = re.search(r"#define DP_ABI (\d+)", source)
+    assert match is not None and int(match.group(1)) == native_mod._ABI
+
+
+def test_an_installed_library_of_another_abi_is_not_used(fresh: None, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = tmp_path / "_reader.so"
+    source = Path(native_mod.__file__).parent / "_native" / "reader.c"
+    subprocess.run([compiler(), "-O2", "-shared", "-fPIC", "-pthread", "-DDP_ABI=1", "-o",
+                    str(stale), str(source)], check=True, capture_output=True)
+    monkeypatch.setattr(native_mod, "installed_library", lambda: stale)
+    assert native_reader() is not None
+    info = native_mod.native_info()
+    assert info.origin == "runtime-build" and info.path != str(stale)
+
+
+def test_the_cache_key_names_platform_architecture_libc_and_python_abi(fresh: None,
+                                                                      tmp_path: Path) -> None:
+    import platform
+    import sysconfig
+
+    key = native_mod.cache_key()
+    libc, version = platform.libc_ver()
+    for part in (sysconfig.get_platform(), platform.machine(), f"{libc}-{version}",
+                 str(sysconfig.get_config_var("SOABI"))):
+        assert part in key
+    if native_reader() is None:
+        pytest.skip(f"native read path unavailable: {native_status()}")
+    (built,) = cached(tmp_path)
+    assert platform.machine() in built.name and libc in built.name
+
+
+def test_a_cached_library_that_fails_to_load_is_rebuilt_once(fresh: None,
+                                                              tmp_path: Path) -> None:
+    """A truncated library (or another host's, under a shared home) in the cache does not
+    turn the native path off for good: it is rebuilt once."""
+    compiler()
+    lib = native_mod._library_path()
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF" + bytes(1000))  # truncated: never loaded in this process
+    assert native_reader() is not None, native_status()
+    assert cached(tmp_path) == [lib] and lib.stat().st_size > 1004
+    assert native_mod.native_info().origin == "runtime-build"
+
+
+def test_falling_back_to_python_is_warned_once_and_reported(
+        fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with caplog.at_level(logging.WARNING, logger=native_mod.__name__):
+        assert native_reader() is None
+        native_reader.cache_clear()
+        assert native_reader() is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Python" in warnings[0].getMessage()
+    info = native_mod.native_info()
+    assert not info.available and info.origin is None
+    assert "no C compiler" in info.status and "not built at install" in info.status
+    assert info.as_dict()["available"] is False
+
+
+def test_disabling_on_purpose_is_not_warned(fresh: None, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("DUALPATH_NATIVE", "0")
+    with caplog.at_level(logging.WARNING, logger=native_mod.__name__):
+        assert native_reader() is None
+    assert not caplog.records

@@ -16,24 +16,40 @@ trusted only when the digest computed here equals the one in its (checked) heade
 digest function is xxhash's own exported ``XXH3_64bits`` from the installed ``xxhash``
 extension, used only after it reproduced ``xxhash.xxh3_64_intdigest`` on test inputs.
 
-Optional with a clean fallback: the C source below is compiled on first use with the system
-C compiler into ``$XDG_CACHE_HOME/dualpath`` (default ``~/.cache/dualpath``); with no
-compiler, a failed build, no usable digest symbol, or ``DUALPATH_NATIVE=0``,
-:func:`native_reader` returns None (or a reader without digests) and the store uses the
-pure-Python path, which verifies exactly the same way.
+Optional, with a fallback that an operator sees. The C source is
+``dualpath_cli/storage/_native/reader.c``; the library is found, in order:
+
+1. built at install time by ``setup.py`` (an optional setuptools extension, so ``pip
+   install`` works without a compiler; ``pip install -e .`` builds it in place) as
+   ``dualpath_cli/storage/_native/_reader.<python ABI tag>.so``, used when its ``dp_abi()``
+   matches this module's;
+2. else compiled at run time with the system C compiler into ``$XDG_CACHE_HOME/dualpath``
+   (default ``~/.cache/dualpath``), keyed by the source, the ABI, the platform, the
+   architecture, the libc and the Python ABI (a shared home directory serves several hosts);
+   a cached library that fails to load (truncated, another host's) is rebuilt once;
+3. else none: :func:`native_reader` returns None and the store uses the pure-Python path,
+   which verifies exactly the same way, only slower. That fallback (and a library without
+   a usable digest symbol) is logged once at WARNING, and :func:`native_status` /
+   :func:`native_info` say it for ``dualpath storage bench`` and ``bench/storage.py``.
+
+``DUALPATH_NATIVE=0`` turns the native path off on purpose (no warning).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
+import platform
 import shutil
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,302 +57,12 @@ import xxhash
 
 from dualpath_cli.storage.header import _PAYLOAD_LEN_AT, HEADER_SIZE, MAGIC
 
-__all__ = ["NativeReader", "NativeHasher", "NativePipeline", "native_reader", "native_status"]
+__all__ = ["NativeReader", "NativeHasher", "NativePipeline", "NativeInfo", "native_reader",
+           "native_status", "native_info", "installed_library", "cache_key"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = r"""
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-typedef uint64_t (*dp_hash_fn)(const void *, size_t);
-
-/* If buf (done bytes read) starts with `magic` (8 bytes) and the payload length its header
-   claims (u64 at `len_at`) was read whole after the `header`-byte header: *digest = hash of
-   that many payload bytes, returns 1; else 0. */
-static int dp_hash_claimed(const char *buf, int64_t done, uint64_t *digest, dp_hash_fn hash,
-                           const char *magic, int64_t len_at, int64_t header) {
-    if (done < header || memcmp(buf, magic, 8) != 0) return 0;
-    uint64_t len;
-    memcpy(&len, buf + len_at, sizeof len);
-    if (len > (uint64_t)(done - header)) return 0;
-    *digest = hash(buf + header, (size_t)len);
-    return 1;
-}
-
-/* For each i: open paths[i], read it from offset 0 into bufs[i] until caps[i] bytes or EOF
-   (short reads are continued, EINTR retried), close it; nread[i] = bytes read or -errno.
-   With a hash function, right after each read (the bytes still in this core's cache): if the
-   buffer starts with `magic` (8 bytes) and the payload length the header claims (u64 at
-   `len_at`) was read whole after the `header`-byte header, digests[i] = hash of that many
-   payload bytes and hashed[i] = 1, else hashed[i] = 0. The claim is not trusted here: the
-   caller checks the header and compares the digest with it. */
-void dp_read(int n, const char **paths, char **bufs, const int64_t *caps, int64_t *nread,
-             uint64_t *digests, uint8_t *hashed, dp_hash_fn hash, const char *magic,
-             int64_t len_at, int64_t header) {
-    for (int i = 0; i < n; i++) {
-        if (hashed) hashed[i] = 0;
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-        if (fd < 0) { nread[i] = -errno; continue; }
-        int64_t done = 0;
-        while (done < caps[i]) {
-            ssize_t got = pread(fd, bufs[i] + done, (size_t)(caps[i] - done), done);
-            if (got < 0) { if (errno == EINTR) continue; done = -errno; break; }
-            if (got == 0) break;
-            done += got;
-        }
-        close(fd);
-        nread[i] = done;
-        if (hash) hashed[i] = dp_hash_claimed(bufs[i], done, &digests[i], hash, magic, len_at,
-                                              header);
-    }
-}
-
-/* digests[i] = hash(ptrs[i], lens[i]) */
-void dp_hash(int n, char **ptrs, const int64_t *lens, uint64_t *digests, dp_hash_fn hash) {
-    for (int i = 0; i < n; i++) digests[i] = hash(ptrs[i], (size_t)lens[i]);
-}
-
-/* A hashing thread that never touches Python: one batch at a time is submitted (the
-   caller keeps ptrs, lens and digests alive until dp_hasher_wait returns). */
-typedef struct {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t work, done;
-    int state; /* 0 idle, 1 submitted, 2 hashed, 3 stop */
-    int n;
-    char **ptrs;
-    const int64_t *lens;
-    uint64_t *digests;
-    dp_hash_fn hash;
-} dp_hasher;
-
-static void *dp_hasher_main(void *arg) {
-    dp_hasher *h = arg;
-    pthread_setname_np(pthread_self(), "dp-hasher");
-    pthread_mutex_lock(&h->mu);
-    for (;;) {
-        while (h->state != 1 && h->state != 3) pthread_cond_wait(&h->work, &h->mu);
-        if (h->state == 3) break;
-        pthread_mutex_unlock(&h->mu);
-        for (int i = 0; i < h->n; i++) h->digests[i] = h->hash(h->ptrs[i], (size_t)h->lens[i]);
-        pthread_mutex_lock(&h->mu);
-        h->state = 2;
-        pthread_cond_signal(&h->done);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
-dp_hasher *dp_hasher_new(dp_hash_fn hash) {
-    dp_hasher *h = calloc(1, sizeof *h);
-    if (!h) return NULL;
-    h->hash = hash;
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->work, NULL);
-    pthread_cond_init(&h->done, NULL);
-    if (pthread_create(&h->thread, NULL, dp_hasher_main, h) != 0) { free(h); return NULL; }
-    return h;
-}
-
-/* 0, or -1 when a batch is still outstanding (wait for it first) */
-int dp_hasher_submit(dp_hasher *h, int n, char **ptrs, const int64_t *lens, uint64_t *digests) {
-    pthread_mutex_lock(&h->mu);
-    if (h->state == 1 || h->state == 2) { pthread_mutex_unlock(&h->mu); return -1; }
-    h->n = n; h->ptrs = ptrs; h->lens = lens; h->digests = digests; h->state = 1;
-    pthread_cond_signal(&h->work);
-    pthread_mutex_unlock(&h->mu);
-    return 0;
-}
-
-/* dp_hasher_wait when the outstanding batch is already hashed (returns 1), else 0 at
-   once; never blocks on the hashing */
-int dp_hasher_try_wait(dp_hasher *h) {
-    pthread_mutex_lock(&h->mu);
-    int ready = h->state != 1;
-    if (ready) h->state = 0;
-    pthread_mutex_unlock(&h->mu);
-    return ready;
-}
-
-/* wait until the outstanding batch is hashed (returns at once when none is) */
-void dp_hasher_wait(dp_hasher *h) {
-    pthread_mutex_lock(&h->mu);
-    while (h->state == 1) pthread_cond_wait(&h->done, &h->mu);
-    h->state = 0;
-    pthread_mutex_unlock(&h->mu);
-}
-
-void dp_hasher_free(dp_hasher *h) {
-    dp_hasher_wait(h);
-    pthread_mutex_lock(&h->mu);
-    h->state = 3;
-    pthread_cond_signal(&h->work);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->work);
-    pthread_cond_destroy(&h->done);
-    free(h);
-}
-
-/* A read-then-hash pipeline of two threads that never run Python: the reader reads each
-   submitted job's files in turn (as dp_read does, one read at a time) and hands the job to
-   the hasher, which hashes each payload as dp_read would inline; the caller submits jobs
-   and collects them in order. The caller's thread is free while both run, so its per-block
-   checks overlap the next job's reads. The caller keeps a job's arrays alive until it is
-   collected. */
-typedef struct dp_job {
-    int n;
-    const char **paths;
-    char **bufs;
-    const int64_t *caps;
-    int64_t *nread;
-    uint64_t *digests;
-    uint8_t *hashed;
-    int state; /* 0 queued, 1 read, 2 hashed */
-    struct dp_job *next;
-} dp_job;
-
-typedef struct {
-    pthread_t reader, hasher;
-    pthread_mutex_t mu;
-    pthread_cond_t to_read, to_hash, hashed;
-    dp_job *read_head, *read_tail, *hash_head, *hash_tail;
-    int stop_reader, stop_hasher;
-    dp_hash_fn hash;
-    char magic[8];
-    int64_t len_at, header;
-} dp_pipe;
-
-static void *dp_pipe_reader(void *arg) {
-    dp_pipe *p = arg;
-    pthread_setname_np(pthread_self(), "dp-pipe-read");
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->read_head && !p->stop_reader) pthread_cond_wait(&p->to_read, &p->mu);
-        dp_job *job = p->read_head;
-        if (!job) break; /* stopped and drained */
-        p->read_head = job->next;
-        if (!p->read_head) p->read_tail = NULL;
-        pthread_mutex_unlock(&p->mu);
-        dp_read(job->n, job->paths, job->bufs, job->caps, job->nread, NULL, NULL, NULL,
-                NULL, 0, 0);
-        pthread_mutex_lock(&p->mu);
-        job->state = 1;
-        job->next = NULL;
-        if (p->hash_tail) p->hash_tail->next = job; else p->hash_head = job;
-        p->hash_tail = job;
-        pthread_cond_signal(&p->to_hash);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
-
-static void *dp_pipe_hasher(void *arg) {
-    dp_pipe *p = arg;
-    pthread_setname_np(pthread_self(), "dp-pipe-hash");
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->hash_head && !p->stop_hasher) pthread_cond_wait(&p->to_hash, &p->mu);
-        dp_job *job = p->hash_head;
-        if (!job) break;
-        p->hash_head = job->next;
-        if (!p->hash_head) p->hash_tail = NULL;
-        pthread_mutex_unlock(&p->mu);
-        for (int i = 0; i < job->n; i++)
-            job->hashed[i] = dp_hash_claimed(job->bufs[i], job->nread[i], &job->digests[i],
-                                             p->hash, p->magic, p->len_at, p->header);
-        pthread_mutex_lock(&p->mu);
-        job->state = 2;
-        pthread_cond_broadcast(&p->hashed);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
-
-/* tell one of the pipeline's threads to stop once its queue is drained, and join it */
-static void dp_pipe_stop(dp_pipe *p, int *stop, pthread_cond_t *wake, pthread_t thread) {
-    pthread_mutex_lock(&p->mu);
-    *stop = 1;
-    pthread_cond_signal(wake);
-    pthread_mutex_unlock(&p->mu);
-    pthread_join(thread, NULL);
-}
-
-dp_pipe *dp_pipe_new(dp_hash_fn hash, const char *magic, int64_t len_at, int64_t header) {
-    dp_pipe *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
-    p->hash = hash;
-    memcpy(p->magic, magic, 8);
-    p->len_at = len_at;
-    p->header = header;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->to_read, NULL);
-    pthread_cond_init(&p->to_hash, NULL);
-    pthread_cond_init(&p->hashed, NULL);
-    if (pthread_create(&p->reader, NULL, dp_pipe_reader, p) != 0) { free(p); return NULL; }
-    if (pthread_create(&p->hasher, NULL, dp_pipe_hasher, p) != 0) {
-        dp_pipe_stop(p, &p->stop_reader, &p->to_read, p->reader);
-        free(p);
-        return NULL;
-    }
-    return p;
-}
-
-/* queue a job; the arrays must stay valid until dp_pipe_collect/dp_pipe_wait returned it */
-dp_job *dp_pipe_submit(dp_pipe *p, int n, const char **paths, char **bufs,
-                       const int64_t *caps, int64_t *nread, uint64_t *digests,
-                       uint8_t *hashed) {
-    dp_job *job = calloc(1, sizeof *job);
-    if (!job) return NULL;
-    job->n = n; job->paths = paths; job->bufs = bufs; job->caps = caps;
-    job->nread = nread; job->digests = digests; job->hashed = hashed;
-    pthread_mutex_lock(&p->mu);
-    if (p->read_tail) p->read_tail->next = job; else p->read_head = job;
-    p->read_tail = job;
-    pthread_cond_signal(&p->to_read);
-    pthread_mutex_unlock(&p->mu);
-    return job;
-}
-
-/* 1 and the job freed when it is hashed, else 0 at once (never blocks) */
-int dp_pipe_collect(dp_pipe *p, dp_job *job) {
-    pthread_mutex_lock(&p->mu);
-    int ready = job->state == 2;
-    pthread_mutex_unlock(&p->mu);
-    if (ready) free(job);
-    return ready;
-}
-
-/* wait until the job is hashed, then free it */
-void dp_pipe_wait(dp_pipe *p, dp_job *job) {
-    pthread_mutex_lock(&p->mu);
-    while (job->state != 2) pthread_cond_wait(&p->hashed, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-    free(job);
-}
-
-/* stop after every submitted job is done (collect each one first: a job is freed only by
-   dp_pipe_collect or dp_pipe_wait) */
-void dp_pipe_free(dp_pipe *p) {
-    dp_pipe_stop(p, &p->stop_reader, &p->to_read, p->reader);
-    dp_pipe_stop(p, &p->stop_hasher, &p->to_hash, p->hasher);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->to_read);
-    pthread_cond_destroy(&p->to_hash);
-    pthread_cond_destroy(&p->hashed);
-    free(p);
-}
-"""
-
-_ABI = 7  # bump when the C functions' signatures change (part of the cache key)
+_ABI = 8  # DP_ABI of _native/reader.c: a library of another ABI is not used
 
 
 class NativeReader:
@@ -543,56 +269,174 @@ class NativePipeline:
         self._handle = None
 
 
-_status = "not loaded"
+_SOURCE = Path(__file__).parent / "_native" / "reader.c"
+_EXTENSION = "dualpath_cli.storage._native._reader"  # built by setup.py (never imported)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeInfo:
+    """Where the native read path stands, for status and bench output."""
+
+    available: bool
+    digests: bool
+    origin: str | None  # "installed" (built by setup.py), "runtime-build", or None
+    path: str | None  # the library loaded
+    status: str  # one line for humans
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON form."""
+        return {"available": self.available, "digests": self.digests, "origin": self.origin,
+                "path": self.path, "status": self.status}
+
+
+_info = NativeInfo(False, False, None, None, "not loaded")
 _lock = threading.Lock()
+_warned = False
 
 
 def native_status() -> str:
     """Why the native path is (not) in use, for ``storage bench`` and diagnostics."""
+    return native_info().status
+
+
+def native_info() -> NativeInfo:
+    """Where the native path stands (loading it first if not tried yet)."""
     native_reader()
-    return _status
+    return _info
 
 
 @lru_cache(maxsize=1)
 def native_reader() -> NativeReader | None:
-    """The native reader, built and checked once per process; None when unavailable."""
-    global _status
+    """The native reader, found (or built) and checked once per process; None when
+    unavailable. Falling back to Python is logged once at WARNING."""
+    global _info
     with _lock:
         if os.environ.get("DUALPATH_NATIVE", "1") == "0":
-            _status = "disabled (DUALPATH_NATIVE=0)"
+            _info = NativeInfo(False, False, None, None, "disabled (DUALPATH_NATIVE=0)")
             return None
-        try:
-            path = str(_build())
-            lib, quick = ctypes.CDLL(path), ctypes.PyDLL(path)
-        except Exception as err:  # no compiler, read-only cache, odd platform: fall back
-            _status = f"unavailable ({err})"
-            log.debug("native read path unavailable: %s", err)
+        tried: list[str] = []
+        found = _load_installed(tried) or _load_runtime_build(tried)
+        if found is None:
+            _info = NativeInfo(False, False, None, None,
+                               f"unavailable ({'; '.join(tried)}): pure-Python reads")
+            _warn(f"native read path unavailable ({'; '.join(tried)}); block reads and "
+                  "checksums run in Python (slower)")
             return None
+        (lib, quick), origin, path = found
         reader = NativeReader(lib, _xxh3_symbol(), quick)
         if reader.hashes and not _digests_agree(reader):
             reader = NativeReader(lib, None, quick)
-        _status = "native reads and digests" if reader.hashes else "native reads"
+        where = "built at install" if origin == "installed" else f"built at run time: {path}"
+        if reader.hashes:
+            status = f"native reads and digests ({where})"
+        else:
+            status = f"native reads, Python digests (no usable xxh3 symbol; {where})"
+            _warn("native read path has no usable xxh3-64 symbol in the installed xxhash; "
+                  "payload checksums run in Python (slower)")
+        _info = NativeInfo(True, reader.hashes, origin, str(path), status)
         return reader
 
 
-def _build() -> Path:
-    """Compile the source into the cache directory (once per source and ABI)."""
-    tag = hashlib.sha256(f"{_ABI}\0{_SOURCE}".encode()).hexdigest()[:16]
+def _warn(message: str) -> None:
+    """Log a fallback once per process at WARNING (an operator must see it)."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("%s", message)
+
+
+_Libs = tuple[ctypes.CDLL, ctypes.PyDLL]
+
+
+def _open(path: Path) -> _Libs:
+    """Load the library twice over (GIL-releasing and GIL-keeping calls); raises OSError
+    when it does not load and RuntimeError when its ABI is not this module's."""
+    lib, quick = ctypes.CDLL(str(path)), ctypes.PyDLL(str(path))
+    try:
+        abi_fn = lib.dp_abi
+    except AttributeError:
+        raise RuntimeError(f"{path.name} has no dp_abi (an older build)") from None
+    abi_fn.restype = ctypes.c_int
+    abi_fn.argtypes = []
+    abi = abi_fn()
+    if abi != _ABI:
+        raise RuntimeError(f"{path.name} has ABI {abi}, this dualpath needs {_ABI}")
+    return lib, quick
+
+
+def installed_library() -> Path | None:
+    """The library setup.py built at install (or ``pip install -e .`` in place), if any."""
+    try:
+        spec = importlib.util.find_spec(_EXTENSION)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _load_installed(tried: list[str]) -> tuple[_Libs, str, Path] | None:
+    path = installed_library()
+    if path is None:
+        tried.append("not built at install")
+        return None
+    try:
+        return _open(path), "installed", path
+    except (OSError, RuntimeError) as err:
+        tried.append(f"installed library unusable: {err}")
+        log.info("installed native library %s unusable: %s", path, err)
+        return None
+
+
+def _load_runtime_build(tried: list[str]) -> tuple[_Libs, str, Path] | None:
+    """Compile into the cache (once per key) and load; a cached library that fails to load
+    is removed and rebuilt once."""
+    try:
+        path = _build()
+        try:
+            return _open(path), "runtime-build", path
+        except OSError as err:
+            log.info("cached native library %s failed to load (%s): rebuilding", path, err)
+            path.unlink(missing_ok=True)
+            path = _build()
+            return _open(path), "runtime-build", path
+    except Exception as err:  # no compiler, read-only cache, odd platform: fall back
+        tried.append(f"runtime build: {err}")
+        return None
+
+
+def cache_key() -> str:
+    """What a runtime-built library depends on: the source and ABI, the platform, the
+    architecture, the libc and the Python ABI (the cache may be a shared home directory)."""
+    libc, libc_version = platform.libc_ver()
+    return "\0".join([str(_ABI), _SOURCE.read_text(), sysconfig.get_platform(),
+                      platform.machine(), f"{libc or 'unknown-libc'}-{libc_version}",
+                      sys.implementation.cache_tag or "",
+                      str(sysconfig.get_config_var("SOABI") or "")])
+
+
+def _library_path() -> Path:
+    """Where the runtime build for this host lives in the cache."""
+    tag = hashlib.sha256(cache_key().encode()).hexdigest()[:16]
+    libc, libc_version = platform.libc_ver()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dualpath"
-    lib = cache / f"dp_native_{tag}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+    suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
+    host = f"{platform.machine() or 'unknown'}-{libc or 'libc'}{libc_version}"
+    return cache / f"dp_native_{host}_{tag}{suffix}"
+
+
+def _build() -> Path:
+    """Compile the source into the cache directory (once per key); returns the library."""
+    lib = _library_path()
     if lib.exists():
         return lib
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     compiler = shutil.which(cc.split()[0]) if cc else None
     if compiler is None:
-        raise RuntimeError("no C compiler")
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        src = Path(tmp) / "dp_native.c"
-        src.write_text(_SOURCE)
+        raise RuntimeError(f"no C compiler ({cc.split()[0] if cc else 'cc'} not found)")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
         out = Path(tmp) / lib.name
         done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", str(out),
-                               str(src)],
+                               str(_SOURCE)],
                               capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"C build failed: {done.stderr.strip()[:200]}")
