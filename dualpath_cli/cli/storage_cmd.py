@@ -92,8 +92,12 @@ def bench(
                              "engine": used,
                              "request_kib": round(kib) if kib is not None else None})
                 progress.advance(task)
+    # the page-cache read path measured: a fallback to Python reads must be visible
+    from dualpath_cli.storage.native import native_info
+
+    native = native_info()
     if json_out:
-        emit_json({"rows": rows})
+        emit_json({"rows": rows, "page_cache_read_path": native.as_dict()})
         return
     table = Table(title="dualpath storage bench (GB/s = 1e9 bytes/s)")
     for col in ("mode", "block", "QD", "engine", "loader GB/s", "KiB/request"):
@@ -103,6 +107,10 @@ def bench(
                       str(r["queue_depth"]), str(r["engine"]), f"{r['loader_gbps']:.2f}",
                       "-" if r["request_kib"] is None else str(r["request_kib"]))
     stdout.print(table)
+    stdout.print(f"page-cache read path: {native.status}", highlight=False)
+    if not native.available or not native.digests:
+        stderr.print("warning: the native read path is not in use; page-cache reads and "
+                     "checksums run in Python (slower)", highlight=False)
 
 
 @app.command()
