@@ -282,7 +282,7 @@ def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
         hasher = native.hasher() if overlap else None
         try:
             turn = 0
-            while time.perf_counter() < deadline:
+            while True:  # at least one whole pass: a thread started late still measures
                 for batch in batches:
                     slot = addrs[turn % slots][:len(batch)]
                     nread, _ = native.read(batch, slot, [data.block_size] * len(batch),
@@ -292,6 +292,8 @@ def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
                         hasher.submit([a + HEADER_SIZE for a in slot], [payload] * len(batch))
                     moved[index] += sum(nread)
                     turn += 1
+                if time.perf_counter() >= deadline:
+                    break
             if hasher is not None:
                 hasher.wait()
         finally:
