@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
-from dualpath_cli.config.model import parse_pd
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.options import options_from_config
-from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
-from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.services.bench import SLO, BenchReport, load_bench_config, run_bench
-from dualpath_cli.services.runner import TurnRecord
 from dualpath_cli.units import format_bytes
 
-__all__ = ["bench", "default_store_root"]
+if TYPE_CHECKING:
+    from dualpath_cli.services.bench import BenchReport
+    from dualpath_cli.services.runner import TurnRecord
+
+# The runtime, services and rich.progress are imported inside the functions that use them,
+# so that ``dualpath --help`` does not load numpy (tests/test_cli_import_graph.py).
+
+__all__ = ["bench", "default_store_root", "render_bench"]
 
 
 def default_store_root() -> Path:
@@ -30,6 +31,8 @@ def default_store_root() -> Path:
 
 
 def _policies(text: str) -> list[str]:
+    from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
+
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in RUNTIME_POLICIES]
     if bad or not names:
@@ -42,35 +45,70 @@ def _ms(value: float) -> str:
     return "-" if value != value else f"{value * 1e3:.0f}"
 
 
-def _render(report: BenchReport, online: bool) -> None:
+def _ratio(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"
+
+
+def render_bench(report: BenchReport, console: Console, online: bool) -> None:
+    """Print ``report`` for people: a setup paragraph, then two tables that fit 80 columns.
+
+    Why two tables: one row per policy with every measurement needs about 150 columns, and
+    squeezed into 80 rich folds every cell into unreadable stubs. The first table has the
+    job and latency numbers, the second where the bytes went and how busy the engines were.
+    """
     s = report.setup
-    table = Table(title=f"dualpath bench: {s['pd']}, {s['agents']} agents, {s['turns']} turns, "
-                        f"model {s['model']}, storage NIC {format_bytes(s['snic_bw'])}/s, "
-                        f"{s['mode']}")
-    cols = ["policy", "JCT", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
-    if online:
-        cols += ["TTST p50/p99 ms", "SLO"]
-    cols += ["SNIC bytes per node", "SNIC Max/Avg", "GPU busy", "bubble", "tokens"]
+    console.print(f"dualpath bench: {s['pd']}, {s['agents']} agents, {s['turns']} turns, "
+                  f"model {s['model']}, {s['mode']}", highlight=False)
+    rate = f"{format_bytes(s['snic_bw'], binary=False)}/s"
+    cal = s.get("snic_calibration")
+    if cal:
+        console.print(f"storage NIC {rate} per node, calibrated: compute "
+                      f"{cal['flops_rate'] / 1e9:.2f} GFLOP/s, so the workload's prefill "
+                      f"takes {cal['compute_s']:.1f} s and Basic's reads "
+                      f"{cal['basic_storage_s']:.1f} s ({cal['multiple']:g} x compute; "
+                      f"--snic-bw to fix the rate)", highlight=False)
+    else:
+        console.print(f"storage NIC {rate} per node (from the configuration)",
+                      highlight=False)
+    lat = Table(title="Job and latency (p50/p99, ms)", title_justify="left")
+    cols = ["policy", "JCT s", "TTFT", "TPOT"] + (["TTST", "SLO"] if online else [])
     for col in cols:
-        table.add_column(col)
+        lat.add_column(col, justify="left" if col in ("policy", "SLO") else "right")
     for p in report.policies:
-        nodes = " ".join(f"{n}:{format_bytes(b)}" for n, b in sorted(p.snic_read_bytes.items()))
-        row = [p.policy, f"{p.jct_s:.2f} s", f"{_ms(p.ttft_p50_s)}/{_ms(p.ttft_p99_s)}",
+        row = [p.policy, f"{p.jct_s:.2f}", f"{_ms(p.ttft_p50_s)}/{_ms(p.ttft_p99_s)}",
                f"{p.tpot_p50_s * 1e3:.1f}/{p.tpot_p99_s * 1e3:.1f}"]
         if online:
             row += [f"{_ms(p.ttst_p50_s)}/{_ms(p.ttst_p99_s)}", "met" if p.slo_met else "MISSED"]
-        row += [nodes, "-" if p.snic_max_avg != p.snic_max_avg else f"{p.snic_max_avg:.2f}",
-                f"{p.gpu_busy:.0%}", f"{p.bubble_s:.3f} s",
-                "same" if p.tokens_match else "DIFFERENT"]
-        table.add_row(*row)
-    stdout.print(table)
+        lat.add_row(*row)
+    console.print(lat)
+    io = Table(title="Storage and compute", title_justify="left")
+    for col in ("policy", "SNIC MB read per node", "Max/Avg", "GPU busy", "bubble s",
+                "tokens"):
+        io.add_column(col, justify="left" if col in ("policy", "tokens") else "right")
+    for p in report.policies:
+        nodes = " ".join(f"{b / 1e6:.1f}" for _, b in sorted(p.snic_read_bytes.items()))
+        io.add_row(p.policy, nodes, _ratio(p.snic_max_avg), f"{p.gpu_busy:.0%}",
+                   f"{p.bubble_s:.3f}", "same" if p.tokens_match else "DIFFERENT")
+    console.print(io)
     if online:
         slo = s["slo"]
-        stdout.print(f"SLO (p99): TTFT <= {slo['ttft_s']:.2f} s, TPOT <= "
-                     f"{slo['tpot_s'] * 1e3:.1f} ms (the paper's 4 s / 50 ms x {slo['scale']})")
+        console.print(f"SLO (p99): TTFT <= {slo['ttft_s']:.2f} s, TPOT <= "
+                      f"{slo['tpot_s'] * 1e3:.1f} ms (the paper's 4 s / 50 ms x {slo['scale']})",
+                      highlight=False)
     by = {p.policy: p.jct_s for p in report.policies}
-    if "basic" in by and "dualpath" in by and by["dualpath"] > 0:
-        stdout.print(f"JCT basic / dualpath = {by['basic'] / by['dualpath']:.2f}x")
+    ratios = [f"{a} / {b} = {by[a] / by[b]:.2f}x" for a, b in (("basic", "dualpath"),
+                                                                 ("dualpath", "oracle"))
+              if a in by and b in by and by[b] > 0]
+    if ratios:
+        console.print("JCT " + "; ".join(ratios), highlight=False)
+    other = [p.foreign_cores for p in report.policies if p.foreign_cores is not None]
+    if other:
+        console.print(f"other processes kept up to {max(other):.2f} cores busy during the "
+                      "runs", highlight=False)
+
+
+def _render(report: BenchReport, online: bool) -> None:
+    render_bench(report, stdout, online)
 
 
 def bench(
@@ -87,7 +125,8 @@ def bench(
                                                "$XDG_DATA_HOME/dualpath/store).")] = None,
     snic: Annotated[str | None, typer.Option("--snic-bw", help="Storage-NIC bandwidth per "
                                              "node (default: hardware.snic_bandwidth when set, "
-                                             "else an I/O-bound 7MB/s).")] = None,
+                                             "else calibrated so that Basic's reads take 2.5x "
+                                             "the measured compute).")] = None,
     aps: Annotated[float | None, typer.Option("--aps", min=0.001, help="Online mode: agents "
                                               "per second (Poisson arrivals).")] = None,
     slo_scale: Annotated[float, typer.Option("--slo-scale", min=0.0001, help="Scale of the "
@@ -99,8 +138,18 @@ def bench(
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one config key, e.g. --set storage.block_size=32.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    url: Annotated[str | None, typer.Option("--url", help="Drive the cluster launched at this "
+                                            "URL (dualpath launch) through its API instead; "
+                                            "--policy is the cluster's own.")] = None,
 ) -> None:
     """Run the embedded 1P2D system on an agentic workload and compare policies."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dualpath_cli.config.model import parse_pd
+    from dualpath_cli.runtime.options import options_from_config
+    from dualpath_cli.runtime.workloads import agentic_workload
+    from dualpath_cli.services.bench import SLO, load_bench_config, run_bench
+
     names = _policies(policy)
     if trace is not None:
         from dualpath_cli.workload.trace_io import read_trace
@@ -108,12 +157,25 @@ def bench(
         trajectories = list(read_trace(trace).trajectories)[:agents]
     else:
         trajectories = agentic_workload(agents, turns=turns)
+    if url is not None:
+        from dualpath_cli.cli.bench_remote import bench_url
+
+        given = {"--pd": pd, "--store": store, "--snic-bw": snic, "--preset": preset,
+                 "--config": config, "--set": overrides}
+        bench_url(url, trajectories, aps=aps, slo_scale=slo_scale, as_json=as_json,
+                  refused=[k for k, v in given.items() if v])
+        return
     sets = list(overrides or [])
     if pd is not None:
         sets.append(f"cluster.pd={parse_pd(pd)}")
-    loaded, _ = load_bench_config(trajectories, preset=preset, config_file=config, sets=sets,
-                                  snic_bw=snic)
+    loaded, _, calibration = load_bench_config(trajectories, preset=preset,
+                                               config_file=config, sets=sets, snic_bw=snic)
     base = options_from_config(loaded, processes=True)
+    if calibration is not None:
+        stderr.print(f"compute {calibration.flops_rate / 1e9:.2f} GFLOP/s: storage NIC set to "
+                     f"{format_bytes(calibration.snic_bw, binary=False)}/s per node, Basic's "
+                     f"reads = {calibration.multiple:g} x the prefill compute "
+                     f"({calibration.compute_s:.1f} s)", highlight=False)
     total = sum(t.num_turns for t in trajectories) * len(names)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True,
@@ -124,7 +186,8 @@ def bench(
             progress.update(task, advance=1, description=f"{name}")
 
         report = run_bench(names, base, trajectories, store or default_store_root(),
-                           aps=aps, slo=SLO(scale=slo_scale), on_turn=on_turn)
+                           aps=aps, slo=SLO(scale=slo_scale), on_turn=on_turn,
+                           calibration=calibration)
     if as_json:
         emit_json(report.to_dict())
     else:

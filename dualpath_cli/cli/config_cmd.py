@@ -14,16 +14,20 @@ import typer
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, fail, stderr, stdout
-from dualpath_cli.config import PRESETS, default_user_file, load_config, load_file, load_preset
-from dualpath_cli.config.render import atomic_write_text, display_value, render_yaml, resolved_text
 from dualpath_cli.errors import EXIT_USAGE, ConfigError, UsageError
 
-__all__ = ["app"]
+# config/ (yaml, the key table, the core registries) is imported inside the commands so that
+# ``dualpath --help`` stays fast (tests/test_cli_import_graph.py).
+
+__all__ = ["app", "PRESET_NAMES"]
+
+#: The names of config.PRESETS, for the --preset help (a test checks they agree).
+PRESET_NAMES: tuple[str, ...] = ("embedded", "small", "medium", "large", "paper")
 
 app = typer.Typer(help="Show, validate and write the deployment configuration.",
                   no_args_is_help=True)
 
-_PRESET_HELP = f"Preset to start from: {', '.join(PRESETS)}."
+_PRESET_HELP = f"Preset to start from: {', '.join(PRESET_NAMES)}."
 
 
 @app.command("show")
@@ -36,6 +40,9 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Print every effective value with its source; alpha, beta and quota also resolved."""
+    from dualpath_cli.config import load_config
+    from dualpath_cli.config.render import display_value, resolved_text
+
     loaded = load_config(preset=preset, config_file=config, overrides=overrides or ())
     if as_json:
         emit_json(loaded.to_dict())
@@ -64,6 +71,8 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Check FILE: exit 0 when valid, 2 with one line naming file, line, key and reason."""
+    from dualpath_cli.config import load_file
+
     try:
         loaded = load_file(file)
     except ConfigError as err:
@@ -89,6 +98,9 @@ def init(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Write a commented YAML config for a preset; it loads back to the same values."""
+    from dualpath_cli.config import default_user_file, load_preset
+    from dualpath_cli.config.render import atomic_write_text, render_yaml
+
     text = render_yaml(load_preset(preset))
     if output == "-":
         sys.stdout.write(text)

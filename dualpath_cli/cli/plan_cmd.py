@@ -13,7 +13,6 @@ import typer
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stdout
-from dualpath_cli.config.model import parse_pd
 from dualpath_cli.core.capacity import (
     PDRange,
     link_loads,
@@ -78,6 +77,8 @@ def pd_ratio(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The bottleneck-free P/D range (the paper's equation 9) for one node type."""
+    from dualpath_cli.config.model import parse_pd  # config/ loads yaml: only when needed
+
     node = get_hardware_profile(hardware)
     g = gpus_per_node if gpus_per_node is not None else node.gpus_per_node
     snics = snics_per_node if snics_per_node is not None else node.snics_per_node

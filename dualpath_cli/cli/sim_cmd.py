@@ -10,6 +10,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
@@ -17,31 +18,22 @@ from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
-from dualpath_cli.sim import (
-    SIM_POLICIES,
-    LatencyStats,
-    SimResult,
-    Workload,
-    make_setup,
-    online_agents,
-    simulate_capacity,
-    simulate_offline,
-    simulate_online,
-)
-from dualpath_cli.sim.online import check_aps_range
-from dualpath_cli.sim.plots import (
-    check_png_path,
-    render_compare_terminal,
-    render_series_terminal,
-    write_compare_png,
-    write_series_png,
-)
 from dualpath_cli.units import format_duration, format_tokens, parse_tokens
+
+if TYPE_CHECKING:
+    from dualpath_cli.sim import LatencyStats, SimResult, Workload
+
+# The simulator (numpy) and its plots (matplotlib, plotext) are imported inside the commands
+# so that ``dualpath --help`` does not load them (tests/test_cli_import_graph.py).
 
 __all__ = ["app", "resolve_agents", "resolve_workload", "workload_keys", "workload_label"]
 
 app = typer.Typer(help="Simulate a DualPath cluster in simulated time with the core scheduler.",
                   no_args_is_help=True)
+
+#: Every simulator policy, in the paper's order (sim.SIM_POLICIES; a test checks they agree).
+SIM_POLICY_NAMES: tuple[str, ...] = ("basic", "layerwise", "dual-rr", "dualpath", "split",
+                                     "oracle")
 
 _MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, qwen32b).")
 _PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
@@ -73,6 +65,8 @@ def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
 def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
                      default_max_len: str = "64K") -> Workload:
     """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked)."""
+    from dualpath_cli.sim import Workload
+
     if trace is None:
         return Workload(parse_tokens(max_len or default_max_len), seed)
     if max_len is not None:
@@ -125,7 +119,7 @@ def run(
         None, "--agents", help="Agents, all starting at t=0 (offline) [default: 2048, or "
         "every trajectory of a --trace]."),
     policy: str = typer.Option("dualpath", "--policy",
-                               help=f"One of: {', '.join(SIM_POLICIES)}."),
+                               help=f"One of: {', '.join(SIM_POLICY_NAMES)}."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
     horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
     plot: Path | None = typer.Option(
@@ -149,6 +143,9 @@ def run(
     if series and not json_out:
         raise UsageError("--series adds the per-node series to the JSON output; "
                          "pass --json too")
+    from dualpath_cli.sim import make_setup, online_agents, simulate_offline, simulate_online
+    from dualpath_cli.sim.plots import check_png_path, render_series_terminal, write_series_png
+
     setup = make_setup(model, pd, policy, hardware)
     if plot is not None:
         check_png_path(plot)
@@ -182,8 +179,8 @@ def compare(
     agents: int | None = typer.Option(
         None, "--agents", help="Agents starting at t=0 [default: 1024, or every trajectory "
         "of a --trace]."),
-    policies: str = typer.Option("basic,layerwise,dual-rr,dualpath,split,oracle",
-                                 "--policies", help="Comma-separated policies."),
+    policies: str = typer.Option(",".join(SIM_POLICY_NAMES), "--policies",
+                                 help="Comma-separated policies."),
     aps: float | None = typer.Option(
         None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
     horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
@@ -195,6 +192,9 @@ def compare(
     seed: int = _SEED, json_out: bool = _JSON,
 ) -> None:
     """Run several policies on the same workload and compare JCT (online: TTFT, TPOT)."""
+    from dualpath_cli.sim import make_setup, online_agents, simulate_offline, simulate_online
+    from dualpath_cli.sim.plots import check_png_path, render_compare_terminal, write_compare_png
+
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise UsageError("--policies is empty")
@@ -291,6 +291,9 @@ def capacity(
     seed: int = _SEED, json_out: bool = _JSON,
 ) -> None:
     """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
+    from dualpath_cli.sim import make_setup, online_agents, simulate_capacity
+    from dualpath_cli.sim.online import check_aps_range
+
     setup = make_setup(model, pd, policy, hardware)
     wl = resolve_workload(trace, max_len, seed)
     check_aps_range(lo, hi)

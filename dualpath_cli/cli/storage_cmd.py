@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
-from dualpath_cli.storage import ENGINES, PosixStore
-from dualpath_cli.storage.benchmark import (
-    DiskRequests,
-    loader_gbps,
-    make_dataset,
-    warm_page_cache,
-)
-from dualpath_cli.storage.inspect import inspect_store, verify_store
 from dualpath_cli.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from dualpath_cli.storage import PosixStore
+
+# storage/ (numpy) and rich.progress are imported inside the commands so that
+# ``dualpath --help`` stays fast (tests/test_cli_import_graph.py).
+
+#: storage.engines.ENGINES, kept here for the --engine help (a test checks they agree).
+ENGINES: tuple[str, ...] = ("auto", "preadv", "io_uring")
 
 app = typer.Typer(help="Inspect, verify, clean and benchmark a KV block store.",
                   no_args_is_help=True)
@@ -33,6 +34,8 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object instead of a t
 
 
 def _open(root: Path, **kwargs: object) -> PosixStore:
+    from dualpath_cli.storage import PosixStore
+
     if not root.is_dir():
         raise UsageError(f"storage root {root}: not a directory")
     return PosixStore(root, **kwargs)  # type: ignore[arg-type]
@@ -61,6 +64,15 @@ def bench(
     json_out: bool = _JSON,
 ) -> None:
     """Loader throughput vs block size and queue depth (checksums verified on every read)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dualpath_cli.storage.benchmark import (
+        DiskRequests,
+        loader_gbps,
+        make_dataset,
+        warm_page_cache,
+    )
+
     sizes = [parse_bytes(v) for v in block_size.split(",") if v.strip()]
     depths = _int_list(queue_depth, "--queue-depth")
     total = parse_bytes(size)
@@ -117,6 +129,8 @@ def bench(
 def inspect(root: Path = _ROOT, top: int = typer.Option(10, help="Hottest blocks to list."),
             json_out: bool = _JSON) -> None:
     """Blocks, bytes, namespaces and the hottest blocks of a store."""
+    from dualpath_cli.storage.inspect import inspect_store
+
     report = inspect_store(_open(root), top)
     if json_out:
         emit_json(report)
@@ -146,6 +160,8 @@ def inspect(root: Path = _ROOT, top: int = typer.Option(10, help="Hottest blocks
 @app.command()
 def verify(root: Path = _ROOT, json_out: bool = _JSON) -> None:
     """Check every block's checksums; corrupt blocks are quarantined. Exit 0 clean, 2 not."""
+    from dualpath_cli.storage.inspect import verify_store
+
     report = verify_store(_open(root))
     if json_out:
         emit_json(report)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -16,17 +16,13 @@ from rich.table import Table
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_tokens, parse_tokens
-from dualpath_cli.workload.build import DEFAULT_BASE_AGENTS, synthetic_trace
-from dualpath_cli.workload.mooncake import mooncake_stats
-from dualpath_cli.workload.stats import TraceStats, trace_stats
-from dualpath_cli.workload.table2 import TABLE2, Table2Row, targets_for
-from dualpath_cli.workload.trace_io import (
-    TraceFormat,
-    detect_format,
-    read_mooncake,
-    read_trace,
-    write_trace,
-)
+
+if TYPE_CHECKING:
+    from dualpath_cli.workload.stats import TraceStats
+    from dualpath_cli.workload.table2 import Table2Row
+    from dualpath_cli.workload.trace_io import TraceFormat
+
+# workload/ (numpy) is imported inside the commands so that ``dualpath --help`` stays fast.
 
 __all__ = ["app"]
 
@@ -34,6 +30,8 @@ app = typer.Typer(help="Generate and inspect agent traces (Table 2 calibrated, o
                   no_args_is_help=True)
 
 _FORMATS: tuple[TraceFormat, ...] = ("dualpath", "mooncake")
+#: workload.build.DEFAULT_BASE_AGENTS, kept here for the option default (a test checks).
+DEFAULT_BASE_AGENTS = 500
 _COLUMNS = ("turns", "append", "gen", "total", "context")
 
 
@@ -51,6 +49,11 @@ def gen(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write a synthetic agent trace calibrated to the paper's Table 2."""
+    from dualpath_cli.workload.build import synthetic_trace
+    from dualpath_cli.workload.stats import trace_stats
+    from dualpath_cli.workload.table2 import targets_for
+    from dualpath_cli.workload.trace_io import write_trace
+
     length = parse_tokens(max_len)
     trace = synthetic_trace(length, agents, seed, base_agents=base_agents)
     stats = trace_stats(trace.trajectories)
@@ -74,6 +77,11 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Table 2 means of a dualpath trace, or request statistics of a Mooncake trace."""
+    from dualpath_cli.workload.mooncake import mooncake_stats
+    from dualpath_cli.workload.stats import trace_stats
+    from dualpath_cli.workload.table2 import TABLE2
+    from dualpath_cli.workload.trace_io import detect_format, read_mooncake, read_trace
+
     kind = _format(fmt) if fmt is not None else detect_format(path)
     if kind == "mooncake":
         summary = mooncake_stats(read_mooncake(path))
@@ -121,6 +129,8 @@ def _table(title: str, *, with_target: bool) -> Table:
 
 def _render_dualpath(result: TraceStats, max_len: int, target: Table2Row | None, *,
                      title: str) -> None:
+    from dualpath_cli.workload.table2 import TABLE2
+
     exact = target is not None and any(r.max_len == max_len for r in TABLE2)
     table = _table(title, with_target=target is not None)
     if target is not None and not exact:

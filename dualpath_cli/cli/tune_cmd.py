@@ -19,7 +19,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -31,19 +31,6 @@ from dualpath_cli.cli.sim_cmd import (
     workload_keys,
     workload_label,
 )
-from dualpath_cli.config import (
-    LoadedConfig,
-    SchedulerConfig,
-    default_user_file,
-    load_config,
-    resolve_alpha,
-    resolve_beta,
-    resolve_quota,
-)
-from dualpath_cli.config.edit import write_config_values
-from dualpath_cli.config.layers import scalar_from_text
-from dualpath_cli.config.render import display_value
-from dualpath_cli.config.schema import KEY_BY_PATH
 from dualpath_cli.core.profiles import (
     get_hardware_profile,
     get_model_profile,
@@ -55,17 +42,6 @@ from dualpath_cli.core.thresholds import (
     tokens_readable,
 )
 from dualpath_cli.errors import ConfigError, UsageError, pick
-from dualpath_cli.sim import (
-    AgentPlan,
-    SimCalibration,
-    SimResult,
-    Workload,
-    make_setup,
-    meets_slo,
-    online_agents,
-    simulate_offline,
-    simulate_online,
-)
 from dualpath_cli.units import (
     format_bandwidth,
     format_bytes,
@@ -76,6 +52,13 @@ from dualpath_cli.units import (
     parse_duration,
     parse_tokens,
 )
+
+if TYPE_CHECKING:
+    from dualpath_cli.config import LoadedConfig, SchedulerConfig
+    from dualpath_cli.sim import AgentPlan, SimResult, Workload
+
+# config/ (yaml) and the simulator (numpy) are imported inside the commands so that
+# ``dualpath --help`` stays fast (tests/test_cli_import_graph.py).
 
 __all__ = ["app", "SEED_ALPHA_NOTE", "TUNABLE"]
 
@@ -284,6 +267,9 @@ _RANK = {"default": 0, "profile": 0, "preset": 0, "system": 1, "user": 2, "file"
 
 def _assignments(pairs: list[str]) -> dict[str, str]:
     """``{config key: value text}`` from KEY=VALUE arguments, each value checked alone."""
+    from dualpath_cli.config.layers import scalar_from_text
+    from dualpath_cli.config.schema import KEY_BY_PATH
+
     changes: dict[str, str] = {}
     for pair in pairs:
         name, sep, text = (part.strip() for part in pair.partition("="))
@@ -299,6 +285,8 @@ def _assignments(pairs: list[str]) -> dict[str, str]:
 
 
 def _given(loaded: LoadedConfig, key: str) -> str:
+    from dualpath_cli.config.render import display_value
+
     setting = loaded.settings[key]
     return display_value(key, setting.value, setting.raw)
 
@@ -336,6 +324,8 @@ class _Scenario:
 
 def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
     """alpha/beta in tokens, quota in seconds, z: resolved against the scenario's profiles."""
+    from dualpath_cli.config import resolve_alpha, resolve_beta, resolve_quota
+
     model, hw = get_model_profile(sc.model), get_hardware_profile(sc.hardware)
     return {
         "scheduler.alpha": resolve_alpha(sched.alpha, model, hw).value,
@@ -347,6 +337,8 @@ def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
 
 
 def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan]) -> SimResult:
+    from dualpath_cli.sim import SimCalibration, make_setup, simulate_offline, simulate_online
+
     cal = replace(SimCalibration(), quota_s=values["scheduler.compute_quota"],
                   z_factor=values["scheduler.z_factor"])
     beta = int(values["scheduler.beta"])
@@ -362,6 +354,8 @@ def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan]) -
 
 def _metrics(res: SimResult) -> list[tuple[str, float, str]]:
     """(name, value, format) compared by the dry run; NaN where the run has no value."""
+    from dualpath_cli.sim import meets_slo
+
     nan = float("nan")
     rows = [("JCT" if res.mode == "offline" else "mean trajectory time", res.jct, "duration")]
     if res.mode == "offline":  # the JCT is the slowest trajectory; the mean the typical one
@@ -434,6 +428,8 @@ def set_thresholds(
 
     Other keys and comments stay; the dry run resolves seconds and bytes on its profiles.
     """
+    from dualpath_cli.config import default_user_file, load_config
+
     changes = _assignments(assignments)
     target = config if config is not None else default_user_file(os.environ)
     base = config if config is not None and config.exists() else None
@@ -458,6 +454,9 @@ def set_thresholds(
 
 def _write(target: Path, changes: dict[str, str], rows: list[dict[str, Any]],
            notes: list[str], as_json: bool) -> None:
+    from dualpath_cli.config.edit import write_config_values
+    from dualpath_cli.config.layers import scalar_from_text
+
     write_config_values(target, {k: scalar_from_text(v) for k, v in changes.items()})
     if as_json:
         emit_json({"path": str(target), "dry_run": False, "written": True, "changes": rows,
@@ -476,6 +475,8 @@ def _write(target: Path, changes: dict[str, str], rows: list[dict[str, Any]],
 def _dry_run(target: Path, rows: list[dict[str, Any]], notes: list[str],
              current: LoadedConfig, proposed: LoadedConfig, sc: _Scenario,
              as_json: bool) -> None:
+    from dualpath_cli.sim import online_agents
+
     n = sc.agents if sc.aps is None else online_agents(sc.aps, sc.horizon)
     old, new = (_thresholds(c.config.scheduler, sc) for c in (current, proposed))
     for row in rows:
