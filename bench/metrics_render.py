@@ -1,0 +1,92 @@
+"""How long one scrape renders: /metrics (Prometheus text) and /api/v1/metrics (JSON).
+
+Usage: ``python bench/metrics_render.py [--json] [--repeat 30] [--prefill-nodes 48]
+[--decode-nodes 96] [--gpus 8] [--layers 4] [--no-boost]``.
+
+The cluster is synthetic and fully populated (:func:`dualpath_cli.api.render_bench.
+synthetic_view`): the paper's largest deployment, 48P96D with 8 GPUs per node, i.e. 1,152
+engines, 4 layers each (the embedded runtime's reference model). ``/metrics`` is timed as a
+scrape renders it: the view's gauges, every engine's registry snapshot merged by node (the
+storage loader's counters, gauges and latency histograms; FLOP/s; attention bubbles), host
+facts sampled by psutil and a GPU report. ``/api/v1/metrics`` is the view encoded as JSON.
+Both are the functions the API calls; the median of ``--repeat`` renders after one warm-up
+render is reported (the warm-up fills the exporter's cache of rendered label sets, which a
+live cluster fills on its first scrape: its engines, nodes and layers do not change).
+
+Goal (issue 12): each <= 50 ms. ``--json`` prints one object with ``metrics_render_ms_1152``
+and ``api_metrics_render_ms_1152`` (the suffix is the engine count), ``metrics_view_only_ms``
+(the view's families alone, no registry snapshots), body sizes and the CPU other processes
+used meanwhile (``foreign_cpu_cores``: the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dualpath_cli.api.render_bench import measure_renders, synthetic_view
+from dualpath_cli.telemetry.hostload import FOREIGN_WARN_CORES, ForeignCpu, cpu_priority
+
+GOAL_MS = 50.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--prefill-nodes", type=int, default=48)
+    ap.add_argument("--decode-nodes", type=int, default=96)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--no-boost", action="store_true",
+                    help="do not raise this session's CPU priority while measuring")
+    args = ap.parse_args()
+    if args.repeat < 1 or min(args.prefill_nodes, args.decode_nodes, args.gpus,
+                              args.layers) < 1:
+        print("bench/metrics_render.py: --repeat, node, GPU and layer counts must be >= 1",
+              file=sys.stderr)
+        return 2
+    view = synthetic_view(args.prefill_nodes, args.decode_nodes, args.gpus, args.layers)
+    with cpu_priority(not args.no_boost) as boosted:
+        meter = ForeignCpu()
+        meter.start()
+        out = measure_renders(view, args.repeat)
+        foreign = meter.stop()
+    out.update({"pd": view.pd, "gpus_per_node": args.gpus, "layers": args.layers,
+                "boosted": boosted,
+                "foreign_cpu_cores": None if foreign is None else round(foreign, 3)})
+    n = out["engines"]
+    out["goal_ms"] = GOAL_MS
+    out["ok"] = (out[f"metrics_render_ms_{n}"] <= GOAL_MS
+                 and out[f"api_metrics_render_ms_{n}"] <= GOAL_MS)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"Scrape render time: {n} engines ({view.pd} x {args.gpus} GPUs, "
+                    f"{args.layers} layers), median of {args.repeat}")
+    t.add_column("body")
+    t.add_column("median ms", justify="right")
+    t.add_column("bytes", justify="right")
+    t.add_column(f"<= {GOAL_MS:g} ms", justify="center")
+    for label, key, size in (
+            ("/metrics (view + engine snapshots + host + GPU)", f"metrics_render_ms_{n}",
+             "metrics_bytes"),
+            ("/metrics, view families only", "metrics_view_only_ms", None),
+            ("/api/v1/metrics (JSON)", f"api_metrics_render_ms_{n}", "api_metrics_bytes")):
+        ms = out[key]
+        t.add_row(label, f"{ms:.1f}", f"{out[size]:,}" if size else "",
+                  "yes" if ms <= GOAL_MS else "NO")
+    con.print(t)
+    if foreign is not None and foreign > FOREIGN_WARN_CORES:
+        con.print(f"[yellow]other processes used {foreign:.2f} cores meanwhile: numbers are "
+                  "noisy[/yellow]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
