@@ -248,3 +248,23 @@ def test_client_errors_are_one_line_and_name_the_url(
     with pytest.raises(Rejected, match="invalid alpha") as bad:
         DualPathClient(url, auth.token).update_scheduler(alpha="lots")
     assert bad.value.status == 422 and bad.value.exit_code == 2
+
+
+def test_readyz_turns_green_only_when_every_engine_has_said_hello(tmp_path: Path) -> None:
+    live = LiveCluster(RuntimeOptions(block_tokens=8))
+    auth = TokenAuth.generate(tmp_path / "token")
+    try:
+        with ServerThread(create_app(live, auth, gpu=FakeGpuBackend())) as server:
+            with DualPathClient(server.url) as c:
+                assert c.healthz()  # the process answers before the engines are up
+                assert not c.readyz()
+                resp = httpx.get(f"{server.url}/readyz")
+                assert resp.status_code == 503
+                assert resp.json() == {"detail": "not ready: cluster is starting"}
+                live.start()
+                assert c.readyz()
+                live.drain(10)
+                assert not c.readyz()
+                assert "stopped" in httpx.get(f"{server.url}/readyz").json()["detail"]
+    finally:
+        live.close()

@@ -203,3 +203,45 @@ def test_host_facts_are_rendered_as_counters_per_device() -> None:
 def test_unknown_registry_metrics_are_dropped() -> None:
     snap = {"dualpath_from_a_newer_engine": [{"labels": {}, "value": 1.0}]}
     assert render_prometheus(None, engine_metrics={0: snap}) == ""
+
+
+class _StubNvml:
+    """Stands in for the pynvml module: two devices, the second's memory query fails."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802 (NVML's names)
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:  # noqa: N802
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:  # noqa: N802
+        return type("Rates", (), {"gpu": 40 + h, "memory": 0})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:  # noqa: N802
+        if h == 1:
+            raise self.NVMLError("Not Supported")
+        return type("Mem", (), {"used": 2**30, "total": 2**37, "free": 2**37 - 2**30})()
+
+
+def test_nvml_backend_reports_devices_and_leaves_out_what_the_driver_does_not_say() -> None:
+    from dualpath_cli.telemetry.gpu import NvmlBackend, detect_gpu_backend
+
+    report = NvmlBackend(_StubNvml(), 2).report()
+    assert report.available and report.backend == "nvml"
+    assert [(d.index, d.name, d.uuid, d.utilization) for d in report.devices] == [
+        (0, "NVIDIA H200", "GPU-0", 0.40), (1, "NVIDIA H200", "GPU-1", 0.41)]
+    assert report.devices[1].memory_total_bytes is None
+    text = render_prometheus(None, gpu=report)
+    assert _value(text, "dualpath_gpu_memory_used_bytes", gpu=0) == 2**30
+    assert 'dualpath_gpu_memory_used_bytes{gpu="1"}' not in text
+    assert _value(text, "dualpath_gpu_device_utilization_ratio", gpu=1,
+                  model="NVIDIA H200") == 0.41
+    # on this host: NVML when a driver is present, else an explicit "not available"
+    probed = detect_gpu_backend().report()
+    assert probed.available or (probed.reason and not probed.devices)

@@ -175,9 +175,8 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
 def _metrics_text(live: LiveCluster, gpu: GpuBackend) -> str:
     view = live.view()
     system = live.system
-    engine_metrics = system.metrics(fresh=False)
-    registry = getattr(system.scheduler, "registry", None)
-    sched = registry.snapshot() if registry is not None else None
+    engine_metrics = system.metrics(fresh=False)  # as last heartbeated: a scrape never waits
+    sched = system.scheduler.registry.snapshot()
     return render_prometheus(view, engine_metrics=engine_metrics, scheduler_metrics=sched,
                              host=host_facts(), gpu=gpu.report())
 
