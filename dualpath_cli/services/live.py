@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +201,11 @@ class LiveCluster:
             self._in_flight.discard(ticket)
 
     def view(self) -> ClusterView:
-        """A snapshot of the whole system."""
-        return self.system.view()
+        """A snapshot of the whole system (``state`` is ``draining`` while this drains)."""
+        view = self.system.view()
+        if self.state == "draining" and view.state != "stopped":
+            view = replace(view, state="draining")
+        return view
 
     def decisions(self, since: int = -1) -> list[Decision]:
         """Logged decisions with ``seq > since``, oldest first (bounded by the ring)."""
