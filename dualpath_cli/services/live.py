@@ -29,6 +29,7 @@ import numpy as np
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.errors import DualPathError
+from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
 from dualpath_cli.telemetry.view import ClusterView, Decision
@@ -50,19 +51,6 @@ class Draining(DualPathError):
 
 class StartError(DualPathError):
     """The engines did not all come up (one exited, or the start timed out)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerChange:
-    """A requested change of the running scheduler (``None``: leave as is).
-
-    Thresholds in scheduler units: alpha and beta in tokens, the quota in seconds.
-    """
-
-    alpha_tokens: int | None = None
-    beta_tokens: int | None = None
-    quota_s: float | None = None
-    read_side: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
