@@ -14,12 +14,13 @@ import pytest
 from test_runtime import AGENTS
 
 from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.layout import prefix_keys
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import TurnRequest
 from dualpath_cli.services.runner import run_agents
-from dualpath_cli.storage import MemoryStore
+from dualpath_cli.storage import HEADER_SIZE, MemoryStore
 from dualpath_cli.telemetry.view import ClusterView, view_from_dict
 from dualpath_cli.workload.tokens import append_token_ids
 
@@ -203,3 +204,35 @@ def test_view_of_engine_processes(tmp_path: Path) -> None:
     assert len(pe.layers) == system.shape.n_layers
     assert sum(h.store + h.peer for h in pe.layers) > 0
     assert view.scheduler.decisions.total == AGENTS[0].num_turns
+
+
+def test_requeues_and_dead_engines_show_in_the_view() -> None:
+    store = MemoryStore()
+    traj = AGENTS[0]
+    with RuntimeSystem(RuntimeOptions(policy="dualpath", block_tokens=8), store) as system:
+        prompt = append_token_ids(traj, 0, 256).tolist()
+        first = system.submit(TurnRequest(traj.agent_id, 0, np.asarray(prompt), 2)).wait(60)
+        prompt = prompt + first.tokens + append_token_ids(traj, 1, 256).tolist()
+        key = prefix_keys(prompt, system.namespace)[0]
+        raw = bytearray(store.raw(key))
+        raw[HEADER_SIZE] ^= 0xFF  # the checksum no longer matches: the read fails
+        store.set_raw(key, bytes(raw))
+        r = system.submit(TurnRequest(traj.agent_id, 1, np.asarray(prompt), 2)).wait(60)
+        assert r.attempts == 2
+        victim = system.engine_ids("decode")[1]
+        system.cluster.kill(victim)
+        deadline = time.monotonic() + 5
+        while system.view().engine(victim).state != "dead":
+            assert time.monotonic() < deadline, "the killed engine never showed as dead"
+            time.sleep(0.01)
+        view = system.view()
+        snap = system.scheduler.registry.snapshot()
+        attempts = [d.attempt for d in system.decisions() if d.turn == 1]
+    assert view.scheduler.requeued_total == 1 and attempts == [0, 1]
+    requeued = {r["labels"]["reason"]: r["value"]
+                for r in snap["dualpath_scheduler_requeued_turns_total"]}
+    assert requeued == {"read_failed": 1}
+    engines = {(r["labels"]["role"], r["labels"]["state"]): r["value"]
+               for r in snap["dualpath_scheduler_engines"]}
+    assert engines[("decode", "dead")] == 1 and engines[("decode", "ready")] == 1
+    assert view.state == "ready"  # degraded, still serving on the other DE
