@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from openai_server import Served, serve
 
 from dualpath_cli.api.openai_routes import ChatMessage, render_chat
@@ -27,7 +28,8 @@ MODEL = "tiny"
 
 
 def _opts(**kw: Any) -> RuntimeOptions:
-    return RuntimeOptions(block_tokens=BT, flops_rate=5e9, fetch_s=0.005, **kw)
+    return RuntimeOptions(block_tokens=BT, flops_rate=5e9, fetch_s=0.005,
+                          heartbeat_timeout=10.0, **kw)  # a loaded CI box: no false deaths
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +65,15 @@ def _layer_hits(live: LiveCluster) -> int:
 def test_three_turn_chat_hits_the_cache_and_matches_in_process(served: Served) -> None:
     client = _client(served)
     hits0 = _layer_hits(served.live)
-    messages: list[dict[str, str]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are agent 7 of a chat test; reply tersely."},
         {"role": "user", "content": "List the files in the repository and read README."}]
     prompts: list[list[int]] = []
     outputs: list[list[int]] = []
     cached: list[int] = []
     for turn in range(3):
-        r = client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore
-                                           max_tokens=6, temperature=0, user="chat-agent-7",
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6,
+                                           temperature=0, user="chat-agent-7",
                                            extra_body={"return_token_ids": True})
         choice = r.choices[0]
         extra = choice.model_extra or {}
@@ -131,11 +133,11 @@ def test_streaming_chunks_concatenate_to_the_plain_text(served: Served) -> None:
     assert usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens // BT * BT  # type: ignore[union-attr]
 
-    msgs = [{"role": "user", "content": "Stream a chat reply, please."}]
-    reply = client.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore
-                                           max_tokens=5)
-    stream = client.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore
-                                            max_tokens=5, stream=True)
+    msgs: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Stream a chat reply, please."}]
+    reply = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5)
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5,
+                                            stream=True)
     deltas = [c.choices[0].delta for c in stream if c.choices]
     assert deltas[0].role == "assistant"
     assert "".join(d.content or "" for d in deltas) == reply.choices[0].message.content
@@ -203,7 +205,7 @@ def test_bad_requests_get_a_4xx_with_the_reason(served: Served, kw: dict[str, An
 def test_bad_chat_and_malformed_bodies(served: Served) -> None:
     client = _client(served, max_retries=0)
     with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
-        client.chat.completions.create(model=MODEL, temperature=1.0,  # type: ignore
+        client.chat.completions.create(model=MODEL, temperature=1.0,
                                        messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(model=MODEL, messages=[])

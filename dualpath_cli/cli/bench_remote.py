@@ -1,0 +1,111 @@
+"""``dualpath bench --url``: the main job against a launched cluster, through its API.
+
+Thin: find the token, call :func:`~dualpath_cli.services.remote_runner.run_bench_remote`,
+render the in-process bench's table (the columns that apply over HTTP) or its JSON.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.services.bench import SLO, BenchReport
+from dualpath_cli.services.runner import TurnRecord
+from dualpath_cli.units import format_bytes
+from dualpath_cli.workload.trajectory import Trajectory
+
+__all__ = ["TOKEN_ENV", "find_token", "bench_url"]
+
+TOKEN_ENV = "DUALPATH_TOKEN"
+"""Environment variable with the API token of a cluster this host did not launch."""
+
+
+def find_token(url: str) -> str | None:
+    """The API token for ``url``: the token file of a cluster launched on this host at that
+    URL, else ``$DUALPATH_TOKEN``, else ``None`` (a loopback cluster serves without one)."""
+    from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.services import statefile
+
+    want = url.rstrip("/")
+    try:
+        live, _ = statefile.live_states()
+    except OSError:
+        live = []
+    for state in live:
+        if state.url.rstrip("/") == want:
+            try:
+                return TokenAuth.load(state.token_file).token
+            except DualPathError:
+                break
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def _ms(value: float) -> str:
+    return "n/a" if value != value else f"{value * 1e3:.0f}"
+
+
+def _render(report: BenchReport, online: bool) -> None:
+    s = report.setup
+    table = Table(title=f"dualpath bench --url {s['url']}: {s['pd']}, {s['agents']} agents, "
+                        f"{s['turns']} turns, model {s['model']}, {s['mode']}")
+    cols = ["policy", "JCT", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
+    cols += (["SLO"] if online else []) + ["cached tokens", "SNIC bytes per node",
+                                           "SNIC Max/Avg", "errors"]
+    for col in cols:
+        table.add_column(col)
+    for p in report.policies:
+        nodes = " ".join(f"{n}:{format_bytes(b)}" for n, b in sorted(p.snic_read_bytes.items()))
+        row = [p.policy, f"{p.jct_s:.2f} s", f"{_ms(p.ttft_p50_s)}/{_ms(p.ttft_p99_s)}",
+               f"{p.tpot_p50_s * 1e3:.1f}/{p.tpot_p99_s * 1e3:.1f}"]
+        row += (["met" if p.slo_met else "MISSED"] if online else [])
+        row += [f"{p.cached_tokens:,} of {s['prompt_tokens']:,}", nodes or "n/a",
+                "n/a" if p.snic_max_avg != p.snic_max_avg else f"{p.snic_max_avg:.2f}",
+                str(len(p.errors))]
+        table.add_row(*row)
+    stdout.print(table)
+    for p in report.policies:
+        for err in p.errors[:5]:
+            stderr.print(f"[yellow]turn failed:[/] {err}", highlight=False)
+    if online:
+        slo = s["slo"]
+        stdout.print(f"SLO (p99): TTFT <= {slo['ttft_s']:.2f} s, TPOT <= "
+                     f"{slo['tpot_s'] * 1e3:.1f} ms (the paper's 4 s / 50 ms x {slo['scale']})")
+
+
+def bench_url(url: str, trajectories: Sequence[Trajectory], *, aps: float | None,
+              slo_scale: float, as_json: bool, refused: Sequence[str] = ()) -> None:
+    """Drive the cluster at ``url`` with ``trajectories`` and print the report.
+
+    ``refused``: options given that only an in-process bench can honour (named in the
+    error). Exits through :class:`DualPathError` when no turn succeeded.
+    """
+    from dualpath_cli.services.remote_runner import run_bench_remote
+
+    if refused:
+        raise UsageError(f"{', '.join(refused)}: not with --url (a launched cluster runs its "
+                         "own configuration and policy)")
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url!r}: expected http://HOST:PORT")
+    total = sum(t.num_turns for t in trajectories)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True,
+                  disable=not stderr.is_terminal) as progress:
+        task = progress.add_task("bench --url", total=total)
+
+        def on_turn(rec: TurnRecord) -> None:
+            progress.update(task, advance=1)
+
+        report = run_bench_remote(url, trajectories, token=find_token(url), aps=aps,
+                                  slo=SLO(scale=slo_scale), on_turn=on_turn)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        _render(report, online=aps is not None)
+    row = report.policies[0]
+    if row.turns == 0 and row.errors:
+        raise DualPathError(f"no turn succeeded against {url}: {row.errors[0]}")
