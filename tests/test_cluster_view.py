@@ -192,6 +192,12 @@ def test_view_of_engine_processes(tmp_path: Path) -> None:
                           store_dir=tmp_path / "store")
     with RuntimeSystem(opts) as system:
         result = run_agents(system, AGENTS[:1], timeout=60)
+        system.update_scheduler(SchedulerChange(quota_s=0.125))  # a quota message crosses too
+        pe_id = system.engine_ids("prefill")[0]
+        deadline = time.monotonic() + 5
+        while system.scheduler.reports()[pe_id].get("quota_s") != 0.125:
+            assert time.monotonic() < deadline, "the PE process never reported the new quota"
+            system.scheduler.fresh_reports(time.monotonic(), timeout=0.5)
         view = _fresh_view(system)
         pids = {eid: system.cluster.pid(eid) for eid in system.engine_ids("prefill")
                 + system.engine_ids("decode")}  # type: ignore[union-attr]
