@@ -208,7 +208,7 @@ def _notify(message: dict[str, Any]) -> None:
 
 
 def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
-           opts_args: tuple[Any, ...], as_json: bool) -> int:
+           start_timeout: float, opts_args: tuple[Any, ...], as_json: bool) -> int:
     """The foreground launcher (also what a ``--detach`` child runs)."""
     t0 = _started_at()
     stop_event = threading.Event()
@@ -222,15 +222,15 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _serve_inner(host, port, allow_remote, drain_timeout, opts_args, as_json, t0,
-                            stop_event)
+        return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
+                            as_json, t0, stop_event)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
 def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
-                 opts_args: tuple[Any, ...], as_json: bool, t0: float,
+                 start_timeout: float, opts_args: tuple[Any, ...], as_json: bool, t0: float,
                  stop_event: threading.Event) -> int:
     _claim_port(port)
     sock = _bind(host, port)
@@ -248,7 +248,7 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         app = create_app(live, auth, allow_remote=allow_remote)
         server = _Server(app, sock)
         server.start()
-        live.start()
+        live.start(start_timeout)
         ready_s = time.time() - t0
         url = _url(host, port)
         state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
@@ -410,6 +410,8 @@ def launch(
                                          "the state directory); return once ready.")] = False,
     drain_timeout: Annotated[str, typer.Option("--drain-timeout", help="On stop, wait this "
                                                "long for in-flight turns.")] = "30s",
+    start_timeout: Annotated[str, typer.Option("--start-timeout", help="Give up when the "
+                                               "engines are not all up by then.")] = "120s",
     store: Annotated[Path | None, typer.Option("--store", help="Store directory (default: "
                                                "$XDG_DATA_HOME/dualpath/store).")] = None,
     pd: Annotated[str | None, typer.Option("--pd", help="Prefill/decode nodes, e.g. 1P2D "
@@ -434,9 +436,11 @@ def launch(
         raise UsageError(f"--host {host} is not a loopback address; add --allow-remote to "
                          "serve other machines (every endpoint then needs the token)")
     drain_s = parse_duration(drain_timeout)
+    start_s = parse_duration(start_timeout)
     if detach:
         _claim_port(port)
-        argv = ["--host", host, "--port", str(port), "--drain-timeout", drain_timeout]
+        argv = ["--host", host, "--port", str(port), "--drain-timeout", drain_timeout,
+                "--start-timeout", start_timeout]
         argv += ["--allow-remote"] if allow_remote else []
         for flag, value in (("--store", store), ("--pd", pd), ("--policy", policy),
                             ("--preset", preset), ("--config", config)):
@@ -445,9 +449,9 @@ def launch(
                          else value]
         for item in overrides or []:
             argv += ["--set", item]
-        code = _detach(argv, port, as_json, timeout=120.0)
+        code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
-    code = _serve(host, port, allow_remote, drain_s,
+    code = _serve(host, port, allow_remote, drain_s, start_s,
                   (preset, config, list(overrides or []), pd, policy, store), as_json)
     raise typer.Exit(code)
 
@@ -484,49 +488,19 @@ def _read_token(path: str) -> str | None:
         return None
 
 
-def _get_json(url: str, token: str | None, timeout: float = 3.0) -> Any:
-    import urllib.error
-    import urllib.request
+def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
+    """The fields of the status line from a typed ``/api/v1/status``."""
+    from dualpath_cli.units import format_tokens
 
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        raise NotRunning(f"{url}: HTTP {err.code} {err.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        raise NotRunning(f"cluster at {url} is not reachable ({reason})") from None
-
-
-def _summary(data: dict[str, Any]) -> dict[str, Any]:
-    """The fields of the status line from ``/api/v1/status``."""
-    from dualpath_cli.units import format_duration, format_tokens
-
-    view = data.get("view", data)
-    engines = view.get("engines", [])
-    healthy = sum(1 for e in engines if e.get("state") == "ready")
-    sched = view.get("scheduler") or {}
-    th = sched.get("thresholds") or {}
-    src = th.get("source") or {}
-    queue = sched.get("fifo_length")
-    alpha = data.get("alpha") or {}
-    beta = data.get("beta") or {}
-    state = str(data.get("state") or view.get("state") or "unknown")
+    th = st.thresholds
+    ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
     return {
-        "state": state, "pd": view.get("pd"), "engines": len(engines), "healthy": healthy,
-        "queue": queue,
-        "alpha": alpha.get("text") if isinstance(alpha, dict) and alpha.get("text") else (
-            format_duration(th["alpha_s"]) if th.get("alpha_s") is not None else
-            f"{format_tokens(th['alpha_tokens'])} tok" if th.get("alpha_tokens") is not None
-            else None),
-        "alpha_source": src.get("alpha"),
-        "beta": beta.get("text") if isinstance(beta, dict) and beta.get("text") else (
-            f"{format_tokens(th['beta_tokens'])} tok" if th.get("beta_tokens") is not None
-            else None),
-        "beta_source": src.get("beta"),
+        "running": ok, "state": st.state, "pd": st.pd, "policy": st.policy,
+        "engines": st.engines_total, "healthy": st.engines_healthy,
+        "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
+        "alpha": f"{format_tokens(th.alpha_tokens)} tok", "alpha_source": th.source.get("alpha"),
+        "beta": f"{format_tokens(th.beta_tokens)} tok", "beta_source": th.source.get("beta"),
+        "ready_s": st.ready_s, "uptime_s": st.uptime_s, "url": url, "pid": pid,
     }
 
 
@@ -538,31 +512,40 @@ def status(
                                              "several run).")] = None,
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."""
+    from dualpath_cli.api.client import DualPathClient
+    from dualpath_cli.api.errors import ApiError, Unreachable
+
     try:
         target, token, state = _target(url, port)
-        data = _get_json(f"{target}/api/v1/status", token)
-    except NotRunning as err:
+        with DualPathClient(target, token, timeout=5.0) as client:
+            st = client.status()
+    except (NotRunning, Unreachable) as err:
         if as_json:
-            emit_json({"state": "none", "reason": str(err)})
+            emit_json({"running": False, "state": "none", "reason": str(err)})
         else:
             stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_NONE) from None
-    s = _summary(data)
-    ok = s["state"] == "ready" and s["engines"] > 0 and s["healthy"] == s["engines"]
-    s["url"] = target
-    s["pid"] = state.pid if state else None
+    except ApiError as err:  # it answers, but not with a status
+        if as_json:
+            emit_json({"running": False, "state": "unhealthy", "reason": str(err)})
+        else:
+            stdout.print(f"unhealthy  {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_UNHEALTHY) from None
+    s = _summary(st, target, state.pid if state else None)
     if as_json:
-        emit_json({**s, "status": data})
+        emit_json(s)
     else:
-        word = "running" if ok else ("starting" if s["state"] == "starting" else "unhealthy")
+        word = "running" if s["running"] else ("starting" if s["state"] == "starting"
+                                                else "unhealthy")
         parts = [word, str(s["pd"]), f"{s['healthy']}/{s['engines']} engines healthy",
                  f"queue {s['queue'] if s['queue'] is not None else 'n/a'}"]
         for key in ("alpha", "beta"):
-            if s[key] is not None:
-                parts.append(f"{key} {s[key]}" + (f" ({s[key + '_source']})"
-                                                   if s[key + "_source"] else ""))
+            source = s[key + "_source"]
+            parts.append(f"{key} {s[key]}" + (f" ({source})" if source else ""))
+        if s["state"] not in ("ready", "starting"):
+            parts.append(f"state {s['state']}")
         stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
-    raise typer.Exit(0 if ok else EXIT_UNHEALTHY)
+    raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
 
 
 # --- stop ----------------------------------------------------------------------------------
@@ -605,9 +588,11 @@ def stop(
         os.kill(state.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    gone_alive = psutil.wait_procs(family[:1], timeout=wait_s)[1] if family else []
+    deadline = t0 + wait_s
+    while statefile.pid_alive(state.pid, state.pid_start) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a foreign pid (not our child: nothing to wait on)
     result: dict[str, Any] = {"pid": state.pid, "port": state.port, "forced": False}
-    if gone_alive:
+    if statefile.pid_alive(state.pid, state.pid_start):
         if not force:
             raise LaunchError(f"the launcher (pid {state.pid}) is still running after "
                               f"{wait_s:g} s; wait, or run 'dualpath stop --force'")
@@ -616,7 +601,9 @@ def stop(
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(family, timeout=10)
+        deadline = time.monotonic() + 10
+        while any(statefile.pid_alive(p.pid) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.05)
         statefile.remove_state(state.port)
         result.update(forced=True, killed=len(family), seconds=time.monotonic() - t0)
         msg = (f"killed the launcher (pid {state.pid}) and {len(family) - 1} child processes "

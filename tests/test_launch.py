@@ -1,0 +1,341 @@
+"""``dualpath launch``/``status``/``stop`` end to end: real launcher processes on loopback,
+temporary XDG directories and ports, exit codes as the contract (0 running, 2 unhealthy, 3
+none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dualpath_cli.cli.app import main
+from dualpath_cli.services import statefile
+
+CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture()
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Private XDG dirs for this test (in-process calls and subprocesses alike)."""
+    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
+              "XDG_STATE_HOME": str(tmp_path / "state"), "DUALPATH_URL": ""}
+    (tmp_path / "run").mkdir(mode=0o700)
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("DUALPATH_URL")
+    full = dict(os.environ)
+    full.pop("DUALPATH_URL", None)
+    return full
+
+
+def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# --- no cluster, stale files, bad flags (fast: in-process) -----------------------------------
+def test_status_and_stop_without_a_cluster_exit_3(env: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status"]) == 3
+    assert "no cluster running" in capsys.readouterr().out
+    assert main(["stop"]) == 3
+    assert main(["status", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["state"] == "none"
+
+
+def test_stale_state_file_is_detected_and_removed(env: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    state = statefile.ClusterState(pid=dead.pid, url="http://127.0.0.1:9", host="127.0.0.1",
+                                   port=9, started_at=time.time(),
+                                   token_file=str(statefile.token_path(9)))
+    statefile.write_state(state)
+    statefile.token_path(9).write_text("secret\n")
+    assert main(["status"]) == 3
+    out = capsys.readouterr().out
+    assert "stale" in out and str(dead.pid) in out
+    assert not state.path.exists() and not statefile.token_path(9).exists()
+    statefile.write_state(state)
+    assert main(["stop"]) == 3
+    assert not state.path.exists()
+
+
+def test_non_loopback_host_is_refused_without_allow_remote(
+        env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["launch", "--host", "0.0.0.0", "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-remote" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_launch_on_a_taken_port_fails_fast_before_engines(
+        env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        t0 = time.monotonic()
+        assert main(["launch", "--port", str(port)]) == 1
+        assert time.monotonic() - t0 < 5
+    err = capsys.readouterr().err
+    assert f"port {port}" in err and "in use" in err
+    assert not list(Path(env["XDG_RUNTIME_DIR"], "dualpath").glob("cluster-*"))
+
+
+def test_launch_refuses_a_port_whose_launcher_is_alive(
+        env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
+    me = statefile.ClusterState(pid=os.getpid(), url=f"http://127.0.0.1:{port}",
+                                host="127.0.0.1", port=port, started_at=time.time(),
+                                token_file="t",
+                                pid_start=statefile.process_start_time(os.getpid()))
+    statefile.write_state(me)
+    assert main(["launch", "--port", str(port)]) == 1
+    assert "already running" in capsys.readouterr().err
+    assert me.path.exists()  # someone else's live file is left alone
+
+
+# --- a real launched cluster ----------------------------------------------------------------
+class Launched:
+    """A foreground ``dualpath launch`` subprocess and what it printed."""
+
+    def __init__(self, env: dict[str, str], port: int, *extra: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([*CLI, "launch", "--port", str(port), *extra], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.ready_line = self.proc.stdout.readline()
+        self.family: list[int] = []
+        if self.proc.poll() is None and self.ready_line:
+            self.family = [c.pid for c in
+                           psutil.Process(self.proc.pid).children(recursive=True)]
+
+    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, self.ready_line + out, err
+
+    def kill(self) -> None:
+        for pid in [self.proc.pid, *self.family]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture()
+def launched(env: dict[str, str], tmp_path: Path) -> Iterator[Launched]:
+    cluster = Launched(env, _free_port(), "--store", str(tmp_path / "store"),
+                       "--drain-timeout", "120s")
+    try:
+        assert cluster.ready_line.startswith("ready in "), (
+            cluster.ready_line + (cluster.proc.stderr.read()  # type: ignore[union-attr]
+                                  if cluster.proc.poll() is not None else ""))
+        yield cluster
+    finally:
+        if cluster.proc.poll() is None:
+            cluster.kill()
+
+
+def _no_process_left(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _http(url: str, body: dict[str, Any] | None = None, token: str | None = None,
+          timeout: float = 60) -> tuple[int, dict[str, str], Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = raw.decode(errors="replace")
+        return err.code, dict(err.headers), payload
+    except (urllib.error.URLError, ConnectionError) as err:
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, ConnectionRefusedError | ConnectionResetError):
+            return 0, {}, None  # not listening (any more): nothing was admitted
+        raise
+
+
+def test_launch_status_stop_status(launched: Launched, env: dict[str, str]) -> None:
+    line = launched.ready_line
+    assert "1P2D (1 prefill, 2 decode engines)" in line and launched.url in line
+    assert "token in" in line
+    state_file = statefile.state_path(launched.port)
+    state = json.loads(state_file.read_text())
+    assert state["pid"] == launched.proc.pid and state["url"] == launched.url
+    token_file = Path(state["token_file"])
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert _http(f"{launched.url}/readyz")[0] == 200
+    engines = [c for c in launched.family
+               if "spawn_main" in " ".join(psutil.Process(c).cmdline())]
+    assert len(engines) >= 3
+
+    done = _run(env, "status")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("running  1P2D  3/3 engines healthy  queue 0")
+    js = _run(env, "status", "--json")
+    assert js.returncode == 0 and json.loads(js.stdout)["healthy"] == 3
+    by_url = _run({**env, "DUALPATH_URL": launched.url}, "status", "--url", launched.url)
+    assert by_url.returncode == 0
+
+    stopped = _run(env, "stop", "--timeout", "60s")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
+    code, _, err = launched.finish()
+    assert code == 0, err
+    _wait_for(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+              "the launcher and its engines to exit")
+    assert not state_file.exists() and not token_file.exists()
+    assert _run(env, "status").returncode == 3
+    assert _run(env, "stop").returncode == 3
+
+
+def test_two_launches_on_one_port(launched: Launched, env: dict[str, str],
+                                  tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    second = _run(env, "launch", "--port", str(launched.port), "--store",
+                  str(tmp_path / "store2"))
+    assert second.returncode == 1 and time.monotonic() - t0 < 15
+    assert "already running" in second.stderr and "Traceback" not in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert launched.proc.poll() is None  # the first one is untouched
+    assert _http(f"{launched.url}/readyz")[0] == 200
+    # a launcher killed outright takes its engines with it and leaves a stale state file,
+    # which the next status reports as "none" (exit 3) and removes
+    launched.proc.send_signal(signal.SIGKILL)
+    launched.proc.wait(10)
+    _wait_for(lambda: _no_process_left(launched.family), 15, "the engines to exit")
+    done = _run(env, "status")
+    assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
+    assert not statefile.state_path(launched.port).exists()
+
+
+def test_detach_status_stop(env: dict[str, str], tmp_path: Path) -> None:
+    port = _free_port()
+    t0 = time.monotonic()
+    up = _run(env, "launch", "--detach", "--port", str(port), "--store",
+              str(tmp_path / "store"), timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert up.stdout.startswith("ready in ") and f"127.0.0.1:{port}" in up.stdout
+        state = json.loads(statefile.state_path(port).read_text())
+        pid = state["pid"]
+        assert psutil.Process(pid).ppid() != os.getpid()  # re-parented: it runs on its own
+        log = Path(state["log_file"])
+        assert log.parent == statefile.state_dir() and "ready in" in log.read_text()
+        family = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+        assert _run(env, "status").returncode == 0
+        stopped = _run(env, "stop")
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+        _wait_for(lambda: _no_process_left(family), 10, "the launcher and its engines")
+        assert not statefile.state_path(port).exists()
+        assert not statefile.token_path(port).exists()
+        assert time.monotonic() - t0 < 300
+    finally:
+        st = statefile.read_state(statefile.state_path(port))
+        if st is not None and statefile.pid_alive(st.pid):
+            for p in [st.pid, *(c.pid for c in psutil.Process(st.pid).children(True))]:
+                psutil.Process(p).kill()
+
+
+def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> None:
+    """Every admitted turn completes or gets a retryable error; later ones get 503."""
+    url = f"{launched.url}/v1/completions"
+    results: list[tuple[int, dict[str, str], Any]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            _one(i)
+        except BaseException as err:  # a hung or broken request fails the test below
+            errors.append(err)
+
+    def _one(i: int) -> None:
+        got = _http(url, {"model": "tiny", "prompt": list(range(1 + i, 161 + i)),
+                          "max_tokens": 24, "temperature": 0, "user": f"agent-{i}"},
+                    timeout=300)
+        with lock:
+            results.append(got)
+
+    workers = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for w in workers:
+        w.start()
+    status = _http(f"{launched.url}/api/v1/status")
+    assert status[0] == 200
+    _wait_for(lambda: launched.proc.poll() is not None or _in_flight(launched) > 0, 30,
+              "turns to be in flight")
+    launched.proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: _http(f"{launched.url}/readyz", timeout=30)[0] != 200, 30,
+              "the cluster to stop being ready")
+    late = _http(url, {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2})
+    if late[0] != 0:  # the listener may already be closed: then nothing was admitted
+        assert late[0] == 503 and "retry-after" in {k.lower() for k in late[1]}
+    for w in workers:
+        w.join(300)
+    assert not errors and len(results) == 6
+    for code, headers, body in results:
+        if code == 200:
+            assert body["usage"]["completion_tokens"] == 24
+        elif code != 0:  # 0: refused after the drain, so never admitted
+            assert code == 503 and "retry-after" in {k.lower() for k in headers}, body
+    code, _, err = launched.finish()
+    assert code == 0, err
+    drained = re.search(r"drained (\d+) turns", err)
+    assert drained and int(drained.group(1)) >= 1, err
+    _wait_for(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+              "the launcher and its engines to exit")
+    store = tmp_path / "store"
+    assert not list(store.rglob("*.tmp"))
+    assert not list(statefile.state_dir().iterdir())
+
+
+def _in_flight(launched: Launched) -> int:
+    code, _, body = _http(f"{launched.url}/api/v1/status", timeout=5)
+    return int(body["queue"]["in_flight"]) if code == 200 else 0
