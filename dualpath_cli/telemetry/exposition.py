@@ -210,6 +210,9 @@ class _Merged:
 
 _LABELS = operator.itemgetter("labels")
 _VALUE = operator.itemgetter("value")
+_BUCKETS = operator.itemgetter("buckets")
+_SUM = operator.itemgetter("sum")
+_COUNT = operator.itemgetter("count")
 
 
 def _keys(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[LabelKey]:
@@ -239,22 +242,23 @@ def _merge_family(name: str, rows: list[dict[str, Any]], m: _Merged) -> None:
     metric = _SPECS[name]
     keys = _keys(rows, metric.labels)
     if metric.type is MetricType.HISTOGRAM:
-        groups: dict[LabelKey, list[dict[str, Any]]] = {}
-        for key, row in zip(keys, rows, strict=True):
+        groups: dict[LabelKey, list[int]] = {}
+        for i, key in enumerate(keys):
             got = groups.get(key)
             if got is None:
-                groups[key] = [row]
+                groups[key] = [i]
             else:
-                got.append(row)
+                got.append(i)
         fam_h = m.hists.setdefault(name, {})
-        for key, grp in groups.items():
+        for key, idx in groups.items():
+            grp = [rows[i] for i in idx]
             les = list(grp[0]["buckets"])
             # bucket bounds changed between versions: keep the first layout only
             same = [r for r in grp if len(r["buckets"]) == len(les)]
-            h = fam_h[key] = _Hist(les, [sum(col) for col in zip(
-                *[r["buckets"].values() for r in same], strict=True)])
-            h.sum = sum(map(operator.itemgetter("sum"), same))
-            h.count = sum(map(operator.itemgetter("count"), same))
+            columns = zip(*map(dict.values, map(_BUCKETS, same)), strict=True)
+            h = fam_h[key] = _Hist(les, list(map(sum, columns)))
+            h.sum = sum(map(_SUM, same))
+            h.count = sum(map(_COUNT, same))
         return
     keys, values = _clean(keys, list(map(_VALUE, rows)))
     if metric.unit == "ratio":  # ratio gauges: the mean over engines
@@ -268,7 +272,8 @@ def _merge_family(name: str, rows: list[dict[str, Any]], m: _Merged) -> None:
                 acc[1] += 1
         return
     fam = m.scalars.get(name)
-    if fam is None and len(set(keys)) == len(keys):  # one engine per key: no merging
+    # one sample per key (an engine-labelled family, each engine reported once): no merging
+    if fam is None and ("engine" in metric.labels or len(set(keys)) == len(keys)):
         m.scalars[name] = dict(zip(keys, values, strict=True))
         return
     fam = m.scalars.setdefault(name, {})
