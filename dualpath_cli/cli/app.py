@@ -14,6 +14,7 @@ from dualpath_cli.cli import (
     bench_cmd,
     config_cmd,
     launch_cmd,
+    monitor_cmd,
     plan_cmd,
     plugins_cmd,
     sim_cmd,
@@ -62,6 +63,7 @@ app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(storage_cmd.app, name="storage")
 app.add_typer(sim_cmd.app, name="sim")
 launch_cmd.register(app)  # launch, status, stop
+monitor_cmd.register(app)  # monitor, record, diagnose
 
 
 def _click_module() -> ModuleType:

@@ -1,0 +1,191 @@
+"""``dualpath diagnose WORKFLOW``: collect evidence, print findings, exit with a verdict.
+
+Exit codes are the contract cron and CI branch on: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.
+Bad arguments, an unreadable recording and an unreachable cluster are UNKNOWN (3) here, not
+Click's usage code 2, which would read as CRITICAL. The rules are pure functions in
+dualpath_cli/diagnose/rules.py; this module only collects samples and renders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import typer.core
+
+from dualpath_cli.errors import DualPathError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dualpath_cli.diagnose.model import Evidence, Report
+
+__all__ = ["diagnose", "register", "render_reports", "EXIT_UNKNOWN", "WORKFLOW_NAMES"]
+
+EXIT_UNKNOWN = 3
+#: What WORKFLOW accepts (perf-drop is the seed's name for snic-imbalance).
+WORKFLOW_NAMES = ("perf-drop", "snic-imbalance", "long-tail", "hbm-frag", "cache-hit",
+                  "scaling", "all")
+_FIXABLE = {"hbm-frag": "HBM compaction", "long-tail": "block replica"}
+
+
+class Unknown(DualPathError):
+    """Diagnose could not reach a verdict (bad arguments, no cluster, bad recording)."""
+
+    exit_code = EXIT_UNKNOWN
+
+
+def _click() -> Any:
+    return getattr(typer.core, "_click", None) or __import__("click")
+
+
+class _DiagnoseCommand(typer.core.TyperCommand):
+    """Maps Click's usage errors (exit 2 = CRITICAL here) to UNKNOWN (3)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except _click().exceptions.UsageError as err:
+            err.exit_code = EXIT_UNKNOWN
+            raise
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``diagnose`` to the ``dualpath`` app."""
+    app.command("diagnose", cls=_DiagnoseCommand)(diagnose)
+
+
+def _evidence(url: str | None, from_file: Path | None, window: str,
+              interval: str) -> tuple[Evidence, str]:
+    from dualpath_cli.diagnose.model import Evidence
+
+    if from_file is not None:
+        from dualpath_cli.services.recording import read_recording
+
+        rec = read_recording(from_file)
+        return Evidence(rec.samples, rec.decisions), str(from_file)
+    from dualpath_cli.cli.monitor_cmd import connect, parse_interval
+    from dualpath_cli.services.recording import collect
+    from dualpath_cli.telemetry.view import Decision
+    from dualpath_cli.units import parse_duration
+
+    window_s = parse_duration(window)
+    interval_s = min(parse_interval(interval), max(window_s / 2, 0.25))
+    decisions: list[Decision] = []
+    with connect(url, timeout=max(5.0, interval_s * 4)) as client:
+        target = getattr(client, "url", url or "")
+        samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
+    return Evidence(samples, decisions), target
+
+
+def diagnose(
+    workflow: Annotated[str, typer.Argument(help="One of: " + ", ".join(WORKFLOW_NAMES)
+                                            + ".")],
+    window: Annotated[str, typer.Option("--window", "-w", help="How long to watch a live "
+                                        "cluster, e.g. 60s, 2m.")] = "30s",
+    interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
+                                          "(live).")] = "1s",
+    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
+                                            "DUALPATH_URL, else the running cluster's state "
+                                            "file).")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from", help="Diagnose a recording "
+                                                   "(dualpath record) instead.")] = None,
+    by_layer: Annotated[bool, typer.Option("--by-layer", help="cache-hit: include the "
+                                           "per-layer table.")] = False,
+    fix: Annotated[bool, typer.Option("--fix", help="hbm-frag: compact; long-tail: add "
+                                      "replicas of hot blocks (needs the token).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Troubleshooting workflows (seed section 6). Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
+    try:
+        code = _diagnose(workflow, window, interval, url, from_file, by_layer, fix, as_json)
+    except Unknown:
+        raise
+    except DualPathError as err:  # usage, recording, unreachable: no verdict
+        raise Unknown(str(err)) from None
+    raise typer.Exit(code)
+
+
+def _diagnose(workflow: str, window: str, interval: str, url: str | None,
+              from_file: Path | None, by_layer: bool, fix: bool, as_json: bool) -> int:
+    from dualpath_cli.diagnose import rules
+    from dualpath_cli.errors import UsageError, pick
+
+    if workflow != "all":
+        pick({n: n for n in WORKFLOW_NAMES}, workflow, "workflow", UsageError)
+    if from_file is not None and url is not None:
+        raise UsageError("--from and --url exclude each other")
+    if fix:
+        canonical = rules.ALIASES.get(workflow, workflow)
+        if canonical not in _FIXABLE:
+            raise UsageError(f"--fix applies to hbm-frag and long-tail, not {workflow}")
+        raise Unknown(rules.FIX_UNAVAILABLE.format(what=_FIXABLE[canonical]))
+    ev, source = _evidence(url, from_file, window, interval)
+    if workflow == "all":
+        reports = rules.run_all(ev, by_layer=by_layer)
+    else:
+        reports = [rules.run_workflow(workflow, ev, by_layer=by_layer)]
+    worst = max(int(r.severity) for r in reports)
+    if as_json:
+        from dualpath_cli.cli.output import emit_json
+
+        names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
+        emit_json({"severity": names[worst], "exit_code": worst, "source": source,
+                   "window_s": ev.window_s, "samples": len(ev.samples),
+                   "decisions": len(ev.decisions), "reports": [r.to_dict() for r in reports]})
+    else:
+        from dualpath_cli.cli.output import stdout
+
+        render_reports(stdout, reports, source, by_layer)
+    return worst
+
+
+_STYLE = {"OK": "green", "WARNING": "yellow", "CRITICAL": "bold red", "UNKNOWN": "magenta"}
+
+
+def render_reports(console: Console, reports: list[Report], source: str,
+                   by_layer: bool = False) -> None:
+    """The human rendering: one block per finding, worst first, then a verdict line."""
+    from rich.markup import escape
+
+    width = max(len(r.workflow) for r in reports)
+    findings = sorted(((f, r) for r in reports for f in r.findings),
+                      key=lambda fr: -int(fr[0].severity))
+    pad = " " * (9 + width + 2)
+    for f, _r in findings:
+        sev = f.severity.name
+        console.print(f"[{_STYLE[sev]}]{sev:<8}[/] {f.workflow:<{width}}  {escape(f.title)}",
+                      highlight=False, soft_wrap=True)
+        if f.cause:
+            console.print(f"{pad}likely: {escape(f.cause)}", highlight=False, soft_wrap=True)
+        if f.action:
+            console.print(f"{pad}do:     {escape(f.action)}", highlight=False, soft_wrap=True)
+        layers = f.evidence.get("layers") if by_layer else None
+        if layers:
+            _layer_table(console, layers)
+    worst = max(reports, key=lambda r: int(r.severity)).severity
+    r0 = reports[0]
+    console.print(f"{worst.name} (exit {int(worst)}): {len(reports)} workflow"
+                  f"{'s' if len(reports) > 1 else ''} over {r0.window_s:.0f} s, "
+                  f"{r0.samples} samples, {r0.decisions} decisions from {escape(source)}",
+                  highlight=False, soft_wrap=True)
+
+
+def _layer_table(console: Console, layers: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1))
+    for col in ("layer", "dram", "store", "peer", "slack", "worst"):
+        table.add_column(col, justify="right")
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v * 100:.0f}%"
+
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None else f"{v * 1e3:+.2f} ms"
+
+    for r in layers:
+        table.add_row(str(r["layer"]), pct(r["dram_share"]), pct(r["store_share"]),
+                      pct(r["peer_share"]), ms(r["slack_s"]), ms(r["worst_slack_s"]))
+    console.print(table)

@@ -1,0 +1,72 @@
+"""``dualpath record``: write a window of a live cluster to one file (a recording).
+
+A recording holds the ClusterView every ``--interval``, the ``/metrics`` extras, the
+decision log and the served turns as a trace (services/recording.py); every command that
+takes ``--url`` also takes ``--from`` such a file, so last night's incident can be diagnosed
+in the morning.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dualpath_cli.errors import UsageError
+
+__all__ = ["record"]
+
+
+def record(
+    window: Annotated[str, typer.Option("--window", "-w", help="How long to record, e.g. 30s, "
+                                        "10m.")] = "30s",
+    output: Annotated[Path, typer.Option("--output", "-o", help="The recording: .jsonl, "
+                                         ".jsonl.gz, or .jsonl.zst (needs zstandard).")] = Path(
+        "recording.jsonl.gz"),
+    interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
+                                          "(at least 250ms).")] = "1s",
+    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
+                                            "DUALPATH_URL, else the running cluster's state "
+                                            "file).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the "
+                                          "counts.")] = False,
+) -> None:
+    """Record views, decisions and served turns of a live cluster over a window."""
+    from dualpath_cli.cli.monitor_cmd import connect, parse_interval
+    from dualpath_cli.cli.output import emit_json, stderr, stdout
+    from dualpath_cli.services.recording import _zstd, collect, write_recording
+    from dualpath_cli.telemetry.view import Decision
+    from dualpath_cli.units import parse_duration
+
+    window_s = parse_duration(window)
+    interval_s = parse_interval(interval)
+    if window_s < interval_s:
+        raise UsageError(f"--window {window} is shorter than --interval {interval}")
+    if not output.parent.is_dir():
+        raise UsageError(f"{output.parent}: no such directory for the recording")
+    if output.name.lower().endswith(".zst"):
+        _zstd()  # refused before the window is spent, not after
+    decisions: list[Decision] = []
+    t0 = time.monotonic()
+    with connect(url, timeout=max(5.0, interval_s * 4)) as client:
+        target = getattr(client, "url", url or "")
+        client.healthz()  # unreachable: one line and exit 3 before a file is started
+        if not as_json:
+            stderr.print(f"recording {target} for {window} into {output} ...",
+                         highlight=False)
+        header = {"source": target, "interval_s": interval_s, "window_s": window_s,
+                  "created": time.time()}
+        counts = write_recording(output, header,
+                                 collect(client, window_s, interval_s,
+                                         decisions_out=decisions), decisions)
+    summary = {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
+               "bytes": output.stat().st_size}
+    if as_json:
+        emit_json(summary)
+    else:
+        stdout.print(f"recorded {counts['samples']} samples, {counts['decisions']} decisions, "
+                     f"{max(0, counts['trace'] - 1)} agents' turns in "
+                     f"{summary['seconds']} s -> {output} ({summary['bytes']} bytes)",
+                     highlight=False, soft_wrap=True)

@@ -1,0 +1,714 @@
+"""The troubleshooting workflows as pure functions: :class:`Evidence` in, findings out.
+
+Each workflow follows one section of the seed's troubleshooting guide (6.1 performance drop
+with storage-NIC imbalance, 6.2 long tail, 6.3 scaling) or one of its monitor commands
+(HBM fragmentation, per-layer cache hits). Thresholds are the named constants below; every
+one is documented, with its reason, in docs/troubleshooting.md. A check whose inputs the
+cluster does not report says so (a finding of severity OK with "not available") rather than
+guessing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dualpath_cli.diagnose.model import (
+    Evidence,
+    Finding,
+    Report,
+    Severity,
+    engine_name,
+    node_name,
+)
+
+__all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all", "snic_imbalance", "long_tail",
+           "hbm_frag", "cache_hit", "scaling", "histogram_quantile", "FIX_UNAVAILABLE"]
+
+OK, WARNING, CRITICAL, UNKNOWN = (Severity.OK, Severity.WARNING, Severity.CRITICAL,
+                                  Severity.UNKNOWN)
+
+# --- thresholds (docs/troubleshooting.md explains each) ----------------------------------------
+#: A condition is "persistent" when it holds in at least this share of the window's samples.
+PERSIST_FRACTION = 0.5
+#: Storage-NIC utilisation Max/Avg across the nodes of one role (seed 6.1; the paper's
+#: balanced runs stay near 1.0-1.2).
+SNIC_MAX_AVG_WARN = 1.3
+SNIC_MAX_AVG_CRIT = 1.8
+#: Below this mean utilisation a role's storage NICs are idle and their Max/Avg is noise.
+SNIC_BUSY_MIN = 0.05
+#: A node's storage-NIC bandwidth as a share of its role's median (a degraded link).
+SNIC_BW_WARN = 0.75
+SNIC_BW_CRIT = 0.5
+#: A node whose storage NIC is this busy in most samples is saturated.
+SNIC_SATURATED = 0.95
+#: Share of an engine's decisions whose recorded class contradicts its inputs or the read
+#: queue its node reported at the time.
+MISCLASS_WARN = 0.1
+#: TTFT P99/P50 over the window (seed 6.2: "P99 far above the mean").
+TAIL_RATIO_WARN = 4.0
+TAIL_RATIO_CRIT = 10.0
+#: Fewest turns in the window for a TTFT quantile to mean anything.
+TTFT_MIN_TURNS = 50
+#: A block is hot when it takes this many times the mean reads per block, and at least
+#: HOT_BLOCK_MIN_READS in the window.
+HOT_BLOCK_FACTOR = 5.0
+HOT_BLOCK_MIN_READS = 20
+#: An engine is slow/overloaded when its unfinished requests stay at this multiple of its
+#: role peers' median (and at least SLOW_ENGINE_MIN_SEQ) in most samples.
+SLOW_ENGINE_FACTOR = 3.0
+SLOW_ENGINE_MIN_SEQ = 2
+#: HBM fragmentation score (1 - largest free run / free).
+HBM_FRAG_WARN = 0.5
+HBM_FRAG_CRIT = 0.8
+#: Load-ahead slack below minus this is a bubble (layer 0 of a prefill always waits a little).
+BUBBLE_TOLERANCE_S = 0.002
+#: Share of layers with a bubble that makes it critical.
+BUBBLE_LAYERS_CRIT = 0.5
+#: Prompt tokens of follow-up turns (turn >= 1) found cached; agent turns extend their own
+#: prefix, so a low ratio means the prefix store or the session routing is failing.
+PREFIX_HIT_WARN = 0.5
+PREFIX_MIN_TURNS = 10
+#: Prefetched blocks a later request used.
+PREFETCH_ACCURACY_WARN = 0.5
+#: Fewest prefetched blocks on a node for its accuracy to be judged.
+PREFETCH_MIN_BLOCKS = 20
+#: Scheduler FIFO growth (requests over the window) while engines have headroom.
+FIFO_GROWTH_WARN = 20
+ENGINE_HEADROOM_UTIL = 0.5
+#: Prefill busy against decode busy (GPU utilisation) that says the P/D ratio is off.
+PD_BUSY_HIGH = 0.85
+PD_BUSY_LOW = 0.3
+#: Compute-NIC utilisation Max/Avg across nodes.
+CNIC_MAX_AVG_WARN = 1.5
+
+FIX_UNAVAILABLE = ("--fix is not yet available: the runtime has no {what} endpoint yet "
+                   "(nothing was changed)")
+
+
+# --- small helpers ----------------------------------------------------------------------------
+def _vals(series: Sequence[Any]) -> list[float]:
+    return [float(v) for v in series if v is not None]
+
+
+def _mean(series: Sequence[Any]) -> float | None:
+    vals = _vals(series)
+    return sum(vals) / len(vals) if vals else None
+
+
+def _share(series: Sequence[Any], pred: Callable[[float], bool]) -> float:
+    vals = _vals(series)
+    return sum(1 for v in vals if pred(v)) / len(vals) if vals else 0.0
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def _tok(n: float) -> str:
+    from dualpath_cli.units import format_tokens
+
+    return format_tokens(n)
+
+
+def _rate(first: Any, last: Any, dt: float) -> float | None:
+    if first is None or last is None or dt <= 0:
+        return None
+    return max(0.0, (float(last) - float(first)) / dt)
+
+
+def _role_nodes(ev: Evidence) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for n in ev.nodes.values():
+        out.setdefault(n.role, []).append(n.node)
+    return out
+
+
+def _role_engines(ev: Evidence) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for e in ev.engines.values():
+        out.setdefault(e.role, []).append(e.engine_id)
+    return out
+
+
+def _no_samples(workflow: str) -> Finding:
+    return Finding(workflow, UNKNOWN, "no samples: nothing to diagnose",
+                   cause="the window held no view of the cluster",
+                   action="dualpath diagnose " + workflow + " --window 30s")
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' ``histogram_quantile``: ``q`` of cumulative ``(le, count)`` buckets.
+
+    Linear inside the bucket; the +Inf bucket answers its lower bound. ``None`` when empty.
+    """
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+# --- 6.1 performance drop / storage-NIC imbalance -----------------------------------------------
+def snic_imbalance(ev: Evidence) -> list[Finding]:
+    """Storage NICs per node and role: Max/Avg, bandwidth against peers, saturation, read
+    queues over alpha that decisions ignored, classes the inputs contradict, NIC errors."""
+    wf = "snic-imbalance"
+    if not ev.samples:
+        return [_no_samples(wf)]
+    out: list[Finding] = []
+    util = ev.node_series("snic_utilization")
+    bw = ev.node_series("snic_bandwidth_bytes_per_s")
+    rq = ev.node_series("read_queue_tokens")
+    alpha = ev.alpha_series
+    for role, ids in sorted(_role_nodes(ev).items()):
+        means = {n: _mean(util.get(n, ())) for n in ids}
+        known = {n: m for n, m in means.items() if m is not None}
+        if len(known) >= 2:
+            avg = sum(known.values()) / len(known)
+            hot = max(known, key=lambda n: known[n])
+            if avg >= SNIC_BUSY_MIN:
+                ratio = known[hot] / avg
+                sev = (CRITICAL if ratio >= SNIC_MAX_AVG_CRIT else
+                       WARNING if ratio >= SNIC_MAX_AVG_WARN else OK)
+                name = node_name(hot, role)
+                out.append(Finding(
+                    wf, sev, f"{role} storage NICs Max/Avg {ratio:.2f} over "
+                    f"{ev.window_s:.0f} s (busiest node {name} at {_pct(known[hot])})",
+                    subject=f"node {name}" if sev else None,
+                    evidence={"role": role, "max_avg": round(ratio, 3),
+                              "utilization": {node_name(n, role): round(v, 3)
+                                              for n, v in known.items()}},
+                    cause=f"reads pile onto node {name}" if sev else None,
+                    action=("dualpath-monitor --metric snic_util --by-node --interval 1s"
+                            if sev else None)))
+        # bandwidth against the role's median (a throttled or degraded link)
+        bws = {n: _mean(bw.get(n, ())) for n in ids}
+        known_bw = {n: b for n, b in bws.items() if b}
+        if len(known_bw) >= 2:
+            med = statistics.median(known_bw.values())
+            for n, b in sorted(known_bw.items()):
+                frac = b / med if med else 1.0
+                if frac < SNIC_BW_WARN:
+                    name = node_name(n, role)
+                    out.append(Finding(
+                        wf, CRITICAL if frac < SNIC_BW_CRIT else WARNING,
+                        f"node {name} storage NIC at {_pct(frac)} of expected "
+                        f"({_gbs(b)} vs {_gbs(med)}, the {role} median)",
+                        subject=f"node {name}",
+                        evidence={"node": name, "bandwidth_bytes_per_s": b,
+                                  "expected_bytes_per_s": med, "fraction": round(frac, 3)},
+                        cause=f"a degraded or throttled storage link on {name}",
+                        action=f"check the storage NIC of {name} (ethtool -S, dmesg); "
+                               "meanwhile steer reads away: dualpath tune set alpha="
+                               f"{_tok(max(1, min(alpha) // 2))}"))
+        for n in ids:
+            name = node_name(n, role)
+            if _share(util.get(n, ()), lambda v: v >= SNIC_SATURATED) >= PERSIST_FRACTION:
+                busy = _share(util[n], lambda v: v >= SNIC_SATURATED)
+                out.append(Finding(
+                    wf, WARNING, f"node {name} storage NIC saturated (>= "
+                    f"{_pct(SNIC_SATURATED)}) in {_pct(busy)} of samples",
+                    subject=f"node {name}",
+                    evidence={"node": name, "mean_utilization": _mean(util[n])},
+                    cause=f"more reads than {name}'s storage NIC can carry",
+                    action="dualpath tune suggest --window 10m"))
+            series = rq.get(n, [])
+            over = [q > a for q, a in zip(series, alpha, strict=False) if q is not None]
+            if over and sum(over) / len(over) >= PERSIST_FRACTION:
+                sent = _reads_to_node(ev, n)
+                total = sum(1 for d in ev.decisions)
+                mean_q = _mean(series) or 0.0
+                out.append(Finding(
+                    wf, WARNING, f"node {name} read queue {_tok(mean_q)} tok over alpha "
+                    f"{_tok(alpha[-1])} in {_pct(sum(over) / len(over))} of samples; "
+                    f"{sent}/{total} reads still sent to {name}",
+                    subject=f"node {name}",
+                    evidence={"node": name, "mean_read_queue_tokens": mean_q,
+                              "alpha_tokens": alpha[-1], "reads_sent": sent,
+                              "decisions": total},
+                    cause=f"{name} reads slower than it is given work",
+                    action=f"dualpath tune set alpha={_tok(max(1, alpha[-1] // 2))}"))
+    out.extend(_misclassified(ev, wf))
+    out.extend(_nic_errors(ev, wf))
+    if not out:
+        shaped = any(v is not None for s in util.values() for v in s)
+        out.append(Finding(wf, OK, "storage NICs: no imbalance, no degraded link, read queues "
+                           "within alpha" + ("" if shaped else
+                                             " (utilisation not available: unshaped NICs)"),
+                           evidence={"nodes": len(ev.nodes)}))
+    return out
+
+
+def _gbs(bps: float) -> str:
+    from dualpath_cli.units import format_bandwidth
+
+    return format_bandwidth(bps)
+
+
+def _reads_to_node(ev: Evidence, node: int) -> int:
+    """Decisions whose read side is an engine on ``node``."""
+    engines = ev.engines
+    count = 0
+    for d in ev.decisions:
+        target = d.pe if d.side == "pe" else d.de if d.side == "de" else None
+        if d.side == "split":
+            if (engines.get(d.pe) and engines[d.pe].node == node) or (
+                    engines.get(d.de) and engines[d.de].node == node):
+                count += 1
+        elif target is not None and target in engines and engines[target].node == node:
+            count += 1
+    return count
+
+
+def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
+    """PE classes the decision's own inputs, or the node's reported read queue, contradict."""
+    per_engine: dict[int, list[int]] = {}
+    node_q: dict[int, list[tuple[float, int | None]]] = {}
+    for s in ev.samples:
+        for n in s.view.nodes:
+            node_q.setdefault(n.node, []).append((s.at, n.read_queue_tokens))
+    engines = ev.engines
+    for d in ev.decisions:
+        if d.pe_class is None:
+            continue
+        alpha = d.inputs.get("alpha")
+        beta = d.inputs.get("beta")
+        if alpha is None or beta is None:
+            continue
+        rec = next((x for x in d.inputs.get("pe_engines", ()) if x.get("id") == d.pe), None)
+        expected = None
+        if rec is not None:
+            tok, rq = rec.get("tok", 0), rec.get("read_q", 0)
+            expected = "C1" if tok > beta else "C2" if rq <= alpha else "C3"
+        reported = None
+        eng = engines.get(d.pe)
+        if eng is not None and eng.node in node_q:
+            reported = _at(node_q[eng.node], d.at)
+        bad = (expected is not None and expected != d.pe_class) or (
+            d.pe_class == "C2" and reported is not None and reported > alpha)
+        per_engine.setdefault(d.pe, [0, 0])
+        per_engine[d.pe][0] += 1
+        per_engine[d.pe][1] += int(bad)
+    out = []
+    for eid, (total, bad) in sorted(per_engine.items()):
+        if total and bad / total >= MISCLASS_WARN and eid in engines:
+            e = engines[eid]
+            out.append(Finding(
+                wf, WARNING, f"{engine_name(e)}: {bad} of {total} decisions classed it "
+                "against what its read queue and tokens say (alpha/beta)",
+                subject=f"engine {eid}", evidence={"engine": eid, "decisions": total,
+                                                   "contradicted": bad},
+                cause="stale read-queue reports (slow heartbeats) or thresholds that do not "
+                      "fit the load", action="dualpath tune suggest --window 10m"))
+    return out
+
+
+def _at(series: list[tuple[float, int | None]], t: float) -> int | None:
+    """The value of the sample at or just before ``t``."""
+    best = None
+    for at, v in series:
+        if at > t:
+            break
+        best = v
+    return best
+
+
+def _nic_errors(ev: Evidence, wf: str) -> list[Finding]:
+    first, last = ev.samples[0].extras, ev.samples[-1].extras
+    out = []
+    for what, a, b in (("errors", first.nic_errors, last.nic_errors),
+                       ("drops", first.nic_drops, last.nic_drops)):
+        if a is None or b is None:
+            continue
+        if b > a:
+            out.append(Finding(wf, WARNING, f"host NICs counted {b - a} new {what} in "
+                               f"{ev.window_s:.0f} s", evidence={what: b - a},
+                               cause="a faulty link, cable or switch port",
+                               action="ip -s link; ethtool -S <device>"))
+    return out
+
+
+# --- 6.2 long tail ------------------------------------------------------------------------------
+def _ttft_window(ev: Evidence) -> tuple[list[tuple[float, float]], str]:
+    first, last = ev.samples[0].extras, ev.samples[-1].extras
+    if not last.ttft_buckets:
+        return [], "not available"
+    if first.ttft_buckets and len(first.ttft_buckets) == len(last.ttft_buckets):
+        delta = [(le, float(c - c0)) for (le, c), (_, c0)
+                 in zip(last.ttft_buckets, first.ttft_buckets, strict=True)]
+        if delta and delta[-1][1] >= TTFT_MIN_TURNS:
+            return delta, "window"
+    return [(le, float(c)) for le, c in last.ttft_buckets], "since start"
+
+
+def long_tail(ev: Evidence) -> list[Finding]:
+    """TTFT P99/P50, hot blocks, engines persistently over beta or far behind their peers,
+    fragmented HBM (seed 6.2)."""
+    wf = "long-tail"
+    if not ev.samples:
+        return [_no_samples(wf)]
+    out: list[Finding] = []
+    buckets, scope = _ttft_window(ev)
+    turns = buckets[-1][1] if buckets else 0
+    if buckets and turns >= TTFT_MIN_TURNS:
+        p50 = histogram_quantile(0.5, buckets)
+        p99 = histogram_quantile(0.99, buckets)
+        if p50 and p99:
+            ratio = p99 / p50
+            sev = (CRITICAL if ratio >= TAIL_RATIO_CRIT else
+                   WARNING if ratio >= TAIL_RATIO_WARN else OK)
+            if scope != "window":  # since start mixes in warm-up and old incidents
+                sev = min(sev, WARNING)
+            out.append(Finding(
+                wf, sev, f"TTFT P99/P50 {ratio:.1f} (P50 {p50 * 1e3:.0f} ms, P99 "
+                f"{p99 * 1e3:.0f} ms, {turns:.0f} turns {scope})",
+                evidence={"p50_s": p50, "p99_s": p99, "ratio": round(ratio, 3),
+                          "turns": turns, "scope": scope},
+                cause="see the hot-block, engine and HBM findings" if sev else None,
+                action="dualpath tune set quota=150ms" if sev else None))
+    else:
+        out.append(Finding(wf, OK, f"TTFT tail: too few turns ({turns:.0f} < "
+                           f"{TTFT_MIN_TURNS}) or histogram {scope}",
+                           evidence={"turns": turns}))
+    out.extend(_hot_blocks(ev, wf))
+    out.extend(_slow_engines(ev, wf))
+    out.extend(f for f in hbm_frag(ev) if f.severity in (WARNING, CRITICAL))
+    return [dataclass_replace(f, workflow=wf) for f in out]
+
+
+def dataclass_replace(f: Finding, **kw: Any) -> Finding:
+    """``f`` with fields changed (a finding borrowed by another workflow)."""
+    import dataclasses
+
+    return dataclasses.replace(f, **kw)
+
+
+def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
+    first, last = ev.samples[0].extras.block_reads, ev.samples[-1].extras.block_reads
+    if not last:
+        return [Finding(wf, OK, "hot blocks: per-block read counts not available from this "
+                        "cluster", evidence={"block_reads": None})]
+    reads = {k: v - first.get(k, 0) for k, v in last.items()} if len(ev.samples) > 1 else last
+    reads = {k: v for k, v in reads.items() if v > 0}
+    if not reads:
+        return []
+    mean = sum(reads.values()) / len(reads)
+    hot = sorted(((v, k) for k, v in reads.items()
+                  if v >= HOT_BLOCK_MIN_READS and v >= HOT_BLOCK_FACTOR * mean), reverse=True)
+    if not hot:
+        return [Finding(wf, OK, f"no hot block: max {max(reads.values())} reads, mean "
+                        f"{mean:.1f} per block", evidence={"blocks": len(reads)})]
+    names = [k for _, k in hot[:5]]
+    top_v, top_k = hot[0]
+    return [Finding(
+        wf, WARNING, f"block {top_k[:12]} read {top_v} times in {ev.window_s:.0f} s (hot; "
+        f"{len(hot)} hot blocks, mean {mean:.1f} reads per block)",
+        subject=f"block {top_k}",
+        evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean},
+        cause="storage hot spot: many turns share these blocks",
+        action=f"dualpath diagnose long-tail --fix   (adds 2 replicas of {len(hot)} hot "
+               "blocks)")]
+
+
+def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
+    seq = ev.engine_series("seq")
+    tokens = ev.engine_series("tokens")
+    beta = ev.beta_series
+    out = []
+    for role, ids in sorted(_role_engines(ev).items()):
+        for eid in ids:
+            e = ev.engines[eid]
+            over = [t > b for t, b in zip(tokens.get(eid, ()), beta, strict=False)]
+            if over and sum(over) / len(over) >= PERSIST_FRACTION:
+                out.append(Finding(
+                    wf, WARNING, f"{engine_name(e)} over beta {_tok(beta[-1])} tok in "
+                    f"{_pct(sum(over) / len(over))} of samples", subject=f"engine {eid}",
+                    evidence={"engine": eid, "mean_tokens": _mean(tokens[eid]),
+                              "beta_tokens": beta[-1]},
+                    cause="the scheduler keeps this engine overloaded",
+                    action=f"dualpath tune set beta={_tok(max(1, beta[-1] * 3 // 4))}"))
+                continue
+            peers = [p for p in ids if p != eid]
+            if not peers:
+                continue
+            mine = seq.get(eid, [])
+            behind = 0
+            for i, v in enumerate(mine):
+                others = [seq[p][i] for p in peers if i < len(seq.get(p, ()))]
+                if not others:
+                    continue
+                med = statistics.median(others)
+                if v >= SLOW_ENGINE_MIN_SEQ and v >= SLOW_ENGINE_FACTOR * max(med, 0.5):
+                    behind += 1
+            if mine and behind / len(mine) >= PERSIST_FRACTION:
+                util = _mean(ev.engine_series("gpu_utilization").get(eid, ()))
+                out.append(Finding(
+                    wf, WARNING, f"{engine_name(e)} holds {_mean(mine):.1f} unfinished "
+                    f"requests on average, >= {SLOW_ENGINE_FACTOR:g}x its {role} peers, in "
+                    f"{_pct(behind / len(mine))} of samples",
+                    subject=f"engine {eid}",
+                    evidence={"engine": eid, "mean_seq": _mean(mine),
+                              "peers_mean_seq": _mean([x for p in peers for x in seq[p]]),
+                              "gpu_utilization": util},
+                    cause="a slow engine (throttled GPU, noisy neighbour) finishing its "
+                          "turns late", action="dualpath stop && dualpath launch   (restart; "
+                          "or drain the node) ; dynamic quota: dualpath tune set quota=150ms"))
+    return out
+
+
+# --- HBM fragmentation --------------------------------------------------------------------------
+def hbm_frag(ev: Evidence) -> list[Finding]:
+    """Fragmentation score per engine; its largest free run against the largest recent
+    request placed on it."""
+    wf = "hbm-frag"
+    if not ev.samples:
+        return [_no_samples(wf)]
+    frag = ev.engine_series("hbm_fragmentation")
+    need: dict[int, int] = {}
+    free_tok: dict[int, int] = {}
+    for d in ev.decisions:
+        for eid in (d.pe, d.de):
+            need[eid] = max(need.get(eid, 0), d.length - d.cached if eid == d.pe else d.length)
+        for rec in [*d.inputs.get("pe_engines", ()), d.inputs.get("de_engine") or {}]:
+            if "id" in rec and rec.get("hbm_free") is not None:
+                free_tok[int(rec["id"])] = int(rec["hbm_free"])
+    out = []
+    worst = 0.0
+    for eid, series in sorted(frag.items()):
+        vals = _vals(series)
+        if not vals:
+            continue
+        last = vals[-1]
+        worst = max(worst, last)
+        if last < HBM_FRAG_WARN:
+            continue
+        e = ev.engines[eid]
+        sev = CRITICAL if last >= HBM_FRAG_CRIT else WARNING
+        largest = None
+        if eid in free_tok:
+            largest = int((1.0 - last) * free_tok[eid])
+        ev_d: dict[str, Any] = {"engine": eid, "fragmentation": round(last, 3),
+                                "mean_fragmentation": round(sum(vals) / len(vals), 3),
+                                "largest_free_blocks": e.hbm_largest_free_blocks,
+                                "largest_free_tokens": largest, "next_need_tokens":
+                                need.get(eid)}
+        extra = ""
+        if largest is not None and eid in need:
+            extra = f"; largest free run ~{_tok(largest)} tok vs {_tok(need[eid])} tok needed"
+            if largest < need[eid]:
+                sev = CRITICAL
+                extra += " (does not fit)"
+        out.append(Finding(
+            wf, sev, f"{engine_name(e)} HBM fragmentation {last:.2f}{extra}",
+            subject=f"engine {eid}", evidence=ev_d,
+            cause="KV blocks freed out of order left the pool in small runs",
+            action="dualpath diagnose hbm-frag --fix   (compaction)"))
+    if not out:
+        out.append(Finding(wf, OK, f"HBM fragmentation at most {worst:.2f} on "
+                           f"{len(frag)} engines", evidence={"max_fragmentation": worst}))
+    return out
+
+
+# --- cache hits ---------------------------------------------------------------------------------
+def layer_table(ev: Evidence) -> list[dict[str, Any]]:
+    """Per layer over the window: blocks by tier (and shares), median and worst slack."""
+    first: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for e in ev.samples[0].view.engines if len(ev.samples) > 1 else ():
+        for h in e.layers:
+            first[(e.engine_id, h.layer)] = (h.dram, h.store, h.peer)
+    acc: dict[int, list[Any]] = {}
+    for e in ev.last.engines:
+        for h in e.layers:
+            d0, s0, p0 = first.get((e.engine_id, h.layer), (0, 0, 0))
+            row = acc.setdefault(h.layer, [0, 0, 0, []])
+            row[0] += h.dram - d0
+            row[1] += h.store - s0
+            row[2] += h.peer - p0
+    # slack: each engine's last prefill as seen by every sample (one prefill is noise)
+    seen: set[tuple[int, int, float]] = set()
+    for s in ev.samples:
+        for e in s.view.engines:
+            for h in e.layers:
+                if h.slack_s is not None and h.layer in acc:
+                    key = (e.engine_id, h.layer, h.slack_s)
+                    if key not in seen:  # the same prefill seen twice counts once
+                        seen.add(key)
+                        acc[h.layer][3].append(h.slack_s)
+    rows = []
+    for layer in sorted(acc):
+        dram, store, peer, slacks = acc[layer]
+        total = dram + store + peer
+        rows.append({"layer": layer, "dram": dram, "store": store, "peer": peer,
+                     "dram_share": dram / total if total else None,
+                     "store_share": store / total if total else None,
+                     "peer_share": peer / total if total else None,
+                     "slack_s": statistics.median(slacks) if slacks else None,
+                     "worst_slack_s": min(slacks) if slacks else None})
+    return rows
+
+
+def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
+    """Prefix hits of follow-up turns, layers whose KV arrives after compute starts,
+    prefetch accuracy; ``by_layer`` adds the per-layer table to the evidence."""
+    wf = "cache-hit"
+    if not ev.samples:
+        return [_no_samples(wf)]
+    out: list[Finding] = []
+    follow = [d for d in ev.decisions if d.turn > 0 and d.attempt == 0]
+    if len(follow) >= PREFIX_MIN_TURNS:
+        prompt = sum(d.length for d in follow)
+        cached = sum(d.cached for d in follow)
+        ratio = cached / prompt if prompt else 0.0
+        out.append(Finding(
+            wf, WARNING if ratio < PREFIX_HIT_WARN else OK,
+            f"follow-up turns found {_pct(ratio)} of their prompt tokens cached "
+            f"({len(follow)} turns)", evidence={"prefix_hit_ratio": round(ratio, 4),
+                                                "turns": len(follow)},
+            cause=("the prefix store lost blocks (evicted, gc, capacity) or sessions are not "
+                   "kept on their chain") if ratio < PREFIX_HIT_WARN else None,
+            action="dualpath storage verify <store>; dualpath-monitor --metric cache_hit "
+                   "--by-layer" if ratio < PREFIX_HIT_WARN else None))
+    else:
+        out.append(Finding(wf, OK, f"prefix hits: {len(follow)} follow-up turns in the "
+                           f"window (< {PREFIX_MIN_TURNS}), no verdict",
+                           evidence={"turns": len(follow)}))
+    rows = layer_table(ev)
+    judged = [r for r in rows if r["layer"] > 0]  # layer 0 has no layer to overlap with
+    late = [r for r in judged
+            if r["slack_s"] is not None and r["slack_s"] < -BUBBLE_TOLERANCE_S]
+    if judged:
+        sev = (CRITICAL if len(late) >= max(1, BUBBLE_LAYERS_CRIT * len(judged)) else
+               WARNING if late else OK)
+        text = (f"{len(late)} of {len(judged)} layers load after compute starts (worst slack "
+                f"{min(r['slack_s'] for r in late) * 1e3:.1f} ms, layers "
+                f"{', '.join(str(r['layer']) for r in late[:8])})" if late else
+                f"layers 1..{len(rows) - 1} loaded ahead of compute (median slack >= "
+                f"-{BUBBLE_TOLERANCE_S * 1e3:g} ms)")
+        evidence: dict[str, Any] = {"late_layers": [r["layer"] for r in late]}
+        if by_layer:
+            evidence["layers"] = rows
+        out.append(Finding(wf, sev, text, evidence=evidence,
+                           cause="storage reads slower than layer compute (a slow storage "
+                                 "NIC, or too little read-ahead)" if late else None,
+                           action="dualpath diagnose snic-imbalance --window 60s"
+                           if late else None))
+    last = ev.samples[-1].extras
+    acc = {n: a for n, a in last.prefetch_accuracy.items()
+           if last.prefetched_blocks.get(n, 0) >= PREFETCH_MIN_BLOCKS}
+    if acc:
+        low = {n: a for n, a in acc.items() if a < PREFETCH_ACCURACY_WARN}
+        out.append(Finding(
+            wf, WARNING if low else OK,
+            f"prefetch accuracy {min(acc.values()):.2f}..{max(acc.values()):.2f} over "
+            f"{len(acc)} nodes", evidence={"prefetch_accuracy": acc},
+            cause="prefetch reads blocks no turn uses" if low else None,
+            action="dualpath-monitor --metric prefetch_accuracy --by-node" if low else None))
+    return out
+
+
+# --- 6.3 scaling --------------------------------------------------------------------------------
+def scaling(ev: Evidence) -> list[Finding]:
+    """Scheduler throughput against demand, the P/D balance of GPU busy, compute-NIC
+    traffic per node (seed 6.3)."""
+    wf = "scaling"
+    if not ev.samples:
+        return [_no_samples(wf)]
+    out: list[Finding] = []
+    first, last = ev.samples[0].view.scheduler, ev.samples[-1].view.scheduler
+    dt = ev.window_s
+    rate = (last.decisions.total - first.decisions.total) / dt if dt > 0 else None
+    growth = last.fifo_length - first.fifo_length
+    util = ev.engine_series("gpu_utilization")
+    all_util = _mean([v for s in util.values() for v in s])
+    headroom = all_util is not None and all_util < ENGINE_HEADROOM_UTIL
+    if growth >= FIFO_GROWTH_WARN and headroom:
+        out.append(Finding(
+            wf, WARNING, f"scheduler FIFO grew by {growth} requests over {dt:.0f} s while "
+            f"engines were {_pct(all_util or 0)} busy ({rate or 0:.1f} decisions/s)",
+            evidence={"fifo_growth": growth, "decisions_per_s": rate,
+                      "gpu_utilization": all_util},
+            cause="the scheduler, not the engines, limits throughput",
+            action="hierarchical scheduling: dualpath launch --role scheduler (one per "
+                   "group) ... --join"))
+    else:
+        out.append(Finding(wf, OK, f"scheduler keeps up: {rate or 0:.1f} decisions/s, FIFO "
+                           f"{last.fifo_length} ({growth:+d} over {dt:.0f} s)",
+                           evidence={"decisions_per_s": rate, "fifo": last.fifo_length,
+                                     "fifo_growth": growth}))
+    by_role = {role: _mean([v for eid in ids for v in util.get(eid, ())])
+               for role, ids in _role_engines(ev).items()}
+    p, d = by_role.get("prefill"), by_role.get("decode")
+    view = ev.last
+    if p is not None and d is not None:
+        n_p = sum(1 for n in ev.nodes.values() if n.role == "prefill")
+        n_d = sum(1 for n in ev.nodes.values() if n.role == "decode")
+        if p >= PD_BUSY_HIGH and d <= PD_BUSY_LOW:
+            shape, cause = f"{n_p + 1}P{max(1, n_d - 1)}D", "prefill-bound"
+        elif d >= PD_BUSY_HIGH and p <= PD_BUSY_LOW:
+            shape, cause = f"{max(1, n_p - 1)}P{n_d + 1}D", "decode-bound"
+        else:
+            shape, cause = "", ""
+        if shape:
+            out.append(Finding(
+                wf, WARNING, f"{view.pd}: prefill GPUs {_pct(p)} busy, decode {_pct(d)} "
+                f"({cause}); adding nodes of the busy role helps, the other does not",
+                evidence={"pd": view.pd, "prefill_busy": p, "decode_busy": d},
+                cause=f"the P/D ratio is outside the bottleneck-free range ({cause})",
+                action=f"dualpath plan pd-ratio --pd {shape}"))
+    cutil = {n: _mean(s) for n, s in ev.node_series("cnic_utilization").items()}
+    known = {n: v for n, v in cutil.items() if v is not None}
+    if len(known) >= 2:
+        avg = sum(known.values()) / len(known)
+        hot = max(known, key=lambda n: known[n])
+        if avg >= SNIC_BUSY_MIN and known[hot] / avg >= CNIC_MAX_AVG_WARN:
+            name = node_name(ev.nodes[hot])
+            out.append(Finding(
+                wf, WARNING, f"compute NICs Max/Avg {known[hot] / avg:.2f} (node {name} at "
+                f"{_pct(known[hot])})", subject=f"node {name}",
+                evidence={"cnic_utilization": {node_name(ev.nodes[n]): v
+                                               for n, v in known.items()}},
+                cause="cross-node traffic concentrates on one node (topology, placement)",
+                action="dualpath plan pd-ratio --pd " + view.pd))
+    return out
+
+
+# --- registry -----------------------------------------------------------------------------------
+WORKFLOWS: dict[str, Callable[[Evidence], list[Finding]]] = {
+    "snic-imbalance": snic_imbalance,
+    "long-tail": long_tail,
+    "hbm-frag": hbm_frag,
+    "cache-hit": cache_hit,
+    "scaling": scaling,
+}
+#: Other names a workflow answers to (the seed calls 6.1 "performance drop").
+ALIASES = {"perf-drop": "snic-imbalance"}
+
+
+def run_workflow(name: str, ev: Evidence, *, by_layer: bool = False) -> Report:
+    """One workflow's :class:`Report` (``name`` may be an alias)."""
+    canonical = ALIASES.get(name, name)
+    rule = WORKFLOWS[canonical]
+    findings = cache_hit(ev, by_layer) if canonical == "cache-hit" else rule(ev)
+    findings = [f if f.workflow == canonical else dataclass_replace(f, workflow=canonical)
+                for f in findings]
+    findings.sort(key=lambda f: -int(f.severity))
+    return Report(canonical, tuple(findings), ev.window_s, len(ev.samples), len(ev.decisions))
+
+
+def run_all(ev: Evidence, *, by_layer: bool = False) -> list[Report]:
+    """Every workflow (what cron runs); the worst severity is the exit code."""
+    return [run_workflow(name, ev, by_layer=by_layer) for name in WORKFLOWS]

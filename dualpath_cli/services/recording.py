@@ -1,0 +1,416 @@
+"""Recordings: a window of a live cluster (views, extras, decisions, served turns) in one file.
+
+Why one reader: the monitor, diagnose (and later the TUI) take ``--from FILE`` as well as
+``--url``; they all read a recording through :func:`read_recording`, so a run from last night
+and a live cluster look the same to them (a sequence of :class:`Sample` plus the decision
+log).
+
+File: JSON Lines, optionally compressed by suffix (``.gz`` gzip; ``.zst`` zstd when the
+``zstandard`` module is importable). Lines, each an object with a ``kind``:
+
+- ``header``: ``{"format": "dualpath-recording", "version": 1, "source", "interval_s", ...}``
+- ``sample``: ``{"at", "view": ClusterView.to_dict(), "extras": {...}}`` every interval;
+  ``extras`` holds the facts only ``/metrics`` serves (TTFT histogram, host NIC errors and
+  drops, prefetch accuracy, per-block read counts when the runtime reports them).
+- ``decision``: one logged decision (``Decision`` fields).
+- ``trace``: one line of the served turns as a dualpath trace (header first), see
+  :func:`trace_from_decisions`.
+- ``end``: counts, written last (a file without it was cut short; it is still readable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from dualpath_cli.errors import UsageError
+from dualpath_cli.telemetry.view import (
+    ClusterView,
+    Decision,
+    EngineView,
+    LayerHits,
+    NodeView,
+    decision_from_dict,
+    view_from_dict,
+)
+
+__all__ = ["FORMAT", "VERSION", "Extras", "Sample", "Recording", "RecordingError",
+           "ViewSource", "open_text", "read_recording", "write_recording", "collect",
+           "extras_from_metrics_text", "trace_from_decisions", "sample_line"]
+
+FORMAT = "dualpath-recording"
+VERSION = 1
+
+
+class RecordingError(UsageError):
+    """An unreadable recording (names the file, the line and the reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """Facts of one sample that only ``/metrics`` serves (``None``/empty: not available).
+
+    Args:
+        ttft_buckets: the TTFT histogram as ``(upper bound, cumulative count)`` pairs.
+        ttft_count / ttft_sum: its count and sum (turns since start, seconds).
+        nic_errors / nic_drops: host NIC errors and drops since boot, all devices.
+        prefetch_accuracy: by node (0..1).
+        block_reads: reads per stored block key since start (hot-spot evidence); empty until
+            the runtime reports per-block counts.
+        cache_hit_ratio: hits over lookups by ``"<node>/<tier>"`` (the seed's cache_hit_ratio).
+        prefetched_blocks: blocks read ahead by node since start (accuracy means nothing
+            where it is 0).
+    """
+
+    ttft_buckets: tuple[tuple[float, int], ...] = ()
+    ttft_count: int | None = None
+    ttft_sum: float | None = None
+    nic_errors: int | None = None
+    nic_drops: int | None = None
+    prefetch_accuracy: dict[int, float] = field(default_factory=dict)
+    block_reads: dict[str, int] = field(default_factory=dict)
+    cache_hit_ratio: dict[str, float] = field(default_factory=dict)
+    prefetched_blocks: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
+        d = dataclasses.asdict(self)
+        d["ttft_buckets"] = [["+Inf" if math.isinf(le) else le, c]
+                             for le, c in self.ttft_buckets]
+        return d
+
+
+def extras_from_dict(data: dict[str, Any]) -> Extras:
+    """:class:`Extras` from its JSON form."""
+    return Extras(
+        ttft_buckets=tuple((math.inf if le == "+Inf" else float(le), int(c))
+                           for le, c in data.get("ttft_buckets", ())),
+        ttft_count=data.get("ttft_count"), ttft_sum=data.get("ttft_sum"),
+        nic_errors=data.get("nic_errors"), nic_drops=data.get("nic_drops"),
+        prefetch_accuracy={int(k): float(v)
+                           for k, v in (data.get("prefetch_accuracy") or {}).items()},
+        block_reads={str(k): int(v) for k, v in (data.get("block_reads") or {}).items()},
+        cache_hit_ratio={str(k): float(v)
+                         for k, v in (data.get("cache_hit_ratio") or {}).items()},
+        prefetched_blocks={int(k): int(v)
+                           for k, v in (data.get("prefetched_blocks") or {}).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One look at the cluster: the view, and the extras from ``/metrics``."""
+
+    at: float
+    view: ClusterView
+    extras: Extras = Extras()
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A window of a cluster: samples (oldest first), decisions (by seq), served turns."""
+
+    header: dict[str, Any]
+    samples: tuple[Sample, ...]
+    decisions: tuple[Decision, ...]
+    trace_lines: tuple[dict[str, Any], ...] = ()
+    complete: bool = True
+
+    @property
+    def window_s(self) -> float:
+        """Seconds from the first to the last sample (0 with fewer than two)."""
+        return self.samples[-1].at - self.samples[0].at if len(self.samples) > 1 else 0.0
+
+
+class ViewSource(Protocol):
+    """What :func:`collect` needs from a client (DualPathClient and FakeClient both fit)."""
+
+    def view(self) -> ClusterView: ...
+
+    def decisions(self, since: int = -1) -> list[Decision]: ...
+
+    def metrics_text(self) -> str: ...
+
+
+# --- files -----------------------------------------------------------------------------------
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise UsageError("a .zst recording needs the 'zstandard' module, which is not "
+                         "installed (pip install zstandard); use .jsonl.gz or .jsonl") from None
+    return zstandard
+
+
+def open_text(path: Path, mode: str) -> IO[str]:
+    """``path`` opened as text for ``"r"`` or ``"w"``, compressed by its suffix."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8",  # type: ignore[return-value]
+                         compresslevel=6)
+    if name.endswith(".zst"):
+        zstd = _zstd()
+        raw = path.open(mode + "b")
+        stream = (zstd.ZstdDecompressor().stream_reader(raw, closefd=True) if mode == "r"
+                  else zstd.ZstdCompressor(level=6).stream_writer(raw, closefd=True))
+        return io.TextIOWrapper(stream, encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def sample_line(sample: Sample) -> str:
+    """One ``sample`` line (also what ``dualpath-monitor --json`` builds on)."""
+    return _line({"kind": "sample", "at": sample.at, "view": sample.view.to_dict(),
+                  "extras": sample.extras.to_dict()})
+
+
+def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
+                    decisions: Sequence[Decision]) -> dict[str, int]:
+    """Write a whole recording to ``path`` (via a temporary file, renamed at the end).
+
+    ``samples`` may be a generator (the live sampler): each sample is written as it comes,
+    so a long window never sits in memory. Returns the counts written.
+    """
+    tmp = path.with_name(f".part-{path.name}")  # same suffix: same compression
+    counts = {"samples": 0, "decisions": 0, "trace": 0}
+    try:
+        with open_text(tmp, "w") as out:
+            out.write(_line({"kind": "header", "format": FORMAT, "version": VERSION,
+                             **header}))
+            for sample in samples:
+                out.write(sample_line(sample))
+                counts["samples"] += 1
+            for d in decisions:
+                out.write(_line({"kind": "decision", **dataclasses.asdict(d)}))
+                counts["decisions"] += 1
+            for rec in _trace_records(decisions):
+                out.write(_line({"kind": "trace", "record": rec}))
+                counts["trace"] += 1
+            out.write(_line({"kind": "end", **counts}))
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return counts
+
+
+def _fast_view(data: dict[str, Any]) -> ClusterView:
+    """``view_from_dict`` without the per-field filtering when the keys are exactly ours.
+
+    Why: a recording of 1,152 engines over 10 minutes holds ~700K engine records; building
+    them through the generic filter costs seconds. Any mismatch falls back to the tolerant
+    decoder, so a newer writer's extra keys still read.
+    """
+    try:
+        engines = tuple(
+            EngineView(**{**e, "layers": tuple(LayerHits(**x) for x in e["layers"])})
+            for e in data["engines"])
+        nodes = tuple(NodeView(**{**n, "engines": tuple(n["engines"])})
+                      for n in data["nodes"])
+    except TypeError:
+        return view_from_dict(data)
+    slim = {**data, "engines": [], "nodes": []}
+    view = view_from_dict(slim)
+    return dataclasses.replace(view, engines=engines, nodes=nodes)
+
+
+def read_recording(path: str | Path) -> Recording:
+    """Read a recording written by ``dualpath record`` (or :func:`write_recording`).
+
+    Raises:
+        RecordingError: missing file, not a recording, or a bad line (``FILE:LINE: why``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordingError(f"{path}: no such recording")
+    header: dict[str, Any] | None = None
+    samples: list[Sample] = []
+    decisions: list[Decision] = []
+    trace: list[dict[str, Any]] = []
+    complete = False
+    number = 0
+    try:
+        with open_text(path, "r") as src:
+            for number, raw in enumerate(src, start=1):
+                if not raw.strip():
+                    continue
+                obj = json.loads(raw)
+                kind = obj.get("kind") if isinstance(obj, dict) else None
+                if header is None:
+                    if kind != "header" or obj.get("format") != FORMAT:
+                        raise RecordingError(f"{path}:{number}: not a dualpath recording "
+                                             f"(the first line must be a {FORMAT!r} header)")
+                    if obj.get("version") != VERSION:
+                        raise RecordingError(f"{path}:{number}: recording version "
+                                             f"{obj.get('version')!r} is not {VERSION}")
+                    header = obj
+                elif kind == "sample":
+                    samples.append(Sample(float(obj["at"]), _fast_view(obj["view"]),
+                                          extras_from_dict(obj.get("extras") or {})))
+                elif kind == "decision":
+                    obj.pop("kind")
+                    decisions.append(decision_from_dict(obj))
+                elif kind == "trace":
+                    trace.append(obj["record"])
+                elif kind == "end":
+                    complete = True
+    except RecordingError:
+        raise
+    except (ValueError, KeyError, TypeError) as err:
+        raise RecordingError(f"{path}:{number}: bad recording line: "
+                             f"{type(err).__name__}: {err}") from None
+    except (OSError, EOFError) as err:
+        raise RecordingError(f"{path}: cannot read: {err}") from None
+    if header is None:
+        raise RecordingError(f"{path}: empty file, not a dualpath recording")
+    return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete)
+
+
+# --- live collection -------------------------------------------------------------------------
+def collect(client: ViewSource, window_s: float, interval_s: float, *,
+            with_metrics: bool = True, clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep,
+            decisions_out: list[Decision] | None = None) -> Iterator[Sample]:
+    """Sample ``client`` every ``interval_s`` for ``window_s`` (at least two samples).
+
+    Yields each :class:`Sample` as taken (so a writer streams it); decisions logged during
+    the window are appended to ``decisions_out`` (fetched incrementally by seq, so the
+    server's bounded ring is read before it wraps).
+    """
+    count = max(2, int(round(window_s / interval_s)) + 1)
+    since = -1
+    start = clock()
+    for i in range(count):
+        due = start + i * interval_s
+        wait = due - clock()
+        if wait > 0:
+            sleep(wait)
+        view = client.view()
+        extras = extras_from_metrics_text(client.metrics_text()) if with_metrics else Extras()
+        if decisions_out is not None:
+            new = client.decisions(since)
+            if i == 0:  # only what happens inside the window is evidence
+                new = [d for d in new if d.at >= view.at - interval_s]
+            decisions_out.extend(new)
+            if new:
+                since = max(since, max(d.seq for d in new))
+            elif i == 0 and view.scheduler.last_decision_seq is not None:
+                since = view.scheduler.last_decision_seq
+        yield Sample(view.at, view, extras)
+
+
+# --- /metrics extras -------------------------------------------------------------------------
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(text: str | None) -> dict[str, str]:
+    return dict(_LABEL.findall(text or ""))
+
+
+def extras_from_metrics_text(text: str) -> Extras:
+    """The :class:`Extras` in a Prometheus exposition (families absent: not available)."""
+    buckets: dict[float, int] = {}
+    count: int | None = None
+    total: float | None = None
+    errors: int | None = None
+    drops: int | None = None
+    prefetch: dict[int, float] = {}
+    blocks: dict[str, int] = {}
+    hits: dict[str, float] = {}
+    prefetched: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("dualpath_"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, raw = m.group(1), m.group(2), m.group(3)
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if name == "dualpath_ttft_seconds_bucket":
+            le = _labels(labels).get("le", "+Inf")
+            buckets[math.inf if le == "+Inf" else float(le)] = int(value)
+        elif name == "dualpath_ttft_seconds_count":
+            count = int(value)
+        elif name == "dualpath_ttft_seconds_sum":
+            total = value
+        elif name == "dualpath_host_nic_errors_total":
+            errors = (errors or 0) + int(value)
+        elif name == "dualpath_host_nic_drops_total":
+            drops = (drops or 0) + int(value)
+        elif name == "dualpath_prefetch_accuracy_ratio" and math.isfinite(value):
+            node = _labels(labels).get("node")
+            if node is not None and node.lstrip("-").isdigit():
+                prefetch[int(node)] = value
+        elif name == "dualpath_storage_cache_hit_ratio" and math.isfinite(value):
+            lab = _labels(labels)
+            hits[f"{lab.get('node', '?')}/{lab.get('tier', '?')}"] = value
+        elif name == "dualpath_storage_prefetched_blocks_total":
+            node = _labels(labels).get("node")
+            if node is not None and node.lstrip("-").isdigit():
+                prefetched[int(node)] = int(value)
+        elif name == "dualpath_storage_block_reads_total":
+            key = _labels(labels).get("block")
+            if key:
+                blocks[key] = int(value)
+    return Extras(tuple(sorted(buckets.items())), count, total, errors, drops, prefetch,
+                  blocks, hits, prefetched)
+
+
+# --- served turns as a trace -----------------------------------------------------------------
+def _trace_records(decisions: Sequence[Decision]) -> Iterator[dict[str, Any]]:
+    trace = trace_from_decisions(decisions)
+    if trace is None:
+        return
+    from dualpath_cli.workload.trace_format import encode_lines
+
+    for line in encode_lines(trace):
+        yield json.loads(line)
+
+
+def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
+    """The served turns as a dualpath :class:`~dualpath_cli.workload.trace_format.Trace`.
+
+    A decision carries each turn's prompt length, not its generated count, so each turn's
+    ``append`` is its prompt length minus the previous prompt's (the previous turn's
+    generated tokens are folded into it) and ``gen`` is 1: replaying the trace reproduces
+    every prompt length and every prefix chain. Requeued attempts count once. ``None`` when
+    no turn was served.
+    """
+    from dualpath_cli.workload.trace_format import Trace, TraceHeader
+    from dualpath_cli.workload.trajectory import Trajectory, Turn
+
+    lengths: dict[int, dict[int, int]] = {}
+    for d in decisions:
+        lengths.setdefault(d.agent, {}).setdefault(d.turn, d.length)
+    if not lengths:
+        return None
+    trajectories = []
+    longest = 1
+    for agent in sorted(lengths):
+        turns = []
+        ctx = 0  # tokens of the trajectory so far (appends and generated)
+        for _turn, length in sorted(lengths[agent].items()):
+            append = max(1, length - ctx)
+            turns.append(Turn(append, 1))
+            ctx += append + 1
+        longest = max(longest, sum(t.append + t.gen for t in turns))
+        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent))
+    header = TraceHeader(max_len=longest, generator={
+        "from": "dualpath record", "gen": "1 per turn; generated tokens folded into the "
+        "next turn's append (decisions carry prompt lengths only)"})
+    return Trace(header, tuple(trajectories))

@@ -1,0 +1,289 @@
+"""The diagnose rules as pure functions over hand-made views, one per fault.
+
+The cluster is 2P4D with one engine per node (engine id = node id: P0 P1 D2 D3 D4 D5). The
+healthy window is quiet on every workflow; each fault view (a storage NIC throttled to 25%
+on D3, engine 4's HBM fragmented, a hot block, engine 5 slow) must give WARNING or CRITICAL
+and name the right node, engine or block. The builders are imported by the CLI, monitor and
+golden tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose.model import Evidence, Finding, Severity
+from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.telemetry.view import (
+    ClusterView,
+    Decision,
+    DecisionCounts,
+    EngineView,
+    LayerHits,
+    NodeView,
+    SchedulerView,
+    Thresholds,
+)
+
+ALPHA = 100_000
+BETA = 200_000
+T0 = 1_796_000_000.0
+ROLES = ("prefill", "prefill", "decode", "decode", "decode", "decode")
+SNIC_BW = 50e9
+
+
+def make_view(i: int = 0, *, util: dict[int, float] | None = None,
+              bw: dict[int, float] | None = None, read_q: dict[int, int] | None = None,
+              frag: dict[int, float] | None = None, seq: dict[int, int] | None = None,
+              tokens: dict[int, int] | None = None, slack: dict[int, float] | None = None,
+              gpu: dict[int, float] | None = None, fifo: int = 0, decided: int = 0,
+              layer_blocks: int = 0, at: float | None = None) -> ClusterView:
+    """Sample ``i`` (1 s apart) of a healthy 2P4D cluster, with the given overrides."""
+    util, bw, read_q = util or {}, bw or {}, read_q or {}
+    frag, seq, tokens, slack, gpu = frag or {}, seq or {}, tokens or {}, slack or {}, gpu or {}
+    engines = []
+    for eid, role in enumerate(ROLES):
+        layers = ()
+        if role == "prefill":
+            n = layer_blocks + 10 * i
+            layers = tuple(LayerHits(layer, dram=n // 4, store=n // 2, peer=n - n // 4 - n // 2,
+                                     slack_s=slack.get(layer, 0.005 if layer else -0.001))
+                           for layer in range(4))
+        engines.append(EngineView(
+            eid, role, eid, eid, "ready", seq=seq.get(eid, 2), tokens=tokens.get(eid, 2_000),
+            read_queue_tokens=read_q.get(eid, 1_000), read_queue_bytes=1 << 20,
+            hbm_used_bytes=1 << 30, hbm_free_bytes=3 << 30,
+            hbm_fragmentation=frag.get(eid, 0.05), hbm_largest_free_blocks=10_000,
+            nic_bytes={"snic_read": 1 << 30}, layers=layers, gpu_utilization=gpu.get(eid, 0.6),
+            heartbeat_age_s=0.01))
+    nodes = tuple(NodeView(
+        n, ROLES[n], (n,), snic_utilization=util.get(n, 0.5), cnic_utilization=0.3,
+        snic_bandwidth_bytes_per_s=bw.get(n, SNIC_BW), read_queue_tokens=read_q.get(n, 1_000),
+        read_queue_bytes=1 << 20, read_queue_blocks=4, dram_buffer_bytes=1 << 28,
+        storage_read_bytes=(1 << 30) + i * (1 << 28)) for n in range(len(ROLES)))
+    th = Thresholds(ALPHA, BETA, 1.05, 0.3, "dualpath",
+                    {"alpha": "config", "beta": "config"})
+    sched = SchedulerView("dualpath", fifo, {2: 0, 3: 0, 4: 0, 5: 0}, 0, 8, th,
+                          DecisionCounts(total=decided), last_decision_seq=decided or None)
+    return ClusterView(T0 + i if at is None else at, "ready", "2P4D", "tiny", 100.0 + i,
+                       tuple(engines), nodes, sched)
+
+
+def decision(seq: int, *, pe: int = 0, de: int = 2, side: str = "pe", turn: int = 1,
+             length: int = 1_000, cached: int = 900, pe_class: str = "C2",
+             pe_read_q: int = 1_000, pe_tok: int = 2_000) -> Decision:
+    """One logged decision at second ``seq`` of the window, with its inputs."""
+    return Decision(seq, T0 + seq * 0.5, seq, 0, seq % 7, turn, length, cached, pe, de, de,
+                    side, 0, 0, pe_read_q, 0, pe_class, "normal", 1.0, inputs={
+                        "alpha": ALPHA, "beta": BETA,
+                        "pe_engines": [{"id": pe, "tok": pe_tok, "read_q": pe_read_q,
+                                        "hbm_free": 400_000}],
+                        "de_engine": {"id": de, "tok": 2_000, "read_q": 0,
+                                      "hbm_free": 400_000}})
+
+
+def ttft_extras(i: int, tail: bool = False) -> Extras:
+    """A TTFT histogram that grows by 10 turns a second (a long tail when ``tail``)."""
+    bounds = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, math.inf)
+    n = 10 * (i + 1)
+    fast = n if not tail else n - n // 10
+    counts = [fast // 2, fast, fast, fast, fast, fast, n, n]
+    return Extras(ttft_buckets=tuple(zip(bounds, counts, strict=True)), ttft_count=n,
+                  ttft_sum=0.1 * n)
+
+
+def window(make: Callable[[int], ClusterView] = make_view, n: int = 10,
+           extras: Callable[[int], Extras] = ttft_extras,
+           decisions: list[Decision] | None = None) -> Evidence:
+    """``n`` samples one second apart and the window's decisions."""
+    ds = decisions if decisions is not None else [decision(s, de=2 + s % 4)
+                                                  for s in range(1, 2 * n)]
+    return Evidence([Sample(T0 + i, make(i), extras(i)) for i in range(n)], ds)
+
+
+def healthy() -> Evidence:
+    return window()
+
+
+def nic_throttled() -> Evidence:
+    """D3's storage NIC shaped to 25%: saturated, its read queue far over alpha."""
+    def make(i: int) -> ClusterView:
+        return make_view(i, util={2: 0.35, 3: 1.0, 4: 0.35, 5: 0.35},
+                         bw={3: 0.25 * SNIC_BW}, read_q={3: 350_000})
+    ds = [decision(s, de=2 + s % 4, side="de") for s in range(1, 20)]
+    return window(make, decisions=ds)
+
+
+def hbm_fragmented() -> Evidence:
+    """Engine 4's KV pool fragmented to 0.97: its largest free run is smaller than a turn."""
+    return window(lambda i: make_view(i, frag={4: 0.97}),
+                  decisions=[decision(s, de=4, length=30_000, cached=0)
+                             for s in range(1, 20)])
+
+
+def hot_block() -> Evidence:
+    """Block 7f3a.. read 500 times in the window, every other block about 8 times."""
+    def extras(i: int) -> Extras:
+        reads = {f"{k:04x}": 8 * i for k in range(40)}
+        reads["7f3a9c0d11"] = 55 * i
+        return dataclass_replace(ttft_extras(i), block_reads=reads)
+    return window(extras=extras)
+
+
+def slow_engine() -> Evidence:
+    """Engine 5 holds 12 unfinished requests while its decode peers hold 2."""
+    return window(lambda i: make_view(i, seq={5: 12}, gpu={5: 0.98}))
+
+
+def dataclass_replace(obj: Any, **kw: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def named(findings: list[Finding] | tuple[Finding, ...], subject: str) -> list[Finding]:
+    return [f for f in findings if f.subject == subject and f.severity >= Severity.WARNING]
+
+
+# --- tests ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("workflow", sorted(rules.WORKFLOWS))
+def test_a_healthy_window_is_ok_on_every_workflow(workflow: str) -> None:
+    report = rules.run_workflow(workflow, healthy())
+    assert report.severity is Severity.OK, [f.title for f in report.findings]
+    assert report.findings, "every workflow says what it checked"
+
+
+def test_nic_throttled_to_a_quarter_on_one_node_is_critical_and_names_it() -> None:
+    report = rules.run_workflow("perf-drop", nic_throttled())
+    assert report.workflow == "snic-imbalance"
+    assert report.severity is Severity.CRITICAL
+    hits = named(report.findings, "node D3")
+    assert hits and all("D3" in f.title for f in hits)
+    bw = next(f for f in hits if "of expected" in f.title)
+    assert bw.severity is Severity.CRITICAL and "25%" in bw.title
+    assert bw.action and bw.action.startswith("check the storage NIC of D3")
+    queue = next(f for f in hits if "read queue" in f.title)
+    assert queue.evidence["reads_sent"] > 0 and "alpha" in queue.title
+    assert not [f for f in report.findings
+                if f.subject and f.subject != "node D3" and f.severity]
+
+
+def test_hbm_fragmented_engine_is_critical_and_named() -> None:
+    report = rules.run_workflow("hbm-frag", hbm_fragmented())
+    assert report.severity is Severity.CRITICAL
+    (f,) = named(report.findings, "engine 4")
+    assert "0.97" in f.title and "does not fit" in f.title
+    assert f.evidence["largest_free_tokens"] < f.evidence["next_need_tokens"] == 30_000
+    assert f.action and "hbm-frag --fix" in f.action
+    # the long tail lists the same engine as a cause
+    assert named(rules.run_workflow("long-tail", hbm_fragmented()).findings, "engine 4")
+
+
+def test_a_moderately_fragmented_engine_is_a_warning() -> None:
+    ev = window(lambda i: make_view(i, frag={2: 0.6}), decisions=[])
+    report = rules.run_workflow("hbm-frag", ev)
+    assert report.severity is Severity.WARNING
+    assert named(report.findings, "engine 2")
+
+
+def test_hot_block_is_named_with_its_reads() -> None:
+    report = rules.run_workflow("long-tail", hot_block())
+    assert report.severity is Severity.WARNING
+    (f,) = named(report.findings, "block 7f3a9c0d11")
+    assert "read 495 times" in f.title and "--fix" in (f.action or "")
+    assert f.evidence["hot_blocks"] == {"7f3a9c0d11": 495}
+
+
+def test_hot_blocks_without_per_block_counts_are_not_available_not_ok_by_guess() -> None:
+    f = next(f for f in rules.long_tail(healthy()) if "hot blocks" in f.title)
+    assert f.severity is Severity.OK and "not available" in f.title
+
+
+def test_slow_engine_is_named() -> None:
+    report = rules.run_workflow("long-tail", slow_engine())
+    assert report.severity is Severity.WARNING
+    (f,) = named(report.findings, "engine 5")
+    assert "decode peers" in f.title and f.evidence["gpu_utilization"] == pytest.approx(0.98)
+
+
+def test_engine_persistently_over_beta() -> None:
+    ev = window(lambda i: make_view(i, tokens={3: BETA + 1}))
+    assert named(rules.long_tail(ev), "engine 3")
+
+
+def test_ttft_tail_ratio_uses_the_window() -> None:
+    ev = window(extras=lambda i: ttft_extras(i, tail=True))
+    f = next(f for f in rules.long_tail(ev) if f.title.startswith("TTFT"))
+    assert f.severity >= Severity.WARNING and f.evidence["scope"] == "window"
+    assert f.evidence["p99_s"] > 4 * f.evidence["p50_s"]
+
+
+def test_histogram_quantile_matches_prometheus() -> None:
+    buckets = [(0.1, 50.0), (0.5, 90.0), (1.0, 100.0), (math.inf, 100.0)]
+    assert rules.histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert rules.histogram_quantile(0.7, buckets) == pytest.approx(0.3)
+    assert rules.histogram_quantile(0.99, buckets) == pytest.approx(0.95)
+    assert rules.histogram_quantile(0.5, [(1.0, 0.0)]) is None
+    assert rules.histogram_quantile(0.99, [(1.0, 5.0), (math.inf, 10.0)]) == 1.0
+
+
+def test_late_layers_are_bubbles_and_layer_zero_is_not_judged() -> None:
+    ev = window(lambda i: make_view(i, slack={0: -0.02, 2: -0.01, 3: -0.008}))
+    report = rules.run_workflow("cache-hit", ev, by_layer=True)
+    f = next(f for f in report.findings if "layers load" in f.title)
+    assert f.severity is Severity.CRITICAL  # 2 of layers 1..3
+    assert f.evidence["late_layers"] == [2, 3]
+    rows = f.evidence["layers"]
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["store_share"] == pytest.approx(0.5)  # tiers over the window's delta
+    only_zero = rules.run_workflow("cache-hit", window(lambda i: make_view(i, slack={0: -0.5})))
+    assert only_zero.severity is Severity.OK
+
+
+def test_low_prefix_hits_of_follow_up_turns_warn() -> None:
+    ds = [decision(s, cached=100) for s in range(1, 20)]
+    f = next(f for f in rules.cache_hit(window(decisions=ds)) if "cached" in f.title)
+    assert f.severity is Severity.WARNING and f.evidence["prefix_hit_ratio"] == 0.1
+
+
+def test_prefetch_accuracy_judged_only_where_blocks_were_prefetched() -> None:
+    def extras(i: int) -> Extras:
+        return Extras(prefetch_accuracy={0: 0.2, 1: 0.0}, prefetched_blocks={0: 100, 1: 0})
+    f = next(f for f in rules.cache_hit(window(extras=extras)) if "prefetch" in f.title)
+    assert f.severity is Severity.WARNING and f.evidence["prefetch_accuracy"] == {0: 0.2}
+
+
+def test_scaling_fifo_growth_with_idle_engines_and_pd_imbalance() -> None:
+    ev = window(lambda i: make_view(i, fifo=5 * i, decided=3 * i,
+                                    gpu=dict.fromkeys(range(6), 0.3)))
+    f = next(f for f in rules.scaling(ev) if "FIFO grew" in f.title)
+    assert f.severity is Severity.WARNING and "hierarchical" in (f.action or "")
+    busy = window(lambda i: make_view(i, gpu={0: 0.95, 1: 0.95, 2: 0.1, 3: 0.1, 4: 0.1,
+                                              5: 0.1}))
+    f = next(f for f in rules.scaling(busy) if "prefill-bound" in f.title)
+    assert f.action == "dualpath plan pd-ratio --pd 3P3D"
+
+
+def test_misclassified_decisions_are_reported_per_engine() -> None:
+    # recorded C2 while the inputs say the PE's read queue was over alpha (C3)
+    ds = [decision(s, pe=1, pe_class="C2", pe_read_q=ALPHA * 2) for s in range(1, 20)]
+    findings = rules.snic_imbalance(window(decisions=ds))
+    (f,) = named(findings, "engine 1")
+    assert f.evidence["contradicted"] == 19
+
+
+def test_nic_errors_in_the_window_warn() -> None:
+    ev = window(extras=lambda i: Extras(nic_errors=3 * i, nic_drops=0))
+    f = next(f for f in rules.snic_imbalance(ev) if "errors" in f.title)
+    assert f.severity is Severity.WARNING and f.evidence == {"errors": 27}
+
+
+def test_no_samples_is_unknown_and_all_takes_the_worst() -> None:
+    assert rules.run_workflow("scaling", Evidence([])).severity is Severity.UNKNOWN
+    reports = rules.run_all(nic_throttled())
+    assert max(r.severity for r in reports) is Severity.CRITICAL
+    assert [r.workflow for r in reports] == list(rules.WORKFLOWS)
