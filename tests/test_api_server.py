@@ -124,6 +124,9 @@ def test_patch_needs_the_token(cluster: tuple[LiveCluster, TokenAuth, str]) -> N
     ({"gamma": 3}, "gamma"),
     ({}, "nothing to change"),
     ({"alpha": [1, 2]}, "alpha"),
+    ({"alpha": True}, "alpha"),  # strict: a bool is not a number of tokens
+    ({"quota": False}, "quota"),
+    ({"alpha": None, "quota": None}, "null is not a value"),
 ])
 def test_bad_values_are_422_with_the_reason(cluster: tuple[LiveCluster, TokenAuth, str],
                                             body: dict, reason: str) -> None:

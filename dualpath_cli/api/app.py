@@ -22,7 +22,15 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath_cli import __version__
@@ -47,21 +55,43 @@ __all__ = ["create_app", "SchedulerPatch"]
 log = logging.getLogger("dualpath.api")
 
 
+def _patch_schema(schema: dict[str, Any]) -> None:
+    """Document what the handler enforces: no nulls, and at least one field."""
+    for prop in schema.get("properties", {}).values():
+        any_of = prop.get("anyOf")
+        if any_of:
+            prop["anyOf"] = [a for a in any_of if a.get("type") != "null"]
+        prop.pop("default", None)
+    schema["minProperties"] = 1
+
+
 class SchedulerPatch(BaseModel):
     """A change of the running scheduler; omitted fields stay as they are.
 
     Units as on the command line: alpha ``200K`` tokens, ``8KiB`` of KV, or seconds of
     reading (``3s``, shaped clusters); beta in tokens (``1M``); quota as time (``300ms``) or
     FLOPs (``20TFLOP``); read_side a policy name (dualpath, basic, round-robin, random,
-    split, seed-select).
+    split, seed-select). Types are strict: ``true`` is not a number of tokens.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_patch_schema)
 
-    alpha: str | int | None = Field(None, examples=["200K"])
-    beta: str | int | None = Field(None, examples=["1M"])
-    quota: str | float | None = Field(None, examples=["300ms"])
-    read_side: str | None = Field(None, examples=["dualpath"])
+    alpha: StrictStr | Annotated[StrictInt, Field(ge=0)] | None = Field(None,
+                                                                         examples=["200K"])
+    beta: StrictStr | Annotated[StrictInt, Field(ge=1)] | None = Field(None, examples=["1M"])
+    quota: (StrictStr | Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0)]
+            | None) = Field(None, examples=["300ms"])
+    read_side: StrictStr | None = Field(None, examples=["dualpath"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = sorted(k for k, v in data.items() if v is None)
+            if nulls:
+                raise ValueError(f"{nulls[0]}: null is not a value; leave the field out to "
+                                 "keep it as it is")
+        return data
 
 
 class Health(BaseModel):
