@@ -1,0 +1,181 @@
+"""``dualpath diagnose`` and ``dualpath record`` through the real CLI entry point.
+
+Fault windows come from tests/test_diagnose_rules.py; they reach the command as recordings
+(``--from``) or through a FakeClient behind ``monitor_cmd.connect`` (live). Exit codes are
+the contract: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (bad arguments and no cluster too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from test_diagnose_rules import (
+    healthy,
+    hot_block,
+    make_view,
+    nic_throttled,
+    slow_engine,
+)
+
+from dualpath_cli.api.fake import FakeClient
+from dualpath_cli.cli import monitor_cmd
+from dualpath_cli.cli.app import main
+from dualpath_cli.diagnose.model import Evidence
+from dualpath_cli.services.recording import (
+    read_recording,
+    trace_from_decisions,
+    write_recording,
+)
+from dualpath_cli.workload.trace_format import decode_lines
+
+
+def record(ev: Evidence, path: Path) -> Path:
+    write_recording(path, {"source": "test"}, ev.samples, ev.decisions)
+    return path
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("make,workflow,code,subject", [
+    (healthy, "all", 0, None),
+    (nic_throttled, "snic-imbalance", 2, "node D3"),
+    (nic_throttled, "perf-drop", 2, "node D3"),
+    (hot_block, "long-tail", 1, "block 7f3a9c0d11"),
+    (slow_engine, "long-tail", 1, "engine 5"),
+    (nic_throttled, "all", 2, "node D3"),
+])
+def test_verdicts_from_a_recording(make, workflow: str, code: int, subject: str | None,
+                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = record(make(), tmp_path / "w.jsonl.gz")
+    rc, out, _ = run(["diagnose", workflow, "--from", str(path), "--json"], capsys)
+    assert rc == code
+    doc = json.loads(out)
+    assert doc["exit_code"] == code and doc["samples"] == 10
+    subjects = {f["subject"] for r in doc["reports"] for f in r["findings"]
+                if f["severity"] != "OK"}
+    if subject is None:
+        assert subjects == set()
+    else:
+        assert subject in subjects
+
+
+def test_human_rendering_has_severity_evidence_cause_and_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = record(nic_throttled(), tmp_path / "w.jsonl")
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path)], capsys)
+    assert rc == 2
+    lines = out.splitlines()
+    assert lines[0].startswith("CRITICAL snic-imbalance  decode storage NICs Max/Avg 1.95")
+    assert any(line.startswith("CRITICAL snic-imbalance  node D3 storage NIC at 25% of "
+                               "expected") for line in lines)
+    assert "likely: a degraded or throttled storage link on D3" in out
+    assert "do:     check the storage NIC of D3" in out
+    assert out.rstrip().splitlines()[-1].startswith("CRITICAL (exit 2): 1 workflow over 9 s")
+
+
+def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    ev = nic_throttled()
+    fake = FakeClient(list(ev.views), ev.decisions)
+    monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms",
+                      "--json"], capsys)
+    assert rc == 2
+    doc = json.loads(out)
+    assert doc["samples"] == 5 and fake.calls.count("view") == 5
+    assert any(f["subject"] == "node D3" for f in doc["reports"][0]["findings"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["diagnose", "disk-full"], "unknown workflow 'disk-full'"),
+    (["diagnose", "all", "--bogus"], "No such option: --bogus"),
+    (["diagnose"], "Missing argument"),
+    (["diagnose", "all", "--window", "soon"], "invalid"),
+    (["diagnose", "all", "--interval", "100ms"], "too short"),
+    (["diagnose", "all", "--from", "/nonexistent/rec.jsonl"], "no such recording"),
+    (["diagnose", "hbm-frag", "--fix"], "--fix is not yet available: the runtime has no HBM "
+     "compaction endpoint yet"),
+    (["diagnose", "long-tail", "--fix"], "block replica endpoint"),
+    (["diagnose", "scaling", "--fix"], "--fix applies to hbm-frag and long-tail"),
+    (["diagnose", "all", "--url", "http://127.0.0.1:9"], "cannot reach the dualpath API"),
+])
+def test_no_verdict_is_exit_3_with_one_line(argv: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(argv, capsys)
+    assert rc == 3, err
+    assert message in " ".join(err.split()) and len(err.strip().splitlines()) == 1, err
+    assert out == ""
+
+
+def test_not_a_recording_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "trace.jsonl"
+    bad.write_text('{"format": "dualpath-trace", "version": 1, "max_len": 10}\n')
+    rc, _, err = run(["diagnose", "all", "--from", str(bad)], capsys)
+    assert rc == 3 and "not a dualpath recording" in err
+
+
+def test_record_writes_samples_decisions_and_a_trace(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    ev = slow_engine()
+    fake = FakeClient(list(ev.views), ev.decisions)
+    monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+    out_path = tmp_path / "incident.jsonl.gz"
+    rc, out, _ = run(["record", "--window", "1s", "--interval", "250ms", "-o", str(out_path),
+                      "--json"], capsys)
+    assert rc == 0
+    summary = json.loads(out)
+    assert summary["samples"] == 5 and summary["decisions"] == len(ev.decisions)
+    with gzip.open(out_path, "rt") as f:
+        kinds = [json.loads(line)["kind"] for line in f]
+    assert kinds[0] == "header" and kinds[-1] == "end" and "trace" in kinds
+    rec = read_recording(out_path)
+    assert rec.complete and len(rec.samples) == 5 and rec.samples[0].view == ev.views[0]
+    trace = decode_lines((json.dumps(t) for t in rec.trace_lines), "rec")
+    assert {t.agent_id for t in trace.trajectories} == {d.agent for d in ev.decisions}
+    # the same verdict from the recording as from the live window
+    rc, out, _ = run(["diagnose", "long-tail", "--from", str(out_path), "--json"], capsys)
+    assert rc == 1 and "engine 5" in out
+    assert not list(tmp_path.glob(".part-*"))
+
+
+def test_record_refuses_zst_without_zstandard(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        rc, _, err = run(["record", "--window", "1s", "-o", str(tmp_path / "x.jsonl.zst")],
+                         capsys)
+        assert rc == 2 and "needs the 'zstandard' module" in err
+        assert not list(tmp_path.iterdir())
+    else:  # pragma: no cover - where zstandard is installed the round trip must work
+        fake = FakeClient(make_view(0))
+        monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+        path = tmp_path / "x.jsonl.zst"
+        assert run(["record", "--window", "1s", "-o", str(path)], capsys)[0] == 0
+        assert len(read_recording(path).samples) == 2
+
+
+def test_served_turns_as_a_trace_reproduce_every_prompt_length() -> None:
+    from test_diagnose_rules import decision
+
+    ds = [decision(1, turn=0, length=40, cached=0), decision(2, turn=1, length=55, cached=40),
+          decision(3, turn=2, length=70, cached=56), decision(4, turn=2, length=70, cached=56)]
+    ds = [dataclasses.replace(d, agent=7) for d in ds]
+    trace = trace_from_decisions(ds)
+    (traj,) = [t for t in trace.trajectories]
+    prompts = []
+    ctx = 0
+    for turn in traj.turns:
+        prompts.append(ctx + turn.append)
+        ctx += turn.append + turn.gen
+    assert prompts == [40, 55, 70]  # the requeued attempt counts once
+    assert trace.header.max_len >= traj.total
