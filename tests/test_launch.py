@@ -202,7 +202,8 @@ def _http(url: str, body: dict[str, Any] | None = None, token: str | None = None
         raise
 
 
-def test_launch_status_stop_status(launched: Launched, env: dict[str, str]) -> None:
+def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
+                                   tmp_path: Path) -> None:
     line = launched.ready_line
     assert "1P2D (1 prefill, 2 decode engines)" in line and launched.url in line
     assert "token in" in line
@@ -224,6 +225,15 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str]) -> N
     by_url = _run({**env, "DUALPATH_URL": launched.url}, "status", "--url", launched.url)
     assert by_url.returncode == 0
 
+    # a second launch on the same port fails fast, in one line, and leaves the first alone
+    t0 = time.monotonic()
+    second = _run(env, "launch", "--port", str(launched.port), "--store",
+                  str(tmp_path / "store2"))
+    assert second.returncode == 1 and time.monotonic() - t0 < 30
+    assert "already running" in second.stderr and "Traceback" not in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert launched.proc.poll() is None and _http(f"{launched.url}/readyz")[0] == 200
+
     stopped = _run(env, "stop", "--timeout", "60s")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
@@ -236,52 +246,36 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str]) -> N
     assert _run(env, "stop").returncode == 3
 
 
-def test_two_launches_on_one_port(launched: Launched, env: dict[str, str],
-                                  tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    second = _run(env, "launch", "--port", str(launched.port), "--store",
-                  str(tmp_path / "store2"))
-    assert second.returncode == 1 and time.monotonic() - t0 < 15
-    assert "already running" in second.stderr and "Traceback" not in second.stderr
-    assert len(second.stderr.strip().splitlines()) == 1
-    assert launched.proc.poll() is None  # the first one is untouched
-    assert _http(f"{launched.url}/readyz")[0] == 200
-    # a launcher killed outright takes its engines with it and leaves a stale state file,
-    # which the next status reports as "none" (exit 3) and removes
-    launched.proc.send_signal(signal.SIGKILL)
-    launched.proc.wait(10)
-    _wait_for(lambda: _no_process_left(launched.family), 15, "the engines to exit")
-    done = _run(env, "status")
-    assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
-    assert not statefile.state_path(launched.port).exists()
-
-
-def test_detach_status_stop(env: dict[str, str], tmp_path: Path) -> None:
+def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
+                                                        tmp_path: Path) -> None:
     port = _free_port()
-    t0 = time.monotonic()
     up = _run(env, "launch", "--detach", "--port", str(port), "--store",
               str(tmp_path / "store"), timeout=300)
+    family: list[int] = []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert up.stdout.startswith("ready in ") and f"127.0.0.1:{port}" in up.stdout
         state = json.loads(statefile.state_path(port).read_text())
         pid = state["pid"]
+        family = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
         assert psutil.Process(pid).ppid() != os.getpid()  # re-parented: it runs on its own
         log = Path(state["log_file"])
         assert log.parent == statefile.state_dir() and "ready in" in log.read_text()
-        family = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
         assert _run(env, "status").returncode == 0
-        stopped = _run(env, "stop")
-        assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
-        _wait_for(lambda: _no_process_left(family), 10, "the launcher and its engines")
+        # killed outright, the launcher takes its engines with it and leaves a stale state
+        # file, which the next status reports as "none" (exit 3) and removes
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: _no_process_left(family), 15, "the launcher and its engines")
+        done = _run(env, "status")
+        assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
         assert not statefile.state_path(port).exists()
         assert not statefile.token_path(port).exists()
-        assert time.monotonic() - t0 < 300
     finally:
-        st = statefile.read_state(statefile.state_path(port))
-        if st is not None and statefile.pid_alive(st.pid):
-            for p in [st.pid, *(c.pid for c in psutil.Process(st.pid).children(True))]:
+        for p in family:
+            try:
                 psutil.Process(p).kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> None:

@@ -239,16 +239,18 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
     token = statefile.token_path(port)
     try:
         opts = _options(*opts_args)
-        from dualpath_cli.api.app import create_app
-        from dualpath_cli.api.auth import TokenAuth
         from dualpath_cli.services.live import LiveCluster
 
-        auth = TokenAuth.generate(token)
         live = LiveCluster(opts)
+        live.spawn()  # the engines import and connect while the HTTP side comes up
+        from dualpath_cli.api.app import create_app
+        from dualpath_cli.api.auth import TokenAuth
+
+        auth = TokenAuth.generate(token)
         app = create_app(live, auth, allow_remote=allow_remote)
         server = _Server(app, sock)
         server.start()
-        live.start(start_timeout)
+        live.wait_ready(start_timeout)
         ready_s = time.time() - t0
         url = _url(host, port)
         state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,

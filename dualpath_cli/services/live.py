@@ -108,6 +108,7 @@ class LiveCluster:
         self._next_agent = 0
         self._drain: DrainResult | None = None
         self._stop_lock = threading.Lock()
+        self._t0 = time.monotonic()
 
     def start(self, timeout: float = 60.0) -> float:
         """Start engines and the scheduler; returns seconds until every engine said hello.
@@ -118,12 +119,33 @@ class LiveCluster:
             StartError: an engine exited before its hello, or ``timeout`` passed; the
                 engines that did start are stopped again.
         """
-        t0 = time.monotonic()
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the scheduler and the engine processes, without waiting for their hello.
+
+        Why apart from :meth:`wait_ready`: a launcher does its own start-up work (the HTTP
+        app) while the engines import and connect.
+        """
+        self._t0 = time.monotonic()
         system = self.system
         try:
             system.scheduler.start()
             system.cluster.start(system.specs)
-            deadline = t0 + timeout
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Wait until every engine said hello (after :meth:`spawn`); seconds since spawn.
+
+        Raises:
+            StartError: as :meth:`start` (the cluster is closed again).
+        """
+        system = self.system
+        deadline = time.monotonic() + timeout
+        try:
             while True:
                 try:
                     system.scheduler.wait_ready(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -140,7 +162,7 @@ class LiveCluster:
             self.close()
             raise
         system.started_at = time.monotonic()
-        self.ready_s = time.monotonic() - t0
+        self.ready_s = time.monotonic() - self._t0
         self.state = "ready"
         return self.ready_s
 
