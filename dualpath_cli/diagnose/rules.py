@@ -421,7 +421,7 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean},
         cause="storage hot spot: many turns share these blocks",
         action=f"dualpath diagnose long-tail --fix   (adds 2 replicas of {len(hot)} hot "
-               "blocks)")]
+               "blocks; not in the runtime yet)")]
 
 
 def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
@@ -516,7 +516,8 @@ def hbm_frag(ev: Evidence) -> list[Finding]:
             wf, sev, f"{engine_name(e)} HBM fragmentation {last:.2f}{extra}",
             subject=f"engine {eid}", evidence=ev_d,
             cause="KV blocks freed out of order left the pool in small runs",
-            action="dualpath diagnose hbm-frag --fix   (compaction)"))
+            action="dualpath diagnose hbm-frag --fix   (compaction; not in the runtime yet: "
+                   "until then drain and restart: dualpath stop && dualpath launch)"))
     if not out:
         out.append(Finding(wf, OK, f"HBM fragmentation at most {worst:.2f} on "
                            f"{len(frag)} engines", evidence={"max_fragmentation": worst}))
