@@ -333,3 +333,42 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
 def _in_flight(launched: Launched) -> int:
     code, _, body = _http(f"{launched.url}/api/v1/status", timeout=5)
     return int(body["queue"]["in_flight"]) if code == 200 else 0
+
+
+_STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_force_kills_a_launcher_that_does_not_exit(env: dict[str, str]) -> None:
+    """A launcher stuck past --timeout: plain stop says so (1); --force kills it and its
+    children and cleans the state file."""
+    proc = subprocess.Popen([sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    try:
+        port = _free_port()
+        statefile.write_state(statefile.ClusterState(
+            pid=proc.pid, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
+            started_at=time.time(), token_file=str(statefile.token_path(port)),
+            pid_start=statefile.process_start_time(proc.pid)))
+        soft = _run(env, "stop", "--timeout", "0.3s")
+        assert soft.returncode == 1 and "--force" in soft.stderr
+        assert proc.poll() is None
+        hard = _run(env, "stop", "--timeout", "0.3s", "--force")
+        assert hard.returncode == 0 and "killed" in hard.stdout, hard.stderr
+        proc.wait(10)
+        _wait_for(lambda: _no_process_left([child]), 10, "the child to be killed")
+        assert not statefile.state_path(port).exists()
+    finally:
+        for pid in (proc.pid, child):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.stdout.close()
