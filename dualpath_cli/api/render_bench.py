@@ -137,10 +137,13 @@ def _median_ms(fn: Callable[[], object], repeat: int) -> tuple[float, int]:
 def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[str, Any]:
     """Median milliseconds to render ``/metrics`` and ``/api/v1/metrics`` for ``view``.
 
-    Default view: :func:`synthetic_view` (1,152 engines). The ``/metrics`` render includes
-    every engine's registry snapshot, host facts and a fake GPU report, as a scrape does.
-    Keys: ``engines``, ``metrics_render_ms_<N>``, ``api_metrics_render_ms_<N>``,
-    ``metrics_bytes``, ``api_metrics_bytes``, ``metrics_view_only_ms``.
+    Default view: :func:`synthetic_view` (1,152 engines). ``metrics_render_ms_<N>`` is the
+    whole page as a scrape renders it: the view, every engine's registry snapshot (merged by
+    node), the scheduler's registry, host facts and a GPU report. ``metrics_view_render_ms_<N>``
+    is the view's families alone (what the page costs without engine registries).
+    Keys: ``engines``, ``metrics_render_ms_<N>``, ``metrics_view_render_ms_<N>``,
+    ``api_metrics_render_ms_<N>``, ``metrics_bytes``, ``api_metrics_bytes``,
+    ``registry_rows`` (engine registry samples merged per scrape), ``repeat``.
     """
     from dualpath_cli.api.encode import view_json  # the API's own encoder
 
@@ -149,14 +152,23 @@ def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[s
     engine_metrics = synthetic_engine_metrics(view)
     gpu = FakeGpuBackend((GpuDevice(0, "H200", "GPU-0", 0.5, 2**30, 2**37),)).report()
 
+    sched = MetricsRegistry()
+    for name in ("dualpath_ttft_seconds", "dualpath_tpot_seconds"):
+        sched.histogram(name).observe_many([0.004, 0.03, 0.2])
+    for cls in ("C1", "C2", "C3"):
+        sched.counter("dualpath_scheduler_decisions_total", pe_class=cls, de_class="normal",
+                      side="pe").inc(1000)
+    sched_snapshot = sched.snapshot()
+    rows = sum(len(r) for e in engine_metrics.values() for r in e["metrics"].values())
+
     def scrape() -> str:
-        return render_prometheus(view, engine_metrics=engine_metrics, host=host_facts(),
-                                 gpu=gpu)
+        return render_prometheus(view, engine_metrics=engine_metrics,
+                                 scheduler_metrics=sched_snapshot, host=host_facts(), gpu=gpu)
 
     text_ms, text_size = _median_ms(scrape, repeat)
     view_only_ms, _ = _median_ms(lambda: render_prometheus(view), repeat)
     json_ms, json_size = _median_ms(lambda: view_json(view), repeat)
     return {"engines": n, f"metrics_render_ms_{n}": round(text_ms, 3),
-            f"api_metrics_render_ms_{n}": round(json_ms, 3),
-            "metrics_view_only_ms": round(view_only_ms, 3), "metrics_bytes": text_size,
-            "api_metrics_bytes": json_size, "repeat": repeat}
+            f"metrics_view_render_ms_{n}": round(view_only_ms, 3),
+            f"api_metrics_render_ms_{n}": round(json_ms, 3), "metrics_bytes": text_size,
+            "api_metrics_bytes": json_size, "registry_rows": rows, "repeat": repeat}
