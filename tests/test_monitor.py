@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_diagnose_rules import decision, make_view
 
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli import monitor_cmd
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.services.recording import Extras, Sample, write_recording
 from dualpath_cli.telemetry.metrics import spec
-from test_diagnose_rules import decision, make_view
 
 
 @pytest.fixture()
