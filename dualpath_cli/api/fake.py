@@ -15,14 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dualpath_cli.api.client import AuditRecord, Status
-from dualpath_cli.api.errors import (
-    ApiError,
-    Forbidden,
-    NotReady,
-    Rejected,
-    Unauthorized,
-    Unreachable,
-)
+from dualpath_cli.api.errors import ApiError, Forbidden, Rejected, Unauthorized, Unreachable
 from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
 
 __all__ = ["FakeClient"]
@@ -188,7 +181,3 @@ class FakeClient:
         keep = self._views[:self._i] if self._i < len(self._views) else self._views[:-1]
         self._views = keep + out
         self._i = min(self._i, len(self._views) - 1)
-
-
-# names a test may want beside the fake
-__all__ += ["NotReady"]
