@@ -24,6 +24,8 @@ import pytest
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.services import statefile
+from dualpath_cli.storage import PosixStore
+from dualpath_cli.storage.inspect import verify_store
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
@@ -234,6 +236,11 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     assert len(second.stderr.strip().splitlines()) == 1
     assert launched.proc.poll() is None and _http(f"{launched.url}/readyz")[0] == 200
 
+    # an engine that dies makes the cluster unhealthy (exit 2); stop still drains and exits
+    os.kill(engines[-1], signal.SIGKILL)
+    _wait_for(lambda: _run(env, "status").returncode == 2, 60, "status to say unhealthy")
+    assert "2/3 engines healthy" in _run(env, "status").stdout
+
     stopped = _run(env, "stop", "--timeout", "60s")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
@@ -327,6 +334,8 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
               "the launcher and its engines to exit")
     store = tmp_path / "store"
     assert not list(store.rglob("*.tmp"))
+    report = verify_store(PosixStore(store))
+    assert report.checked > 0 and report.corrupt == [] and report.ok == report.checked
     assert not list(statefile.state_dir().iterdir())
 
 

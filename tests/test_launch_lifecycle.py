@@ -170,3 +170,24 @@ def test_state_files_live_stale_and_location(tmp_path: Path,
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert statefile.state_dir() == tmp_path / "state" / "dualpath"
+
+
+def test_readyz_is_green_only_after_every_engine_said_hello(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from dualpath_cli.api.app import create_app
+    from dualpath_cli.api.auth import TokenAuth
+
+    live = LiveCluster(_opts(tmp_path))
+    client = TestClient(create_app(live, TokenAuth.generate(tmp_path / "token")))
+    try:
+        assert client.get("/readyz").status_code == 503  # not started
+        live.spawn()
+        assert client.get("/readyz").status_code == 503  # engines spawned, not waited for
+        live.wait_ready(60)
+        assert client.get("/readyz").status_code == 200
+        live.drain(10)
+        assert client.get("/readyz").status_code == 503
+    finally:
+        live.close()
+        client.close()
