@@ -1,8 +1,9 @@
 """Prometheus text exposition (format 0.0.4) generated from the one metrics table.
 
 Why a plain string builder: ``/metrics`` for a 48P96D x 8 cluster (1,152 engines) carries tens
-of thousands of samples and must render in well under 50 ms (bench/metrics_render.py); generic
-client libraries build an object per sample first. Every family is printed in
+of thousands of samples, with a goal of 50 ms per render (bench/metrics_render.py measures it;
+docs/benchmarks.md "API" has the numbers); generic client libraries build an object per sample
+first. Every family is printed in
 :data:`~dualpath_cli.telemetry.metrics.METRICS` order with its ``# HELP``, ``# TYPE`` and
 ``# UNIT`` lines taken from the table, so names, labels and units cannot drift.
 
