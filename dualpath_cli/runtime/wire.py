@@ -23,6 +23,7 @@ Kinds (direction):
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -278,12 +279,8 @@ class PrefillDone:
 WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
                | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone)
 
-_CLASSES: tuple[type[Any], ...] = (Hello, QueueReport, Heartbeat, Fetch, First, Done,
-                                   ReadFailed, Stop, MetricsRequest, Cancel, Decode, Prefill,
-                                   SetQuota, Layer, PrefillDone)
-
-#: kind -> record class
-KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
+#: kind -> record class (every member of :data:`WireMessage`)
+KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}
 
 
 @dataclass(frozen=True, slots=True)
