@@ -87,7 +87,9 @@ def _bind(host: str, port: int) -> socket.socket:
     except socket.gaierror as err:
         raise UsageError(f"--host {host}: cannot resolve it ({err.strerror})") from None
     family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets of a TCP-proto
+    # listener; with proto 0 every response's body waited ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not REUSEPORT: one owner
     try:
         sock.bind(addr)
