@@ -1,9 +1,9 @@
-"""Local process cluster: an engine killed mid-run is detected fast and nothing is lost."""
+"""Local process cluster: an engine killed mid-run is detected by its process exit, not by
+a heartbeat timeout, and nothing is lost."""
 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,10 @@ def test_killed_engine_work_is_requeued_and_tokens_unchanged(tmp_path: Path,
     opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
                           store_dir=tmp_path / "store",
                           prefill_nodes=2 if victim_role == "prefill" else 1,
-                          decode_nodes=2, heartbeat_timeout=1.5)
+                          decode_nodes=2,
+                          # Far longer than the test: a death can only be seen by the
+                          # cluster's supervisor, which waits on the process sentinels.
+                          heartbeat_timeout=3600.0)
     first_turn = threading.Event()
     out: list[RunResult] = []
 
@@ -33,12 +36,11 @@ def test_killed_engine_work_is_requeued_and_tokens_unchanged(tmp_path: Path,
         runner.start()
         assert first_turn.wait(60)
         victim = system.engine_ids(victim_role)[0]
-        killed_at = time.monotonic()
         system.cluster.kill(victim)
         runner.join(120)
         assert not runner.is_alive()
-        dead = dict(system.scheduler.dead_events)
-    assert victim in dead and dead[victim] - killed_at < 2.0
+        dead = [engine for engine, _ in system.scheduler.dead_events]
+    assert dead == [victim]  # seen through the process exit (no heartbeat timed out)
     result = out[0]
     assert not result.errors
     assert result.tokens_by_turn() == _reference()
