@@ -149,6 +149,10 @@ def test_update_scheduler_changes_later_decisions() -> None:
         view = system.view()
         before, after = [d for d in system.decisions() if d.seq <= first], [
             d for d in system.decisions() if d.seq > first]
+    for node in view.nodes:  # shaped storage NICs: utilisation measured, compute NICs not
+        assert node.snic_bandwidth_bytes_per_s == 2e6
+        assert node.snic_utilization is not None and node.snic_utilization >= 0
+        assert node.cnic_utilization is None
     th = view.scheduler.thresholds
     assert (th.alpha_tokens, th.beta_tokens, th.quota_s, th.read_side) == (
         0, 10**6, 0.05, "round-robin")

@@ -457,15 +457,13 @@ class SchedulerService:
             return dict(out)
 
     # -- read model ---------------------------------------------------------------------
-    def view_parts(self, snic_bw: float = 0.0, cnic_bw: float = 0.0, *,
-                   roles: Mapping[int, str] | None = None,
+    def view_parts(self, snic_bw: float = 0.0, cnic_bw: float = 0.0,
                    ) -> tuple[tuple[EngineView, ...], tuple[NodeView, ...], SchedulerView]:
         """Engines, nodes and the scheduler as one consistent snapshot (taken under the lock).
 
         Args:
             snic_bw: a node's storage-NIC read bandwidth, bytes/s (<= 0: unshaped).
             cnic_bw: one engine's compute-NIC bandwidth, bytes/s (<= 0: unshaped).
-            roles: node -> role for nodes without engines registered (rare; optional).
         """
         me = os.getpid()
         with self._lock:
