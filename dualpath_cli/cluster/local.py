@@ -13,12 +13,15 @@ resource tracker then unlinks the launcher's named semaphores (no ``/dev/shm/sem
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
+import sys
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dualpath_cli.runtime.context import EngineSpec
@@ -57,6 +60,23 @@ def engine_main(spec: EngineSpec) -> None:
     run_engine(spec, ZmqFabric(), load_model)
 
 
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+    """Spawn children without re-running ``__main__`` in them.
+
+    ``spawn`` re-imports the parent's main module in every child; under ``dualpath launch``
+    that is the whole CLI (typer, rich, every command), about a second per engine of
+    launch-to-ready, for nothing: :func:`engine_main` lives here.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
 class LocalCluster:
     """Starts engine processes and reports unexpected exits through ``on_death``."""
 
@@ -72,11 +92,12 @@ class LocalCluster:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         try:
-            for spec in specs:
-                p = self._ctx.Process(target=engine_main, args=(spec,), daemon=True,
-                                      name=f"dualpath-engine-{spec.engine_id}")
-                p.start()
-                self._procs[spec.engine_id] = p
+            with _bare_main():
+                for spec in specs:
+                    p = self._ctx.Process(target=engine_main, args=(spec,), daemon=True,
+                                          name=f"dualpath-engine-{spec.engine_id}")
+                    p.start()
+                    self._procs[spec.engine_id] = p
         finally:
             for k, v in env_keep.items():
                 if v is None:
