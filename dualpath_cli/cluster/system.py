@@ -131,8 +131,9 @@ class RuntimeSystem:
     def metrics(self, fresh: bool = True, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Every engine's metrics snapshot by engine id (see ``SchedulerService.metrics``).
 
-        This is what ``dualpath-monitor`` reads: names and labels are those of the metrics
-        table (:mod:`dualpath_cli.telemetry.metrics`).
+        The live cluster's ``/metrics`` serves these (as last heartbeated), and
+        ``dualpath-monitor`` reads that: names and labels are those of the metrics table
+        (:mod:`dualpath_cli.telemetry.metrics`).
         """
         return self.scheduler.metrics(fresh=fresh, timeout=timeout)
 

@@ -76,7 +76,7 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                 continue
             if isinstance(msg, Stop):
                 break
-            if isinstance(msg, MetricsRequest):  # a fresh snapshot on demand (monitor, bench)
+            if isinstance(msg, MetricsRequest):  # a fresh snapshot on demand (metrics(fresh=True))
                 ctx.heartbeat(worker.jobs_in_hand(), True)
                 continue
             if isinstance(msg, SetQuota):

@@ -1,7 +1,8 @@
 """THE metrics table: every metric the project records, defined once.
 
-The Prometheus exporter, the JSON API, ``dualpath-monitor --metric``, the TUI and
-docs/metrics.md are generated from or checked against :data:`METRICS`, so names cannot drift.
+The Prometheus text served at ``/metrics`` (telemetry/exposition.py), ``dualpath-monitor
+--metric`` (cli/monitor_cmd.py) and docs/metrics.md are generated from or checked against
+:data:`METRICS`, so names cannot drift (a full-screen TUI is planned, not built).
 Conventions (Prometheus): ``dualpath_`` prefix, base units (bytes, seconds, ratio 0..1),
 counters end in ``_total``, identities (engine, node, role, layer, tier, nic, ...) are labels,
 never part of the name. Add a metric here before recording it; the registry refuses others.
