@@ -3,6 +3,7 @@ memoised header decoding, and that none of it weakens verification."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from dualpath_cli.storage import (
     read_one,
     uring_status,
 )
+from dualpath_cli.storage import reads as reads_mod
 from dualpath_cli.storage.engines import PreadvEngine, ReadJob, UringEngine
 from dualpath_cli.storage.header import (
     HEADER_SIZE,
@@ -30,8 +32,8 @@ from dualpath_cli.storage.header import (
     payload_checksum,
     unpack_header,
 )
-from dualpath_cli.storage.reads import UringReads
-from dualpath_cli.storage.store import BoundedReads
+from dualpath_cli.storage.reads import EngineReads, UringReads
+from dualpath_cli.storage.store import BoundedReads, PipelinedReads, SplitReads
 from dualpath_cli.telemetry import MetricsRegistry
 
 SHAPE = BlockShape(n_layers=2, block_tokens=16, bytes_per_token_layer=2048)  # 64 KiB payload
@@ -220,3 +222,43 @@ def test_loader_defaults_to_one_preadv_reader_per_core_unless_reads_wait(
     store = PosixStore(tmp_path, engine="preadv", direct=direct)
     with StorageLoader(store, max_inflight=32, registry=MetricsRegistry()) as loader:
         assert loader.workers == want
+
+
+def test_a_file_system_refusing_o_direct_moves_reads_to_the_page_cache_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EINVAL on an O_DIRECT open (a FUSE mount without direct_io): the refused reads are
+    read again without it, the store reports it, and from then on reads (and a loader opened
+    later) take the page-cache path with its split and pipelined reads."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    store, keys, blocks = filled(tmp_path, 6, direct=True, engine="preadv")
+    assert store.direct_active and isinstance(store.read_path(), EngineReads)
+    assert not isinstance(store.read_path(), SplitReads)
+    real_open = os.open
+    refused: list[str] = []
+
+    def no_direct(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(reads_mod.os, "open", no_direct)
+    ops = [ReadOp(k) for k in keys]
+    store.read_batch(ops, BufferPool())
+    for op, key in zip(ops, keys, strict=True):
+        assert op.ok and op.buffer is not None and op.header is not None
+        got = op.buffer.payload(op.header.payload_len).view(np.float16)
+        assert np.array_equal(got.reshape(2, 16, 1024), blocks[key])
+        op.buffer.release()
+    assert refused and not store.direct_active
+    first_batch = len(refused)  # the batch in flight tried each of its files
+    assert isinstance(store.read_path(), PipelinedReads)
+    assert store.quarantined() == []
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    with StorageLoader(store, max_inflight=1, registry=MetricsRegistry()) as loader:
+        assert loader.overlaps_checksums and loader.workers == 1
+        result = loader.load(keys, timeout=30)
+        assert result.store_hits == len(keys)
+        result.release()
+    assert len(refused) == first_batch  # never asked again
