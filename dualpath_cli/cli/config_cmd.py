@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, fail, stderr, stdout
@@ -48,21 +49,41 @@ def show(
         emit_json(loaded.to_dict())
         return
     table = Table(title=f"dualpath config (preset {loaded.config.preset})",
-                  title_justify="left")
-    table.add_column("key", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    table.add_column("resolved", overflow="fold")
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("key")
+    table.add_column("value (-> resolved)", overflow="fold")
     table.add_column("source", overflow="fold")
     for key, setting in loaded.settings.items():
-        table.add_row(key, display_value(key, setting.value, setting.raw),
-                      resolved_text(loaded, key),
-                      str(setting.source))
+        value = display_value(key, setting.value, setting.raw)
+        resolved = resolved_text(loaded, key)
+        table.add_row(key, f"{value} -> {resolved}" if resolved else value, str(setting.source))
+    _fit_words(table, stdout.width)
     stdout.print(table)
     for name in ("alpha", "beta", "compute_quota"):
         value = getattr(loaded.resolved, name)
         resolved = resolved_text(loaded, f"scheduler.{name}")
         stdout.print(f"{name}: {value.given} ({value.form}) -> {resolved}: {value.derivation}",
                      highlight=False, soft_wrap=True)
+
+
+def _fit_words(table: Table, width: int) -> None:
+    """Give every column at least its longest word, so a narrow terminal wraps cells between
+    words instead of cutting ``profile:reference`` to ``profile:refer``. Columns are set
+    three spaces apart, or one where that needs the room; a word that cannot fit even then
+    (a long ``env:`` name or path) folds onto the next line, and the first column, the key,
+    never does."""
+    cols = table.columns
+    words = [max((len(word) for cell in (col.header, *col.cells)
+                  for word in str(cell).split()), default=0) for col in cols]
+    gap = 3 if sum(words) + 3 * (len(cols) - 1) <= width else 1
+    spare = width - gap * (len(cols) - 1) - words[0]
+    while sum(words[1:]) > spare and max(words[1:]) > 1:
+        widest = max(range(1, len(cols)), key=lambda i: words[i])
+        words[widest] -= 1
+    for col, least in zip(cols, words, strict=True):
+        col.min_width = least
+    cols[0].no_wrap = True
+    table.padding = (0, 1) if gap == 3 else (0, 0)
 
 
 @app.command("validate")
