@@ -43,18 +43,18 @@ id outside the vocabulary, ``max_tokens`` above the limit), 404 for an unknown m
 with ``Retry-After`` while the cluster drains (retryable; the official client retries it),
 504 when a turn outlives the router's timeout.
 
-Waiting never blocks the event loop: each request's submit and waits run on one short-lived
-thread that hands results to the loop through futures.
+Waiting never blocks the event loop: each request's submit and waits run on a worker of a
+thread pool that hands results to the loop through futures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -420,51 +420,49 @@ _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 # -- waiting on a ticket without blocking the loop -----------------------------------------
 
 class _Turn:
-    """One admitted turn: submit, first token and done, each delivered as a loop future.
+    """One admitted turn whose first token and end arrive as event-loop futures.
 
-    One daemon thread per turn does the blocking calls (``submit`` takes locks and looks up
-    prefix keys in the store; the waits block) and hands each outcome to the event loop.
+    ``submit`` runs on the loop (a lock and the prefix lookup: well under a millisecond); a
+    worker of the router's pool does the blocking waits and hands each outcome to the loop.
+    Why a pool and not a thread per turn, and why not submit on the worker too: every
+    hand-off between threads is a wake-up on the critical path (on a busy 2-core box about
+    a millisecond each, most of the HTTP overhead), and starting a thread blocks the loop
+    until that thread runs. A non-streamed turn needs only its end, so it wakes the loop
+    once.
     """
 
-    def __init__(self, live: LiveCluster, tokens: list[int], gen: int, session: str | None,
-                 timeout: float) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, live: LiveCluster, ticket: Ticket,
+                 timeout: float, stream: bool) -> None:
         loop = asyncio.get_running_loop()
         self.loop = loop
-        self.submitted: asyncio.Future[Ticket] = loop.create_future()
+        self.ticket = ticket
         self.first: asyncio.Future[bool] = loop.create_future()
         self.done: asyncio.Future[bool] = loop.create_future()
-        self.ticket: Ticket | None = None
-        self._args = (live, tokens, gen, session, timeout)
-        threading.Thread(target=self._run, daemon=True, name="openai-turn").start()
+        self._args = (live, timeout, stream)
+        pool.submit(self._wait)
 
-    def _post(self, fut: asyncio.Future[Any], value: Any = None,
-              error: BaseException | None = None) -> None:
+    def _post(self, *outcomes: tuple[asyncio.Future[bool], bool]) -> None:
         def deliver() -> None:
-            if fut.done():
-                return  # the request went away
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(value)
+            for fut, value in outcomes:
+                if not fut.done():  # else the request went away
+                    fut.set_result(value)
         try:
             self.loop.call_soon_threadsafe(deliver)
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
 
-    def _run(self) -> None:
-        live, tokens, gen, session, timeout = self._args
+    def _wait(self) -> None:
+        live, timeout, stream = self._args
+        ticket = self.ticket
         try:
-            ticket = live.submit(tokens, gen, session)
-        except BaseException as err:  # delivered to the request, answered there
-            self._post(self.submitted, error=err)
-            return
-        self.ticket = ticket
-        self._post(self.submitted, ticket)
-        t0 = time.monotonic()
-        try:
-            self._post(self.first, ticket.first_event.wait(timeout))
+            if not stream:
+                ok = ticket.event.wait(timeout)
+                self._post((self.first, ok), (self.done, ok))
+                return
+            t0 = time.monotonic()
+            self._post((self.first, ticket.first_event.wait(timeout)))
             left = max(0.0, timeout - (time.monotonic() - t0))
-            self._post(self.done, ticket.event.wait(left))
+            self._post((self.done, ticket.event.wait(left)))
         finally:
             live.done(ticket)
 
@@ -509,13 +507,14 @@ def _sse(data: dict[str, Any]) -> bytes:
 # -- the router ------------------------------------------------------------------------------
 
 def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
-           turn_timeout: float = TURN_TIMEOUT_S) -> APIRouter:
+           turn_timeout: float = TURN_TIMEOUT_S, max_in_flight: int = 1024) -> APIRouter:
     """The OpenAI-compatible routes over ``live`` (see the module docstring).
 
     Args:
         live: the running cluster.
         max_tokens_limit: the largest ``max_tokens`` a request may ask for.
         turn_timeout: seconds a request waits for its turn before answering 504.
+        max_in_flight: turns waited on at once (more queue for a worker).
     """
     cfg = model_config(live.opts.model)
     model_id = live.opts.model
@@ -523,6 +522,9 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
     tokenizer = ByteTokenizer(cfg.vocab_size)
     created = int(time.time())
     r = APIRouter(route_class=_OpenAIRoute, tags=["openai"])
+    # one worker per turn in flight (created on demand, reused; each ends its turn's wait
+    # within turn_timeout, and a closing cluster answers every ticket)
+    pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="openai-turn")
 
     def resolve(req: _Common, tokens: list[int], session_header: str | None,
                 max_tokens: int | None) -> _Served:
@@ -550,19 +552,17 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         return _Served(model_id, tokens, gen, session, req.stream, include_usage,
                        req.return_token_ids)
 
-    async def admit(served: _Served) -> _Turn:
-        turn = _Turn(live, served.tokens, served.gen, served.session, turn_timeout)
+    def admit(served: _Served) -> _Turn:
         try:
-            await turn.submitted
+            ticket = live.submit(served.tokens, served.gen, served.session)
         except Draining as err:
             raise _draining(err) from None
         except DualPathError as err:
             raise OpenAIError(400, str(err)) from None
-        return turn
+        return _Turn(pool, live, ticket, turn_timeout, served.stream)
 
     async def finish(turn: _Turn) -> TurnResult:
         await turn.done
-        assert turn.ticket is not None
         return _result(turn.ticket, turn_timeout)
 
     async def stream(served: _Served, turn: _Turn, rid: str, obj: str,
@@ -570,7 +570,6 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                                      dict[str, Any]]) -> Response:
         # wait for the first token before answering, so an error before it is a status code
         await turn.first
-        assert turn.ticket is not None
         if turn.ticket.error is not None or not turn.ticket.first_event.is_set():
             _result(turn.ticket, turn_timeout)  # raises the error (or the timeout)
 
@@ -630,7 +629,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             t for t in p if isinstance(t, int)]
         served = resolve(body, tokens, x_session_id, body.max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        turn = await admit(served)
+        turn = admit(served)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:
@@ -662,7 +661,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         max_tokens = body.max_completion_tokens or body.max_tokens
         served = resolve(body, tokens, x_session_id, max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        turn = await admit(served)
+        turn = admit(served)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:
