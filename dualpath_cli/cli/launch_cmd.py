@@ -70,6 +70,15 @@ def register(app: typer.Typer) -> None:
     app.command("stop")(stop)
 
 
+def _duration(flag: str, text: str) -> float:
+    from dualpath_cli.errors import UnitError
+
+    try:
+        return parse_duration(text)
+    except UnitError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
 # --- launch ------------------------------------------------------------------------------
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -478,8 +487,8 @@ def launch(
     if not _is_loopback(host) and not allow_remote:
         raise UsageError(f"--host {host} is not a loopback address; add --allow-remote to "
                          "serve other machines (every endpoint then needs the token)")
-    drain_s = parse_duration(drain_timeout)
-    start_s = parse_duration(start_timeout)
+    drain_s = _duration("--drain-timeout", drain_timeout)
+    start_s = _duration("--start-timeout", start_timeout)
     if detach:
         _claim_port(port)
         argv = ["--host", host, "--port", str(port), "--drain-timeout", drain_timeout,
@@ -604,7 +613,7 @@ def stop(
     """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
     import psutil
 
-    wait_s = parse_duration(timeout)
+    wait_s = _duration("--timeout", timeout)
     live, stale = statefile.live_states(port)
     if not live:
         gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
