@@ -36,11 +36,24 @@ from dualpath_cli.storage.memory import MemoryStore
 from dualpath_cli.storage.posix import PosixStore
 from dualpath_cli.storage.replicas import ReplicatedStore
 from dualpath_cli.storage.shaper import TokenBucket
-from dualpath_cli.storage.store import GcReport, KVStore, ReadOp, StoreUsage, read_one
+from dualpath_cli.storage.store import (
+    BoundedReads,
+    GcReport,
+    KVStore,
+    PipelinedReads,
+    ReadOp,
+    ReadPath,
+    ReadPathStore,
+    SplitReads,
+    StoreUsage,
+    read_one,
+    verify_block,
+)
 
 __all__ = [
     "KVStore", "PosixStore", "MemoryStore", "ReplicatedStore", "ReadOp", "StoreUsage",
-    "GcReport", "read_one",
+    "GcReport", "read_one", "verify_block",
+    "ReadPath", "ReadPathStore", "BoundedReads", "SplitReads", "PipelinedReads",
     "StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_PRIORITY",
     "LoadedBlock", "encode_block", "BlockHeader", "HEADER_SIZE",
     "BlockBuffer", "BufferPool", "BlockCache", "TokenBucket",
