@@ -102,6 +102,10 @@ _LAUNCHER = textwrap.dedent("""
                                           store_dir=Path(sys.argv[1]), flops_rate=5e9))
         live.start()
         print(" ".join(str(p) for p in live.system.cluster.pids().values()), flush=True)
+        buckets = [b for nics in live.system.node_nics.values() for b in nics]
+        buckets += [s.cnic for s in live.system.specs]
+        names = {b._shared.get_lock()._semlock.name for b in buckets if hasattr(b, "_shared")}
+        print(" ".join(sorted(n.lstrip("/") for n in names if n)), flush=True)
         while True:
             time.sleep(60)
 
@@ -113,7 +117,6 @@ _LAUNCHER = textwrap.dedent("""
 def test_engines_and_semaphores_die_with_a_killed_launcher(tmp_path: Path) -> None:
     script = tmp_path / "launcher.py"
     script.write_text(_LAUNCHER)
-    before = _sems()
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "store")],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -121,6 +124,8 @@ def test_engines_and_semaphores_die_with_a_killed_launcher(tmp_path: Path) -> No
         line = proc.stdout.readline()
         pids = [int(p) for p in line.split()]
         assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+        ours = {f"sem.{name}" for name in proc.stdout.readline().split()}
+        assert ours and ours <= _sems()  # the NIC buckets' named semaphores
         family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         assert set(pids) <= set(family)
     finally:
@@ -140,7 +145,7 @@ def test_engines_and_semaphores_die_with_a_killed_launcher(tmp_path: Path) -> No
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
-    _wait_for(lambda: _sems() <= before, 10, "the launcher's semaphores to be unlinked")
+    _wait_for(lambda: not ours & _sems(), 10, "the launcher's semaphores to be unlinked")
 
 
 def test_state_files_live_stale_and_location(tmp_path: Path,
