@@ -254,6 +254,11 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
     try:
         return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
                             as_json, t0, stop_event)
+    except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
+        _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
+                 else f"{type(err).__name__}: {err}",
+                 "code": getattr(err, "exit_code", 1)})
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -324,11 +329,6 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
             msg += f" ({result.abandoned} cut off by --drain-timeout, answered 503)"
         stderr.print(f"{msg}; stopped", highlight=False)
         return 0
-    except BaseException as err:
-        _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
-                 else f"{type(err).__name__}: {err}",
-                 "code": getattr(err, "exit_code", 1)})
-        raise
     finally:
         if live is not None:
             live.close()
@@ -491,6 +491,7 @@ def launch(
     start_s = _duration("--start-timeout", start_timeout)
     if detach:
         _claim_port(port)
+        _bind(host, port).close()  # fail fast here rather than in the background
         argv = ["--host", host, "--port", str(port), "--drain-timeout", drain_timeout,
                 "--start-timeout", start_timeout]
         argv += ["--allow-remote"] if allow_remote else []
