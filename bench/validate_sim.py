@@ -9,7 +9,9 @@ Usage::
 
 For each deployment (1P1D, 1P2D, 2P1D) the runtime runs ``dualpath bench``'s workload and
 setup (runtime.workloads.agentic_workload, services.bench.load_bench_config: 16 agents x 12
-turns, 7 MB/s storage NICs, 5 ms fetch period) under basic and dualpath. The simulator then
+turns, 5 ms fetch period, storage NICs calibrated once at the start of the script so that
+Basic's storage time is 2.5x the compute, the same rate for every deployment) under basic
+and dualpath. The simulator then
 predicts the same runs from a profile calibrated on this machine
 (:func:`dualpath_cli.sim.calibrate_from_measurements`):
 
@@ -71,8 +73,23 @@ BLOCK_HEADER = 4096  # bytes of header per block on disk (storage/header.py)
 
 
 # ----------------------------------------------------------------------------- runtime side
+_SETTING: dict[str, float] = {}  # the calibrated compute rate, measured once per script run
+
+
+def bench_flops_rate(traj: list[Trajectory]) -> float:
+    """The compute rate the bench's storage NICs are sized from, measured once here so that
+    every deployment and the predictions use one storage-NIC rate (it does not depend on
+    the P/D: services.bench.calibrate_snic)."""
+    if "rate" not in _SETTING:
+        _, _, cal = load_bench_config(traj)
+        assert cal is not None, "the bench workload reads from storage"
+        _SETTING["rate"] = cal.flops_rate
+    return _SETTING["rate"]
+
+
 def _bench_setup(traj: list[Trajectory], pd: str) -> RuntimeOptions:
-    loaded, _ = load_bench_config(traj, sets=[f"cluster.pd={pd}"])
+    loaded, _, _ = load_bench_config(traj, sets=[f"cluster.pd={pd}"],
+                                     flops_rate=bench_flops_rate(traj))
     return options_from_config(loaded, processes=True)
 
 
@@ -161,7 +178,8 @@ def predict(traj: list[Trajectory], pd: str, policy: str,
     ``compute`` must then be the speed of one engine alone.
     """
     base = _bench_setup(traj, pd)
-    loaded, _ = load_bench_config(traj, sets=[f"cluster.pd={pd}"])
+    loaded, _, _ = load_bench_config(traj, sets=[f"cluster.pd={pd}"],
+                                     flops_rate=bench_flops_rate(traj))
     cfg = loaded.config
     block_payload = cfg.model.n_layers * base.block_tokens * cfg.model.kv_bytes_per_token_layer
     payload_share = block_payload / (block_payload + BLOCK_HEADER)
@@ -225,10 +243,12 @@ def run(args: argparse.Namespace, boosted: bool) -> None:
     wall = time.perf_counter()
     if args.measured is not None:
         measured = json.loads(args.measured.read_text())
+        if "flops_rate" in measured:  # the setting the saved runs were calibrated at
+            _SETTING["rate"] = measured.pop("flops_rate")
     else:
         measured = measure_runtime(traj, pds, max(1, args.repeats))
         if args.save is not None:
-            args.save.write_text(json.dumps(measured))
+            args.save.write_text(json.dumps({**measured, "flops_rate": bench_flops_rate(traj)}))
     model = _bench_setup(traj, pds[0]).model
     mean_ctx = sum(t.prompt_length(i) for t in traj for i in range(t.num_turns)) // sum(
         t.num_turns for t in traj)
@@ -245,7 +265,9 @@ def run(args: argparse.Namespace, boosted: bool) -> None:
             rows.append({"pd": pd, "policy": policy, "measured_jct_s": round(got, 3),
                          "predicted_jct_s": round(pred, 3), "error_pct": round(err, 1),
                          "ok": abs(err) <= GOAL_PCT})
-    out = {"rows": rows, "goal_pct": GOAL_PCT, "agents": args.agents, "turns": args.turns,
+    snic = _bench_setup(traj, pds[0]).snic_bw
+    out = {"rows": rows, "goal_pct": GOAL_PCT, "bench_flops_rate": bench_flops_rate(traj),
+           "snic_bw": snic, "agents": args.agents, "turns": args.turns,
            "repeats": args.repeats, "host_cores": args.host_cores,
            "busy": args.busy if args.host_cores == 0 else None,
            "calibration": {str(k): v for k, v in compute_by_n.items()},
@@ -273,6 +295,8 @@ def run(args: argparse.Namespace, boosted: bool) -> None:
         if max(foreign.values()) > FOREIGN_WARN_CORES and not boosted:
             print("WARNING: other processes competed for the CPU at equal priority; the "
                   "measured JCTs are not of a dedicated host and CPU-bound cases read slow")
+    print(f"storage NICs {snic / 1e6:.3g} MB/s per node, calibrated from "
+          f"{out['bench_flops_rate'] / 1e9:.2f} GFLOP/s (Basic's reads = 2.5 x compute)")
     print(f"{sum(r['ok'] for r in rows)} of {len(rows)} within {GOAL_PCT:.0f}%; "
           f"{out['wall_s']:.0f} s")
 

@@ -62,11 +62,11 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
     rate = f"{format_bytes(s['snic_bw'], binary=False)}/s"
     cal = s.get("snic_calibration")
     if cal:
-        console.print(f"storage NIC {rate} per node, calibrated: compute "
-                      f"{cal['flops_rate'] / 1e9:.2f} GFLOP/s, so the workload's prefill "
-                      f"takes {cal['compute_s']:.1f} s and Basic's reads "
-                      f"{cal['basic_storage_s']:.1f} s ({cal['multiple']:g} x compute; "
-                      f"--snic-bw to fix the rate)", highlight=False)
+        console.print(f"storage NIC {rate} per node, calibrated to this machine (--snic-bw "
+                      "fixes it):", highlight=False)
+        console.print(f"  compute {cal['flops_rate'] / 1e9:.2f} GFLOP/s -> prefill "
+                      f"{cal['compute_s']:.1f} s; Basic's reads {cal['basic_storage_s']:.1f} s"
+                      f" = {cal['multiple']:g} x compute", highlight=False)
     else:
         console.print(f"storage NIC {rate} per node (from the configuration)",
                       highlight=False)
@@ -81,8 +81,8 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
             row += [f"{_ms(p.ttst_p50_s)}/{_ms(p.ttst_p99_s)}", "met" if p.slo_met else "MISSED"]
         lat.add_row(*row)
     console.print(lat)
-    io = Table(title="Storage and compute", title_justify="left")
-    for col in ("policy", "SNIC MB read per node", "Max/Avg", "GPU busy", "bubble s",
+    io = Table(title="Storage-NIC reads and compute", title_justify="left")
+    for col in ("policy", "MB read by node", "Max/Avg", "GPU busy", "bubble s",
                 "tokens"):
         io.add_column(col, justify="left" if col in ("policy", "tokens") else "right")
     for p in report.policies:

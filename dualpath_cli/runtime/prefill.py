@@ -245,8 +245,9 @@ class PrefillWorker:
             batch = pack_batch(works, self.ctx.spec.quota_s, self.predict)
             self._run_batch([(live[w.request_id], w.cached, w.bsz) for w in batch.items])
             works = list(batch.remaining)
-            for serial in [s for s, j in live.items() if j.cancelled or not any(
-                    w.request_id == s for w in works)]:
+            # forget jobs with no chunk left; a cancelled job with a chunk left stays until
+            # the top of the loop drops it (deleting it here killed this thread: KeyError)
+            for serial in [s for s in live if not any(w.request_id == s for w in works)]:
                 del live[serial]
 
     def _drop(self, job: PrefillJob) -> None:
