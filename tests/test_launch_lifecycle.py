@@ -196,3 +196,23 @@ def test_readyz_is_green_only_after_every_engine_said_hello(tmp_path: Path) -> N
     finally:
         live.close()
         client.close()
+
+
+def test_close_removes_the_temp_files_of_a_killed_engine(tmp_path: Path) -> None:
+    """A block write cut by SIGKILL leaves an invisible temp file; closing removes it (and
+    only it: another writer's temp file is not ours to touch)."""
+    live = LiveCluster(_opts(tmp_path))
+    live.start()
+    cluster = live.system.cluster
+    victim = cluster.pids()[2]  # type: ignore[union-attr]
+    cluster.kill(2)
+    _wait_for(lambda: 2 in cluster.exited(), 10, "the engine to die")  # type: ignore[union-attr]
+    leaf = tmp_path / "blocks" / "ab" / "cd"
+    leaf.mkdir(parents=True, exist_ok=True)
+    cut = leaf / f".{'0' * 32}.kv.{victim}.140000.tmp"
+    other = leaf / f".{'1' * 32}.kv.{os.getpid()}.140000.tmp"
+    cut.write_bytes(b"half a block")
+    other.write_bytes(b"someone else's")
+    live.close()
+    assert not cut.exists() and other.exists()
+    assert not live.ready()
