@@ -560,7 +560,9 @@ def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     url: Annotated[str | None, typer.Option("--url", help="Ask this API instead of the state "
-                                            "file's (also DUALPATH_URL).")] = None,
+                                            "file's (also DUALPATH_URL; its token from "
+                                            "DUALPATH_TOKEN when no state file names "
+                                            "it).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
                                              "several run).")] = None,
 ) -> None:
