@@ -2,8 +2,8 @@
 
 Cron and CI scripts call ``dualpath`` many times, so start time matters; importing numpy,
 ml_dtypes, the simulator or the HTTP stack costs most of it. Command modules import those
-inside their commands, and the groups are built on first use (cli/app.py). The time itself is
-measured by bench/cli_start.py, not here.
+inside their commands, and the groups are built on first use (cli/app.py); ``--version``
+imports nothing at all. The time itself is measured by bench/cli_start.py, not here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from dualpath_cli import __version__
 from dualpath_cli.cli import app as app_module
-from dualpath_cli.cli.app import app, deferred, main
+from dualpath_cli.cli.app import app, main
+from dualpath_cli.cli.deferred import deferred
 
 #: Third-party modules that only some commands need; importing any takes tens of ms to seconds.
 HEAVY_THIRD_PARTY = ("numpy", "ml_dtypes", "matplotlib", "plotext", "zmq", "fastapi",
@@ -190,4 +191,4 @@ def test_names_kept_for_help_text_equal_their_registries() -> None:
     assert storage_cmd.ENGINES == ENGINES
     assert config_cmd.PRESET_NAMES == tuple(PRESETS)
     assert trace_cmd.DEFAULT_BASE_AGENTS == DEFAULT_BASE_AGENTS
-    assert app_module.__all__ == ["app", "main", "deferred"]
+    assert app_module.__all__ == ["app", "main"]
