@@ -175,8 +175,10 @@ def run_agents_remote(url: str, trajectories: Sequence[Trajectory], *,
     """Replay ``trajectories`` against the cluster at ``url`` (offline when ``aps`` is None).
 
     Each agent is one session named after this run and the agent, so two runs against one
-    cluster never share sessions (their prompts differ anyway: fresh turns, no false hits).
-    An agent whose turn fails stops there; the failure is in ``errors``.
+    cluster never share sessions. The store is keyed by prefix content, though: a second run
+    of the same workload finds the first run's blocks, turn 1 included (the in-process bench
+    starts every policy on a fresh store). An agent whose turn fails stops there; the
+    failure is in ``errors``.
 
     Returns:
         The run (same shape as the in-process runner's) and what the server said about
