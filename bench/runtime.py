@@ -34,8 +34,17 @@ from dualpath_cli.cli.output import to_jsonable
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.options import options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.services.bench import BenchReport, load_bench_config, run_bench
-from dualpath_cli.telemetry.hostload import cpu_priority
+from dualpath_cli.services.bench import (
+    BenchReport,
+    PolicyReport,
+    load_bench_config,
+    oracle_rate,
+    run_bench,
+    run_policy,
+    workload_demand,
+)
+from dualpath_cli.services.runner import RunResult
+from dualpath_cli.telemetry.hostload import ForeignCpu, cpu_priority
 from dualpath_cli.units import format_bytes
 
 POLICIES = ["basic", "dualpath", "oracle", "split", "round-robin"]
@@ -112,6 +121,10 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=None)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--calibrate", choices=("probe", "oracle"), default="probe",
+                    help="the compute rate the NICs are sized from: a probe of one engine "
+                    "(default), or the workload's FLOPs over an oracle run's JCT (run first, "
+                    "reused as the oracle row)")
     ap.add_argument("--boost", action="store_true",
                     help="raise this session's autogroup priority while measuring "
                     "(telemetry/hostload.py; other sessions' jobs then take little CPU, a "
@@ -153,8 +166,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         workload = {"first_append": args.first_append, "append": args.append,
                     "gen": args.gen, "bench_defaults": applied}
         with tempfile.TemporaryDirectory(prefix="dualpath-bench-") as root:
+            done: dict[str, tuple[PolicyReport, RunResult]] = {}
+            if cal is not None and args.calibrate == "oracle":
+                meter = ForeignCpu()
+                meter.start()
+                rep, res = run_policy("oracle", base, traj, Path(root))
+                other = meter.stop()
+                rep.foreign_cores = None if other is None else round(other, 3)
+                done["oracle"] = (rep, res)
+                demand = workload_demand(traj, base.model, base.block_tokens)
+                eff = oracle_rate(demand, res.jct, base.prefill_nodes)
+                loaded, applied, cal = load_bench_config(
+                    traj, preset=args.preset, config_file=args.config, sets=args.sets,
+                    flops_rate=eff, rate_source="oracle")
+                base = options_from_config(loaded, processes=True)
+                workload["bench_defaults"] = applied
+                assert cal is not None
+                print(f"run {k + 1}: oracle {res.jct:.2f} s -> {eff / 1e9:.2f} GFLOP/s -> "
+                      f"storage NIC {format_bytes(cal.snic_bw, binary=False)}/s per node",
+                      file=sys.stderr, flush=True)
             report = run_bench(args.policies.split(","), base, traj, Path(root),
-                               setup=workload, calibration=cal)
+                               setup=workload, calibration=cal, done=done)
         run = run_summary(report)
         runs.append(run)
         print(f"run {k + 1}: JCT {', '.join(f'{p} {s:.2f} s' for p, s in run['jct_s'].items())}"

@@ -22,6 +22,7 @@ from dualpath_cli.services.bench import (
     Demand,
     calibrate_snic,
     load_bench_config,
+    oracle_rate,
     run_bench,
     workload_demand,
 )
@@ -82,6 +83,16 @@ def test_calibrated_snic_puts_basic_storage_at_the_regime_multiple() -> None:
     assert odd.basic_storage_s / odd.compute_s == pytest.approx(REGIME_MULTIPLE, rel=5e-3)
     with pytest.raises(UsageError):
         calibrate_snic(demand, 0.0, prefill_nodes=1, decode_nodes=2)
+
+
+def test_oracle_rate_is_the_workloads_flops_over_the_compute_only_run() -> None:
+    demand = Demand(prefill_flops=4e10, read_bytes=90_000_000)
+    rate = oracle_rate(demand, 10.0, prefill_nodes=2)
+    assert rate == pytest.approx(2e9)
+    cal = calibrate_snic(demand, rate, prefill_nodes=2, decode_nodes=1, source="oracle")
+    assert cal.compute_s == pytest.approx(10.0) and cal.source == "oracle"  # = the oracle JCT
+    with pytest.raises(UsageError):
+        oracle_rate(demand, 0.0, prefill_nodes=1)
 
 
 def test_workload_demand_counts_whole_block_hits_and_block_files() -> None:

@@ -45,7 +45,7 @@ from dualpath_cli.telemetry.hostload import ForeignCpu
 from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["REGIME_MULTIPLE", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
-           "Demand", "SnicCalibration", "workload_demand", "calibrate_snic",
+           "Demand", "SnicCalibration", "workload_demand", "calibrate_snic", "oracle_rate",
            "load_bench_config", "run_policy", "run_bench"]
 
 REGIME_MULTIPLE = 2.5
@@ -193,15 +193,28 @@ class SnicCalibration:
     dualpath_storage_s: float
     prefill_flops: float
     read_bytes: int
+    source: str = "probe"
+    """Where the rate came from: ``probe`` (one engine's prefill, runtime/calibrate.py) or
+    ``oracle`` (the workload's FLOPs over a compute-only run's JCT, :func:`oracle_rate`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return asdict(self)
 
 
+def oracle_rate(demand: Demand, oracle_jct_s: float, prefill_nodes: int) -> float:
+    """The runtime's effective prefill FLOP/s per PE: the workload's FLOPs over the JCT of
+    its compute-only (oracle) run. Why: the probe times one engine alone, while in a run the
+    engines, their I/O threads and the scheduler share the cores (on a busy 2-core host the
+    oracle took about twice the probe's compute time)."""
+    if oracle_jct_s <= 0:
+        raise UsageError("oracle_rate needs a positive oracle JCT")
+    return demand.prefill_flops / (prefill_nodes * oracle_jct_s)
+
+
 def calibrate_snic(demand: Demand, flops_rate: float, *, prefill_nodes: int,
                    decode_nodes: int, multiple: float = REGIME_MULTIPLE, probes: int = 0,
-                   probe_s: float = 0.0) -> SnicCalibration:
+                   probe_s: float = 0.0, source: str = "probe") -> SnicCalibration:
     """The per-node storage-NIC rate at which Basic's storage time is ``multiple`` x compute.
 
     compute = F / (P x rate) and Basic's storage time = bytes / (P x snic), so
@@ -217,13 +230,13 @@ def calibrate_snic(demand: Demand, flops_rate: float, *, prefill_nodes: int,
     basic = demand.read_bytes / (prefill_nodes * snic) if snic else 0.0
     dual = demand.read_bytes / ((prefill_nodes + decode_nodes) * snic) if snic else 0.0
     return SnicCalibration(flops_rate, probes, probe_s, multiple, snic, compute, basic, dual,
-                           demand.prefill_flops, demand.read_bytes)
+                           demand.prefill_flops, demand.read_bytes, source)
 
 
 def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None = None,
                       config_file: Path | None = None, sets: Sequence[str] = (),
                       snic_bw: str | None = None, flops_rate: float | None = None,
-                      multiple: float = REGIME_MULTIPLE,
+                      multiple: float = REGIME_MULTIPLE, rate_source: str = "probe",
                       ) -> tuple[LoadedConfig, list[str], SnicCalibration | None]:
     """The effective config for a bench run, the bench defaults applied, and the calibration.
 
@@ -259,7 +272,7 @@ def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None 
             calibration = calibrate_snic(
                 demand, flops_rate, prefill_nodes=cfg.cluster.prefill_nodes,
                 decode_nodes=cfg.cluster.decode_nodes, multiple=multiple, probes=probes,
-                probe_s=probe_s)
+                probe_s=probe_s, source=rate_source if probes == 0 else "probe")
             per_nic = calibration.snic_bw / cfg.hardware.snics_per_node
             extra.insert(0, f"hardware.snic_bandwidth={per_nic!r}B/s")
     if extra:
@@ -321,8 +334,12 @@ def run_bench(policies: Sequence[str], base: RuntimeOptions,
               aps: float | None = None, slo: SLO = SLO(),
               on_turn: Callable[[str, TurnRecord], None] | None = None,
               setup: dict[str, Any] | None = None,
-              calibration: SnicCalibration | None = None) -> BenchReport:
+              calibration: SnicCalibration | None = None,
+              done: dict[str, tuple[PolicyReport, RunResult]] | None = None) -> BenchReport:
     """Run every policy in turn; mark policies whose tokens differ from the first one's.
+
+    ``done``: policies already run on this workload (the oracle run that calibrated the
+    NICs, which crosses no shaped NIC), reused instead of run again.
 
     ``calibration``: how the storage NICs were sized, kept in the setup (None: the config
     or a flag set them). Each policy's report carries the CPU other processes took meanwhile.
@@ -337,11 +354,14 @@ def run_bench(policies: Sequence[str], base: RuntimeOptions,
             def cb(rec: TurnRecord, p: str = policy, f: Callable[[str, TurnRecord], None] = (
                     on_turn)) -> None:
                 f(p, rec)
-        meter.start()
-        rep, run = run_policy(policy, base, trajectories, store_root, aps=aps, slo=slo,
-                              on_turn=cb)
-        other = meter.stop()
-        rep.foreign_cores = None if other is None else round(other, 3)
+        if done and policy in done:
+            rep, run = done[policy]
+        else:
+            meter.start()
+            rep, run = run_policy(policy, base, trajectories, store_root, aps=aps, slo=slo,
+                                  on_turn=cb)
+            other = meter.stop()
+            rep.foreign_cores = None if other is None else round(other, 3)
         tokens = run.tokens_by_turn()
         if first is None:
             first = tokens
