@@ -212,6 +212,10 @@ def test_bad_chat_and_malformed_bodies(served: Served) -> None:
     r = httpx.post(f"{served.url}/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
     assert r.status_code == 422 and "error" in r.json()
+    r = httpx.post(f"{served.url}/v1/completions",  # JSON allows a lone surrogate
+                   content=b'{"model": "tiny", "prompt": "a\\udc80"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": "x",
                                                           "frobnicate": 1})
     assert r.status_code == 422 and "frobnicate" in r.json()["error"]["message"]

@@ -63,6 +63,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.model import model_config
@@ -140,6 +141,9 @@ class _OpenAIRoute(APIRoute):
                 return _validation_error(err).response()
             except OpenAIError as err:
                 return err.response()
+            except StarletteHTTPException as err:  # e.g. a body that is not even text
+                return OpenAIError(err.status_code, str(err.detail),
+                                   headers=getattr(err, "headers", None)).response()
 
         return run
 
@@ -414,7 +418,7 @@ class ModelList(BaseModel):
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 422, 503, 504)}
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+_SSE: dict[str, Any] = {"text/event-stream": {}}  # data: <chunk JSON> events, then [DONE]
 
 
 # -- waiting on a ticket without blocking the loop -----------------------------------------
@@ -594,13 +598,17 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             yield b"data: [DONE]\n\n"
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        if served.session:
-            headers["X-Session-Id"] = served.session
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
-    def reply(served: _Served, body: dict[str, Any]) -> Response:
-        headers = {"X-Session-Id": served.session} if served.session else None
-        return JSONResponse(body, headers=headers)
+    def reply(body: dict[str, Any]) -> Response:
+        return JSONResponse(body)
+
+    def encode(text: str) -> list[int]:
+        try:
+            return tokenizer.encode(text)
+        except UnicodeEncodeError as err:  # a lone surrogate (JSON allows "\udc80")
+            raise OpenAIError(400, f"the text is not valid Unicode ({err.reason} at "
+                                   f"character {err.start})", code="invalid_text") from None
 
     @r.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
@@ -625,7 +633,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
     ) -> Response:
         """Complete one prompt (text or token ids) greedily; ``stream`` for SSE chunks."""
         p = body.prompt  # one prompt after validation: text or token ids
-        tokens = tokenizer.encode(p) if isinstance(p, str) else [
+        tokens = encode(p) if isinstance(p, str) else [
             t for t in p if isinstance(t, int)]
         served = resolve(body, tokens, x_session_id, body.max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -645,7 +653,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         choice = chunk(tokenizer.decode(r.tokens), "length", None)
         if served.token_ids:
             choice |= {"token_ids": list(r.tokens), "prompt_token_ids": served.tokens}
-        return reply(served, {"id": rid, "object": "text_completion",
+        return reply({"id": rid, "object": "text_completion",
                               "created": int(time.time()), "model": served.model,
                               "choices": [choice], "usage": _usage(served, r)})
 
@@ -657,7 +665,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 "Session key: one session is one agent's prefix chain."))] = None,
     ) -> Response:
         """Reply to ``messages`` (rendered by the chat template) greedily."""
-        tokens = tokenizer.encode(render_chat(body.messages))
+        tokens = encode(render_chat(body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens
         served = resolve(body, tokens, x_session_id, max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -684,7 +692,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             "logprobs": None, "finish_reason": "length"}
         if served.token_ids:
             choice |= {"token_ids": list(r.tokens), "prompt_token_ids": served.tokens}
-        return reply(served, {"id": rid, "object": "chat.completion",
+        return reply({"id": rid, "object": "chat.completion",
                               "created": int(time.time()), "model": served.model,
                               "choices": [choice], "usage": _usage(served, r)})
 
