@@ -37,14 +37,12 @@ from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.bench import (
     BenchReport,
     PolicyReport,
+    calibrate_by_oracle,
     load_bench_config,
-    oracle_rate,
     run_bench,
-    run_policy,
-    workload_demand,
 )
 from dualpath_cli.services.runner import RunResult
-from dualpath_cli.telemetry.hostload import ForeignCpu, cpu_priority
+from dualpath_cli.telemetry.hostload import cpu_priority
 from dualpath_cli.units import format_bytes
 
 POLICIES = ["basic", "dualpath", "oracle", "split", "round-robin"]
@@ -168,22 +166,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="dualpath-bench-") as root:
             done: dict[str, tuple[PolicyReport, RunResult]] = {}
             if cal is not None and args.calibrate == "oracle":
-                meter = ForeignCpu()
-                meter.start()
-                rep, res = run_policy("oracle", base, traj, Path(root))
-                other = meter.stop()
-                rep.foreign_cores = None if other is None else round(other, 3)
-                done["oracle"] = (rep, res)
-                demand = workload_demand(traj, base.model, base.block_tokens)
-                eff = oracle_rate(demand, res.jct, base.prefill_nodes)
-                loaded, applied, cal = load_bench_config(
-                    traj, preset=args.preset, config_file=args.config, sets=args.sets,
-                    flops_rate=eff, rate_source="oracle")
+                loaded, applied, cal, done["oracle"] = calibrate_by_oracle(
+                    traj, base, Path(root), preset=args.preset, config_file=args.config,
+                    sets=args.sets)
                 base = options_from_config(loaded, processes=True)
                 workload["bench_defaults"] = applied
                 assert cal is not None
-                print(f"run {k + 1}: oracle {res.jct:.2f} s -> {eff / 1e9:.2f} GFLOP/s -> "
-                      f"storage NIC {format_bytes(cal.snic_bw, binary=False)}/s per node",
+                print(f"run {k + 1}: oracle {done['oracle'][1].jct:.2f} s -> "
+                      f"{cal.flops_rate / 1e9:.2f} GFLOP/s -> storage NIC "
+                      f"{format_bytes(cal.snic_bw, binary=False)}/s per node",
                       file=sys.stderr, flush=True)
             report = run_bench(args.policies.split(","), base, traj, Path(root),
                                setup=workload, calibration=cal, done=done)

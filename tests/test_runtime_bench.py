@@ -124,6 +124,7 @@ def test_cli_online_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert out["setup"]["mode"] == "online 20.0 APS" and out["setup"]["block_tokens"] == 16
     cal = out["setup"]["snic_calibration"]  # the bench measured the compute and sized the NICs
     assert out["setup"]["snic_source"] == "calibrated" and cal["flops_rate"] > 0
+    assert cal["source"] == "oracle"  # the default: an (offline) oracle run sized the NICs
     assert out["setup"]["snic_bw"] == cal["snic_bw"] > 0
     assert p["foreign_cores"] is None or p["foreign_cores"] >= 0
     assert math.isfinite(p["ttft_p99_s"]) and math.isfinite(p["tpot_p99_s"])

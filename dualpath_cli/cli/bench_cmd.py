@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -64,7 +64,8 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
     if cal:
         console.print(f"storage NIC {rate} per node, calibrated to this machine (--snic-bw "
                       "fixes it):", highlight=False)
-        console.print(f"  compute {cal['flops_rate'] / 1e9:.2f} GFLOP/s -> prefill "
+        how = "oracle run" if cal.get("source") == "oracle" else "probe"
+        console.print(f"  compute {cal['flops_rate'] / 1e9:.2f} GFLOP/s ({how}) -> prefill "
                       f"{cal['compute_s']:.1f} s; Basic's reads {cal['basic_storage_s']:.1f} s"
                       f" = {cal['multiple']:g} x compute", highlight=False)
     else:
@@ -138,6 +139,11 @@ def bench(
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one config key, e.g. --set storage.block_size=32.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    calibrate: Annotated[str, typer.Option("--calibrate", help="How the storage NICs are "
+                                           "sized when no rate is set: 'oracle' runs the "
+                                           "compute-only oracle first and uses its rate "
+                                           "(offline: it becomes the oracle row); 'probe' "
+                                           "times one engine's prefill.")] = "oracle",
     url: Annotated[str | None, typer.Option("--url", help="Drive the cluster launched at this "
                                             "URL (dualpath launch) through its API instead; "
                                             "--policy is the cluster's own.")] = None,
@@ -148,9 +154,16 @@ def bench(
     from dualpath_cli.config.model import parse_pd
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.runtime.workloads import agentic_workload
-    from dualpath_cli.services.bench import SLO, load_bench_config, run_bench
+    from dualpath_cli.services.bench import (
+        SLO,
+        calibrate_by_oracle,
+        load_bench_config,
+        run_bench,
+    )
 
     names = _policies(policy)
+    if calibrate not in ("oracle", "probe"):
+        raise UsageError(f"--calibrate: expected oracle or probe, got {calibrate!r}")
     if trace is not None:
         from dualpath_cli.workload.trace_io import read_trace
 
@@ -171,12 +184,22 @@ def bench(
     loaded, _, calibration = load_bench_config(trajectories, preset=preset,
                                                config_file=config, sets=sets, snic_bw=snic)
     base = options_from_config(loaded, processes=True)
+    root = store or default_store_root()
+    done: dict[str, Any] = {}
+    if calibration is not None and calibrate == "oracle":
+        stderr.print("calibrating: the oracle (compute only) runs first", highlight=False)
+        loaded, _, calibration, oracle = calibrate_by_oracle(
+            trajectories, base, root, preset=preset, config_file=config, sets=sets)
+        base = options_from_config(loaded, processes=True)
+        if aps is None:  # offline: the calibration run is the oracle row
+            done["oracle"] = oracle
+            names = ["oracle", *[n for n in names if n != "oracle"]]
     if calibration is not None:
         stderr.print(f"compute {calibration.flops_rate / 1e9:.2f} GFLOP/s: storage NIC set to "
                      f"{format_bytes(calibration.snic_bw, binary=False)}/s per node, Basic's "
                      f"reads = {calibration.multiple:g} x the prefill compute "
                      f"({calibration.compute_s:.1f} s)", highlight=False)
-    total = sum(t.num_turns for t in trajectories) * len(names)
+    total = sum(t.num_turns for t in trajectories) * len([n for n in names if n not in done])
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True,
                   disable=not stderr.is_terminal) as progress:
@@ -185,9 +208,9 @@ def bench(
         def on_turn(name: str, rec: TurnRecord) -> None:
             progress.update(task, advance=1, description=f"{name}")
 
-        report = run_bench(names, base, trajectories, store or default_store_root(),
+        report = run_bench(names, base, trajectories, root,
                            aps=aps, slo=SLO(scale=slo_scale), on_turn=on_turn,
-                           calibration=calibration)
+                           calibration=calibration, done=done)
     if as_json:
         emit_json(report.to_dict())
     else:

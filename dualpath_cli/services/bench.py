@@ -46,6 +46,7 @@ from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["REGIME_MULTIPLE", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
            "Demand", "SnicCalibration", "workload_demand", "calibrate_snic", "oracle_rate",
+           "calibrate_by_oracle",
            "load_bench_config", "run_policy", "run_bench"]
 
 REGIME_MULTIPLE = 2.5
@@ -279,6 +280,33 @@ def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None 
         loaded = load_config(preset=preset, config_file=config_file,
                              overrides=[*extra, *flags])
     return loaded, extra, calibration
+
+
+def calibrate_by_oracle(trajectories: Sequence[Trajectory], base: RuntimeOptions,
+                        store_root: Path, *, preset: str | None = None,
+                        config_file: Path | None = None, sets: Sequence[str] = (),
+                        multiple: float = REGIME_MULTIPLE,
+                        ) -> tuple[LoadedConfig, list[str], SnicCalibration | None,
+                                   tuple[PolicyReport, RunResult]]:
+    """Run the oracle first and size the NICs from its JCT (:func:`oracle_rate`).
+
+    Returns the re-resolved config, the bench defaults applied, the calibration and the
+    oracle's (report, run), to reuse as its row (``run_bench(done=...)``): it crosses no
+    shaped NIC, so the rate it ran with does not matter.
+    """
+    store_root.mkdir(parents=True, exist_ok=True)
+    meter = ForeignCpu()
+    meter.start()
+    rep, run = run_policy("oracle", base, trajectories, store_root)
+    other = meter.stop()
+    rep.foreign_cores = None if other is None else round(other, 3)
+    demand = workload_demand(trajectories, base.model, base.block_tokens)
+    rate = oracle_rate(demand, run.jct, base.prefill_nodes)
+    loaded, applied, cal = load_bench_config(trajectories, preset=preset,
+                                             config_file=config_file, sets=sets,
+                                             flops_rate=rate, multiple=multiple,
+                                             rate_source="oracle")
+    return loaded, applied, cal, (rep, run)
 
 
 def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
