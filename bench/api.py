@@ -65,10 +65,9 @@ def _pct(values: list[float], q: float) -> float:
 
 def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4) -> dict[str, Any]:
     """HTTP path minus in-process path per completion (module docstring)."""
-    import uvicorn
-
     from dualpath_cli.api.app import create_app
     from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.api.server import ServerThread
     from dualpath_cli.config import load_config
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.runtime.scheduler import Ticket
@@ -109,16 +108,9 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4) -> dict[s
     over_ms: list[float] = []
     try:
         live.start()
-        # IPPROTO_TCP, as dualpath launch binds: asyncio sets TCP_NODELAY on accepted sockets
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        app = create_app(live, TokenAuth("bench-token"), gpu=UnavailableGpu("bench"))
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
+        server = ServerThread(create_app(live, TokenAuth("bench-token"),
+                                         gpu=UnavailableGpu("bench"))).start()
+        port = server.port
         url = f"http://127.0.0.1:{port}/v1/completions"
         model = live.opts.model
         # the client runs in its own process, as a real client does (no GIL shared with
@@ -143,9 +135,7 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4) -> dict[s
             ticket.wait(120)
             inproc_ms.append((time.perf_counter() - t1) * 1e3)
             live.done(ticket)
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        server.stop()
     finally:
         live.close()
         shutil.rmtree(store, ignore_errors=True)
