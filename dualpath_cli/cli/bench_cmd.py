@@ -65,9 +65,9 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
         console.print(f"storage NIC {rate} per node, calibrated to this machine (--snic-bw "
                       "fixes it):", highlight=False)
         how = "oracle run" if cal.get("source") == "oracle" else "probe"
-        console.print(f"  compute {cal['flops_rate'] / 1e9:.2f} GFLOP/s ({how}) -> prefill "
-                      f"{cal['compute_s']:.1f} s; Basic's reads {cal['basic_storage_s']:.1f} s"
-                      f" = {cal['multiple']:g} x compute", highlight=False)
+        console.print(f"  {cal['flops_rate'] / 1e9:.2f} GFLOP/s ({how}): prefill "
+                      f"{cal['compute_s']:.1f} s; Basic reads {cal['basic_storage_s']:.1f} s "
+                      f"= {cal['multiple']:g}x", highlight=False)
     else:
         console.print(f"storage NIC {rate} per node (from the configuration)",
                       highlight=False)
