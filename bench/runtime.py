@@ -5,11 +5,13 @@ Usage: ``python bench/runtime.py [--json] [--runs N] [--agents N] [--snic-bw RAT
 
 The setup is the deployment config (default preset ``embedded``: 1P2D, reference model,
 64-token blocks) with the bench defaults of :mod:`dualpath_cli.services.bench`. Each run
-first measures the compute rate (runtime/calibrate.py) and sizes the storage NICs so that
-Basic's storage time is ``REGIME_MULTIPLE`` (2.5, from the paper's Figure 1) times the compute
-time; ``--snic-bw`` fixes the rate instead. Targets (issue 18): JCT(basic)/JCT(dualpath) >=
-1.8 and JCT(dualpath)/JCT(oracle) <= 1.2 in every run, also with other work on the machine;
-every run reports the CPU other processes took meanwhile (telemetry/hostload.py).
+first measures the compute rate (``--calibrate oracle``, the default: the workload's FLOPs
+over a compute-only oracle run's JCT; ``probe``: one engine's prefill, runtime/calibrate.py)
+and sizes the storage NICs so that Basic's storage time is ``REGIME_MULTIPLE`` (2.5, from the
+paper's Figure 1) times the compute time; ``--snic-bw`` fixes the rate instead. Targets
+(issue 18): JCT(basic)/JCT(dualpath) >= 1.8 and JCT(dualpath)/JCT(oracle) <= 1.2 in every
+run, also with other work on the machine; every run reports the CPU other processes took
+meanwhile (telemetry/hostload.py).
 
 ``--json`` prints one object: ``runs`` (per run: ``jct_s`` and ``snic_max_avg`` by policy,
 ``basic_over_dualpath``, ``dualpath_over_oracle``, ``snic_bw``, ``flops_rate``,
@@ -119,10 +121,10 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=None)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--calibrate", choices=("probe", "oracle"), default="probe",
-                    help="the compute rate the NICs are sized from: a probe of one engine "
-                    "(default), or the workload's FLOPs over an oracle run's JCT (run first, "
-                    "reused as the oracle row)")
+    ap.add_argument("--calibrate", choices=("probe", "oracle"), default="oracle",
+                    help="the compute rate the NICs are sized from: the workload's FLOPs over "
+                    "an oracle run's JCT (default; run first, reused as the oracle row), or a "
+                    "probe of one engine's prefill")
     ap.add_argument("--boost", action="store_true",
                     help="raise this session's autogroup priority while measuring "
                     "(telemetry/hostload.py; other sessions' jobs then take little CPU, a "
