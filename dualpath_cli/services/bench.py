@@ -18,7 +18,10 @@ Why calibrate the storage NIC: the paper's comparison is about a regime (Basic s
 DualPath not), not a bandwidth. A fixed rate leaves that regime as soon as the CPU is slower
 than when the rate was chosen (at a fixed 7 MB/s basic/dualpath went from 2.65 to 1.06 with
 other work on the machine). So the bench measures the compute rate first and sets the rate
-that makes Basic's storage time :data:`REGIME_MULTIPLE` times the compute time.
+that makes Basic's storage time :data:`REGIME_MULTIPLE` times the compute time. The rate
+comes from a compute-only oracle run of the workload (:func:`calibrate_by_oracle`, what the
+bench does by default) or from a probe of one engine's prefill (``load_bench_config`` alone,
+cheaper; on a busy 2-core host it read about half the runtime's compute time).
 """
 
 from __future__ import annotations
