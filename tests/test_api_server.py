@@ -27,6 +27,9 @@ from dualpath_cli.telemetry.gpu import FakeGpuBackend, GpuDevice
 from dualpath_cli.telemetry.view import ClusterView
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+#: Heartbeat timeout for these clusters: on a loaded CI host an engine thread can miss the
+#: default 1 s and be declared dead; these tests are about the API, not failure detection.
+SLOW_HOST_S = 30.0
 
 
 def run_turns(live: LiveCluster, session: str, turns: int, first: int = 40,
@@ -49,7 +52,8 @@ def run_turns(live: LiveCluster, session: str, turns: int, first: int = 40,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster,
                                                                          TokenAuth, str]]:
-    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=8))
+    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=8,
+                                      heartbeat_timeout=SLOW_HOST_S))
     live.start()
     auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
     gpu = FakeGpuBackend((GpuDevice(0, "H200", "GPU-0", 0.5, 2**30, 2**37),))
@@ -254,7 +258,7 @@ def test_client_errors_are_one_line_and_name_the_url(
 
 
 def test_readyz_turns_green_only_when_every_engine_has_said_hello(tmp_path: Path) -> None:
-    live = LiveCluster(RuntimeOptions(block_tokens=8))
+    live = LiveCluster(RuntimeOptions(block_tokens=8, heartbeat_timeout=SLOW_HOST_S))
     auth = TokenAuth.generate(tmp_path / "token")
     try:
         with ServerThread(create_app(live, auth, gpu=FakeGpuBackend())) as server:
