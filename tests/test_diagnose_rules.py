@@ -210,6 +210,12 @@ def test_slow_engine_is_named() -> None:
     assert "decode peers" in f.title and f.evidence["gpu_utilization"] == pytest.approx(0.98)
 
 
+def test_slow_engine_in_a_pair_is_judged_against_the_other() -> None:
+    ev = window(lambda i: make_view(i, seq={0: 9, 1: 1}))  # the two prefill engines
+    assert named(rules.long_tail(ev), "engine 0")
+    assert not named(rules.long_tail(ev), "engine 1")
+
+
 def test_engine_persistently_over_beta() -> None:
     ev = window(lambda i: make_view(i, tokens={3: BETA + 1}))
     assert named(rules.long_tail(ev), "engine 3")

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 __all__ = ["diagnose", "register", "render_reports", "EXIT_UNKNOWN", "WORKFLOW_NAMES"]
 
 EXIT_UNKNOWN = 3
+#: What diagnose decodes of a recording at most: samples, and samples x engines (evenly
+#: spaced, the first and the last always). The rules judge shares of samples and
+#: first-to-last deltas, which an even stride keeps; decoding every 1 s sample of 1,152
+#: engines over 10 minutes would take most of a minute. A 1P2D recording is read whole up
+#: to 600 samples; 1,152 engines give about 52 (one every ~12 s over 10 minutes).
+MAX_SAMPLES = 600
+MAX_ENGINE_SAMPLES = 60_000
 #: What WORKFLOW accepts (perf-drop is the seed's name for snic-imbalance).
 WORKFLOW_NAMES = ("perf-drop", "snic-imbalance", "long-tail", "hbm-frag", "cache-hit",
                   "scaling", "all")
@@ -57,14 +64,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _evidence(url: str | None, from_file: Path | None, window: str,
-              interval: str) -> tuple[Evidence, str]:
+              interval: str) -> tuple[Evidence, str, int]:
+    """The window's evidence, where it came from, and how many samples it had."""
     from dualpath_cli.diagnose.model import Evidence
 
     if from_file is not None:
         from dualpath_cli.services.recording import read_recording
 
-        rec = read_recording(from_file)
-        return Evidence(rec.samples, rec.decisions), str(from_file)
+        rec = read_recording(from_file, max_samples=MAX_SAMPLES,
+                             max_engine_samples=MAX_ENGINE_SAMPLES)
+        in_file = int(rec.header.get("samples_in_file", len(rec.samples)))
+        return Evidence(rec.samples, rec.decisions), str(from_file), in_file
     from dualpath_cli.cli.monitor_cmd import connect, parse_interval
     from dualpath_cli.services.recording import collect
     from dualpath_cli.telemetry.view import Decision
@@ -76,7 +86,7 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
     with connect(url, timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
-    return Evidence(samples, decisions), target
+    return Evidence(samples, decisions), target, len(samples)
 
 
 def diagnose(
@@ -121,7 +131,7 @@ def _diagnose(workflow: str, window: str, interval: str, url: str | None,
         if canonical not in _FIXABLE:
             raise UsageError(f"--fix applies to hbm-frag and long-tail, not {workflow}")
         raise Unknown(rules.FIX_UNAVAILABLE.format(what=_FIXABLE[canonical]))
-    ev, source = _evidence(url, from_file, window, interval)
+    ev, source, in_file = _evidence(url, from_file, window, interval)
     if workflow == "all":
         reports = rules.run_all(ev, by_layer=by_layer)
     else:
@@ -133,11 +143,12 @@ def _diagnose(workflow: str, window: str, interval: str, url: str | None,
         names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
         emit_json({"severity": names[worst], "exit_code": worst, "source": source,
                    "window_s": ev.window_s, "samples": len(ev.samples),
+                   "samples_in_file": in_file,
                    "decisions": len(ev.decisions), "reports": [r.to_dict() for r in reports]})
     else:
         from dualpath_cli.cli.output import stdout
 
-        render_reports(stdout, reports, source, by_layer)
+        render_reports(stdout, reports, source, by_layer, in_file)
     return worst
 
 
@@ -145,7 +156,7 @@ _STYLE = {"OK": "green", "WARNING": "yellow", "CRITICAL": "bold red", "UNKNOWN":
 
 
 def render_reports(console: Console, reports: list[Report], source: str,
-                   by_layer: bool = False) -> None:
+                   by_layer: bool = False, in_file: int | None = None) -> None:
     """The human rendering: one block per finding, worst first, then a verdict line."""
     from rich.markup import escape
 
@@ -168,7 +179,10 @@ def render_reports(console: Console, reports: list[Report], source: str,
     r0 = reports[0]
     console.print(f"{worst.name} (exit {int(worst)}): {len(reports)} workflow"
                   f"{'s' if len(reports) > 1 else ''} over {r0.window_s:.0f} s, "
-                  f"{r0.samples} samples, {r0.decisions} decisions from {escape(source)}",
+                  f"{r0.samples} samples"
+                  + (f" (evenly spaced, of {in_file})" if in_file and in_file > r0.samples
+                     else "")
+                  + f", {r0.decisions} decisions from {escape(source)}",
                   highlight=False, soft_wrap=True)
 
 

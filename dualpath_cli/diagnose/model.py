@@ -7,16 +7,22 @@ over 1,152 engines and 600 samples walks the views a few times, not once per rul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from dualpath_cli.services.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
 
-__all__ = ["Severity", "Finding", "Report", "Evidence", "node_name", "engine_name"]
+__all__ = ["Severity", "Finding", "Report", "Evidence", "node_name", "engine_name",
+           "ENGINE_SERIES"]
+
+T = TypeVar("T")
+#: Engine attributes the rules read as series; extracted together in one pass.
+ENGINE_SERIES = ("seq", "tokens", "gpu_utilization", "hbm_fragmentation")
 
 
 class Severity(IntEnum):
@@ -146,15 +152,34 @@ class Evidence:
         return out
 
     def engine_series(self, attr: str) -> dict[int, list[Any]]:
-        """``attr`` of every engine in every sample (``None`` kept), by engine id."""
+        """``attr`` of every engine in every sample (``None`` kept), by engine id.
+
+        The scalar attributes the rules read are extracted together in one pass over the
+        window (:data:`ENGINE_SERIES`); any other attribute takes a pass of its own.
+        """
         cache = self.__dict__.setdefault("_eseries", {})
         if attr not in cache:
-            out: dict[int, list[Any]] = {}
+            names = ENGINE_SERIES if attr in ENGINE_SERIES else (attr,)
+            get = attrgetter("engine_id", *names)
+            columns: dict[int, list[list[Any]]] = {}
             for s in self.samples:
                 for e in s.view.engines:
-                    out.setdefault(e.engine_id, []).append(getattr(e, attr))
-            cache[attr] = out
+                    row = get(e)
+                    cols = columns.get(row[0])
+                    if cols is None:
+                        cols = columns[row[0]] = [[] for _ in names]
+                    for col, value in zip(cols, row[1:], strict=True):
+                        col.append(value)
+            for i, name in enumerate(names):
+                cache[name] = {eid: cols[i] for eid, cols in columns.items()}
         return cache[attr]
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()`` once per evidence (a rule another workflow reuses)."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
 
     def node_series(self, attr: str) -> dict[int, list[Any]]:
         """``attr`` of every node in every sample (``None`` kept), by node id."""

@@ -10,6 +10,7 @@ guessing.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from dualpath_cli.diagnose.model import (
     engine_name,
     node_name,
 )
+from dualpath_cli.telemetry.view import LayerHits
 
 __all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all", "snic_imbalance", "long_tail",
            "hbm_frag", "cache_hit", "scaling", "histogram_quantile", "FIX_UNAVAILABLE"]
@@ -277,10 +279,8 @@ def _reads_to_node(ev: Evidence, node: int) -> int:
 def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
     """PE classes the decision's own inputs, or the node's reported read queue, contradict."""
     per_engine: dict[int, list[int]] = {}
-    node_q: dict[int, list[tuple[float, int | None]]] = {}
-    for s in ev.samples:
-        for n in s.view.nodes:
-            node_q.setdefault(n.node, []).append((s.at, n.read_queue_tokens))
+    times = [s.at for s in ev.samples]
+    node_q = ev.node_series("read_queue_tokens")
     engines = ev.engines
     for d in ev.decisions:
         if d.pe_class is None:
@@ -297,7 +297,8 @@ def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
         reported = None
         eng = engines.get(d.pe)
         if eng is not None and eng.node in node_q:
-            reported = _at(node_q[eng.node], d.at)
+            i = bisect.bisect_right(times, d.at) - 1  # the sample at or just before it
+            reported = node_q[eng.node][i] if 0 <= i < len(node_q[eng.node]) else None
         bad = (expected is not None and expected != d.pe_class) or (
             d.pe_class == "C2" and reported is not None and reported > alpha)
         per_engine.setdefault(d.pe, [0, 0])
@@ -315,16 +316,6 @@ def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
                 cause="stale read-queue reports (slow heartbeats) or thresholds that do not "
                       "fit the load", action="dualpath tune suggest --window 10m"))
     return out
-
-
-def _at(series: list[tuple[float, int | None]], t: float) -> int | None:
-    """The value of the sample at or just before ``t``."""
-    best = None
-    for at, v in series:
-        if at > t:
-            break
-        best = v
-    return best
 
 
 def _nic_errors(ev: Evidence, wf: str) -> list[Finding]:
@@ -386,7 +377,8 @@ def long_tail(ev: Evidence) -> list[Finding]:
                            evidence={"turns": turns}))
     out.extend(_hot_blocks(ev, wf))
     out.extend(_slow_engines(ev, wf))
-    out.extend(f for f in hbm_frag(ev) if f.severity in (WARNING, CRITICAL))
+    out.extend(f for f in ev.memo("hbm-frag", lambda: hbm_frag(ev))
+               if f.severity in (WARNING, CRITICAL))
     return [dataclass_replace(f, workflow=wf) for f in out]
 
 
@@ -429,6 +421,14 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
     tokens = ev.engine_series("tokens")
     beta = ev.beta_series
     out = []
+    # each sample's median per role: a peer group's typical load (one slow engine among
+    # many barely moves it; with two engines it is their mean)
+    medians: dict[str, list[float | None]] = {}
+    for role, ids in _role_engines(ev).items():
+        medians[role] = []
+        for i in range(len(ev.samples)):
+            vals = [seq[p][i] for p in ids if i < len(seq.get(p, ()))]
+            medians[role].append(statistics.median(vals) if vals else None)
     for role, ids in sorted(_role_engines(ev).items()):
         for eid in ids:
             e = ev.engines[eid]
@@ -442,17 +442,19 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
                     cause="the scheduler keeps this engine overloaded",
                     action=f"dualpath tune set beta={_tok(max(1, beta[-1] * 3 // 4))}"))
                 continue
-            peers = [p for p in ids if p != eid]
-            if not peers:
+            if len(ids) < 2:
                 continue
             mine = seq.get(eid, [])
             behind = 0
             for i, v in enumerate(mine):
-                others = [seq[p][i] for p in peers if i < len(seq.get(p, ()))]
-                if not others:
+                if v < SLOW_ENGINE_MIN_SEQ:
                     continue
-                med = statistics.median(others)
-                if v >= SLOW_ENGINE_MIN_SEQ and v >= SLOW_ENGINE_FACTOR * max(med, 0.5):
+                if len(ids) <= 3:  # a small group: the others alone are the yardstick
+                    others = [seq[p][i] for p in ids if p != eid and i < len(seq[p])]
+                    med = statistics.median(others) if others else None
+                else:
+                    med = medians[role][i] if i < len(medians[role]) else None
+                if med is not None and v >= SLOW_ENGINE_FACTOR * max(med, 0.5):
                     behind += 1
             if mine and behind / len(mine) >= PERSIST_FRACTION:
                 util = _mean(ev.engine_series("gpu_utilization").get(eid, ()))
@@ -462,7 +464,7 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
                     f"{_pct(behind / len(mine))} of samples",
                     subject=f"engine {eid}",
                     evidence={"engine": eid, "mean_seq": _mean(mine),
-                              "peers_mean_seq": _mean([x for p in peers for x in seq[p]]),
+                              "peers_median_seq": _mean(medians[role]),
                               "gpu_utilization": util},
                     cause="a slow engine (throttled GPU, noisy neighbour) finishing its "
                           "turns late", action="dualpath stop && dualpath launch   (restart; "
@@ -539,16 +541,22 @@ def layer_table(ev: Evidence) -> list[dict[str, Any]]:
             row[0] += h.dram - d0
             row[1] += h.store - s0
             row[2] += h.peer - p0
-    # slack: each engine's last prefill as seen by every sample (one prefill is noise)
-    seen: set[tuple[int, int, float]] = set()
+    # slack: each engine's last prefill as seen by every sample (one prefill is noise); the
+    # same prefill seen by consecutive samples counts once
+    last_seen: dict[int, tuple[LayerHits, ...]] = {}
     for s in ev.samples:
         for e in s.view.engines:
-            for h in e.layers:
-                if h.slack_s is not None and h.layer in acc:
-                    key = (e.engine_id, h.layer, h.slack_s)
-                    if key not in seen:  # the same prefill seen twice counts once
-                        seen.add(key)
-                        acc[h.layer][3].append(h.slack_s)
+            layers = e.layers
+            if not layers:
+                continue
+            prev = last_seen.get(e.engine_id)
+            last_seen[e.engine_id] = layers
+            for i, h in enumerate(layers):
+                if h.slack_s is None or h.layer not in acc:
+                    continue
+                if prev is not None and i < len(prev) and prev[i].slack_s == h.slack_s:
+                    continue
+                acc[h.layer][3].append(h.slack_s)
     rows = []
     for layer in sorted(acc):
         dram, store, peer, slacks = acc[layer]

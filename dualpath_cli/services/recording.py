@@ -9,7 +9,9 @@ File: JSON Lines, optionally compressed by suffix (``.gz`` gzip; ``.zst`` zstd w
 ``zstandard`` module is importable). Lines, each an object with a ``kind``:
 
 - ``header``: ``{"format": "dualpath-recording", "version": 1, "source", "interval_s", ...}``
-- ``sample``: ``{"at", "view": ClusterView.to_dict(), "extras": {...}}`` every interval;
+- ``sample``: ``{"at", "view", "extras"}`` every interval; ``view`` is the ClusterView with
+  its engines and nodes as columns (:func:`encode_view`; ``ClusterView.to_dict``'s form
+  reads too);
   ``extras`` holds the facts only ``/metrics`` serves (TTFT histogram, host NIC errors and
   drops, prefetch accuracy, per-block read counts when the runtime reports them).
 - ``decision``: one logged decision (``Decision`` fields).
@@ -45,7 +47,8 @@ from dualpath_cli.telemetry.view import (
 
 __all__ = ["FORMAT", "VERSION", "Extras", "Sample", "Recording", "RecordingError",
            "ViewSource", "open_text", "read_recording", "write_recording", "collect",
-           "extras_from_metrics_text", "trace_from_decisions", "sample_line"]
+           "extras_from_metrics_text", "trace_from_decisions", "sample_line", "encode_view",
+           "decode_view"]
 
 FORMAT = "dualpath-recording"
 VERSION = 1
@@ -169,9 +172,86 @@ def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
 
 
+_ENGINE_COLS = tuple(f.name for f in dataclasses.fields(EngineView))
+_NODE_COLS = tuple(f.name for f in dataclasses.fields(NodeView))
+_LAYERS_AT = _ENGINE_COLS.index("layers")
+
+
+def encode_view(view: ClusterView) -> dict[str, Any]:
+    """A view as stored in a recording: ``ClusterView.to_dict`` with the engines and nodes
+    as columns (``{"cols": [...], "rows": [[...], ...]}``; a layer is ``[layer, dram, store,
+    peer, slack_s]``).
+
+    Why: 1,152 engines repeat the same 18 keys in every sample; as rows the file is about
+    half the size and decodes positionally, several times faster.
+    """
+    engines = []
+    for e in view.engines:
+        row = [getattr(e, c) for c in _ENGINE_COLS]
+        row[_LAYERS_AT] = [[h.layer, h.dram, h.store, h.peer, h.slack_s] for h in e.layers]
+        engines.append(row)
+    nodes = [[getattr(n, c) for c in _NODE_COLS] for n in view.nodes]
+    for row in nodes:
+        row[2] = list(row[2])
+    sched = dataclasses.asdict(view.scheduler)
+    return {"at": view.at, "state": view.state, "pd": view.pd, "model": view.model,
+            "uptime_s": view.uptime_s, "scheduler": sched,
+            "engines": {"cols": list(_ENGINE_COLS), "rows": engines},
+            "nodes": {"cols": list(_NODE_COLS), "rows": nodes}}
+
+
+def decode_view(data: dict[str, Any]) -> ClusterView:
+    """A view from :func:`encode_view`'s form, or from ``ClusterView.to_dict``'s."""
+    engines_in, nodes_in = data["engines"], data["nodes"]
+    if not isinstance(engines_in, dict):
+        return _fast_view(data)
+    if tuple(engines_in["cols"]) == _ENGINE_COLS:
+        engines = []
+        for row in engines_in["rows"]:
+            row[_LAYERS_AT] = tuple(LayerHits(*x) for x in row[_LAYERS_AT])
+            engines.append(EngineView(*row))
+    else:  # another writer's columns: by name, unknown ones ignored
+        cols = engines_in["cols"]
+        li = cols.index("layers") if "layers" in cols else None
+        engines = []
+        for row in engines_in["rows"]:
+            if li is not None:
+                row[li] = [dict(zip(("layer", "dram", "store", "peer", "slack_s"), x,
+                                    strict=False)) for x in row[li]]
+            engines.append(_engine_by_name(dict(zip(cols, row, strict=True))))
+    if tuple(nodes_in["cols"]) == _NODE_COLS:
+        nodes = []
+        for row in nodes_in["rows"]:
+            row[2] = tuple(row[2])
+            nodes.append(NodeView(*row))
+    else:
+        nodes = [_node_by_name(dict(zip(nodes_in["cols"], row, strict=True)))
+                 for row in nodes_in["rows"]]
+    slim = view_from_dict({**data, "engines": [], "nodes": []})
+    return dataclasses.replace(slim, engines=tuple(engines), nodes=tuple(nodes))
+
+
+def _engine_by_name(d: dict[str, Any]) -> EngineView:
+    return view_from_dict({"engines": [d], "nodes": [], "scheduler": _EMPTY_SCHED,
+                           "at": 0, "state": "", "pd": "", "model": "", "uptime_s": 0}
+                          ).engines[0]
+
+
+def _node_by_name(d: dict[str, Any]) -> NodeView:
+    return view_from_dict({"engines": [], "nodes": [d], "scheduler": _EMPTY_SCHED,
+                           "at": 0, "state": "", "pd": "", "model": "", "uptime_s": 0}
+                          ).nodes[0]
+
+
+_EMPTY_SCHED = {"policy": "", "fifo_length": 0, "private_queues": {}, "pe_queue_length": 0,
+                "in_flight": 0, "thresholds": {"alpha_tokens": 0, "beta_tokens": 0,
+                                               "z_factor": 0.0, "quota_s": 0.0,
+                                               "read_side": ""}}
+
+
 def sample_line(sample: Sample) -> str:
-    """One ``sample`` line (also what ``dualpath-monitor --json`` builds on)."""
-    return _line({"kind": "sample", "at": sample.at, "view": sample.view.to_dict(),
+    """One ``sample`` line of a recording."""
+    return _line({"kind": "sample", "at": sample.at, "view": encode_view(sample.view),
                   "extras": sample.extras.to_dict()})
 
 
@@ -225,8 +305,15 @@ def _fast_view(data: dict[str, Any]) -> ClusterView:
     return dataclasses.replace(view, engines=engines, nodes=nodes)
 
 
-def read_recording(path: str | Path) -> Recording:
+def read_recording(path: str | Path, max_samples: int | None = None,
+                   max_engine_samples: int | None = None) -> Recording:
     """Read a recording written by ``dualpath record`` (or :func:`write_recording`).
+
+    ``max_samples`` / ``max_engine_samples``: decode at most about this many samples (or
+    samples x engines, known from the first sample), evenly spaced, always the first and
+    the last; the others are skipped without being parsed. Diagnose over a long window of a
+    big cluster uses it (its rules judge shares of samples and first-to-last deltas, which
+    an even stride keeps); ``header["samples_in_file"]`` then says how many there were.
 
     Raises:
         RecordingError: missing file, not a recording, or a bad line (``FILE:LINE: why``).
@@ -240,9 +327,22 @@ def read_recording(path: str | Path) -> Recording:
     trace: list[dict[str, Any]] = []
     complete = False
     number = 0
+    stride = 1
+    seen = 0
+    pending: tuple[int, str] | None = None  # the last sample skipped (kept if it ends up last)
     try:
         with open_text(path, "r") as src:
             for number, raw in enumerate(src, start=1):
+                if header is not None and raw.startswith('{"kind":"sample"'):
+                    keep = seen % stride == 0
+                    seen += 1
+                    if not keep:
+                        pending = (number, raw)
+                        continue
+                    pending = None
+                elif pending is not None and raw.startswith('{"kind":"'):
+                    samples.append(_sample(json.loads(pending[1])))
+                    pending = None
                 if not raw.strip():
                     continue
                 obj = json.loads(raw)
@@ -255,9 +355,13 @@ def read_recording(path: str | Path) -> Recording:
                         raise RecordingError(f"{path}:{number}: recording version "
                                              f"{obj.get('version')!r} is not {VERSION}")
                     header = obj
+                    stride = _stride(obj, max_samples)
                 elif kind == "sample":
-                    samples.append(Sample(float(obj["at"]), _fast_view(obj["view"]),
-                                          extras_from_dict(obj.get("extras") or {})))
+                    samples.append(_sample(obj))
+                    if len(samples) == 1 and max_engine_samples:
+                        per = max(2, max_engine_samples // max(1, len(samples[0].view.engines)))
+                        cap = per if not max_samples else min(per, max_samples)
+                        stride = max(stride, _stride(header, cap))
                 elif kind == "decision":
                     obj.pop("kind")
                     decisions.append(decision_from_dict(obj))
@@ -265,16 +369,37 @@ def read_recording(path: str | Path) -> Recording:
                     trace.append(obj["record"])
                 elif kind == "end":
                     complete = True
+            if pending is not None:
+                number = pending[0]
+                samples.append(_sample(json.loads(pending[1])))
     except RecordingError:
         raise
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, IndexError) as err:
         raise RecordingError(f"{path}:{number}: bad recording line: "
                              f"{type(err).__name__}: {err}") from None
     except (OSError, EOFError) as err:
         raise RecordingError(f"{path}: cannot read: {err}") from None
     if header is None:
         raise RecordingError(f"{path}: empty file, not a dualpath recording")
+    header = {**header, "samples_in_file": seen, "sample_stride": stride}
     return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete)
+
+
+def _sample(obj: dict[str, Any]) -> Sample:
+    return Sample(float(obj["at"]), decode_view(obj["view"]),
+                  extras_from_dict(obj.get("extras") or {}))
+
+
+def _stride(header: dict[str, Any], max_samples: int | None) -> int:
+    """Every how many samples to decode so about ``max_samples`` are (from the header's
+    window and interval; 1 when unknown)."""
+    if not max_samples:
+        return 1
+    try:
+        expected = float(header["window_s"]) / float(header["interval_s"]) + 1
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 1
+    return max(1, math.ceil(expected / max_samples))
 
 
 # --- live collection -------------------------------------------------------------------------

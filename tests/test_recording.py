@@ -1,0 +1,67 @@
+"""Recordings: the compact sample form round-trips, old full-dict samples still read, and a
+long recording can be read evenly strided (first and last always)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_diagnose_rules import decision, make_view
+
+from dualpath_cli.services.recording import (
+    Extras,
+    Sample,
+    decode_view,
+    encode_view,
+    extras_from_metrics_text,
+    read_recording,
+    write_recording,
+)
+
+
+def test_compact_form_round_trips_and_the_full_dict_form_reads() -> None:
+    view = make_view(3, frag={4: 0.5}, layer_blocks=8)
+    assert decode_view(json.loads(json.dumps(encode_view(view)))) == view
+    assert decode_view(json.loads(json.dumps(view.to_dict()))) == view
+    # another writer's columns (one more, one fewer) still decode by name
+    enc = json.loads(json.dumps(encode_view(view)))
+    enc["engines"]["cols"].append("future_field")
+    for row in enc["engines"]["rows"]:
+        row.append(1)
+    assert decode_view(enc).engines == view.engines
+
+
+def test_strided_read_keeps_first_and_last(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    samples = [Sample(v.at, v) for v in (make_view(i) for i in range(100))]
+    write_recording(path, {"interval_s": 1.0, "window_s": 99.0}, samples, [decision(1)])
+    whole = read_recording(path)
+    assert len(whole.samples) == 100 and whole.header["samples_in_file"] == 100
+    part = read_recording(path, max_samples=10)
+    ats = [s.at for s in part.samples]
+    assert ats[0] == samples[0].at and ats[-1] == samples[-1].at
+    assert 10 <= len(ats) <= 11 and ats == sorted(ats)
+    assert part.header["samples_in_file"] == 100 and len(part.decisions) == 1
+    by_engines = read_recording(path, max_engine_samples=60)  # 6 engines: ~10 samples
+    assert 10 <= len(by_engines.samples) <= 11
+
+
+def test_extras_from_a_prometheus_page() -> None:
+    page = "\n".join([
+        '# TYPE dualpath_ttft_seconds histogram',
+        'dualpath_ttft_seconds_bucket{le="0.1"} 3.0',
+        'dualpath_ttft_seconds_bucket{le="+Inf"} 5.0',
+        'dualpath_ttft_seconds_count 5.0',
+        'dualpath_ttft_seconds_sum 1.5',
+        'dualpath_host_nic_errors_total{device="eth0",direction="rx"} 2.0',
+        'dualpath_host_nic_errors_total{device="eth0",direction="tx"} 1.0',
+        'dualpath_prefetch_accuracy_ratio{node="1"} 0.75',
+        'dualpath_storage_prefetched_blocks_total{node="1"} 40.0',
+        'dualpath_storage_cache_hit_ratio{node="0",tier="dram"} 0.5',
+        'dualpath_storage_block_reads_total{block="7f3a"} 12.0',
+    ])
+    ex = extras_from_metrics_text(page)
+    assert ex == Extras(ttft_buckets=((0.1, 3), (float("inf"), 5)), ttft_count=5,
+                        ttft_sum=1.5, nic_errors=3, nic_drops=None,
+                        prefetch_accuracy={1: 0.75}, block_reads={"7f3a": 12},
+                        cache_hit_ratio={"0/dram": 0.5}, prefetched_blocks={1: 40})
