@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime import AGENTS
+from test_runtime import AGENTS, _reference
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import prefix_keys
@@ -19,7 +20,7 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import TurnRequest
-from dualpath_cli.services.runner import run_agents
+from dualpath_cli.services.runner import TurnRecord, run_agents
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore
 from dualpath_cli.telemetry.view import ClusterView, view_from_dict
 from dualpath_cli.workload.tokens import append_token_ids
@@ -246,3 +247,25 @@ def test_requeues_and_dead_engines_show_in_the_view() -> None:
                for r in snap["dualpath_scheduler_engines"]}
     assert engines[("decode", "dead")] == 1 and engines[("decode", "ready")] == 1
     assert view.state == "ready"  # degraded, still serving on the other DE
+
+
+def test_a_silent_engine_that_reports_again_is_back_in_service() -> None:
+    """A stall past the heartbeat timeout (a loaded host) must not lose an engine for good."""
+    opts = RuntimeOptions(policy="round-robin", block_tokens=8)
+    with RuntimeSystem(opts, MemoryStore()) as system:
+        sched = system.scheduler
+        pe = system.engine_ids("prefill")[0]  # the only PE: without it nothing finishes
+        silenced = threading.Event()
+
+        def silence_the_pe(rec: TurnRecord) -> None:
+            if not silenced.is_set():
+                silenced.set()
+                with sched._lock:  # as if no heartbeat had come for 10 s
+                    sched.engines[pe].last_seen -= 10
+                    sched._check_heartbeats()
+
+        result = run_agents(system, AGENTS, on_turn=silence_the_pe, timeout=60)
+        view = system.view()
+    assert silenced.is_set() and [eid for eid, _ in sched.dead_events] == [pe]
+    assert sched.revived == 1 and view.engine(pe).state == "ready"
+    assert not result.errors and result.tokens_by_turn() == _reference()

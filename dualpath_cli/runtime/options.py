@@ -42,7 +42,10 @@ class RuntimeOptions:
         dram_cache_bytes: loader DRAM cache per node (0: every read crosses the NIC).
         fetch_s: group leaders' fetch period.
         heartbeat_s: engine heartbeat period.
-        heartbeat_timeout: seconds of silence before an engine is declared dead.
+        heartbeat_timeout: seconds of silence before an engine is declared dead. A crashed
+            engine process is reported at once by the cluster (its sentinel), so this only
+            catches hangs; 5 s keeps a stall on a loaded host from throwing away in-flight
+            work (an engine that was only silent comes back with its next report).
         decision_log: JSONL file for scheduler decisions.
         decision_ring: decisions the scheduler keeps in memory for the read model (a ring;
             older ones are dropped, counts by class are kept apart).
@@ -71,7 +74,7 @@ class RuntimeOptions:
     dram_cache_bytes: int = 0
     fetch_s: float = 0.005
     heartbeat_s: float = 0.05
-    heartbeat_timeout: float = 1.0
+    heartbeat_timeout: float = 5.0
     decision_log: Path | None = None
     decision_ring: int = 10_000
     sources: dict[str, str] = field(default_factory=dict)

@@ -28,7 +28,8 @@ and :meth:`SchedulerService.update` changes alpha, beta, the PE quota and the re
 running scheduler. An engine that stops
 heartbeating (or whose process exits) is marked dead; its in-flight requests are cancelled on
 their other engine and re-queued at the head of the FIFO with a new attempt number, so none
-is lost.
+is lost. An engine that was only silent (a stall longer than the heartbeat timeout on a
+loaded host) and reports again is told to cancel what it held and scheduled on again.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class EngineState:
     pid: int = 0
     last_seen: float = 0.0
     alive: bool = True
+    dead_why: str = ""  # "exited" (the cluster saw it go) or "silent" (heartbeat timeout)
+    orphans: set[int] = field(default_factory=set)  # requests re-queued away from it
     hb: Heartbeat | None = None  # the last heartbeat
     hb_at: float = 0.0  # when it arrived (monotonic)
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -257,7 +260,7 @@ class SchedulerService:
     """
 
     def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
-                 params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 1.0,
+                 params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 5.0,
                  decision_log: Path | None = None, decision_ring: int = 10_000,
                  quota_s: float = 0.3, sources: Mapping[str, str] | None = None) -> None:
         if policy not in RUNTIME_POLICIES:
@@ -290,6 +293,7 @@ class SchedulerService:
         self.log = DecisionLog(decision_ring, self.registry, decision_log)
         self.dead_events: list[tuple[int, float]] = []
         self.requeued = 0
+        self.revived = 0
         self.bad_messages = 0
         self._m_ttft = self.registry.histogram("dualpath_ttft_seconds")
         self._m_tpot = self.registry.histogram("dualpath_tpot_seconds")
@@ -341,9 +345,9 @@ class SchedulerService:
         return ticket
 
     def mark_dead(self, engine_id: int) -> None:
-        """Declare an engine dead now (process exit seen by the cluster)."""
+        """Declare an engine dead now (process exit seen by the cluster): for good."""
         with self._lock:
-            self._dead(engine_id)
+            self._dead(engine_id, "exited")
 
     def stop(self) -> None:
         """Tell engines to stop and end the service thread."""
@@ -539,7 +543,7 @@ class SchedulerService:
         now = time.monotonic()
         for e in list(self.engines.values()):
             if e.alive and e.address and now - e.last_seen > self.hb_timeout:
-                self._dead(e.engine_id)
+                self._dead(e.engine_id, "silent")
 
     def _handle(self, raw: Message) -> None:
         try:
@@ -550,8 +554,12 @@ class SchedulerService:
             return
         eid = getattr(msg, "eid", None)
         e = self.engines.get(eid) if isinstance(eid, int) else None
-        if e is None or not e.alive:
+        if e is None:
             return
+        if not e.alive:
+            if e.dead_why != "silent" or not isinstance(msg, Heartbeat | QueueReport):
+                return
+            self._revive(e)
         now = time.monotonic()
         e.last_seen = now
         if isinstance(msg, Hello):
@@ -634,19 +642,44 @@ class SchedulerService:
         self.requeued += 1
         self.registry.counter("dualpath_scheduler_requeued_turns_total", reason=reason).inc()
 
-    def _dead(self, engine_id: int) -> None:
+    def _dead(self, engine_id: int, why: str) -> None:
+        """Take an engine out of scheduling and re-queue its requests.
+
+        ``why`` is ``exited`` (its process is gone: for good) or ``silent`` (no heartbeat
+        within the timeout: a stalled engine comes back with its next report, see
+        :meth:`_revive`).
+        """
         e = self.engines.get(engine_id)
-        if e is None or not e.alive:
+        if e is None:
+            return
+        if not e.alive:
+            if why == "exited":
+                e.dead_why = why  # a silent engine that then exited never comes back
             return
         e.alive = False
+        e.dead_why = why
         e.charges.clear()
         self.dead_events.append((engine_id, time.monotonic()))
         for f in [f for f in self.flights.values() if engine_id in (f.pe, f.de)]:
+            e.orphans.add(f.rid)
             self._requeue(f, "engine_dead")
         if e.role == Role.DECODE.value and not any(
                 x.alive for x in self.engines.values() if x.group == e.group):
             stranded = self.private.pop(e.group, collections.deque())
             self.queue.extendleft(reversed(stranded))
+        self._count_engines()
+
+    def _revive(self, e: EngineState) -> None:
+        """A silent engine reported again: cancel the work it held (re-queued meanwhile)
+        before it is offered new work, and schedule on it again."""
+        log.warning("scheduler: engine %d reported again after being declared dead (no "
+                    "heartbeat for %.1f s); back in service", e.engine_id,
+                    time.monotonic() - e.last_seen)
+        for rid in sorted(e.orphans):
+            self._send(e.address, Cancel(rid))
+        e.orphans.clear()
+        e.alive, e.dead_why = True, ""
+        self.revived += 1
         self._count_engines()
 
     # -- scheduling ---------------------------------------------------------------------
