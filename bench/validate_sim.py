@@ -10,8 +10,9 @@ Usage::
 For each deployment (1P1D, 1P2D, 2P1D) the runtime runs ``dualpath bench``'s workload and
 setup (runtime.workloads.agentic_workload, services.bench.load_bench_config: 16 agents x 12
 turns, 5 ms fetch period, storage NICs calibrated once at the start of the script so that
-Basic's storage time is 2.5x the compute, the same rate for every deployment) under basic
-and dualpath. The simulator then
+Basic's storage time is 2.5x the compute, from a 1P2D oracle run as ``dualpath bench`` does
+(``--calibrate probe``: from a probe), the same rate for every deployment) under basic and
+dualpath. The simulator then
 predicts the same runs from a profile calibrated on this machine
 (:func:`dualpath_cli.sim.calibrate_from_measurements`):
 
@@ -54,7 +55,7 @@ from typing import Any
 
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.services.bench import load_bench_config, run_bench
+from dualpath_cli.services.bench import calibrate_by_oracle, load_bench_config, run_bench
 from dualpath_cli.sim import (
     SimCalibration,
     SimSetup,
@@ -81,8 +82,13 @@ def bench_flops_rate(traj: list[Trajectory]) -> float:
     every deployment and the predictions use one storage-NIC rate (it does not depend on
     the P/D: services.bench.calibrate_snic)."""
     if "rate" not in _SETTING:
-        _, _, cal = load_bench_config(traj)
+        loaded, _, cal = load_bench_config(traj)
         assert cal is not None, "the bench workload reads from storage"
+        if _SETTING.get("oracle", 1.0):  # as dualpath bench: from a compute-only run
+            with tempfile.TemporaryDirectory(prefix="dualpath-validate-") as root:
+                _, _, cal, _ = calibrate_by_oracle(
+                    traj, options_from_config(loaded, processes=True), Path(root))
+            assert cal is not None
         _SETTING["rate"] = cal.flops_rate
     return _SETTING["rate"]
 
@@ -229,6 +235,8 @@ def main() -> None:
     ap.add_argument("--busy", choices=("prefill", "engines"), default="prefill",
                     help="with --host-cores 0: engines assumed busy while calibrating compute, "
                     "the prefill engines or every engine")
+    ap.add_argument("--calibrate", choices=("oracle", "probe"), default="oracle",
+                    help="how the bench's storage-NIC rate is calibrated (as dualpath bench)")
     ap.add_argument("--no-boost", action="store_true",
                     help="do not raise this session's autogroup priority while measuring")
     args = ap.parse_args()
@@ -239,6 +247,7 @@ def main() -> None:
 def run(args: argparse.Namespace, boosted: bool) -> None:
     """Measure (or load), calibrate, predict and print; ``boosted``: priority was raised."""
     pds = tuple(x.strip().upper() for x in args.pd.split(","))
+    _SETTING["oracle"] = 1.0 if args.calibrate == "oracle" else 0.0
     traj = agentic_workload(args.agents, turns=args.turns)
     wall = time.perf_counter()
     if args.measured is not None:
