@@ -293,3 +293,15 @@ def test_no_samples_is_unknown_and_all_takes_the_worst() -> None:
     reports = rules.run_all(nic_throttled())
     assert max(r.severity for r in reports) is Severity.CRITICAL
     assert [r.workflow for r in reports] == list(rules.WORKFLOWS)
+
+
+def test_every_threshold_is_documented_with_its_value() -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "troubleshooting.md").read_text()
+    source = Path(rules.__file__).read_text()
+    names = re.findall(r"^([A-Z][A-Z_]+) = [0-9.]+$", source, re.M)
+    assert len(names) >= 25
+    for name in names:
+        assert f"`{name}" in doc or f"{name}`" in doc or f"`{name.rsplit('_', 1)[0]}_" in doc, name
