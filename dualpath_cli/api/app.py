@@ -44,13 +44,14 @@ from dualpath_cli.api.encode import (
     view_dict,
 )
 from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.runtime.faults import parse_faults
 from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.telemetry.exposition import CONTENT_TYPE, render_prometheus
 from dualpath_cli.telemetry.gpu import GpuBackend, detect_gpu_backend
 from dualpath_cli.telemetry.host import host_facts
 from dualpath_cli.telemetry.view import ClusterView
 
-__all__ = ["create_app", "SchedulerPatch"]
+__all__ = ["create_app", "SchedulerPatch", "FaultsPatch"]
 
 log = logging.getLogger("dualpath.api")
 
@@ -92,6 +93,18 @@ class SchedulerPatch(BaseModel):
                 raise ValueError(f"{nulls[0]}: null is not a value; leave the field out to "
                                  "keep it as it is")
         return data
+
+
+class FaultsPatch(BaseModel):
+    """Faults to inject, as SPEC texts ``KIND:key=value,...`` (the same as ``dualpath launch
+    --inject``): snic_throttle, read_latency, read_errors, hot_blocks, hbm_frag,
+    slow_compute. One of a kind and target replaces the one in force.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    faults: list[StrictStr] = Field(min_length=1, examples=[[
+        "snic_throttle:node=1,fraction=0.25", "slow_compute:engine=2,factor=4"]])
 
 
 class Health(BaseModel):
@@ -197,7 +210,7 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
                        "z_factor": th.z_factor, "quota_s": th.quota_s,
                        "read_side": th.read_side, "source": dict(th.source)},
         "decisions": s.decisions.total, "ready_s": live.ready_s, "uptime_s": view.uptime_s,
-        "audit": [_audit_dict(a) for a in list(live.audit)], "faults": [],
+        "audit": [_audit_dict(a) for a in list(live.audit)], "faults": live.faults(),
         "version": __version__,
     }
 
@@ -290,6 +303,23 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
             raise UsageError(str(err)) from None
         log.info("scheduler change %d by %s: %s -> %s", entry.seq, token, entry.old,
                  entry.new)
+        return _json(_audit_dict(entry))
+
+    @r.patch("/api/v1/faults", response_model=ChangeResult, responses=_ERRORS,
+             tags=["control"])
+    def patch_faults(body: FaultsPatch,
+                     token: Annotated[str, Depends(require_token)]) -> Response:
+        """Inject faults on the engines they target (audited; listed in status)."""
+        entry = live.set_faults(parse_faults(body.faults), token)
+        log.warning("faults injected (%d) by %s: %s", entry.seq, token, entry.new["faults"])
+        return _json(_audit_dict(entry))
+
+    @r.delete("/api/v1/faults", response_model=ChangeResult, responses=_ERRORS,
+              tags=["control"])
+    def delete_faults(token: Annotated[str, Depends(require_token)]) -> Response:
+        """Undo every injected fault (audited)."""
+        entry = live.clear_faults(token)
+        log.info("faults cleared (%d) by %s", entry.seq, token)
         return _json(_audit_dict(entry))
 
     @r.get("/metrics", tags=["prometheus"], response_class=Response,

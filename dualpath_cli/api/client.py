@@ -228,6 +228,20 @@ class DualPathClient:
                                   ("read_side", read_side)) if v is not None}
         return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=body))
 
+    def set_faults(self, specs: list[str]) -> AuditRecord:
+        """Inject faults given as SPEC texts (``snic_throttle:node=1,fraction=0.25``).
+
+        Raises:
+            Unauthorized / Forbidden: no token or a wrong one.
+            Rejected: a bad SPEC or a target the cluster lacks (the reason in one line).
+        """
+        return audit_from_dict(self._json("PATCH", "/api/v1/faults",
+                                          json={"faults": list(specs)}))
+
+    def clear_faults(self) -> AuditRecord:
+        """Undo every injected fault (token required)."""
+        return audit_from_dict(self._json("DELETE", "/api/v1/faults"))
+
 
 def _reason(err: Exception) -> str:
     text = str(err).strip().splitlines()

@@ -51,6 +51,7 @@ class FakeClient:
         self.ready_s = ready_s
         self.url = url
         self.audit: list[AuditRecord] = []
+        self.faults: list[dict[str, Any]] = []  # injected faults, as status lists them
         self.calls: list[str] = []
         self.fail_next: ApiError | None = None
 
@@ -120,7 +121,8 @@ class FakeClient:
             queue={"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                    "pe": s.pe_queue_length, "in_flight": s.in_flight},
             thresholds=s.thresholds, decisions=s.decisions.total, ready_s=self.ready_s,
-            uptime_s=v.uptime_s, audit=tuple(self.audit), faults=(), version="fake")
+            uptime_s=v.uptime_s, audit=tuple(self.audit), faults=tuple(self.faults),
+            version="fake")
 
     def metrics_text(self) -> str:
         """The given page, or the exposition of the current view."""
@@ -157,6 +159,50 @@ class FakeClient:
         self._apply(new)
         entry = AuditRecord(len(self.audit) + 1, time.time(), "tok-fake",
                             "scheduler", {k: old[k] for k in new}, new)
+        self.audit.append(entry)
+        return entry
+
+    def _check_token(self, path: str) -> None:
+        if not self.client_token:
+            raise Unauthorized(f"{self.url}{path}: HTTP 401: this endpoint needs the "
+                               "cluster's bearer token")
+        if self.client_token != self._token:
+            raise Forbidden(f"{self.url}{path}: HTTP 403: the bearer token does not match "
+                            "this cluster's token")
+
+    def set_faults(self, specs: list[str]) -> AuditRecord:
+        """Check the token and parse the SPECs like the server; record them in status.
+
+        The fake's views do not change (no engine applies the fault).
+        """
+        from dualpath_cli.runtime.faults import FaultError, parse_faults
+
+        self._call("set_faults")
+        self._check_token("/api/v1/faults")
+        try:
+            faults = parse_faults(specs)
+        except FaultError as err:
+            raise Rejected(f"{self.url}/api/v1/faults: HTTP 422: {err}") from None
+        if not faults:
+            raise Rejected(f"{self.url}/api/v1/faults: HTTP 422: no faults given")
+        old = list(self.faults)
+        by_key = {(f["kind"], f.get("node"), f.get("engine")): f for f in self.faults}
+        for f in faults:
+            d = f.to_dict()
+            by_key[d["kind"], d.get("node"), d.get("engine")] = d
+        self.faults = list(by_key.values())
+        return self._audit_faults(old)
+
+    def clear_faults(self) -> AuditRecord:
+        """Check the token; forget every injected fault."""
+        self._call("clear_faults")
+        self._check_token("/api/v1/faults")
+        old, self.faults = self.faults, []
+        return self._audit_faults(old)
+
+    def _audit_faults(self, old: list[dict[str, Any]]) -> AuditRecord:
+        entry = AuditRecord(len(self.audit) + 1, time.time(), "tok-fake", "faults",
+                            {"faults": old}, {"faults": list(self.faults)})
         self.audit.append(entry)
         return entry
 

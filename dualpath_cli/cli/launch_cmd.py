@@ -238,7 +238,8 @@ def _notify(message: dict[str, Any]) -> None:
 
 
 def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
-           start_timeout: float, opts_args: tuple[Any, ...], as_json: bool) -> int:
+           start_timeout: float, opts_args: tuple[Any, ...], as_json: bool,
+           faults: list[Any] | None = None) -> int:
     """The foreground launcher (also what a ``--detach`` child runs)."""
     t0 = _started_at()
     stop_event = threading.Event()
@@ -253,7 +254,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
-                            as_json, t0, stop_event)
+                            as_json, t0, stop_event, faults or [])
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
         _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
                  else f"{type(err).__name__}: {err}",
@@ -266,7 +267,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
 def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                  start_timeout: float, opts_args: tuple[Any, ...], as_json: bool, t0: float,
-                 stop_event: threading.Event) -> int:
+                 stop_event: threading.Event, faults: list[Any]) -> int:
     _claim_port(port)
     sock = _bind(host, port)
     server: _Server | None = None
@@ -296,6 +297,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         server = _Server(app, sock)
         server.start()
         live.wait_ready(start_timeout)
+        if faults:  # --inject: on before the cluster is announced ready (audited as launch)
+            live.set_faults(faults, "launch")
         ready_s = time.time() - t0
         url = _url(host, port)
         state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
@@ -308,6 +311,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         statefile.write_state(state)
         line = (f"ready in {ready_s:.1f} s: {_engines_text(live)}, API {url}, "
                 f"token in {_home(token)}")
+        if faults:
+            line += "; faults injected: " + " ".join(f.spec() for f in faults)
         payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line}
         _notify({"ok": True, "line": line, "state": payload})
         if as_json:
@@ -477,6 +482,11 @@ def launch(
         "--set", help="Override one config key, e.g. --set scheduler.alpha=2s.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the ready state as one JSON "
                                           "object.")] = False,
+    inject: Annotated[list[str] | None, typer.Option(
+        "--inject", help="Inject a fault (repeatable; rehearsal and diagnose tests), e.g. "
+        "snic_throttle:node=1,fraction=0.25, read_latency:node=1,latency=20ms, "
+        "read_errors:node=1,rate=0.1, hot_blocks:node=0,count=4,rate=20, "
+        "hbm_frag:engine=2,stride=4, slow_compute:engine=1,factor=4.")] = None,
 ) -> None:
     """Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM.
 
@@ -489,6 +499,9 @@ def launch(
                          "serve other machines (every endpoint then needs the token)")
     drain_s = _duration("--drain-timeout", drain_timeout)
     start_s = _duration("--start-timeout", start_timeout)
+    from dualpath_cli.runtime.faults import parse_faults
+
+    faults = parse_faults(inject or [])  # a bad SPEC fails here, before anything starts
     if detach:
         _claim_port(port)
         _bind(host, port).close()  # fail fast here rather than in the background
@@ -502,10 +515,12 @@ def launch(
                          else value]
         for item in overrides or []:
             argv += ["--set", item]
+        for spec in inject or []:
+            argv += ["--inject", spec]
         code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
     code = _serve(host, port, allow_remote, drain_s, start_s,
-                  (preset, config, list(overrides or []), pd, policy, store), as_json)
+                  (preset, config, list(overrides or []), pd, policy, store), as_json, faults)
     raise typer.Exit(code)
 
 

@@ -13,7 +13,9 @@ compute-NIC bucket.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dualpath_cli.cluster.inproc import InProcCluster
@@ -23,6 +25,7 @@ from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
+from dualpath_cli.runtime.faults import Fault, FaultError
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import (
@@ -82,6 +85,7 @@ class RuntimeSystem:
         self.specs = self._specs(store_spec)
         self.started_at = 0.0
         self.closed = False
+        self._faults: dict[tuple[str, tuple[str, int]], Fault] = {}
 
     def _specs(self, store_spec: dict[str, Any]) -> list[EngineSpec]:
         o = self.opts
@@ -171,6 +175,66 @@ class RuntimeSystem:
             UsageError: nothing to change or a bad value, with the reason.
         """
         return self.scheduler.update(change)
+
+    # -- fault injection ------------------------------------------------------------------
+    @property
+    def faults(self) -> list[Fault]:
+        """The injected faults in force, in the order they were set."""
+        return list(self._faults.values())
+
+    def _check_fault(self, f: Fault) -> None:
+        key, value = f.target
+        known = sorted({s.node for s in self.specs} if key == "node"
+                       else {s.engine_id for s in self.specs})
+        if value not in known:
+            raise FaultError(f"fault {f.kind}: {key} {value} does not exist (this cluster has "
+                             f"{key}s {known[0]}-{known[-1]})")
+        if f.kind == "snic_throttle" and not (self.shaped and self.opts.snic_bw > 0):
+            raise FaultError(f"fault {f.kind}: the storage NICs are not shaped (policy "
+                             f"{self.opts.policy!r}, snic_bw {self.opts.snic_bw:g}); a "
+                             "fraction of an unshaped NIC means nothing")
+
+    def _fault_targets(self, f: Fault) -> list[int]:
+        """Engines that apply ``f``: its engine, or every engine of its node (only the
+        node's first engine drives a hot-blocks fault: one read stream per node)."""
+        if f.target[0] == "engine":
+            return [f.engine]
+        ids = [s.engine_id for s in self.specs if s.node == f.node]
+        return ids[:1] if f.kind == "hot_blocks" else ids
+
+    def _send_fault(self, f: Fault) -> None:
+        sched = self.scheduler
+        with sched._lock:  # the scheduler's endpoint is used under its lock
+            for eid in self._fault_targets(f):
+                e = sched.engines.get(eid)
+                if e is not None and e.alive and e.address:
+                    sched._send(e.address, f)
+
+    def set_faults(self, faults: Sequence[Fault]) -> tuple[list[dict[str, Any]],
+                                                           list[dict[str, Any]]]:
+        """Inject ``faults`` (one of a kind and target replaces the one in force) on the
+        engines they target; returns the active faults before and after, as dicts.
+
+        Raises:
+            FaultError: no faults, or a target this cluster lacks (nothing is applied).
+        """
+        if not faults:
+            raise FaultError("no faults given; expected at least one SPEC")
+        for f in faults:
+            self._check_fault(f)
+        old = [f.to_dict() for f in self._faults.values()]
+        for f in faults:
+            self._faults[f.kind, f.target] = f
+            self._send_fault(f)
+        return old, [f.to_dict() for f in self._faults.values()]
+
+    def clear_faults(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Undo every injected fault; returns the active faults before and after (empty)."""
+        old = [f.to_dict() for f in self._faults.values()]
+        for f in list(self._faults.values()):
+            self._send_fault(dataclasses.replace(f, on=False))
+        self._faults.clear()
+        return old, []
 
     def close(self) -> None:
         """Stop engines and the scheduler."""

@@ -6,7 +6,8 @@ thread (in-process fake cluster, queue fabric). Every ``heartbeat_s`` it sends a
 fragmentation), per-layer hits by tier, NIC bytes, busy time, the quota in force, the node
 loader's read queue in tokens (``rq``) with the last dispatch it has submitted (``seen``),
 and every ``metrics_s`` the engine's whole metrics snapshot. A ``quota`` message changes the
-PE's compute quota while it runs. Every message is a typed record of
+PE's compute quota while it runs; a ``fault`` message turns an injected fault on or off
+(:mod:`~dualpath_cli.runtime.faults`). Every message is a typed record of
 :mod:`~dualpath_cli.runtime.wire`. A group leader also sends a ``fetch`` every ``fetch_s``
 (the paper's pull-based scheduling, section 6.1).
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
+from dualpath_cli.runtime.faults import Fault, FaultInjector
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker
 from dualpath_cli.runtime.wire import (
@@ -50,6 +52,7 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
     ctx = EngineContext(spec, ep, model, open_store(spec.store, registry), registry)
     worker: PrefillWorker | DecodeWorker
     worker = PrefillWorker(ctx) if spec.role == "prefill" else DecodeWorker(ctx)
+    faults = FaultInjector(ctx)
     ctx.to_ctl(Hello(spec.engine_id, ep.address, spec.role, spec.node, spec.group,
                      os.getpid()))
     next_hb = next_fetch = next_metrics = 0.0
@@ -83,8 +86,13 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                 spec.quota_s = msg.quota_s  # the PE's batcher reads it before every batch
                 ctx.heartbeat(worker.jobs_in_hand(), False)  # show the new quota at once
                 continue
+            if isinstance(msg, Fault):
+                faults.apply(msg)
+                ctx.heartbeat(worker.jobs_in_hand(), True)  # show its effect (HBM) at once
+                continue
             worker.handle(msg)
     finally:
+        faults.clear()
         worker.close()
         ctx.close()
         ep.close()

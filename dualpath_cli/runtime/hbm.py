@@ -105,6 +105,17 @@ class HbmPool:
                 self._owner[i] = None
             return len(blocks)
 
+    def pin_stride(self, owner: int, stride: int) -> int:
+        """Give ``owner`` every ``stride``-th free block (fault injection: fragments the
+        free space into runs of ``stride - 1``); returns how many blocks it took."""
+        with self._lock:
+            free = [i for i, o in enumerate(self._owner) if o is None]
+            got = free[stride - 1::stride] if stride > 1 else []
+            for i in got:
+                self._owner[i] = owner
+            self._by_owner.setdefault(owner, []).extend(got)
+            return len(got)
+
     def blocks_of(self, owner: int) -> list[int]:
         """The blocks of ``owner`` in allocation order (its logical block table)."""
         with self._lock:

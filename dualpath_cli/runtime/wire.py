@@ -16,7 +16,8 @@ Kinds (direction):
 * engine -> scheduler: :class:`Hello`, :class:`QueueReport` (``rq``), :class:`Heartbeat`
   (``hb``), :class:`Fetch`, :class:`First`, :class:`Done`, :class:`ReadFailed`;
 * scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
-  :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``);
+  :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``),
+  :class:`~dualpath_cli.runtime.faults.Fault` (``fault``: fault injection, one record);
 * engine -> engine: :class:`Layer`, :class:`PrefillDone`.
 """
 
@@ -31,11 +32,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dualpath_cli.errors import DualPathError
+from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.transfer.base import Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "Heartbeat", "Fetch", "First", "Done",
            "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill", "SetQuota",
-           "Layer", "PrefillDone", "WireMessage", "KINDS", "TIERS", "encode", "decode", "send"]
+           "Layer", "PrefillDone", "Fault", "WireMessage", "KINDS", "TIERS", "encode", "decode",
+           "send"]
 
 #: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
 TIERS: tuple[str, ...] = ("dram", "store", "peer")
@@ -277,7 +280,8 @@ class PrefillDone:
 
 
 WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
-               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone)
+               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone
+               | Fault)
 
 #: kind -> record class (every member of :data:`WireMessage`)
 KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}

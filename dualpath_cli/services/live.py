@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.control import SchedulerChange
+from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
 from dualpath_cli.telemetry.view import ClusterView, Decision
@@ -108,6 +110,7 @@ class LiveCluster:
         self._next_agent = 0
         self._drain: DrainResult | None = None
         self._stop_lock = threading.Lock()
+        self._fault_lock = threading.Lock()
         self._t0 = time.monotonic()
 
     def start(self, timeout: float = 60.0) -> float:
@@ -227,6 +230,29 @@ class LiveCluster:
         with self._lock:
             entry = AuditEntry(len(self.audit) + 1, time.time(), token_id, "scheduler", old,
                                new)
+            self.audit.append(entry)
+        return entry
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The injected faults in force (``/api/v1/status``'s ``faults``; empty when off)."""
+        return [f.to_dict() for f in self.system.faults]
+
+    def set_faults(self, faults: Sequence[Fault], token_id: str) -> AuditEntry:
+        """Inject ``faults`` on their engines and audit it (action ``faults``)."""
+        with self._fault_lock:
+            old, new = self.system.set_faults(faults)
+            return self._audit("faults", {"faults": old}, {"faults": new}, token_id)
+
+    def clear_faults(self, token_id: str) -> AuditEntry:
+        """Undo every injected fault and audit it (action ``faults``)."""
+        with self._fault_lock:
+            old, new = self.system.clear_faults()
+            return self._audit("faults", {"faults": old}, {"faults": new}, token_id)
+
+    def _audit(self, action: str, old: dict[str, Any], new: dict[str, Any],
+               token_id: str) -> AuditEntry:
+        with self._lock:
+            entry = AuditEntry(len(self.audit) + 1, time.time(), token_id, action, old, new)
             self.audit.append(entry)
         return entry
 
