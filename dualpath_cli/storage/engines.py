@@ -14,6 +14,9 @@ from __future__ import annotations
 import errno
 import os
 import queue
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections import deque
@@ -232,7 +235,32 @@ def _cqe_result(entry: Any) -> int:
 
 @lru_cache(maxsize=1)
 def uring_status() -> tuple[bool, str]:
-    """(usable, reason): whether io_uring reads work here, checked once by a real read."""
+    """(usable, reason): whether io_uring reads work here, checked once by a real read.
+
+    The read is tried in a child process: a liburing build for another CPU dies with SIGILL
+    inside its native code (seen with liburing 2026.3.30 on this project's CI machines), and
+    that must cost the fallback to ``preadv``, not the process asking.
+    """
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c",
+             "from dualpath_cli.storage.engines import _probe_uring; "
+             "ok, why = _probe_uring(); print(int(ok), why)"],
+            capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return False, f"io_uring probe could not run ({err})"
+    if child.returncode < 0:
+        name = signal.Signals(-child.returncode).name
+        return False, f"liburing crashed the io_uring probe ({name})"
+    flag, _, why = child.stdout.strip().partition(" ")
+    if child.returncode != 0 or flag not in ("0", "1"):
+        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"io_uring probe failed ({last})"
+    return flag == "1", why
+
+
+def _probe_uring() -> tuple[bool, str]:
+    """The real io_uring read behind :func:`uring_status` (runs in its child process)."""
     try:
         import liburing as L
     except Exception as err:  # ImportError, or a broken native build
