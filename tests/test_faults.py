@@ -44,7 +44,8 @@ def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
 @pytest.mark.parametrize("spec", [
     "snic_throttle:node=1,fraction=0.25", "read_latency:node=0,latency=20ms",
     "read_errors:node=2,rate=0.1", "hot_blocks:node=0,count=3,rate=5",
-    "hot_blocks:node=0,blocks=ab12+cd34,rate=20", "hbm_frag:engine=2,stride=4",
+    "hot_blocks:node=0,blocks=" + "ab" * 16 + "+" + "cd" * 16 + ",rate=20",
+    "hbm_frag:engine=2,stride=4",
     "slow_compute:engine=1,factor=4"])
 def test_spec_round_trips_through_text_and_the_wire(spec: str) -> None:
     f = parse_fault(spec)
@@ -75,8 +76,8 @@ def test_defaults_and_replacement() -> None:
     ("read_latency:node=1,latency=soon", "latency: invalid duration"),
     ("read_latency:node=1,latency=1h", "at most 10s"),
     ("read_errors:node=1,rate=2", "must be in (0, 1]"),
-    ("hot_blocks:node=1,blocks=xyz", "not a hex block key"),
-    ("hot_blocks:node=1,blocks=ab,count=2", "blocks or count, not both"),
+    ("hot_blocks:node=1,blocks=xyz", "not a block key (32 hex digits"),
+    ("hot_blocks:node=1,blocks=" + "ab" * 16 + ",count=2", "blocks or count, not both"),
     ("hbm_frag:engine=1,stride=1", "whole number >= 2"),
     ("slow_compute:engine=1,factor=0.5", "must be in [1, 100]"),
     ("slow_compute:engine=1,factor", "'factor' is not key=value"),

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dualpath_cli.core.layout import KEY_BYTES
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
@@ -202,8 +203,9 @@ def parse_fault(spec: str) -> Fault:
         blocks = tuple(b.strip().lower() for b in given.get("blocks", "").split("+")
                        if b.strip())
         for b in blocks:
-            if len(b) % 2 or not all(c in "0123456789abcdef" for c in b):
-                raise FaultError(f"fault {kind}: block {b!r} is not a hex block key")
+            if len(b) != 2 * KEY_BYTES or not all(c in "0123456789abcdef" for c in b):
+                raise FaultError(f"fault {kind}: block {b!r} is not a block key ("
+                                 f"{2 * KEY_BYTES} hex digits, as the store lists them)")
         if blocks and "count" in given:
             raise FaultError(f"fault {kind}: give blocks or count, not both")
         count = 0 if blocks else _whole(kind, "count", given.get("count", "4"), 1)
@@ -340,8 +342,9 @@ class FaultInjector:
 
         def faulty(batch: Any, ops: Any, started: float) -> None:
             lat = self.active.get("read_latency")
-            if lat is not None:
+            if lat is not None:  # the store read ends later; the NIC carries it after that
                 time.sleep(lat.latency_s)
+                started = max(started, loader.clock())
             err = self.active.get("read_errors")
             if err is not None:
                 for op in ops:
@@ -363,7 +366,7 @@ class FaultInjector:
         while not stop.is_set() and not ctx.stopped.is_set():
             if not keys:  # the first stored blocks, once there are some
                 it = iter(ctx.store.keys())
-                keys = [k.hex() for _, k in zip(range(f.count), it, strict=False)]
+                keys = [k.hex for _, k in zip(range(f.count), it, strict=False)]
                 if not keys:
                     stop.wait(0.2)
                     continue
