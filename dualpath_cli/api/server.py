@@ -7,12 +7,13 @@ which another process could take the port, and waiting on ``server.started`` rep
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+from dualpath_cli.api.listen import base_url, listen
 
 __all__ = ["ServerThread"]
 
@@ -25,16 +26,10 @@ class ServerThread:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
                  log_level: str = "warning", access_log: bool = False) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
-        # then, and without it every response waited ~40 ms for the client's delayed ACK.
-        self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        self.sock = listen(host, port)
         self.host = host
         self.port: int = self.sock.getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.port}"
+        self.url = base_url(host, self.port)
         config = uvicorn.Config(app, log_level=log_level, access_log=access_log,
                                 lifespan="off", timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)

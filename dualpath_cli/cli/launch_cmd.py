@@ -91,31 +91,23 @@ def _is_loopback(host: str) -> bool:
 
 def _bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (before any engine starts: fail fast)."""
+    from dualpath_cli.api.listen import listen
+
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return listen(host, port)
     except socket.gaierror as err:
         raise UsageError(f"--host {host}: cannot resolve it ({err.strerror})") from None
-    family, _, _, _, addr = infos[0]
-    # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets of a TCP-proto
-    # listener; with proto 0 every response's body waited ~40 ms for a delayed ACK (Nagle)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not REUSEPORT: one owner
-    try:
-        sock.bind(addr)
-        sock.listen(128)
     except OSError as err:
-        sock.close()
         if err.errno in (98, 48):  # EADDRINUSE on Linux, macOS
             raise LaunchError(f"port {port} on {host} is already in use (another dualpath "
                               "launch or another server); stop it or choose --port") from None
         raise LaunchError(f"cannot listen on {host}:{port}: {err.strerror}") from None
-    sock.set_inheritable(False)
-    return sock
 
 
 def _url(host: str, port: int) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    from dualpath_cli.api.listen import base_url
+
+    return base_url(host, port)
 
 
 def _home(path: Path | str) -> str:
