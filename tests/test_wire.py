@@ -12,6 +12,7 @@ from dualpath_cli.runtime.wire import (
     Cancel,
     Decode,
     Done,
+    Fault,
     Fetch,
     First,
     Heartbeat,
@@ -54,12 +55,13 @@ SAMPLES: list[WireMessage] = [
     Layer(9, 1, 2, 16, (np.arange(12, dtype=np.uint8).reshape(3, 4),
                         np.ones((2, 4), np.uint8))),
     PrefillDone(9, 1, 77),
+    Fault("hot_blocks", node=1, rate=20.0, count=0, blocks=("ab" * 16, "cd" * 16)),
 ]
 
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 15
+    assert len(KINDS) == 16
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)

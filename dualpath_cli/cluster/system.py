@@ -36,7 +36,7 @@ from dualpath_cli.runtime.scheduler import (
     TurnRequest,
 )
 from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
-from dualpath_cli.telemetry.view import ClusterView, Decision
+from dualpath_cli.telemetry.view import ClusterView, Decision, NodeView
 from dualpath_cli.transfer import InProcFabric, ZmqFabric
 from dualpath_cli.transfer.shaping import make_bucket
 
@@ -156,8 +156,27 @@ class RuntimeSystem:
         else:
             state = "ready" if self.scheduler.all_hello() and self.started_at else "starting"
         uptime = time.monotonic() - self.started_at if self.started_at else 0.0
+        nodes = self._throttled(nodes)
         return ClusterView(time.time(), state, f"{o.prefill_nodes}P{o.decode_nodes}D",
                            o.model, uptime, engines, nodes, sched)
+
+    def _throttled(self, nodes: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
+        """A throttled node's storage NIC runs at its bucket's lowered rate: report that rate
+        as the node's bandwidth, and the utilisation against it (what a NIC negotiated down
+        to a lower speed shows)."""
+        frac = {f.node: f.fraction for f in self._faults.values() if f.kind == "snic_throttle"}
+        if not frac:
+            return nodes
+        out = []
+        for n in nodes:
+            f = frac.get(n.node)
+            if f is not None and n.snic_bandwidth_bytes_per_s:
+                util = n.snic_utilization
+                n = dataclasses.replace(
+                    n, snic_bandwidth_bytes_per_s=n.snic_bandwidth_bytes_per_s * f,
+                    snic_utilization=None if util is None else min(1.0, util / f))
+            out.append(n)
+        return tuple(out)
 
     def decisions(self, since: int = -1) -> list[Decision]:
         """Logged decisions with ``seq > since``, oldest first (the ring keeps the last
