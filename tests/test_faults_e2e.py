@@ -1,0 +1,121 @@
+"""Fault injection proves the diagnose workflows end to end: a real ``dualpath launch
+--inject`` (engine processes over ZeroMQ), ``dualpath diagnose WORKFLOW --url ... --json`` as a
+subprocess, the same verdicts from a recording, and exit 0 once the faults are cleared."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dualpath_cli.api.client import DualPathClient
+from dualpath_cli.services import statefile
+
+CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
+              "XDG_STATE_HOME": str(tmp_path / "state")}
+    (tmp_path / "run").mkdir(mode=0o700)
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("DUALPATH_URL", raising=False)
+    return dict(os.environ)
+
+
+def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture()
+def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
+    port = _free_port()
+    args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store")]
+    for spec in FAULTS:
+        args += ["--inject", spec]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] \
+        if proc.poll() is None else []
+    try:
+        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
+                                                      if proc.poll() is not None else "")
+        assert "faults injected: " + " ".join(FAULTS) in line
+        yield f"http://127.0.0.1:{port}", port
+        assert _run(env, "stop", "--port", str(port)).returncode == 0
+        proc.communicate(timeout=60)
+    finally:
+        for pid in [proc.pid, *family]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        if proc.poll() is None:
+            proc.communicate(timeout=10)
+
+
+def _diagnose(env: dict[str, str], workflow: str, *source: str) -> tuple[int, dict[str, Any]]:
+    done = _run(env, "diagnose", workflow, *source, "--json")
+    assert done.stdout.strip(), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def _subjects(report: dict[str, Any], workflow: str) -> set[str]:
+    return {f["subject"] for r in report["reports"] if r["workflow"] == workflow
+            for f in r["findings"] if f["severity"] in ("WARNING", "CRITICAL") and f["subject"]}
+
+
+def test_injected_faults_are_found_live_and_from_a_recording_then_cleared(
+        env: dict[str, str], faulted: tuple[str, int], tmp_path: Path) -> None:
+    url, port = faulted
+    with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
+        st = client.status()
+        assert [f["spec"] for f in st.faults] == FAULTS
+        assert st.audit[0].action == "faults" and st.audit[0].token_id == "launch"
+
+        live = ("--url", url, "--window", "3s")
+        code, out = _diagnose(env, "hbm-frag", *live)
+        assert code in (1, 2) and "engine 1" in _subjects(out, "hbm-frag"), out
+        code, out = _diagnose(env, "snic-imbalance", *live)
+        assert code in (1, 2) and "node D1" in _subjects(out, "snic-imbalance"), out
+
+        rec = tmp_path / "faulted.jsonl"
+        done = _run(env, "record", "--url", url, "--window", "2s", "--interval", "500ms",
+                    "-o", str(rec))
+        assert done.returncode == 0, done.stderr
+        for workflow, subject in (("hbm-frag", "engine 1"), ("snic-imbalance", "node D1")):
+            code, out = _diagnose(env, workflow, "--from", str(rec))
+            assert code in (1, 2) and subject in _subjects(out, workflow), (workflow, out)
+
+        client.clear_faults()
+        assert client.status().faults == ()
+        for workflow in ("hbm-frag", "snic-imbalance"):
+            code, out = _diagnose(env, workflow, *live)
+            assert code == 0 and not _subjects(out, workflow), (workflow, out)
+
+
+def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:
+    done = _run(env, "launch", "--port", str(_free_port()), "--inject", "warp:node=1")
+    assert done.returncode == 2
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unknown fault kind 'warp'" in lines[0], lines
