@@ -201,15 +201,16 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
         bws = {n: _mean(bw.get(n, ())) for n in ids}
         known_bw = {n: b for n, b in bws.items() if b}
         if len(known_bw) >= 2:
-            med = statistics.median(known_bw.values())
             for n, b in sorted(known_bw.items()):
+                # expected: what the role's other nodes have (a pair judges each by the other)
+                med = statistics.median(v for m, v in known_bw.items() if m != n)
                 frac = b / med if med else 1.0
                 if frac < SNIC_BW_WARN:
                     name = node_name(n, role)
                     out.append(Finding(
                         wf, CRITICAL if frac < SNIC_BW_CRIT else WARNING,
                         f"node {name} storage NIC at {_pct(frac)} of expected "
-                        f"({_gbs(b)} vs {_gbs(med)}, the {role} median)",
+                        f"({_gbs(b)} vs {_gbs(med)}, the other {role} nodes' median)",
                         subject=f"node {name}",
                         evidence={"node": name, "bandwidth_bytes_per_s": b,
                                   "expected_bytes_per_s": med, "fraction": round(frac, 3)},
