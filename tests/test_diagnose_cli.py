@@ -179,3 +179,14 @@ def test_served_turns_as_a_trace_reproduce_every_prompt_length() -> None:
         ctx += turn.append + turn.gen
     assert prompts == [40, 55, 70]  # the requeued attempt counts once
     assert trace.header.max_len >= traj.total
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_every_recording_compression_gives_the_same_verdict(
+        suffix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = record(nic_throttled(), tmp_path / f"w{suffix}")
+    rc, out, _ = run(["diagnose", "perf-drop", "--from", str(path), "--json"], capsys)
+    assert rc == 2
+    doc = json.loads(out)
+    assert doc["samples"] == 10
+    assert "node D3" in {f["subject"] for r in doc["reports"] for f in r["findings"]}
