@@ -72,6 +72,27 @@ OFFLINE = {
 }
 
 
+# The same runs on x86-64 hosts whose libm (glibc picks exp/log/pow by CPU features) rounds
+# some workload draws differently in the last bit: a few prompt lengths move by a token, and
+# every later number with them. Found on the 2026-12-03 session machines (no AVX-512) for the
+# four cases below, at the very commit that pinned OFFLINE; the other cases agree on both.
+# Each run must still equal one of the two pinned tuples exactly.
+OFFLINE_OTHER_LIBM = {
+    ("ds660b", "4P8D", "basic", 96, 32_000): (
+        297.34606833653254, 5831, 47227, 4.59288885482288, 0.08728605493192804,
+        0.5921986812295952, 104024654, 0, "a436acacd78b35ff"),
+    ("ds660b", "4P8D", "dual-rr", 96, 32_000): (
+        295.00231134027666, 5831, 46382, 3.1714661889999904, 0.07661655140364317,
+        0.5947172934397289, 52098293, 51926361, "ac9ca923b101476d"),
+    ("ds27b", "2P1D", "oracle", 48, 32_000): (
+        65.14866399377077, 2896, 15759, math.nan, 0.03362696792610651, 0.9522217402568296,
+        0, 0, "6012bc0823eb753a"),
+    ("ds27b", "1P2D", "layerwise", 48, 32_000): (
+        77.84098493001888, 2896, 19412, 3.0, 0.08868562337445654, 0.7777801359915311,
+        50636188, 0, "789c2574d9ea951e"),
+}
+
+
 def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
@@ -96,7 +117,19 @@ def _check(got: tuple[object, ...], want: tuple[object, ...]) -> None:
 
 @pytest.mark.parametrize("case", list(OFFLINE), ids=lambda c: "-".join(map(str, c[:3])))
 def test_offline_runs_match_the_pinned_results(case: tuple[str, str, str, int, int]) -> None:
-    _check(_offline(*case), OFFLINE[case])
+    got = _offline(*case)
+    other = OFFLINE_OTHER_LIBM.get(case)
+    if other is not None and _equal(got, other):
+        return
+    _check(got, OFFLINE[case])
+
+
+def _equal(got: tuple[object, ...], want: tuple[object, ...]) -> bool:
+    try:
+        _check(got, want)
+    except AssertionError:
+        return False
+    return True
 
 
 SMALL_BUFFER = {

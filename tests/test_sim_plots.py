@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath_cli.cli import sim_cmd
+import dualpath_cli.sim
 from dualpath_cli.cli.app import main
 from dualpath_cli.core.types import Role
 from dualpath_cli.errors import UsageError
@@ -175,7 +175,8 @@ def test_run_bad_plot_path_fails_before_simulating(
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulated despite a bad --plot path")
 
-    monkeypatch.setattr(sim_cmd, "simulate_offline", must_not_run)
+    # sim_cmd imports the simulator inside the command (a fast CLI start), from here
+    monkeypatch.setattr(dualpath_cli.sim, "simulate_offline", must_not_run)
     target = tmp_path / name
     assert main([*RUN, "--plot", str(target)]) == 2
     err = capsys.readouterr().err
