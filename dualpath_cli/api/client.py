@@ -23,6 +23,7 @@ from dualpath_cli.api.errors import (
     error_for_status,
 )
 from dualpath_cli.telemetry.view import (
+    AuditEntry,
     ClusterView,
     Decision,
     EngineView,
@@ -33,24 +34,12 @@ from dualpath_cli.telemetry.view import (
     view_from_dict,
 )
 
-__all__ = ["DualPathClient", "Status", "AuditRecord", "status_from_dict",
+__all__ = ["DualPathClient", "Status", "AuditEntry", "status_from_dict",
            "audit_from_dict", "engine_from_dict", "node_from_dict", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 10.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    """One accepted control change: when, by which token id, old and new values."""
-
-    seq: int
-    at: float
-    token_id: str
-    action: str
-    old: dict[str, Any]
-    new: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +57,7 @@ class Status:
     decisions: int
     ready_s: float | None
     uptime_s: float
-    audit: tuple[AuditRecord, ...] = ()
+    audit: tuple[AuditEntry, ...] = ()
     faults: tuple[dict[str, Any], ...] = ()
     version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -79,9 +68,9 @@ def _build(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def audit_from_dict(data: dict[str, Any]) -> AuditRecord:
-    """An :class:`AuditRecord` from its JSON form."""
-    return _build(AuditRecord, data)
+def audit_from_dict(data: dict[str, Any]) -> AuditEntry:
+    """An :class:`AuditEntry` from its JSON form."""
+    return _build(AuditEntry, data)
 
 
 def status_from_dict(data: dict[str, Any]) -> Status:
@@ -217,7 +206,7 @@ class DualPathClient:
     # -- control ------------------------------------------------------------------------
     def update_scheduler(self, *, alpha: str | int | None = None,
                          beta: str | int | None = None, quota: str | float | None = None,
-                         read_side: str | None = None) -> AuditRecord:
+                         read_side: str | None = None) -> AuditEntry:
         """Change the running scheduler (units as on the CLI: ``200K``, ``300ms``).
 
         Raises:
@@ -228,7 +217,7 @@ class DualPathClient:
                                   ("read_side", read_side)) if v is not None}
         return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=body))
 
-    def set_faults(self, specs: list[str]) -> AuditRecord:
+    def set_faults(self, specs: list[str]) -> AuditEntry:
         """Inject faults given as SPEC texts (``snic_throttle:node=1,fraction=0.25``).
 
         Raises:
@@ -238,7 +227,7 @@ class DualPathClient:
         return audit_from_dict(self._json("PATCH", "/api/v1/faults",
                                           json={"faults": list(specs)}))
 
-    def clear_faults(self) -> AuditRecord:
+    def clear_faults(self) -> AuditEntry:
         """Undo every injected fault (token required)."""
         return audit_from_dict(self._json("DELETE", "/api/v1/faults"))
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dualpath_cli.api.client import AuditRecord, Status
+from dualpath_cli.api.client import Status
 from dualpath_cli.api.errors import ApiError, Forbidden, Rejected, Unauthorized, Unreachable
-from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
+from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
 
 __all__ = ["FakeClient"]
 
@@ -50,7 +50,7 @@ class FakeClient:
         self.unreachable = unreachable
         self.ready_s = ready_s
         self.url = url
-        self.audit: list[AuditRecord] = []
+        self.audit: list[AuditEntry] = []
         self.faults: list[dict[str, Any]] = []  # injected faults, as status lists them
         self.calls: list[str] = []
         self.fail_next: ApiError | None = None
@@ -136,7 +136,7 @@ class FakeClient:
     # -- control ------------------------------------------------------------------------
     def update_scheduler(self, *, alpha: str | int | None = None,
                          beta: str | int | None = None, quota: str | float | None = None,
-                         read_side: str | None = None) -> AuditRecord:
+                         read_side: str | None = None) -> AuditEntry:
         """Check the token like the server, record the change, apply it to later views.
 
         Values are recorded as given (the fake does not resolve units); ``alpha``/``beta``
@@ -157,7 +157,7 @@ class FakeClient:
         old = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
                "read_side": th.read_side}
         self._apply(new)
-        entry = AuditRecord(len(self.audit) + 1, time.time(), "tok-fake",
+        entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake",
                             "scheduler", {k: old[k] for k in new}, new)
         self.audit.append(entry)
         return entry
@@ -170,7 +170,7 @@ class FakeClient:
             raise Forbidden(f"{self.url}{path}: HTTP 403: the bearer token does not match "
                             "this cluster's token")
 
-    def set_faults(self, specs: list[str]) -> AuditRecord:
+    def set_faults(self, specs: list[str]) -> AuditEntry:
         """Check the token and parse the SPECs like the server; record them in status.
 
         The fake's views do not change (no engine applies the fault).
@@ -193,15 +193,15 @@ class FakeClient:
         self.faults = list(by_key.values())
         return self._audit_faults(old)
 
-    def clear_faults(self) -> AuditRecord:
+    def clear_faults(self) -> AuditEntry:
         """Check the token; forget every injected fault."""
         self._call("clear_faults")
         self._check_token("/api/v1/faults")
         old, self.faults = self.faults, []
         return self._audit_faults(old)
 
-    def _audit_faults(self, old: list[dict[str, Any]]) -> AuditRecord:
-        entry = AuditRecord(len(self.audit) + 1, time.time(), "tok-fake", "faults",
+    def _audit_faults(self, old: list[dict[str, Any]]) -> AuditEntry:
+        entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "faults",
                             {"faults": old}, {"faults": list(self.faults)})
         self.audit.append(entry)
         return entry

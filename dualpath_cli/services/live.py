@@ -34,7 +34,7 @@ from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
-from dualpath_cli.telemetry.view import ClusterView, Decision
+from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Draining", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
            "LiveCluster"]
@@ -53,18 +53,6 @@ class Draining(DualPathError):
 
 class StartError(DualPathError):
     """The engines did not all come up (one exited, or the start timed out)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
-    """One accepted control change: when, by which token, old and new values."""
-
-    seq: int
-    at: float
-    token_id: str
-    action: str
-    old: dict[str, Any]
-    new: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 __all__ = ["NA", "na", "fmt_na", "LayerHits", "EngineView", "NodeView", "Thresholds",
-           "DecisionCounts", "SchedulerView", "Decision", "ClusterView", "view_from_dict",
+           "DecisionCounts", "SchedulerView", "Decision", "AuditEntry", "ClusterView",
+           "view_from_dict",
            "decision_from_dict"]
 
 #: How front-ends print a value that is not available.
@@ -195,6 +196,22 @@ class Decision:
     de_class: str | None = None
     z: float | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One accepted control change: when, by which token id, old and new values.
+
+    Here, beside the view, because the live service writes it and the API client reads it
+    back, and the client must not import the service.
+    """
+
+    seq: int
+    at: float
+    token_id: str
+    action: str
+    old: dict[str, Any]
+    new: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
