@@ -1,7 +1,7 @@
 """``dualpath diagnose`` and ``dualpath record`` through the real CLI entry point.
 
 Fault windows come from tests/test_diagnose_rules.py; they reach the command as recordings
-(``--from``) or through a FakeClient behind ``monitor_cmd.connect`` (live). Exit codes are
+(``--from``) or through a FakeClient behind ``source.connect`` (live). Exit codes are
 the contract: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (bad arguments and no cluster too).
 """
 
@@ -22,7 +22,7 @@ from test_diagnose_rules import (
 )
 
 from dualpath_cli.api.fake import FakeClient
-from dualpath_cli.cli import monitor_cmd
+from dualpath_cli.cli import source
 from dualpath_cli.cli.app import main
 from dualpath_cli.diagnose.model import Evidence
 from dualpath_cli.services.recording import (
@@ -85,7 +85,7 @@ def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     ev = nic_throttled()
     fake = FakeClient(list(ev.views), ev.decisions)
-    monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
     rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms",
                       "--json"], capsys)
     assert rc == 2
@@ -127,7 +127,7 @@ def test_record_writes_samples_decisions_and_a_trace(monkeypatch: pytest.MonkeyP
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     ev = slow_engine()
     fake = FakeClient(list(ev.views), ev.decisions)
-    monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
     out_path = tmp_path / "incident.jsonl.gz"
     rc, out, _ = run(["record", "--window", "1s", "--interval", "250ms", "-o", str(out_path),
                       "--json"], capsys)
@@ -158,7 +158,7 @@ def test_record_refuses_zst_without_zstandard(monkeypatch: pytest.MonkeyPatch, t
         assert not list(tmp_path.iterdir())
     else:  # pragma: no cover - where zstandard is installed the round trip must work
         fake = FakeClient(make_view(0))
-        monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: fake)
+        monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
         path = tmp_path / "x.jsonl.zst"
         assert run(["record", "--window", "1s", "-o", str(path)], capsys)[0] == 0
         assert len(read_recording(path).samples) == 2

@@ -2,7 +2,7 @@
 
 The command runs through the real entry points (``dualpath monitor`` via ``app.main`` and
 the ``dualpath-monitor`` console script's ``main``); only the connection is the fake, through
-the one seam ``monitor_cmd.connect``.
+the one seam ``source.connect``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from test_diagnose_rules import decision, make_view
 
 from dualpath_cli.api.fake import FakeClient
-from dualpath_cli.cli import monitor_cmd
+from dualpath_cli.cli import monitor_cmd, source
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.services.recording import Extras, Sample, write_recording
 from dualpath_cli.telemetry.metrics import spec
@@ -26,7 +26,7 @@ from dualpath_cli.telemetry.metrics import spec
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     views = [make_view(i, frag={4: 0.1 * i}, layer_blocks=8) for i in range(6)]
     client = FakeClient(views, [decision(s) for s in range(1, 5)])
-    monkeypatch.setattr(monitor_cmd, "connect", lambda url, timeout: client)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: client)
     return client
 
 

@@ -75,7 +75,8 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
                              max_engine_samples=MAX_ENGINE_SAMPLES)
         in_file = int(rec.header.get("samples_in_file", len(rec.samples)))
         return Evidence(rec.samples, rec.decisions), str(from_file), in_file
-    from dualpath_cli.cli.monitor_cmd import connect, parse_interval
+    from dualpath_cli.cli import source
+    from dualpath_cli.cli.monitor_cmd import parse_interval
     from dualpath_cli.services.recording import collect
     from dualpath_cli.telemetry.view import Decision
     from dualpath_cli.units import parse_duration
@@ -83,7 +84,7 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
     window_s = parse_duration(window)
     interval_s = min(parse_interval(interval), max(window_s / 2, 0.25))
     decisions: list[Decision] = []
-    with connect(url, timeout=max(5.0, interval_s * 4)) as client:
+    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
     return Evidence(samples, decisions), target, len(samples)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.cli.source import NotRunning
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.services import statefile
 from dualpath_cli.services.statefile import ClusterState
@@ -55,12 +56,6 @@ _LAUNCH_DEFAULTS = {"scheduler.fetch_period": "5ms"}
 
 class LaunchError(DualPathError):
     """The cluster could not be launched (port taken, engines failed, ...)."""
-
-
-class NotRunning(DualPathError):
-    """No cluster found through the state file, ``--url`` or ``DUALPATH_URL``."""
-
-    exit_code = EXIT_NONE
 
 
 def register(app: typer.Typer) -> None:
@@ -518,34 +513,11 @@ def launch(
 
 # --- status --------------------------------------------------------------------------------
 def _target(url: str | None, port: int | None) -> tuple[str, str | None, ClusterState | None]:
-    """``(url, token, state)`` of the cluster to ask; :class:`NotRunning` when none."""
-    url = url or os.environ.get("DUALPATH_URL")
-    live, stale = statefile.live_states(port)
-    if url:
-        url = url.rstrip("/")
-        match = next((s for s in live if s.url == url), None)
-        token = os.environ.get("DUALPATH_TOKEN") or (
-            _read_token(match.token_file) if match else None)
-        return url, token, match
-    if not live:
-        where = statefile.state_dir()
-        gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
-        raise NotRunning(f"no cluster running (no live state file in {where}{gone})")
-    if len(live) > 1:
-        ports = ", ".join(str(s.port) for s in live)
-        raise UsageError(f"{len(live)} clusters are running (ports {ports}); choose one "
-                         "with --port")
-    s = live[0]
-    return s.url, _read_token(s.token_file), s
+    """``(url, token, state)`` of the cluster to ask (cli/source.py); NotRunning when none."""
+    from dualpath_cli.cli.source import resolve
 
-
-def _read_token(path: str) -> str | None:
-    from dualpath_cli.api.auth import TokenAuth, TokenFileError
-
-    try:
-        return TokenAuth.load(path).token
-    except TokenFileError:
-        return None
+    t = resolve(url, port)
+    return t.url, t.token, t.state
 
 
 def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:

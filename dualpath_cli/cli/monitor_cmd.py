@@ -350,28 +350,21 @@ def parse_interval(text: str) -> float:
 
 
 def resolve_target(url: str | None) -> tuple[str, str | None]:
-    """``(url, token)``: ``--url``, else ``DUALPATH_URL``, else the running cluster's state
-    file (NotRunning, exit 3, when there is none)."""
-    from dualpath_cli.cli.launch_cmd import _target
+    """``(url, token)`` of the cluster to watch (cli/source.py: ``--url``, ``DUALPATH_URL``,
+    the state file; NotRunning, exit 3, when there is none)."""
+    from dualpath_cli.cli.source import resolve
 
-    target, token, _state = _target(url, None)
-    return target, token
-
-
-def connect(url: str | None, timeout: float) -> Any:
-    """A client of the target cluster (the one seam tests replace with a FakeClient)."""
-    from dualpath_cli.api.client import DualPathClient
-
-    target, token = resolve_target(url)
-    return DualPathClient(target, token, timeout=timeout)
+    target = resolve(url)
+    return target.url, target.token
 
 
 def live_samples(url: str | None, interval_s: float, with_metrics: bool,
                  count: int | None) -> Iterator[Sample]:
     """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever)."""
+    from dualpath_cli.cli import source
     from dualpath_cli.services.recording import Extras, Sample, extras_from_metrics_text
 
-    with connect(url, timeout=max(5.0, interval_s * 4)) as client:
+    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         i = 0
         start = time.monotonic()
         while count is None or i < count:

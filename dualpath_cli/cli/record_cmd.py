@@ -34,7 +34,8 @@ def record(
                                           "counts.")] = False,
 ) -> None:
     """Record views, decisions and served turns of a live cluster over a window."""
-    from dualpath_cli.cli.monitor_cmd import connect, parse_interval
+    from dualpath_cli.cli import source
+    from dualpath_cli.cli.monitor_cmd import parse_interval
     from dualpath_cli.cli.output import emit_json, stderr, stdout
     from dualpath_cli.services.recording import _zstd, collect, write_recording
     from dualpath_cli.telemetry.view import Decision
@@ -50,7 +51,7 @@ def record(
         _zstd()  # refused before the window is spent, not after
     decisions: list[Decision] = []
     t0 = time.monotonic()
-    with connect(url, timeout=max(5.0, interval_s * 4)) as client:
+    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
         client.healthz()  # unreachable: one line and exit 3 before a file is started
         if not as_json:
