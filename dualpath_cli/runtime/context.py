@@ -199,6 +199,13 @@ class EngineContext:
                                           role=role, direction=d)
                       for nic in ("snic", "cnic") for d in ("read", "write", "tx", "rx")
                       if (nic == "snic") == (d in ("read", "write"))}
+        # token-denominated per-layer hits (no engine label: merged across engines) and the
+        # hit KV bytes placed in HBM by the side that supplied them
+        self.m_layer_tok = [{t: r.counter("dualpath_kv_layer_hit_tokens_total", layer=layer,
+                                          tier=t) for t in TIERS}
+                            for layer in range(self.n_layers)]
+        self.m_hbm_bytes = {side: r.counter("dualpath_kv_read_bytes_total", tier="hbm",
+                                            side=side) for side in ("pe", "de")}
 
     def layer_hits(self, layer: int, tier: str, blocks: int) -> None:
         """Count ``blocks`` Layer Blocks of ``layer`` served by ``tier``."""
@@ -207,6 +214,9 @@ class EngineContext:
                                   layer=layer, tier=tier).inc(blocks)
             with self.counters.lock:
                 self._hits[layer][self._tier[tier]] += blocks
+            tokens = blocks * self.bt
+            self.m_layer_tok[layer][tier].inc(tokens)
+            self.m_hbm_bytes["de" if tier == "peer" else "pe"].inc(tokens * self.bpl)
 
     def layer_slack(self, layer: int, seconds: float) -> None:
         """Load-ahead slack of ``layer`` in the last prefill that read a cached prefix:

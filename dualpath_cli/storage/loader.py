@@ -61,11 +61,28 @@ if TYPE_CHECKING:  # types of the pipelined read capability
     from dualpath_cli.storage.native import NativePipeline
     from dualpath_cli.storage.reads import Deferred, PipedBatch
 
-__all__ = ["StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_PRIORITY"]
+__all__ = ["StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_PRIORITY",
+           "MISS_REASONS", "miss_reason_of"]
 
 log = logging.getLogger(__name__)
 
 PREFETCH_PRIORITY = 1 << 30  # below every request (lower numbers are served first)
+
+#: Why a KV block was not served (the ``reason`` label of ``dualpath_kv_miss_blocks_total``).
+MISS_REASONS: tuple[str, ...] = ("never_stored", "prefix_diverged", "evicted", "quarantined",
+                                 "read_failed", "timed_out", "cancelled")
+_SIDE = {"prefill": "pe", "decode": "de"}
+
+
+def miss_reason_of(op: ReadOp, closing: bool = False) -> str:
+    """Why a store read of ``op`` delivered nothing: corrupt (quarantined), an I/O error
+    (timed out or failed), the loader closing (cancelled), else the block was gone from the
+    store when read (evicted or collected after the lookup found it)."""
+    if op.error is not None:
+        return "quarantined"
+    if op.io_error is not None:
+        return "timed_out" if "timed out" in op.io_error.lower() else "read_failed"
+    return "cancelled" if closing else "evicted"
 _LOOKAHEAD_BYTES = 8 << 20  # how far a pipelined reader's batch runs ahead of its share
 _LOOKAHEAD_BLOCKS = 64
 # a reader that reads one block at a time (preadv) takes at most about this much per batch:
@@ -101,6 +118,14 @@ class LoadResult:
     misses: int = 0
     corrupt: int = 0
     cancelled: bool = False
+    reasons: dict[int, str] = field(default_factory=dict)  # index -> why it is None
+
+    def why(self, index: int) -> str:
+        """The miss reason of block ``index`` (one of :data:`MISS_REASONS`), e.g. for the
+        engine's read-failed report; a delivered block has none (``""``)."""
+        if index < len(self.blocks) and self.blocks[index] is not None:
+            return ""
+        return self.reasons.get(index, "cancelled" if self.cancelled else "evicted")
 
     @property
     def hit_prefix(self) -> int:
@@ -310,6 +335,15 @@ class StorageLoader:
                         for t in ("dram", "store")}
         self.m_cache_bytes = r.gauge("dualpath_storage_cache_bytes", node=n)
         self.m_cancel = r.counter("dualpath_storage_cancelled_reads_total", node=n)
+        side = _SIDE.get(role, role)
+        self.m_kv_req = r.counter("dualpath_kv_requested_tokens_total", tier="dram")
+        self.m_kv_hit = r.counter("dualpath_kv_hit_tokens_total", tier="dram")
+        self.m_kv_bytes = {t: r.counter("dualpath_kv_read_bytes_total", tier=t, side=side)
+                           for t in ("dram", "store")}
+        self.m_kv_miss = {why: r.counter("dualpath_kv_miss_blocks_total", tier="dram",
+                                         reason=why)
+                          for why in ("never_stored", "evicted", "quarantined")}
+        self.m_kv_age = r.histogram("dualpath_kv_evicted_block_age_seconds", tier="dram")
         self.m_prefetch = r.counter("dualpath_storage_prefetched_blocks_total", node=n)
         self.m_pf_accuracy = r.gauge("dualpath_prefetch_accuracy_ratio", node=n)
         self.m_actual = r.gauge("dualpath_storage_actual_bandwidth_bytes_per_second", node=n)
@@ -327,6 +361,18 @@ class StorageLoader:
         counts[1] += hits + misses
         if counts[1]:
             self.m_ratio[tier].set(counts[0] / counts[1])
+
+    def _count_tier(self, requested: int, hit: int, nbytes: int, why: dict[str, int],
+                    ages: list[float]) -> None:
+        """One request's DRAM-buffer lookup in tokens, bytes and miss reasons."""
+        self.m_kv_req.inc(requested)
+        if hit:
+            self.m_kv_hit.inc(hit)
+            self.m_kv_bytes["dram"].inc(nbytes)
+        for reason, n in why.items():
+            self.m_kv_miss[reason].inc(n)
+        if ages:
+            self.m_kv_age.observe_many(ages)
 
     def _publish_accuracy(self) -> None:
         """Prefetched blocks a request used, over blocks prefetched (lock held)."""
@@ -397,7 +443,9 @@ class StorageLoader:
                  block_tokens: int | None, block_nbytes: int | None, prefetch: bool) -> int:
         now = self.clock()
         tokens = block_tokens or self.block_tokens
-        dram_hits = dram_misses = queued = 0
+        dram_hits = dram_misses = queued = dram_bytes = 0
+        why: dict[str, int] = {}
+        ages: list[float] = []
         hit_lat: list[float] = []
         with self._lock:
             if self._closed:
@@ -413,10 +461,16 @@ class StorageLoader:
                         continue
                     ticket.result.blocks[index] = LoadedBlock(key, cached[0], cached[1], "dram")
                     ticket.result.dram_hits += 1
+                    dram_bytes += cached[0].file_nbytes
                     ticket._remaining -= 1
                     hit_lat.append(self.clock() - now)
                     continue
                 dram_misses += 1
+                if ticket is not None and self.cache.capacity_bytes:
+                    reason, age = self.cache.miss_reason(key)
+                    why[reason] = why.get(reason, 0) + 1
+                    if age is not None:
+                        ages.append(age)
                 pending = self._pending.get(key.raw)
                 if pending is None:
                     pending = _Pending(key, est, tokens, priority, now, prefetch=prefetch)
@@ -446,6 +500,8 @@ class StorageLoader:
                 ticket._completed = True
         if hit_lat:
             self.m_lat["dram"].observe_many(hit_lat)
+        if ticket is not None and self.cache.capacity_bytes:
+            self._count_tier(len(keys) * tokens, dram_hits * tokens, dram_bytes, why, ages)
         if done_now:
             assert ticket is not None
             ticket._finish()
@@ -470,6 +526,7 @@ class StorageLoader:
                     self._q_tokens -= pending.tokens
                     dropped += 1
             ticket.result.cancelled = True
+            ticket.result.reasons = dict.fromkeys(range(len(ticket.result.keys)), "cancelled")
             self._publish_queue()
         if dropped:
             self.m_cancel.inc(dropped)
@@ -667,7 +724,8 @@ class StorageLoader:
             if op.buffer is not None:
                 op.buffer.release()
                 op.buffer = None
-            op.header, op.missing, op.io_error = None, True, str(err)
+            text = f"timed out: {err}" if isinstance(err, TimeoutError) else str(err)
+            op.header, op.missing, op.io_error = None, True, text
 
     def _read(self, batch: list[_Pending]) -> None:
         ops = [ReadOp(p.key) for p in batch]
@@ -738,9 +796,11 @@ class StorageLoader:
                     if op.error is not None:
                         corrupt[op.error.reason] = corrupt.get(op.error.reason, 0) + 1
                         cache.discard(pending.key)
-                    for ticket, _ in waiters:
+                    reason = miss_reason_of(op, self._closed)
+                    for ticket, index in waiters:
                         ticket.result.misses += 1
                         ticket.result.corrupt += op.error is not None
+                        ticket.result.reasons[index] = reason
                 for ticket, _ in waiters:
                     ticket._remaining -= 1
                     if ticket._remaining == 0:
@@ -766,6 +826,7 @@ class StorageLoader:
         if read_bytes:
             self.m_bytes.inc(read_bytes)
             self.m_blocks.inc(hits)
+            self.m_kv_bytes["store"].inc(read_bytes)
         if prefetched:
             self.m_prefetch.inc(prefetched)
         for reason, count in corrupt.items():

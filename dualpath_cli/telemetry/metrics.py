@@ -214,6 +214,32 @@ METRICS: tuple[MetricSpec, ...] = (
                "Turns put back at the head of the FIFO (engine_dead, read_failed)."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
                "Engines by role and state (starting, ready, dead)."),
+    # --- KV hit rates with a denominator, and why blocks missed (issue 19) -------------------
+    # Token-denominated so a hit rate is rate(hit)/rate(requested) in PromQL. Labels stay
+    # per tier/side/layer/reason (no engine or node): a few dozen series at any cluster size.
+    MetricSpec("dualpath_kv_requested_tokens_total", _C, "tokens", ("tier",),
+               "Prompt tokens looked up in a KV tier: store (the scheduler's prefix lookup, "
+               "every prompt token), dram (a loader's DRAM buffer, the cached prefix it was "
+               "asked to read), hbm (prompt tokens a PE needs in HBM)."),
+    MetricSpec("dualpath_kv_hit_tokens_total", _C, "tokens", ("tier",),
+               "Tokens a KV tier served: store (cached prefix found), dram (served from the "
+               "DRAM buffer), hbm (already in HBM: 0, the runtime keeps no KV in HBM "
+               "across turns)."),
+    MetricSpec("dualpath_kv_read_bytes_total", _C, "bytes", ("tier", "side"),
+               "Cached-prefix KV bytes read, by tier and the side that read them (pe, de): "
+               "store through a storage NIC, dram from a DRAM buffer, hbm written into the "
+               "PE's HBM (de: streamed over the compute NIC)."),
+    MetricSpec("dualpath_kv_miss_blocks_total", _C, "", ("tier", "reason"),
+               "KV blocks a tier did not serve, each with one reason (never_stored, "
+               "prefix_diverged, evicted, quarantined, read_failed, timed_out, cancelled)."),
+    MetricSpec("dualpath_kv_evicted_block_age_seconds", _H, "seconds", ("tier",),
+               "Age of a block whose eviction caused a miss: dram, since it entered the "
+               "buffer until evicted; store, since the turn that wrote it ended.",
+               TURN_LATENCY_BUCKETS + (120.0, 300.0, 600.0, 1800.0, 3600.0)),
+    MetricSpec("dualpath_kv_layer_hit_tokens_total", _C, "tokens", ("layer", "tier"),
+               "Cached-prefix tokens placed in a PE's HBM per layer, by source tier (dram, "
+               "store: the PE's buffer; peer: streamed from the DE); per-layer hit rate is "
+               "this over the hbm tier's requested tokens."),
 )
 
 _BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
