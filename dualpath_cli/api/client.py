@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -216,6 +217,17 @@ class DualPathClient:
         body = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("quota", quota),
                                   ("read_side", read_side)) if v is not None}
         return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=body))
+
+    def patch_scheduler(self, body: Mapping[str, object]) -> AuditEntry:
+        """PATCH ``/api/v1/scheduler`` with ``body`` as given (fields this client may not
+        know yet, e.g. a controller switch, pass through; the server checks them).
+
+        Raises:
+            Unauthorized / Forbidden: no token or a wrong one.
+            Rejected: a bad value or a field the server does not know (the reason in one
+                line).
+        """
+        return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=dict(body)))
 
     def set_faults(self, specs: list[str]) -> AuditEntry:
         """Inject faults given as SPEC texts (``snic_throttle:node=1,fraction=0.25``).

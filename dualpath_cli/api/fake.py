@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dualpath_cli.api.client import Status
@@ -19,6 +19,8 @@ from dualpath_cli.api.errors import ApiError, Forbidden, Rejected, Unauthorized,
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
 
 __all__ = ["FakeClient"]
+
+_THRESHOLD_FIELDS = ("alpha", "beta", "quota", "read_side")
 
 
 class FakeClient:
@@ -54,6 +56,10 @@ class FakeClient:
         self.faults: list[dict[str, Any]] = []  # injected faults, as status lists them
         self.calls: list[str] = []
         self.fail_next: ApiError | None = None
+        #: Fields PATCH /api/v1/scheduler accepts (a test adds a server's newer ones).
+        self.scheduler_fields: tuple[str, ...] = _THRESHOLD_FIELDS
+        #: Values of accepted fields that are not thresholds (controller switches), by name.
+        self.switches: dict[str, Any] = {}
 
     def __enter__(self) -> FakeClient:
         return self
@@ -143,22 +149,36 @@ class FakeClient:
         given as plain integers also change the thresholds of the views served after it.
         """
         self._call("update_scheduler")
-        if not self.client_token:
-            raise Unauthorized(f"{self.url}/api/v1/scheduler: HTTP 401: this endpoint needs "
-                               "the cluster's bearer token")
-        if self.client_token != self._token:
-            raise Forbidden(f"{self.url}/api/v1/scheduler: HTTP 403: the bearer token does "
-                            "not match this cluster's token")
-        new = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("quota", quota),
-                                 ("read_side", read_side)) if v is not None}
+        return self._patch({k: v for k, v in (("alpha", alpha), ("beta", beta),
+                                                ("quota", quota), ("read_side", read_side))
+                            if v is not None})
+
+    def patch_scheduler(self, body: Mapping[str, object]) -> AuditEntry:
+        """Like :meth:`update_scheduler`, with the body as given: a field outside
+        :attr:`scheduler_fields` is rejected as the server rejects it (422, one line), so a
+        front-end's fallback for an older server can be tested; extra fields tests allow
+        are recorded and kept in :attr:`switches`.
+        """
+        self._call("patch_scheduler")
+        return self._patch(dict(body))
+
+    def _patch(self, new: dict[str, Any]) -> AuditEntry:
+        self._check_token("/api/v1/scheduler")
+        unknown = sorted(set(new) - set(self.scheduler_fields))
+        if unknown:
+            raise Rejected(f"{self.url}/api/v1/scheduler: HTTP 422: unknown field "
+                           f"{unknown[0]!r}; a change may set: "
+                           f"{', '.join(self.scheduler_fields)}")
         if not new:
             raise Rejected(f"{self.url}/api/v1/scheduler: HTTP 422: nothing to change")
         th = self._current().scheduler.thresholds
-        old = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
-               "read_side": th.read_side}
+        old: dict[str, Any] = {"alpha": th.alpha_tokens, "beta": th.beta_tokens,
+                               "quota": th.quota_s, "read_side": th.read_side,
+                               **self.switches}
         self._apply(new)
+        self.switches.update({k: v for k, v in new.items() if k not in _THRESHOLD_FIELDS})
         entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake",
-                            "scheduler", {k: old[k] for k in new}, new)
+                           "scheduler", {k: old.get(k) for k in new}, new)
         self.audit.append(entry)
         return entry
 
@@ -213,6 +233,10 @@ class FakeClient:
             if isinstance(new.get(key), int):
                 changes[attr] = new[key]
                 sources[key] = "api"
+        quota = new.get("quota")
+        if isinstance(quota, int | float) and not isinstance(quota, bool):
+            changes["quota_s"] = float(quota)
+            sources["quota"] = "api"
         if isinstance(new.get("read_side"), str):
             changes["read_side"] = new["read_side"]
             sources["read_side"] = "api"
