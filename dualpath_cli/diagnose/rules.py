@@ -712,7 +712,9 @@ def run_workflow(name: str, ev: Evidence, *, by_layer: bool = False) -> Report:
     """One workflow's :class:`Report` (``name`` may be an alias)."""
     canonical = ALIASES.get(name, name)
     rule = WORKFLOWS[canonical]
-    findings = cache_hit(ev, by_layer) if canonical == "cache-hit" else rule(ev)
+    # memoised: long-tail borrows hbm-frag's findings, so ``all`` computes them once
+    findings = (cache_hit(ev, by_layer) if canonical == "cache-hit" else
+                ev.memo(canonical, lambda: rule(ev)))
     findings = [f if f.workflow == canonical else dataclass_replace(f, workflow=canonical)
                 for f in findings]
     findings.sort(key=lambda f: -int(f.severity))
