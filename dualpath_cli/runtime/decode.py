@@ -63,6 +63,7 @@ class DecodeJob:
     rx_from_pe: int = 0
     second_at: float = 0.0
     started: bool = False
+    facts: dict[str, object] = field(default_factory=dict)  # Done.facts: the DE's reads
     cancelled: bool = False
 
 
@@ -135,8 +136,11 @@ class DecodeWorker:
             if not job.cancelled:
                 ctx.counters.add(corrupt_blocks=result.corrupt)
                 ctx.to_ctl(ReadFailed(ctx.spec.engine_id, job.rid, job.att, first + good,
-                                      "missing or corrupt block"))
+                                      f"{result.why(good)}: missing or corrupt block"))
             return
+        job.facts = {"de_dram_blocks": result.dram_hits, "de_store_blocks": result.store_hits,
+                     "de_snic_bytes": sum(b.nbytes for b in result.blocks
+                                          if b is not None and b.tier == "store")}
         for i, block in enumerate(result.blocks):
             assert block is not None
             b = first + i
@@ -239,7 +243,7 @@ class DecodeWorker:
                 del self.jobs[job.rid]
         if not job.cancelled:
             self.ctx.to_ctl(Done(self.ctx.spec.engine_id, job.rid, job.att, tuple(job.out),
-                                 job.rx_from_pe, time.monotonic(), job.second_at))
+                                 job.rx_from_pe, time.monotonic(), job.second_at, job.facts))
 
     def _decode_loop(self) -> None:
         active: list[DecodeJob] = []

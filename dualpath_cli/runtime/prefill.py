@@ -75,6 +75,22 @@ class PrefillJob:
     h2d_running: bool = False
     cancelled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the request's story for the scheduler (First.facts): monotonic times, reads, slack
+    arrived_at: float = 0.0
+    compute_at: float = 0.0
+    kv_bubble_s: float = 0.0
+    slack: list[float | None] = field(default_factory=list)
+    reads: dict[str, int] = field(default_factory=dict)
+
+    def facts(self) -> dict[str, object]:
+        """What this PE saw of the request: arrival, KV ready (layer 0, or every layer
+        without layerwise), compute start, compute's waits for KV, reads and slack."""
+        ready = list(self.ready_at.values()) if not self.layerwise else [
+            self.ready_at.get(0, self.arrived_at)]
+        return {"arrived": self.arrived_at, "kv_ready": max(ready or [self.arrived_at]),
+                "compute": self.compute_at, "kv_bubble_s": self.kv_bubble_s,
+                "slack_s": list(self.slack), "pe_tokens": self.pe_tokens,
+                "de_tokens": self.de_tokens, **self.reads}
 
     @property
     def de_tokens(self) -> int:
@@ -154,6 +170,7 @@ class PrefillWorker:
                 else:
                     job.ready[layer].clear()
         job.known = True
+        job.arrived_at = time.monotonic()
         if job.pe_tokens:
             self.ctx.read_blocks(job.keys, functools.partial(self._loaded, job))
         self.ctx.seen = max(self.ctx.seen, m.seq)
@@ -169,9 +186,11 @@ class PrefillWorker:
             if not job.cancelled:
                 self.ctx.counters.add(corrupt_blocks=result.corrupt)
                 self.ctx.to_ctl(ReadFailed(self.ctx.spec.engine_id, job.rid, job.att, good,
-                                           "missing or corrupt block"))
+                                           f"{result.why(good)}: missing or corrupt block"))
             return
         job.blocks = [b for b in result.blocks if b is not None]
+        job.reads = {"pe_dram_blocks": result.dram_hits, "pe_store_blocks": result.store_hits,
+                     "pe_snic_bytes": sum(b.nbytes for b in job.blocks if b.tier == "store")}
         job.loaded = True
         self._maybe_enqueue(job)
 
@@ -181,6 +200,7 @@ class PrefillWorker:
         kv = m.frames[0]
         job.hit[layer] = kv
         self.ctx.counters.add(kv_rx_from_de_bytes=kv.nbytes)
+        job.reads["peer_bytes"] = job.reads.get("peer_bytes", 0) + kv.nbytes
         self.ctx.m_nic["cnic", "rx"].inc(kv.nbytes)
         job.part_done(layer)
         self._maybe_enqueue(job)
@@ -296,6 +316,9 @@ class PrefillWorker:
             return
         t_start = time.monotonic()
         bubble = 0.0
+        for job, start, _ in run:
+            if start == job.cached:
+                job.compute_at = t_start
         hiddens = [model.embed(job.tokens[start:start + n]) for job, start, n in run]
         pending: list[list[Layer]] = [[] for _ in run]
         for layer in range(ctx.n_layers):
@@ -310,6 +333,8 @@ class PrefillWorker:
                     ready_at = job.ready_at.get(layer)
                     if job.cached and ready_at is not None:  # negative: a bubble
                         ctx.layer_slack(layer, t0 - ready_at)
+                    job.kv_bubble_s += waited
+                    job.slack.append(t0 - ready_at if ready_at is not None else None)
                     rows = job.hit.pop(layer, None)
                     if job.de_tokens and rows is not None:
                         ctx.hbm_write(job.rid, layer, job.pe_tokens, rows)
@@ -343,7 +368,7 @@ class PrefillWorker:
             if start + n < len(job.tokens):
                 continue  # a chunk: the remainder stays queued
             token = model.next_token(hiddens[i][-1])
-            ctx.to_ctl(First(ctx.spec.engine_id, job.rid, job.att, token, t_end))
+            ctx.to_ctl(First(ctx.spec.engine_id, job.rid, job.att, token, t_end, job.facts()))
             ctx.send_kv(job.de, PrefillDone(job.rid, job.att, token), False)
             ctx.hbm.free(job.rid)
             with self._lock:

@@ -144,7 +144,11 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class First:
-    """A PE computed the first token of attempt ``att`` of request ``rid`` at ``at``."""
+    """A PE computed the first token of attempt ``att`` of request ``rid`` at ``at``.
+
+    ``facts`` is the PE's side of the request's story (``dualpath explain``): when it got the
+    prefill, when its KV was ready and compute began, blocks by tier, bytes, per-layer slack.
+    """
 
     KIND: ClassVar[str] = "first"
     eid: int
@@ -152,6 +156,7 @@ class First:
     att: int
     token: int
     at: float
+    facts: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,7 @@ class Done:
     rx_from_pe: int
     at: float
     second_at: float = 0.0
+    facts: dict[str, Any] | None = None  # the DE's side of the story (its reads by tier)
 
 
 @dataclass(frozen=True, slots=True)
