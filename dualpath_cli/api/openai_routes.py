@@ -426,13 +426,14 @@ _SSE: dict[str, Any] = {"text/event-stream": {}}  # data: <chunk JSON> events, t
 class _Turn:
     """One admitted turn whose first token and end arrive as event-loop futures.
 
-    ``submit`` runs on the loop (a lock and the prefix lookup: well under a millisecond); a
-    worker of the router's pool does the blocking waits and hands each outcome to the loop.
-    Why a pool and not a thread per turn, and why not submit on the worker too: every
-    hand-off between threads is a wake-up on the critical path (on a busy 2-core box about
-    a millisecond each, most of the HTTP overhead), and starting a thread blocks the loop
-    until that thread runs. A non-streamed turn needs only its end, so it wakes the loop
-    once.
+    ``submit`` runs on the loop (a lock and the prefix lookup: well under a millisecond).
+    A non-streamed turn needs only its end: the ticket's done callback, run by the scheduler
+    thread that finishes the turn, hands it straight to the loop (one wake-up; a timer on
+    the loop answers a turn that runs past ``timeout``). A streamed turn also needs its first
+    token, so a worker of the router's pool does the two blocking waits and hands each
+    outcome to the loop. Why so few hand-offs: every one between threads is a wake-up on the
+    critical path (on a busy 2-core box about a millisecond each, most of the HTTP overhead),
+    and starting a thread blocks the loop until that thread runs.
     """
 
     def __init__(self, pool: ThreadPoolExecutor, live: LiveCluster, ticket: Ticket,
@@ -443,7 +444,11 @@ class _Turn:
         self.first: asyncio.Future[bool] = loop.create_future()
         self.done: asyncio.Future[bool] = loop.create_future()
         self._args = (live, timeout, stream)
-        pool.submit(self._wait)
+        if stream:
+            pool.submit(self._wait)
+            return
+        self._timer = loop.call_later(timeout, self._expire)
+        ticket.add_done_callback(self._on_done)
 
     def _post(self, *outcomes: tuple[asyncio.Future[bool], bool]) -> None:
         def deliver() -> None:
@@ -455,14 +460,30 @@ class _Turn:
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
 
+    def _on_done(self) -> None:
+        """The ticket's done callback (the finishing thread): hand the end to the loop."""
+        self._args[0].done(self.ticket)
+
+        def deliver() -> None:
+            self._timer.cancel()
+            for fut in (self.first, self.done):
+                if not fut.done():  # else the request went away or timed out
+                    fut.set_result(True)
+        try:
+            self.loop.call_soon_threadsafe(deliver)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    def _expire(self) -> None:
+        """On the loop: the turn ran past its timeout (the ticket stays until it ends)."""
+        for fut in (self.first, self.done):
+            if not fut.done():
+                fut.set_result(False)
+
     def _wait(self) -> None:
         live, timeout, stream = self._args
         ticket = self.ticket
         try:
-            if not stream:
-                ok = ticket.event.wait(timeout)
-                self._post((self.first, ok), (self.done, ok))
-                return
             t0 = time.monotonic()
             self._post((self.first, ticket.first_event.wait(timeout)))
             left = max(0.0, timeout - (time.monotonic() - t0))

@@ -78,6 +78,13 @@ class DecisionLog:
             skip = max(0, seq + 1 - self._ring[0].seq)
             return list(itertools.islice(self._ring, skip, None))
 
+    def of_request(self, rid: int) -> list[Decision]:
+        """Kept decisions of request ``rid`` (one per attempt), oldest first (a scan of the
+        ring: about a millisecond at its default 10,000)."""
+        with self._lock:
+            found = [d for d in reversed(self._ring) if d.rid == rid]
+        return found[::-1]
+
     @property
     def last_seq(self) -> int | None:
         """The newest decision's ``seq`` (``None`` before the first)."""

@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,33 @@ class Ticket:
         self.result: TurnResult | None = None
         self.first_event = threading.Event()
         self.error: Exception | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the turn is done (at once if it already is).
+
+        It runs on the thread that finishes the turn, so it must be quick and must not
+        raise. Why: an event loop waiting on a turn then needs no thread of its own blocked
+        in :meth:`wait` (each thread hand-off is a wake-up on the request's critical path).
+        """
+        with self._callbacks_lock:
+            if not self.event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def finish(self) -> None:
+        """Mark the turn done (its ``result`` or ``error`` is set): wake waiters, run callbacks."""
+        self.first_event.set()
+        with self._callbacks_lock:
+            self.event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # a waiter's bug must not stop the scheduler
+                log.exception("a turn's done callback failed")
 
     def wait(self, timeout: float | None = None) -> TurnResult:
         """Block until the turn is done; raises the error it was failed with, if any."""
@@ -161,8 +188,7 @@ class Ticket:
     def fail(self, error: Exception) -> None:
         """Answer the turn with ``error`` instead of a result (a stopping cluster cut it off)."""
         self.error = error
-        self.first_event.set()
-        self.event.set()
+        self.finish()
 
 
 @dataclass
@@ -612,8 +638,7 @@ class SchedulerService:
             self._m_ttft.observe(max(0.0, f.first_at - f.submitted))
             if len(tokens) > 1:
                 self._m_tpot.observe(max(0.0, (m.at - f.first_at) / (len(tokens) - 1)))
-        f.ticket.first_event.set()
-        f.ticket.event.set()
+        f.ticket.finish()
 
     def _drop_charges(self, f: _Flight) -> None:
         for eid, seq in f.charges:

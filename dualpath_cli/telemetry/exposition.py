@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -217,13 +218,21 @@ _COUNT = operator.itemgetter("count")
 
 
 def _keys(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[LabelKey]:
-    """Label values of every row in table order (a snapshot's dicts already are).
+    """Label values of every row in table order.
 
-    Built with ``map`` over C-level getters: at 1,152 engines this runs over ~25K rows.
+    Built with ``map`` over C-level getters (``itemgetter`` of the table's label names makes
+    the tuple directly): at 1,152 engines this runs over ~25K rows. A row lacking a label of
+    the table gets ``""`` for it (the slow path).
     """
-    if all(tuple(row["labels"]) == names for row in (rows[0], rows[-1])):
-        return list(map(tuple, map(dict.values, map(_LABELS, rows))))
-    return [tuple(str(row["labels"].get(n, "")) for n in names) for row in rows]
+    if not names:
+        return [()] * len(rows)
+    labels = list(map(_LABELS, rows))
+    try:
+        if len(names) == 1:
+            return [(v,) for v in map(operator.itemgetter(names[0]), labels)]
+        return list(map(operator.itemgetter(*names), labels))
+    except KeyError:
+        return [tuple(str(lab.get(n, "")) for n in names) for lab in labels]
 
 
 def _clean(keys: list[LabelKey], values: list[Any]) -> tuple[list[LabelKey], list[Any]]:
@@ -284,27 +293,35 @@ def _merge_family(name: str, rows: list[dict[str, Any]], m: _Merged) -> None:
             old = get(key)
             fam[key] = value if old is None else max(old, value)
     else:
+        sums: defaultdict[LabelKey, float] = defaultdict(int, fam)
         for key, value in zip(keys, values, strict=True):
-            fam[key] = get(key, 0) + value
+            sums[key] += value
+        m.scalars[name] = dict(sums)
 
 
 def _merge_snapshots(snaps: list[Mapping[str, Any]], skip: frozenset[str], m: _Merged) -> None:
     """Merge registry snapshots family by family (names outside the table are dropped).
 
-    Rows of one family are gathered from every snapshot with C-level iteration (``map`` /
-    ``chain``): a Python loop over (snapshot, family) pairs cost more than the merge itself.
+    Rows are first gathered by family in one pass over the snapshots (a lookup of every
+    table family in every snapshot cost three times as much), then merged one family at a
+    time.
     """
-    present: set[str] = set()
-    for snap in snaps:
-        present.update(snap)
-    if "dualpath_storage_cache_hits_total" in present:
+    by_family: dict[str, list[list[dict[str, Any]]]] = {}
+    for snap in snaps:  # one pass over every snapshot's families
+        for name, rows in snap.items():
+            got = by_family.get(name)
+            if got is None:
+                by_family[name] = [rows]
+            else:
+                got.append(rows)
+    if "dualpath_storage_cache_hits_total" in by_family:
         skip = skip | {"dualpath_storage_cache_hit_ratio"}  # recomputed from the counts
     for metric in METRICS:
         name = metric.name
-        if name not in present or name in skip:
+        parts = by_family.get(name)
+        if parts is None or name in skip:
             continue
-        rows = list(itertools.chain.from_iterable(
-            filter(None, map(operator.methodcaller("get", name), snaps))))
+        rows = list(itertools.chain.from_iterable(parts))
         if rows:
             _merge_family(name, rows, m)
 

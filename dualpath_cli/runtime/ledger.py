@@ -1,0 +1,226 @@
+"""Each request's story as the scheduler sees it: why its blocks missed, and its timeline.
+
+**Misses.** Why a prompt's KV blocks missed the store: one reason per missed block, per lookup.
+
+The scheduler's prefix lookup finds the longest run of a prompt's chain keys in the store;
+every block after it is recomputed. This module names each such block's reason:
+
+* ``quarantined`` / ``read_failed`` / ``timed_out`` / ``evicted`` / ``cancelled``: a block at
+  or after the one an engine could not read in the previous attempt (the engine's
+  read-failed report names why); a key seen quarantined stays so for later lookups;
+* ``evicted``: the key is the one this agent's previous turn wrote (same chain, same place),
+  so it was stored and has gone since (capacity or gc), aged since that turn ended;
+* ``prefix_diverged``: the previous turn stored a block at this place but this prompt's key
+  differs: the prompt changed at or before this block (a new system prompt, an edited
+  history), so the chain no longer matches;
+* ``never_stored``: new tokens, beyond anything the agent's previous turns stored.
+
+It keeps, per agent, the chain keys its last finished turn stored (a bounded LRU of agents),
+a bounded record of quarantined keys, and the lookup of each request in flight. Counts go to
+``dualpath_kv_{requested,hit}_tokens_total{tier="store"}``,
+``dualpath_kv_miss_blocks_total{tier="store"}`` and the evicted-block age histogram; each
+lookup's summary goes into the request's decision (``inputs["lookup"]``).
+
+**Outcomes.** When a turn ends, its timeline (submitted, dispatched, the PE's and DE's facts
+from ``first``/``done``) is kept in a bounded ring by request id, for ``dualpath explain``
+and ``GET /api/v1/requests/{id}`` (services/explain.py tells the story from it).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath_cli.core.layout import BlockKey, Namespace, block_key
+from dualpath_cli.storage.loader import MISS_REASONS
+from dualpath_cli.telemetry.registry import MetricsRegistry
+
+__all__ = ["Lookup", "RequestLedger", "reason_from_why"]
+
+_FAILURES = frozenset({"quarantined", "read_failed", "timed_out", "evicted", "cancelled"})
+
+
+def reason_from_why(why: str) -> str:
+    """The miss reason an engine's read-failed text starts with (``read_failed`` if none)."""
+    word = why.split(":", 1)[0].strip()
+    return word if word in _FAILURES else "read_failed"
+
+
+@dataclass
+class Lookup:
+    """One prefix lookup of one request (the last attempt's).
+
+    Args:
+        prompt_tokens: tokens of the prompt.
+        blocks: full blocks the lookup could hit (one token is always left to prefill).
+        hit_blocks: blocks found, in order from the first.
+        misses: missed blocks by reason.
+        evicted_age_s: the oldest evicted block's age (``None``: none evicted).
+    """
+
+    prompt_tokens: int
+    blocks: int
+    hit_blocks: int
+    misses: dict[str, int] = field(default_factory=dict)
+    evicted_age_s: float | None = None
+    keys: list[bytes] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision-log form (JSON-ready)."""
+        return {"prompt_tokens": self.prompt_tokens, "blocks": self.blocks,
+                "hit_blocks": self.hit_blocks, "misses": dict(self.misses),
+                "evicted_age_s": self.evicted_age_s}
+
+
+class RequestLedger:
+    """Attributes missed blocks to reasons, counts tokens looked up and hit, and keeps the
+    timelines of finished requests.
+
+    Args:
+        registry: the scheduler's registry.
+        namespace: the prefix-key namespace (block tokens, for output blocks' keys).
+        agents: agents whose last stored chain is remembered (LRU).
+        quarantine_record: quarantined keys remembered.
+        outcomes: finished requests whose timeline is kept (the decision ring's size).
+    """
+
+    def __init__(self, registry: MetricsRegistry, namespace: Namespace, *,
+                 agents: int = 4096, quarantine_record: int = 65_536,
+                 outcomes: int = 10_000) -> None:
+        self.ns = namespace
+        self.bt = namespace.shape.block_tokens
+        self._agents_max = agents
+        self._q_max = quarantine_record
+        self._chains: collections.OrderedDict[int, tuple[list[bytes], float]] = \
+            collections.OrderedDict()
+        self._quarantined: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self._failed: dict[int, tuple[int, str]] = {}  # rid -> (first bad block, reason)
+        self._lookups: dict[int, Lookup] = {}
+        self._dispatched: dict[int, float] = {}
+        self._first: dict[int, dict[str, Any]] = {}
+        self._outcomes: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+        self._outcomes_max = max(1, outcomes)
+        self._lock = threading.Lock()
+        self.m_req = {t: registry.counter("dualpath_kv_requested_tokens_total", tier=t)
+                      for t in ("store", "hbm")}
+        self.m_hit = {t: registry.counter("dualpath_kv_hit_tokens_total", tier=t)
+                      for t in ("store", "hbm")}
+        self.m_miss = {r: registry.counter("dualpath_kv_miss_blocks_total", tier="store",
+                                           reason=r) for r in MISS_REASONS}
+        self.m_age = registry.histogram("dualpath_kv_evicted_block_age_seconds", tier="store")
+
+    def lookup(self, rid: int, agent: int, keys: Sequence[BlockKey], prompt_tokens: int,
+               hits: int, now: float | None = None) -> Lookup:
+        """Attribute the blocks after the first ``hits`` of ``keys`` (the lookup's limit:
+        the prompt's full blocks less the one holding its last token) and count them."""
+        now = time.monotonic() if now is None else now
+        limit = max(0, (prompt_tokens - 1) // self.bt)
+        raw = [k.raw for k in keys]
+        look = Lookup(prompt_tokens, limit, hits, keys=raw)
+        with self._lock:
+            chain, done_at = self._chains.get(agent, ([], now))
+            failed = self._failed.get(rid)
+            for i in range(hits, limit):
+                key = raw[i]
+                if failed is not None and i >= failed[0]:
+                    reason = failed[1]
+                elif key in self._quarantined:
+                    reason = "quarantined"
+                elif i < len(chain) and chain[i] == key:
+                    reason = "evicted"
+                    age = max(0.0, now - done_at)
+                    if look.evicted_age_s is None or age > look.evicted_age_s:
+                        look.evicted_age_s = age
+                elif i < len(chain):
+                    reason = "prefix_diverged"
+                else:
+                    reason = "never_stored"
+                look.misses[reason] = look.misses.get(reason, 0) + 1
+            self._lookups[rid] = look
+        self.m_req["store"].inc(prompt_tokens)
+        if hits:
+            self.m_hit["store"].inc(hits * self.bt)
+        for reason, n in look.misses.items():
+            self.m_miss[reason].inc(n)
+        if look.evicted_age_s is not None:
+            self.m_age.observe_many([look.evicted_age_s] * look.misses.get("evicted", 0))
+        return look
+
+    def dispatched(self, rid: int, prompt_tokens: int, now: float | None = None) -> None:
+        """A PE starts a prefill: every prompt token must be in its HBM, none is already
+        (the runtime frees a turn's HBM when it ends, so the HBM tier never hits)."""
+        with self._lock:
+            self._dispatched[rid] = time.monotonic() if now is None else now
+        self.m_req["hbm"].inc(prompt_tokens)
+
+    def first(self, rid: int, facts: dict[str, Any] | None) -> None:
+        """The PE's facts of the attempt that produced the first token."""
+        if facts is not None:
+            with self._lock:
+                self._first[rid] = dict(facts)
+
+    def outcome(self, rid: int) -> dict[str, Any] | None:
+        """The finished request's timeline (``None``: unknown, running or forgotten)."""
+        with self._lock:
+            out = self._outcomes.get(rid)
+        return dict(out) if out is not None else None
+
+    def summary(self, rid: int) -> dict[str, Any]:
+        """The request's last lookup as a decision-log dict (``{}`` if none)."""
+        with self._lock:
+            look = self._lookups.get(rid)
+        return look.as_dict() if look is not None else {}
+
+    def failed(self, rid: int, block: int, why: str, keys: Sequence[str]) -> str:
+        """An engine could not read block ``block`` of ``rid`` (``keys``: the hit keys, hex);
+        returns the reason. A quarantined key is remembered for later lookups."""
+        reason = reason_from_why(why)
+        with self._lock:
+            self._failed[rid] = (block, reason)
+            if reason == "quarantined" and 0 <= block < len(keys):
+                raw = bytes.fromhex(keys[block])
+                self._quarantined[raw] = time.monotonic()
+                self._quarantined.move_to_end(raw)
+                if len(self._quarantined) > self._q_max:
+                    self._quarantined.popitem(last=False)
+        return reason
+
+    def finished(self, rid: int, agent: int, output: Sequence[int], tokens: Sequence[int],
+                 timeline: dict[str, Any], now: float | None = None) -> None:
+        """The turn ended: keep its outcome (``timeline``: submitted, first_at, done_at,
+        attempts, rx_from_pe, the DE's facts) and remember the chain its DE stored (prompt
+        and output full blocks, all but the last output token, whose KV is never computed)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            look = self._lookups.pop(rid, None)
+            self._failed.pop(rid, None)
+            out = {**timeline, "dispatched": self._dispatched.pop(rid, None),
+                   "pe": self._first.pop(rid, None), "tokens_out": len(output)}
+            self._outcomes[rid] = out
+            if len(self._outcomes) > self._outcomes_max:
+                self._outcomes.popitem(last=False)
+        if look is None:
+            return
+        chain = list(look.keys)
+        seq = list(tokens) + list(output)[:-1]
+        last = BlockKey(chain[-1]) if chain else None
+        for i in range(len(chain), len(seq) // self.bt):
+            last = block_key(last, seq[i * self.bt:(i + 1) * self.bt], self.ns)
+            chain.append(last.raw)
+        with self._lock:
+            self._chains[agent] = (chain, now)
+            self._chains.move_to_end(agent)
+            if len(self._chains) > self._agents_max:
+                self._chains.popitem(last=False)
+
+    def forget(self, rid: int) -> None:
+        """Drop what is kept for a request that will not finish (failed or cut off)."""
+        with self._lock:
+            self._lookups.pop(rid, None)
+            self._failed.pop(rid, None)
+            self._dispatched.pop(rid, None)
+            self._first.pop(rid, None)

@@ -1,0 +1,122 @@
+"""How the OpenAI routes wait on a turn: the ticket's done callback, and the loop's timer.
+
+A stand-in cluster hands out tickets the test finishes by hand, so each path (finished in
+time, finished after the timeout, failed, streamed) is driven deterministically.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from dualpath_cli.api.openai_routes import router
+from dualpath_cli.errors import NoAvailableEngine
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.scheduler import Ticket, TurnResult
+
+
+@dataclass
+class HandCluster:
+    """Just what the routes use of a LiveCluster; tickets are finished by the test."""
+
+    opts: RuntimeOptions = field(default_factory=RuntimeOptions)
+    tickets: list[Ticket] = field(default_factory=list)
+    released: list[Ticket] = field(default_factory=list)
+    submitted: threading.Event = field(default_factory=threading.Event)
+
+    def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
+        ticket = Ticket()
+        self.tickets.append(ticket)
+        self.submitted.set()
+        return ticket
+
+    def done(self, ticket: Ticket) -> None:
+        self.released.append(ticket)
+
+
+def _app(cluster: HandCluster, timeout: float) -> TestClient:
+    app = FastAPI()
+    app.include_router(router(cluster, turn_timeout=timeout))  # type: ignore[arg-type]
+    return TestClient(app)
+
+
+def _body(**kw: Any) -> dict[str, Any]:
+    return {"model": RuntimeOptions().model, "prompt": [1, 2, 3], "max_tokens": 2} | kw
+
+
+def _finish(ticket: Ticket, tokens: list[int]) -> None:
+    ticket.result = TurnResult(tokens, 0.0, 0.1, 0.2, 0, 1, 0, 1, 3, 0, 0.0)
+    ticket.finish()
+
+
+def _finish_when_submitted(cluster: HandCluster, tokens: list[int]) -> threading.Thread:
+    def run() -> None:
+        assert cluster.submitted.wait(30)
+        _finish(cluster.tickets[-1], tokens)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_turn_finished_by_its_callback_answers_with_its_tokens() -> None:
+    cluster = HandCluster()
+    with _app(cluster, timeout=60) as client:
+        finisher = _finish_when_submitted(cluster, [7, 8])
+        r = client.post("/v1/completions", json=_body(return_token_ids=True))
+        finisher.join()
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    assert cluster.released == cluster.tickets  # the callback released the ticket
+
+
+def test_a_turn_past_its_timeout_is_a_504_and_its_late_end_is_harmless() -> None:
+    cluster = HandCluster()
+    with _app(cluster, timeout=0.05) as client:
+        r = client.post("/v1/completions", json=_body())
+        assert r.status_code == 504, r.text
+        assert "did not finish within" in r.json()["error"]["message"]
+        _finish(cluster.tickets[-1], [1, 2])  # the turn ends after the answer went out
+        assert client.get("/v1/models").status_code == 200  # the loop is still serving
+    assert cluster.released == cluster.tickets
+
+
+def test_a_failed_turn_is_answered_with_its_error() -> None:
+    cluster = HandCluster()
+
+    def fail_when_submitted() -> None:
+        assert cluster.submitted.wait(30)
+        cluster.tickets[-1].fail(NoAvailableEngine("no prefill engine is alive"))
+
+    with _app(cluster, timeout=60) as client:
+        thread = threading.Thread(target=fail_when_submitted)
+        thread.start()
+        r = client.post("/v1/completions", json=_body())
+        thread.join()
+    assert r.status_code == 500
+    assert "no prefill engine is alive" in r.json()["error"]["message"]
+    assert cluster.released == cluster.tickets
+
+
+def test_a_callback_added_after_the_end_runs_at_once() -> None:
+    ticket = Ticket()
+    _finish(ticket, [1])
+    ran: list[int] = []
+    ticket.add_done_callback(lambda: ran.append(1))
+    assert ran == [1]
+    assert ticket.first_event.is_set()
+
+
+def test_a_streamed_turn_still_answers_through_the_worker() -> None:
+    cluster = HandCluster()
+    with _app(cluster, timeout=60) as client:
+        finisher = _finish_when_submitted(cluster, [7, 8])
+        with client.stream("POST", "/v1/completions", json=_body(stream=True)) as r:
+            text = "".join(r.iter_text())
+        finisher.join()
+    assert r.status_code == 200
+    assert text.rstrip().endswith("data: [DONE]")
+    assert '"text":""' in text.replace(" ", "")  # the first chunk, then the tokens
