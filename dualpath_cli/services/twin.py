@@ -1,0 +1,494 @@
+"""The digital twin: replay a cluster's own served turns in the simulator and rank settings.
+
+Why: an operator asks "what will alpha=X do to *my* traffic" before touching a running
+cluster. The simulator runs the same core/ scheduler, so replaying the turns the cluster
+served (a recording's trace, or the live decision log) with this cluster's P/D, model and
+NIC rates predicts the JCT, TTFT and storage-NIC balance of each setting. ``dualpath tune
+suggest`` and ``tune set --dry-run`` on a live cluster both come here; the CLI only renders.
+
+What is replayed: every agent whose turns the decision log holds, each turn's prompt length
+exactly (``recording.trace_from_decisions``), all agents started together (an offline
+replay: the recorded arrival times are not replayed, so the JCT is the time to serve that
+traffic as one job; relative changes are what the ranking uses).
+
+Two worlds:
+
+* **embedded** (the view's model is a reference-model profile, ``tiny`` or ``bench``): the
+  simulator is calibrated on this machine as ``bench/validate_sim.py`` does (the model's
+  achieved prefill FLOP/s, per-forward overhead and decode step measured here, the view's
+  storage-NIC rate less the block header, engines sharing this host's cores, whole-block
+  hits), so predictions are of the embedded runtime on this host;
+* **profile** (a model profile such as ``ds660b``): the simulator's model and hardware
+  profiles as ``dualpath sim`` uses them (``--hardware``, default hopper).
+
+Search: one dimension at a time around the settings in force (alpha, beta, the compute
+quota, the read-side policy; with ``pd`` the P/D splits of the same node count), then the
+best value of each dimension together; ranked by predicted JCT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from dualpath_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
+    from dualpath_cli.services.recording import Recording
+    from dualpath_cli.sim import AgentPlan, SimCalibration
+    from dualpath_cli.telemetry.view import ClusterView, Decision
+
+__all__ = ["Setting", "Traffic", "World", "Prediction", "Suggestion", "traffic_from_recording",
+           "traffic_from_decisions", "world_for", "predict", "suggest", "READ_SIDES",
+           "BLOCK_HEADER_BYTES", "MIN_GAIN", "proposed_setting", "candidates",
+           "measure_compute"]
+
+#: Read-side policies the search tries (core's policy names; the runtime takes them live).
+READ_SIDES = ("dualpath", "round-robin", "split")
+#: Bytes of header in front of each stored block (storage/header.py): NIC bytes that are not
+#: KV, so the embedded world's effective KV rate is the shaped rate x payload share.
+BLOCK_HEADER_BYTES = 4096
+#: A setting must beat today's predicted JCT by this fraction to be suggested (smaller
+#: differences are below what the simulator resolves).
+MIN_GAIN = 0.01
+#: The launch's fetch period (cli/launch_cmd.py _LAUNCH_DEFAULTS), the embedded world's.
+EMBEDDED_FETCH_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """Scheduler settings a running cluster can take (scheduler units) and its P/D."""
+
+    alpha: int
+    beta: int
+    quota_s: float
+    read_side: str
+    pd: str
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity for de-duplication."""
+        return (self.alpha, self.beta, round(self.quota_s, 6), self.read_side, self.pd)
+
+    def patch(self) -> dict[str, Any]:
+        """The PATCH /api/v1/scheduler body that applies it (P/D needs a relaunch)."""
+        return {"alpha": self.alpha, "beta": self.beta, "quota": self.quota_s,
+                "read_side": self.read_side}
+
+    def command(self, current: Setting) -> str:
+        """The ``dualpath tune set`` line that applies what differs from ``current``."""
+        parts = []
+        if self.alpha != current.alpha:
+            parts.append(f"alpha={self.alpha}")
+        if self.beta != current.beta:
+            parts.append(f"beta={self.beta}")
+        if not math.isclose(self.quota_s, current.quota_s):
+            parts.append(f"quota={self.quota_s * 1e3:.4g}ms")
+        if self.read_side != current.read_side:
+            parts.append(f"read_side={self.read_side}")
+        line = f"dualpath tune set {' '.join(parts)}" if parts else "(no change)"
+        if self.pd != current.pd:
+            line += f"  # and relaunch as {self.pd}"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form."""
+        return {"alpha_tokens": self.alpha, "beta_tokens": self.beta,
+                "quota_s": self.quota_s, "read_side": self.read_side, "pd": self.pd}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the twin replays and the cluster it came from."""
+
+    source: str
+    model: str
+    pd: str
+    current: Setting
+    z_factor: float
+    plans: tuple[AgentPlan, ...]
+    turns: int
+    window_s: float
+    snic_bytes_per_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form (no plans)."""
+        return {"source": self.source, "model": self.model, "pd": self.pd,
+                "agents": len(self.plans), "turns": self.turns, "window_s": self.window_s,
+                "snic_bytes_per_s": self.snic_bytes_per_s, "z_factor": self.z_factor,
+                "current": self.current.to_dict()}
+
+
+def _mean_positive(values: Sequence[float | None]) -> float | None:
+    got = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return sum(got) / len(got) if got else None
+
+
+def traffic_from_decisions(view: ClusterView, decisions: Sequence[Decision], source: str,
+                           window_s: float = 0.0) -> Traffic:
+    """The traffic in a decision log, on the cluster ``view`` shows.
+
+    Raises:
+        UsageError: no served turn in the log (nothing to replay).
+    """
+    from dualpath_cli.services.recording import trace_from_decisions
+    from dualpath_cli.sim import plans_from_trajectories
+
+    trace = trace_from_decisions(decisions)
+    if trace is None:
+        raise UsageError(f"{source}: no served turns to replay (the decision log is empty; "
+                         "record while the cluster serves traffic)")
+    return _traffic(view, plans_from_trajectories(trace.trajectories), source, window_s)
+
+
+def _traffic(view: ClusterView, plans: list[AgentPlan], source: str,
+             window_s: float) -> Traffic:
+    th = view.scheduler.thresholds
+    current = Setting(int(th.alpha_tokens), int(th.beta_tokens), float(th.quota_s),
+                      th.read_side or view.scheduler.policy, view.pd)
+    snic = _mean_positive([n.snic_bandwidth_bytes_per_s for n in view.nodes])
+    return Traffic(source, view.model, view.pd, current, float(th.z_factor), tuple(plans),
+                   sum(p.num_turns for p in plans), window_s, snic)
+
+
+def traffic_from_recording(rec: Recording, source: str) -> Traffic:
+    """The served turns of a recording (its trace lines, else its decisions), on the
+    cluster its last sample shows.
+
+    Raises:
+        UsageError: a recording without samples or without served turns.
+    """
+    if not rec.samples:
+        raise UsageError(f"{source}: the recording has no samples (no view of the cluster)")
+    view = rec.samples[-1].view
+    if rec.trace_lines:
+        from dualpath_cli.sim import plans_from_trajectories
+        from dualpath_cli.workload.trace_format import decode_lines
+
+        trace = decode_lines((json.dumps(r) for r in rec.trace_lines), f"{source} (trace)")
+        return _traffic(view, plans_from_trajectories(trace.trajectories), source,
+                        rec.window_s)
+    return traffic_from_decisions(view, rec.decisions, source, rec.window_s)
+
+
+# --- the simulated world ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class World:
+    """How a setting becomes a simulator setup: profiles and calibration."""
+
+    kind: str                     # "embedded" or "profile"
+    model: ModelProfile
+    hardware: HardwareProfile
+    calibration: SimCalibration
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form."""
+        c = self.calibration
+        return {"kind": self.kind, "model": self.model.name, "hardware": self.hardware.name,
+                "host_cores": c.host_cores, "block_tokens": c.block_tokens,
+                "fetch_period_s": c.fetch_period_s, "notes": list(self.notes)}
+
+
+def world_for(traffic: Traffic, *, hardware: str | None = None,
+              host_cores: int | None = None,
+              measure: Callable[[str, int], dict[str, float]] | None = None) -> World:
+    """The simulated world of ``traffic``'s cluster (module docstring).
+
+    Args:
+        hardware: profile world: the hardware profile (default hopper).
+        host_cores: embedded world: cores the engines share (default: this machine's).
+        measure: embedded world: ``(model, context) -> {"flops", "prefill_overhead_s",
+            "decode_step_s"}`` (default: measured now with the reference model).
+    """
+    from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
+    from dualpath_cli.runtime.model import MODEL_CONFIGS
+    from dualpath_cli.sim import SimCalibration
+
+    cur = traffic.current
+    if traffic.model not in MODEL_CONFIGS:
+        model = get_model_profile(traffic.model)
+        hw = get_hardware_profile(hardware or "hopper")
+        cal = SimCalibration(quota_s=cur.quota_s, z_factor=traffic.z_factor)
+        return World("profile", model, hw, cal)
+    from dualpath_cli.config import load_config
+    from dualpath_cli.sim import calibrate_from_measurements
+
+    cfg = load_config(overrides=[f"cluster.pd={traffic.pd}"]).config
+    mc = MODEL_CONFIGS[traffic.model]
+    model = mc.to_profile()
+    context = _mean_context(traffic.plans)
+    compute = (measure or measure_compute)(traffic.model, context)
+    bt = cfg.storage.block_size
+    block = mc.n_layers * bt * mc.kv_bytes_per_token_layer
+    notes = [f"compute measured here: {compute['flops'] / 1e9:.3g} GFLOP/s prefill, "
+             f"{compute['decode_step_s'] * 1e3:.3g} ms per decode step"]
+    snic = traffic.snic_bytes_per_s
+    if snic is None:
+        notes.append("the cluster's storage NICs are unshaped: reads modelled at the "
+                     "config's rate")
+        snic = cfg.hardware.node_read_bandwidth
+    cores = host_cores if host_cores is not None else (os.cpu_count() or 1)
+    hw, cal = calibrate_from_measurements(
+        cfg.hardware_profile, achieved_flops=compute["flops"],
+        decode_step_s=compute["decode_step_s"],
+        snic_rate=snic * block / (block + BLOCK_HEADER_BYTES),
+        cnic_rate=cfg.hardware.cnic_bandwidth if cfg.hardware.cnic_bandwidth > 0 else None,
+        base=SimCalibration(cnic_model_share=0.0, hbm_reserve=0.0,
+                            fetch_period_s=EMBEDDED_FETCH_S, quota_s=cur.quota_s,
+                            block_tokens=bt, z_factor=traffic.z_factor,
+                            prefill_overhead_s=compute["prefill_overhead_s"],
+                            full_blocks_only=True, host_cores=cores))
+    return World("embedded", model, hw, cal, tuple(notes))
+
+
+def _mean_context(plans: Sequence[AgentPlan]) -> int:
+    total = n = 0
+    for p in plans:
+        ctx = 0
+        for t in p.turns:
+            total += ctx
+            n += 1
+            ctx += t.append + t.gen
+    return max(1, total // max(1, n))
+
+
+def measure_compute(model: str, context: int) -> dict[str, float]:
+    """Prefill FLOP/s, per-forward overhead and decode step of ``model`` on this machine
+    (median of a few, as bench/validate_sim.py measures them)."""
+    from dualpath_cli.runtime.calibrate import calibrate_flops_rate
+    from dualpath_cli.runtime.model import load_model
+    from dualpath_cli.runtime.model.threads import limit_blas_threads
+    from dualpath_cli.runtime.model.timing import time_decode, time_prefill
+
+    limit_blas_threads(1)
+    ref = load_model(model)
+    flops = calibrate_flops_rate(model, repeats=3)
+    overhead = sorted(time_prefill(ref, 1, 0, repeats=1) for _ in range(3))[1]
+    decode = sorted(time_decode(ref, min(context, 4096), steps=2, repeats=1)
+                    for _ in range(3))[1]
+    return {"flops": flops, "prefill_overhead_s": overhead, "decode_step_s": decode}
+
+
+# --- predictions -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The simulator's outcome for one setting on the replayed traffic."""
+
+    setting: Setting
+    jct_s: float
+    mean_trajectory_s: float
+    ttft_mean_s: float
+    ttft_p90_s: float
+    snic_max_avg: float
+    wall_s: float
+    dimension: str = "current"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form."""
+        return {**self.setting.to_dict(), "jct_s": self.jct_s,
+                "mean_trajectory_s": self.mean_trajectory_s, "ttft_mean_s": self.ttft_mean_s,
+                "ttft_p90_s": self.ttft_p90_s, "snic_max_avg": self.snic_max_avg,
+                "wall_s": self.wall_s, "varied": self.dimension}
+
+
+def predict(traffic: Traffic, world: World, setting: Setting,
+            dimension: str = "current") -> Prediction:
+    """Replay ``traffic`` under ``setting`` (offline: every agent starts at t = 0).
+
+    Raises:
+        UsageError: a setting the simulator refuses (e.g. beta below one block), named.
+    """
+    from dualpath_cli.sim import Simulation, make_setup
+    from dualpath_cli.sim.metrics import latency_stats
+
+    if setting.beta < world.calibration.block_tokens:
+        raise UsageError(f"beta {setting.beta} tokens is below one block "
+                         f"({world.calibration.block_tokens} tokens)")
+    cal = replace(world.calibration, quota_s=setting.quota_s)
+    setup = make_setup(world.model.name if world.kind == "profile" else "ds660b",
+                       setting.pd, setting.read_side, "hopper", calibration=cal,
+                       alpha=setting.alpha, beta=setting.beta)
+    setup = replace(setup, model=world.model, hardware=world.hardware)
+    sim = Simulation(setup, list(traffic.plans))
+    sim.record = True  # TTFT samples of every turn, as an online run keeps them
+    t0 = time.perf_counter()
+    res = sim.run_offline()
+    wall = time.perf_counter() - t0
+    ttft = latency_stats([s[1] for s in sim.samples]) if sim.samples else None
+    nan = float("nan")
+    return Prediction(setting, res.jct, float(res.extra.get("mean_trajectory_s", nan)),
+                      ttft.mean if ttft else nan, ttft.p90 if ttft else nan,
+                      res.snic_max_avg, wall, dimension)
+
+
+# --- the search ------------------------------------------------------------------------------
+def _scaled(value: int, factors: Sequence[float], low: int) -> list[int]:
+    out = []
+    for f in factors:
+        v = max(low, round(value * f))
+        if v not in out and v != value:
+            out.append(v)
+    return out
+
+
+def _pd_splits(pd: str) -> list[str]:
+    """Other P/D splits of the same node count (at least one of each role)."""
+    from dualpath_cli.config.model import parse_pd
+
+    spec = parse_pd(pd)
+    total = spec.prefill_nodes + spec.decode_nodes
+    return [f"{p}P{total - p}D" for p in range(1, total) if p != spec.prefill_nodes]
+
+
+def candidates(traffic: Traffic, world: World, *, pd: bool = False
+               ) -> list[tuple[str, Setting]]:
+    """Settings tried one dimension at a time around the current one, with the varied name.
+
+    Alpha also tries the paper's window rule for this world (tokens the storage NIC reads
+    in 3 s), which a cluster launched with a poor alpha may be far from.
+    """
+    from dualpath_cli.core.thresholds import tokens_readable
+
+    cur = traffic.current
+    bt = world.calibration.block_tokens
+    kvpt = world.model.kv_bytes_per_token
+    snic = world.hardware.snic_bandwidth * world.hardware.snics_per_node
+    paper_alpha = tokens_readable(snic, kvpt, world.calibration.alpha_window_s) if kvpt else 0
+    out: list[tuple[str, Setting]] = []
+    alphas = _scaled(cur.alpha, (0.0, 0.25, 4.0), 0)
+    if paper_alpha and paper_alpha not in alphas and paper_alpha != cur.alpha:
+        alphas.append(paper_alpha)
+    out += [("alpha", replace(cur, alpha=a)) for a in alphas]
+    out += [("beta", replace(cur, beta=b)) for b in _scaled(cur.beta, (0.25, 0.5, 2.0, 4.0), bt)]
+    out += [("quota", replace(cur, quota_s=cur.quota_s * f)) for f in (0.5, 2.0)]
+    out += [("read_side", replace(cur, read_side=r)) for r in READ_SIDES if r != cur.read_side]
+    if pd:
+        out += [("pd", replace(cur, pd=x)) for x in _pd_splits(cur.pd)]
+    return out
+
+
+@dataclass
+class Suggestion:
+    """The ranked predictions (best first), today's, and what was searched."""
+
+    traffic: Traffic
+    world: World
+    current: Prediction
+    ranked: list[Prediction]
+    wall_s: float
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Prediction:
+        """The best setting found (may be the current one)."""
+        return self.ranked[0]
+
+    def change(self, p: Prediction) -> float:
+        """Predicted relative JCT change of ``p`` against today's."""
+        return (p.jct_s - self.current.jct_s) / self.current.jct_s
+
+    def to_dict(self, top: int = 3) -> dict[str, Any]:
+        """Plain form (``--json``)."""
+        return {"traffic": self.traffic.to_dict(), "world": self.world.to_dict(),
+                "current": self.current.to_dict(),
+                "best": [{**p.to_dict(), "jct_change": self.change(p),
+                          "command": p.setting.command(self.traffic.current)}
+                         for p in self.ranked[:top]],
+                "searched": len(self.ranked), "skipped": self.skipped, "wall_s": self.wall_s}
+
+
+def suggest(traffic: Traffic, world: World, *, pd: bool = False, budget_s: float = 50.0,
+            on_result: Callable[[Prediction], None] | None = None) -> Suggestion:
+    """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
+
+    Settings are tried in order (each dimension's candidates, then the combination of each
+    dimension's best); once ``budget_s`` is spent the rest are skipped and listed.
+    """
+    t0 = time.perf_counter()
+    current = predict(traffic, world, traffic.current)
+    done: dict[tuple[Any, ...], Prediction] = {traffic.current.key(): current}
+    skipped: list[str] = []
+
+    def run(dim: str, s: Setting) -> None:
+        if s.key() in done:
+            return
+        if time.perf_counter() - t0 > budget_s:
+            skipped.append(f"{dim}: {s.to_dict()}")
+            return
+        try:
+            p = predict(traffic, world, s, dim)
+        except UsageError as err:
+            skipped.append(f"{dim}: {err}")
+            return
+        done[s.key()] = p
+        if on_result is not None:
+            on_result(p)
+
+    for dim, s in candidates(traffic, world, pd=pd):
+        run(dim, s)
+    best_by_dim: dict[str, Prediction] = {}
+    for p in done.values():
+        if p.dimension != "current" and p.jct_s < current.jct_s and (
+                p.dimension not in best_by_dim or p.jct_s < best_by_dim[p.dimension].jct_s):
+            best_by_dim[p.dimension] = p
+    if len(best_by_dim) > 1:
+        combo = traffic.current
+        for dim, p in best_by_dim.items():
+            attr = "quota_s" if dim == "quota" else dim
+            combo = replace(combo, **{attr: getattr(p.setting, attr)})
+        run("combined", combo)
+    ranked = sorted(done.values(), key=lambda p: (p.jct_s, p.ttft_mean_s
+                                                  if math.isfinite(p.ttft_mean_s) else 0.0))
+    if ranked[0] is not current and ranked[0].jct_s > current.jct_s * (1 - MIN_GAIN):
+        ranked.remove(current)  # within the noise of the model: keep what is in force
+        ranked.insert(0, current)
+    return Suggestion(traffic, world, current, ranked, time.perf_counter() - t0, skipped)
+
+
+def proposed_setting(traffic: Traffic, world: World, body: dict[str, Any]) -> Setting:
+    """``traffic``'s current setting with a PATCH body's values (CLI units) applied, in
+    scheduler units as the running cluster would resolve them (api/control.py's rules:
+    alpha in tokens, bytes or seconds of reading; beta in tokens; the quota as time).
+
+    Raises:
+        UsageError: a value the running scheduler would refuse, with the reason.
+    """
+    from dualpath_cli.config.quantities import parse_alpha, parse_beta, parse_quota
+    from dualpath_cli.core.thresholds import bytes_to_tokens, tokens_readable
+
+    cur = traffic.current
+    out = cur
+    kvpt = world.model.kv_bytes_per_token
+    if "alpha" in body:
+        t = parse_alpha(body["alpha"])
+        if t.form == "tokens":
+            alpha = int(t.amount)
+        elif t.form == "bytes":
+            alpha = bytes_to_tokens(t.amount, kvpt)
+        else:
+            snic = traffic.snic_bytes_per_s
+            if not snic:
+                raise UsageError(f"alpha {body['alpha']!r}: seconds of reading need the "
+                                 "storage-NIC bandwidth, and this cluster's is unshaped")
+            alpha = tokens_readable(snic, kvpt, t.amount)
+        out = replace(out, alpha=alpha)
+    if "beta" in body:
+        t = parse_beta(body["beta"])
+        if t.form != "tokens":
+            raise UsageError(f"beta {body['beta']!r}: the running scheduler takes beta in "
+                             "tokens (1M, 800000)")
+        out = replace(out, beta=int(t.amount))
+    if "quota" in body:
+        t = parse_quota(body["quota"])
+        if t.form == "flops":
+            raise UsageError(f"quota {body['quota']!r}: give the quota as time (300ms)")
+        out = replace(out, quota_s=float(t.amount))
+    if "read_side" in body:
+        out = replace(out, read_side=str(body["read_side"]))
+    return out
