@@ -291,6 +291,19 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         return _json({"since": since,
                       "decisions": [decision_dict(d) for d in live.decisions(since)]})
 
+    @r.get("/api/v1/requests/{rid}", responses=_ERRORS, tags=["read"])
+    def request_story(rid: Annotated[int, Path(ge=0, description="The request id (the "
+                                               "decision log's rid).")]) -> Response:
+        """One request's story (``dualpath explain``): arrival, PE and DE with their
+        classes and the thresholds, the read side and why, blocks hit per tier and missed
+        per reason, bytes per NIC, per-layer slack, the TTFT breakdown."""
+        from dualpath_cli.services.explain import RequestNotFound
+
+        try:
+            return _json(live.request(rid))
+        except RequestNotFound as err:
+            return _json({"detail": str(err)}, 404)
+
     @r.patch("/api/v1/scheduler", response_model=ChangeResult, responses=_ERRORS,
              tags=["control"])
     def patch_scheduler(body: SchedulerPatch,

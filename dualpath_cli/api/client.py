@@ -200,6 +200,11 @@ class DualPathClient:
         data = self._json("GET", "/api/v1/decisions", params={"since": since})
         return [decision_from_dict(d) for d in data["decisions"]]
 
+    def request(self, rid: int) -> dict[str, Any]:
+        """One request's story (``dualpath explain``; services/explain.py's dict)."""
+        story: dict[str, Any] = self._json("GET", f"/api/v1/requests/{int(rid)}")
+        return story
+
     def metrics_text(self) -> str:
         """The Prometheus exposition of ``/metrics``."""
         return self._request("GET", "/metrics").text

@@ -46,6 +46,7 @@ class FakeClient:
             raise ValueError("FakeClient needs at least one view")
         self._i = 0
         self._decisions = list(decisions)
+        self.outcomes: dict[int, dict[str, Any]] = {}  # rid -> outcome, for request()
         self._metrics_text = metrics_text
         self._token = token
         self.client_token = client_token
@@ -114,6 +115,17 @@ class FakeClient:
         """Decisions with ``seq > since``."""
         self._call("decisions")
         return [d for d in self._decisions if d.seq > since]
+
+    def request(self, rid: int) -> dict[str, Any]:
+        """The story of ``rid`` from the given decisions (and ``outcomes``), like the server;
+        404 (:class:`Rejected`) when none is kept."""
+        from dualpath_cli.services.explain import RequestNotFound, explain_request
+
+        self._call("request")
+        try:
+            return explain_request(rid, self._decisions, self.outcomes.get(rid))
+        except RequestNotFound as err:
+            raise Rejected(f"{self.url}: HTTP 404: {err}", 404) from None
 
     def status(self) -> Status:
         """Status derived from the current view and the audit so far."""

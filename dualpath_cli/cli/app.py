@@ -76,6 +76,7 @@ def _build() -> typer.Typer:
     app.add_typer(deferred(sim_cmd.app), name="sim")
     launch_cmd.register(app)  # launch, status, stop
     monitor_cmd.register(app)  # monitor, record, diagnose
+    importlib.import_module("dualpath_cli.cli.explain_cmd").register(app)  # explain
     return app
 
 

@@ -89,7 +89,7 @@ class PrefillJob:
             self.ready_at.get(0, self.arrived_at)]
         return {"arrived": self.arrived_at, "kv_ready": max(ready or [self.arrived_at]),
                 "compute": self.compute_at, "kv_bubble_s": self.kv_bubble_s,
-                "slack_s": list(self.slack), "pe_tokens": self.pe_tokens,
+                "slack_s": list(self.slack) if self.cached else [], "pe_tokens": self.pe_tokens,
                 "de_tokens": self.de_tokens, **self.reads}
 
     @property

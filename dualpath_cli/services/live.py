@@ -212,6 +212,18 @@ class LiveCluster:
         """Logged decisions with ``seq > since``, oldest first (bounded by the ring)."""
         return self.system.decisions(since)
 
+    def request(self, rid: int) -> dict[str, Any]:
+        """Request ``rid``'s story (services/explain.py: ``dualpath explain``).
+
+        Raises:
+            RequestNotFound: no decision of it is kept.
+        """
+        from dualpath_cli.services.explain import explain_request
+
+        decisions, outcome = self.system.scheduler.request(rid)
+        return explain_request(rid, decisions, outcome,
+                               block_tokens=self.system.namespace.shape.block_tokens)
+
     def update_scheduler(self, change: SchedulerChange, token_id: str) -> AuditEntry:
         """Apply ``change`` to the running scheduler and audit it."""
         old, new = self.system.update_scheduler(change)

@@ -1,0 +1,65 @@
+"""``dualpath explain REQUEST_ID``: one request's story, from a live cluster or a recording.
+
+The story itself is built by services/explain.py (the API's ``GET /api/v1/requests/{id}``
+serves the same dict); this module only finds the source and renders. Heavy modules (the HTTP
+client, the recording reader) load inside the command, so ``dualpath --help`` does not pay
+for them (tests/test_cli_import_graph.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["explain", "register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``explain`` to the ``dualpath`` app."""
+    app.command("explain")(explain)
+
+
+def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str, Any]:
+    if from_file is not None:
+        from dualpath_cli.services.explain import explain_request
+        from dualpath_cli.services.recording import read_recording
+
+        rec = read_recording(from_file)
+        return explain_request(request_id, rec.decisions)
+    from dualpath_cli.cli import source
+
+    with source.connect(url, timeout=10.0) as client:
+        story: dict[str, Any] = client.request(request_id)
+    return story
+
+
+def explain(
+    request_id: Annotated[int, typer.Argument(min=0, help="The request id (rid in the "
+                                              "decision log, dualpath monitor, recordings).")],
+    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
+                                            "DUALPATH_URL, else the running cluster's state "
+                                            "file).")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from", help="Explain from a recording "
+                                                   "(dualpath record) instead.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Why one request went where it went: PE and DE with their classes and the thresholds,
+    the read side and the queues that chose it, blocks hit per tier and missed per reason,
+    bytes per NIC, per-layer slack, and its TTFT as queueing + loading + transfer + prefill."""
+    from dualpath_cli.cli.output import emit_json, fail, stdout
+    from dualpath_cli.errors import DualPathError
+
+    try:
+        story = _story(request_id, url, from_file)
+    except DualPathError as err:
+        fail(str(err))
+        raise typer.Exit(err.exit_code) from None
+    if as_json:
+        emit_json(story)
+        return
+    from dualpath_cli.services.explain import render_story
+
+    for line in render_story(story):
+        stdout.print(line, highlight=False, soft_wrap=True, markup=False)
