@@ -43,7 +43,10 @@ def _build() -> typer.Typer:
     )
     from dualpath_cli.cli.deferred import deferred
 
+    from dualpath_cli.cli.roothelp import RootGroup
+
     app = typer.Typer(
+        cls=RootGroup,
         name="dualpath",
         help="Operate DualPath-style LLM inference: config, tuning, planning, traces.",
         no_args_is_help=True,

@@ -13,7 +13,6 @@ list`` instead of breaking every command.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -96,8 +95,11 @@ class HookSpecInfo:
                 "doc": self.doc}
 
 
-def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
-    return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+def _entry_points() -> Iterable[Any]:
+    """The installed ``dualpath`` entry points (plugins/discovery.py: why not importlib's)."""
+    from dualpath_cli.plugins.discovery import entry_points
+
+    return entry_points(ENTRY_POINT_GROUP)
 
 
 # Typer app -> command names plugins added to it (the CLI's main() may run many times).
@@ -131,7 +133,7 @@ class PluginManager:
         load_entrypoints: scan installed distributions for the ``dualpath`` group
             (default True; tests pass False for a clean manager).
         builtins: ``(name, module)`` pairs registered first (default :data:`BUILTIN_PLUGINS`).
-        entry_points: the entry-point source, for tests (default: importlib.metadata).
+        entry_points: the entry-point source, for tests (default: plugins/discovery.py).
     """
 
     def __init__(
@@ -139,7 +141,7 @@ class PluginManager:
         *,
         load_entrypoints: bool = True,
         builtins: Iterable[tuple[str, str]] = BUILTIN_PLUGINS,
-        entry_points: Callable[[], Iterable[importlib.metadata.EntryPoint]] = _entry_points,
+        entry_points: Callable[[], Iterable[Any]] = _entry_points,
     ) -> None:
         self.pm = pluggy.PluginManager(PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
@@ -161,14 +163,15 @@ class PluginManager:
         return registered
 
     def _load_entrypoints(
-        self, entry_points: Callable[[], Iterable[importlib.metadata.EntryPoint]],
+        self, entry_points: Callable[[], Iterable[Any]],
     ) -> None:
         for ep in entry_points():
             if self.pm.get_plugin(ep.name) is not None or self.pm.is_blocked(ep.name):
                 continue
+            # a discovery.FoundEntryPoint, or an importlib.metadata.EntryPoint (tests)
             dist = getattr(ep, "dist", None)
-            dist_name = dist.name if dist is not None else None
-            dist_version = dist.version if dist is not None else None
+            dist_name = getattr(ep, "dist_name", None) or getattr(dist, "name", None)
+            dist_version = getattr(ep, "dist_version", None) or getattr(dist, "version", None)
             try:
                 self._register(ep.load(), ep.name, "entrypoint", dist_name, dist_version)
             except Exception as err:  # noqa: BLE001 - one bad plugin must not break the CLI
