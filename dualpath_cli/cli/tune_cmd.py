@@ -265,16 +265,24 @@ _RANK = {"default": 0, "profile": 0, "preset": 0, "system": 1, "user": 2, "file"
          "env": 4, "flag": 5}
 
 
+def _pairs(pairs: list[str]) -> dict[str, str]:
+    """``{name: value text}`` from KEY=VALUE arguments (syntax only)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, text = (part.strip() for part in pair.partition("="))
+        if not sep or not name or not text:
+            raise UsageError(f"tune set: {pair!r}: expected KEY=VALUE, e.g. alpha=3s")
+        out[name] = text
+    return out
+
+
 def _assignments(pairs: list[str]) -> dict[str, str]:
     """``{config key: value text}`` from KEY=VALUE arguments, each value checked alone."""
     from dualpath_cli.config.layers import scalar_from_text
     from dualpath_cli.config.schema import KEY_BY_PATH
 
     changes: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, text = (part.strip() for part in pair.partition("="))
-        if not sep or not name or not text:
-            raise UsageError(f"tune set: {pair!r}: expected KEY=VALUE, e.g. alpha=3s")
+    for name, text in _pairs(pairs).items():
         try:
             key = pick(TUNABLE, name.removeprefix("scheduler."), "tunable key")
             KEY_BY_PATH[key].kind.parse(scalar_from_text(text))
@@ -422,14 +430,32 @@ def set_thresholds(
     horizon: float = typer.Option(600.0, "--horizon", help="Dry run: online length, s."),
     seed: int = typer.Option(1, "--seed", help="Dry run: seed of the synthetic workload "
                              "(and of a --trace's augmentation)."),
+    url: str | None = typer.Option(
+        None, "--url", help="Change this running cluster (default: DUALPATH_URL, else the "
+        "running cluster's state file; with none, the config file is edited)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Live: apply without asking."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Set scheduler thresholds in a config file (atomically), or --dry-run them first.
+    """Set scheduler thresholds live on the running cluster, or in a config file.
 
-    Other keys and comments stay; the dry run resolves seconds and bytes on its profiles.
+    With a cluster running (--url, DUALPATH_URL or the state file) and no --config, the
+    change goes through PATCH /api/v1/scheduler (token needed, audited; asks first unless
+    --yes), and --dry-run replays the cluster's served turns in the simulator (the twin).
+    Otherwise the config file is edited atomically (other keys and comments stay), and
+    --dry-run simulates the scenario options below.
     """
     from dualpath_cli.config import default_user_file, load_config
 
+    if config is None:
+        from dualpath_cli.cli import source
+
+        live = source.running(url)
+        if live is not None:
+            _set_live(live, url, _pairs(assignments), dry_run, yes, hardware, as_json)
+            return
+    elif url is not None:
+        raise UsageError("tune set: --url changes a running cluster and --config a file; "
+                         "give one")
     changes = _assignments(assignments)
     target = config if config is not None else default_user_file(os.environ)
     base = config if config is not None and config.exists() else None
@@ -511,3 +537,333 @@ def _dry_run(target: Path, rows: list[dict[str, Any]], notes: list[str],
     stdout.print(table)
     for note in notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+# --- live: set, show, rollback, auto, suggest ----------------------------------------------------
+# The logic is in services/tuning.py (live changes) and services/twin.py (predictions); these
+# commands resolve the cluster (cli/source.py), ask, and render.
+
+def _client(url: str | None) -> Any:
+    from dualpath_cli.cli import source
+
+    return source.connect(url, timeout=10.0)
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Go on with ``--yes``; ask in a terminal; refuse otherwise (a live change is not made
+    by a script that did not say so)."""
+    import sys
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question.rstrip('?')}: not asked (stdin is not a terminal); "
+                         "pass --yes to apply")
+    if not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(1)
+
+
+def _tokens(value: Any) -> str:
+    return f"{format_tokens(value)} tokens" if isinstance(value, int | float) else str(value)
+
+
+def _value_text(field: str, value: Any) -> str:
+    """A threshold as an operator reads it (audit values are scheduler units)."""
+    if value is None:
+        return "-"
+    if field in ("quota", "quota_s") and isinstance(value, int | float):
+        return format_duration(float(value))
+    if field in ("alpha", "beta", "alpha_tokens", "beta_tokens"):
+        return _tokens(value)
+    return str(value)
+
+
+def _audit_rows(entry: Any) -> list[tuple[str, str, str]]:
+    keys = list(dict.fromkeys([*entry.old, *entry.new]))
+    return [(k, _value_text(k, entry.old.get(k)), _value_text(k, entry.new.get(k)))
+            for k in keys]
+
+
+def _print_audit(entry: Any, title: str) -> None:
+    table = Table("field", "was", "now", title=title, title_justify="left")
+    for row in _audit_rows(entry):
+        table.add_row(*row)
+    stdout.print(table)
+
+
+def _live_twin(client: Any, url: str, hardware: str | None) -> tuple[Any, Any]:
+    """(traffic, world) of the running cluster's served turns (its decision log)."""
+    from dualpath_cli.services import twin
+
+    view = client.view()
+    traffic = twin.traffic_from_decisions(view, client.decisions(-1), url)
+    return traffic, twin.world_for(traffic, hardware=hardware)
+
+
+def _set_live(target: Any, url: str | None, pairs: dict[str, str], dry_run: bool, yes: bool,
+              hardware: str, as_json: bool) -> None:
+    from dualpath_cli.services.tuning import live_body
+
+    body = live_body(pairs)
+    with _client(url) as client:
+        st = client.status()
+        th = st.thresholds
+        if dry_run:
+            _live_dry_run(client, target.url, body, None if hardware == "hopper" else hardware,
+                          as_json)
+            return
+        target.require_token("tune set")
+        if not as_json:
+            now = {"alpha": _tokens(th.alpha_tokens), "beta": _tokens(th.beta_tokens),
+                   "quota": format_duration(th.quota_s), "read_side": th.read_side}
+            for k, v in body.items():
+                stderr.print(f"{k}: {now[k]} ({th.source.get(k, 'launch')}) -> {v}",
+                             highlight=False)
+        _confirm(f"apply to the running cluster at {target.url}?", yes)
+        entry = client.patch_scheduler(body)
+    if as_json:
+        emit_json({"url": target.url, "live": True, "dry_run": False, "applied": True,
+                   "audit": {"seq": entry.seq, "at": entry.at, "token_id": entry.token_id,
+                             "old": entry.old, "new": entry.new}})
+        return
+    _print_audit(entry, f"tune set: {target.url} (audit #{entry.seq})")
+    stderr.print("applied; `dualpath tune rollback` undoes it", highlight=False)
+
+
+def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | None,
+                  as_json: bool) -> None:
+    from dualpath_cli.services import twin
+
+    traffic, world = _live_twin(client, url, hardware)
+    proposed = twin.proposed_setting(traffic, world, body)
+    before = twin.predict(traffic, world, traffic.current)
+    after = twin.predict(traffic, world, proposed, "proposed")
+    if as_json:
+        emit_json({"url": url, "live": True, "dry_run": True, "applied": False,
+                   "traffic": traffic.to_dict(), "world": world.to_dict(),
+                   "current": before.to_dict(), "proposed": after.to_dict(),
+                   "jct_change": (after.jct_s - before.jct_s) / before.jct_s})
+        return
+    _predictions_table(f"tune set --dry-run: {url} (nothing applied; {len(traffic.plans)} "
+                       f"agents, {traffic.turns} served turns replayed)", before, [after])
+    for note in world.notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _setting_text(s: Any) -> str:
+    return (f"alpha {format_tokens(s.alpha)}, beta {format_tokens(s.beta)}, quota "
+            f"{format_duration(s.quota_s)}, {s.read_side}, {s.pd}")
+
+
+def _predictions_table(title: str, current: Any, others: list[Any]) -> None:
+    table = Table("setting", "varied", "JCT", "change", "mean traj.", "TTFT mean", "TTFT p90",
+                  "SNIC Max/Avg", title=title, title_justify="left")
+    for p in [current, *others]:
+        change = "" if p is current else f"{(p.jct_s - current.jct_s) / current.jct_s:+.1%}"
+        table.add_row(_setting_text(p.setting), "today" if p is current else p.dimension,
+                      _fmt(p.jct_s, "duration"), change,
+                      _fmt(p.mean_trajectory_s, "duration"), _fmt(p.ttft_mean_s, "duration"),
+                      _fmt(p.ttft_p90_s, "duration"), _fmt(p.snic_max_avg, ".2f"))
+    stdout.print(table)
+
+
+@app.command("show")
+def show(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    last: int = typer.Option(5, "--last", help="Scheduler changes of the audit log to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Thresholds in force on the running cluster, their source, and the recent changes."""
+    from dualpath_cli.services.tuning import scheduler_audit
+
+    with _client(url) as client:
+        st = client.status()
+        target = getattr(client, "url", url or "")
+    th = st.thresholds
+    changes = scheduler_audit(st.audit)[-max(0, last):] if last else []
+    controllers = {k: v for k, v in st.extra.items()
+                   if "controller" in k or k.startswith("dynamic")}
+    values = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
+              "read_side": th.read_side, "z_factor": th.z_factor}
+    if as_json:
+        emit_json({"url": target, "pd": st.pd, "model": st.model, "policy": st.policy,
+                   "thresholds": {k: {"value": v, "source": th.source.get(k, "launch")}
+                                  for k, v in values.items()},
+                   "controllers": controllers,
+                   "changes": [{"seq": a.seq, "at": a.at, "token_id": a.token_id,
+                                "old": a.old, "new": a.new} for a in changes]})
+        return
+    table = Table("threshold", "value", "source", title=f"tune show: {target} ({st.pd} "
+                  f"{st.model}, {st.state})", title_justify="left")
+    for k, v in values.items():
+        table.add_row(k, _value_text(k, v) if k != "z_factor" else f"{v:g}",
+                      th.source.get(k, "launch"))
+    stdout.print(table)
+    for name, value in controllers.items():
+        stdout.print(f"{name}: {value}", highlight=False, soft_wrap=True)
+    if not changes:
+        stdout.print("no scheduler change since launch", highlight=False)
+    import datetime as _dt
+
+    for a in changes:
+        when = _dt.datetime.fromtimestamp(a.at).strftime("%H:%M:%S")
+        parts = ", ".join(f"{k} {w} -> {n}" for k, w, n in _audit_rows(a))
+        stdout.print(f"#{a.seq} {when} {a.token_id}: {parts}", highlight=False,
+                     soft_wrap=True)
+
+
+@app.command("rollback")
+def rollback(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be restored."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Undo the last scheduler change of the audit log (a second rollback redoes it)."""
+    from dualpath_cli.cli import source
+    from dualpath_cli.services.tuning import rollback_body
+
+    target = source.resolve(url)
+    with _client(url) as client:
+        last, body = rollback_body(client.status().audit)
+        if dry_run:
+            if as_json:
+                emit_json({"url": target.url, "undo": last.seq, "restore": body,
+                           "applied": False})
+            else:
+                stdout.print(f"would undo audit #{last.seq}: " + ", ".join(
+                    f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
+            return
+        target.require_token("tune rollback")
+        if not as_json:
+            stderr.print(f"undo audit #{last.seq}: " + ", ".join(
+                f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
+        _confirm(f"restore these values on {target.url}?", yes)
+        entry = client.patch_scheduler(body)
+    if as_json:
+        emit_json({"url": target.url, "undo": last.seq, "restore": body, "applied": True,
+                   "audit_seq": entry.seq})
+        return
+    _print_audit(entry, f"tune rollback: {target.url} (audit #{entry.seq} undoes "
+                 f"#{last.seq})")
+
+
+@app.command("auto")
+def auto(
+    duration: str = typer.Option("10m", "--for", help="How long to watch after turning the "
+                                 "controllers on."),
+    window: str = typer.Option("30s", "--window", help="Throughput window (also the "
+                               "baseline measured first)."),
+    interval: str = typer.Option("2s", "--interval", help="Time between looks."),
+    max_drop: float = typer.Option(0.10, "--max-drop", help="Roll back when throughput over "
+                                   "the window falls by more than this fraction."),
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Start without asking."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end."),
+) -> None:
+    """Turn the dynamic controllers on, watch throughput and TTFT, roll back on a drop.
+
+    The scheduler runs its own controllers when it has them; an older server gets the
+    client's controller steps (alpha from storage-NIC utilisation, beta from GPU
+    utilisation) through PATCH. Either way the previous thresholds come back when
+    throughput over --window falls more than --max-drop below the baseline.
+    """
+    from dualpath_cli.cli import source
+    from dualpath_cli.services.tuning import guard_change
+
+    duration_s, window_s = parse_duration(duration), parse_duration(window)
+    interval_s = parse_duration(interval)
+    if interval_s <= 0 or duration_s <= 0:
+        raise UsageError("tune auto: --for and --interval must be more than zero")
+    target = source.resolve(url)
+    target.require_token("tune auto")
+    _confirm(f"turn the dynamic controllers on at {target.url} for {duration}?", yes)
+
+    def step(s: dict[str, Any]) -> None:
+        if not as_json:
+            rate = s["turns_per_s"]
+            stderr.print(f"{s['t_s']:7.1f}s  {'-' if rate is None else f'{rate:.3g}'} turns/s"
+                         f"  alpha {format_tokens(s['alpha'])}  beta "
+                         f"{format_tokens(s['beta'])}"
+                         + (f"  set {s['set']}" if "set" in s else ""), highlight=False)
+
+    if not as_json:
+        stderr.print(f"measuring the baseline over {window} ...", highlight=False)
+    with _client(url) as client:
+        res = guard_change(client, duration_s=duration_s, window_s=window_s,
+                           interval_s=interval_s, max_drop=max_drop, on_step=step)
+    if as_json:
+        emit_json({"url": target.url, **res.to_dict()})
+    else:
+        word = "rolled back" if res.rolled_back else "kept"
+        stdout.print(f"tune auto ({res.mode} controllers): {word}: {res.reason}",
+                     highlight=False, soft_wrap=True)
+    if res.rolled_back:
+        raise typer.Exit(1)
+
+
+@app.command("suggest")
+def suggest(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    from_file: Path | None = typer.Option(None, "--from", help="A recording (dualpath "
+                                          "record) instead of the live cluster."),
+    pd: bool = typer.Option(False, "--pd", help="Also try the other P/D splits of the same "
+                            "node count (applied by relaunching)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile for a "
+                                        "cluster of a model profile [default: hopper]."),
+    top: int = typer.Option(3, "--top", help="Best settings to print."),
+    budget: str = typer.Option("50s", "--budget", help="Stop searching after about this "
+                               "long (the rest is listed as skipped)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay the cluster's served turns in the simulator and suggest better settings.
+
+    Searches alpha, beta, the compute quota and the read-side policy (with --pd also the
+    P/D split) one at a time around today's, then the best of each together; prints the
+    predicted JCT, TTFT and SNIC Max/Avg of the best few beside today's and the command
+    that applies the best.
+    """
+    from dualpath_cli.services import twin
+
+    if from_file is not None and url is not None:
+        raise UsageError("--from and --url exclude each other")
+    if top < 1:
+        raise UsageError(f"--top {top}: must be at least 1")
+    budget_s = parse_duration(budget)
+    if from_file is not None:
+        from dualpath_cli.services.recording import read_recording
+
+        traffic = twin.traffic_from_recording(read_recording(from_file), str(from_file))
+    else:
+        with _client(url) as client:
+            target = getattr(client, "url", url or "")
+            traffic = twin.traffic_from_decisions(client.view(), client.decisions(-1),
+                                                  target)
+    if not as_json:
+        stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
+                     f"{traffic.source} on {traffic.pd} {traffic.model} ...", highlight=False)
+    world = twin.world_for(traffic, hardware=hardware)
+    res = twin.suggest(traffic, world, pd=pd, budget_s=budget_s)
+    if as_json:
+        emit_json(res.to_dict(top))
+        return
+    best = [p for p in res.ranked if p is not res.current][:top]
+    _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
+                       f"{len(res.ranked)} settings in {res.wall_s:.1f} s)", res.current,
+                       best)
+    for note in world.notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if res.skipped:
+        stderr.print(f"note: {len(res.skipped)} settings skipped: " + "; ".join(res.skipped),
+                     highlight=False, soft_wrap=True)
+    if res.best is res.current:
+        stdout.print(f"keep today's settings: nothing predicted more than "
+                     f"{twin.MIN_GAIN:.0%} better", highlight=False)
+    else:
+        stdout.print(f"best: {res.change(res.best):+.1%} JCT; apply with: "
+                     f"{res.best.setting.command(traffic.current)}", highlight=False,
+                     soft_wrap=True)
