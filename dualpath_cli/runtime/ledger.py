@@ -5,9 +5,10 @@
 The scheduler's prefix lookup finds the longest run of a prompt's chain keys in the store;
 every block after it is recomputed. This module names each such block's reason:
 
-* ``quarantined`` / ``read_failed`` / ``timed_out`` / ``evicted`` / ``cancelled``: a block at
-  or after the one an engine could not read in the previous attempt (the engine's
-  read-failed report names why); a key seen quarantined stays so for later lookups;
+* ``quarantined`` / ``read_failed`` / ``timed_out`` / ``evicted`` / ``cancelled``: a block the
+  previous attempt's lookup found, at or after the one an engine could not read (the
+  engine's read-failed report names why; the chain after it is unusable for the same
+  reason); a key seen quarantined stays so for later lookups;
 * ``evicted``: the key is the one this agent's previous turn wrote (same chain, same place),
   so it was stored and has gone since (capacity or gc), aged since that turn ended;
 * ``prefix_diverged``: the previous turn stored a block at this place but this prompt's key
@@ -98,7 +99,8 @@ class RequestLedger:
         self._chains: collections.OrderedDict[int, tuple[list[bytes], float]] = \
             collections.OrderedDict()
         self._quarantined: collections.OrderedDict[bytes, float] = collections.OrderedDict()
-        self._failed: dict[int, tuple[int, str]] = {}  # rid -> (first bad block, reason)
+        # rid -> (first bad block, reason, end of the failed attempt's hits)
+        self._failed: dict[int, tuple[int, str, int]] = {}
         self._lookups: dict[int, Lookup] = {}
         self._dispatched: dict[int, float] = {}
         self._first: dict[int, dict[str, Any]] = {}
@@ -126,7 +128,7 @@ class RequestLedger:
             failed = self._failed.get(rid)
             for i in range(hits, limit):
                 key = raw[i]
-                if failed is not None and i >= failed[0]:
+                if failed is not None and failed[0] <= i < failed[2]:
                     reason = failed[1]
                 elif key in self._quarantined:
                     reason = "quarantined"
@@ -180,7 +182,8 @@ class RequestLedger:
         returns the reason. A quarantined key is remembered for later lookups."""
         reason = reason_from_why(why)
         with self._lock:
-            self._failed[rid] = (block, reason)
+            look = self._lookups.get(rid)
+            self._failed[rid] = (block, reason, look.hit_blocks if look else len(keys))
             if reason == "quarantined" and 0 <= block < len(keys):
                 raw = bytes.fromhex(keys[block])
                 self._quarantined[raw] = time.monotonic()

@@ -24,8 +24,12 @@ and optionally one JSON line each) with its inputs as they were *before* it (que
 snapshots, group loads, read queues, the thresholds in force) and its outcome, classed by the
 chosen PE's class (C1/C2/C3) and the chosen DE's (normal/high-token). Messages are the typed
 records of :mod:`~dualpath_cli.runtime.wire`; heartbeats feed :meth:`SchedulerService.view`,
-and :meth:`SchedulerService.update` changes alpha, beta, the PE quota and the read side of a
-running scheduler. An engine that stops
+and :meth:`SchedulerService.update` changes alpha, beta, the PE quota, the read side and the
+dynamic controllers of a running scheduler. The controllers
+(:class:`~dualpath_cli.core.controllers.Controllers`: alpha from the busiest storage NIC's
+utilisation, beta from the PEs' GPU utilisation, the quota from the TTFT tail) step once per
+``control_interval_s`` on what the heartbeats measured; each move is a ``control`` entry in
+the decision log with its inputs, and the last step of each is in the view. An engine that stops
 heartbeating (or whose process exits) is marked dead; its in-flight requests are cancelled on
 their other engine and re-queued at the head of the FIFO with a new attempt number, so none
 is lost. An engine that was only silent (a stall longer than the heartbeat timeout on a
@@ -47,6 +51,13 @@ from typing import Any
 
 import numpy as np
 
+from dualpath_cli.core.controllers import (
+    CONFIG_KEYS,
+    CONTROLLERS,
+    Controllers,
+    ControlStep,
+    ttft_tail,
+)
 from dualpath_cli.core.de_schedule import (
     GroupLoads,
     de_place,
@@ -92,20 +103,10 @@ from dualpath_cli.telemetry.view import (
 )
 from dualpath_cli.transfer.base import Fabric, Message
 
-__all__ = ["RUNTIME_POLICIES", "ENGINE_STATES", "SchedulerChange", "TurnRequest", "TurnResult",
+__all__ = ["ENGINE_STATES", "SchedulerChange", "TurnRequest", "TurnResult",
            "Ticket", "EngineState", "SchedulerService"]
 
 log = logging.getLogger(__name__)
-
-#: runtime policy -> (core read-path policy, layerwise prefill, NIC shaping)
-RUNTIME_POLICIES: dict[str, tuple[str, bool, bool]] = {
-    "dualpath": ("dualpath", True, True),
-    "basic": ("basic", False, True),
-    "round-robin": ("round-robin", True, True),
-    "random": ("random", True, True),
-    "split": ("split", True, True),
-    "oracle": ("basic", True, False),
-}
 
 _HEAD = 8  # queue-head request ids kept in a decision's inputs
 
@@ -216,6 +217,7 @@ class EngineState:
     charges: dict[int, int] = field(default_factory=dict)  # dispatch seq -> tokens pending
     snic_rate: Rate = field(default_factory=Rate)  # storage-NIC read bytes/s
     cnic_rate: Rate = field(default_factory=Rate)  # compute-NIC transmit bytes/s
+    gpu_rate: Rate = field(default_factory=Rate)  # busy seconds per second (utilisation)
 
     @property
     def read_q(self) -> int:
@@ -273,7 +275,8 @@ class SchedulerService:
         fabric: the transfer fabric the engines use.
         store: used for prefix lookups (``contains``) only.
         namespace: prefix-key namespace (model, layout, block shape).
-        policy: runtime policy name (see :data:`RUNTIME_POLICIES`).
+        policy: a policy name of :data:`dualpath_cli.core.policies.POLICIES` (read rule,
+            layerwise prefill, NIC shaping).
         params: resolved scheduler thresholds (tokens).
         hbm_tokens: KV capacity of each DE in tokens.
         heartbeat_timeout: seconds without a heartbeat before an engine is declared dead.
@@ -283,19 +286,25 @@ class SchedulerService:
         sources: where each threshold came from (keys ``alpha``, ``beta``, ``z_factor``,
             ``quota``, ``read_side``; values ``config``, ``flag``, ``default``...); a key not
             given reads ``config``.
+        layerwise_prefill: False turns layerwise prefill off whatever the policy.
+        controllers: controller name (``alpha``, ``beta``, ``quota``) -> on.
+        control_interval_s: seconds between two controller steps.
+        snic_bw: a node's storage-NIC read bandwidth, bytes/s (<= 0: unshaped; alpha's
+            controller then has no signal).
     """
 
     def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
                  params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 5.0,
                  decision_log: Path | None = None, decision_ring: int = 10_000,
-                 quota_s: float = 0.3, sources: Mapping[str, str] | None = None) -> None:
-        if policy not in RUNTIME_POLICIES:
-            raise UsageError(f"unknown runtime policy {policy!r}; choose one of: "
-                             f"{', '.join(RUNTIME_POLICIES)}")
-        core_name, self.layerwise, self.shaped = RUNTIME_POLICIES[policy]
-        self.policy_name = policy
-        self.read_side = core_name
-        self.policy = get_policy(core_name)
+                 quota_s: float = 0.3, sources: Mapping[str, str] | None = None,
+                 layerwise_prefill: bool = True, controllers: Mapping[str, bool] | None = None,
+                 control_interval_s: float = 1.0, snic_bw: float = 0.0) -> None:
+        row = get_policy(policy)
+        self.layerwise = row.layerwise and layerwise_prefill
+        self.shaped = row.shaped
+        self.policy_name = row.name
+        self.read_side = row.name
+        self.policy = row
         self.params = params
         self.quota_s = quota_s
         self.sources = {k: "config" for k in ("alpha", "beta", "z_factor", "quota",
@@ -329,6 +338,21 @@ class SchedulerService:
         self._stop = threading.Event()
         self._registered = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
+        if not control_interval_s > 0:
+            raise UsageError(f"control interval {control_interval_s!r}: must be > 0 s")
+        self.control_interval_s = control_interval_s
+        self.snic_bw = snic_bw
+        self.snic_scale: dict[int, float] = {}
+        """Node -> fraction of ``snic_bw`` its NIC runs at (a throttle fault lowers it)."""
+        self.controllers = Controllers(
+            on={name: bool((controllers or {}).get(name)) for name in CONTROLLERS},
+            bases={"alpha": float(params.alpha), "beta": float(params.beta),
+                   "quota": float(quota_s)},
+            minimum={"beta": float(namespace.shape.block_tokens)})
+        self._ctl_values = {"alpha": float(params.alpha), "beta": float(params.beta),
+                            "quota": float(quota_s)}
+        self._ctl_next = time.monotonic() + control_interval_s
+        self._ttfts: list[float] = []
 
     # -- public API ---------------------------------------------------------------------
     def register(self, engine_id: int, role: str, node: int, group: int) -> None:
@@ -394,7 +418,8 @@ class SchedulerService:
     def settings(self) -> Settings:
         """The values a :class:`SchedulerChange` acts on, as in force now."""
         with self._lock:
-            return Settings(self.params.alpha, self.params.beta, self.quota_s, self.read_side)
+            return Settings(self.params.alpha, self.params.beta, self.quota_s, self.read_side,
+                            {name: bool(self.controllers.on.get(name)) for name in CONTROLLERS})
 
     def update(self, change: SchedulerChange) -> tuple[dict[str, Any], dict[str, Any]]:
         """Apply ``change``; returns ``(old, new)`` of the fields it set.
@@ -406,28 +431,104 @@ class SchedulerService:
             UsageError: nothing to change, or a bad value (the message says which and why).
         """
         values = check_change(change, self.bt)
+        if "read_side" in values:
+            row = get_policy(values["read_side"])
+            if row.shaped != self.shaped:
+                raise UsageError(f"read_side: {row.name!r} "
+                                 f"{'shapes' if row.shaped else 'does not shape'} the NICs, "
+                                 "which is fixed at launch; choose a policy that "
+                                 f"{'shapes' if self.shaped else 'does not shape'} them")
         with self._lock:
             before = self.settings().as_dict()
             params = self.params
             if "alpha_tokens" in values:
                 params = dataclasses.replace(params, alpha=values["alpha_tokens"])
                 self.sources["alpha"] = "api"
+                self._rebase("alpha", values["alpha_tokens"])
             if "beta_tokens" in values:
                 params = dataclasses.replace(params, beta=values["beta_tokens"])
                 self.sources["beta"] = "api"
+                self._rebase("beta", values["beta_tokens"])
             self.params = params
             if "read_side" in values:
                 self.read_side = values["read_side"]
                 self.policy = get_policy(self.read_side)
                 self.sources["read_side"] = "api"
             if "quota_s" in values:
-                self.quota_s = values["quota_s"]
-                self.sources["quota"] = "api"
-                for e in self.engines.values():
-                    if e.alive and e.address and e.role == Role.PREFILL.value:
-                        self._send(e.address, SetQuota(self.quota_s))
+                self._set_quota(values["quota_s"], "api")
+                self._rebase("quota", values["quota_s"])
+            for name, key in CONFIG_KEYS.items():
+                if key in values:
+                    if values[key] and not self.controllers.on.get(name):
+                        self._ctl_next = time.monotonic() + self.control_interval_s
+                    self.controllers.on[name] = values[key]
             after = self.settings().as_dict()
         return {k: before[k] for k in values}, {k: after[k] for k in values}
+
+    def _rebase(self, name: str, value: float) -> None:
+        """An operator set ``name``: its controller starts from it, bounded around it."""
+        self._ctl_values[name] = float(value)
+        self.controllers.rebase(name, float(value))
+
+    def _set_quota(self, quota_s: float, source: str) -> None:
+        self.quota_s = quota_s
+        self.sources["quota"] = source
+        for e in self.engines.values():
+            if e.alive and e.address and e.role == Role.PREFILL.value:
+                self._send(e.address, SetQuota(self.quota_s))
+
+    # -- dynamic controllers ------------------------------------------------------------
+    def control_signals(self) -> dict[str, float | None]:
+        """What the controllers see now: the busiest storage NIC's utilisation, the PEs'
+        mean GPU utilisation (heartbeat windows) and the TTFT tail of the turns finished
+        since the last step (``None``: not measured)."""
+        with self._lock:
+            return self._signals(consume=False)
+
+    def _signals(self, consume: bool) -> dict[str, float | None]:
+        by_node: dict[int, list[float | None]] = collections.defaultdict(list)
+        gpu: list[float] = []
+        for e in self.engines.values():
+            if not e.alive or e.hb is None:
+                continue
+            by_node[e.node].append(e.snic_rate.rate)
+            if e.role == Role.PREFILL.value and e.gpu_rate.rate is not None:
+                gpu.append(min(1.0, e.gpu_rate.rate))
+        snic: float | None = None
+        if self.snic_bw > 0 and by_node:
+            utils = [sum(r for r in rates if r is not None)
+                     / (self.snic_bw * self.snic_scale.get(node, 1.0))
+                     for node, rates in by_node.items() if any(r is not None for r in rates)]
+            snic = max(utils) if utils else None
+        tail = ttft_tail(self._ttfts)
+        if consume:
+            self._ttfts = []
+        return {"snic_util": snic, "gpu_util": sum(gpu) / len(gpu) if gpu else None,
+                "ttft_tail": tail}
+
+    def _control(self, now: float) -> list[ControlStep]:
+        """One controller interval: measure, step core's controllers, apply and log moves."""
+        self._ctl_next = now + self.control_interval_s
+        signals = self._signals(consume=True)
+        steps = self.controllers.step(self._ctl_values, signals)
+        for step in steps:
+            if not step.moved:
+                continue
+            self._ctl_values[step.name] = step.new
+            if step.name == "alpha":
+                self.params = dataclasses.replace(self.params, alpha=int(round(step.new)))
+                self.sources["alpha"] = "controller"
+            elif step.name == "beta":
+                self.params = dataclasses.replace(self.params, beta=int(round(step.new)))
+                self.sources["beta"] = "controller"
+            else:
+                self._set_quota(step.new, "controller")
+            self.log.record_control(
+                at=time.time(), name=step.name, inputs={
+                    **step.to_dict(), "signals": dict(signals),
+                    "alpha": self.params.alpha, "beta": self.params.beta,
+                    "quota_s": self.quota_s, "interval_s": self.control_interval_s})
+        return steps
 
     def fresh_reports(self, after: float, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Reports of live engines all received after ``after`` (monotonic), waiting for them."""
@@ -527,7 +628,7 @@ class SchedulerService:
                 in_flight=sum(1 for f in self.flights.values() if f.pe >= 0),
                 thresholds=Thresholds(self.params.alpha, self.params.beta,
                                       self.params.z_factor, self.quota_s, self.read_side,
-                                      dict(self.sources)),
+                                      dict(self.sources), self.controllers.state()),
                 decisions=self.log.counts(), last_decision_seq=self.log.last_seq,
                 requeued_total=self.requeued)
             self._count_engines()
@@ -564,6 +665,10 @@ class SchedulerService:
                 if raw is not None:
                     self._handle(raw)
                 self._check_heartbeats()
+                if self.controllers.any_on:
+                    now = time.monotonic()
+                    if now >= self._ctl_next:
+                        self._control(now)
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
@@ -599,6 +704,7 @@ class SchedulerService:
                     e.metrics, e.metrics_at = msg.metrics, now
                 e.hb, e.hb_at = msg, now
                 e.snic_rate.update(now, msg.snic_read_bytes)
+                e.gpu_rate.update(now, msg.busy_s)
                 e.cnic_rate.update(now, msg.cnic_tx_bytes)
                 self._registered.notify_all()
         elif isinstance(msg, Fetch):
@@ -636,6 +742,8 @@ class SchedulerService:
                                      m.second_at)
         if f.first_at > 0:
             self._m_ttft.observe(max(0.0, f.first_at - f.submitted))
+            if self.controllers.on.get("quota"):
+                self._ttfts.append(max(0.0, f.first_at - f.submitted))
             if len(tokens) > 1:
                 self._m_tpot.observe(max(0.0, (m.at - f.first_at) / (len(tokens) - 1)))
         f.ticket.finish()
