@@ -26,6 +26,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -72,7 +73,9 @@ class SchedulerPatch(BaseModel):
     Units as on the command line: alpha ``200K`` tokens, ``8KiB`` of KV, or seconds of
     reading (``3s``, shaped clusters); beta in tokens (``1M``); quota as time (``300ms``) or
     FLOPs (``20TFLOP``); read_side a policy name (dualpath, basic, round-robin, random,
-    split, seed-select). Types are strict: ``true`` is not a number of tokens.
+    split, seed-select, or a plugin's); ``dynamic_alpha``/``dynamic_beta``/``dynamic_quota``
+    turn a dynamic controller on or off. Types are strict: ``true`` is not a number of
+    tokens.
     """
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_patch_schema)
@@ -83,6 +86,9 @@ class SchedulerPatch(BaseModel):
     quota: (StrictStr | Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0)]
             | None) = Field(None, examples=["300ms"])
     read_side: StrictStr | None = Field(None, examples=["dualpath"])
+    dynamic_alpha: StrictBool | None = Field(None, examples=[True])
+    dynamic_beta: StrictBool | None = Field(None, examples=[True])
+    dynamic_quota: StrictBool | None = Field(None, examples=[False])
 
     @model_validator(mode="before")
     @classmethod
@@ -208,7 +214,8 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
                   "pe": s.pe_queue_length, "in_flight": s.in_flight},
         "thresholds": {"alpha_tokens": th.alpha_tokens, "beta_tokens": th.beta_tokens,
                        "z_factor": th.z_factor, "quota_s": th.quota_s,
-                       "read_side": th.read_side, "source": dict(th.source)},
+                       "read_side": th.read_side, "source": dict(th.source),
+                       "controllers": dict(th.controllers)},
         "decisions": s.decisions.total, "ready_s": live.ready_s, "uptime_s": view.uptime_s,
         "audit": [_audit_dict(a) for a in list(live.audit)], "faults": live.faults(),
         "version": __version__,

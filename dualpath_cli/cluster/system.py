@@ -21,7 +21,7 @@ from typing import Any
 from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import LocalCluster
 from dualpath_cli.core.layout import BlockShape, Namespace
-from dualpath_cli.core.policies import SchedParams
+from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
@@ -29,7 +29,6 @@ from dualpath_cli.runtime.faults import Fault, FaultError
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import (
-    RUNTIME_POLICIES,
     SchedulerChange,
     SchedulerService,
     Ticket,
@@ -52,9 +51,7 @@ class RuntimeSystem:
     """
 
     def __init__(self, opts: RuntimeOptions, store: MemoryStore | None = None) -> None:
-        if opts.policy not in RUNTIME_POLICIES:
-            raise UsageError(f"unknown runtime policy {opts.policy!r}; choose one of: "
-                             f"{', '.join(RUNTIME_POLICIES)}")
+        policy = get_policy(opts.policy)  # UsageError naming the choices
         self.opts = opts
         cfg = model_config(opts.model)
         self.shape = BlockShape(cfg.n_layers, opts.block_tokens, cfg.kv_bytes_per_token_layer)
@@ -68,16 +65,19 @@ class RuntimeSystem:
                 raise UsageError("a process cluster needs a store directory")
             self.store = store if store is not None else MemoryStore()
             store_spec = {"kind": "memory", "obj": self.store}
-        self.shaped = RUNTIME_POLICIES[opts.policy][2]
+        self.shaped = policy.shaped
         self.flops_rate = opts.flops_rate or calibrate_flops_rate(opts.model)
         self.fabric = ZmqFabric() if opts.processes else InProcFabric()
         params = SchedParams(alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor,
-                             block_tokens=opts.block_tokens)
+                             block_tokens=opts.block_tokens, seed=opts.random_seed)
         self.scheduler = SchedulerService(
-            self.fabric, self.store, self.namespace, opts.policy, params,
+            self.fabric, self.store, self.namespace, policy.name, params,
             opts.hbm_blocks * opts.block_tokens, heartbeat_timeout=opts.heartbeat_timeout,
             decision_log=opts.decision_log, decision_ring=opts.decision_ring,
-            quota_s=opts.quota_s, sources=opts.sources)
+            quota_s=opts.quota_s, sources=opts.sources,
+            layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
+            control_interval_s=opts.control_interval_s,
+            snic_bw=opts.snic_bw if self.shaped else 0.0)
         self.cluster: LocalCluster | InProcCluster = (
             LocalCluster(self.scheduler.mark_dead) if opts.processes
             else InProcCluster(self.fabric, self.scheduler.mark_dead))
@@ -245,7 +245,15 @@ class RuntimeSystem:
         for f in faults:
             self._faults[f.kind, f.target] = f
             self._send_fault(f)
+        self._scale_nics()
         return old, [f.to_dict() for f in self._faults.values()]
+
+    def _scale_nics(self) -> None:
+        """Tell the scheduler which storage NICs a throttle slowed (alpha's controller
+        measures utilisation against the rate a NIC runs at)."""
+        with self.scheduler._lock:
+            self.scheduler.snic_scale = {f.node: f.fraction for f in self._faults.values()
+                                         if f.kind == "snic_throttle"}
 
     def clear_faults(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Undo every injected fault; returns the active faults before and after (empty)."""
@@ -253,6 +261,7 @@ class RuntimeSystem:
         for f in list(self._faults.values()):
             self._send_fault(dataclasses.replace(f, on=False))
         self._faults.clear()
+        self._scale_nics()
         return old, []
 
     def close(self) -> None:
