@@ -130,7 +130,7 @@ def test_token_counters_give_hit_rates(system: tuple[RuntimeSystem, MemoryStore]
     assert hit["store"] == sum(cached) > 0 and hit["hbm"] == 0
     # per layer, the PE placed exactly the cached tokens in HBM (merged over engines)
     layers: dict[str, float] = {}
-    for eid, m in sys_.metrics().items():
+    for m in sys_.metrics().values():
         for s in m["metrics"].get("dualpath_kv_layer_hit_tokens_total", []):
             layers[s["labels"]["layer"]] = layers.get(s["labels"]["layer"], 0) + s["value"]
     assert layers and set(layers.values()) == {sum(cached)}
