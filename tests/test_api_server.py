@@ -221,7 +221,8 @@ def test_openapi_document_and_json_errors(cluster: tuple[LiveCluster, TokenAuth,
     patch = doc["paths"]["/api/v1/scheduler"]["patch"]
     assert patch["security"] and "HTTPBearer" in doc["components"]["securitySchemes"]
     assert set(doc["components"]["schemas"]["SchedulerPatch"]["properties"]) == {
-        "alpha", "beta", "quota", "read_side"}
+        "alpha", "beta", "quota", "read_side", "dynamic_alpha", "dynamic_beta",
+        "dynamic_quota"}
     missing = httpx.get(f"{url}/api/v1/nothing-here")
     assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
     wrong_method = httpx.post(f"{url}/api/v1/status")

@@ -14,7 +14,7 @@ import typer
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.core.capacity import pd_ratio_range
-from dualpath_cli.core.policies import POLICIES, Policy, ReadPlan, SchedParams, read_plan
+from dualpath_cli.core.policies import BUILTIN_POLICIES, Policy, ReadPlan, SchedParams, read_plan
 from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request, Role
 from dualpath_cli.errors import UsageError
 from dualpath_cli.plugins import (
@@ -98,15 +98,15 @@ def test_register_and_collect_typed_contributions() -> None:
 def test_builtin_plugin_offers_the_core_policies() -> None:
     manager = PluginManager(load_entrypoints=False)
     policies = manager.policies(kind="read-path")
-    assert set(policies) == set(POLICIES)
-    assert all(spec.factory() is POLICIES[name] for name, spec in policies.items())
+    assert set(policies) == set(BUILTIN_POLICIES)
+    assert all(spec.factory() is BUILTIN_POLICIES[name] for name, spec in policies.items())
     assert manager.plugins()[0].name == "dualpath.builtin"
     assert manager.plugins()[0].source == "builtin"
 
     class Shadow:
         @hookimpl
         def dualpath_register_policies(self) -> list[PolicySpec]:
-            return [PolicySpec("dualpath", "read-path", lambda: POLICIES["basic"])]
+            return [PolicySpec("dualpath", "read-path", lambda: BUILTIN_POLICIES["basic"])]
 
     manager.register(Shadow(), name="shadow")
     with pytest.raises(PluginError, match="'dualpath' is registered by both plugin "
@@ -167,7 +167,8 @@ def test_entry_points_load_and_a_broken_one_is_contained(sweep_path: None) -> No
     manager = PluginManager(entry_points=lambda: eps, builtins=())
     assert [p.name for p in manager.plugins()] == ["pd_sweep"]
     assert manager.plugins()[0].source == "entrypoint"
-    assert manager.plugins()[0].hooks == ("dualpath_register_commands",)
+    assert manager.plugins()[0].hooks == ("dualpath_register_commands",
+                                          "dualpath_register_policies")
     [failure] = manager.failures
     assert failure.name == "broken" and "ModuleNotFoundError" in failure.error
 

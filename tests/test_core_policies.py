@@ -8,12 +8,17 @@ from hypothesis import strategies as st
 
 from dualpath_cli.core.de_schedule import GroupLoads
 from dualpath_cli.core.policies import (
+    BUILTIN_POLICIES,
     POLICIES,
+    Policy,
+    ReadPlan,
     SchedParams,
     decide,
     get_policy,
     random_side,
     read_plan,
+    register_policy,
+    unregister_policy,
 )
 from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request, Role
 from dualpath_cli.errors import NoAvailableEngine, UsageError
@@ -32,10 +37,38 @@ def de(eid: int, read_q: int = 0, tok: int = 0, hbm: int = 1_000_000,
 
 
 def test_registry_names_and_unknown() -> None:
-    assert set(POLICIES) == {"dualpath", "basic", "round-robin", "random", "split",
-                             "seed-select"}
+    assert list(BUILTIN_POLICIES) == ["basic", "layerwise", "round-robin", "dualpath", "random",
+                                      "split", "seed-select", "oracle"]
+    assert set(BUILTIN_POLICIES) <= set(POLICIES)
     with pytest.raises(UsageError, match="did you mean 'dualpath'"):
         get_policy("dualpth")
+
+
+def test_table_rows_say_layerwise_and_shaping() -> None:
+    rows = {n: (p.read_rule, p.layerwise, p.shaped) for n, p in BUILTIN_POLICIES.items()}
+    assert rows["basic"] == ("basic", False, True)
+    assert rows["layerwise"] == ("basic", True, True)
+    assert rows["oracle"] == ("basic", True, False)
+    assert rows["dualpath"] == ("dualpath", True, True)
+    with pytest.warns(DeprecationWarning, match="use 'round-robin'"):
+        assert get_policy("dual-rr") is POLICIES["round-robin"]
+
+
+def test_register_policy_adds_a_row_and_refuses_a_taken_name() -> None:
+    mine = Policy("test-de-only", "DE reads", lambda r, pe, de, p, i: ReadPlan(
+        ReadSide.DE, 0, r.cached))
+    register_policy(mine)
+    try:
+        register_policy(mine)  # the same object again: a no-op
+        assert get_policy("test-de-only") is mine
+        with pytest.raises(UsageError, match="already in the policy table"):
+            register_policy(Policy("dualpath", "shadow", mine.plan))
+        with pytest.raises(UsageError, match="already in the policy table"):
+            register_policy(Policy("dual-rr", "alias", mine.plan))
+    finally:
+        unregister_policy("test-de-only")
+    unregister_policy("dualpath")  # built-in rows cannot be removed
+    assert "test-de-only" not in POLICIES and "dualpath" in POLICIES
 
 
 def test_plans() -> None:

@@ -52,7 +52,7 @@ def test_capacity_json() -> None:
 def test_bad_policy_is_a_usage_error() -> None:
     res = runner.invoke(_app, ["sim", "run", "--policy", "nope", "--agents", "2"])
     assert res.exit_code != 0
-    assert "unknown simulator policy 'nope'" in str(res.exception)
+    assert "unknown scheduling policy 'nope'" in str(res.exception)
 
 
 def test_bad_arrival_rate_names_the_rate_not_a_derived_agent_count() -> None:

@@ -15,15 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dualpath_cli.config.quantities import parse_alpha, parse_beta, parse_quota
-from dualpath_cli.core.policies import POLICIES
+from dualpath_cli.core.policies import ALIASES, POLICIES
 from dualpath_cli.core.thresholds import bytes_to_tokens, tokens_readable
 from dualpath_cli.errors import UsageError, pick
 from dualpath_cli.services.live import SchedulerChange
 
 __all__ = ["SystemUnits", "parse_scheduler_change", "FIELDS"]
 
-#: Fields a PATCH may carry.
-FIELDS = ("alpha", "beta", "quota", "read_side")
+#: Fields a PATCH may carry (the ``dynamic_*`` switches turn a dynamic controller on or off).
+FIELDS = ("alpha", "beta", "quota", "read_side", "dynamic_alpha", "dynamic_beta",
+          "dynamic_quota")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +102,16 @@ def parse_scheduler_change(body: Mapping[str, object], units: SystemUnits) -> Sc
     if read_side is not None:
         if not isinstance(read_side, str):
             raise UsageError(f"read_side {read_side!r}: expected a policy name")
-        pick(POLICIES, read_side, "read-side policy")
+        if read_side not in ALIASES:
+            pick(POLICIES, read_side, "read-side policy")
+    switches: dict[str, bool] = {}
+    for key in ("dynamic_alpha", "dynamic_beta", "dynamic_quota"):
+        if key in given:
+            if not isinstance(given[key], bool):
+                raise UsageError(f"{key} {given[key]!r}: expected true or false")
+            switches[key] = bool(given[key])
     return SchedulerChange(
         alpha_tokens=_alpha(given["alpha"], units) if "alpha" in given else None,
         beta_tokens=_beta(given["beta"], units) if "beta" in given else None,
         quota_s=_quota(given["quota"], units) if "quota" in given else None,
-        read_side=read_side)
+        read_side=read_side, **switches)

@@ -31,14 +31,18 @@ def default_store_root() -> Path:
 
 
 def _policies(text: str) -> list[str]:
-    from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
+    """The --policy names, each a row of core's policy table (plugins' rows included;
+    a deprecated alias becomes its policy's name)."""
+    from dualpath_cli.core.policies import ALIASES, POLICIES
+    from dualpath_cli.plugins.manager import load_policies
 
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in RUNTIME_POLICIES]
+    load_policies()  # a plugin's policy is selectable too (and scheduler.read_side may name it)
+    bad = [p for p in names if p not in POLICIES and p not in ALIASES]
     if bad or not names:
         raise UsageError(f"--policy: unknown policy {', '.join(bad) or '(none)'}; choose from "
-                         f"{', '.join(RUNTIME_POLICIES)}")
-    return names
+                         f"{', '.join(POLICIES)}")
+    return [ALIASES.get(p, p) for p in names]
 
 
 def _ms(value: float) -> str:

@@ -152,11 +152,16 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
     from dualpath_cli.cli.bench_cmd import default_store_root
     from dualpath_cli.config import load_config
     from dualpath_cli.config.model import parse_pd
+    from dualpath_cli.core.policies import get_policy
+    from dualpath_cli.plugins.manager import load_policies
     from dualpath_cli.runtime.options import options_from_config
-    from dualpath_cli.runtime.scheduler import RUNTIME_POLICIES
 
-    if policy is not None and policy not in RUNTIME_POLICIES:
-        raise UsageError(f"--policy {policy!r}: choose one of {', '.join(RUNTIME_POLICIES)}")
+    load_policies()  # a plugin's policy is selectable by --policy and scheduler.read_side
+    if policy is not None:
+        try:
+            policy = get_policy(policy).name
+        except UsageError as err:
+            raise UsageError(f"--policy: {err}") from None
     sets = list(overrides)
     if pd is not None:
         sets.append(f"cluster.pd={parse_pd(pd)}")

@@ -10,18 +10,19 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.core.policies import BUILTIN_POLICIES
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_duration, format_tokens, parse_tokens
 
 if TYPE_CHECKING:
-    from dualpath_cli.sim import LatencyStats, SimResult, Workload
+    from dualpath_cli.sim import LatencyStats, SimResult, SimSetup, Workload
 
 # The simulator (numpy) and its plots (matplotlib, plotext) are imported inside the commands
 # so that ``dualpath --help`` does not load them (tests/test_cli_import_graph.py).
@@ -31,9 +32,11 @@ __all__ = ["app", "resolve_agents", "resolve_workload", "workload_keys", "worklo
 app = typer.Typer(help="Simulate a DualPath cluster in simulated time with the core scheduler.",
                   no_args_is_help=True)
 
-#: Every simulator policy, in the paper's order (sim.SIM_POLICIES; a test checks they agree).
-SIM_POLICY_NAMES: tuple[str, ...] = ("basic", "layerwise", "dual-rr", "dualpath", "split",
-                                     "oracle")
+#: The built-in policies (core's one table, ablation order first); plugins may add more.
+SIM_POLICY_NAMES: tuple[str, ...] = tuple(BUILTIN_POLICIES)
+#: What ``sim compare`` runs by default: the paper's ablation, split and the oracle.
+COMPARE_DEFAULT: tuple[str, ...] = ("basic", "layerwise", "round-robin", "dualpath", "split",
+                                    "oracle")
 
 _MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, qwen32b).")
 _PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
@@ -51,6 +54,48 @@ _HORIZON = typer.Option(1800.0, "--horizon", help="Online: longest run, seconds 
                         "steady state).")
 _FULL_HORIZON = typer.Option(False, "--full-horizon", help="Online: run the whole --horizon, "
                              "past the paper's stop rule.")
+_CONFIG = typer.Option(None, "--config", "-c", help="Config file whose scheduler keys apply "
+                       "(read_side as the default policy, layerwise_prefill, dynamic_alpha, "
+                       "dynamic_beta, dynamic_quota, random_seed); flags win.")
+_SET = typer.Option(None, "--set", help="Override one config key, e.g. --set "
+                    "scheduler.dynamic_alpha=true.")
+_DYNAMIC = typer.Option(None, "--dynamic", help="Dynamic controllers to run: comma-separated "
+                        "alpha, beta, quota, or 'none' [default: the config's "
+                        "scheduler.dynamic_* keys].")
+
+
+def _knobs(config: Path | None, sets: list[str] | None, dynamic: str | None) -> Any:
+    """The config's scheduler knobs (:class:`~dualpath_cli.sim.api.SimKnobs`), with
+    ``--dynamic`` over its controller keys. Plugins' policies are registered first so the
+    config and ``--policy`` may name them."""
+    from dataclasses import replace
+
+    from dualpath_cli.config import load_config
+    from dualpath_cli.core.controllers import CONTROLLERS
+    from dualpath_cli.plugins.manager import load_policies
+    from dualpath_cli.sim.api import knobs_from_config
+
+    load_policies()
+    knobs = knobs_from_config(load_config(config_file=config, overrides=sets or ()).config)
+    if dynamic is not None:
+        names = [] if dynamic.strip() == "none" else [
+            n.strip() for n in dynamic.split(",") if n.strip()]
+        bad = [n for n in names if n not in CONTROLLERS]
+        if bad or (not names and dynamic.strip() != "none"):
+            raise UsageError(f"--dynamic: unknown controller {', '.join(bad) or '(none)'}; "
+                             f"choose from {', '.join(CONTROLLERS)}, or none")
+        knobs = replace(knobs, controllers=tuple(names))
+    return knobs
+
+
+def _setup(model: str, pd: str, policy: str | None, hardware: str, knobs: Any) -> SimSetup:
+    """A simulator setup: ``--policy`` (else the config's ``scheduler.read_side``) and the
+    config's knobs."""
+    from dualpath_cli.sim import make_setup
+
+    return make_setup(model, pd, policy or knobs.policy, hardware, seed=knobs.seed,
+                      layerwise_prefill=knobs.layerwise_prefill,
+                      controllers=knobs.controllers)
 
 
 def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
@@ -118,8 +163,9 @@ def run(
     agents: int | None = typer.Option(
         None, "--agents", help="Agents, all starting at t=0 (offline) [default: 2048, or "
         "every trajectory of a --trace]."),
-    policy: str = typer.Option("dualpath", "--policy",
-                               help=f"One of: {', '.join(SIM_POLICY_NAMES)}."),
+    policy: str | None = typer.Option(
+        None, "--policy", help=f"One of: {', '.join(SIM_POLICY_NAMES)}, or a plugin's "
+        "[default: the config's scheduler.read_side, dualpath]."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
     horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
     plot: Path | None = typer.Option(
@@ -131,7 +177,8 @@ def run(
     series: bool = typer.Option(
         False, "--series", help="With --json: add snic_series, the bytes each node's "
         "storage NIC read per time bin (large for big clusters)."),
-    seed: int = _SEED, json_out: bool = _JSON,
+    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
+    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
 ) -> None:
     """Run one simulation (offline JCT, or online with --aps).
 
@@ -143,10 +190,11 @@ def run(
     if series and not json_out:
         raise UsageError("--series adds the per-node series to the JSON output; "
                          "pass --json too")
-    from dualpath_cli.sim import make_setup, online_agents, simulate_offline, simulate_online
+    from dualpath_cli.sim import online_agents, simulate_offline, simulate_online
     from dualpath_cli.sim.plots import check_png_path, render_series_terminal, write_series_png
 
-    setup = make_setup(model, pd, policy, hardware)
+    setup = _setup(model, pd, policy, hardware, _knobs(config, overrides, dynamic))
+    policy = setup.policy.name
     if plot is not None:
         check_png_path(plot)
     wl = resolve_workload(trace, max_len, seed)
@@ -179,7 +227,7 @@ def compare(
     agents: int | None = typer.Option(
         None, "--agents", help="Agents starting at t=0 [default: 1024, or every trajectory "
         "of a --trace]."),
-    policies: str = typer.Option(",".join(SIM_POLICY_NAMES), "--policies",
+    policies: str = typer.Option(",".join(COMPARE_DEFAULT), "--policies",
                                  help="Comma-separated policies."),
     aps: float | None = typer.Option(
         None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
@@ -189,16 +237,18 @@ def compare(
         "to this .png file."),
     plot_terminal: bool = typer.Option(
         False, "--plot-terminal", help="Also draw the chart as text (on stderr with --json)."),
-    seed: int = _SEED, json_out: bool = _JSON,
+    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
+    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
 ) -> None:
     """Run several policies on the same workload and compare JCT (online: TTFT, TPOT)."""
-    from dualpath_cli.sim import make_setup, online_agents, simulate_offline, simulate_online
+    from dualpath_cli.sim import online_agents, simulate_offline, simulate_online
     from dualpath_cli.sim.plots import check_png_path, render_compare_terminal, write_compare_png
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise UsageError("--policies is empty")
-    setups = [make_setup(model, pd, name, hardware) for name in names]  # validate all first
+    knobs = _knobs(config, overrides, dynamic)
+    setups = [_setup(model, pd, name, hardware, knobs) for name in names]  # validate all first
     if plot is not None:
         check_png_path(plot)
     wl = resolve_workload(trace, max_len, seed)
@@ -283,18 +333,21 @@ def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callabl
 def capacity(
     model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
     trace: Path | None = _TRACE,
-    policy: str = typer.Option("dualpath", "--policy", help="Policy to size."),
+    policy: str | None = typer.Option(None, "--policy", help="Policy to size [default: the "
+                                      "config's scheduler.read_side, dualpath]."),
     lo: float = typer.Option(0.05, "--lo", help="Lowest APS to probe."),
     hi: float = typer.Option(2.0, "--hi", help="Highest APS to probe."),
     horizon: float = typer.Option(2400.0, "--horizon", help="Seconds simulated per probe."),
     steps: int = typer.Option(6, "--steps", help="Bisection steps."),
-    seed: int = _SEED, json_out: bool = _JSON,
+    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
+    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
 ) -> None:
     """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
-    from dualpath_cli.sim import make_setup, online_agents, simulate_capacity
+    from dualpath_cli.sim import online_agents, simulate_capacity
     from dualpath_cli.sim.online import check_aps_range
 
-    setup = make_setup(model, pd, policy, hardware)
+    setup = _setup(model, pd, policy, hardware, _knobs(config, overrides, dynamic))
+    policy = setup.policy.name
     wl = resolve_workload(trace, max_len, seed)
     check_aps_range(lo, hi)
     res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,

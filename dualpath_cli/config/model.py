@@ -205,6 +205,7 @@ class SchedulerConfig:
     hierarchical: bool
     dynamic_alpha: bool
     dynamic_beta: bool
+    dynamic_quota: bool
     random_seed: int
 
 

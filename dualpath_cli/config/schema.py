@@ -24,7 +24,7 @@ from dualpath_cli.config.quantities import (
 )
 from dualpath_cli.core.policies import POLICIES
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
-from dualpath_cli.errors import UnitError
+from dualpath_cli.errors import ConfigError, UnitError
 from dualpath_cli.units import (
     parse_bandwidth,
     parse_bytes,
@@ -44,10 +44,12 @@ __all__ = [
     "CODECS",
     "LAYOUTS",
     "KV_DTYPES",
+    "UNBUILT",
+    "check_built",
 ]
 
 CUSTOM = "custom"
-READ_SIDE_POLICIES = tuple(POLICIES)  # the core registry is the one list of names
+READ_SIDE_POLICIES = tuple(POLICIES)  # the built-in rows of core's one policy table
 KV_DTYPES = ("fp16", "bf16", "fp32", "fp8")
 # The names of core.layout.LAYOUTS and storage.codecs.CODECS, kept here as literals so that
 # loading a config imports neither numpy nor ml_dtypes (the CLI starts in well under a
@@ -173,6 +175,15 @@ def _choices(options: tuple[str, ...]) -> Kind:
     return Kind("choice", "-", _choice(options))
 
 
+def _policy_name(value: Any) -> str:
+    """A name in core's policy table as it is now (a plugin's policy once registered)."""
+    from dualpath_cli.core.policies import ALIASES
+
+    if not isinstance(value, str) or (value not in POLICIES and value not in ALIASES):
+        raise UnitError(f"{value!r} is not one of: {', '.join(POLICIES)}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     """One configuration key.
@@ -288,8 +299,10 @@ KEYS: tuple[Key, ...] = (
         "achieved GPU FLOP/s).", forms=QUOTA_FORMS),
     Key("scheduler", "z_factor", Z, 1.05,
         "Z = z_factor x mean DE tokens: the high-token line in DE scheduling (at least 1)."),
-    Key("scheduler", "read_side", _choices(READ_SIDE_POLICIES), "dualpath",
-        "Read-side / path policy: " + ", ".join(READ_SIDE_POLICIES) + "."),
+    Key("scheduler", "read_side", Kind("choice", "-", _policy_name), "dualpath",
+        "The policy used when no --policy flag is given (a row of the policy table: read "
+        "rule, layerwise prefill, NIC shaping): " + ", ".join(READ_SIDE_POLICIES) + ", or one "
+        "a plugin registers."),
     Key("scheduler", "fetch_period", DURATION, "100ms",
         "How often an engine group fetches work (our choice; the paper does not say)."),
     Key("scheduler", "reference_context", TOKENS, "32K",
@@ -299,14 +312,38 @@ KEYS: tuple[Key, ...] = (
         "New (appended) tokens of the reference turn for beta in seconds (the paper's mean "
         "append on the 64K trace, Table 2: 429)."),
     Key("scheduler", "layerwise_prefill", BOOL, True,
-        "Stream KV layer by layer while prefilling."),
+        "Stream KV layer by layer while prefilling; false turns it off whatever the policy."),
     Key("scheduler", "hierarchical", BOOL, False,
-        "Hierarchical (group-then-engine) scheduling for large clusters."),
+        "Hierarchical (group-then-engine) scheduling for large clusters. Not built yet: "
+        "launch, bench and sim refuse true."),
     Key("scheduler", "dynamic_alpha", BOOL, False,
-        "Adjust alpha from storage-NIC utilisation (x0.9 above 80%, x1.1 below 50%)."),
-    Key("scheduler", "dynamic_beta", BOOL, False, "Adjust beta from GPU utilisation."),
+        "Alpha follows the busiest storage NIC's utilisation (x0.9 above 80%, x1.1 below "
+        "50%), one bounded step per interval."),
+    Key("scheduler", "dynamic_beta", BOOL, False,
+        "Beta follows the prefill GPUs' utilisation (x0.9 above 90%, x1.1 below 60%), one "
+        "bounded step per interval."),
+    Key("scheduler", "dynamic_quota", BOOL, False,
+        "The compute quota follows the TTFT tail (x0.9 when p99/p50 is above 4, x1.1 below "
+        "2), one bounded step per interval."),
     Key("scheduler", "random_seed", Kind("integer", "count", _integer(0)), 0,
-        "Seed of the 'random' read-side policy."),
+        "Seed of the 'random' policy's read side (and the simulator's online arrivals)."),
 )
 
 KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}
+
+
+UNBUILT: dict[str, str] = {
+    "scheduler.hierarchical": "hierarchical scheduling is not built yet (it comes with "
+                              "multi-node launch); set scheduler.hierarchical to false",
+}
+"""Keys that are accepted in a file (presets set them) but refused when switched on."""
+
+
+def check_built(config: Any) -> None:
+    """Refuse a config that switches on something not built yet, in one line.
+
+    Raises:
+        ConfigError: ``scheduler.hierarchical`` is true.
+    """
+    if config.scheduler.hierarchical:
+        raise ConfigError(f"scheduler.hierarchical: {UNBUILT['scheduler.hierarchical']}")

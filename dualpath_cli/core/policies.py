@@ -1,18 +1,33 @@
-"""Named scheduling policies, and one full decision for a request, shared by runtime and sim.
+"""The one policy table, and one full decision for a request, shared by runtime and sim.
 
-Every policy selects engines the same way (PE: paper Algorithm 1 in :mod:`.pe_fetch`; DE: the
-two phases in :mod:`.de_schedule`) and differs only in how the cached KV is read, so a
-comparison between policies isolates the read path:
+A policy is a row of :data:`POLICIES`: its name, its read rule (the ``plan`` function: which
+side reads a request's cached KV), whether prefill is layerwise, whether the NICs are shaped
+(``False``: I/O costs nothing, the oracle) and a description. The runtime (``--policy``),
+the simulator, config's ``scheduler.read_side``, ``PATCH /api/v1/scheduler`` and the plugin
+hook all read this table; a plugin's read-path policy is added to it by
+:func:`register_policy` (``plugins.manager.load_policies``), so it is selectable everywhere
+a built-in one is. Every policy selects engines the same way (PE: paper Algorithm 1 in
+:mod:`.pe_fetch`; DE: the two phases in :mod:`.de_schedule`), so a comparison between
+policies isolates the loading mechanism and the read path:
 
-=============  ==============================================================================
-``dualpath``   the side with the shorter read queue (paper 6.4)
-``basic``      always the PE side (PE-only reads, the paper's Basic)
-``round-robin`` alternates PE, DE, PE, ... by the decision's ordinal (the ablation's path rule)
-``random``     PE or DE from a hash of (seed, request_id): reproducible and order-independent
-``split``      both sides, blocks divided so both queues drain together (paper's future work)
-``seed-select`` the seed's ``select_loading_path``: PE if the PE is healthy (read_q <= alpha,
-               tok <= beta), else DE if the DE is, else :class:`NoAvailableEngine`
-=============  ==============================================================================
+=============  ============  =========  ======  ===========================================
+name           read rule     layerwise  shaped  meaning
+=============  ============  =========  ======  ===========================================
+``basic``      basic         no         yes     PE-side reads, whole-prompt KV (paper Basic)
+``layerwise``  basic         yes        yes     Basic + layerwise prefill (ablation step)
+``round-robin`` round-robin  yes        yes     alternate PE, DE by decision ordinal
+``dualpath``   dualpath      yes        yes     the side with the shorter read queue (6.4)
+``random``     random        yes        yes     PE or DE from a hash of (seed, request id)
+``split``      split         yes        yes     both sides, blocks divided so both queues
+                                                drain together (the paper's future work)
+``seed-select`` seed-select  yes        yes     the seed's ``select_loading_path``: PE if
+                                                healthy (read_q <= alpha, tok <= beta), else
+                                                DE if healthy, else :class:`NoAvailableEngine`
+``oracle``     basic         yes        no      no I/O cost: unshaped NICs (runtime), no
+                                                reads or transfers modelled (simulator)
+=============  ============  =========  ======  ===========================================
+
+``dual-rr`` (the simulator's old name of round robin) is kept as a deprecated alias.
 
 A runtime or simulator calls the fetch-level functions (:func:`pe_fetch`, :func:`de_route`,
 :func:`de_place`) when groups fetch and :func:`read_plan` once a request has both engines;
@@ -21,8 +36,10 @@ A runtime or simulator calls the fetch-level functions (:func:`pe_fetch`, :func:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from dualpath_cli.core.de_schedule import DEFAULT_Z_FACTOR, GroupLoads, de_place, de_route
 from dualpath_cli.core.pe_fetch import pe_fetch
@@ -33,14 +50,18 @@ from dualpath_cli.core.read_side import (
     split_read,
 )
 from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request
-from dualpath_cli.errors import NoAvailableEngine, pick
+from dualpath_cli.errors import NoAvailableEngine, UsageError, pick
 
 __all__ = [
     "SchedParams",
     "ReadPlan",
     "Policy",
     "POLICIES",
+    "BUILTIN_POLICIES",
+    "ALIASES",
     "get_policy",
+    "register_policy",
+    "unregister_policy",
     "read_plan",
     "charge_read",
     "Decision",
@@ -78,11 +99,28 @@ PlanFn = Callable[[Request, EngineSnapshot, EngineSnapshot, SchedParams, int], R
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A named read-path rule; ``plan(request, pe, de, params, ordinal)`` gives the plan."""
+    """One row of the policy table; ``plan(request, pe, de, params, ordinal)`` gives the plan.
+
+    Attributes:
+        name: what users select it by (``--policy``, ``scheduler.read_side``).
+        description: one line for tables and ``plugins list``.
+        plan: the read rule.
+        layerwise: prefill streams KV layer by layer (False: every layer's KV first).
+        shaped: the NICs are shaped (False: I/O costs nothing, the oracle).
+        rule: the read rule's name when another policy's rule is reused ("" = ``name``).
+    """
 
     name: str
     description: str
     plan: PlanFn
+    layerwise: bool = True
+    shaped: bool = True
+    rule: str = ""
+
+    @property
+    def read_rule(self) -> str:
+        """The read rule's name (``basic`` for ``layerwise`` and ``oracle``)."""
+        return self.rule or self.name
 
 
 def _whole(side: ReadSide, cached: int) -> ReadPlan:
@@ -146,21 +184,62 @@ def _plan_seed(r: Request, pe: EngineSnapshot, de: EngineSnapshot, p: SchedParam
         f"(read_q <= alpha {p.alpha} and tok <= beta {p.beta})")
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (
+_BUILTIN: tuple[Policy, ...] = (
+    Policy("basic", "PE-side reads, no layerwise prefill (the paper's Basic)", _plan_basic,
+           layerwise=False),
+    Policy("layerwise", "Basic + layerwise prefill (the ablation's second step)", _plan_basic,
+           rule="basic"),
+    Policy("round-robin", "alternate PE and DE reads by decision ordinal", _plan_round_robin),
     Policy("dualpath", "read on the side with the shorter read queue (paper 6.4)",
            _plan_dualpath),
-    Policy("basic", "always read on the PE side (PE-only loading)", _plan_basic),
-    Policy("round-robin", "alternate PE and DE reads by decision ordinal", _plan_round_robin),
     Policy("random", "PE or DE from a seeded hash of the request id", _plan_random),
     Policy("split", "split the blocks so both read queues drain together", _plan_split),
     Policy("seed-select", "the seed's select_loading_path: healthy PE, else healthy DE",
            _plan_seed),
-)}
+    Policy("oracle", "no I/O cost: unshaped NICs (runtime), no reads modelled (simulator)",
+           _plan_basic, shaped=False, rule="basic"),
+)
+
+BUILTIN_POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in _BUILTIN})
+"""The built-in rows, in the paper's ablation order (read-only)."""
+
+POLICIES: dict[str, Policy] = dict(BUILTIN_POLICIES)
+"""The policy table: the built-in rows plus those plugins registered (:func:`register_policy`)."""
+
+ALIASES: Mapping[str, str] = MappingProxyType({"dual-rr": "round-robin"})
+"""Deprecated names still accepted, and the policy each means."""
 
 
 def get_policy(name: str) -> Policy:
-    """The policy called ``name``; a :class:`UsageError` naming the choices otherwise."""
+    """The policy called ``name`` (a deprecated alias warns); a :class:`UsageError` naming
+    the choices otherwise."""
+    if name in ALIASES and name not in POLICIES:
+        warnings.warn(f"policy name {name!r} is deprecated; use {ALIASES[name]!r}",
+                      DeprecationWarning, stacklevel=2)
+        name = ALIASES[name]
     return pick(POLICIES, name, "scheduling policy")
+
+
+def register_policy(policy: Policy) -> None:
+    """Add a plugin's policy to the table (registering the same object again is a no-op).
+
+    Raises:
+        UsageError: the name is taken by another policy or is a deprecated alias.
+    """
+    if not isinstance(policy, Policy):
+        raise UsageError(f"a registered policy must be a core Policy, got {policy!r}")
+    have = POLICIES.get(policy.name)
+    if have is policy:
+        return
+    if have is not None or policy.name in ALIASES:
+        raise UsageError(f"policy {policy.name!r} is already in the policy table")
+    POLICIES[policy.name] = policy
+
+
+def unregister_policy(name: str) -> None:
+    """Remove a plugin's policy (built-in rows stay). For tests and plugin reloads."""
+    if name not in BUILTIN_POLICIES:
+        POLICIES.pop(name, None)
 
 
 def read_plan(policy: Policy, request: Request, pe: EngineSnapshot, de: EngineSnapshot,

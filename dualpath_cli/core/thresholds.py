@@ -17,6 +17,13 @@ Dynamic controllers (pure: current value and a utilisation in, next value out):
 * :func:`dynamic_beta`, our reading of the seed's "adjust the unfinished-token limit from GPU
   utilisation": x0.9 above 90% GPU utilisation (saturated engines should queue less), x1.1
   below 60% (idle GPUs may take more), clamped to [lo, hi].
+* :func:`dynamic_quota`, our reading of the seed's "dynamic quota adjustment" remedy for long
+  tails (6.2): x0.9 when the TTFT tail (p99 / p50 of the interval's turns) is above 4 (a
+  smaller compute quota chunks long prompts finer, so short ones stop queueing behind them),
+  x1.1 below 2 (bigger batches, fewer per-batch costs), clamped to [lo, hi].
+
+:mod:`.controllers` runs these on a schedule with a bound on each step; the runtime's
+scheduler and the simulator both call it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ __all__ = [
     "tokens_processable",
     "dynamic_alpha",
     "dynamic_beta",
+    "dynamic_quota",
     "step_controller",
 ]
 
@@ -89,3 +97,10 @@ def dynamic_beta(current: float, gpu_util: float, *, lo: float, hi: float,
     """Dynamic beta: x0.9 above 90% GPU utilisation, x1.1 below 60% (see module doc)."""
     return step_controller(current, gpu_util, lo=lo, hi=hi, high_util=high_util,
                            low_util=low_util)
+
+
+def dynamic_quota(current: float, ttft_tail: float, *, lo: float, hi: float,
+                  high_tail: float = 4.0, low_tail: float = 2.0) -> float:
+    """Dynamic compute quota: x0.9 when TTFT p99/p50 is above 4, x1.1 below 2 (module doc)."""
+    return step_controller(current, ttft_tail, lo=lo, hi=hi, high_util=high_tail,
+                           low_util=low_tail)

@@ -110,7 +110,7 @@ class Evidence:
 
     def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = ()) -> None:
         self.samples = tuple(samples)
-        self.decisions = tuple(decisions)
+        self.decisions = tuple(d for d in decisions if d.kind == "turn")  # not controller moves
 
     @classmethod
     def from_views(cls, views: Sequence[ClusterView],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dualpath_cli.core.policies import POLICIES, Policy
+from dualpath_cli.core.policies import BUILTIN_POLICIES, Policy
 from dualpath_cli.plugins.hookspecs import hookimpl
 from dualpath_cli.plugins.specs import PolicySpec
 
@@ -23,6 +23,6 @@ def _returning(policy: Policy) -> Callable[[], Policy]:
 
 @hookimpl
 def dualpath_register_policies() -> list[PolicySpec]:
-    """Every policy in :data:`dualpath_cli.core.policies.POLICIES`, kind ``read-path``."""
+    """Every built-in row of core's policy table (``BUILTIN_POLICIES``), kind ``read-path``."""
     return [PolicySpec(policy.name, "read-path", _returning(policy), policy.description)
-            for policy in POLICIES.values()]
+            for policy in BUILTIN_POLICIES.values()]

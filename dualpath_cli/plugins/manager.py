@@ -36,6 +36,8 @@ __all__ = [
     "get_manager",
     "reset_manager",
     "plugin_command_names",
+    "load_policies",
+    "policy_names",
 ]
 
 #: Modules always registered, as ``(name, module path)``. Default behaviour that is written
@@ -242,6 +244,36 @@ class PluginManager:
         return {name: spec for name, (_, spec) in found.items()
                 if kind is None or spec.kind == kind}
 
+    def install_policies(self) -> list[str]:
+        """Add every plugin's ``read-path`` policy to core's one policy table; returns the
+        names added (built-in rows are already there).
+
+        Raises:
+            PluginError: a factory that fails, returns something that is not a core
+                ``Policy``, or a policy whose name differs from its spec's.
+        """
+        from dualpath_cli.core.policies import BUILTIN_POLICIES, Policy, register_policy
+
+        added = []
+        found = self._collect("dualpath_register_policies", PolicySpec, lambda p: p.name)
+        for name, (plugin, spec) in found.items():
+            if spec.kind != "read-path" or name in BUILTIN_POLICIES:
+                continue
+            try:
+                policy = spec.factory()
+            except Exception as err:  # noqa: BLE001 - name the plugin, never a traceback
+                raise PluginError(f"plugin {plugin!r}: policy {name!r} factory failed: "
+                                  f"{_describe(err)}") from None
+            if not isinstance(policy, Policy) or policy.name != name:
+                raise PluginError(f"plugin {plugin!r}: policy {name!r} factory returned "
+                                  f"{policy!r}, expected a core Policy named {name!r}")
+            try:
+                register_policy(policy)
+            except DualPathError as err:
+                raise PluginError(f"plugin {plugin!r}: {err}") from None
+            added.append(name)
+        return added
+
     def stores(self) -> dict[str, StoreSpec]:
         """Registered KV-store backends by name."""
         found = self._collect("dualpath_register_stores", StoreSpec, lambda s: s.name)
@@ -315,6 +347,31 @@ def get_manager() -> PluginManager:
     if _manager is None:
         _manager = PluginManager()
     return _manager
+
+
+def load_policies(*names: str) -> None:
+    """Make plugins' policies selectable: register them into core's policy table.
+
+    Cheap when every name in ``names`` is already in the table (built-in, or registered
+    before): plugins are then not loaded. With no names, or an unknown one, the plugins'
+    policies are registered, and the caller's lookup reports a name still missing.
+
+    Raises:
+        PluginError: a plugin's policy could not be registered.
+    """
+    from dualpath_cli.core.policies import ALIASES, POLICIES
+
+    if names and all(n in POLICIES or n in ALIASES for n in names):
+        return
+    get_manager().install_policies()
+
+
+def policy_names() -> list[str]:
+    """Every selectable policy name: core's table after loading the plugins' policies."""
+    from dualpath_cli.core.policies import POLICIES
+
+    load_policies()
+    return list(POLICIES)
 
 
 def reset_manager(manager: PluginManager | None = None) -> None:

@@ -20,7 +20,10 @@ __all__ = ["PolicyKind", "POLICY_KINDS", "PolicySpec", "StoreSpec", "MetricSpec"
 PolicyKind = Literal["read-path", "pe-fetch", "de-schedule", "batching", "threshold"]
 #: Every policy kind, in the order the scheduler applies them to a request. Only
 #: ``read-path`` has a consumer contract today: its factory returns a
-#: :class:`dualpath_cli.core.policies.Policy` (``plan(request, pe, de, params, ordinal)``).
+#: :class:`dualpath_cli.core.policies.Policy`, a row of the one policy table (name, read rule
+#: ``plan(request, pe, de, params, ordinal)``, layerwise, shaped, description); once
+#: registered (:func:`dualpath_cli.plugins.manager.load_policies`) ``--policy NAME`` selects
+#: it in ``bench``, ``sim`` and ``launch``, and ``scheduler.read_side`` may name it.
 POLICY_KINDS: tuple[PolicyKind, ...] = ("pe-fetch", "de-schedule", "read-path", "batching",
                                         "threshold")
 
@@ -30,10 +33,10 @@ class PolicySpec:
     """A named scheduling or read-side policy.
 
     Attributes:
-        name: unique name users select it by (e.g. in config ``scheduler.read_side``).
+        name: unique name users select it by (``--policy``, config ``scheduler.read_side``).
         kind: which decision it makes (one of :data:`POLICY_KINDS`).
-        factory: builds the policy; called with keyword options from config. For
-            ``read-path`` it returns a :class:`dualpath_cli.core.policies.Policy`.
+        factory: builds the policy, called without arguments. For ``read-path`` it returns
+            a :class:`dualpath_cli.core.policies.Policy` whose ``name`` is ``name``.
         help: one line shown by ``dualpath plugins list``.
     """
 

@@ -70,6 +70,21 @@ class DecisionLog:
                                side=d.side).inc()
         return d
 
+    def record_control(self, *, at: float, name: str, inputs: dict[str, Any]) -> Decision:
+        """Number and keep one controller move (``kind`` ``control``, ``side`` the
+        controller's name); it is not counted among the turns' decisions."""
+        with self._lock:
+            self._seq += 1
+            d = Decision(seq=self._seq, at=at, rid=-1, attempt=0, agent=-1, turn=-1,
+                         length=0, cached=0, pe=-1, de=-1, de_group=-1, side=name,
+                         pe_tokens=0, de_tokens=0, pe_read_q=0, de_read_q=0, inputs=inputs,
+                         kind="control")
+            self._ring.append(d)
+            if self._file is not None:
+                self._file.write(json.dumps(dataclasses.asdict(d)) + "\n")
+                self._file.flush()
+        return d
+
     def since(self, seq: int) -> list[Decision]:
         """Kept decisions with ``seq`` greater than ``seq``, oldest first."""
         with self._lock:

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dualpath_cli.config import LoadedConfig
+from dualpath_cli.config.schema import check_built
+from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.policies import ALIASES
 from dualpath_cli.errors import ConfigError
 from dualpath_cli.runtime.model import MODEL_CONFIGS
 from dualpath_cli.storage import get_codec
@@ -31,7 +34,9 @@ class RuntimeOptions:
         snic_bw: storage-NIC bandwidth per node, each direction (<= 0: unshaped).
         cnic_bw: compute-NIC bandwidth per engine (<= 0: unshaped).
         hbm_blocks: HBM capacity per engine, in blocks.
-        policy: runtime policy (dualpath, basic, round-robin, random, split, oracle).
+        policy: a policy of the one table (:data:`dualpath_cli.core.policies.POLICIES`:
+            basic, layerwise, round-robin, dualpath, random, split, seed-select, oracle, or
+            one a plugin registered).
         store_dir: block directory (None: in-memory store, in-process cluster only).
         processes: one process per engine over ZeroMQ (False: threads over queues).
         alpha / beta: scheduler thresholds in tokens.
@@ -52,6 +57,10 @@ class RuntimeOptions:
         sources: where alpha, beta, z_factor, the quota and the read side came from
             (``config``, ``flag``, ``default``; keys ``alpha``, ``beta``, ``z_factor``,
             ``quota``, ``read_side``); a key not given reads ``config``.
+        layerwise_prefill: False turns layerwise prefill off whatever the policy.
+        controllers: dynamic controller (``alpha``, ``beta``, ``quota``) -> on.
+        control_interval_s: seconds between two controller steps.
+        random_seed: seed of the ``random`` policy's read side.
     """
 
     prefill_nodes: int = 1
@@ -78,6 +87,10 @@ class RuntimeOptions:
     decision_log: Path | None = None
     decision_ring: int = 10_000
     sources: dict[str, str] = field(default_factory=dict)
+    layerwise_prefill: bool = True
+    controllers: dict[str, bool] = field(default_factory=dict)
+    control_interval_s: float = 1.0
+    random_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,10 +121,16 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
     """Runtime options from an effective config (``overrides`` win, e.g. ``policy``).
 
     P/D shape, GPUs per node, model, block size, codec, NIC bandwidths, HBM per GPU, alpha
-    and beta (resolved to tokens), Z, the compute quota and the fetch period all come from
-    the config.
+    and beta (resolved to tokens), Z, the compute quota, the fetch period, the policy
+    (``scheduler.read_side``), layerwise prefill, the dynamic controllers and the random
+    seed all come from the config.
+
+    Raises:
+        ConfigError: a model the runtime cannot run, or a key switched on that is not built
+            (``scheduler.hierarchical``).
     """
     cfg = loaded.config
+    check_built(cfg)
     name = runtime_model_for(cfg.model.profile)
     model = MODEL_CONFIGS[name]
     if (cfg.model.n_layers, cfg.model.kv_bytes_per_token_layer) != (
@@ -130,11 +149,16 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "alpha": loaded.resolved.alpha_tokens, "beta": loaded.resolved.beta_tokens,
         "z_factor": cfg.scheduler.z_factor, "quota_s": loaded.resolved.compute_quota_s,
         "codec": cfg.storage.codec, "fetch_s": cfg.scheduler.fetch_period,
+        "policy": ALIASES.get(cfg.scheduler.read_side, cfg.scheduler.read_side),
+        "layerwise_prefill": cfg.scheduler.layerwise_prefill,
+        "controllers": {name: bool(getattr(cfg.scheduler, key))
+                        for name, key in CONFIG_KEYS.items()},
+        "random_seed": cfg.scheduler.random_seed,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}
     sources = {name: _source_label(loaded.source(key).kind) for name, key in keys.items()}
-    sources["read_side"] = "default"  # the runtime policy is an option, not a config key
+    sources["read_side"] = _source_label(loaded.source("scheduler.read_side").kind)
     option = {"quota": "quota_s", "read_side": "policy"}
     sources.update({name: "flag" for name in sources if option.get(name, name) in overrides})
     values["sources"] = sources

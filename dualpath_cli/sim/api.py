@@ -6,9 +6,12 @@ deeper, so every run is configured the same way.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from dualpath_cli.config.model import parse_pd
+from dualpath_cli.config.model import Config, parse_pd
+from dualpath_cli.config.schema import check_built
+from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
@@ -26,20 +29,49 @@ from dualpath_cli.sim.policies import get_sim_policy
 from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
 
 __all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity",
-           "online_agents"]
+           "online_agents", "SimKnobs", "knobs_from_config"]
 
 
-def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str = "dualpath",
+@dataclass(frozen=True, slots=True)
+class SimKnobs:
+    """The scheduler keys of a config the simulator honours (flags override each).
+
+    ``policy`` is ``scheduler.read_side``; ``controllers`` the dynamic controllers that are
+    on (``alpha``, ``beta``, ``quota``); ``seed`` is ``scheduler.random_seed``.
+    """
+
+    policy: str = "dualpath"
+    layerwise_prefill: bool = True
+    controllers: tuple[str, ...] = ()
+    seed: int = 0
+
+
+def knobs_from_config(config: Config) -> SimKnobs:
+    """:class:`SimKnobs` from a loaded config.
+
+    Raises:
+        ConfigError: a key set to something not built (``scheduler.hierarchical: true``).
+    """
+    check_built(config)
+    s = config.scheduler
+    on = tuple(name for name, key in CONFIG_KEYS.items() if getattr(s, key))
+    return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed)
+
+
+def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "dualpath",
                hardware: str = "hopper", calibration: SimCalibration | None = None,
-               seed: int = 0, alpha: int | None = None, beta: int | None = None) -> SimSetup:
+               seed: int = 0, alpha: int | None = None, beta: int | None = None, *,
+               layerwise_prefill: bool = True, controllers: tuple[str, ...] = (),
+               control_interval_s: float = 2.0) -> SimSetup:
     """A :class:`SimSetup` from profile and policy names (errors name the bad value)."""
     spec = parse_pd(pd)
     return SimSetup(model=get_model_profile(model),
                     hardware=get_hardware_profile(hardware),
                     prefill_nodes=spec.prefill_nodes, decode_nodes=spec.decode_nodes,
-                    policy=get_sim_policy(policy),
+                    policy=policy if isinstance(policy, Policy) else get_sim_policy(policy),
                     calibration=calibration or SimCalibration(), seed=seed,
-                    alpha=alpha, beta=beta)
+                    alpha=alpha, beta=beta, layerwise_prefill=layerwise_prefill,
+                    controllers=tuple(controllers), control_interval_s=control_interval_s)
 
 
 def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,

@@ -35,28 +35,28 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from itertools import islice
 from operator import attrgetter
 
 import numpy as np
 
+from dualpath_cli.core.controllers import CONTROLLERS, Controllers, ControlStep, ttft_tail
 from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
 from dualpath_cli.core.pe_fetch import pe_fetch_in_place
-from dualpath_cli.core.policies import Policy, SchedParams, get_policy, read_plan
+from dualpath_cli.core.policies import Policy, SchedParams, read_plan
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.core.quota import PrefillWork, pack_batch
 from dualpath_cli.core.thresholds import tokens_processable, tokens_readable
 from dualpath_cli.core.types import Role
-from dualpath_cli.errors import ConfigError, UsageError
+from dualpath_cli.errors import ConfigError, NoAvailableEngine, UsageError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.costs import CostModel, build_cost_model
 from dualpath_cli.sim.events import EventLoop
 from dualpath_cli.sim.links import Flow
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg
 from dualpath_cli.sim.online import StopRule, check_online
-from dualpath_cli.sim.policies import SimPolicy
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
 from dualpath_cli.sim.trace import AgentPlan
 
@@ -71,18 +71,26 @@ class SimSetup:
     """Everything that defines a simulated cluster, apart from the workload.
 
     ``alpha``/``beta`` of None are derived as the paper does (3 s of reads, 5 s of work).
+    ``seed`` seeds the ``random`` read rule and the online arrivals (config
+    ``scheduler.random_seed``); ``layerwise_prefill`` False turns layerwise prefill off
+    whatever the policy; ``controllers`` names the dynamic controllers that run
+    (:mod:`dualpath_cli.core.controllers`: ``alpha``, ``beta``, ``quota``), one step every
+    ``control_interval_s`` simulated seconds.
     """
 
     model: ModelProfile
     hardware: HardwareProfile
     prefill_nodes: int
     decode_nodes: int
-    policy: SimPolicy
+    policy: Policy
     calibration: SimCalibration = field(default_factory=SimCalibration)
     seed: int = 0
     alpha: int | None = None
     beta: int | None = None
     bin_s: float = 5.0
+    layerwise_prefill: bool = True
+    controllers: tuple[str, ...] = ()
+    control_interval_s: float = 2.0
 
     @property
     def pd(self) -> str:
@@ -177,9 +185,9 @@ class Simulation:
             raise UsageError("the workload has no agents")
         self.setup = setup
         self.plans = list(plans)
-        self.policy: SimPolicy = setup.policy
-        self.core_policy: Policy | None = (get_policy(setup.policy.read_rule)
-                                           if setup.policy.read_rule else None)
+        self.policy: Policy = setup.policy
+        # an unshaped policy (the oracle) moves no KV at all: no reads are planned
+        self.core_policy: Policy | None = setup.policy if setup.policy.shaped else None
         cost = build_cost_model(setup.model, setup.hardware, setup.calibration,
                                 setup.prefill_nodes, setup.decode_nodes)
         self.cost = cost
@@ -192,8 +200,8 @@ class Simulation:
         self.params = SchedParams(self.alpha, self.beta, cal.z_factor, cal.block_tokens,
                                   read_rate, read_rate, setup.seed)
         # constants the hot paths read (attribute chains resolved once)
-        self._io = setup.policy.io
-        self._layerwise = setup.policy.layerwise
+        self._io = setup.policy.shaped
+        self._layerwise = setup.policy.layerwise and setup.layerwise_prefill
         self._period = cal.fetch_period_s
         self._quota = cal.quota_s
         self._host_cores = cal.host_cores   # None: no CPU contention between engines
@@ -217,6 +225,25 @@ class Simulation:
         self.K_STEP = ev.register(self._de_step)
         self.K_AGENT = ev.register(self._agent_arrives)
         self.K_CHECK = ev.register(self._check_stop)
+        self.K_IO_RETRY = ev.register(self._start_io)
+        self.K_CONTROL = ev.register(self._control)
+        unknown = sorted(set(setup.controllers) - set(CONTROLLERS))
+        if unknown:
+            raise UsageError(f"unknown controller {unknown[0]!r}; choose from "
+                             f"{', '.join(CONTROLLERS)}")
+        if setup.controllers and not setup.control_interval_s > 0:
+            raise UsageError(f"control interval {setup.control_interval_s!r}: must be > 0 s")
+        self.controllers = Controllers(
+            on={name: name in setup.controllers for name in CONTROLLERS},
+            bases={"alpha": float(self.alpha), "beta": float(self.beta),
+                   "quota": float(cal.quota_s)},
+            minimum={"alpha": 0.0, "beta": float(cal.block_tokens)})
+        self.control_steps: list[ControlStep] = []
+        self._ctl_values = {"alpha": float(self.alpha), "beta": float(self.beta),
+                            "quota": float(cal.quota_s)}
+        self._ctl_bytes: list[float] = []
+        self._ctl_busy: list[float] = []
+        self._ttfts: list[float] | None = [] if self.controllers.any_on else None
         self._build()
         # workload state
         n = len(self.plans)
@@ -238,6 +265,7 @@ class Simulation:
         self.samples: list[tuple[float, float, float, float]] = []
         self.stop_rule: StopRule | None = None  # online runs: the paper's end of a run
         self.stopped: str | None = None
+        self._total_turns = sum(self.num_turns)
 
     # ----------------------------------------------------------------- construction
     def _build(self) -> None:
@@ -429,7 +457,11 @@ class Simulation:
         pe_snap, de_snap = pe.snap, de.snap
         pe_snap.read_q = pe.node.read_q
         de_snap.read_q = de.node.read_q
-        plan = read_plan(pol, req.core, pe_snap, de_snap, self.params, self.ordinal)
+        try:
+            plan = read_plan(pol, req.core, pe_snap, de_snap, self.params, self.ordinal)
+        except NoAvailableEngine:  # seed-select: neither side healthy; try at the next tick
+            self._at(self.loop.now + self._period, self.K_IO_RETRY, req)
+            return
         self.ordinal += 1
         kvpt = self._kvpt
         pe_tokens, de_tokens = plan.pe_tokens, plan.de_tokens
@@ -608,6 +640,8 @@ class Simulation:
     def _prefill_finished(self, req: Req) -> None:
         now = self.loop.now
         req.t_first = now
+        if self._ttfts is not None:
+            self._ttfts.append(now - req.t_arrive)
         if self.stop_rule is not None:
             self.stop_rule.add(now, now - req.t_arrive)
         pe, de = req.pe, req.de
@@ -740,6 +774,44 @@ class Simulation:
         else:
             self.agent_end[agent] = now
 
+    # ----------------------------------------------------------------- controllers
+    def _start_control(self) -> None:
+        if not self.controllers.any_on:
+            return
+        self._ctl_bytes = [n.read_bytes for n in self.nodes]
+        self._ctl_busy = [p.busy_time for p in self.pes]
+        self.loop.at(self.loop.now + self.setup.control_interval_s, self.K_CONTROL, None)
+
+    def _control(self, _: object) -> None:
+        """One controller interval: measure, step core's controllers, apply, log."""
+        dt = self.setup.control_interval_s
+        rate = self.cost.snic_rate * dt
+        read = [n.read_bytes for n in self.nodes]
+        busy = [p.busy_time for p in self.pes]
+        snic = max((b - a) / rate for a, b in zip(self._ctl_bytes, read, strict=True))
+        gpu = sum(min(1.0, (b - a) / dt) for a, b in zip(self._ctl_busy, busy, strict=True))
+        self._ctl_bytes, self._ctl_busy = read, busy
+        ttfts = self._ttfts or []
+        self._ttfts = []
+        signals = {"snic_util": snic if self._io else None, "gpu_util": gpu / len(busy),
+                   "ttft_tail": ttft_tail(ttfts)}
+        for step in self.controllers.step(self._ctl_values, signals):
+            if not step.moved:
+                continue
+            self._ctl_values[step.name] = step.new
+            self.control_steps.append(step)
+        beta = self.beta
+        self.alpha = int(round(self._ctl_values["alpha"]))
+        self.beta = int(round(self._ctl_values["beta"]))
+        self._quota = self._ctl_values["quota"]
+        self.params = replace(self.params, alpha=self.alpha, beta=self.beta)
+        if self.beta > beta and self.pe_queue:  # PEs that were full may take more now
+            for grp in self.pe_groups:
+                if not grp.idle:
+                    self._wake(grp, self.K_PE_FETCH)
+        if self.record or self.turns_done < self._total_turns:
+            self.loop.at(self.loop.now + dt, self.K_CONTROL, None)
+
     # ----------------------------------------------------------------- runs
     def run_offline(self) -> SimResult:
         """All agents start at t = 0; the job ends when the last one finishes (JCT)."""
@@ -747,6 +819,7 @@ class Simulation:
         for agent in range(len(self.plans)):
             self.agent_start[agent] = 0.0
             self._start_turn(agent)
+        self._start_control()
         self.loop.run()
         end = max(self.agent_end) if self.plans else 0.0
         if any(math.isnan(x) for x in self.agent_end):
@@ -792,6 +865,7 @@ class Simulation:
                              "pass more agents")
         self.record = True
         self.stop_rule = stop_rule
+        self._start_control()
         if stop_rule is None:
             self.loop.run(until=horizon)
         else:
@@ -839,6 +913,9 @@ class Simulation:
             dram_peak=dram_peak,
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
-                   "snic_max_avg_bins": float(snic_bins)},
+                   "snic_max_avg_bins": float(snic_bins),
+                   **({"quota_s": float(self._quota),
+                       "controller_moves": float(len(self.control_steps))}
+                      if self.controllers.any_on else {})},
             snic_series=snic_series([(n.role, n.bins) for n in self.nodes], s.bin_s,
                                     sim_time, self.cost.snic_rate))

@@ -126,7 +126,9 @@ class Thresholds:
     """Thresholds in force, in scheduler units (tokens; quota in seconds), with their source.
 
     ``source`` says where each came from: ``config``, ``flag``, ``api`` (a PATCH),
-    ``controller`` (a dynamic controller) or ``default``.
+    ``controller`` (a dynamic controller) or ``default``. ``controllers`` says, per dynamic
+    controller (``alpha``, ``beta``, ``quota``), whether it is on, its bounds and its last
+    step with the signal it read (``core.controllers.Controllers.state``).
     """
 
     alpha_tokens: int
@@ -135,6 +137,7 @@ class Thresholds:
     quota_s: float
     read_side: str
     source: dict[str, str] = field(default_factory=dict)
+    controllers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +176,10 @@ class Decision:
 
     ``inputs`` is the decision's inputs as they were before it (queue heads, engine
     snapshots, read queues, thresholds); kept as a mapping because it is evidence, read by
-    people and by diagnose rules, not by the scheduler.
+    people and by diagnose rules, not by the scheduler. ``kind`` is ``turn`` (a turn's
+    placement) or ``control`` (a dynamic controller moved a threshold: ``side`` names the
+    controller, the turn fields are -1/0 and ``inputs`` holds its signal, old and new value
+    and bounds).
     """
 
     seq: int
@@ -196,6 +202,7 @@ class Decision:
     de_class: str | None = None
     z: float | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
+    kind: str = "turn"
 
 
 @dataclass(frozen=True, slots=True)

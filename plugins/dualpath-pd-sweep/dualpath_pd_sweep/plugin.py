@@ -1,4 +1,5 @@
-"""The plugin entry point: registers ``dualpath sweep pd`` through the commands hook."""
+"""The plugin entry point: ``dualpath sweep pd`` (commands hook) and the ``de-first`` read-path
+policy (policies hook)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.core.capacity import storage_ratio
 from dualpath_cli.core.profiles import HARDWARE_PROFILES
 from dualpath_cli.errors import UsageError
-from dualpath_cli.plugins import hookimpl
+from dualpath_cli.plugins import PolicySpec, hookimpl
 from dualpath_cli.units import format_bandwidth, parse_bandwidth
+from dualpath_pd_sweep.policy import DE_FIRST
 from dualpath_pd_sweep.sweep import sweep_pd
 
-__all__ = ["sweep_app", "dualpath_register_commands"]
+__all__ = ["sweep_app", "dualpath_register_commands", "dualpath_register_policies"]
 
 sweep_app = typer.Typer(help="Sweep deployments (plugin dualpath-pd-sweep).", no_args_is_help=True)
 
@@ -68,3 +70,9 @@ def pd(
 def dualpath_register_commands(app: Any) -> None:
     """Add the ``sweep`` group to the dualpath command line."""
     app.add_typer(sweep_app, name="sweep")
+
+
+@hookimpl
+def dualpath_register_policies() -> list[PolicySpec]:
+    """The ``de-first`` read-path policy (selectable by ``--policy de-first``)."""
+    return [PolicySpec(DE_FIRST.name, "read-path", lambda: DE_FIRST, DE_FIRST.description)]
