@@ -1,0 +1,155 @@
+"""``dualpath explain`` and GET /api/v1/requests/{id}: one request's story, live or recorded.
+
+A real LiveCluster behind a real server: a round-robin turn that reads on the DE side, then
+(after a PATCH of the read side) a split read; each story must name the side and the read
+queues that chose it, exactly as the decision log has them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from dualpath_cli.api.app import create_app
+from dualpath_cli.api.auth import TokenAuth
+from dualpath_cli.api.client import DualPathClient
+from dualpath_cli.api.errors import Rejected
+from dualpath_cli.api.fake import FakeClient
+from dualpath_cli.api.server import ServerThread
+from dualpath_cli.cli.app import app
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.explain import explain_request, render_story, side_reason
+from dualpath_cli.services.live import LiveCluster
+from dualpath_cli.services.recording import write_recording
+from dualpath_cli.telemetry.gpu import UnavailableGpu
+from dualpath_cli.telemetry.view import Decision
+
+BT = 8
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[LiveCluster, DualPathClient, dict[str, Decision]]]:
+    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=BT,
+                                      heartbeat_timeout=30.0))
+    live.start()
+    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
+    gpu = UnavailableGpu("no GPU in this test")
+    try:
+        with ServerThread(create_app(live, auth, gpu=gpu)) as server, \
+                DualPathClient(server.url, auth.token, timeout=30) as client:
+            prompt = [(i * 7) % 250 + 1 for i in range(41)]
+            picked: dict[str, Decision] = {}
+            for turn in range(3):
+                if turn == 2:
+                    client.update_scheduler(read_side="split")
+                ticket = live.submit(prompt, 3, "s1")
+                result = ticket.wait(120)
+                live.done(ticket)
+                d = client.decisions()[-1]
+                picked[{0: "none", 1: "de", 2: "split"}[turn]] = d
+                prompt = prompt + list(result.tokens) + [(turn * 13 + i) % 250 + 1
+                                                         for i in range(24)]
+            yield live, client, picked
+    finally:
+        live.drain(10)
+
+
+def test_de_side_read_names_the_side_and_its_queues(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]]) -> None:
+    _, client, picked = served
+    d = picked["de"]
+    assert d.side == "de" and d.cached > 0
+    story = client.request(d.rid)
+    assert story["read"]["side"] == "de"
+    assert story["read"]["pe_read_q"] == d.pe_read_q
+    assert story["read"]["de_read_q"] == d.de_read_q
+    assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in \
+        story["read"]["why"]
+    assert story["pe"]["engine"] == d.pe and story["pe"]["class"] == d.pe_class
+    assert story["de"]["engine"] == d.de and story["de"]["class"] == d.de_class
+    assert story["thresholds"]["alpha"] == d.inputs["alpha"]
+    # the outcome: the DE read every cached block, and streamed them to the PE
+    hits = story["hits"]
+    assert hits["de"]["store"] + hits["de"]["dram"] == d.cached // BT
+    assert hits["pe"]["store"] is None and hits["peer_blocks"] == d.cached // BT
+    assert story["nic_bytes"]["de_snic_read"] > 0 == story["nic_bytes"]["pe_snic_read"]
+    assert story["nic_bytes"]["de_cnic_tx_to_pe"] > 0
+    assert len(story["layer_slack_s"]) == 4  # the tiny model's layers
+    split = story["ttft_split"]
+    total = sum(split.values())
+    assert all(v >= 0 for v in split.values())
+    assert abs(total - story["ttft_s"]) <= 0.01 * story["ttft_s"] + 1e-3
+    text = "\n".join(render_story(story))
+    assert "read side: de" in text and "TTFT" in text
+
+
+def test_split_read_names_both_parts(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]]) -> None:
+    _, client, picked = served
+    d = picked["split"]
+    assert d.side == "split" and d.pe_tokens > 0 and d.de_tokens > 0
+    story = client.request(d.rid)
+    rd = story["read"]
+    assert (rd["side"], rd["pe_tokens"], rd["de_tokens"]) == ("split", d.pe_tokens,
+                                                              d.de_tokens)
+    assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in rd["why"]
+    assert story["thresholds"]["read_side"] == "split"
+    assert story["thresholds"]["sources"]["read_side"] == "api"
+    hits = story["hits"]
+    assert hits["pe"]["store"] + hits["pe"]["dram"] == d.pe_tokens // BT
+    assert hits["de"]["store"] + hits["de"]["dram"] == d.de_tokens // BT
+
+
+def test_unknown_request_is_404_with_one_line(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]]) -> None:
+    _, client, _ = served
+    with pytest.raises(Rejected, match="no decision kept"):
+        client.request(10**6)
+    resp = httpx.get(f"{client.url}/api/v1/requests/{10**6}")
+    assert resp.status_code == 404 and "\n" not in resp.json()["detail"]
+
+
+def test_explain_cli_live_and_from_a_recording(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    live, client, picked = served
+    d = picked["de"]
+    decisions = client.decisions()
+    fake = FakeClient(live.view(), decisions)
+    fake.outcomes[d.rid] = live.system.scheduler.request(d.rid)[1] or {}
+    monkeypatch.setattr("dualpath_cli.cli.source.connect", lambda url, timeout: fake)
+    runner = CliRunner()
+    got = runner.invoke(app, ["explain", str(d.rid), "--json"])
+    assert got.exit_code == 0, got.output
+    story = json.loads(got.stdout)
+    assert story["read"]["side"] == "de" and story["hits"] is not None
+    rec = tmp_path / "rec.jsonl"
+    write_recording(rec, {"source": "test", "interval_s": 1.0}, [], decisions)
+    got = runner.invoke(app, ["explain", str(d.rid), "--from", str(rec)])
+    assert got.exit_code == 0, got.output
+    assert "read side: de" in got.stdout
+    assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in got.stdout
+    assert "outcome: not available" in got.stdout  # a recording holds decisions only
+    bad = runner.invoke(app, ["explain", "999999", "--from", str(rec)])
+    assert bad.exit_code == 2 and "no decision kept" in bad.output
+
+
+def _decision(side: str, pe_q: int, de_q: int, policy: str = "dualpath") -> Decision:
+    return Decision(seq=1, at=0.0, rid=7, attempt=0, agent=0, turn=1, length=100, cached=64,
+                    pe=0, de=1, de_group=1, side=side, pe_tokens=64 if side == "pe" else 0,
+                    de_tokens=64 if side == "de" else 0, pe_read_q=pe_q, de_read_q=de_q,
+                    pe_class="C1", de_class="normal", inputs={"read_side": policy})
+
+
+def test_side_reason_follows_the_policy_rule() -> None:
+    assert side_reason(_decision("de", 500, 0)).endswith("the DE node's queue is shorter")
+    assert side_reason(_decision("pe", 0, 0)).endswith("a tie goes to the PE side")
+    assert side_reason(_decision("pe", 0, 9)).endswith("the PE node's queue is shorter")
+    story = explain_request(7, [_decision("de", 500, 0)])
+    assert story["hits"] is None and story["read"]["de_read_q"] == 0
