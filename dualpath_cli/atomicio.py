@@ -5,22 +5,65 @@ through here: the content goes to a uniquely named temp file in the same directo
 concurrent writers, threads or processes, never share one), is optionally fsynced, then
 ``os.replace``-d over the target. On any failure the temp file is removed and the error
 propagates unchanged. Text is written as UTF-8 with ``\\n`` line ends.
+
+What is not ours is never replaced: a target that exists and is not a regular file (a
+device such as ``/dev/full``, a pipe, a socket, a directory) is refused with
+:class:`NotRegularFileError`, since a rename would swap the node for a plain file. A symlink
+is written *through*: the new content replaces the file the link points to (created in the
+link target's directory), and the link stays a link.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "atomic_write_lines", "atomic_write_bytes"]
+__all__ = ["atomic_write_text", "atomic_write_lines", "atomic_write_bytes",
+           "NotRegularFileError", "write_target"]
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+class NotRegularFileError(OSError):
+    """The target exists and is not a regular file; an atomic rename would replace it."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file; refusing to replace it",
+                         str(path))
+
+
+def write_target(path: str | os.PathLike[str]) -> Path:
+    """The file a write to ``path`` really replaces: symlinks followed, special files refused.
+
+    Raises:
+        NotRegularFileError: ``path`` (after links) is a directory, device, pipe or socket,
+            or is empty (``""`` would mean the current directory).
+    """
+    if not str(path):
+        raise NotRegularFileError(Path("."), "an empty path")
+    target = Path(os.path.realpath(path))  # a dangling link resolves to where it points
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    except OSError:
+        return target  # unreadable metadata: let the write itself report it
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+        raise NotRegularFileError(Path(path), kind)
+    return target
 
 
 def _atomic_write(path: str | os.PathLike[str], chunks: Iterable[bytes], mode: int,
                   fsync: bool) -> None:
     """The one implementation: ``chunks`` (consumed lazily) become the new ``path``."""
-    target = Path(path)
+    target = write_target(path)
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:

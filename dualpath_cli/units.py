@@ -39,7 +39,11 @@ __all__ = [
 ]
 
 _NUMBER = r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
-_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[A-Za-zµ/]*)\s*$")
+# ASCII only: ``\d`` would also take other scripts' digits ("١٢٣"), which float() accepts
+_PATTERN = re.compile(rf"^[ \t]*{_NUMBER}[ \t]*(?P<unit>[A-Za-zµ/]*)[ \t]*$", re.ASCII)
+#: Longest text read as a number: more digits than any real amount, fewer than the cost of
+#: converting thousands of digits (and Python's 4300-digit int limit).
+_MAX_TEXT = 64
 
 _BYTE_UNITS: dict[str, int] = {
     "": 1, "b": 1,
@@ -76,18 +80,33 @@ FLOPS_FORMS = "an amount of compute like 20TFLOP, 1.5PFLOP, 3e12"
 def _split(value: str | float | int, kind: str, forms: str) -> tuple[float, str]:
     if isinstance(value, bool):
         raise UnitError(f"invalid {kind} {value!r}: expected {forms}")
+    if isinstance(value, int) and value.bit_length() > 1024:
+        raise UnitError(f"invalid {kind}: an integer of {value.bit_length()} bits is too large; "
+                        f"expected {forms}")
     if isinstance(value, (int, float)):
         return float(value), ""
-    match = _PATTERN.match(str(value))
+    text = str(value)
+    if len(text) > _MAX_TEXT:
+        raise UnitError(f"invalid {kind} {text[:20]}...: {len(text)} characters is too long "
+                        f"for a number; expected {forms}")
+    match = _PATTERN.match(text)
     if not match:
         raise UnitError(f"invalid {kind} {value!r}: expected {forms}")
     return float(match.group("num")), match.group("unit")
 
 
 def _finite_non_negative(number: float, value: object, kind: str, forms: str) -> None:
-    if not math.isfinite(number) or number < 0:
+    # copysign: "-0" is a negative number written by mistake, not zero
+    if not math.isfinite(number) or number < 0 or math.copysign(1.0, number) < 0:
         raise UnitError(f"invalid {kind} {value!r}: must be a finite, non-negative amount; "
                         f"expected {forms}")
+
+
+def _finite_result(number: float, value: object, kind: str, forms: str) -> float:
+    """The scaled amount, refused when the unit pushed it past float range (1e308GB/s)."""
+    if not math.isfinite(number) or number > 2.0**63:
+        raise UnitError(f"invalid {kind} {value!r}: too large; expected {forms}")
+    return number
 
 
 def _scaled(
@@ -99,7 +118,7 @@ def _scaled(
     if key not in table:
         raise UnitError(f"invalid {kind} {value!r}: unknown unit {unit!r}; expected {forms}")
     _finite_non_negative(number, value, kind, forms)
-    return number * table[key]
+    return _finite_result(number * table[key], value, kind, forms)
 
 
 def parse_bytes(value: str | float | int) -> int:
@@ -115,7 +134,8 @@ def parse_tokens(value: str | float | int) -> int:
         raise UnitError(f"invalid token count {value!r}: unknown unit {unit!r}; "
                         f"expected {TOKENS_FORMS}")
     _finite_non_negative(number, value, "token count", TOKENS_FORMS)
-    return int(round(number * _TOKEN_UNITS[key]))
+    return int(round(_finite_result(number * _TOKEN_UNITS[key], value, "token count",
+                                    TOKENS_FORMS)))
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -127,7 +147,7 @@ def parse_duration(value: str | float | int) -> float:
         raise UnitError(f"invalid duration {value!r}: unknown unit {unit!r}; "
                         f"expected {DURATION_FORMS}")
     _finite_non_negative(number, value, "duration", DURATION_FORMS)
-    return number * _DURATION_UNITS[key]
+    return _finite_result(number * _DURATION_UNITS[key], value, "duration", DURATION_FORMS)
 
 
 def parse_bandwidth(value: str | float | int) -> float:
@@ -153,7 +173,7 @@ def parse_bandwidth(value: str | float | int) -> float:
                             f"expected {BANDWIDTH_FORMS}")
         factor = factor_or_none
     _finite_non_negative(number, value, "bandwidth", BANDWIDTH_FORMS)
-    return number * factor
+    return _finite_result(number * factor, value, "bandwidth", BANDWIDTH_FORMS)
 
 
 def parse_flops(value: str | float | int) -> float:
@@ -166,7 +186,7 @@ def parse_flops(value: str | float | int) -> float:
         raise UnitError(f"invalid FLOP amount {value!r}: unknown unit {unit!r}; "
                         f"expected {FLOPS_FORMS}")
     _finite_non_negative(number, value, "FLOP amount", FLOPS_FORMS)
-    return number * _FLOPS_UNITS[key]
+    return _finite_result(number * _FLOPS_UNITS[key], value, "FLOP amount", FLOPS_FORMS)
 
 
 def _trim(number: float) -> str:

@@ -23,6 +23,7 @@ from dualpath_cli.api.errors import (
     Unreachable,
     error_for_status,
 )
+from dualpath_cli.errors import UsageError
 from dualpath_cli.telemetry.view import (
     AuditEntry,
     ClusterView,
@@ -116,8 +117,11 @@ class DualPathClient:
         self.url = url.rstrip("/")
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                  transport=transport, trust_env=False)
+        try:
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                      transport=transport, trust_env=False)
+        except (httpx.InvalidURL, ValueError) as err:  # a URL httpx cannot even parse
+            raise UsageError(f"--url {url!r}: not a usable URL ({err})") from None
 
     @classmethod
     def from_token_file(cls, url: str, path: str | os.PathLike[str],

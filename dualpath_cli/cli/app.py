@@ -104,6 +104,41 @@ def _click_module() -> ModuleType:
     return getattr(typer.core, "_click", None) or importlib.import_module("click")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so it unwinds like Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _unwind_on_termination() -> None:
+    """SIGTERM and SIGHUP clean up like SIGINT: ``finally`` blocks run, engines are stopped,
+    per-run stores and temp directories removed. A second signal of either kind is not
+    caught (the default action ends the process at once). Commands that drain instead
+    (``launch``) install their own handlers over these."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, handler)
+
+
+def _terminated(err: BaseException) -> int | None:
+    """The exit code of a run ended by :class:`Terminated` (128 + signal), else None."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, Terminated):
+            return 128 + seen.signum
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, print errors as one line, return the code."""
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # before any import
@@ -122,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     abort = (getattr(click_mod.exceptions, "Abort", typer.Abort), typer.Abort)
     get_manager().install_commands(app)  # plugin sub-commands; idempotent per app
     command = typer.main.get_command(app)
+    _unwind_on_termination()
     try:
         code = command.main(args=argv, prog_name="dualpath", standalone_mode=False)
     except DualPathError as err:
@@ -135,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         if message:  # an empty message is click's "no arguments: help was shown"
             fail(f"{where}{message}{hint}")
         return int(getattr(err, "exit_code", EXIT_USAGE) or EXIT_USAGE)
-    except abort:
-        fail("aborted")
-        return 130
-    except KeyboardInterrupt:
-        return 130
+    except abort as err:
+        code = _terminated(err)
+        fail("aborted" if code is None else f"terminated by signal {code - 128}; cleaned up")
+        return 130 if code is None else code
+    except KeyboardInterrupt as err:
+        code = _terminated(err)
+        return 130 if code is None else code
     return code if isinstance(code, int) else 0
 
 

@@ -126,7 +126,9 @@ def init(
     if output == "-":
         sys.stdout.write(text)
         return
-    path = Path(output) if output else default_user_file(os.environ)
+    if output is not None and not output.strip():
+        raise UsageError("-o/--output: empty path; name a file, or '-' for stdout")
+    path = Path(output) if output is not None else default_user_file(os.environ)
     if path.exists() and not force:
         raise UsageError(f"{path}: already exists; use --force to overwrite")
     try:

@@ -6,6 +6,8 @@ codes: 0 clean, 2 corrupt blocks found (and quarantined).
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,14 +36,51 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object instead of a t
 
 
 def _open(root: Path, **kwargs: object) -> PosixStore:
+    """An existing store; what only reads it must not create directories in a wrong path."""
     from dualpath_cli.storage import PosixStore
 
     if not root.is_dir():
         raise UsageError(f"storage root {root}: not a directory")
+    if not (root / "blocks").is_dir():
+        raise UsageError(f"storage root {root}: not a dualpath store (no blocks/ directory)")
     return PosixStore(root, **kwargs)  # type: ignore[arg-type]
 
 
+def _bench_dir(root: Path | None) -> Path | None:
+    """``--root`` for bench files: an existing, writable directory (None: the temp dir)."""
+    if root is None:
+        return None
+    if not root.is_dir():
+        raise UsageError(f"--root {root}: not a directory")
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise UsageError(f"--root {root}: not writable")
+    return root
+
+
+def _check_bench_sizes(sizes: list[int], total: int, depths: list[int], seconds: float,
+                       where: Path | None) -> None:
+    """Every sizing input of ``storage bench`` against the machine, before any file."""
+    from dualpath_cli.limits import LimitError, check, check_count, check_positive_seconds
+
+    if not sizes:
+        raise UsageError("--block-size: expected at least one size")
+    for bs in sizes:
+        check("block_bytes", bs, "--block-size")
+    for qd in depths:
+        check_count("queue_depth", qd, "--queue-depth")
+    check_positive_seconds(seconds, "--seconds")
+    need = sum(max(total, bs) for bs in sizes)  # one size's files at a time, but say all
+    check("bench_bytes", need, "--size x block sizes")
+    free = shutil.disk_usage(where or tempfile.gettempdir()).free
+    if max(max(total, bs) for bs in sizes) > free:
+        raise LimitError(f"--size {format_bytes(total)}: more than the "
+                         f"{format_bytes(free)} free in {where or tempfile.gettempdir()}; "
+                         "give a smaller --size or another --root")
+
+
 def _int_list(text: str, what: str) -> list[int]:
+    if len(text) > 4096 or not text.isascii():
+        raise UsageError(f"{what} {text[:20]!r}...: expected integers separated by commas")
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -78,6 +117,8 @@ def bench(
     total = parse_bytes(size)
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    root = _bench_dir(root)
+    _check_bench_sizes(sizes, total, depths, seconds, root)
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(dir=root) as tmp, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"

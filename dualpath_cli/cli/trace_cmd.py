@@ -37,7 +37,7 @@ _COLUMNS = ("turns", "append", "gen", "total", "context")
 
 @app.command("gen")
 def gen(
-    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (JSONL)."),
+    output: str = typer.Option(..., "-o", "--output", help="Trace file to write (JSONL)."),
     max_len: str = typer.Option(
         "64K", "--max-len", help="Cap on every trajectory's total tokens; 32K, 48K and 64K "
         "are the paper's Table 2 rows (K = 1000)."),
@@ -46,15 +46,31 @@ def gen(
     base_agents: int = typer.Option(
         DEFAULT_BASE_AGENTS, "--base-agents", help="Base trajectories; more agents replay "
         "them behind a synthetic first round (g = 1), as in the paper."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write a synthetic agent trace calibrated to the paper's Table 2."""
+    from dualpath_cli.atomicio import write_target
+    from dualpath_cli.limits import check, check_count
     from dualpath_cli.workload.build import synthetic_trace
     from dualpath_cli.workload.stats import trace_stats
     from dualpath_cli.workload.table2 import targets_for
     from dualpath_cli.workload.trace_io import write_trace
 
+    if not output:
+        raise UsageError("-o/--output: empty path; name the trace file to write")
+    try:  # before the trace is drawn: a bad target costs nothing
+        target = write_target(output)
+    except OSError as err:
+        raise UsageError(f"{output}: cannot write: {err.strerror}") from None
+    if target.exists() and not force:
+        raise UsageError(f"{output}: already exists; use --force to overwrite")
+    check_count("trace_agents", agents, "--agents")
+    check_count("trace_agents", base_agents, "--base-agents")
     length = parse_tokens(max_len)
+    check("tokens", length, "--max-len")
+    if length < 1:
+        raise UsageError(f"--max-len {max_len!r}: must be at least 1 token")
     trace = synthetic_trace(length, agents, seed, base_agents=base_agents)
     stats = trace_stats(trace.trajectories)
     write_trace(output, trace)

@@ -16,6 +16,7 @@ import yaml
 from dualpath_cli.config.schema import KEY_BY_PATH, KEYS, SECTIONS
 from dualpath_cli.config.sources import Entry, Source, SourceKind, field_error
 from dualpath_cli.errors import ConfigError
+from dualpath_cli.limits import LIMITS, limit_value
 
 __all__ = [
     "Layer",
@@ -40,9 +41,21 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def read_yaml_file(path: Path, kind: SourceKind) -> Layer:
-    """Read a YAML config file into a layer; any problem is a ConfigError naming the file."""
+    """Read a YAML config file into a layer; any problem is a ConfigError naming the file.
+
+    At most the ``config_bytes`` limit is read, so ``/dev/zero`` or a runaway file is an
+    error rather than all of memory; a directory is refused by name.
+    """
+    most = int(limit_value("config_bytes"))
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.is_dir():
+            raise ConfigError(f"{path}: cannot read config file: a directory")
+        with open(path, "rb") as handle:
+            data = handle.read(most + 1)
+        if len(data) > most:
+            raise ConfigError(f"{path}: config file larger than the limit of {most:,} bytes "
+                              f"(raise it with {LIMITS['config_bytes'].env_var}=N)")
+        text = data.decode("utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config file: {err.strerror or err}") from None
     except UnicodeDecodeError:
@@ -65,6 +78,8 @@ def parse_yaml_text(text: str, name: str, kind: SourceKind) -> Layer:
         raise ConfigError(f"{name}{line}: malformed YAML: {problem}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{name}: malformed YAML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: malformed YAML: nested too deeply") from None
     layer: Layer = {}
     if root is None:
         return layer
@@ -84,6 +99,9 @@ def parse_yaml_text(text: str, name: str, kind: SourceKind) -> Layer:
             value = constructor.construct_object(node, deep=True)
         except yaml.YAMLError as err:
             raise field_error(at(node), path, f"cannot read value: {err}") from None
+        except (ValueError, OverflowError, RecursionError):  # a 5,000-digit integer
+            raise field_error(at(node), path, "cannot read value: not a usable number "
+                              f"({len(str(node.value)):,} characters)") from None
         if value is None:
             raise field_error(at(node), path, "empty value")
         layer[path] = Entry(value, at(node))
@@ -125,8 +143,8 @@ def scalar_from_text(text: str) -> object:
     """Read an env or ``--set`` value as a YAML scalar ("true" -> True, "64" -> 64)."""
     try:
         value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
+        return text  # the key's own parser then names what is wrong with it
     if isinstance(value, (str, int, float, bool)):
         return value
     return text

@@ -104,6 +104,10 @@ def _load_object(raw: str, where: str) -> dict[str, Any]:
         obj = json.loads(raw)
     except json.JSONDecodeError as err:
         raise TraceError(f"{where}: invalid JSON: {err.msg} at column {err.colno}") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise TraceError(f"{where}: invalid JSON: a number too long to read") from None
+    except RecursionError:
+        raise TraceError(f"{where}: invalid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj

@@ -16,6 +16,7 @@ from typing import Literal, TextIO
 
 from dualpath_cli.atomicio import atomic_write_lines
 from dualpath_cli.errors import TraceError
+from dualpath_cli.limits import LIMITS, limit_value
 from dualpath_cli.workload.mooncake import MooncakeRequest, decode_mooncake
 from dualpath_cli.workload.trace_format import FORMAT_NAME, Trace, decode_lines, encode_lines
 
@@ -24,12 +25,33 @@ __all__ = ["TraceFormat", "read_trace", "write_trace", "read_mooncake", "detect_
 TraceFormat = Literal["dualpath", "mooncake"]
 
 
+def _bounded_lines(handle: TextIO, path: Path) -> Iterator[str]:
+    """The lines of ``handle``, each at most the ``trace_line_bytes`` limit long.
+
+    ``/dev/zero`` or a file without newlines would otherwise be read whole into memory.
+    """
+    most = int(limit_value("trace_line_bytes"))
+    number = 0
+    while True:
+        line = handle.readline(most + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > most and not line.endswith("\n"):
+            raise TraceError(f"{path}:{number}: line longer than the limit of {most:,} "
+                             f"characters (raise it with {LIMITS['trace_line_bytes'].env_var}"
+                             "=N)")
+        yield line
+
+
 @contextmanager
-def _open(path: Path) -> Iterator[TextIO]:
+def _open(path: Path) -> Iterator[Iterator[str]]:
     """Open a trace for reading; any OS or encoding problem becomes a one-line TraceError."""
     try:
+        if path.is_dir():
+            raise TraceError(f"{path}: cannot read: a directory")
         with open(path, encoding="utf-8") as handle:
-            yield handle
+            yield _bounded_lines(handle, path)
     except UnicodeDecodeError as err:
         raise TraceError(f"{path}: not a UTF-8 text file ({err.reason})") from None
     except OSError as err:
@@ -66,6 +88,11 @@ def detect_format(path: str | os.PathLike[str]) -> TraceFormat:
             except json.JSONDecodeError as err:
                 raise TraceError(f"{p}:{number}: invalid JSON: {err.msg} at column "
                                  f"{err.colno}") from None
+            except ValueError:  # an integer of more than 4,300 digits
+                raise TraceError(f"{p}:{number}: invalid JSON: a number too long to "
+                                 "read") from None
+            except RecursionError:
+                raise TraceError(f"{p}:{number}: invalid JSON: nested too deeply") from None
             if isinstance(obj, dict) and obj.get("format") == FORMAT_NAME:
                 return "dualpath"
             if isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj:
