@@ -1,0 +1,163 @@
+"""`dualpath tune suggest` on 10 minutes of recorded 2P4D traffic (issue 14, ``suggest_s``).
+
+Usage::
+
+    python bench/tune_suggest.py              # a table
+    python bench/tune_suggest.py --json       # one JSON object (suggest_s, ...)
+
+The recording: 601 samples, one a second, of a 2P4D embedded cluster (the reference model
+``tiny``, every node's storage NIC shaped to ``--snic``), plus the decision log of the turns
+it served in those 10 minutes: agents of ``runtime.workloads.agentic_workload`` (the
+``dualpath bench`` workload, 12 turns each), as many as a 2P4D cluster serves in 600 s at
+the settings recorded. That count is the twin's own prediction (one agent per turn
+slot, sized by one replay of a small batch), so the file holds about the traffic the
+cluster would have served; written with ``services.recording.write_recording``, as
+``dualpath record`` writes it. ``--model ds660b`` records a paper-scale 2P4D (the profile
+world) instead.
+
+``suggest_s``: wall seconds of ``dualpath tune suggest --from FILE --json`` in a fresh
+process (CLI start, reading the file, measuring this host's compute for the embedded world,
+every replay of the search). Goal: under 60 s. ``suggest_cpu_s`` is the child's CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services import twin
+from dualpath_cli.services.recording import Sample, write_recording
+from dualpath_cli.telemetry.view import (
+    ClusterView,
+    Decision,
+    DecisionCounts,
+    EngineView,
+    NodeView,
+    SchedulerView,
+    Thresholds,
+)
+from dualpath_cli.workload.trajectory import Trajectory
+
+GOAL_S = 60.0
+WINDOW_S = 600
+T0 = 1_796_000_000.0
+
+
+def view_2p4d(at: float, model: str, snic: float, decided: int) -> ClusterView:
+    """One sample of a 2P4D cluster, one engine per node."""
+    roles = ("prefill",) * 2 + ("decode",) * 4
+    engines = tuple(EngineView(i, r, i, i, "ready", gpu_utilization=0.7)
+                    for i, r in enumerate(roles))
+    nodes = tuple(NodeView(i, r, (i,), snic_utilization=0.6, snic_bandwidth_bytes_per_s=snic)
+                  for i, r in enumerate(roles))
+    th = Thresholds(10**9, 10**9, 1.05, 0.3, "dualpath", {"alpha": "config"})
+    sched = SchedulerView("dualpath", 0, {i: 0 for i in range(2, 6)}, 0, 4, th,
+                          DecisionCounts(total=decided))
+    return ClusterView(at, "ready", "2P4D", model, at - T0 + 30, engines, nodes, sched)
+
+
+def decisions_for(trajectories: list[Trajectory], window_s: float) -> list[Decision]:
+    """The decision log of serving ``trajectories`` evenly over ``window_s``."""
+    turns = sum(len(t.turns) for t in trajectories)
+    out: list[Decision] = []
+    step = window_s / max(1, turns)
+    for t in trajectories:
+        ctx = 0
+        for i, turn in enumerate(t.turns):
+            length = ctx + turn.append
+            seq = len(out) + 1
+            out.append(Decision(seq, T0 + seq * step, seq, 0, t.agent_id, i, length, ctx,
+                                seq % 2, 2 + seq % 4, 2 + seq % 4, "pe", 0, 0, 0, 0))
+            ctx = length + turn.gen
+    return out
+
+
+def agents_for_window(model: str, snic: float) -> int:
+    """Agents a 2P4D cluster serves in :data:`WINDOW_S` at the recorded settings (predicted
+    from a replay of 64 agents: turns per second of simulated time)."""
+    probe = agentic_workload(64)
+    view = view_2p4d(T0, model, snic, 0)
+    tr = twin.traffic_from_decisions(view, decisions_for(probe, 10.0), "probe")
+    world = twin.world_for(tr)
+    p = twin.predict(tr, world, tr.current)
+    per_s = tr.turns / p.jct_s
+    return max(64, round(per_s * WINDOW_S / 12))
+
+
+def write(path: Path, model: str, snic: float) -> dict[str, Any]:
+    agents = agents_for_window(model, snic)
+    traj = agentic_workload(agents)
+    decisions = decisions_for(traj, WINDOW_S)
+    per_s = len(decisions) / WINDOW_S
+    samples = [Sample(T0 + i, view_2p4d(T0 + i, model, snic, int(i * per_s)))
+               for i in range(WINDOW_S + 1)]
+    header = {"source": "bench/tune_suggest.py", "interval_s": 1.0, "window_s": WINDOW_S,
+              "created": time.time()}
+    counts = write_recording(path, header, samples, decisions)
+    return {"agents": agents, "turns": len(decisions), "samples": counts["samples"],
+            "bytes": path.stat().st_size}
+
+
+def _exe() -> str:
+    path = Path(sys.executable).parent / "dualpath"
+    return str(path) if path.exists() else shutil.which("dualpath") or "dualpath"
+
+
+def run_suggest(path: Path) -> tuple[float, float, dict[str, Any]]:
+    """(wall s, CPU s, the JSON answer) of one ``tune suggest --from`` process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([_exe(), "tune", "suggest", "--from", str(path), "--json",
+                           "--budget", "300s"], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"tune suggest failed ({proc.returncode}): {proc.stderr.strip()}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads(proc.stdout)
+
+
+def bench_suggest(model: str = "tiny", snic: float = 4e6) -> dict[str, Any]:
+    """The ``suggest`` part: ``suggest_s`` and what the run saw (bench/tuning.py uses it)."""
+    with tempfile.TemporaryDirectory(prefix="dualpath-bench-suggest-") as d:
+        path = Path(d) / "2p4d-10min.jsonl.gz"
+        facts = write(path, model, snic)
+        load0 = os.getloadavg()[0]
+        wall, cpu, answer = run_suggest(path)
+    best = answer["best"][0]
+    return {"suggest_s": round(wall, 2), "suggest_cpu_s": round(cpu, 2),
+            "suggest_goal_s": GOAL_S, "suggest_ok": wall < GOAL_S,
+            "recording": {"pd": "2P4D", "model": model, "window_s": WINDOW_S, **facts},
+            "settings_searched": answer["searched"], "skipped": len(answer["skipped"]),
+            "best_jct_change": best["jct_change"], "best_command": best["command"],
+            "twin_wall_s": answer["wall_s"], "loadavg_1m": round(load0, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--model", default="tiny", help="tiny (embedded) or a model profile")
+    ap.add_argument("--snic", type=float, default=4e6,
+                    help="storage-NIC bytes/s per node of the recorded cluster")
+    args = ap.parse_args()
+    result = bench_suggest(args.model, args.snic)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:<22} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
