@@ -44,7 +44,7 @@ def test_required_metrics_exist(name: str) -> None:
 def test_labels_carry_identities() -> None:
     assert spec("dualpath_storage_read_bytes_total").labels == ("node", "role")
     assert "tier" in spec("dualpath_storage_cache_hits_total").labels
-    assert set(spec("dualpath_layer_cache_hits_total").labels) == {"engine", "layer", "tier"}
+    assert set(spec("dualpath_layer_cache_hits_total").labels) == {"role", "layer", "tier"}
     assert {"nic", "role"} <= set(spec("dualpath_nic_bytes_total").labels)
 
 

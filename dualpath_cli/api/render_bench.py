@@ -107,9 +107,9 @@ def _engine_snapshot(e: EngineView, layers: int) -> dict[str, Any]:
     r.gauge("dualpath_hbm_usage_bytes", engine=eid).set(2**30)
     r.gauge("dualpath_hbm_fragmentation_ratio", engine=eid).set(0.1)
     for layer in range(layers):
-        r.counter("dualpath_attention_bubble_seconds_total", engine=eid, layer=layer).inc(0.01)
+        r.counter("dualpath_attention_bubble_seconds_total", role=role, layer=layer).inc(0.01)
         for tier in ("dram", "store", "peer"):
-            r.counter("dualpath_layer_cache_hits_total", engine=eid, layer=layer,
+            r.counter("dualpath_layer_cache_hits_total", role=role, layer=layer,
                       tier=tier).inc(7)
     for nic, d in (("snic", "read"), ("snic", "write"), ("cnic", "tx"), ("cnic", "rx")):
         r.counter("dualpath_nic_bytes_total", node=n, nic=nic, role=role, direction=d).inc(99)

@@ -193,7 +193,7 @@ class EngineContext:
                                role=role)
         self.m_hbm = r.gauge("dualpath_hbm_usage_bytes", engine=eid)
         self.m_frag = r.gauge("dualpath_hbm_fragmentation_ratio", engine=eid)
-        self.m_bubble = [r.counter("dualpath_attention_bubble_seconds_total", engine=eid,
+        self.m_bubble = [r.counter("dualpath_attention_bubble_seconds_total", role=role,
                                    layer=layer) for layer in range(self.n_layers)]
         self.m_nic = {(nic, d): r.counter("dualpath_nic_bytes_total", node=node, nic=nic,
                                           role=role, direction=d)
@@ -210,7 +210,7 @@ class EngineContext:
     def layer_hits(self, layer: int, tier: str, blocks: int) -> None:
         """Count ``blocks`` Layer Blocks of ``layer`` served by ``tier``."""
         if blocks > 0:
-            self.registry.counter("dualpath_layer_cache_hits_total", engine=self.spec.engine_id,
+            self.registry.counter("dualpath_layer_cache_hits_total", role=self.spec.role,
                                   layer=layer, tier=tier).inc(blocks)
             with self.counters.lock:
                 self._hits[layer][self._tier[tier]] += blocks

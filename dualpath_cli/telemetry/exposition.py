@@ -140,14 +140,24 @@ def _from_view(view: ClusterView) -> Lines:
     out["dualpath_gpu_utilization_ratio"] = [
         f'dualpath_gpu_utilization_ratio{{engine="{i}",node="{n}",role="{r}"}} {v}\n'
         for i, n, r, e in engines if (v := e.gpu_utilization) is not None and v == v]
-    hits: list[str] = []
-    head = 'dualpath_layer_cache_hits_total{engine="'
-    for i, _n, _r, e in engines:
+    # per role, not per engine: engines x layers x tiers would be 14K series at 48P96D with
+    # 4 layers (210K with 61); the view's JSON keeps every engine's layers
+    by_role: dict[tuple[str, int], list[int]] = {}
+    for _i, _n, r, e in engines:
         for lh in e.layers:
-            hits.append(f'{head}{i}",layer="{lh.layer}",tier="dram"}} {lh.dram}\n'
-                        f'{head}{i}",layer="{lh.layer}",tier="store"}} {lh.store}\n'
-                        f'{head}{i}",layer="{lh.layer}",tier="peer"}} {lh.peer}\n')
-    out["dualpath_layer_cache_hits_total"] = hits
+            acc = by_role.get((r, lh.layer))
+            if acc is None:
+                by_role[(r, lh.layer)] = [lh.dram, lh.store, lh.peer]
+            else:
+                acc[0] += lh.dram
+                acc[1] += lh.store
+                acc[2] += lh.peer
+    head = 'dualpath_layer_cache_hits_total{role="'
+    out["dualpath_layer_cache_hits_total"] = [
+        f'{head}{r}",layer="{layer}",tier="dram"}} {d}\n'
+        f'{head}{r}",layer="{layer}",tier="store"}} {s}\n'
+        f'{head}{r}",layer="{layer}",tier="peer"}} {p}\n'
+        for (r, layer), (d, s, p) in sorted(by_role.items())]
     nic: dict[tuple[str, str, str], int] = {}
     for _i, n, r, e in engines:
         for key, nbytes in e.nic_bytes.items():

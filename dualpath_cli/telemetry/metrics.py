@@ -130,8 +130,9 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- compute (seed) ----------------------------------------------------------------------
     MetricSpec("dualpath_gpu_utilization_ratio", _G, "ratio", ("engine", "node", "role"),
                "GPU busy fraction of an engine."),
-    MetricSpec("dualpath_attention_bubble_seconds_total", _C, "seconds", ("engine", "layer"),
-               "Time a layer's attention waited for its KV (layerwise-prefill bubbles)."),
+    MetricSpec("dualpath_attention_bubble_seconds_total", _C, "seconds", ("role", "layer"),
+               "Time a layer's attention waited for its KV (layerwise-prefill bubbles), "
+               "summed over the role's engines (per engine: the view's layer slack)."),
     MetricSpec("dualpath_flops_achieved_flops_per_second", _G, "flops_per_second",
                ("engine", "role"), "Achieved model FLOP/s of an engine."),
     # --- memory (seed) -----------------------------------------------------------------------
@@ -143,8 +144,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Prefetched blocks a later request used (a DRAM-cache hit, or joining the "
                "read in flight), over blocks prefetched by a node's loader."),
     # --- per-layer hits and per-NIC traffic (seed) -------------------------------------------
-    MetricSpec("dualpath_layer_cache_hits_total", _C, "", ("engine", "layer", "tier"),
-               "Layer Blocks served per layer, by tier (dram, store, peer)."),
+    MetricSpec("dualpath_layer_cache_hits_total", _C, "", ("role", "layer", "tier"),
+               "Layer Blocks served per layer, by tier (dram, store, peer), summed over the "
+               "role's engines (per engine: the view's layer hits)."),
     MetricSpec("dualpath_nic_bytes_total", _C, "bytes", ("node", "nic", "role", "direction"),
                "Bytes moved through a NIC (snic, cnic), by engine role and direction."),
     # --- live cluster exporter (issue 12, api/): view-derived, host and GPU facts -------------
