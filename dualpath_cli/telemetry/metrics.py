@@ -127,6 +127,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Blocks evicted by a store's capacity limit or by gc."),
     MetricSpec("dualpath_storage_replicated_blocks_total", _C, "", ("root",),
                "Hot blocks copied to an extra store root."),
+    MetricSpec("dualpath_storage_write_errors_total", _C, "", ("node", "role"),
+               "Full Blocks a node's engines could not persist (the store refused the write: "
+               "full, read-only, failing); the block is recomputed when next needed."),
     # --- compute (seed) ----------------------------------------------------------------------
     MetricSpec("dualpath_gpu_utilization_ratio", _G, "ratio", ("engine", "node", "role"),
                "GPU busy fraction of an engine."),
