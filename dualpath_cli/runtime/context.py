@@ -10,6 +10,7 @@ a process (the in-process cluster) never mix their numbers; heartbeats carry its
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -46,6 +47,8 @@ from dualpath_cli.transfer.base import Endpoint
 from dualpath_cli.transfer.shaping import pay
 
 __all__ = ["EngineSpec", "Counters", "EngineContext", "open_store", "KV_DTYPE"]
+
+log = logging.getLogger(__name__)
 
 KV_DTYPE = np.dtype(np.float16)  # the reference model keeps K and V as fp16 (raw codec)
 
@@ -206,6 +209,8 @@ class EngineContext:
                             for layer in range(self.n_layers)]
         self.m_hbm_bytes = {side: r.counter("dualpath_kv_read_bytes_total", tier="hbm",
                                             side=side) for side in ("pe", "de")}
+        self.m_write_errors = r.counter("dualpath_storage_write_errors_total", node=node,
+                                        role=role)
 
     def layer_hits(self, layer: int, tier: str, blocks: int) -> None:
         """Count ``blocks`` Layer Blocks of ``layer`` served by ``tier``."""
@@ -335,7 +340,13 @@ class EngineContext:
         header, payload = encode_block(key, block.view(KV_DTYPE), self.namespace)
         if shaped:
             pay(self.spec.snic_write, header.file_nbytes)
-        self.store.put(header, payload)
+        try:
+            self.store.put(header, payload)
+        except OSError as err:  # a full or failing store loses this block, not the engine
+            self.m_write_errors.inc()
+            log.warning("engine %d: could not persist block %s: %s", self.spec.engine_id,
+                        key.hex, err)
+            return
         self.counters.add(snic_write_bytes=header.file_nbytes, blocks_persisted=1)
         self.m_nic["snic", "write"].inc(header.file_nbytes)
 
