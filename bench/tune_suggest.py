@@ -9,11 +9,11 @@ The recording: 601 samples, one a second, of a 2P4D embedded cluster (the refere
 ``tiny``, every node's storage NIC shaped to ``--snic``), plus the decision log of the turns
 it served in those 10 minutes: agents of ``runtime.workloads.agentic_workload`` (the
 ``dualpath bench`` workload, 12 turns each), as many as a 2P4D cluster serves in 600 s at
-the settings recorded. That count is the twin's own prediction (one agent per turn
-slot, sized by one replay of a small batch), so the file holds about the traffic the
-cluster would have served; written with ``services.recording.write_recording``, as
-``dualpath record`` writes it. ``--model ds660b`` records a paper-scale 2P4D (the profile
-world) instead.
+the settings recorded with 64 agents in flight (Little's law on the twin's own replay of 64:
+64 / mean trajectory time, x 600 s), so the file holds about the traffic the cluster would
+have served; written with ``services.recording.write_recording``, as ``dualpath record``
+writes it. ``--model ds660b`` records a paper-scale 2P4D (the profile world, the synthetic
+Table 2 workload at 32K) instead.
 
 ``suggest_s``: wall seconds of ``dualpath tune suggest --from FILE --json`` in a fresh
 process (CLI start, reading the file, measuring this host's compute for the embedded world,
@@ -82,21 +82,29 @@ def decisions_for(trajectories: list[Trajectory], window_s: float) -> list[Decis
     return out
 
 
+def workload(model: str, agents: int) -> list[Trajectory]:
+    """The bench workload for the embedded model; the paper's synthetic 32K trace (Table 2
+    calibrated) for a model profile."""
+    if model == "tiny":
+        return agentic_workload(agents)
+    from dualpath_cli.workload.build import synthetic_trace
+
+    return list(synthetic_trace(32_000, agents, 1).trajectories)
+
+
 def agents_for_window(model: str, snic: float) -> int:
-    """Agents a 2P4D cluster serves in :data:`WINDOW_S` at the recorded settings (predicted
-    from a replay of 64 agents: turns per second of simulated time)."""
-    probe = agentic_workload(64)
+    """Agents a 2P4D cluster serves in :data:`WINDOW_S` with 64 in flight (module doc)."""
+    probe = workload(model, 64)
     view = view_2p4d(T0, model, snic, 0)
     tr = twin.traffic_from_decisions(view, decisions_for(probe, 10.0), "probe")
     world = twin.world_for(tr)
     p = twin.predict(tr, world, tr.current)
-    per_s = tr.turns / p.jct_s
-    return max(64, round(per_s * WINDOW_S / 12))
+    return max(64, round(len(probe) * WINDOW_S / p.mean_trajectory_s))
 
 
 def write(path: Path, model: str, snic: float) -> dict[str, Any]:
     agents = agents_for_window(model, snic)
-    traj = agentic_workload(agents)
+    traj = workload(model, agents)
     decisions = decisions_for(traj, WINDOW_S)
     per_s = len(decisions) / WINDOW_S
     samples = [Sample(T0 + i, view_2p4d(T0 + i, model, snic, int(i * per_s)))
