@@ -111,6 +111,7 @@ _LIMITS = (
     Limit("trace_agents", 1_000_000, "agents", "the trace is built in memory"),
     Limit("tokens", 16_000_000, "tokens", "lengths size KV, buffers and traces"),
     Limit("queue_depth", 4096, "reads in flight", "each read holds a buffer"),
+    Limit("steps", 64, "bisection steps", "each step is one whole simulation"),
     Limit("block_bytes", lambda: min(2**30, _memory_fraction(16)()), "bytes",
           "a block is built in memory at several times its size"),
     Limit("bench_bytes", 64 * 2**30, "bytes", "bench files are written before reading"),
@@ -131,6 +132,12 @@ def limit_value(name: str, env: Mapping[str, str] | None = None) -> float:
 
 
 def _shown(number: float) -> str:
+    """A number for a message; a huge integer as its size (``str()`` of one past 4,300
+    digits raises, and thousands of digits are no message)."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        return f"a {int(number.bit_length() * 0.30103) + 1}-digit number"
+    if isinstance(number, float) and not math.isfinite(number):
+        return str(number)
     return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
 
 
@@ -142,8 +149,9 @@ def check(name: str, value: float, what: str) -> None:
     """
     lim = LIMITS[name]
     most = lim.value()
-    if not math.isfinite(value) or value > most:
-        raise LimitError(f"{what}: {_shown(value) if math.isfinite(value) else value} exceeds "
+    huge = isinstance(value, int) and value > 0 and value.bit_length() > 64  # float() overflows
+    if huge or not math.isfinite(value) or value > most:
+        raise LimitError(f"{what}: {_shown(value)} exceeds "
                          f"the limit of {_shown(most)} {lim.unit} on this machine ({lim.why}); "
                          f"raise it with {lim.env_var}=N")
 
@@ -151,7 +159,7 @@ def check(name: str, value: float, what: str) -> None:
 def check_count(name: str, value: int, what: str, *, least: int = 1) -> int:
     """``value`` when ``least <= value <= limit``, else a one-line error."""
     if value < least:
-        raise UsageError(f"{what}: {value} is below the minimum {least}")
+        raise UsageError(f"{what}: {_shown(value)} is below the minimum {least}")
     check(name, value, what)
     return value
 

@@ -161,11 +161,14 @@ def bench(
     from dualpath_cli.services.bench import (
         SLO,
         calibrate_by_oracle,
+        check_bench_inputs,
         load_bench_config,
         run_bench,
     )
 
     names = _policies(policy)
+    check_bench_inputs(agents=agents, turns=turns, aps=aps, slo_scale=slo_scale, store=store,
+                       snic_bw=snic)
     if calibrate not in ("oracle", "probe"):
         raise UsageError(f"--calibrate: expected oracle or probe, got {calibrate!r}")
     if trace is not None:

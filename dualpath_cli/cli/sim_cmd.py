@@ -350,6 +350,10 @@ def capacity(
     policy = setup.policy.name
     wl = resolve_workload(trace, max_len, seed)
     check_aps_range(lo, hi)
+    from dualpath_cli.limits import check_count, check_finite
+
+    check_count("steps", steps, "--steps")  # each step is one whole simulation
+    check_finite(horizon, "--horizon", positive=True)
     res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,
                             plans=wl.plans(online_agents(hi, horizon)))
     if json_out:

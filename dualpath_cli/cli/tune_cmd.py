@@ -76,7 +76,10 @@ SEED_ALPHA_NOTE = ("the seed quotes alpha = 8KB for a 400Gbps storage NIC and 50
 def _snic(snic: str | None, hardware: str | None) -> tuple[float, str]:
     """Node storage bandwidth in bytes/s and where it came from."""
     if snic is not None:
-        return parse_bandwidth(snic), "--snic"
+        rate = parse_bandwidth(snic)
+        if rate <= 0:  # alpha = rate x latency: a zero rate gives a zero threshold
+            raise UsageError(f"--snic {snic!r}: must be greater than zero")
+        return rate, "--snic"
     if hardware is not None:
         profile = get_hardware_profile(hardware)
         return profile.snic_bandwidth * profile.snics_per_node, f"hardware {profile.name}"

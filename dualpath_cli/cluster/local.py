@@ -88,6 +88,9 @@ class LocalCluster:
         self._watch: threading.Thread | None = None
 
     def start(self, specs: list[EngineSpec]) -> None:
+        from dualpath_cli.limits import check
+
+        check("engines", len(specs), f"{len(specs)} engine processes")  # before any spawn
         env_keep = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

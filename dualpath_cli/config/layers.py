@@ -63,21 +63,42 @@ def read_yaml_file(path: Path, kind: SourceKind) -> Layer:
     return parse_yaml_text(text, str(path), kind)
 
 
+def _flow_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting in ``text`` (brackets inside quotes count too: an
+    over-estimate, which only matters past the limit). PyYAML recurses once per level, and
+    a few thousand levels take seconds before the RecursionError."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
 def _line(node: yaml.Node) -> int:
     return int(node.start_mark.line) + 1
 
 
 def parse_yaml_text(text: str, name: str, kind: SourceKind) -> Layer:
     """Parse YAML ``text`` (shown as ``name`` in errors) into ``{dotted key: Entry}``."""
+    depth = _flow_depth(text)
+    most = int(limit_value("nesting"))
+    if depth > most:
+        raise ConfigError(f"{name}: malformed YAML: nested {depth} levels deep, more than "
+                          f"the limit of {most} (raise it with "
+                          f"{LIMITS['nesting'].env_var}=N)")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
-        problem = err.problem or err.context or "cannot parse"
+        problem = (err.problem or err.context or "cannot parse").splitlines()[0]
         raise ConfigError(f"{name}{line}: malformed YAML: {problem}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{name}: malformed YAML: {err}") from None
+        first = str(err).splitlines()[0] if str(err) else "cannot parse"
+        raise ConfigError(f"{name}: malformed YAML: {first}") from None
     except RecursionError:
         raise ConfigError(f"{name}: malformed YAML: nested too deeply") from None
     layer: Layer = {}

@@ -27,6 +27,7 @@ cheaper; on a busy 2-core host it read about half the runtime's compute time).
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 import time
@@ -38,18 +39,20 @@ from typing import Any
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config import LoadedConfig, load_config
 from dualpath_cli.core.balance import max_over_avg
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import UnitError, UsageError
+from dualpath_cli.limits import check, check_count, check_finite
 from dualpath_cli.runtime.calibrate import measure_flops_rate
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions, runtime_model_for
 from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, run_agents
 from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.telemetry.hostload import ForeignCpu
+from dualpath_cli.units import parse_bandwidth
 from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["REGIME_MULTIPLE", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
            "Demand", "SnicCalibration", "workload_demand", "calibrate_snic", "oracle_rate",
-           "calibrate_by_oracle",
+           "calibrate_by_oracle", "check_bench_inputs", "check_store_root",
            "load_bench_config", "run_policy", "run_bench"]
 
 REGIME_MULTIPLE = 2.5
@@ -237,6 +240,57 @@ def calibrate_snic(demand: Demand, flops_rate: float, *, prefill_nodes: int,
                            demand.prefill_flops, demand.read_bytes, source)
 
 
+def check_store_root(root: Path, flag: str = "--store") -> Path:
+    """``root`` as a usable store directory, created if missing; else one line.
+
+    A file, ``/dev/null``, ``/proc`` or a read-only mount is refused here, before any engine
+    starts: a probe file is created and removed (permission bits alone miss a read-only
+    mount, and root ignores them).
+    """
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{flag} {root}: not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(f"{flag} {root}: not a writable directory "
+                         f"({err.strerror or err})") from None
+    return root
+
+
+def check_bench_inputs(*, agents: int, turns: int, aps: float | None, slo_scale: float,
+                       store: Path | None, snic_bw: str | None = None) -> None:
+    """Every input that sizes a bench run, checked before the workload is even built.
+
+    ``--snic-bw`` is checked here under its own name (it later travels as a config
+    override, whose error would blame a ``--set`` the user never gave).
+    """
+    if snic_bw is not None:
+        try:
+            rate = parse_bandwidth(snic_bw)
+        except UnitError as err:
+            raise UsageError(f"--snic-bw: {err}") from None
+        if rate <= 0:
+            raise UsageError(f"--snic-bw {snic_bw!r}: must be greater than zero")
+    check_count("agents", agents, "--agents")
+    check_count("turns", turns, "--turns")
+    check("total_turns", agents * turns, "--agents x --turns")
+    if aps is not None:
+        check_finite(aps, "--aps", positive=True)
+    check_finite(slo_scale, "--slo-scale", positive=True)
+    if store is not None:
+        check_store_root(store)
+
+
+def check_engines(loaded: LoadedConfig) -> None:
+    """The engine processes the config's P/D asks for, against the machine."""
+    cluster = loaded.config.cluster
+    check("engines", cluster.gpus, f"cluster.pd {cluster.pd} x {cluster.gpus_per_node} "
+          "engines per node")
+
+
 def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None = None,
                       config_file: Path | None = None, sets: Sequence[str] = (),
                       snic_bw: str | None = None, flops_rate: float | None = None,
@@ -257,7 +311,10 @@ def load_bench_config(trajectories: Sequence[Trajectory], *, preset: str | None 
     """
     flags = list(sets) + ([f"hardware.snic_bandwidth={snic_bw}"] if snic_bw else [])
     loaded = load_config(preset=preset, config_file=config_file, overrides=flags)
+    check_engines(loaded)  # before the probe or any engine
     context, append = mean_context_and_append(trajectories)
+    # a single-turn workload hits nothing (context 0), and a reference context must be > 0
+    context = max(1, context)
     wanted = {"scheduler.fetch_period": BENCH_FETCH,
               "scheduler.reference_context": str(context),
               "scheduler.reference_append": str(append)}

@@ -1,0 +1,139 @@
+"""Reliability figures: fuzz cases run and failures (tracebacks, hangs, unclear errors).
+
+Runs the harness of tests/fuzzing.py without shrinking, over every ``dualpath`` command's
+arguments, config files (``config validate``) and trace files (``trace stats``), and counts
+cases. The CI version is tests/test_fuzz_*.py; this is the long one::
+
+    nice -n 19 python bench/reliability.py            # ~1,500 cases, a table
+    nice -n 19 python bench/reliability.py --long     # >= 10,000 cases
+    nice -n 19 python bench/reliability.py --json     # one JSON object
+
+JSON keys: ``fuzz_cases``, ``fuzz_failures``, ``by_target`` (cases, failures, seconds per
+command or file kind), ``failures`` (the first 20, each a command line and a reason),
+``seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from fuzzing import (  # noqa: E402  (tests/ is put on the path just above)
+    Outcome,
+    Sandbox,
+    argv_strategy,
+    commands,
+    config_text_strategy,
+    run_cli,
+    stubbed,
+    trace_bytes_strategy,
+)
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import seed as hypothesis_seed  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+__all__ = ["run_fuzz", "main"]
+
+
+def _collect(strategy: st.SearchStrategy[Any], cases: int, seed: int,
+             run: Callable[[Any], Outcome], sink: list[Outcome]) -> None:
+    """Draw ``cases`` inputs and run each; no assertion, so nothing shrinks or stops early."""
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=cases, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(strategy)
+    def one(value: Any) -> None:
+        sink.append(run(value))
+
+    one()
+
+
+def file_case(box: Sandbox, argv_head: list[str], data: bytes, n: int) -> Outcome:
+    """Write ``data`` to a fresh file in the sandbox and run ``argv_head + [file]``."""
+    path = box.root / f"case-{n}"
+    path.write_bytes(data)
+    try:
+        return run_cli([*argv_head, str(path)], box)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
+             only: str | None = None) -> dict[str, Any]:
+    """Run every target; return the figures (see the module docstring)."""
+    started = time.monotonic()
+    by_target: dict[str, dict[str, Any]] = {}
+    failures: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="dualpath-fuzz-") as tmp:
+        box = Sandbox.create(Path(tmp))
+        try:
+            with stubbed():
+                targets: list[tuple[str, st.SearchStrategy[Any], Callable[[Any], Outcome],
+                                    int]] = []
+                for cmd in commands():
+                    targets.append((" ".join(cmd.words), argv_strategy(cmd, box),
+                                    lambda argv: run_cli(argv, box), per_command))
+                counter = iter(range(10**9))
+                for name, head, strategy in (
+                        ("config file", ["config", "validate"], config_text_strategy()),
+                        ("config file (--json)", ["config", "validate", "--json"],
+                         config_text_strategy()),
+                        ("trace file", ["trace", "stats"], trace_bytes_strategy()),
+                        ("trace file (--json)", ["trace", "stats", "--json"],
+                         trace_bytes_strategy())):
+                    targets.append((name, strategy, lambda data, h=head: file_case(
+                        box, h, data, next(counter)), per_file_kind))
+                for name, strategy, run, cases in targets:
+                    if only and only not in name:
+                        continue
+                    sink: list[Outcome] = []
+                    t0 = time.monotonic()
+                    _collect(strategy, cases, seed, run, sink)
+                    bad = [o for o in sink if not o.ok]
+                    failures += bad
+                    by_target[name] = {"cases": len(sink), "failures": len(bad),
+                                       "seconds": round(time.monotonic() - t0, 2)}
+        finally:
+            box.close()
+    return {"fuzz_cases": sum(t["cases"] for t in by_target.values()),
+            "fuzz_failures": len(failures),
+            "by_target": by_target,
+            "failures": [{"argv": o.argv, "reason": o.reason} for o in failures[:20]],
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", action="store_true", help="at least 10,000 cases")
+    parser.add_argument("--cases", type=int, default=None, help="cases per command")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, help="targets whose name contains this")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    per_command = args.cases or (300 if args.long else 40)
+    per_file = per_command * 2 if args.long else per_command * 3
+    figures = run_fuzz(per_command, per_file, args.seed, args.only)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(f"{'target':<24} {'cases':>7} {'failures':>9} {'s':>7}")
+        for name, row in figures["by_target"].items():
+            print(f"{name:<24} {row['cases']:>7} {row['failures']:>9} {row['seconds']:>7}")
+        print(f"{'all':<24} {figures['fuzz_cases']:>7} {figures['fuzz_failures']:>9} "
+              f"{figures['seconds']:>7}")
+        for fail in figures["failures"]:
+            print(f"FAIL dualpath {' '.join(map(repr, fail['argv']))}: {fail['reason']}")
+    return 0 if figures["fuzz_failures"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
