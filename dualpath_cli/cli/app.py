@@ -25,28 +25,61 @@ app: typer.Typer  # declared only: module __getattr__ builds it on first use
 _app: typer.Typer | None = None
 
 
+#: Every built-in command, built from its module on first use (cli/lazy.py says why); the
+#: line is what ``dualpath --help`` shows (tests/test_cli_lazy.py checks it is the command's).
+COMMANDS = (
+    ("bench", "bench_cmd", "bench",
+     "Run the embedded 1P2D system on an agentic workload and compare policies."),
+    ("launch", "launch_cmd", "launch",
+     "Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM."),
+    ("status", "launch_cmd", "status",
+     "One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."),
+    ("stop", "launch_cmd", "stop",
+     "Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."),
+    ("monitor", "monitor_cmd", "monitor",
+     "Watch metrics of a live cluster (or a recording), redrawn in place in a terminal."),
+    ("record", "record_cmd", "record",
+     "Record views, decisions and served turns of a live cluster over a window."),
+    ("diagnose", "diagnose_cmd", "register",
+     "Troubleshooting workflows (seed section 6). Exit 0 OK, 1 WARNING, 2 CRITICAL, "
+     "3 UNKNOWN."),
+    ("explain", "explain_cmd", "explain",
+     "Why one request went where it went: PE and DE with their classes and the thresholds, "
+     "the read side and the queues that chose it, blocks hit per tier and missed per "
+     "reason, bytes per NIC, per-layer slack, and its TTFT as queueing + loading + transfer "
+     "+ prefill."),
+    ("top", "top_cmd", "top",
+     "A live cockpit for the cluster (or a recording): engines, NICs, layers, decisions, "
+     "alerts, tuning. NO_COLOR is honoured; ? shows the keys, q quits."),
+    ("config", "config_cmd", "app", "Show, validate and write the deployment configuration."),
+    ("tune", "tune_cmd", "app",
+     "Compute the scheduler thresholds from hardware facts, and set them."),
+    ("plan", "plan_cmd", "app",
+     "Plan deployments: bottleneck-free P/D ratios and KV working sets."),
+    ("trace", "trace_cmd", "app",
+     "Generate and inspect agent traces (Table 2 calibrated, or Mooncake)."),
+    ("plugins", "plugins_cmd", "app",
+     "Inspect plugins (pluggy hooks, entry-point group 'dualpath')."),
+    ("storage", "storage_cmd", "app", "Inspect, verify, clean and benchmark a KV block store."),
+    ("sim", "sim_cmd", "app",
+     "Simulate a DualPath cluster in simulated time with the core scheduler."),
+)
+
+
 def _build() -> typer.Typer:
-    """The ``dualpath`` Typer app with every built-in command registered."""
+    """The ``dualpath`` Typer app: the root, with every built-in command listed lazily.
+
+    Register a new command by adding a row to :data:`COMMANDS`.
+    """
     import typer
 
-    from dualpath_cli.cli import (
-        bench_cmd,
-        config_cmd,
-        launch_cmd,
-        monitor_cmd,
-        plan_cmd,
-        plugins_cmd,
-        sim_cmd,
-        storage_cmd,
-        trace_cmd,
-        tune_cmd,
-    )
-    from dualpath_cli.cli.deferred import deferred
-
+    from dualpath_cli.cli.lazy import LazyCommand
     from dualpath_cli.cli.roothelp import RootGroup
 
+    lazy = tuple(LazyCommand(name, f"dualpath_cli.cli.{module}", attr, line)
+                 for name, module, attr, line in COMMANDS)
     app = typer.Typer(
-        cls=RootGroup,
+        cls=type("DualpathRoot", (RootGroup,), {"lazy": lazy}),
         name="dualpath",
         help="Operate DualPath-style LLM inference: config, tuning, planning, traces.",
         no_args_is_help=True,
@@ -69,17 +102,6 @@ def _build() -> typer.Typer:
     ) -> None:
         """DualPath operations toolkit."""
 
-    app.command("bench")(bench_cmd.bench)
-    app.add_typer(deferred(config_cmd.app), name="config")
-    app.add_typer(deferred(tune_cmd.app), name="tune")
-    app.add_typer(deferred(plan_cmd.app), name="plan")
-    app.add_typer(deferred(trace_cmd.app), name="trace")
-    app.add_typer(deferred(plugins_cmd.app), name="plugins")
-    app.add_typer(deferred(storage_cmd.app), name="storage")
-    app.add_typer(deferred(sim_cmd.app), name="sim")
-    launch_cmd.register(app)  # launch, status, stop
-    monitor_cmd.register(app)  # monitor, record, diagnose
-    importlib.import_module("dualpath_cli.cli.explain_cmd").register(app)  # explain
     return app
 
 

@@ -6,14 +6,19 @@ markdown-it) and its traceback renderer (with Pygments) before it draws anything
 0.1 s of the 0.3 s start-up budget of ``dualpath --help`` (bench/cli_start.py); the root page
 needs neither. It keeps the look of Typer's pages (a usage line, the description, an
 *Options* and a *Commands* panel), and every sub-command's page is still Typer's own.
+
+The root group also holds the :class:`~dualpath_cli.cli.lazy.LazyCommand` table: commands
+listed by name and help line, built from their modules on first use.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, ClassVar
 
 import typer.core
+
+from dualpath_cli.cli.lazy import LazyCommand
 
 __all__ = ["RootGroup"]
 
@@ -33,7 +38,35 @@ def _first_paragraph(text: str) -> str:
 
 
 class RootGroup(typer.core.TyperGroup):
-    """The root command group; only its help page differs from Typer's."""
+    """The root command group: Typer's, plus lazily built commands and its own help page."""
+
+    lazy: ClassVar[tuple[LazyCommand, ...]] = ()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        eager = [n for n in super().list_commands(ctx) if n not in self._lazy_names()]
+        return [*(c.name for c in self.lazy), *eager]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands:
+            entry = next((c for c in self.lazy if c.name == cmd_name), None)
+            if entry is not None:
+                self.add_command(entry.build(self, ctx), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    @classmethod
+    def _lazy_names(cls) -> set[str]:
+        return {c.name for c in cls.lazy}
+
+    def _help_line(self, ctx: Any, name: str) -> str | None:
+        """A command's line on the page, without building a lazy one (None: hidden)."""
+        if name not in self.commands:
+            entry = next((c for c in self.lazy if c.name == name), None)
+            if entry is not None:
+                return entry.help
+        cmd = self.get_command(ctx, name)
+        if cmd is None or cmd.hidden:
+            return None
+        return _first_paragraph(cmd.short_help or cmd.help or "")
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from rich import box
@@ -67,9 +100,8 @@ class RootGroup(typer.core.TyperGroup):
         commands.add_column(style="bold cyan", no_wrap=True)
         commands.add_column()
         for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is None or cmd.hidden:
-                continue
-            commands.add_row(name, _first_paragraph(cmd.short_help or cmd.help or ""))
+            line = self._help_line(ctx, name)
+            if line is not None:
+                commands.add_row(name, line)
         console.print(Panel(commands, title="Commands", title_align="left",
                             border_style="dim", box=box.ROUNDED, expand=True))

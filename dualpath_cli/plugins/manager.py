@@ -123,9 +123,11 @@ def _command_name(entry: Any) -> str:
 
 
 def _command_names(app: Any) -> list[str]:
-    """Top-level command and group names registered on a Typer app."""
-    return [_command_name(entry) for entry in (*app.registered_commands,
-                                                 *app.registered_groups)]
+    """Top-level command and group names of a Typer app: registered, and listed lazily by
+    its root group class (cli/lazy.py)."""
+    lazy = [c.name for c in getattr(getattr(app.info, "cls", None), "lazy", ())]
+    return [*lazy, *(_command_name(entry) for entry in (*app.registered_commands,
+                                                          *app.registered_groups))]
 
 
 class PluginManager:
