@@ -202,11 +202,12 @@ class EngineContext:
                                           role=role, direction=d)
                       for nic in ("snic", "cnic") for d in ("read", "write", "tx", "rx")
                       if (nic == "snic") == (d in ("read", "write"))}
-        # token-denominated per-layer hits (no engine label: merged across engines) and the
-        # hit KV bytes placed in HBM by the side that supplied them
+        # token-denominated per-layer hits (no engine label: merged across engines; bound on
+        # PEs only, the engines that place a hit in HBM layer by layer) and the hit KV bytes
+        # placed in HBM by the side that supplied them
         self.m_layer_tok = [{t: r.counter("dualpath_kv_layer_hit_tokens_total", layer=layer,
                                           tier=t) for t in TIERS}
-                            for layer in range(self.n_layers)]
+                            for layer in range(self.n_layers)] if role == "prefill" else []
         self.m_hbm_bytes = {side: r.counter("dualpath_kv_read_bytes_total", tier="hbm",
                                             side=side) for side in ("pe", "de")}
         self.m_write_errors = r.counter("dualpath_storage_write_errors_total", node=node,

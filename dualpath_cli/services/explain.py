@@ -60,7 +60,7 @@ def _engine(d: Decision, role: str) -> dict[str, Any]:
     placement)."""
     if role == "pe":
         snaps = d.inputs.get("pe_engines", ())
-        snap = next((e for e in snaps if e.get("id") == d.pe), {})
+        snap: dict[str, Any] = next((e for e in snaps if e.get("id") == d.pe), {})
         return {"engine": d.pe, "class": d.pe_class, **{k: snap.get(k) for k in
                                                          ("node", "seq", "tok", "read_q")}}
     snap = d.inputs.get("de_engine", {}) or {}
