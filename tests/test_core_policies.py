@@ -139,4 +139,4 @@ def test_decide_raises_when_nothing_fits() -> None:
 def test_policy_names_match_config_choices() -> None:
     from dualpath_cli.config.schema import READ_SIDE_POLICIES
 
-    assert tuple(POLICIES) == READ_SIDE_POLICIES
+    assert tuple(BUILTIN_POLICIES) == READ_SIDE_POLICIES

@@ -21,13 +21,20 @@ if TYPE_CHECKING:
 # The runtime, services and rich.progress are imported inside the functions that use them,
 # so that ``dualpath --help`` does not load numpy (tests/test_cli_import_graph.py).
 
-__all__ = ["bench", "default_store_root", "render_bench"]
+__all__ = ["bench", "default_store_root", "store_root", "render_bench"]
 
 
 def default_store_root() -> Path:
     """``$XDG_DATA_HOME/dualpath/store`` (``~/.local/share/dualpath/store`` by default)."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "dualpath" / "store"
+
+
+def store_root(loaded: Any) -> Path:
+    """Where ``bench`` and ``launch`` keep blocks without ``--store``: the config's
+    ``storage.root`` when something set it, else :func:`default_store_root`."""
+    root = Path(loaded.config.storage.root_path)
+    return root if loaded.source("storage.root").kind != "default" else default_store_root()
 
 
 def _policies(text: str) -> list[str]:
@@ -191,7 +198,7 @@ def bench(
     loaded, _, calibration = load_bench_config(trajectories, preset=preset,
                                                config_file=config, sets=sets, snic_bw=snic)
     base = options_from_config(loaded, processes=True)
-    root = store or default_store_root()
+    root = store or store_root(loaded)
     done: dict[str, Any] = {}
     if calibration is not None and calibrate == "oracle":
         stderr.print("calibrating: the oracle (compute only) runs first", highlight=False)

@@ -149,7 +149,7 @@ def _engines_text(live: LiveCluster) -> str:
 
 def _options(preset: str | None, config: Path | None, overrides: list[str], pd: str | None,
              policy: str | None, store: Path | None) -> Any:
-    from dualpath_cli.cli.bench_cmd import default_store_root
+    from dualpath_cli.cli.bench_cmd import store_root
     from dualpath_cli.config import load_config
     from dualpath_cli.config.model import parse_pd
     from dualpath_cli.core.policies import get_policy
@@ -170,7 +170,7 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
              if loaded.source(k).kind in ("default", "profile")]
     if extra:
         loaded = load_config(preset=preset, config_file=config, overrides=[*extra, *sets])
-    root = (store or default_store_root()).expanduser()
+    root = (store or store_root(loaded)).expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -22,10 +22,11 @@ from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import LocalCluster
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
 from dualpath_cli.runtime.faults import Fault, FaultError
+from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import (
@@ -254,6 +255,46 @@ class RuntimeSystem:
         with self.scheduler._lock:
             self.scheduler.snic_scale = {f.node: f.fraction for f in self._faults.values()
                                          if f.kind == "snic_throttle"}
+
+    # -- remedies ---------------------------------------------------------------------
+    def compact_hbm(self, engine_id: int, timeout: float = 10.0) -> tuple[dict[str, Any],
+                                                                          dict[str, Any]]:
+        """Defragment engine ``engine_id``'s HBM pool and wait until it reports the result.
+
+        Returns its HBM facts before and after (fragmentation score, largest free run and
+        free blocks, from the heartbeats on either side of the compaction).
+
+        Raises:
+            UsageError: no such engine, or it is not serving (starting, dead).
+            DualPathError: the engine did not report the compaction within ``timeout``.
+        """
+        sched = self.scheduler
+        with sched._registered:  # the scheduler's lock; heartbeats notify it
+            e = sched.engines.get(engine_id)
+            if e is None:
+                ids = sorted(sched.engines)
+                raise UsageError(f"no engine {engine_id} (this cluster has engines "
+                                 f"{ids[0]}-{ids[-1]})")
+            if not (e.alive and e.address and e.hb is not None):
+                raise UsageError(f"engine {engine_id} is {e.state}, not serving: nothing to "
+                                 "compact")
+            before = e.hb
+            sched._send(e.address, Compact(engine_id))
+            deadline = time.monotonic() + timeout
+            while e.hb is None or e.hb.compactions <= before.compactions:
+                left = deadline - time.monotonic()
+                if left <= 0 or not e.alive:
+                    raise DualPathError(f"engine {engine_id} did not report its HBM "
+                                        f"compaction within {timeout:g} s")
+                sched._registered.wait(left)
+            after = e.hb
+
+        def facts(hb: Any) -> dict[str, Any]:
+            return {"engine": engine_id, "hbm_fragmentation": round(hb.hbm_fragmentation, 4),
+                    "hbm_largest_free_blocks": hb.hbm_largest_free_run,
+                    "hbm_free_blocks": hb.hbm_free_blocks}
+
+        return facts(before), facts(after)
 
     def clear_faults(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Undo every injected fault; returns the active faults before and after (empty)."""

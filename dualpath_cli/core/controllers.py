@@ -116,19 +116,19 @@ class ControlStep:
 
 def _bounded(rule: ControllerRule, current: float, signal: float | None,
              b: Bounds) -> tuple[float, str]:
+    """The rule's value clamped to ``[floor, ceiling]``, then at most ``max_change`` away
+    from ``current`` (a value outside the bounds walks back in, one bounded step at a time)."""
     if signal is None or not math.isfinite(signal) or signal < 0:
         return current, "hold: no signal"
     wanted = rule.rule(current, signal, lo=0.0, hi=math.inf)
+    target = min(b.ceiling, max(b.floor, wanted))
     step = b.max_change * current
-    new = min(current + step, max(current - step, wanted))
-    new = min(b.ceiling, max(b.floor, new))
-    if new > current:
-        return new, "up: signal below band"
-    if new < current:
-        return new, "down: signal above band"
-    if wanted != current:
-        return new, "hold: at bound"
-    return new, "hold: signal in band"
+    new = min(current + step, max(current - step, target))
+    if new == current:
+        return new, "hold: at bound" if wanted != current else "hold: signal in band"
+    if wanted != current and (new > current) == (wanted > current):
+        return new, "up: signal below band" if new > current else "down: signal above band"
+    return new, "up: back above the floor" if new > current else "down: back below the ceiling"
 
 
 @dataclass

@@ -126,11 +126,15 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
     seed all come from the config.
 
     Raises:
-        ConfigError: a model the runtime cannot run, or a key switched on that is not built
-            (``scheduler.hierarchical``).
+        ConfigError: a model the runtime cannot run, a block layout it does not write, or a
+            key switched on that is not built (``scheduler.hierarchical``).
     """
     cfg = loaded.config
     check_built(cfg)
+    if cfg.storage.layout != "layer_major":
+        raise ConfigError(f"storage.layout {cfg.storage.layout!r}: the embedded runtime "
+                          "stores layer_major blocks (its layer-by-layer reads need them); "
+                          "set storage.layout to layer_major")
     name = runtime_model_for(cfg.model.profile)
     model = MODEL_CONFIGS[name]
     if (cfg.model.n_layers, cfg.model.kv_bytes_per_token_layer) != (

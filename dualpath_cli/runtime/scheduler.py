@@ -72,7 +72,7 @@ from dualpath_cli.core.types import EngineSnapshot, Request, Role
 from dualpath_cli.errors import NoAvailableEngine, UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
 from dualpath_cli.runtime.decisions import DecisionLog
-from dualpath_cli.runtime.readmodel import Rate, engine_view, node_view
+from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
     Cancel,
     Decode,
@@ -217,6 +217,7 @@ class EngineState:
     charges: dict[int, int] = field(default_factory=dict)  # dispatch seq -> tokens pending
     snic_rate: Rate = field(default_factory=Rate)  # storage-NIC read bytes/s
     cnic_rate: Rate = field(default_factory=Rate)  # compute-NIC transmit bytes/s
+    compute: EngineWindow = field(default_factory=EngineWindow)  # busy, service time, KV wait
     gpu_rate: Rate = field(default_factory=Rate)  # busy seconds per second (utilisation)
 
     @property
@@ -604,7 +605,7 @@ class SchedulerService:
                 e.engine_id, e.role, e.node, e.group, e.state,
                 e.pid if e.pid and e.pid != me else None,  # in-process engines have no pid
                 seq[e.engine_id], tok[e.engine_id], e.rq if e.hb is not None else None, e.hb,
-                now - e.last_seen if e.address else None)
+                now - e.last_seen if e.address else None, e.compute)
                 for e in sorted(self.engines.values(), key=lambda x: x.engine_id))
             by_node: dict[int, list[EngineState]] = collections.defaultdict(list)
             for e in self.engines.values():
@@ -706,6 +707,7 @@ class SchedulerService:
                 e.snic_rate.update(now, msg.snic_read_bytes)
                 e.gpu_rate.update(now, msg.busy_s)
                 e.cnic_rate.update(now, msg.cnic_tx_bytes)
+                e.compute.update(now, msg)
                 self._registered.notify_all()
         elif isinstance(msg, Fetch):
             if e.role == Role.PREFILL.value:
@@ -964,7 +966,7 @@ class SchedulerService:
                 inputs: dict[str, Any]) -> None:
         self.log.record(
             at=time.time(), rid=f.rid, attempt=f.att, agent=f.req.agent, turn=f.req.turn,
-            length=len(f.req.tokens), cached=f.cached, pe=f.pe, de=f.de,
+            length=len(f.req.tokens), gen=f.req.gen, cached=f.cached, pe=f.pe, de=f.de,
             de_group=f.de_group, side=side, pe_tokens=f.pe_tokens,
             de_tokens=f.cached - f.pe_tokens, pe_read_q=pe_q, de_read_q=de_q,
             pe_class=pe_class, de_class=f.place.get("de_class"), z=f.place.get("z"),
