@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,12 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.bench import SLO, BenchReport, PolicyReport
-from dualpath_cli.services.runner import RunResult, TurnRecord, percentile
-from dualpath_cli.workload.tokens import append_token_ids
+from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, replay
 from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["RemoteError", "RemoteTurn", "ServerInfo", "server_info", "complete",
@@ -188,48 +185,19 @@ def run_agents_remote(url: str, trajectories: Sequence[Trajectory], *,
         RemoteError: no server at ``url``.
     """
     url = url.rstrip("/")
-    starts = [0.0] * len(trajectories)
-    if aps is not None:
-        gaps = np.random.default_rng(seed).exponential(1.0 / aps, len(trajectories))
-        starts = np.cumsum(gaps).tolist()
     run_id = uuid.uuid4().hex[:8]
-    result = RunResult(0.0)
-    lock = threading.Lock()
     limits = httpx.Limits(max_connections=len(trajectories) + 4,
                           max_keepalive_connections=len(trajectories) + 4)
     with httpx.Client(headers=_headers(token), limits=limits, timeout=timeout) as client:
         before = server_info(client, url)
-        t0 = time.monotonic()
 
-        def agent(k: int, traj: Trajectory) -> None:
-            delay = t0 + starts[k] - time.monotonic()
-            if delay > 0:
-                threading.Event().wait(delay)  # the arrival time itself
-            context: list[int] = []
+        def serve(traj: Trajectory, i: int, prompt: list[int], gen: int) -> TurnRecord:
             session = f"bench-{run_id}-{traj.agent_id}"
-            for i, turn in enumerate(traj.turns):
-                prompt = context + append_token_ids(traj, i, vocab_size).tolist()
-                try:
-                    r = complete(client, url, before.model, prompt, turn.gen, session,
-                                 timeout)
-                except RemoteError as err:
-                    with lock:
-                        result.errors.append(f"agent {traj.agent_id} turn {i}: {err}")
-                    return
-                rec = _record(traj, i, len(prompt), r)
-                with lock:
-                    result.turns.append(rec)
-                if on_turn:
-                    on_turn(rec)
-                context = prompt + r.tokens
+            r = complete(client, url, before.model, prompt, gen, session, timeout)
+            return _record(traj, i, len(prompt), r)
 
-        threads = [threading.Thread(target=agent, args=(k, t), daemon=True)
-                   for k, t in enumerate(trajectories)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        result.jct = time.monotonic() - t0
+        result = replay(trajectories, serve, failures=(RemoteError,), aps=aps, seed=seed,
+                        vocab_size=vocab_size, on_turn=on_turn)
         after = server_info(client, url)
     reads = None
     if before.node_read_bytes is not None and after.node_read_bytes is not None:

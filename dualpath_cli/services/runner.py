@@ -22,7 +22,7 @@ from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["TurnRecord", "RunResult", "run_agents", "percentile"]
+__all__ = ["TurnRecord", "RunResult", "ServeTurn", "replay", "run_agents", "percentile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,20 +70,21 @@ def _record(traj: Trajectory, i: int, prompt: int, r: TurnResult) -> TurnRecord:
                       r.attempts, r.pe_tokens, r.rx_from_pe)
 
 
-def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
-               aps: float | None = None, seed: int = 0, vocab_size: int = 256,
-               on_turn: Callable[[TurnRecord], None] | None = None,
-               timeout: float = 600.0) -> RunResult:
-    """Replay ``trajectories`` concurrently (offline when ``aps`` is None).
+#: Serves one agent turn: ``(trajectory, turn index, prompt token ids, tokens to generate)``
+#: to the turn's record; raises on a failed turn (the runner's ``failures`` say which kinds).
+ServeTurn = Callable[[Trajectory, int, list[int], int], TurnRecord]
 
-    Args:
-        system: a started runtime system.
-        trajectories: one per agent.
-        aps: online mode arrival rate (agents per second); None = all start at t = 0.
-        seed: seeds the Poisson arrivals.
-        vocab_size: token-id range of appended tokens.
-        on_turn: called after every turn (progress bars).
-        timeout: per-turn wait limit in seconds.
+
+def replay(trajectories: Sequence[Trajectory], serve: ServeTurn, *,
+           failures: tuple[type[Exception], ...], aps: float | None = None, seed: int = 0,
+           vocab_size: int = 256, on_turn: Callable[[TurnRecord], None] | None = None,
+           ) -> RunResult:
+    """Replay ``trajectories`` concurrently through ``serve`` (offline when ``aps`` is None).
+
+    One thread per agent: it waits for its arrival, then runs its turns in order, each
+    prompt extending the last with the turn's answer. An agent whose turn raises one of
+    ``failures`` stops there and the failure is in ``errors``. The in-process runner and
+    the HTTP runner (services/remote_runner.py) differ only in ``serve``.
     """
     starts = [0.0] * len(trajectories)
     if aps is not None:
@@ -101,18 +102,16 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
         for i, turn in enumerate(traj.turns):
             prompt = context + append_token_ids(traj, i, vocab_size).tolist()
             try:
-                r = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), turn.gen)
-                                  ).wait(timeout)
-            except TimeoutError as err:
+                rec = serve(traj, i, prompt, turn.gen)
+            except failures as err:
                 with lock:
                     result.errors.append(f"agent {traj.agent_id} turn {i}: {err}")
                 return
-            rec = _record(traj, i, len(prompt), r)
             with lock:
                 result.turns.append(rec)
             if on_turn:
                 on_turn(rec)
-            context = prompt + list(r.tokens)
+            context = prompt + list(rec.tokens)
 
     threads = [threading.Thread(target=agent, args=(k, t), daemon=True)
                for k, t in enumerate(trajectories)]
@@ -122,3 +121,26 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
         t.join()
     result.jct = time.monotonic() - t0
     return result
+
+
+def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
+               aps: float | None = None, seed: int = 0, vocab_size: int = 256,
+               on_turn: Callable[[TurnRecord], None] | None = None,
+               timeout: float = 600.0) -> RunResult:
+    """Replay ``trajectories`` on a started in-process ``system`` (see :func:`replay`).
+
+    Args:
+        system: a started runtime system.
+        trajectories: one per agent.
+        aps: online mode arrival rate (agents per second); None = all start at t = 0.
+        seed: seeds the Poisson arrivals.
+        vocab_size: token-id range of appended tokens.
+        on_turn: called after every turn (progress bars).
+        timeout: per-turn wait limit in seconds.
+    """
+    def serve(traj: Trajectory, i: int, prompt: list[int], gen: int) -> TurnRecord:
+        r = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), gen)).wait(timeout)
+        return _record(traj, i, len(prompt), r)
+
+    return replay(trajectories, serve, failures=(TimeoutError,), aps=aps, seed=seed,
+                  vocab_size=vocab_size, on_turn=on_turn)
