@@ -156,7 +156,9 @@ def test_small_dram_buffer_shows_evicted_with_age() -> None:
         for key in keys:  # a, b, c: c evicts a
             loader.load([key], timeout=10).release()
         assert len(loader.cache) == 2
-        loader.load([keys[0]], timeout=10).release()  # evicted: read from the store again
+        again = loader.load([keys[0]], timeout=10)  # evicted: read from the store again
+        assert again.dram_misses == {"evicted": 1} and again.store_hits == 1
+        again.release()
         loader.load([keys[2]], timeout=10).release()  # still buffered: a DRAM hit
     value = reg.value
     assert value("dualpath_kv_miss_blocks_total", tier="dram", reason="evicted") == 1

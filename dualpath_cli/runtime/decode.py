@@ -139,6 +139,7 @@ class DecodeWorker:
                                       f"{result.why(good)}: missing or corrupt block"))
             return
         job.facts = {"de_dram_blocks": result.dram_hits, "de_store_blocks": result.store_hits,
+                     "de_dram_misses": dict(result.dram_misses),
                      "de_snic_bytes": sum(b.nbytes for b in result.blocks
                                           if b is not None and b.tier == "store")}
         for i, block in enumerate(result.blocks):

@@ -81,6 +81,7 @@ class PrefillJob:
     kv_bubble_s: float = 0.0
     slack: list[float | None] = field(default_factory=list)
     reads: dict[str, int] = field(default_factory=dict)
+    dram_misses: dict[str, int] = field(default_factory=dict)
 
     def facts(self) -> dict[str, object]:
         """What this PE saw of the request: arrival, KV ready (layer 0, or every layer
@@ -90,7 +91,8 @@ class PrefillJob:
         return {"arrived": self.arrived_at, "kv_ready": max(ready or [self.arrived_at]),
                 "compute": self.compute_at, "kv_bubble_s": self.kv_bubble_s,
                 "slack_s": list(self.slack) if self.cached else [], "pe_tokens": self.pe_tokens,
-                "de_tokens": self.de_tokens, **self.reads}
+                "de_tokens": self.de_tokens, "pe_dram_misses": dict(self.dram_misses),
+                **self.reads}
 
     @property
     def de_tokens(self) -> int:
@@ -189,6 +191,7 @@ class PrefillWorker:
                                            f"{result.why(good)}: missing or corrupt block"))
             return
         job.blocks = [b for b in result.blocks if b is not None]
+        job.dram_misses = dict(result.dram_misses)
         job.reads = {"pe_dram_blocks": result.dram_hits, "pe_store_blocks": result.store_hits,
                      "pe_snic_bytes": sum(b.nbytes for b in job.blocks if b.tier == "store")}
         job.loaded = True

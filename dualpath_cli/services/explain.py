@@ -131,7 +131,7 @@ def explain_request(rid: int, decisions: Sequence[Decision],
                    "misses": look.get("misses", {}),
                    "evicted_age_s": look.get("evicted_age_s"),
                    "misses_all_attempts": _sum([x.get("misses", {}) for x in lookups])},
-        "hits": None, "nic_bytes": None, "layer_slack_s": None, "ttft_s": None,
+        "hits": None, "dram_misses": None, "nic_bytes": None, "layer_slack_s": None, "ttft_s": None,
         "ttft_split": None, "tpot_s": None, "arrival": None,
     }
     if outcome is None:
@@ -146,6 +146,8 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     story["hits"] = {"pe": {"dram": pe.get("pe_dram_blocks"), "store": pe.get("pe_store_blocks")},
                      "de": {"dram": de.get("de_dram_blocks"), "store": de.get("de_store_blocks")},
                      "peer_blocks": peer}
+    story["dram_misses"] = {"pe": pe.get("pe_dram_misses") or {},
+                            "de": de.get("de_dram_misses") or {}}
     story["nic_bytes"] = {"pe_snic_read": pe.get("pe_snic_bytes", 0),
                           "de_snic_read": de.get("de_snic_bytes", 0),
                           "de_cnic_tx_to_pe": pe.get("peer_bytes", 0),
@@ -207,6 +209,10 @@ def render_story(story: dict[str, Any]) -> list[str]:
     lines.append(f"  blocks hit: PE side dram {hits['pe']['dram'] or 0}, store "
                  f"{hits['pe']['store'] or 0}; DE side dram {hits['de']['dram'] or 0}, store "
                  f"{hits['de']['store'] or 0}; streamed DE->PE {hits['peer_blocks'] or 0}")
+    for side, missed in (story.get("dram_misses") or {}).items():
+        if missed:
+            lines.append(f"  {side.upper()} DRAM buffer missed: " + ", ".join(
+                f"{n} {why}" for why, n in sorted(missed.items())))
     nb = story["nic_bytes"]
     lines.append(f"  bytes: PE SNIC read {nb['pe_snic_read']}, DE SNIC read "
                  f"{nb['de_snic_read']}, DE CNIC->PE {nb['de_cnic_tx_to_pe']}, PE CNIC->DE "

@@ -119,6 +119,7 @@ class LoadResult:
     corrupt: int = 0
     cancelled: bool = False
     reasons: dict[int, str] = field(default_factory=dict)  # index -> why it is None
+    dram_misses: dict[str, int] = field(default_factory=dict)  # DRAM-buffer misses by reason
 
     def why(self, index: int) -> str:
         """The miss reason of block ``index`` (one of :data:`MISS_REASONS`), e.g. for the
@@ -469,6 +470,8 @@ class StorageLoader:
                 if ticket is not None and self.cache.capacity_bytes:
                     reason, age = self.cache.miss_reason(key)
                     why[reason] = why.get(reason, 0) + 1
+                    missed = ticket.result.dram_misses
+                    missed[reason] = missed.get(reason, 0) + 1
                     if age is not None:
                         ages.append(age)
                 pending = self._pending.get(key.raw)
