@@ -65,12 +65,13 @@ def test_an_augmented_trace_is_not_augmented_again(tmp_path: Path) -> None:
         wl.plans(21)
 
 
-def test_request_logs_and_bad_files_are_refused(tmp_path: Path) -> None:
+def test_request_logs_are_linked_and_bad_files_refused(tmp_path: Path) -> None:
     mooncake = tmp_path / "mc.jsonl"
-    mooncake.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10, '
-                        '"hash_ids": [1, 2]}\n')
-    with pytest.raises(UsageError, match="Mooncake request log has no agent trajectories"):
-        Workload.from_file(mooncake)
+    mooncake.write_text('{"timestamp": 0, "input_length": 600, "output_length": 10, '
+                        '"hash_ids": [1, 2]}\n{"timestamp": 5, "input_length": 700, '
+                        '"output_length": 10, "hash_ids": [1, 3]}\n')
+    wl = Workload.from_file(mooncake)  # linked into one two-turn trajectory
+    assert [(t.append, t.gen) for t in wl.plans(1)[0].turns] == [(600, 10), (90, 10)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     with pytest.raises(TraceError, match="bad.jsonl:1: invalid JSON"):

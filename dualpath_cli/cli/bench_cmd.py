@@ -102,6 +102,14 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
         io.add_row(p.policy, nodes, _ratio(p.snic_max_avg), f"{p.gpu_busy:.0%}",
                    f"{p.bubble_s:.3f}", "same" if p.tokens_match else "DIFFERENT")
     console.print(io)
+    for p in report.policies:  # faults: visible, not just survived
+        dead, retried = getattr(p, "dead_engines", []), getattr(p, "retried_turns", 0)
+        quarantined = getattr(p, "quarantined_blocks", 0)
+        if dead or retried or quarantined:
+            where = f" (kept in {p.quarantine_dir})" if quarantined else ""
+            console.print(f"faults in {p.policy}: engines died: "
+                          f"{', '.join(map(str, dead)) or 'none'}; {retried} turns retried; "
+                          f"{quarantined} corrupt blocks quarantined{where}", highlight=False)
     if online:
         slo = s["slo"]
         console.print(f"SLO (p99): TTFT <= {slo['ttft_s']:.2f} s, TPOT <= "
@@ -179,9 +187,9 @@ def bench(
     if calibrate not in ("oracle", "probe"):
         raise UsageError(f"--calibrate: expected oracle or probe, got {calibrate!r}")
     if trace is not None:
-        from dualpath_cli.workload.trace_io import read_trace
+        from dualpath_cli.workload.mooncake_link import read_agent_trace
 
-        trajectories = list(read_trace(trace).trajectories)[:agents]
+        trajectories = list(read_agent_trace(trace)[0].trajectories)[:agents]
     else:
         trajectories = agentic_workload(agents, turns=turns)
     if url is not None:

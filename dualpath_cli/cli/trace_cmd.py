@@ -126,6 +126,41 @@ def stats(
     _render_dualpath(result, max_len, row, title=f"{path}: max_len {format_tokens(max_len)}")
 
 
+@app.command("convert")
+def convert(
+    path: Path = typer.Argument(..., help="A Mooncake request log (JSONL)."),
+    output: Path = typer.Option(..., "-o", "--output", help="dualpath trace to write."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Link a Mooncake request log into agent trajectories (a dualpath trace).
+
+    A request continues the conversation whose last request's whole full-block prefix it
+    starts with (shared leading hash ids) and whose input it extends; the rule and the
+    counts are printed. `sim` and `bench --trace` also take the log directly.
+    """
+    from dualpath_cli.workload.mooncake_link import LINK_RULE, link_requests
+    from dualpath_cli.workload.trace_io import detect_format, read_mooncake, write_trace
+
+    if detect_format(path) != "mooncake":
+        raise UsageError(f"{path}: not a Mooncake request log (a dualpath trace needs no "
+                         "conversion)")
+    trace, counts = link_requests(read_mooncake(path), path.name)
+    write_trace(output, trace)
+    if as_json:
+        emit_json({"path": str(path), "output": str(output), "rule": LINK_RULE,
+                   **counts.to_dict()})
+        return
+    stdout.print(f"{counts.requests:,} requests -> {counts.trajectories:,} trajectories "
+                 f"({counts.linked:,} requests linked as later turns, "
+                 f"{counts.single_turn:,} single-turn, longest {counts.max_turns} turns, "
+                 f"max_len {counts.max_len:,}) -> {output}", highlight=False, soft_wrap=True)
+    stderr.print(f"rule: {LINK_RULE}", highlight=False, soft_wrap=True)
+    if counts.clamped_appends or counts.zero_outputs:
+        stderr.print(f"note: {counts.clamped_appends} turns appended less than the previous "
+                     f"answer (counted as 1 token), {counts.zero_outputs} requests had "
+                     "output_length 0 (counted as 1)", highlight=False, soft_wrap=True)
+
+
 def _format(value: str) -> TraceFormat:
     for kind in _FORMATS:
         if value.lower() == kind:

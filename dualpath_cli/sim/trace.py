@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from dualpath_cli.errors import UsageError
 from dualpath_cli.workload.augment import augment
 from dualpath_cli.workload.build import synthetic_trace
+from dualpath_cli.workload.mooncake_link import read_agent_trace
 from dualpath_cli.workload.trace_format import Trace
-from dualpath_cli.workload.trace_io import detect_format, read_trace
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
 __all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_trajectories",
@@ -80,15 +80,14 @@ class Workload:
     def from_file(cls, path: str | os.PathLike[str], seed: int = 1) -> Workload:
         """A dualpath trace file (docs/trace-format.md), read and validated now.
 
+        A Mooncake request log is linked into trajectories first
+        (:mod:`dualpath_cli.workload.mooncake_link`, as ``dualpath trace convert`` does).
+
         Raises:
             TraceError: unreadable or invalid file (``FILE:LINE: reason``).
-            UsageError: a Mooncake request log, which has no agent turns to replay.
+            UsageError: a trace without a trajectory with turns.
         """
-        if detect_format(path) == "mooncake":
-            raise UsageError(f"{path}: a Mooncake request log has no agent trajectories to "
-                             "replay; the simulator needs a dualpath trace (docs/"
-                             "trace-format.md; `dualpath trace gen` writes one)")
-        trace = read_trace(path)
+        trace, _ = read_agent_trace(path)
         if not any(t.turns for t in trace.trajectories):
             raise UsageError(f"{path}: the trace has no trajectory with turns")
         return cls(trace.header.max_len, seed, trace, os.fspath(path))

@@ -1,0 +1,136 @@
+"""Link a Mooncake request log into agent trajectories (``dualpath trace convert``).
+
+Why: operators have request logs (Mooncake's format: timestamp, lengths, block hash ids), not
+agent trajectories; the simulator and the bench replay trajectories. A request that carries
+another request's whole context forward is that conversation's next turn.
+
+The linking rule, exactly:
+
+1. Requests are taken in arrival order (``timestamp``, ties in file order).
+2. A request's *context key* is the id of its last **full** 512-token block
+   (``hash_ids[input_length // 512 - 1]``; a request shorter than one block has none). Ids
+   are chained, so equal ids mean equal prefixes: the key names the request's whole
+   full-block prefix.
+3. Request ``R`` continues the open trajectory whose last request ``P`` has a context key
+   equal to ``R.hash_ids[k]`` for the largest such ``k`` (``R`` starts with every full block
+   of ``P``), provided ``R.input_length > P.input_length``. Ties (two trajectories ending
+   with the same key: two conversations forked from one prompt) go to the most recent.
+   Otherwise ``R`` starts a new trajectory. A shared system prompt therefore links nothing
+   by itself: ``R`` must extend the previous request's *whole* prefix.
+4. Turn ``i`` of a trajectory appends ``input_length_i - (input_length_{i-1} +
+   output_length_{i-1})`` tokens (at least 1: a request that dropped some of the previous
+   answer is counted as appending one token) and generates ``output_length_i``
+   (at least 1, as a turn must).
+
+Counts say what happened (requests linked, trajectories, single-turn ones, clamped appends).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from dualpath_cli.workload.mooncake import MOONCAKE_BLOCK_TOKENS, MooncakeRequest
+from dualpath_cli.workload.trace_format import Trace, TraceHeader
+from dualpath_cli.workload.trajectory import Trajectory, Turn
+
+__all__ = ["LinkCounts", "link_requests", "read_agent_trace", "LINK_RULE"]
+
+LINK_RULE = ("a request continues the conversation whose last request's full-block prefix "
+             "(its last full 512-token block id) it starts with and whose input it extends; "
+             "ties to the most recent; otherwise it starts a new one")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCounts:
+    """What linking did."""
+
+    requests: int
+    trajectories: int
+    linked: int            # requests that continued a trajectory
+    single_turn: int       # trajectories of one request
+    max_turns: int
+    clamped_appends: int   # turns whose computed append was < 1
+    zero_outputs: int      # requests with output_length 0 (generate 1)
+    max_len: int
+
+    def to_dict(self) -> dict[str, int]:
+        """Plain form (``--json``)."""
+        return asdict(self)
+
+
+def link_requests(requests: Sequence[MooncakeRequest], source: str = "mooncake"
+                  ) -> tuple[Trace, LinkCounts]:
+    """Agent trajectories from Mooncake requests by the module's linking rule."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
+    chains: list[list[MooncakeRequest]] = []
+    open_by_key: dict[int, int] = {}  # context key -> index of the chain ending with it
+    linked = 0
+    for i in order:
+        r = requests[i]
+        chain = None
+        for k in range(len(r.hash_ids) - 1, -1, -1):
+            c = open_by_key.get(r.hash_ids[k])
+            if c is not None and r.input_length > chains[c][-1].input_length \
+                    and _key(chains[c][-1]) == r.hash_ids[k]:
+                chain = c
+                break
+        if chain is None:
+            chains.append([r])
+            chain = len(chains) - 1
+        else:
+            old = _key(chains[chain][-1])
+            if old is not None and open_by_key.get(old) == chain:
+                del open_by_key[old]
+            chains[chain].append(r)
+            linked += 1
+        key = _key(r)
+        if key is not None:
+            open_by_key[key] = chain  # the most recent wins a tie
+    trajectories = []
+    clamped = zero = 0
+    longest = 1
+    for agent, requests_of in enumerate(chains):
+        turns = []
+        ctx = 0
+        for r in requests_of:
+            append = r.input_length - ctx
+            if append < 1:
+                clamped += 1
+                append = 1
+            gen = r.output_length
+            if gen < 1:
+                zero += 1
+                gen = 1
+            turns.append(Turn(append, gen))
+            ctx += append + gen
+        longest = max(longest, ctx)
+        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent))
+    header = TraceHeader(max_len=longest, generator={
+        "from": f"dualpath trace convert {source}", "rule": LINK_RULE})
+    counts = LinkCounts(len(requests), len(chains), linked,
+                        sum(1 for c in chains if len(c) == 1),
+                        max((len(c) for c in chains), default=0), clamped, zero, longest)
+    return Trace(header, tuple(trajectories)), counts
+
+
+def _key(r: MooncakeRequest) -> int | None:
+    full = min(r.input_length // MOONCAKE_BLOCK_TOKENS, len(r.hash_ids))
+    return r.hash_ids[full - 1] if full >= 1 else None
+
+
+def read_agent_trace(path: str | os.PathLike[str]) -> tuple[Trace, LinkCounts | None]:
+    """A trace of agent trajectories from a dualpath trace file, or from a Mooncake request
+    log linked by the module's rule (its counts; ``None`` for a dualpath trace).
+
+    Why here: ``sim``, ``bench --trace`` and the twin take either file as operators have it.
+
+    Raises:
+        TraceError: an unreadable or invalid file (``FILE:LINE: reason``).
+    """
+    from dualpath_cli.workload.trace_io import detect_format, read_mooncake, read_trace
+
+    if detect_format(path) == "mooncake":
+        return link_requests(read_mooncake(path), os.fspath(path))
+    return read_trace(path), None
