@@ -1,0 +1,114 @@
+"""``dualpath top`` (also ``dualpath-monitor --tui``): the Textual live cockpit.
+
+Reads a live cluster through the API client (``--url``, else ``DUALPATH_URL``, else the
+running cluster's state file, as the monitor finds it) or replays a recording (``--from``).
+Textual and the client load inside the command, so ``dualpath --help`` never imports them
+(tests/test_cli_import_graph.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from dualpath_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dualpath_cli.tui.app import TopApp
+    from dualpath_cli.tui.source import Source
+
+__all__ = ["top", "run_top", "build_app", "make_source", "SCREEN_NAMES"]
+
+#: What ``--screen`` accepts (the keys 1-5 in this order).
+SCREEN_NAMES = ("cluster", "nic", "layers", "requests", "alerts")
+
+
+def connect(url: str | None) -> tuple[Any, str, str | None]:
+    """``(client, url, token id)`` of the cluster to watch (the seam tests replace)."""
+    from dualpath_cli.api.auth import token_id
+    from dualpath_cli.api.client import DualPathClient
+    from dualpath_cli.cli.monitor_cmd import resolve_target
+
+    target, token = resolve_target(url)
+    return DualPathClient(target, token, timeout=5.0), target, (token_id(token) if token
+                                                                 else None)
+
+
+def make_source(url: str | None, from_file: Path | None) -> Source:
+    """A replay of ``from_file``, or a live source (the first connection is made here, so
+    a missing cluster is one line and exit 3 before the screen opens)."""
+    if from_file is not None:
+        if url is not None:
+            raise UsageError("--from and --url exclude each other")
+        from dualpath_cli.services.recording import read_recording
+        from dualpath_cli.tui.source import ReplaySource
+
+        return ReplaySource(read_recording(from_file), str(from_file))
+    from dualpath_cli.tui.source import LiveSource
+
+    client, target, tok = connect(url)
+    first = [client]
+
+    def reconnect() -> Any:
+        if first:
+            return first.pop()
+        return connect(url)[0]
+
+    return LiveSource(reconnect, target, tok)
+
+
+def build_app(source: Source, interval_s: float, ascii_only: bool, theme: str,
+              screen: str) -> TopApp:
+    """The app over ``source`` (the twin's predictor when that service is installed)."""
+    from dualpath_cli.tui.app import TopApp
+    from dualpath_cli.tui.source import find_predictor
+
+    return TopApp(source, interval_s=interval_s, ascii_only=ascii_only, theme=theme,
+                  predictor=find_predictor(), start=screen)
+
+
+def run_top(url: str | None = None, from_file: Path | None = None, interval: str = "1s",
+            ascii_only: bool = False, theme: str = "dark", screen: str = "cluster") -> None:
+    """Check the arguments, open the source, run the cockpit until ``q``."""
+    from dualpath_cli.cli.monitor_cmd import parse_interval
+    from dualpath_cli.errors import pick
+
+    interval_s = parse_interval(interval)
+    if theme not in ("dark", "light"):
+        raise UsageError(f"--theme {theme!r}: choose dark or light")
+    screen = pick({n: n for n in SCREEN_NAMES}, screen, "screen", UsageError)
+    if not sys.stdout.isatty():
+        raise UsageError("dualpath top needs a terminal (for a plain table use "
+                         "dualpath-monitor, for JSON dualpath-monitor --json)")
+    if os.environ.get("TERM") in ("dumb",):
+        ascii_only = True
+    source = make_source(url, from_file)
+    app = build_app(source, interval_s, ascii_only, theme, screen)
+    try:
+        app.run()
+    finally:
+        source.close()
+
+
+def top(
+    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
+                                            "DUALPATH_URL, else the running cluster's state "
+                                            "file).")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from", help="Replay a recording "
+                                                   "(dualpath record) with a time "
+                                                   "scrubber.")] = None,
+    interval: Annotated[str, typer.Option("--interval", "-i", help="Refresh interval, e.g. "
+                                          "500ms, 1s, 5s (at least 250ms).")] = "1s",
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="ASCII borders, bars and "
+                                             "sparklines (also with TERM=dumb).")] = False,
+    theme: Annotated[str, typer.Option("--theme", help="dark or light (d toggles).")] = "dark",
+    screen: Annotated[str, typer.Option("--screen", help="Open on: " + ", ".join(SCREEN_NAMES)
+                                        + ".")] = "cluster",
+) -> None:
+    """A live cockpit for the cluster (or a recording): engines, NICs, layers, decisions,
+    alerts, tuning. NO_COLOR is honoured; ? shows the keys, q quits."""
+    run_top(url, from_file, interval, ascii_only, theme, screen)

@@ -1,0 +1,33 @@
+"""The NIC screen: PE/DE x storage/compute NIC, each with its trend and Max/Avg imbalance."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Grid
+
+from dualpath_cli.tui.format import QUADRANTS, nic_quadrants
+from dualpath_cli.tui.screens.base import CockpitScreen
+from dualpath_cli.tui.source import Frame
+from dualpath_cli.tui.widgets.quadrant import QuadrantView
+
+__all__ = ["NicScreen"]
+
+
+class NicScreen(CockpitScreen):
+    """Four quadrants in a 2x2 grid."""
+
+    NAME = "nic"
+    DEFAULT_CSS = """
+    NicScreen Grid { grid-size: 2 2; height: 1fr; }
+    """
+
+    def body(self) -> ComposeResult:
+        with Grid():
+            for i, (_, _, title) in enumerate(QUADRANTS):
+                yield QuadrantView(title, self.top.ascii_only, id=f"q{i}")
+
+    def show_body(self, frame: Frame) -> None:
+        if not frame.history:
+            return
+        for i, q in enumerate(nic_quadrants(frame.history)):
+            self.query_one(f"#q{i}", QuadrantView).show(q)

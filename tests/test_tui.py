@@ -1,0 +1,483 @@
+"""``dualpath top`` driven by Textual's pilot, against the shipped FakeClient and a recording.
+
+The cluster is test_diagnose_rules' 2P4D (engine id = node id: P0 P1 D2 D3 D4 D5) with two
+faults: D3's storage NIC saturated with its read queue far over alpha, and engine 4's HBM
+fragmented. Each test drives the real app with keys and reads the rendered screen as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from test_diagnose_rules import ALPHA, BETA, decision, make_view
+
+from dualpath_cli.api.fake import FakeClient
+from dualpath_cli.cli.app import main as dualpath_main
+from dualpath_cli.cli.monitor_cmd import main as monitor_main
+from dualpath_cli.services.recording import Recording, Sample, read_recording, write_recording
+from dualpath_cli.telemetry.view import ClusterView
+from dualpath_cli.tui.app import TopApp
+from dualpath_cli.tui.format import engine_rows, nic_quadrants, sparkline
+from dualpath_cli.tui.source import LiveSource, ReplaySource
+
+Pilot = Any
+
+
+def faulted_view(i: int) -> ClusterView:
+    """Sample ``i``: D3's storage NIC saturated (read queue 350K > alpha), engine 4
+    fragmented, engine 1 over beta, layer 2 loading late."""
+    return make_view(i, util={2: 0.35, 3: 1.0, 4: 0.35, 5: 0.35}, read_q={3: 350_000},
+                     frag={4: 0.97}, tokens={1: BETA + 1}, slack={2: -0.01},
+                     layer_blocks=8)
+
+
+def fake_client(n: int = 12, **kw: Any) -> FakeClient:
+    return FakeClient([faulted_view(i) for i in range(n)],
+                      [decision(s, de=2 + s % 4) for s in range(1, 20)], **kw)
+
+
+def screen_text(app: TopApp) -> str:
+    """The screen as plain text, the way a person reads it."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
+                      color_system=None, record=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(
+        full=True, screen_stack=app._background_screens))
+    return console.export_text()
+
+
+async def wait_for(pilot: Pilot, cond: Callable[[], bool], what: str,
+                   timeout: float = 10.0) -> None:
+    """Let the app run until ``cond()`` holds (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{screen_text(pilot.app)}")
+        await pilot.pause(0.02)
+
+
+async def wait_text(pilot: Pilot, text: str, timeout: float = 10.0) -> str:
+    """Wait until ``text`` is on screen; returns the screen."""
+    await wait_for(pilot, lambda: text in screen_text(pilot.app), repr(text), timeout)
+    return screen_text(pilot.app)
+
+
+def run(app: TopApp, scenario: Callable[[Pilot], Awaitable[None]],
+        size: tuple[int, int] = (110, 32)) -> None:
+    """Run ``scenario`` against ``app`` after its first frame arrived."""
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: app.frames >= 1, "the first frame")
+            await scenario(pilot)
+    asyncio.run(go())
+
+
+def live_app(client: FakeClient | None = None, token_id: str | None = "tok-fake",
+             **kw: Any) -> tuple[TopApp, FakeClient]:
+    client = client or fake_client()
+    source = LiveSource(lambda: client, "http://fake", token_id)
+    return TopApp(source, interval_s=kw.pop("interval_s", 60.0), **kw), client
+
+
+def recording(tmp_path: Path, n: int = 20) -> Path:
+    path = tmp_path / "incident.jsonl"
+    samples = [Sample(v.at, v) for v in (faulted_view(i) for i in range(n))]
+    write_recording(path, {"source": "test", "interval_s": 1.0, "window_s": n - 1}, samples,
+                    [decision(s, de=2 + s % 4) for s in range(1, 2 * n)])
+    return path
+
+
+def replay_app(tmp_path: Path, **kw: Any) -> TopApp:
+    path = recording(tmp_path)
+    return TopApp(ReplaySource(read_recording(path), str(path)), **kw)
+
+
+# --- the screens --------------------------------------------------------------------------------
+def test_cluster_screen_marks_each_class_in_words() -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        text = await wait_text(pilot, "long-rq")
+        rows = {ln.split()[0]: ln for ln in text.splitlines()
+                if ln.strip() and ln.split()[0].isdigit()}
+        assert "long-rq" in rows["3"] and "350K" in rows["3"] and "D3" in rows["3"]
+        assert "overloaded" in rows["1"]  # tokens over beta
+        assert "short-rq" in rows["0"] and "0.97" in rows["4"]
+        assert "short-rq 4 long-rq 1 overloaded 1 down 0" in text
+        assert "3 CRITICAL 4 WARNING" in text and "alpha 100K beta 200K" in text
+    run(app, scenario)
+
+
+def test_cluster_screen_sorts_and_filters() -> None:
+    app, _ = live_app()
+
+    def ids() -> list[str]:
+        return [ln.split()[0] for ln in screen_text(app).splitlines()
+                if ln.strip() and ln.split()[0].isdigit() and len(ln.split()) > 5]
+
+    async def scenario(pilot: Pilot) -> None:
+        await wait_text(pilot, "long-rq")
+        assert ids() == ["0", "1", "2", "3", "4", "5"]
+        for _ in range(4):  # id -> node -> class -> tokens -> read queue
+            await pilot.press("s")
+        assert "sort read_q" in screen_text(app)
+        await pilot.press("S")
+        await wait_text(pilot, "sort read_q desc")
+        assert ids()[0] == "3"  # the longest read queue first
+        await pilot.press("slash")
+        await pilot.press("D", "3")
+        await wait_for(pilot, lambda: ids() == ["3"], "the filter to keep D3")
+        assert "filter 'D3': 1 of 6" in screen_text(app)
+        await pilot.press("enter", "escape")
+        await wait_for(pilot, lambda: len(ids()) == 6, "the filter to clear")
+        await pilot.click("#engines", offset=(8, 0))  # the "node" header
+        await wait_text(pilot, "sort node")
+    run(app, scenario)
+
+
+def test_engine_rows_classify_with_core_and_filter_by_class() -> None:
+    view = faulted_view(0)
+    rows = engine_rows(view, "overloaded")
+    assert [r.engine_id for r in rows] == [1]
+    assert [r.engine_id for r in engine_rows(view, sort="read_q", reverse=True)][0] == 3
+    th = view.scheduler.thresholds
+    assert (th.alpha_tokens, th.beta_tokens) == (ALPHA, BETA)
+
+
+def test_nic_screen_shows_quadrants_and_the_imbalance() -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("2")
+        text = await wait_text(pilot, "DE storage NIC")
+        for title in ("PE storage NIC", "PE compute NIC", "DE compute NIC"):
+            assert title in text
+        assert "Max/Avg 1.95" in text  # D3 at 100% against 35% on D2, D4, D5
+        assert "D3     100%" in text
+    run(app, scenario)
+
+
+def test_nic_quadrants_follow_the_window() -> None:
+    views = [make_view(i, util={3: 0.1 * i}) for i in range(5)]
+    qs = nic_quadrants([Sample(v.at, v) for v in views])
+    de = next(q for q in qs if q.title == "DE storage NIC")
+    first, last = de.mean[0], de.mean[-1]
+    assert len(de.mean) == 5 and first is not None and last is not None and first < last
+    assert sparkline([0.0, 0.5, 1.0], 3, ascii_only=True, top=1.0) == "_+@"
+    assert sparkline([None, 1.0], 4) == "  " + " █"
+
+
+def test_layers_screen_heat_map_and_late_layer() -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("3")
+        text = await wait_text(pilot, "slack median")
+        rows = {ln.split()[0]: ln for ln in text.splitlines()
+                if ln.strip() and ln.split()[0].isdigit()}
+        assert set(rows) >= {"0", "1", "2", "3"}
+        assert "late" in rows["2"] and "-10.00 ms" in rows["2"]
+        assert "late" not in rows["1"] and "%" in rows["1"]
+    run(app, scenario)
+
+
+def test_requests_screen_selects_a_decision_entry() -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("4")
+        await wait_text(pilot, "decision #19")  # the newest is highlighted
+        await pilot.press("down", "down")
+        text = await wait_text(pilot, "decision #17")
+        assert '"de_engine"' in text and "read side PE" in text
+    run(app, scenario)
+
+
+def test_alerts_panel_shows_findings_with_action() -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("5")
+        text = await wait_text(pilot, "snic-imbalance")
+        assert "CRITICAL" in text and "do:" in text
+        assert "engine 4" in text  # hbm-frag
+        await pilot.press("o")
+        await wait_text(pilot, "OK ")
+    run(app, scenario)
+
+
+def test_help_pause_interval_theme_and_quit() -> None:
+    app, client = live_app(interval_s=0.25)
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("question_mark")
+        await wait_text(pilot, "dualpath top: keys")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: "dualpath top: keys" not in screen_text(app), "help")
+        await pilot.press("p")
+        assert app.paused
+        await wait_text(pilot, "PAUSED")
+        polls = client.calls.count("view")
+        await pilot.pause(0.6)  # two intervals: a paused cockpit does not poll
+        assert client.calls.count("view") == polls
+        await pilot.press("p")
+        await wait_for(pilot, lambda: client.calls.count("view") > polls, "a poll")
+        await pilot.press("i")
+        assert app.interval_s == 0.5
+        theme = app.theme
+        await pilot.press("d")
+        assert app.theme != theme and app.theme in ("textual-light", "textual-dark")
+        await pilot.press("q")
+    run(app, scenario)
+    assert app.return_code == 0
+
+
+def test_cluster_going_away_is_a_banner_then_it_reconnects() -> None:
+    client = fake_client()
+    connects = []
+
+    def connect() -> FakeClient:
+        connects.append(1)
+        return client
+    app = TopApp(LiveSource(connect, "http://fake", "tok-fake"), interval_s=0.25)
+
+    async def scenario(pilot: Pilot) -> None:
+        await wait_text(pilot, "long-rq")
+        client.unreachable = True
+        text = await wait_text(pilot, "CLUSTER UNREACHABLE")
+        assert "connection refused" in text and "long-rq" in text  # last data kept
+        n = len(connects)
+        client.unreachable = False
+        await wait_for(pilot, lambda: "UNREACHABLE" not in screen_text(app), "reconnect")
+        assert len(connects) > n  # a new client after the failure
+    run(app, scenario)
+
+
+def test_no_cluster_at_start_is_a_banner_not_a_crash() -> None:
+    app, _ = live_app(fake_client(unreachable=True))
+
+    async def scenario(pilot: Pilot) -> None:
+        text = await wait_text(pilot, "CLUSTER UNREACHABLE")
+        assert "no data yet" in text
+        for key in "12345":
+            await pilot.press(key)
+        await pilot.press("t")
+        await wait_text(pilot, "tune the running scheduler")
+    run(app, scenario)
+
+
+# --- tuning -------------------------------------------------------------------------------------
+async def _tune_alpha(pilot: Pilot, value: str) -> None:
+    await pilot.press("t")
+    await wait_text(pilot, "tune the running scheduler")
+    box = pilot.app.screen.query_one("#in-alpha")
+    box.value = value
+    await pilot.pause()
+
+
+def test_tune_dialog_confirms_applies_and_audits() -> None:
+    app, client = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        text = screen_text(app)
+        assert "token tok-fake" in text and "no changes yet" in text
+        assert "predicted effect" in text
+        await pilot.press("enter")
+        text = await wait_text(pilot, "apply alpha 100K -> 50K")
+        assert "http://fake" in text and "tok-fake" in text
+        await pilot.press("y")
+        await wait_text(pilot, "#1 ")
+        assert [a.new for a in client.audit] == [{"alpha": "50K"}]
+        assert "tok-fake scheduler: alpha 100000 -> 50K" in screen_text(app)
+        await _no_then_escape(pilot)
+    run(app, scenario)
+
+
+async def _no_then_escape(pilot: Pilot) -> None:
+    box = pilot.app.screen.query_one("#in-beta")
+    box.value = "300K"
+    await pilot.press("enter")
+    await wait_text(pilot, "apply beta 200K -> 300K")
+    await pilot.press("n")
+    await wait_text(pilot, "not applied")
+    await pilot.press("escape")
+    await wait_for(pilot, lambda: "tune the running" not in screen_text(pilot.app), "close")
+
+
+def test_tune_refusals_are_one_line() -> None:
+    app, client = live_app(fake_client(client_token="wrong"))
+
+    async def scenario(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        await pilot.press("enter")
+        await wait_text(pilot, "apply alpha")
+        await pilot.press("y")
+        text = await wait_text(pilot, "refused:")
+        assert "HTTP 403" in text
+    run(app, scenario)
+    assert client.audit == []
+
+
+def test_tune_without_token_or_on_a_recording_is_read_only(tmp_path: Path) -> None:
+    app, client = live_app(token_id=None)
+
+    async def scenario(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        assert "no token: read-only" in screen_text(app)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "apply alpha" not in screen_text(app)
+    run(app, scenario)
+    assert client.audit == []
+    rep = replay_app(tmp_path)
+
+    async def scenario2(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        assert "a recording is read-only" in screen_text(rep)
+    run(rep, scenario2)
+
+
+def test_twin_prediction_is_shown_when_present() -> None:
+    seen: list[dict[str, str]] = []
+
+    def predict(view: ClusterView, change: dict[str, str]) -> str:
+        seen.append(change)
+        return f"TTFT p99 2.1 s with {change}"
+    app, _ = live_app(predictor=predict)
+
+    async def scenario(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        await wait_text(pilot, "predicted effect: TTFT p99 2.1 s")
+    run(app, scenario)
+    assert {"alpha": "50K"} in seen
+
+
+# --- replay ----------------------------------------------------------------------------------
+def test_replay_scrubber_keys(tmp_path: Path) -> None:
+    app = replay_app(tmp_path)
+    rep = app.replay
+    assert rep is not None
+
+    async def scenario(pilot: Pilot) -> None:
+        await wait_text(pilot, "20/20")
+        await pilot.press("home")
+        await wait_text(pilot, "1/20 x1 stopped")
+        await pilot.press("right", "right")
+        await wait_text(pilot, "3/20")
+        await pilot.press("left")
+        await wait_text(pilot, "2/20")
+        await pilot.press("right_square_bracket")
+        await wait_text(pilot, "4/20")
+        await pilot.press("end")
+        await wait_text(pilot, "20/20")
+        await pilot.press("left_square_bracket")
+        await wait_text(pilot, "18/20")
+        await pilot.press("plus", "plus", "plus", "plus", "plus")
+        await wait_text(pilot, "x32")
+        await pilot.press("space")  # plays at 32x: 1 s samples every 0.05 s
+        await wait_text(pilot, "20/20 x32 stopped", timeout=10)
+        await pilot.press("minus")
+        await wait_text(pilot, "x16")
+        await pilot.press("4")  # decisions up to the cursor's time only
+        text = await wait_text(pilot, "decision #")
+        assert "#38" in text and "#39" not in text  # decisions 1..38 are at or before the cursor
+    run(app, scenario)
+    assert rep.index == rep.total - 1
+
+
+def test_replay_source_steps_and_windows(tmp_path: Path) -> None:
+    rec = read_recording(recording(tmp_path))
+    src = ReplaySource(rec, "x")
+    src.seek(0)
+    first = src.poll()
+    assert len(first.history) == 1 and first.replay is not None
+    assert all(d.at <= first.view.at for d in first.decisions)  # type: ignore[union-attr]
+    src.jump(0.5)
+    assert src.index == 10
+    assert src.step(100) == 19 and not src.playing
+    with pytest.raises(Exception, match="read-only"):
+        src.tune(alpha="1K")
+    with pytest.raises(Exception, match="no samples"):
+        ReplaySource(Recording({}, (), ()), "empty")
+
+
+# --- terminal conditions ---------------------------------------------------------------------
+@pytest.mark.parametrize("key", list("12345"))
+def test_every_screen_degrades_at_80x24(key: str) -> None:
+    app, _ = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press(key)
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        assert len(lines) == 24 and all(len(ln) <= 80 for ln in lines)
+        mode = {"1": "cluster", "2": "nic", "3": "layers", "4": "requests", "5": "alerts"}[key]
+        assert lines[0].startswith(f"{mode}  2P4D ready")
+        assert "12345 screens" in lines[-1] and "q Quit" in lines[-1] and "t Tune" in lines[-1]
+    run(app, scenario, size=(80, 24))
+
+
+def test_ascii_mode_draws_only_ascii(tmp_path: Path) -> None:
+    app = replay_app(tmp_path, ascii_only=True)
+
+    async def scenario(pilot: Pilot) -> None:
+        for key in "12345":
+            await pilot.press(key)
+            await pilot.pause()
+            text = screen_text(app)
+            bad = sorted({c for c in text if ord(c) > 127})
+            assert not bad, (key, bad, text)
+    run(app, scenario)
+
+
+def test_no_color_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    app, _ = live_app()
+    assert app.no_color  # Textual renders monochrome
+
+
+# --- the commands ------------------------------------------------------------------------------
+def test_top_needs_a_terminal_and_checks_arguments(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    rec = recording(tmp_path)
+    assert dualpath_main(["top", "--from", str(rec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a terminal" in err[0]
+    assert dualpath_main(["top", "--screen", "nics"]) == 2
+    assert "did you mean 'nic'" in capsys.readouterr().err
+    assert dualpath_main(["top", "--interval", "10ms"]) == 2
+    assert monitor_main(["--tui", "--from", str(rec)]) == 2  # the monitor opens the cockpit
+    assert "needs a terminal" in capsys.readouterr().err
+
+
+def test_top_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualpath_cli.cli import top_cmd
+    from dualpath_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="exclude"):
+        top_cmd.make_source("http://x", tmp_path / "a.jsonl")
+    with pytest.raises(UsageError, match="no such recording"):
+        top_cmd.make_source(None, tmp_path / "missing.jsonl")
+    client = fake_client()
+    calls = []
+
+    def connect(url: str | None) -> tuple[FakeClient, str, str | None]:
+        calls.append(url)
+        return client, "http://fake", "tok-fake"
+    monkeypatch.setattr(top_cmd, "connect", connect)
+    src = top_cmd.make_source(None, None)
+    assert src.poll().view is not None and src.token_id == "tok-fake"
+    client.unreachable = True
+    assert src.poll().error is not None
+    client.unreachable = False
+    assert src.poll().error is None and len(calls) == 2  # connected again
+    app = top_cmd.build_app(src, 1.0, False, "light", "alerts")
+    assert isinstance(app, TopApp)
