@@ -410,8 +410,15 @@ def monitor(
                                           "sample.")] = False,
     once: Annotated[bool, typer.Option("--once", help="One sample, then exit (automatic "
                                        "when stdout is not a terminal).")] = False,
+    tui: Annotated[bool, typer.Option("--tui", help="Open the full-screen cockpit "
+                                      "(dualpath top) on the same source.")] = False,
 ) -> None:
     """Watch metrics of a live cluster (or a recording), redrawn in place in a terminal."""
+    if tui:
+        from dualpath_cli.cli.top_cmd import run_top
+
+        run_top(url, from_file, interval)
+        return
     names = list(metric or [])
     if not names:
         names = ["cache_hit"] if by_layer else ["hbm_frag"]

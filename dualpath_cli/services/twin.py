@@ -403,35 +403,71 @@ class Suggestion:
                 "searched": len(self.ranked), "skipped": self.skipped, "wall_s": self.wall_s}
 
 
+def _predict_job(args: tuple[Traffic, World, Setting, str]) -> Prediction | str:
+    """One replay in a worker process (a refused setting comes back as its message)."""
+    try:
+        return predict(*args)
+    except UsageError as err:
+        return str(err)
+
+
 def suggest(traffic: Traffic, world: World, *, pd: bool = False, budget_s: float = 50.0,
+            workers: int | None = None,
             on_result: Callable[[Prediction], None] | None = None) -> Suggestion:
     """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
 
-    Settings are tried in order (each dimension's candidates, then the combination of each
-    dimension's best); once ``budget_s`` is spent the rest are skipped and listed.
+    Today's setting and each dimension's candidates are independent replays, run on
+    ``workers`` processes (default: this machine's cores; 1 runs them here); then the
+    combination of each dimension's best. Once ``budget_s`` is spent, replays not yet
+    started are skipped and listed.
     """
     t0 = time.perf_counter()
-    current = predict(traffic, world, traffic.current)
-    done: dict[tuple[Any, ...], Prediction] = {traffic.current.key(): current}
+    done: dict[tuple[Any, ...], Prediction] = {}
     skipped: list[str] = []
+    jobs = [("current", traffic.current)]
+    for dim, st in candidates(traffic, world, pd=pd):
+        if st.key() not in {j[1].key() for j in jobs}:
+            jobs.append((dim, st))
 
-    def run(dim: str, s: Setting) -> None:
-        if s.key() in done:
+    def keep(dim: str, st: Setting, got: Prediction | str) -> None:
+        if isinstance(got, str):
+            skipped.append(f"{dim}: {got}")
+            return
+        done[st.key()] = got
+        if on_result is not None and dim != "current":
+            on_result(got)
+
+    n = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    if n <= 1:
+        for dim, st in jobs:
+            if dim != "current" and time.perf_counter() - t0 > budget_s:
+                skipped.append(f"{dim}: over the budget: {st.to_dict()}")
+                continue
+            keep(dim, st, _predict_job((traffic, world, st, dim)))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            futures = [(dim, st, pool.submit(_predict_job, (traffic, world, st, dim)))
+                       for dim, st in jobs]
+            for dim, st, fut in futures:
+                if dim != "current" and time.perf_counter() - t0 > budget_s and fut.cancel():
+                    skipped.append(f"{dim}: over the budget: {st.to_dict()}")
+                    continue
+                keep(dim, st, fut.result())
+    if traffic.current.key() not in done:
+        raise UsageError(f"today's setting cannot be replayed: {skipped[0]}")
+    current = done[traffic.current.key()]
+
+    def run(dim: str, st: Setting) -> None:
+        if st.key() in done:
             return
         if time.perf_counter() - t0 > budget_s:
-            skipped.append(f"{dim}: {s.to_dict()}")
+            skipped.append(f"{dim}: over the budget: {st.to_dict()}")
             return
-        try:
-            p = predict(traffic, world, s, dim)
-        except UsageError as err:
-            skipped.append(f"{dim}: {err}")
-            return
-        done[s.key()] = p
-        if on_result is not None:
-            on_result(p)
+        keep(dim, st, _predict_job((traffic, world, st, dim)))
 
-    for dim, s in candidates(traffic, world, pd=pd):
-        run(dim, s)
     best_by_dim: dict[str, Prediction] = {}
     for p in done.values():
         if p.dimension != "current" and p.jct_s < current.jct_s and (
