@@ -101,9 +101,8 @@ def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
     (["diagnose", "all", "--window", "soon"], "invalid"),
     (["diagnose", "all", "--interval", "100ms"], "too short"),
     (["diagnose", "all", "--from", "/nonexistent/rec.jsonl"], "no such recording"),
-    (["diagnose", "hbm-frag", "--fix"], "--fix is not yet available: the runtime has no HBM "
-     "compaction endpoint yet"),
-    (["diagnose", "long-tail", "--fix"], "block replica endpoint"),
+    (["diagnose", "hbm-frag", "--fix", "--from", "/nonexistent/rec.jsonl"],
+     "--fix acts on a live cluster, not a recording"),
     (["diagnose", "scaling", "--fix"], "--fix applies to hbm-frag and long-tail"),
     (["diagnose", "all", "--url", "http://127.0.0.1:9"], "cannot reach the dualpath API"),
 ])

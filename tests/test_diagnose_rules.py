@@ -41,7 +41,9 @@ def make_view(i: int = 0, *, util: dict[int, float] | None = None,
               frag: dict[int, float] | None = None, seq: dict[int, int] | None = None,
               tokens: dict[int, int] | None = None, slack: dict[int, float] | None = None,
               gpu: dict[int, float] | None = None, fifo: int = 0, decided: int = 0,
-              layer_blocks: int = 0, at: float | None = None) -> ClusterView:
+              layer_blocks: int = 0, at: float | None = None,
+              service: dict[int, float] | None = None,
+              kv_wait: dict[int, float] | None = None) -> ClusterView:
     """Sample ``i`` (1 s apart) of a healthy 2P4D cluster, with the given overrides."""
     util, bw, read_q = util or {}, bw or {}, read_q or {}
     frag, seq, tokens, slack, gpu = frag or {}, seq or {}, tokens or {}, slack or {}, gpu or {}
@@ -59,7 +61,8 @@ def make_view(i: int = 0, *, util: dict[int, float] | None = None,
             hbm_used_bytes=1 << 30, hbm_free_bytes=3 << 30,
             hbm_fragmentation=frag.get(eid, 0.05), hbm_largest_free_blocks=10_000,
             nic_bytes={"snic_read": 1 << 30}, layers=layers, gpu_utilization=gpu.get(eid, 0.6),
-            heartbeat_age_s=0.01))
+            heartbeat_age_s=0.01, service_time_s=(service or {}).get(eid, 0.02),
+            kv_wait_s=(kv_wait or {}).get(eid, 0.004) if role == "prefill" else None))
     nodes = tuple(NodeView(
         n, ROLES[n], (n,), snic_utilization=util.get(n, 0.5), cnic_utilization=0.3,
         snic_bandwidth_bytes_per_s=bw.get(n, SNIC_BW), read_queue_tokens=read_q.get(n, 1_000),
@@ -194,8 +197,44 @@ def test_hot_block_is_named_with_its_reads() -> None:
     report = rules.run_workflow("long-tail", hot_block())
     assert report.severity is Severity.WARNING
     (f,) = named(report.findings, "block 7f3a9c0d11")
-    assert "read 495 times" in f.title and "--fix" in (f.action or "")
+    assert "read 495 times" in f.title and "storage inspect" in (f.action or "")
     assert f.evidence["hot_blocks"] == {"7f3a9c0d11": 495}
+
+
+def test_hot_block_is_judged_by_its_share_of_the_store_reads() -> None:
+    """The runtime exports each engine's top blocks only: a block is hot by its share of
+    every store read in the window (4 hot blocks among 8 exported would hide against the
+    exported mean)."""
+    def extras(i: int, hot: int) -> Extras:
+        reads = {f"{k:032x}": (hot if k < 4 else 3) * i for k in range(8)}
+        return dataclass_replace(ttft_extras(i), block_reads=reads,
+                                 store_block_reads=(4 * hot + 60) * i)
+    faulted = window(extras=lambda i: extras(i, 30))
+    report = rules.run_workflow("long-tail", faulted)
+    (f,) = [f for f in report.findings if f.subject and f.subject.startswith("block ")]
+    assert f.severity is Severity.WARNING and len(f.evidence["hot_blocks"]) == 4
+    assert "of the store's block reads" in f.title
+    quiet = window(extras=lambda i: extras(i, 3))  # 8 blocks among 72 reads a second
+    assert not [f for f in rules.long_tail(quiet) if f.subject and "block" in f.subject]
+
+
+def test_engine_with_a_slow_service_time_is_named() -> None:
+    ev = window(lambda i: make_view(i, service={4: 0.09}))  # 4.5x its decode peers' 20 ms
+    (f,) = named(rules.long_tail(ev), "engine 4")
+    assert f.severity is Severity.WARNING and f.evidence["ratio_to_peers"] == pytest.approx(4.5)
+    assert not named(rules.long_tail(healthy()), "engine 4")
+
+
+def test_prefills_waiting_for_their_kv_name_the_node() -> None:
+    """Read latency on the PE's store reads: the prefill waits for its whole hit before it
+    computes; the per-layer slack (measured after the load) stays positive."""
+    ev = window(lambda i: make_view(i, kv_wait={0: 0.15, 1: 0.004}))
+    report = rules.run_workflow("cache-hit", ev)
+    assert report.severity is Severity.CRITICAL
+    (f,) = named(report.findings, "node P0")
+    assert f.evidence["mean_kv_wait_s"] == pytest.approx(0.15)
+    assert rules.kv_waits(healthy()) == {0: pytest.approx(0.004), 1: pytest.approx(0.004)}
+    assert rules.run_workflow("cache-hit", healthy()).severity is Severity.OK
 
 
 def test_hot_blocks_without_per_block_counts_are_not_available_not_ok_by_guess() -> None:

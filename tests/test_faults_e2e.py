@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,11 @@ def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.Com
                           timeout=timeout)
 
 
-@pytest.fixture()
-def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
+def _launch(env: dict[str, str], tmp_path: Path, faults: list[str],
+            extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     port = _free_port()
-    args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store")]
-    for spec in FAULTS:
+    args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store"), *extra]
+    for spec in faults:
         args += ["--inject", spec]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -60,7 +61,7 @@ def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
     try:
         assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
                                                       if proc.poll() is not None else "")
-        assert "faults injected: " + " ".join(FAULTS) in line
+        assert "faults injected: " + " ".join(faults) in line
         yield f"http://127.0.0.1:{port}", port
         assert _run(env, "stop", "--port", str(port)).returncode == 0
         proc.communicate(timeout=60)
@@ -72,6 +73,22 @@ def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
                 pass
         if proc.poll() is None:
             proc.communicate(timeout=10)
+
+
+@pytest.fixture()
+def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
+    yield from _launch(env, tmp_path, FAULTS)
+
+
+#: The long-tail and cache-hit faults. ``basic`` reads every hit on the PE's node, so read
+#: latency on node 0 is what its prefills wait on; the hot blocks are read by node 1.
+TAIL_FAULTS = ["read_latency:node=0,latency=100ms", "slow_compute:engine=2,factor=8",
+               "hot_blocks:node=1,count=2,rate=30"]
+
+
+@pytest.fixture()
+def tail_faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
+    yield from _launch(env, tmp_path, TAIL_FAULTS, ("--policy", "basic"))
 
 
 def _diagnose(env: dict[str, str], workflow: str, *source: str) -> tuple[int, dict[str, Any]]:
@@ -107,11 +124,76 @@ def test_injected_faults_are_found_live_and_from_a_recording_then_cleared(
             code, out = _diagnose(env, workflow, "--from", str(rec))
             assert code in (1, 2) and subject in _subjects(out, workflow), (workflow, out)
 
+        # --fix compacts engine 1's HBM (with the launch's token), reports it, re-checks
+        code, out = _diagnose(env, "hbm-frag", *live, "--fix")
+        assert code == 0 and not _subjects(out, "hbm-frag"), out
+        (fix,) = out["fixes"]
+        assert fix["action"] == "compact" and fix["engine"] == 1 and fix["applied"]
+        assert fix["old"]["hbm_fragmentation"] >= 0.5 and fix["new"]["hbm_fragmentation"] == 0
+        assert "engine 1" in _subjects(out["before"], "hbm-frag")
+        assert client.status().audit[-1].action == "compact"
+
         client.clear_faults()
         assert client.status().faults == ()
         for workflow in ("hbm-frag", "snic-imbalance"):
             code, out = _diagnose(env, workflow, *live)
             assert code == 0 and not _subjects(out, workflow), (workflow, out)
+
+
+def _subjects_all(report: dict[str, Any]) -> set[str]:
+    return {s for r in report["reports"] for s in _subjects(report, r["workflow"])}
+
+
+def test_tail_faults_are_found_live_and_from_a_recording(
+        env: dict[str, str], tail_faulted: tuple[str, int], tmp_path: Path) -> None:
+    """A slow engine, hot blocks and slow store reads on a served workload: long-tail names
+    engine 2 and a hot block, cache-hit names the prefill node waiting for its KV."""
+    url, port = tail_faulted
+    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "6", "--turns", "12",
+                             "--json"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    rec = tmp_path / "tail.jsonl.gz"
+    try:  # once turns flow, record and diagnose the same seconds of the workload
+        with DualPathClient(url, None) as client:
+            deadline = time.monotonic() + 120
+            while client.view().scheduler.decisions.total < 8:
+                assert work.poll() is None and time.monotonic() < deadline, "no turns"
+                client.decisions(-1)  # a round trip paces the loop, no sleep
+        recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", "5s",
+                                     "--interval", "1s", "-o", str(rec)], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)
+        live_code, live_out = _diagnose(env, "all", "--url", url, "--window", "5s")
+        _, rec_err = recorder.communicate(timeout=120)
+        assert recorder.returncode == 0, rec_err
+    finally:
+        _, err = work.communicate(timeout=300)
+    assert work.returncode == 0, err
+    hot = {k for r in live_out["reports"] for f in r["findings"]
+           for k in (f["evidence"].get("hot_blocks") or {})}
+    for code, out in ((live_code, live_out), _diagnose(env, "all", "--from", str(rec))):
+        subjects = _subjects_all(out)
+        titles = [f"{f['severity']} {f['title']}" for r in out["reports"] for f in r["findings"]]
+        assert code in (1, 2), titles
+        assert "engine 2" in _subjects(out, "long-tail"), titles
+        assert any(s.startswith("block ") for s in _subjects(out, "long-tail")), titles
+        assert "node P0" in _subjects(out, "cache-hit"), titles
+        assert "engine 1" not in subjects and "node D1" not in subjects, titles
+    assert len(hot) >= 1 and all(len(k) == 32 for k in hot)
+    # the trace in the recording replays the real turns: every turn generated what it asked
+    from dualpath_cli.services.recording import read_recording
+
+    recording = read_recording(rec)
+    gens = {(d.agent, d.turn): d.gen for d in recording.decisions
+            if getattr(d, "kind", "turn") == "turn"}
+    traced = [t[1] for r in recording.trace_lines[1:] for t in r["turns"]]
+    assert gens and None not in gens.values() and max(traced) > 1
+    assert sorted(traced) == sorted(gens.values())
+
+    with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
+        client.clear_faults()
+    code, out = _diagnose(env, "all", "--url", url, "--window", "2s")
+    assert not (_subjects(out, "long-tail") | _subjects(out, "cache-hit")), out
 
 
 def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:

@@ -65,3 +65,34 @@ def test_extras_from_a_prometheus_page() -> None:
                         ttft_sum=1.5, nic_errors=3, nic_drops=None,
                         prefetch_accuracy={1: 0.75}, block_reads={"7f3a": 12},
                         cache_hit_ratio={"0/dram": 0.5}, prefetched_blocks={1: 40})
+
+
+def test_trace_replays_the_generated_counts_and_skips_control_decisions() -> None:
+    """Turn 1's prompt is turn 0's prompt, its 5 generated tokens and 7 new ones."""
+    import dataclasses
+
+    from dualpath_cli.services.recording import trace_from_decisions
+
+    d0 = dataclasses.replace(decision(1, turn=0, length=40), agent=3, gen=5)
+    d1 = dataclasses.replace(decision(2, turn=1, length=52), agent=3, gen=9)
+    retry = dataclasses.replace(d1, seq=3, attempt=1)  # a requeued attempt counts once
+    trace = trace_from_decisions([d0, d1, retry])
+    (traj,) = trace.trajectories
+    assert [(t.append, t.gen) for t in traj.turns] == [(40, 5), (7, 9)]
+    assert trace.header.generator["gen"] == "as generated"
+    old = trace_from_decisions([dataclasses.replace(d0, gen=None)])
+    assert [(t.append, t.gen) for t in old.trajectories[0].turns] == [(40, 1)]
+    if "kind" in {f.name for f in dataclasses.fields(d0)}:  # control decisions are no turns
+        ctl = dataclasses.replace(d0, seq=9, agent=-1, kind="control")
+        assert len(trace_from_decisions([d0, ctl]).trajectories) == 1
+
+
+def test_decision_lines_keep_the_decisions_own_kind(tmp_path: Path) -> None:
+    import dataclasses
+
+    d = dataclasses.replace(decision(1), gen=4)
+    path = tmp_path / "r.jsonl"
+    write_recording(path, {"interval_s": 1.0, "window_s": 0.0}, [Sample(1.0, make_view(0))],
+                    [d])
+    (back,) = read_recording(path).decisions
+    assert back == d

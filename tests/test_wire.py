@@ -10,6 +10,7 @@ import pytest
 from dualpath_cli.runtime.wire import (
     KINDS,
     Cancel,
+    Compact,
     Decode,
     Done,
     Fault,
@@ -56,12 +57,13 @@ SAMPLES: list[WireMessage] = [
                         np.ones((2, 4), np.uint8))),
     PrefillDone(9, 1, 77),
     Fault("hot_blocks", node=1, rate=20.0, count=0, blocks=("ab" * 16, "cd" * 16)),
+    Compact(2),
 ]
 
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 16
+    assert len(KINDS) == 17
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)

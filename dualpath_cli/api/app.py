@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -340,6 +340,16 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         """Undo every injected fault (audited)."""
         entry = live.clear_faults(token)
         log.info("faults cleared (%d) by %s", entry.seq, token)
+        return _json(_audit_dict(entry))
+
+    @r.post("/api/v1/engines/{engine_id}/compact", response_model=ChangeResult,
+            responses=_ERRORS, tags=["control"])
+    def compact_engine(engine_id: Annotated[int, Path(ge=0)],
+                       token: Annotated[str, Depends(require_token)]) -> Response:
+        """Defragment one engine's HBM pool now (audited; old/new: its HBM facts)."""
+        entry = live.compact_hbm(engine_id, token)
+        log.info("HBM compaction (%d) of engine %d by %s: %s -> %s", entry.seq, engine_id,
+                 token, entry.old, entry.new)
         return _json(_audit_dict(entry))
 
     @r.get("/metrics", tags=["prometheus"], response_class=Response,

@@ -252,6 +252,11 @@ class DualPathClient:
         """Undo every injected fault (token required)."""
         return audit_from_dict(self._json("DELETE", "/api/v1/faults"))
 
+    def compact_hbm(self, engine_id: int) -> AuditEntry:
+        """Defragment engine ``engine_id``'s HBM pool (token required); the entry's old and
+        new hold its fragmentation, largest free run and free blocks around it."""
+        return audit_from_dict(self._json("POST", f"/api/v1/engines/{int(engine_id)}/compact"))
+
 
 def _reason(err: Exception) -> str:
     text = str(err).strip().splitlines()

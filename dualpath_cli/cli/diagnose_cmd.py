@@ -34,7 +34,11 @@ MAX_ENGINE_SAMPLES = 60_000
 #: What WORKFLOW accepts (perf-drop is the seed's name for snic-imbalance).
 WORKFLOW_NAMES = ("perf-drop", "snic-imbalance", "long-tail", "hbm-frag", "cache-hit",
                   "scaling", "all")
-_FIXABLE = {"hbm-frag": "HBM compaction", "long-tail": "block replica"}
+#: Workflows whose findings ``--fix`` can act on (hbm-frag: compaction; long-tail: the HBM
+#: findings it borrows; its hot blocks are reported, not replicated: see _fix_plan).
+_FIXABLE = ("hbm-frag", "long-tail")
+#: How long ``--fix`` watches the cluster again after applying its remedies.
+RECHECK_WINDOW = "2s"
 
 
 class Unknown(DualPathError):
@@ -131,26 +135,111 @@ def _diagnose(workflow: str, window: str, interval: str, url: str | None,
         canonical = rules.ALIASES.get(workflow, workflow)
         if canonical not in _FIXABLE:
             raise UsageError(f"--fix applies to hbm-frag and long-tail, not {workflow}")
-        raise Unknown(rules.FIX_UNAVAILABLE.format(what=_FIXABLE[canonical]))
+        if from_file is not None:
+            raise UsageError("--fix acts on a live cluster, not a recording (drop --from)")
     ev, source, in_file = _evidence(url, from_file, window, interval)
-    if workflow == "all":
-        reports = rules.run_all(ev, by_layer=by_layer)
-    else:
-        reports = [rules.run_workflow(workflow, ev, by_layer=by_layer)]
+    reports = _run(rules, workflow, ev, by_layer)
     worst = max(int(r.severity) for r in reports)
+    fixes: list[dict[str, Any]] | None = None
+    before = reports
+    if fix:
+        fixes = _apply_fixes(url, reports)
+        if any(f["applied"] for f in fixes):  # judge again what the cluster reports now
+            ev, source, in_file = _evidence(url, None, RECHECK_WINDOW, interval)
+            reports = _run(rules, workflow, ev, by_layer)
+            worst = max(int(r.severity) for r in reports)
+    names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
     if as_json:
         from dualpath_cli.cli.output import emit_json
 
-        names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
-        emit_json({"severity": names[worst], "exit_code": worst, "source": source,
-                   "window_s": ev.window_s, "samples": len(ev.samples),
-                   "samples_in_file": in_file,
-                   "decisions": len(ev.decisions), "reports": [r.to_dict() for r in reports]})
+        doc: dict[str, Any] = {
+            "severity": names[worst], "exit_code": worst, "source": source,
+            "window_s": ev.window_s, "samples": len(ev.samples), "samples_in_file": in_file,
+            "decisions": len(ev.decisions), "reports": [r.to_dict() for r in reports]}
+        if fixes is not None:
+            doc["fixes"] = fixes
+            doc["before"] = {"severity": names[max(int(r.severity) for r in before)],
+                             "reports": [r.to_dict() for r in before]}
+        emit_json(doc)
     else:
         from dualpath_cli.cli.output import stdout
 
+        if fixes is not None and reports is not before:
+            render_reports(stdout, before, source, by_layer)
+            _render_fixes(stdout, fixes)
+            stdout.print(f"re-checked over {RECHECK_WINDOW} after --fix:", highlight=False)
+        elif fixes is not None:
+            _render_fixes(stdout, fixes)
         render_reports(stdout, reports, source, by_layer, in_file)
     return worst
+
+
+def _run(rules: Any, workflow: str, ev: Evidence, by_layer: bool) -> list[Report]:
+    if workflow == "all":
+        return list(rules.run_all(ev, by_layer=by_layer))
+    return [rules.run_workflow(workflow, ev, by_layer=by_layer)]
+
+
+def _fix_plan(reports: list[Report]) -> tuple[list[int], list[str]]:
+    """Engines whose HBM to compact, and hot blocks found (WARNING or worse findings)."""
+    engines: list[int] = []
+    blocks: list[str] = []
+    for r in reports:
+        for f in r.findings:
+            if not f.severity or f.severity.name == "UNKNOWN":
+                continue
+            ev = f.evidence
+            if "fragmentation" in ev and isinstance(ev.get("engine"), int):
+                if ev["engine"] not in engines:
+                    engines.append(ev["engine"])
+            for key in ev.get("hot_blocks") or {}:
+                if key not in blocks:
+                    blocks.append(key)
+    return engines, blocks
+
+
+def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]:
+    """Apply the remedies the findings call for that the runtime can do (HBM compaction,
+    with the launch's token); say why for the others (hot-block replicas: the runtime's
+    store has one root, so a replica has nowhere to go)."""
+    from dualpath_cli.cli import source
+
+    engines, blocks = _fix_plan(reports)
+    fixes: list[dict[str, Any]] = []
+    if engines:
+        source.resolve(url).require_token("diagnose --fix")  # nothing applied without it
+        with source.connect(url, timeout=30.0) as client:
+            for eid in engines:
+                entry = client.compact_hbm(eid)
+                fixes.append({"action": "compact", "engine": eid, "applied": True,
+                              "audit": entry.seq, "old": entry.old, "new": entry.new})
+    if blocks:
+        fixes.append({"action": "replicate", "blocks": blocks, "applied": False,
+                      "why": "the cluster's store has one root: a replica of a hot block has "
+                             "no other root to go to (a multi-root store is not in the "
+                             "runtime); nothing was changed"})
+    if not fixes:
+        fixes.append({"action": "none", "applied": False,
+                      "why": "no finding called for a fix the runtime can apply"})
+    return fixes
+
+
+def _render_fixes(console: Console, fixes: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+
+    for f in fixes:
+        if f["action"] == "compact":
+            o, n = f["old"], f["new"]
+            console.print(
+                f"[bold]fixed[/]    engine {f['engine']}: HBM compacted, fragmentation "
+                f"{o['hbm_fragmentation']:.2f} -> {n['hbm_fragmentation']:.2f}, largest free "
+                f"run {o['hbm_largest_free_blocks']} -> {n['hbm_largest_free_blocks']} blocks "
+                f"(audit #{f['audit']})", highlight=False, soft_wrap=True)
+        else:
+            what = (f"{len(f['blocks'])} hot blocks not replicated" if f["action"] ==
+                    "replicate" else "nothing to fix")
+            console.print(f"[yellow]not fixed[/] {what}: {escape(f['why'])}",
+                          highlight=False, soft_wrap=True)
 
 
 _STYLE = {"OK": "green", "WARNING": "yellow", "CRITICAL": "bold red", "UNKNOWN": "magenta"}

@@ -268,6 +268,17 @@ class History:
         return out
 
 
+def kv_wait(sample: Sample, role: str | None = None) -> float | None:
+    """Median over prefill engines of their prefills' wait for KV before compute (the
+    view's windowed ``kv_wait_s``); ``None`` when no prefill of a cached prefix ran."""
+    if role == "decode":
+        return None
+    waits = [e.kv_wait_s for e in sample.view.engines if e.kv_wait_s is not None]
+    import statistics
+
+    return statistics.median(waits) if waits else None
+
+
 def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
                  role: str | None, history: History, by_layer: bool) -> RenderableType:
     """The table shown for one sample (rich renderable)."""
@@ -296,6 +307,11 @@ def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
                           hist[(f.metric, f.key)][1])
         if not layers:
             table.add_row("n/a", "", "", "", "", "no layer served yet", "")
+        wait = kv_wait(sample, role)
+        if wait is not None:  # the bubble the slack cannot show: before layer 0
+            table.caption = (f"prefills waited {wait * 1e3:.2f} ms for their KV before layer 0 "
+                             "(median over prefill engines; the whole hit loads first)")
+            table.caption_justify = "left"
         return table
     table = Table(title=title, title_justify="left", expand=False)
     for col in ("metric", "where", "role", "value", "delta", "trend"):
@@ -319,6 +335,7 @@ def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
     obj: dict[str, Any] = {"at": sample.at, "pd": sample.view.pd, "state": sample.view.state}
     if by_layer:
         obj["layers"] = layer_rows(sample, role)
+        obj["kv_wait_s"] = kv_wait(sample, role)
         return obj
     out: dict[str, Any] = {}
     for m in metrics:

@@ -22,7 +22,8 @@ __all__ = ["Severity", "Finding", "Report", "Evidence", "node_name", "engine_nam
 
 T = TypeVar("T")
 #: Engine attributes the rules read as series; extracted together in one pass.
-ENGINE_SERIES = ("seq", "tokens", "gpu_utilization", "hbm_fragmentation")
+ENGINE_SERIES = ("seq", "tokens", "gpu_utilization", "hbm_fragmentation", "service_time_s",
+                 "kv_wait_s")
 
 
 class Severity(IntEnum):

@@ -27,7 +27,7 @@ from dualpath_cli.diagnose.model import (
 from dualpath_cli.telemetry.view import LayerHits
 
 __all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all", "snic_imbalance", "long_tail",
-           "hbm_frag", "cache_hit", "scaling", "histogram_quantile", "FIX_UNAVAILABLE"]
+           "hbm_frag", "cache_hit", "scaling", "histogram_quantile", "kv_waits"]
 
 OK, WARNING, CRITICAL, UNKNOWN = (Severity.OK, Severity.WARNING, Severity.CRITICAL,
                                   Severity.UNKNOWN)
@@ -54,10 +54,19 @@ TAIL_RATIO_WARN = 4.0
 TAIL_RATIO_CRIT = 10.0
 #: Fewest turns in the window for a TTFT quantile to mean anything.
 TTFT_MIN_TURNS = 50
-#: A block is hot when it takes this many times the mean reads per block, and at least
-#: HOT_BLOCK_MIN_READS in the window.
+#: A block is hot when it takes at least this share of the store's block reads in the
+#: window (or, where the store's total is not reported, this many times the mean reads of
+#: the reported blocks), and at least HOT_BLOCK_MIN_READS reads.
+HOT_BLOCK_SHARE = 0.1
 HOT_BLOCK_FACTOR = 5.0
 HOT_BLOCK_MIN_READS = 20
+#: An engine is slow when its service time (busy seconds per batched request) stays at this
+#: multiple of its role peers' median in most samples where both are measured.
+SLOW_SERVICE_FACTOR = 2.0
+#: Prefills of a cached prefix that wait this long on average for their KV before they can
+#: compute (the runtime loads the whole hit first): WARNING; CRITICAL at the second value.
+KV_WAIT_WARN_S = 0.025
+KV_WAIT_CRIT_S = 0.1
 #: An engine is slow/overloaded when its unfinished requests stay at this multiple of its
 #: role peers' median (and at least SLOW_ENGINE_MIN_SEQ) in most samples.
 SLOW_ENGINE_FACTOR = 3.0
@@ -86,8 +95,6 @@ PD_BUSY_LOW = 0.3
 #: Compute-NIC utilisation Max/Avg across nodes.
 CNIC_MAX_AVG_WARN = 1.5
 
-FIX_UNAVAILABLE = ("--fix is not yet available: the runtime has no {what} endpoint yet "
-                   "(nothing was changed)")
 
 
 # --- small helpers ----------------------------------------------------------------------------
@@ -378,6 +385,7 @@ def long_tail(ev: Evidence) -> list[Finding]:
                            evidence={"turns": turns}))
     out.extend(_hot_blocks(ev, wf))
     out.extend(_slow_engines(ev, wf))
+    out.extend(_slow_service(ev, wf))
     out.extend(f for f in ev.memo("hbm-frag", lambda: hbm_frag(ev))
                if f.severity in (WARNING, CRITICAL))
     return [dataclass_replace(f, workflow=wf) for f in out]
@@ -391,30 +399,48 @@ def dataclass_replace(f: Finding, **kw: Any) -> Finding:
 
 
 def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
-    first, last = ev.samples[0].extras.block_reads, ev.samples[-1].extras.block_reads
+    """Blocks read far more than the rest: a share of the store's reads in the window (the
+    runtime exports each engine's most-read blocks only), else against the reported mean."""
+    x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
+    first, last = x0.block_reads, x1.block_reads
     if not last:
         return [Finding(wf, OK, "hot blocks: per-block read counts not available from this "
                         "cluster", evidence={"block_reads": None})]
+    # a block that entered the exported top only later counts whole (an upper bound)
     reads = {k: v - first.get(k, 0) for k, v in last.items()} if len(ev.samples) > 1 else last
     reads = {k: v for k, v in reads.items() if v > 0}
     if not reads:
         return []
+    total = None
+    if x1.store_block_reads is not None:
+        total = x1.store_block_reads - (x0.store_block_reads or 0 if len(ev.samples) > 1
+                                        else 0)
+        total = total if total > 0 else None
     mean = sum(reads.values()) / len(reads)
+    if total is not None:
+        floor, basis = HOT_BLOCK_SHARE * total, (f"{_pct(HOT_BLOCK_SHARE)} of the store's "
+                                                 f"{total} block reads")
+    else:
+        floor, basis = HOT_BLOCK_FACTOR * mean, f"{HOT_BLOCK_FACTOR:g}x the mean {mean:.1f}"
     hot = sorted(((v, k) for k, v in reads.items()
-                  if v >= HOT_BLOCK_MIN_READS and v >= HOT_BLOCK_FACTOR * mean), reverse=True)
+                  if v >= HOT_BLOCK_MIN_READS and v >= floor), reverse=True)
     if not hot:
-        return [Finding(wf, OK, f"no hot block: max {max(reads.values())} reads, mean "
-                        f"{mean:.1f} per block", evidence={"blocks": len(reads)})]
+        return [Finding(wf, OK, f"no hot block: the most-read block read "
+                        f"{max(reads.values())} times in {ev.window_s:.0f} s (hot: >= "
+                        f"{HOT_BLOCK_MIN_READS} and >= {basis})",
+                        evidence={"blocks": len(reads), "store_block_reads": total})]
     names = [k for _, k in hot[:5]]
     top_v, top_k = hot[0]
+    share = f", {_pct(top_v / total)} of the store's block reads" if total else ""
     return [Finding(
-        wf, WARNING, f"block {top_k[:12]} read {top_v} times in {ev.window_s:.0f} s (hot; "
-        f"{len(hot)} hot blocks, mean {mean:.1f} reads per block)",
+        wf, WARNING, f"block {top_k[:12]} read {top_v} times in {ev.window_s:.0f} s (hot"
+        f"{share}; {len(hot)} hot blocks)",
         subject=f"block {top_k}",
-        evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean},
-        cause="storage hot spot: many turns share these blocks",
-        action=f"dualpath diagnose long-tail --fix   (adds 2 replicas of {len(hot)} hot "
-               "blocks; not in the runtime yet)")]
+        evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean,
+                  "store_block_reads": total},
+        cause="storage hot spot: many turns (or one reader) hammer these blocks",
+        action=f"replicate the {len(hot)} hot blocks across store roots (this cluster's "
+               "store has one root: dualpath storage inspect <root> --top 20 lists them)")]
 
 
 def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
@@ -473,6 +499,47 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
     return out
 
 
+def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
+    """Engines whose service time (busy seconds per batched request, windowed) stays far
+    above their role peers' (a throttled GPU, a noisy neighbour)."""
+    svc = ev.engine_series("service_time_s")
+    out = []
+    for role, ids in sorted(_role_engines(ev).items()):
+        if len(ids) < 2:
+            continue
+        for eid in ids:
+            mine = svc.get(eid, [])
+            judged = behind = 0
+            ratios = []
+            for i, v in enumerate(mine):
+                if v is None:
+                    continue
+                peers = [svc[p][i] for p in ids
+                         if p != eid and i < len(svc.get(p, ())) and svc[p][i] is not None]
+                if not peers:
+                    continue
+                med = statistics.median(peers)
+                if med <= 0:
+                    continue
+                judged += 1
+                ratios.append(v / med)
+                behind += v >= SLOW_SERVICE_FACTOR * med
+            if judged and behind / judged >= PERSIST_FRACTION:
+                e = ev.engines[eid]
+                ratio = statistics.median(ratios)
+                mean = _mean(mine) or 0.0
+                out.append(Finding(
+                    wf, WARNING, f"{engine_name(e)} serves a request in {mean * 1e3:.1f} ms "
+                    f"of compute, {ratio:.1f}x its {role} peers' median, in "
+                    f"{_pct(behind / judged)} of {judged} samples", subject=f"engine {eid}",
+                    evidence={"engine": eid, "mean_service_time_s": mean,
+                              "ratio_to_peers": round(ratio, 3), "samples": judged},
+                    cause="a slow engine (throttled GPU, noisy neighbour): its turns finish "
+                          "late", action="drain and restart it: dualpath stop && dualpath "
+                          "launch ; meanwhile dynamic quota: dualpath tune set quota=150ms"))
+    return out
+
+
 # --- HBM fragmentation --------------------------------------------------------------------------
 def hbm_frag(ev: Evidence) -> list[Finding]:
     """Fragmentation score per engine; its largest free run against the largest recent
@@ -519,8 +586,7 @@ def hbm_frag(ev: Evidence) -> list[Finding]:
             wf, sev, f"{engine_name(e)} HBM fragmentation {last:.2f}{extra}",
             subject=f"engine {eid}", evidence=ev_d,
             cause="KV blocks freed out of order left the pool in small runs",
-            action="dualpath diagnose hbm-frag --fix   (compaction; not in the runtime yet: "
-                   "until then drain and restart: dualpath stop && dualpath launch)"))
+            action=f"dualpath diagnose hbm-frag --fix   (compacts engine {eid}'s HBM)"))
     if not out:
         out.append(Finding(wf, OK, f"HBM fragmentation at most {worst:.2f} on "
                            f"{len(frag)} engines", evidence={"max_fragmentation": worst}))
@@ -616,6 +682,7 @@ def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
                                  "NIC, or too little read-ahead)" if late else None,
                            action="dualpath diagnose snic-imbalance --window 60s"
                            if late else None))
+    out.extend(_kv_wait(ev, wf))
     last = ev.samples[-1].extras
     acc = {n: a for n, a in last.prefetch_accuracy.items()
            if last.prefetched_blocks.get(n, 0) >= PREFETCH_MIN_BLOCKS}
@@ -627,6 +694,50 @@ def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
             f"{len(acc)} nodes", evidence={"prefetch_accuracy": acc},
             cause="prefetch reads blocks no turn uses" if low else None,
             action="dualpath-monitor --metric prefetch_accuracy --by-node" if low else None))
+    return out
+
+
+def kv_waits(ev: Evidence) -> dict[int, float]:
+    """Each prefill engine's mean wait for its cached KV (seconds) over the samples that
+    measured one (engines that served no prefill of a cached prefix are left out)."""
+    out = {}
+    for eid, series in ev.engine_series("kv_wait_s").items():
+        vals = _vals(series)
+        if vals:
+            out[eid] = sum(vals) / len(vals)
+    return out
+
+
+def _kv_wait(ev: Evidence, wf: str) -> list[Finding]:
+    """Prefills that wait for their whole hit to load before computing: the bubble the
+    per-layer slack cannot show (it is measured after the load)."""
+    waits = kv_waits(ev)
+    if not waits:
+        return []
+    out = []
+    for eid, mean in sorted(waits.items()):
+        if mean < KV_WAIT_WARN_S:
+            continue
+        e = ev.engines[eid]
+        svc = _mean(ev.engine_series("service_time_s").get(eid, ()))
+        vs = f" (its compute per request {svc * 1e3:.1f} ms)" if svc else ""
+        out.append(Finding(
+            wf, CRITICAL if mean >= KV_WAIT_CRIT_S else WARNING,
+            f"{engine_name(e)}: prefills of a cached prefix wait {mean * 1e3:.1f} ms on "
+            f"average for their KV before computing{vs}", subject=f"node {node_name(e)}",
+            evidence={"engine": eid, "node": node_name(e), "mean_kv_wait_s": round(mean, 6),
+                      "service_time_s": svc},
+            cause=f"slow store reads on node {node_name(e)} (read latency, a slow or throttled "
+                  "storage NIC): the prefill cannot start until its hit is loaded",
+            action="dualpath diagnose snic-imbalance --window 60s; dualpath storage bench "
+                   "--root <store>"))
+    if not out:
+        worst = max(waits.values())
+        out.append(Finding(wf, OK, f"prefills wait at most {worst * 1e3:.1f} ms on average for "
+                           f"their cached KV ({len(waits)} engines; < "
+                           f"{KV_WAIT_WARN_S * 1e3:g} ms)",
+                           evidence={"kv_wait_s": {str(k): round(v, 6)
+                                                   for k, v in waits.items()}}))
     return out
 
 

@@ -10,6 +10,7 @@ a process (the in-process cluster) never mix their numbers; heartbeats carry its
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -51,6 +52,12 @@ __all__ = ["EngineSpec", "Counters", "EngineContext", "open_store", "KV_DTYPE"]
 log = logging.getLogger(__name__)
 
 KV_DTYPE = np.dtype(np.float16)  # the reference model keeps K and V as fp16 (raw codec)
+#: Blocks per engine exported with their read counts (``dualpath_storage_block_reads_total``):
+#: the hottest only, so /metrics stays bounded at any store size.
+HOT_BLOCKS_EXPORTED = 8
+#: Blocks whose reads an engine tracks at most; beyond it the least-read half is dropped (a
+#: hot block, read far more often than the rest, always survives).
+_BLOCK_READS_TRACKED = 4096
 
 
 @dataclass
@@ -118,6 +125,9 @@ class Counters:
     batches: int = 0
     batched_items: int = 0
     chunks: int = 0
+    kv_wait_s: float = 0.0  # prefills' wait for their cached KV before compute
+    kv_waits: int = 0
+    compactions: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: float) -> None:
@@ -180,6 +190,7 @@ class EngineContext:
         self._hits = [[0] * len(TIERS) for _ in range(model.n_layers)]  # [layer][tier]
         self._slack: list[float | None] = [None] * model.n_layers  # last prefill's, per layer
         self._tier = {tier: i for i, tier in enumerate(TIERS)}
+        self._block_reads: dict[str, int] = {}  # block key hex -> store reads (bounded)
         self._bind_metrics()
         self._out: queue.Queue[tuple[str, Layer | PrefillDone, bool] | None] = queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
@@ -229,6 +240,32 @@ class EngineContext:
         seconds its KV was ready before compute wanted it (negative: compute waited)."""
         self._slack[layer] = seconds
 
+    def count_block_reads(self, keys: Sequence[str]) -> None:
+        """Count store reads of blocks (hex keys) for the hot-block evidence."""
+        with self.counters.lock:
+            reads = self._block_reads
+            for k in keys:
+                reads[k] = reads.get(k, 0) + 1
+            if len(reads) > _BLOCK_READS_TRACKED:
+                keep = sorted(reads.items(), key=lambda kv: -kv[1])[:_BLOCK_READS_TRACKED // 2]
+                self._block_reads = dict(keep)
+
+    def hot_block_rows(self) -> list[dict[str, Any]]:
+        """The most-read blocks as registry snapshot rows of
+        ``dualpath_storage_block_reads_total`` (at most :data:`HOT_BLOCKS_EXPORTED`)."""
+        with self.counters.lock:
+            top = heapq.nlargest(HOT_BLOCKS_EXPORTED, self._block_reads.items(),
+                                 key=lambda kv: kv[1])
+        node = str(self.spec.node)
+        return [{"labels": {"node": node, "block": k}, "value": float(n)} for k, n in top]
+
+    def compact_hbm(self) -> int:
+        """Defragment the HBM pool (live blocks to the front, data moved); returns how many
+        blocks moved. Safe while the workers run: the pool moves data under its lock."""
+        moved = len(self.hbm.compact())
+        self.counters.add(compactions=1)
+        return moved
+
     def refresh_gauges(self) -> None:
         """Update the sampled gauges (HBM, GPU utilisation) before a snapshot."""
         st = self.hbm.stats()
@@ -259,6 +296,9 @@ class EngineContext:
         if with_metrics:
             self.refresh_gauges()
             metrics = self.registry.snapshot()
+            hot = self.hot_block_rows()
+            if hot:
+                metrics["dualpath_storage_block_reads_total"] = hot
         facts: dict[str, Any] = {
             **counters, "rq_bytes": rq.bytes, "rq_blocks": rq.blocks,
             "dram_cache_bytes": self.loader.cache.bytes,
@@ -325,7 +365,10 @@ class EngineContext:
                                     block_tokens=self.bt)
 
         def account(result: LoadResult) -> None:
-            nbytes = sum(b.nbytes for b in result.blocks if b is not None and b.tier == "store")
+            stored = [b for b in result.blocks if b is not None and b.tier == "store"]
+            nbytes = sum(b.nbytes for b in stored)
+            if stored:
+                self.count_block_reads([b.key.hex for b in stored])
             self.counters.add(snic_read_bytes=nbytes)
             self.m_nic["snic", "read"].inc(nbytes)
             done(result)
@@ -354,24 +397,13 @@ class EngineContext:
     # -- HBM ----------------------------------------------------------------------------
     def hbm_write(self, owner: int, layer: int, start: int, kv: np.ndarray) -> None:
         """Write packed KV rows for tokens ``start..`` of ``owner`` into its HBM blocks."""
-        assert self.hbm.data is not None
-        blocks = self.hbm.blocks_of(owner)
-        pos, row = start, 0
-        while row < kv.shape[0]:
-            b, off = divmod(pos, self.bt)
-            n = min(self.bt - off, kv.shape[0] - row)
-            self.hbm.data[blocks[b], layer, off:off + n] = kv[row:row + n]
-            pos += n
-            row += n
+        self.hbm.write_rows(owner, layer, start, kv)
 
     def hbm_read(self, owner: int, layer: int, n_tokens: int) -> np.ndarray:
         """Packed KV ``[n_tokens, bytes]`` of ``owner``'s first tokens for ``layer``."""
-        assert self.hbm.data is not None
         if n_tokens <= 0:
             return np.zeros((0, self.bpl), dtype=np.uint8)
-        blocks = self.hbm.blocks_of(owner)[: -(-n_tokens // self.bt)]
-        rows = self.hbm.data[blocks, layer].reshape(-1, self.bpl)
-        return rows[:n_tokens]
+        return self.hbm.read_rows(owner, layer, n_tokens)
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:

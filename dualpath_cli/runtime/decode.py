@@ -209,12 +209,10 @@ class DecodeWorker:
         if full <= job.persisted:
             return
         seq = self._seq(job)
-        blocks = ctx.hbm.blocks_of(job.rid)
-        assert ctx.hbm.data is not None
         while job.persisted < full:
             i = job.persisted
             key = block_key(job.last_key, seq[i * bt:(i + 1) * bt].tolist(), self.ns)
-            block = ctx.hbm.data[blocks[i]].copy()
+            block = ctx.hbm.copy_block(job.rid, i)
             ctx.h2d(block.nbytes, job.shaped)  # D2H through the compute NIC
             ctx.write_block(key, block, job.shaped)
             job.last_key = key

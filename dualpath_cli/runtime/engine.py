@@ -7,9 +7,9 @@ fragmentation), per-layer hits by tier, NIC bytes, busy time, the quota in force
 loader's read queue in tokens (``rq``) with the last dispatch it has submitted (``seen``),
 and every ``metrics_s`` the engine's whole metrics snapshot. A ``quota`` message changes the
 PE's compute quota while it runs; a ``fault`` message turns an injected fault on or off
-(:mod:`~dualpath_cli.runtime.faults`). Every message is a typed record of
-:mod:`~dualpath_cli.runtime.wire`. A group leader also sends a ``fetch`` every ``fetch_s``
-(the paper's pull-based scheduling, section 6.1).
+(:mod:`~dualpath_cli.runtime.faults`); a ``compact`` message defragments its HBM pool.
+Every message is a typed record of :mod:`~dualpath_cli.runtime.wire`. A group leader also
+sends a ``fetch`` every ``fetch_s`` (the paper's pull-based scheduling, section 6.1).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
 from dualpath_cli.runtime.faults import Fault, FaultInjector
+from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker
 from dualpath_cli.runtime.wire import (
@@ -89,6 +90,12 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
             if isinstance(msg, Fault):
                 faults.apply(msg)
                 ctx.heartbeat(worker.jobs_in_hand(), True)  # show its effect (HBM) at once
+                continue
+            if isinstance(msg, Compact):
+                moved = ctx.compact_hbm()
+                log.info("engine %d: HBM compacted on request (%d blocks moved)",
+                         spec.engine_id, moved)
+                ctx.heartbeat(worker.jobs_in_hand(), True)  # the caller waits for this one
                 continue
             worker.handle(msg)
     finally:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from dualpath_cli.errors import DualPathError
 
-__all__ = ["HbmExhausted", "HbmStats", "HbmPool"]
+__all__ = ["HbmExhausted", "HbmStats", "HbmPool", "Compact"]
 
 
 class HbmExhausted(DualPathError):
@@ -41,6 +42,18 @@ class HbmStats:
     def usage(self) -> float:
         """Used fraction 0..1."""
         return self.used_blocks / self.capacity_blocks if self.capacity_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    """Ask engine ``engine`` to compact its HBM pool now (the wire kind ``compact``).
+
+    Why a message: compaction is the remedy ``dualpath diagnose hbm-frag --fix`` applies
+    (``POST /api/v1/engines/{id}/compact``); the pool lives in the engine's process.
+    """
+
+    KIND: ClassVar[str] = "compact"
+    engine: int
 
 
 def fragmentation_score(free_blocks: int, largest_free_run: int) -> float:
@@ -125,6 +138,38 @@ class HbmPool:
         """Owners holding blocks."""
         with self._lock:
             return list(self._by_owner)
+
+    # -- data, under the pool lock ------------------------------------------------------
+    # Why here: compaction moves blocks (data included) while the engine's workers run, so
+    # a block table looked up outside the lock could point at a block that moved meanwhile.
+    # Every read and write of KV rows looks its table up and copies under the same lock.
+    def write_rows(self, owner: int, layer: int, start: int, rows: np.ndarray) -> None:
+        """Write packed KV ``rows`` for tokens ``start..`` of ``owner`` at ``layer``."""
+        assert self.data is not None
+        bt = self.block_tokens
+        with self._lock:
+            blocks = self._by_owner.get(owner, [])
+            pos, row = start, 0
+            while row < rows.shape[0]:
+                b, off = divmod(pos, bt)
+                n = min(bt - off, rows.shape[0] - row)
+                self.data[blocks[b], layer, off:off + n] = rows[row:row + n]
+                pos += n
+                row += n
+
+    def read_rows(self, owner: int, layer: int, n_tokens: int) -> np.ndarray:
+        """A copy of ``owner``'s first ``n_tokens`` packed KV rows at ``layer``."""
+        assert self.data is not None
+        with self._lock:
+            blocks = self._by_owner.get(owner, [])[: -(-n_tokens // self.block_tokens)]
+            rows = self.data[blocks, layer]  # fancy indexing: a copy
+        return rows.reshape(-1, rows.shape[-1])[:n_tokens]
+
+    def copy_block(self, owner: int, index: int) -> np.ndarray:
+        """A copy of ``owner``'s ``index``-th block (every layer)."""
+        assert self.data is not None
+        with self._lock:
+            return self.data[self._by_owner[owner][index]].copy()
 
     # -- statistics ---------------------------------------------------------------------
     def stats(self) -> HbmStats:

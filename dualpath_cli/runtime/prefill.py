@@ -10,6 +10,10 @@ ready when both parts are in HBM, and the PE returns exactly what the DE lacks.
 
 Layerwise: layer l+1's blocks load while layer l computes; the time compute waits for a
 layer is the attention bubble. ``layerwise=False`` (basic) loads every layer before compute.
+A job is queued for compute only once its PE-read Full Blocks are all in the PE buffer (and
+the DE's first layer is here), so a slow store read delays the whole prefill rather than
+one layer: that wait, from the prefill's arrival to its queueing, is counted as
+``kv_wait_s`` (the per-layer slack, measured after it, cannot see it).
 
 Intra-engine batching (paper 6.5): ready requests wait in a FIFO of ``(cached, bsz)`` work;
 each forward batch is :func:`dualpath_cli.core.quota.pack_batch` under the compute quota with
@@ -64,6 +68,7 @@ class PrefillJob:
     layerwise: bool = True
     shaped: bool = True
     known: bool = False
+    known_at: float = 0.0  # when the prefill message arrived
     queued: bool = False
     loaded: bool = False  # PE-side blocks are in the PE buffer
     blocks: list[LoadedBlock] = field(default_factory=list)  # PE buffer (loader buffers)
@@ -171,6 +176,7 @@ class PrefillWorker:
                     job.ready[layer].set()
                 else:
                     job.ready[layer].clear()
+        job.known_at = time.monotonic()
         job.known = True
         job.arrived_at = time.monotonic()
         if job.pe_tokens:
@@ -218,6 +224,8 @@ class PrefillWorker:
             if job.queued:
                 return
             job.queued = True
+        if job.cached:  # the whole hit loads before compute: this wait is the bubble
+            self.ctx.counters.add(kv_wait_s=time.monotonic() - job.known_at, kv_waits=1)
         self._compute.put(job)
 
     # -- H2D (PE read path) -------------------------------------------------------------

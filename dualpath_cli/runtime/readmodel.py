@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dualpath_cli.runtime.wire import TIERS, Heartbeat
 from dualpath_cli.telemetry.view import EngineView, LayerHits, NodeView, na
 
-__all__ = ["Rate", "engine_view", "node_view", "nic_bytes"]
+__all__ = ["Rate", "EngineWindow", "engine_view", "node_view", "nic_bytes"]
 
 _DRAM, _STORE, _PEER = (TIERS.index(t) for t in ("dram", "store", "peer"))
 
@@ -42,6 +42,42 @@ class Rate:
             self.t0, self.v0 = now, value
 
 
+@dataclass
+class EngineWindow:
+    """An engine's compute over the last window of at least ``window_s`` of heartbeats:
+    GPU busy fraction, busy seconds per batched request (its service time) and the mean
+    wait of its prefills for their cached KV.
+
+    Why windowed: "adding nodes does not help" and "one engine is slow" are judged on what
+    the engines do now; a busy fraction since start hides a change under hours of history.
+    A window in which the engine ran nothing has no service time (``None``), nor a KV wait
+    when no prefill of a cached prefix was queued in it.
+    """
+
+    window_s: float = 1.0
+    t0: float | None = None
+    base: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    utilization: float | None = None
+    service_time_s: float | None = None
+    kv_wait_s: float | None = None
+
+    def update(self, now: float, hb: Heartbeat) -> None:
+        """Feed one heartbeat received at ``now`` (monotonic seconds)."""
+        cur = (float(hb.busy_s), float(hb.batched_items), float(hb.kv_wait_s),
+               float(hb.kv_waits))
+        if self.t0 is None or cur[0] < self.base[0] or cur[1] < self.base[1]:
+            self.t0, self.base = now, cur  # first heartbeat, or the engine restarted
+            return
+        dt = now - self.t0
+        if dt < self.window_s:
+            return
+        busy, items, wait, waits = (c - b for c, b in zip(cur, self.base, strict=True))
+        self.utilization = min(1.0, max(0.0, busy / dt))
+        self.service_time_s = busy / items if items > 0 else None
+        self.kv_wait_s = wait / waits if waits > 0 else None
+        self.t0, self.base = now, cur
+
+
 def nic_bytes(hb: Heartbeat) -> dict[str, int]:
     """Bytes through an engine's NICs by ``<nic>_<direction>``."""
     return {"snic_read": int(hb.snic_read_bytes), "snic_write": int(hb.snic_write_bytes),
@@ -60,9 +96,11 @@ def _layers(hb: Heartbeat) -> tuple[LayerHits, ...]:
 
 def engine_view(engine_id: int, role: str, node: int, group: int, state: str,
                 pid: int | None, seq: int, tokens: int, read_queue_tokens: int | None,
-                hb: Heartbeat | None, heartbeat_age_s: float | None) -> EngineView:
+                hb: Heartbeat | None, heartbeat_age_s: float | None,
+                window: EngineWindow | None = None) -> EngineView:
     """One engine: identity, load and the latest reported read queue (tokens) from the
-    caller, the rest from its last heartbeat ``hb``."""
+    caller, the rest from its last heartbeat ``hb`` and its compute ``window`` (GPU
+    utilisation, service time, KV wait; ``None`` until a window has passed)."""
     if hb is None:
         return EngineView(engine_id, role, node, group, state, pid, seq, tokens,
                           read_queue_tokens=read_queue_tokens,
@@ -74,8 +112,11 @@ def engine_view(engine_id: int, role: str, node: int, group: int, state: str,
         hbm_free_bytes=hb.hbm_free_blocks * hb.hbm_block_bytes,
         hbm_fragmentation=na(hb.hbm_fragmentation),
         hbm_largest_free_blocks=hb.hbm_largest_free_run, nic_bytes=nic_bytes(hb),
-        layers=_layers(hb), gpu_utilization=na(hb.busy_fraction),
-        heartbeat_age_s=heartbeat_age_s)
+        layers=_layers(hb),
+        gpu_utilization=na(window.utilization) if window is not None else None,
+        heartbeat_age_s=heartbeat_age_s,
+        service_time_s=na(window.service_time_s) if window is not None else None,
+        kv_wait_s=na(window.kv_wait_s) if window is not None else None)
 
 
 def _util(rate: float | None, bandwidth: float) -> float | None:

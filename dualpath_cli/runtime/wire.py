@@ -18,6 +18,7 @@ Kinds (direction):
 * scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
   :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``),
   :class:`~dualpath_cli.runtime.faults.Fault` (``fault``: fault injection, one record);
+  :class:`~dualpath_cli.runtime.hbm.Compact` (``compact``: defragment the engine's HBM);
 * engine -> engine: :class:`Layer`, :class:`PrefillDone`.
 """
 
@@ -33,12 +34,13 @@ import numpy as np
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.faults import Fault
+from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.transfer.base import Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "Heartbeat", "Fetch", "First", "Done",
            "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill", "SetQuota",
-           "Layer", "PrefillDone", "Fault", "WireMessage", "KINDS", "TIERS", "encode", "decode",
-           "send"]
+           "Layer", "PrefillDone", "Fault", "Compact", "WireMessage", "KINDS", "TIERS", "encode",
+           "decode", "send"]
 
 #: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
 TIERS: tuple[str, ...] = ("dram", "store", "peer")
@@ -84,8 +86,10 @@ class Heartbeat:
     Counters are totals since the engine started. ``layer_hits[l]`` is ``(dram, store, peer)``
     Layer Blocks served for layer ``l``; ``layer_slack_s[l]`` the load-ahead slack of layer
     ``l`` in the PE's last prefill of a cached prefix (negative: a bubble; ``None``: none
-    yet, and always on a DE). ``metrics`` is the engine's whole
-    ``MetricsRegistry.snapshot()`` every ``metrics_s`` (``None`` in between).
+    yet, and always on a DE). ``kv_wait_s``/``kv_waits``: seconds the PE's prefills of a
+    cached prefix waited from their arrival until their KV let them queue for compute, and
+    how many; ``compactions``: HBM compactions done on request. ``metrics`` is the engine's
+    whole ``MetricsRegistry.snapshot()`` every ``metrics_s`` (``None`` in between).
     """
 
     KIND: ClassVar[str] = "hb"
@@ -110,6 +114,9 @@ class Heartbeat:
     batches: int = 0
     batched_items: int = 0
     chunks: int = 0
+    kv_wait_s: float = 0.0
+    kv_waits: int = 0
+    compactions: int = 0
     jobs: int = 0
     quota_s: float = 0.0
     hbm_capacity_blocks: int = 0
@@ -287,7 +294,7 @@ class PrefillDone:
 
 WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
                | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone
-               | Fault)
+               | Fault | Compact)
 
 #: kind -> record class (every member of :data:`WireMessage`)
 KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}

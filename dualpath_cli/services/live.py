@@ -249,6 +249,12 @@ class LiveCluster:
             old, new = self.system.clear_faults()
             return self._audit("faults", {"faults": old}, {"faults": new}, token_id)
 
+    def compact_hbm(self, engine_id: int, token_id: str) -> AuditEntry:
+        """Defragment one engine's HBM pool (the hbm-frag remedy) and audit it (action
+        ``compact``; old and new are the engine's HBM facts around it)."""
+        old, new = self.system.compact_hbm(engine_id)
+        return self._audit("compact", old, new, token_id)
+
     def _audit(self, action: str, old: dict[str, Any], new: dict[str, Any],
                token_id: str) -> AuditEntry:
         with self._lock:

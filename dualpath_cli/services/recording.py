@@ -47,7 +47,8 @@ from dualpath_cli.telemetry.view import (
 
 __all__ = ["FORMAT", "VERSION", "Extras", "Sample", "Recording", "RecordingError",
            "ViewSource", "open_text", "open_binary", "read_recording", "write_recording", "collect",
-           "extras_from_metrics_text", "trace_from_decisions", "sample_line", "encode_view",
+           "extras_from_metrics_text", "trace_from_decisions", "sample_line", "decision_line",
+           "encode_view",
            "decode_view"]
 
 FORMAT = "dualpath-recording"
@@ -67,8 +68,10 @@ class Extras:
         ttft_count / ttft_sum: its count and sum (turns since start, seconds).
         nic_errors / nic_drops: host NIC errors and drops since boot, all devices.
         prefetch_accuracy: by node (0..1).
-        block_reads: reads per stored block key since start (hot-spot evidence); empty until
-            the runtime reports per-block counts.
+        block_reads: store reads per block key since start, summed over nodes (hot-spot
+            evidence); the runtime reports each engine's most-read blocks only.
+        store_block_reads: Full Blocks read from the store since start, all nodes (what a
+            block's reads are a share of); ``None`` when not reported.
         cache_hit_ratio: hits over lookups by ``"<node>/<tier>"`` (the seed's cache_hit_ratio).
         prefetched_blocks: blocks read ahead by node since start (accuracy means nothing
             where it is 0).
@@ -83,6 +86,7 @@ class Extras:
     block_reads: dict[str, int] = field(default_factory=dict)
     cache_hit_ratio: dict[str, float] = field(default_factory=dict)
     prefetched_blocks: dict[int, int] = field(default_factory=dict)
+    store_block_reads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
@@ -105,7 +109,8 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
         cache_hit_ratio={str(k): float(v)
                          for k, v in (data.get("cache_hit_ratio") or {}).items()},
         prefetched_blocks={int(k): int(v)
-                           for k, v in (data.get("prefetched_blocks") or {}).items()})
+                           for k, v in (data.get("prefetched_blocks") or {}).items()},
+        store_block_reads=data.get("store_block_reads"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +276,16 @@ def sample_line(sample: Sample) -> str:
                   "extras": sample.extras.to_dict()})
 
 
+def decision_line(d: Decision) -> str:
+    """One ``decision`` line (the decision's own ``kind``, turn or control, is stored as
+    ``decision_kind``: ``kind`` names the line)."""
+    rec = dataclasses.asdict(d)
+    kind = rec.pop("kind", None)
+    if kind is not None:
+        rec["decision_kind"] = kind
+    return _line({"kind": "decision", **rec})
+
+
 def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
                     decisions: Sequence[Decision]) -> dict[str, int]:
     """Write a whole recording to ``path`` (via a temporary file, renamed at the end).
@@ -288,7 +303,7 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
                 out.write(sample_line(sample))
                 counts["samples"] += 1
             for d in decisions:
-                out.write(_line({"kind": "decision", **dataclasses.asdict(d)}))
+                out.write(decision_line(d))
                 counts["decisions"] += 1
             for rec in _trace_records(decisions):
                 out.write(_line({"kind": "trace", "record": rec}))
@@ -380,6 +395,8 @@ def read_recording(path: str | Path, max_samples: int | None = None,
                         stride = max(stride, _stride(header, cap))
                 elif kind == "decision":
                     obj.pop("kind")
+                    if "decision_kind" in obj:
+                        obj["kind"] = obj.pop("decision_kind")
                     decisions.append(_decision(obj))
                 elif kind == "trace":
                     trace.append(obj["record"])
@@ -480,6 +497,7 @@ def extras_from_metrics_text(text: str) -> Extras:
     blocks: dict[str, int] = {}
     hits: dict[str, float] = {}
     prefetched: dict[int, int] = {}
+    store_reads: int | None = None
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
             continue
@@ -515,10 +533,12 @@ def extras_from_metrics_text(text: str) -> Extras:
                 prefetched[int(node)] = int(value)
         elif name == "dualpath_storage_block_reads_total":
             key = _labels(labels).get("block")
-            if key:
-                blocks[key] = int(value)
+            if key:  # one series per node that reads the block
+                blocks[key] = blocks.get(key, 0) + int(value)
+        elif name == "dualpath_storage_read_blocks_total":
+            store_reads = (store_reads or 0) + int(value)
     return Extras(tuple(sorted(buckets.items())), count, total, errors, drops, prefetch,
-                  blocks, hits, prefetched)
+                  blocks, hits, prefetched, store_reads)
 
 
 # --- served turns as a trace -----------------------------------------------------------------
@@ -535,32 +555,39 @@ def _trace_records(decisions: Sequence[Decision]) -> Iterator[dict[str, Any]]:
 def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
     """The served turns as a dualpath :class:`~dualpath_cli.workload.trace_format.Trace`.
 
-    A decision carries each turn's prompt length, not its generated count, so each turn's
-    ``append`` is its prompt length minus the previous prompt's (the previous turn's
-    generated tokens are folded into it) and ``gen`` is 1: replaying the trace reproduces
-    every prompt length and every prefix chain. Requeued attempts count once. ``None`` when
-    no turn was served.
+    Each turn's ``gen`` is the tokens it generated (a decision records it; the runtime
+    decodes exactly that many) and its ``append`` is its prompt length minus the previous
+    turn's prompt and generated tokens, so replaying the trace reproduces every prompt
+    length, prefix chain and generated length. A decision from a server that did not record
+    ``gen`` gets 1, its generated tokens folded into the next turn's append (prompt lengths
+    and chains still replay). Requeued attempts count once; control decisions (a dynamic
+    controller's moves) are not turns. ``None`` when no turn was served.
     """
     from dualpath_cli.workload.trace_format import Trace, TraceHeader
     from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-    lengths: dict[int, dict[int, int]] = {}
+    turns_of: dict[int, dict[int, tuple[int, int | None]]] = {}
     for d in decisions:
-        lengths.setdefault(d.agent, {}).setdefault(d.turn, d.length)
-    if not lengths:
+        if getattr(d, "kind", "turn") != "turn":
+            continue
+        turns_of.setdefault(d.agent, {}).setdefault(d.turn, (d.length, d.gen))
+    if not turns_of:
         return None
     trajectories = []
     longest = 1
-    for agent in sorted(lengths):
+    folded = False
+    for agent in sorted(turns_of):
         turns = []
         ctx = 0  # tokens of the trajectory so far (appends and generated)
-        for _turn, length in sorted(lengths[agent].items()):
+        for _turn, (length, gen) in sorted(turns_of[agent].items()):
+            if gen is None or gen < 1:
+                gen, folded = 1, True
             append = max(1, length - ctx)
-            turns.append(Turn(append, 1))
-            ctx += append + 1
+            turns.append(Turn(append, gen))
+            ctx += append + gen
         longest = max(longest, sum(t.append + t.gen for t in turns))
         trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent))
-    header = TraceHeader(max_len=longest, generator={
-        "from": "dualpath record", "gen": "1 per turn; generated tokens folded into the "
-        "next turn's append (decisions carry prompt lengths only)"})
+    note = ("1 per turn where the server did not record it; those generated tokens folded "
+            "into the next turn's append" if folded else "as generated")
+    header = TraceHeader(max_len=longest, generator={"from": "dualpath record", "gen": note})
     return Trace(header, tuple(trajectories))

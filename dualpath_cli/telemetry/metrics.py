@@ -130,6 +130,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_storage_write_errors_total", _C, "", ("node", "role"),
                "Full Blocks a node's engines could not persist (the store refused the write: "
                "full, read-only, failing); the block is recomputed when next needed."),
+    MetricSpec("dualpath_storage_block_reads_total", _C, "", ("node", "block"),
+               "Reads of one block from the store by a node's engines since start, for each "
+               "engine's 8 most-read blocks only (hot-spot evidence with bounded labels)."),
     # --- compute (seed) ----------------------------------------------------------------------
     MetricSpec("dualpath_gpu_utilization_ratio", _G, "ratio", ("engine", "node", "role"),
                "GPU busy fraction of an engine."),

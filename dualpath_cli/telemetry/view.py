@@ -76,8 +76,15 @@ class EngineView:
         nic_bytes: bytes through this engine's NICs by ``"<nic>_<direction>"``
             (e.g. ``snic_read``, ``cnic_tx``).
         layers: per-layer hits by tier (empty until the engine has served a layer).
-        gpu_utilization: busy fraction 0..1 (``None`` when not measured).
+        gpu_utilization: busy fraction 0..1 over the last window of about a second
+            (``None`` when not measured yet).
         heartbeat_age_s: seconds since the engine was last heard from.
+        service_time_s: busy seconds per batched request over that window (a decode step
+            or a prefill batch item; ``None`` when it ran nothing): a slow engine's is high.
+        kv_wait_s: over that window, the mean time the engine's prefills of a cached prefix
+            waited from their arrival for their KV before they could compute (the runtime
+            loads a prefill's whole hit first, so a slow store read shows here, not in the
+            per-layer slack); ``None`` when there was none, and on decode engines.
     """
 
     engine_id: int
@@ -98,6 +105,8 @@ class EngineView:
     layers: tuple[LayerHits, ...] = ()
     gpu_utilization: float | None = None
     heartbeat_age_s: float | None = None
+    service_time_s: float | None = None
+    kv_wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +188,8 @@ class Decision:
     people and by diagnose rules, not by the scheduler. ``kind`` is ``turn`` (a turn's
     placement) or ``control`` (a dynamic controller moved a threshold: ``side`` names the
     controller, the turn fields are -1/0 and ``inputs`` holds its signal, old and new value
-    and bounds).
+    and bounds). ``gen`` is the tokens the turn generates (the runtime decodes exactly that
+    many; ``None`` from a server that did not record it).
     """
 
     seq: int
@@ -203,6 +213,7 @@ class Decision:
     z: float | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     kind: str = "turn"
+    gen: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
