@@ -142,8 +142,10 @@ def _unwind_on_termination() -> None:
     import signal
 
     def handler(signum: int, frame: object) -> None:
+        global _signalled
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        _signalled = signum  # Typer turns the interrupt into a bare exit 130: remember why
         raise Terminated(signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -151,8 +153,14 @@ def _unwind_on_termination() -> None:
             signal.signal(sig, handler)
 
 
-def _terminated(err: BaseException) -> int | None:
+#: The signal that ended this run (set by the handler above), else None.
+_signalled: int | None = None
+
+
+def _terminated(err: BaseException | None) -> int | None:
     """The exit code of a run ended by :class:`Terminated` (128 + signal), else None."""
+    if _signalled is not None:
+        return 128 + _signalled
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, Terminated):
@@ -200,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         code = _terminated(err)
         return 130 if code is None else code
+    ended = _terminated(None)
+    if ended is not None:
+        fail(f"terminated by signal {ended - 128}; cleaned up")
+        return ended
     return code if isinstance(code, int) else 0
 
 

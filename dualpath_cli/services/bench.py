@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -53,6 +54,7 @@ from dualpath_cli.workload.trajectory import Trajectory
 __all__ = ["REGIME_MULTIPLE", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
            "Demand", "SnicCalibration", "workload_demand", "calibrate_snic", "oracle_rate",
            "calibrate_by_oracle", "check_bench_inputs", "check_store_root",
+           "remove_stale_stores", "keep_quarantine",
            "load_bench_config", "run_policy", "run_bench"]
 
 REGIME_MULTIPLE = 2.5
@@ -118,6 +120,13 @@ class PolicyReport:
     foreign_cores: float | None = None
     """Mean cores other processes kept busy during this policy's run (None: not measurable;
     telemetry/hostload.py): a busy neighbour slows the compute-bound policies."""
+    dead_engines: list[int] = field(default_factory=list)
+    """Engines whose process ended during the run (their turns were re-queued)."""
+    retried_turns: int = 0
+    """Turns served on a second or later attempt (a dead engine, a failed read)."""
+    quarantined_blocks: int = 0
+    """Corrupt blocks moved aside during the run; kept under ``quarantine_dir``."""
+    quarantine_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -238,6 +247,35 @@ def calibrate_snic(demand: Demand, flops_rate: float, *, prefill_nodes: int,
     dual = demand.read_bytes / ((prefill_nodes + decode_nodes) * snic) if snic else 0.0
     return SnicCalibration(flops_rate, probes, probe_s, multiple, snic, compute, basic, dual,
                            demand.prefill_flops, demand.read_bytes, source)
+
+
+_RUN_STORE = re.compile(r"^[\w.-]+-pid(\d+)-[\w]+$")
+
+
+def remove_stale_stores(store_root: Path) -> list[Path]:
+    """Remove per-policy stores under ``store_root`` whose bench process is gone."""
+    removed: list[Path] = []
+    try:
+        entries = list(store_root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _RUN_STORE.match(entry.name)
+        if match is None or not entry.is_dir() or _alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def check_store_root(root: Path, flag: str = "--store") -> Path:
@@ -405,16 +443,48 @@ def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Traject
                store_root: Path, *, aps: float | None = None, slo: SLO = SLO(),
                on_turn: Callable[[TurnRecord], None] | None = None) -> tuple[PolicyReport,
                                                                                RunResult]:
-    """Run ``trajectories`` under ``policy`` on a fresh store below ``store_root``."""
-    store = Path(tempfile.mkdtemp(prefix=f"{policy}-", dir=store_root))
+    """Run ``trajectories`` under ``policy`` on a fresh store below ``store_root``.
+
+    The store's name carries this process's pid, so that a run killed outright (SIGKILL:
+    no ``finally``) leaves a store the next run recognises as stale and removes
+    (:func:`remove_stale_stores`).
+    """
+    remove_stale_stores(store_root)
+    store = Path(tempfile.mkdtemp(prefix=f"{policy}-pid{os.getpid()}-", dir=store_root))
     opts = dataclasses.replace(base, policy=policy, store_dir=store)
     try:
         with RuntimeSystem(opts) as system:
             run = run_agents(system, trajectories, aps=aps, on_turn=on_turn)
             reports = system.scheduler.fresh_reports(time.monotonic())
-            return _summarise(policy, system, run, reports, slo), run
+            rep = _summarise(policy, system, run, reports, slo)
+            exited = getattr(system.cluster, "exited", None)  # before the shutdown
+            rep.dead_engines = sorted(exited()) if callable(exited) else []
+        rep.retried_turns = sum(1 for t in run.turns if t.attempts > 1)
+        kept = keep_quarantine(store, store_root, policy)
+        if kept is not None:
+            rep.quarantined_blocks = sum(1 for _ in kept.iterdir())
+            rep.quarantine_dir = str(kept)
+        return rep, run
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+def keep_quarantine(store: Path, store_root: Path, policy: str) -> Path | None:
+    """Move a run store's quarantined blocks to ``store_root/quarantine/POLICY-TIME`` (the
+    run store itself is deleted), so they can be inspected after the run; None if none."""
+    qdir = store / "quarantine"
+    try:
+        if not any(qdir.iterdir()):
+            return None
+    except OSError:
+        return None
+    dest = store_root / "quarantine" / f"{policy}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(qdir, dest)
+    except OSError:
+        return None
+    return dest
 
 
 def run_bench(policies: Sequence[str], base: RuntimeOptions,

@@ -1,0 +1,100 @@
+"""What a run leaves behind: nothing after SIGTERM/SIGHUP (they unwind like Ctrl-C), stale
+per-policy stores of a SIGKILLed bench removed by the next run, the quarantine kept and the
+faults of a bench shown."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dualpath_cli.services.bench import (
+    BenchReport,
+    PolicyReport,
+    keep_quarantine,
+    remove_stale_stores,
+)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid  # reaped: no process has it (pids are not reused this fast)
+
+
+def test_stale_run_stores_are_removed(tmp_path: Path) -> None:
+    stale = tmp_path / f"dualpath-pid{_dead_pid()}-abc123"
+    live = tmp_path / f"basic-pid{os.getpid()}-def456"
+    other = tmp_path / "blocks"
+    for d in (stale, live, other):
+        (d / "x").mkdir(parents=True)
+    assert remove_stale_stores(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_quarantine_outlives_the_run_store(tmp_path: Path) -> None:
+    store = tmp_path / "run"
+    (store / "quarantine").mkdir(parents=True)
+    assert keep_quarantine(store, tmp_path, "dualpath") is None  # empty: nothing kept
+    (store / "quarantine" / "ab.checksum.1.kvb").write_bytes(b"bad")
+    kept = keep_quarantine(store, tmp_path, "dualpath")
+    assert kept is not None and kept.parent == tmp_path / "quarantine"
+    assert [p.name for p in kept.iterdir()] == ["ab.checksum.1.kvb"]
+
+
+def _report(**faults: object) -> PolicyReport:
+    rep = PolicyReport("dualpath", 1.0, 4, 0.1, 0.2, 0.1, 0.2, 0.01, 0.02, True, {0: 10},
+                       1.0, 0.5, 0.0, 0, 1.0, 0)
+    for key, value in faults.items():
+        setattr(rep, key, value)
+    return rep
+
+
+def test_faults_show_in_table_and_json(tmp_path: Path) -> None:
+    from dualpath_cli.cli.bench_cmd import render_bench
+
+    setup = {"pd": "1P2D", "agents": 2, "turns": 4, "model": "tiny", "mode": "offline",
+             "snic_bw": 1e9}
+    clean, faulty = _report(), _report(dead_engines=[1], retried_turns=3,
+                                       quarantined_blocks=2, quarantine_dir="/q/dualpath-1")
+    out = io.StringIO()
+    render_bench(BenchReport(setup, [clean]), Console(file=out, width=100), online=False)
+    assert "faults" not in out.getvalue()
+    render_bench(BenchReport(setup, [faulty]), Console(file=out, width=200), online=False)
+    assert ("faults in dualpath: engines died: 1; 3 turns retried; 2 corrupt blocks "
+            "quarantined (kept in /q/dualpath-1)") in out.getvalue()
+    row = BenchReport(setup, [faulty]).to_dict()["policies"][0]
+    assert (row["dead_engines"], row["retried_turns"], row["quarantined_blocks"]) == ([1], 3, 2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM left a 273 MB temp directory behind; now it unwinds like Ctrl-C."""
+    root = tmp_path / "bench"
+    root.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualpath_cli.cli.app", "storage", "bench", "--root", str(root),
+         "--block-size", "64KiB", "--queue-depth", "1", "--size", "32MiB", "--seconds",
+         "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not any(root.iterdir()):  # its temp directory exists: the work has begun
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and f"terminated by signal {int(sig)}" in err
+    assert list(root.iterdir()) == []
