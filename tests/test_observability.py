@@ -187,3 +187,33 @@ def test_corrupt_dram_discard_and_read_failure_reasons() -> None:
         loader.cache.clear()
         gone = loader.load([keys[0]], timeout=10)
         assert gone.why(0) == "evicted"  # in the store at lookup time, gone when read
+
+
+def test_ledger_reasons_from_a_failed_read_cover_only_the_blocks_it_found() -> None:
+    from dualpath_cli.runtime.ledger import RequestLedger, reason_from_why
+
+    ns = Namespace("m", "layer_major", BlockShape(2, 4, 16), "fp16")
+    reg = MetricsRegistry()
+    ledger = RequestLedger(reg, ns)
+    tokens = list(range(1, 42))  # 41 tokens: 10 blocks looked up
+    keys = prefix_keys(tokens, ns)
+    first = ledger.lookup(1, agent=9, keys=keys, prompt_tokens=41, hits=6, now=0.0)
+    assert first.misses == {"never_stored": 4}
+    assert ledger.failed(1, 3, "timed out: missing or corrupt block",
+                         [k.hex for k in keys[:6]]) == "read_failed"
+    assert reason_from_why("timed_out: slow store") == "timed_out"
+    again = ledger.lookup(1, agent=9, keys=keys, prompt_tokens=41, hits=3, now=1.0)
+    assert again.misses == {"read_failed": 3, "never_stored": 4}
+    ledger.finished(1, 9, output=[7, 8, 9, 10, 11], tokens=tokens, timeline={}, now=2.0)
+    assert ledger.outcome(1) is not None
+    # the agent's next prompt: same chain for 11 blocks (41 + 4 output tokens, 45 // 4)
+    follow = tokens + [7, 8, 9, 10] + list(range(50, 60))
+    look = ledger.lookup(2, agent=9, keys=prefix_keys(follow, ns), prompt_tokens=len(follow),
+                         hits=5, now=12.0)
+    assert look.misses == {"evicted": 6, "never_stored": (len(follow) - 1) // 4 - 11}
+    assert look.evicted_age_s == 10.0
+    changed = [0] + follow[1:]
+    look = ledger.lookup(3, agent=9, keys=prefix_keys(changed, ns),
+                         prompt_tokens=len(changed), hits=0, now=12.0)
+    assert look.misses == {"prefix_diverged": 11, "never_stored": (len(changed) - 1) // 4 - 11}
+    assert reg.value("dualpath_kv_miss_blocks_total", tier="store", reason="evicted") == 6

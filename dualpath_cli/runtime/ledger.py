@@ -16,7 +16,8 @@ every block after it is recomputed. This module names each such block's reason:
   history), so the chain no longer matches;
 * ``never_stored``: new tokens, beyond anything the agent's previous turns stored.
 
-It keeps, per agent, the chain keys its last finished turn stored (a bounded LRU of agents),
+It keeps, per agent, the chain keys its last finished turn stored (a bounded LRU of agents;
+16 bytes a block in one bytes object: 25 KiB for a 100K-token context at 64-token blocks),
 a bounded record of quarantined keys, and the lookup of each request in flight. Counts go to
 ``dualpath_kv_{requested,hit}_tokens_total{tier="store"}``,
 ``dualpath_kv_miss_blocks_total{tier="store"}`` and the evicted-block age histogram; each
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath_cli.core.layout import BlockKey, Namespace, block_key
+from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, block_key
 from dualpath_cli.storage.loader import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
@@ -96,7 +97,7 @@ class RequestLedger:
         self.bt = namespace.shape.block_tokens
         self._agents_max = agents
         self._q_max = quarantine_record
-        self._chains: collections.OrderedDict[int, tuple[list[bytes], float]] = \
+        self._chains: collections.OrderedDict[int, tuple[bytes, float]] = \
             collections.OrderedDict()
         self._quarantined: collections.OrderedDict[bytes, float] = collections.OrderedDict()
         # rid -> (first bad block, reason, end of the failed attempt's hits)
@@ -124,7 +125,8 @@ class RequestLedger:
         raw = [k.raw for k in keys]
         look = Lookup(prompt_tokens, limit, hits, keys=raw)
         with self._lock:
-            chain, done_at = self._chains.get(agent, ([], now))
+            chain, done_at = self._chains.get(agent, (b"", now))
+            stored = len(chain) // KEY_BYTES
             failed = self._failed.get(rid)
             for i in range(hits, limit):
                 key = raw[i]
@@ -132,12 +134,12 @@ class RequestLedger:
                     reason = failed[1]
                 elif key in self._quarantined:
                     reason = "quarantined"
-                elif i < len(chain) and chain[i] == key:
+                elif i < stored and chain[i * KEY_BYTES:(i + 1) * KEY_BYTES] == key:
                     reason = "evicted"
                     age = max(0.0, now - done_at)
                     if look.evicted_age_s is None or age > look.evicted_age_s:
                         look.evicted_age_s = age
-                elif i < len(chain):
+                elif i < stored:
                     reason = "prefix_diverged"
                 else:
                     reason = "never_stored"
@@ -215,7 +217,7 @@ class RequestLedger:
             last = block_key(last, seq[i * self.bt:(i + 1) * self.bt], self.ns)
             chain.append(last.raw)
         with self._lock:
-            self._chains[agent] = (chain, now)
+            self._chains[agent] = (b"".join(chain), now)
             self._chains.move_to_end(agent)
             if len(self._chains) > self._agents_max:
                 self._chains.popitem(last=False)
