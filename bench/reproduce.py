@@ -266,7 +266,7 @@ def offline(run: Runner, quick: bool) -> list[Target]:
 def ablation(run: Runner, quick: bool) -> list[Target]:
     counts = (512, 1024) if quick else (1024, 2048)
     steps = (("layerwise", "+ layerwise prefill", -17.21),
-             ("dual-rr", "+ dual-path loading (round robin)", -38.19),
+             ("round-robin", "+ dual-path loading (round robin)", -38.19),
              ("dualpath", "+ scheduling algorithm", -45.62))
     out = []
 
@@ -318,14 +318,14 @@ def balance(run: Runner, quick: bool) -> list[Target]:
     """
     n = 512 if quick else 1024
     three = {p: run.offline("ds27b", "1P2D", p, n).snic_max_avg
-             for p in ("dual-rr", "dualpath", "split")}
+             for p in ("round-robin", "dualpath", "split")}
     six_n = 1024 if quick else 2048
     six = {p: run.offline("ds660b", "2P4D", p, six_n).snic_max_avg
-           for p in ("dual-rr", "dualpath", "split")}
+           for p in ("round-robin", "dualpath", "split")}
     note3 = (f"DS27B 1P2D (3 machines), {n} agents; max/avg of bytes read per 5 s bin over "
              "the 3 SNICs, bins with the SNICs >= 50% busy")
     note6 = f"DS660B 2P4D (6 machines), {six_n} agents; same metric; not graded"
-    rr, dp, sp = three["dual-rr"], three["dualpath"], three["split"]
+    rr, dp, sp = three["round-robin"], three["dualpath"], three["split"]
     return [
         Target("SNIC Max/Avg, round robin", 1.53, round(rr, 2), _within(rr, 1.53, 0.15),
                note=note3, section="balance"),
@@ -334,7 +334,7 @@ def balance(run: Runner, quick: bool) -> list[Target]:
         Target("beyond paper: SNIC Max/Avg, split read (goal <= 1.10)", "-", round(sp, 2),
                sp <= 1.10, note=note3, section="beyond"),
         Target("SNIC Max/Avg at 2P4D: round robin / DualPath / split", "1.53 / 1.18 / -",
-               f"{six['dual-rr']:.2f} / {six['dualpath']:.2f} / {six['split']:.2f}", None,
+               f"{six['round-robin']:.2f} / {six['dualpath']:.2f} / {six['split']:.2f}", None,
                note=note6, section="balance"),
     ]
 

@@ -40,7 +40,7 @@ def test_dualpath_balances_storage_nics_better_than_round_robin() -> None:
     from dualpath_cli.sim.trace import synthetic_plans
 
     plans = synthetic_plans(64_000, 128, 1)
-    rr = simulate_offline(make_setup("ds27b", "1P2D", "dual-rr"), plans)
+    rr = simulate_offline(make_setup("ds27b", "1P2D", "round-robin"), plans)
     dp = simulate_offline(make_setup("ds27b", "1P2D", "dualpath"), plans)
     assert rr.snic_max_avg == pytest.approx(1.5, abs=0.05)  # PE node reads half: 0.5 / (1/3)
     assert dp.snic_max_avg < rr.snic_max_avg - 0.15
