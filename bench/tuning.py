@@ -114,8 +114,17 @@ def part_dynamic(args: argparse.Namespace) -> dict[str, Any]:
     return {"dynamic_gain": out}
 
 
+def part_suggest(args: argparse.Namespace) -> dict[str, Any]:
+    """``suggest_s``: ``tune suggest --from`` 10 minutes of recorded 2P4D traffic, in a fresh
+    process (bench/tune_suggest.py: the recording, the timing)."""
+    from tune_suggest import bench_suggest  # bench/ is on sys.path when run as a script
+
+    return bench_suggest(args.suggest_model)
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "dynamic": part_dynamic,
+    "suggest": part_suggest,
 }
 """Part name -> function returning its keys (``suggest`` adds ``suggest_s``)."""
 
@@ -168,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rt-turns", type=int, default=8, help="turns per runtime agent")
     ap.add_argument("--rt-interval", type=float, default=0.5,
                     help="runtime controller step, seconds")
+    ap.add_argument("--suggest-model", default="tiny",
+                    help="suggest: the recorded cluster's model (tiny: embedded; ds660b)")
     ap.add_argument("--boost", action="store_true",
                     help="raise this session's autogroup priority while measuring")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
