@@ -8,6 +8,7 @@ fragmented. Each test drives the real app with keys and reads the rendered scree
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from test_diagnose_rules import ALPHA, BETA, decision, make_view
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
+from dualpath_cli.errors import UsageError
 from dualpath_cli.services.recording import Recording, Sample, read_recording, write_recording
 from dualpath_cli.telemetry.view import ClusterView
 from dualpath_cli.tui.app import TopApp
@@ -345,19 +347,45 @@ def test_tune_without_token_or_on_a_recording_is_read_only(tmp_path: Path) -> No
     run(rep, scenario2)
 
 
-def test_twin_prediction_is_shown_when_present() -> None:
+def test_twin_prediction_is_shown_on_request() -> None:
     seen: list[dict[str, str]] = []
 
-    def predict(view: ClusterView, change: dict[str, str]) -> str:
+    def predict(view: ClusterView, decisions: Any, change: dict[str, str]) -> str:
         seen.append(change)
-        return f"TTFT p99 2.1 s with {change}"
+        assert len(decisions) == 19
+        return f"TTFT p90 5.8 s -> 2.1 s for {change}"
+    app, client = live_app(predictor=predict)
+
+    async def scenario(pilot: Pilot) -> None:
+        await _tune_alpha(pilot, "50K")
+        await wait_text(pilot, "F2 asks the twin")
+        await pilot.press("f2")
+        await wait_text(pilot, "predicted effect: TTFT p90 5.8 s -> 2.1 s")
+    run(app, scenario)
+    assert seen == [{"alpha": "50K"}] and client.audit == []  # predicting changes nothing
+
+
+def test_the_twin_service_predicts_from_the_window() -> None:
+    from dualpath_cli.tui.source import find_predictor
+
+    predict = find_predictor()
+    assert predict is not None  # services/twin.py is part of the package
+    view = dataclasses.replace(faulted_view(0), model="ds660b")  # a profile world: no
+    text = predict(view, [decision(s, de=2 + s % 4) for s in range(1, 20)],  # measuring
+                   {"alpha": "50K"})
+    assert text.startswith("TTFT p90 ") and "turns replayed, profile world" in text
+
+
+def test_twin_failure_is_one_line() -> None:
+    def predict(view: ClusterView, decisions: Any, change: dict[str, str]) -> str:
+        raise UsageError("no served turns to replay")
     app, _ = live_app(predictor=predict)
 
     async def scenario(pilot: Pilot) -> None:
         await _tune_alpha(pilot, "50K")
-        await wait_text(pilot, "predicted effect: TTFT p99 2.1 s")
+        await pilot.press("f2")
+        await wait_text(pilot, "the twin cannot predict this: no served turns")
     run(app, scenario)
-    assert {"alpha": "50K"} in seen
 
 
 # --- replay ----------------------------------------------------------------------------------

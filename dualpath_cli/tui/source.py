@@ -268,39 +268,52 @@ class ReplaySource:
         """Nothing to close."""
 
 
-#: ``predict(view, change) -> text``: the predicted effect of a change, from the twin.
-Predictor = Callable[[ClusterView, dict[str, str]], str | None]
+#: ``predict(view, decisions, change) -> text``: the predicted effect of a change (the twin).
+Predictor = Callable[[ClusterView, Sequence[Decision], dict[str, str]], str]
 
 
 def find_predictor() -> Predictor | None:
-    """The tuning twin's predictor when ``services/twin.py`` offers one, else ``None``.
+    """The tuning twin's prediction (services/twin.py) when that service is importable.
 
-    The twin is another service (it may not be installed); the tune dialog shows its line
-    when present and says "no twin" otherwise. It must be a function
-    ``predict_effect(view, change)`` returning a text or an object with ``summary``.
+    The twin replays the decision log's served turns in the simulator under the settings in
+    force and under the proposed ones (its own world and units; this only words the
+    outcome). It costs seconds of CPU (the embedded world measures this host's compute
+    once), so the tune dialog runs it on request, in a worker thread.
     """
     import importlib
-    import importlib.util
 
     try:
-        if importlib.util.find_spec("dualpath_cli.services.twin") is None:
-            return None
         twin = importlib.import_module("dualpath_cli.services.twin")
-    except Exception:  # noqa: BLE001 - a broken optional service must not stop the cockpit
+    except ImportError:
         return None
-    fn = getattr(twin, "predict_effect", None)
-    if not callable(fn):
-        return None
+    worlds: dict[tuple[str, str], Any] = {}
 
-    def predict(view: ClusterView, change: dict[str, str]) -> str | None:
-        try:
-            out = fn(view, change)
-        except DualPathError as err:
-            return f"twin: {err}"
-        except Exception as err:  # noqa: BLE001
-            return f"twin failed: {type(err).__name__}: {err}"
-        if out is None:
-            return None
-        return str(getattr(out, "summary", out))
+    def predict(view: ClusterView, decisions: Sequence[Decision],
+                change: dict[str, str]) -> str:
+        traffic = twin.traffic_from_decisions(view, decisions, "the cockpit's window")
+        key = (traffic.model, traffic.pd)
+        if key not in worlds:
+            worlds[key] = twin.world_for(traffic)
+        world = worlds[key]
+        proposed = twin.proposed_setting(traffic, world, dict(change))
+        before = twin.predict(traffic, world, traffic.current)
+        after = twin.predict(traffic, world, proposed, "proposed")
+        return (f"TTFT p90 {_s(before.ttft_p90_s)} -> {_s(after.ttft_p90_s)}, mean "
+                f"{_s(before.ttft_mean_s)} -> {_s(after.ttft_mean_s)}; JCT "
+                f"{_s(before.jct_s)} -> {_s(after.jct_s)}; storage NIC Max/Avg "
+                f"{_r(before.snic_max_avg)} -> {_r(after.snic_max_avg)} "
+                f"({traffic.turns} turns replayed, {world.kind} world)")
 
     return predict
+
+
+def _s(seconds: float) -> str:
+    import math
+
+    return "n/a" if not math.isfinite(seconds) else f"{seconds:.3g} s"
+
+
+def _r(ratio: float) -> str:
+    import math
+
+    return "n/a" if not math.isfinite(ratio) else f"{ratio:.2f}"

@@ -7,9 +7,10 @@ out under and the twin's predicted effect (when that service is installed) befor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -17,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from dualpath_cli.errors import DualPathError
+from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.format import fmt_audit
 from dualpath_cli.units import format_duration, format_tokens
 
@@ -34,7 +36,8 @@ dualpath top: keys
   4  requests   recent decisions; up/down selects, the entry shows below
   5  alerts     diagnose findings over the window with the action (o: show OK)
 
-  t  tune alpha/beta/quota (confirmation, token, audit trail)
+  t  tune alpha/beta/quota (F2 asks the twin's predicted effect; enter applies
+     after a confirmation; shows the token id and the audit trail)
   p  pause / resume        i  refresh interval (0.5, 1, 2, 5 s)
   d  dark / light          r  reconnect now
   ?  this help             q  quit
@@ -111,7 +114,8 @@ class ConfirmScreen(ModalScreen[bool]):
 class TuneScreen(ModalScreen[None]):
     """alpha, beta, quota with the current values, the predicted effect, the audit trail."""
 
-    BINDINGS = [Binding("escape", "dismiss", "Close")]
+    BINDINGS = [Binding("escape", "dismiss", "Close"),
+                Binding("f2", "predict", "Predict effect", priority=True)]
     DEFAULT_CSS = """
     TuneScreen { align: center middle; }
     TuneScreen > Vertical { width: 84; max-width: 100%; height: auto; max-height: 100%;
@@ -166,6 +170,8 @@ class TuneScreen(ModalScreen[None]):
                 source = self.top.source
                 yield Button("Apply", id="apply", variant="primary",
                              disabled=source.read_only or not source.token_id)
+                yield Button("Predict (F2)", id="predict",
+                             disabled=self.top.predictor is None)
                 yield Button("Close (esc)", id="close")
             yield Label("audit trail")
             yield Static(self._audit_text(), id="audit", markup=False)
@@ -201,22 +207,54 @@ class TuneScreen(ModalScreen[None]):
         return out
 
     def _predict(self) -> None:
-        frame = self.top.frame
+        """Say what the predicted-effect line can do now (the twin runs on request)."""
         change = self.change()
-        predictor = self.top.predictor
-        if predictor is None:
+        if self.top.predictor is None:
             text = "predicted effect: n/a (the tuning twin service is not installed)"
         elif not change:
-            text = "predicted effect: change a value to see the twin's prediction"
-        elif frame is None or frame.view is None:
-            text = "predicted effect: n/a (no view yet)"
+            text = "predicted effect: change a value, then F2 (the twin replays the window)"
         else:
-            text = "predicted effect: " + (predictor(frame.view, change) or "n/a")
+            text = "predicted effect: F2 asks the twin (it takes seconds)"
         self.query_one("#predicted", Static).update(text)
+
+    def action_predict(self) -> None:
+        """Ask the twin for the change's predicted effect (in a worker thread)."""
+        frame = self.top.frame
+        change = self.change()
+        if self.top.predictor is None or not change:
+            self._predict()
+            return
+        if frame is None or frame.view is None:
+            self.query_one("#predicted", Static).update("predicted effect: n/a (no view yet)")
+            return
+        self.query_one("#predicted", Static).update("predicted effect: the twin is "
+                                                    "replaying the window...")
+        self._run_twin(frame.view, frame.decisions, change)
+
+    @work(thread=True, exclusive=True, group="twin", exit_on_error=False)
+    def _run_twin(self, view: ClusterView, decisions: Sequence[Decision],
+                  change: dict[str, str]) -> None:
+        predictor = self.top.predictor
+        assert predictor is not None
+        try:
+            text = "predicted effect: " + predictor(view, decisions, change)
+        except DualPathError as err:
+            text = f"predicted effect: the twin cannot predict this: {err}"
+        except Exception as err:  # noqa: BLE001 - an optional service must not end the dialog
+            text = f"predicted effect: the twin failed: {type(err).__name__}: {err}"
+        self.app.call_from_thread(self._show_prediction, change, text)
+
+    def _show_prediction(self, change: dict[str, str], text: str) -> None:
+        if self.is_attached and change == self.change():
+            self.query_one("#predicted", Static).update(text)
 
     @on(Input.Changed)
     def _changed(self, event: Input.Changed) -> None:
         self._predict()
+
+    @on(Button.Pressed, "#predict")
+    def _predict_pressed(self, event: Button.Pressed) -> None:
+        self.action_predict()
 
     @on(Button.Pressed, "#close")
     def _close(self, event: Button.Pressed) -> None:
