@@ -224,3 +224,24 @@ def test_throughput_window_uses_ttft_counts_when_metrics_have_them() -> None:
         tp.add(view, page.format(n=4 * i, s=0.5 * 4 * i))
     assert tp.rate() == pytest.approx(4.0)
     assert tp.ttft_mean() == pytest.approx(0.5)
+
+
+def test_show_lists_what_the_controllers_did(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    v = make_view(0)
+    step = {"controller": "alpha", "signal_name": "snic_util", "signal": 0.93,
+            "old": 100_000, "new": 90_000, "floor": 25_000, "ceiling": 400_000,
+            "max_change": 0.1, "reason": "above 80%: down"}
+    ctl = {"alpha": {"on": True, "floor": 25_000, "ceiling": 400_000, "max_change": 0.1,
+                     "last": step}, "beta": {"on": False, "last": None}}
+    th = dataclasses.replace(v.scheduler.thresholds, controllers=ctl,
+                             source={"alpha": "controller"})
+    fake = FakeClient(dataclasses.replace(v, scheduler=dataclasses.replace(
+        v.scheduler, thresholds=th)), metrics_text="")
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    data = run(capsys, "tune", "show", "--json")
+    assert data["controllers"]["alpha"]["last"]["new"] == 90_000
+    assert data["thresholds"]["alpha"]["source"] == "controller"
+    assert main(["tune", "show"]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic controllers" in out and "snic_util 0.93" in out and "above 80%" in out

@@ -685,8 +685,7 @@ def show(
         target = getattr(client, "url", url or "")
     th = st.thresholds
     changes = scheduler_audit(st.audit)[-max(0, last):] if last else []
-    controllers = {k: v for k, v in st.extra.items()
-                   if "controller" in k or k.startswith("dynamic")}
+    controllers: dict[str, Any] = dict(getattr(th, "controllers", None) or {})
     values = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
               "read_side": th.read_side, "z_factor": th.z_factor}
     if as_json:
@@ -703,8 +702,21 @@ def show(
         table.add_row(k, _value_text(k, v) if k != "z_factor" else f"{v:g}",
                       th.source.get(k, "launch"))
     stdout.print(table)
-    for name, value in controllers.items():
-        stdout.print(f"{name}: {value}", highlight=False, soft_wrap=True)
+    if controllers:
+        ctl = Table("controller", "on", "bounds", "last step", title="dynamic controllers",
+                    title_justify="left")
+        for name, c in controllers.items():
+            prev = c.get("last") or {}
+            step = "-"
+            if prev:
+                sig = prev.get("signal")
+                step = (f"{_value_text(name, prev.get('old'))} -> "
+                        f"{_value_text(name, prev.get('new'))} ({prev.get('signal_name')} "
+                        f"{'-' if sig is None else f'{sig:.2f}'}: {prev.get('reason', '')})")
+            bounds = (f"{_value_text(name, c['floor'])} .. {_value_text(name, c['ceiling'])}"
+                      if "floor" in c else "-")
+            ctl.add_row(name, "on" if c.get("on") else "off", bounds, step)
+        stdout.print(ctl)
     if not changes:
         stdout.print("no scheduler change since launch", highlight=False)
     import datetime as _dt
