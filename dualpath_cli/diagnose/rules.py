@@ -507,19 +507,28 @@ def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
     for role, ids in sorted(_role_engines(ev).items()):
         if len(ids) < 2:
             continue
+        n = len(ev.samples)
+        series = {eid: svc.get(eid, []) for eid in ids}
+        # each sample's median over the role: with more than 3 engines one slow engine
+        # barely moves it; a small group judges each engine by the others alone
+        medians: list[float | None] = []
+        for i in range(n):
+            vals = [v[i] for v in series.values() if i < len(v) and v[i] is not None]
+            medians.append(statistics.median(vals) if vals else None)
         for eid in ids:
-            mine = svc.get(eid, [])
+            mine = series[eid]
             judged = behind = 0
             ratios = []
             for i, v in enumerate(mine):
                 if v is None:
                     continue
-                peers = [svc[p][i] for p in ids
-                         if p != eid and i < len(svc.get(p, ())) and svc[p][i] is not None]
-                if not peers:
-                    continue
-                med = statistics.median(peers)
-                if med <= 0:
+                if len(ids) <= 3:
+                    peers = [series[p][i] for p in ids if p != eid and i < len(series[p])
+                             and series[p][i] is not None]
+                    med = statistics.median(peers) if peers else None
+                else:
+                    med = medians[i]
+                if med is None or med <= 0:
                     continue
                 judged += 1
                 ratios.append(v / med)
