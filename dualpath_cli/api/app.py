@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath_cli import __version__
 from dualpath_cli.api.auth import AuthError, TokenAuth
+from dualpath_cli.api.bodylimit import BodyLimit
 from dualpath_cli.api.control import SystemUnits, parse_scheduler_change
 from dualpath_cli.api.encode import (
     decision_dict,
@@ -389,6 +390,7 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
     app = FastAPI(title="dualpath", version=__version__, dependencies=deps,
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
+    app.add_middleware(BodyLimit)  # 413 for a body over the limit, before any handler
     app.state.live = live
     app.state.auth = auth
     app.state.started = time.time()

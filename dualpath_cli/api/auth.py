@@ -3,7 +3,8 @@
 Why a file: ``dualpath launch`` generates a fresh token and writes it where only its owner
 can read it (mode 0600); local tools (``dualpath status``, the monitor, tune) read the file
 named in the state file, and nobody else on the host can. A token file that group or others
-can read is refused rather than used, since its secret may already have leaked. The audit
+can read is refused rather than used, since its secret may already have leaked; so is one
+owned by another user (who could have planted it). The audit
 log records a short *token id* (a hash prefix), never the token; comparisons are constant
 time (:func:`hmac.compare_digest`).
 """
@@ -24,6 +25,7 @@ __all__ = ["TokenAuth", "TokenFileError", "AuthError", "MissingToken", "WrongTok
            "token_id"]
 
 _PREFIX = "Bearer "
+_MOST = 1024  # characters a token file may hold
 
 
 class TokenFileError(DualPathError):
@@ -106,16 +108,25 @@ class TokenAuth:
         except OSError as err:
             raise TokenFileError(f"cannot read token file {target}: {err.strerror or err}"
                                  ) from None
-        with os.fdopen(fd, "r", encoding="utf-8") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
+            info = os.fstat(handle.fileno())
+            mode = info.st_mode
             if not stat.S_ISREG(mode):
                 raise TokenFileError(f"token file {target} is not a regular file")
+            if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+                raise TokenFileError(
+                    f"token file {target} is owned by uid {info.st_uid}, not by this user "
+                    f"(uid {os.geteuid()}); someone else could have written it, so it is "
+                    "refused")
             if mode & 0o077:
                 raise TokenFileError(
                     f"token file {target} has mode {stat.S_IMODE(mode):04o}; group or others "
                     f"can access it, so it is refused (chmod 600 {target}, or delete it to get "
                     "a new token)")
-            text = handle.read().strip()
+            text = handle.read(_MOST + 1).strip()  # a token is 43 characters
+        if len(text) > _MOST:
+            raise TokenFileError(f"token file {target} is larger than a token "
+                                 f"({_MOST} characters at most)")
         if not text:
             raise TokenFileError(f"token file {target} is empty")
         return cls(text, target)
