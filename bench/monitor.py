@@ -60,7 +60,8 @@ def write_synthetic(path: Path, samples: int, decisions_per_s: float, seed: int 
 
     Written in the library's own sample form (:func:`encode_view`), with values moving every
     second: each engine's load, GPU busy, fragmentation and layer counters, each node's NIC
-    utilisation and read queue; decode node 100's storage NIC is throttled to a quarter.
+    utilisation and read queue, each engine's service time and each prefill engine's KV
+    wait; decode node 100's storage NIC is throttled to a quarter.
     """
     from dualpath_cli.api.render_bench import synthetic_view
     from dualpath_cli.services.recording import FORMAT, VERSION, encode_view
@@ -70,7 +71,8 @@ def write_synthetic(path: Path, samples: int, decisions_per_s: float, seed: int 
     ecols = base["engines"]["cols"]
     ncols = base["nodes"]["cols"]
     e_at = {c: ecols.index(c) for c in ("seq", "tokens", "gpu_utilization",
-                                         "hbm_fragmentation", "layers")}
+                                         "hbm_fragmentation", "layers", "role",
+                                         "service_time_s", "kv_wait_s")}
     n_at = {c: ncols.index(c) for c in ("snic_utilization", "read_queue_tokens",
                                          "storage_read_bytes", "snic_bandwidth_bytes_per_s")}
     engines, nodes = base["engines"]["rows"], base["nodes"]["rows"]
@@ -90,6 +92,9 @@ def write_synthetic(path: Path, samples: int, decisions_per_s: float, seed: int 
                 e[e_at["tokens"]] = n * 2000
                 e[e_at["gpu_utilization"]] = 0.5 + 0.3 * rng.random()
                 e[e_at["hbm_fragmentation"]] = 0.1 + 0.1 * rng.random()
+                e[e_at["service_time_s"]] = 0.02 + 0.01 * rng.random()
+                if e[e_at["role"]] == "prefill":
+                    e[e_at["kv_wait_s"]] = 0.002 + 0.004 * rng.random()
                 for h in e[e_at["layers"]]:
                     h[2] += 3
                     h[3] += 1

@@ -259,6 +259,28 @@ class EngineContext:
         node = str(self.spec.node)
         return [{"labels": {"node": node, "block": k}, "value": float(n)} for k, n in top]
 
+    def with_hot_blocks(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``metrics`` (a registry snapshot, or a frame: telemetry/frames.py) with the
+        engine's most-read blocks added as ``dualpath_storage_block_reads_total``.
+
+        Why not the registry: its series live for ever, and which blocks are hottest
+        changes; these rows are rebuilt at every report, so the labels stay bounded. A frame
+        gets them appended to its layout and values, with the hot set in its layout id (equal
+        ids must mean equal layouts).
+        """
+        rows = self.hot_block_rows()
+        if not rows:
+            return metrics
+        name = "dualpath_storage_block_reads_total"
+        if "layout" in metrics and "values" in metrics:  # a frame
+            keys = [r["labels"]["block"] for r in rows]
+            node = str(self.spec.node)
+            return {**metrics,
+                    "lid": f"{metrics['lid']}:hot:{hash(tuple(keys)) & 0xFFFFFFFF:08x}",
+                    "layout": [*metrics["layout"], *([name, [node, k], 1] for k in keys)],
+                    "values": [*metrics["values"], *(r["value"] for r in rows)]}
+        return {**metrics, name: rows}
+
     def compact_hbm(self) -> int:
         """Defragment the HBM pool (live blocks to the front, data moved); returns how many
         blocks moved. Safe while the workers run: the pool moves data under its lock."""
@@ -296,9 +318,7 @@ class EngineContext:
         if with_metrics:
             self.refresh_gauges()
             metrics = self.registry.snapshot()
-            hot = self.hot_block_rows()
-            if hot:
-                metrics["dualpath_storage_block_reads_total"] = hot
+            metrics = self.with_hot_blocks(metrics)
         facts: dict[str, Any] = {
             **counters, "rq_bytes": rq.bytes, "rq_blocks": rq.blocks,
             "dram_cache_bytes": self.loader.cache.bytes,
