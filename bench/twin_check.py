@@ -97,7 +97,7 @@ def main() -> int:
                                                       server.url)
                 world = twin.world_for(traffic)
                 t0 = time.perf_counter()
-                res = twin.suggest(traffic, world, workers=1)  # threads live here: no fork
+                res = twin.suggest(traffic, world)
                 out["suggest_s"] = round(time.perf_counter() - t0, 2)
                 best = res.best
                 out["today"] = traffic.current.to_dict()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -417,7 +418,8 @@ def suggest(traffic: Traffic, world: World, *, pd: bool = False, budget_s: float
     """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
 
     Today's setting and each dimension's candidates are independent replays, run on
-    ``workers`` processes (default: this machine's cores; 1 runs them here); then the
+    ``workers`` processes (default: this machine's cores; 1, or a caller with other threads
+    running, runs them here); then the
     combination of each dimension's best. Once ``budget_s`` is spent, replays not yet
     started are skipped and listed.
     """
@@ -438,6 +440,8 @@ def suggest(traffic: Traffic, world: World, *, pd: bool = False, budget_s: float
             on_result(got)
 
     n = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    if n > 1 and threading.active_count() > 1:
+        n = 1  # forking a process with other threads (a served cluster) can deadlock the child
     if n <= 1:
         for dim, st in jobs:
             if dim != "current" and time.perf_counter() - t0 > budget_s:

@@ -1,0 +1,91 @@
+"""`dualpath tune` against a real served cluster on loopback (a LiveCluster behind uvicorn):
+the server's audit units, its controller switches and its decision log, not the fake's."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_api_server import run_turns
+
+from dualpath_cli.api.app import create_app
+from dualpath_cli.api.auth import TokenAuth
+from dualpath_cli.api.server import ServerThread
+from dualpath_cli.cli.app import main
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.live import LiveCluster
+from dualpath_cli.telemetry.gpu import FakeGpuBackend
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster, str, str]]:
+    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=8))
+    live.start()
+    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
+    try:
+        with ServerThread(create_app(live, auth, gpu=FakeGpuBackend(()))) as server:
+            for agent in range(3):
+                run_turns(live, f"agent-{agent}", 4, seed=agent + 1)
+            yield live, server.url, auth.token
+    finally:
+        live.drain(10)
+
+
+@pytest.fixture(autouse=True)
+def env(served: tuple[LiveCluster, str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in list(os.environ):
+        if var.startswith("DUALPATH_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DUALPATH_URL", served[1])
+    monkeypatch.setenv("DUALPATH_TOKEN", served[2])
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    code = main([*args, "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_set_then_rollback_through_the_real_api(
+        served: tuple[LiveCluster, str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    live = served[0]
+    before = live.view().scheduler.thresholds
+    run_json(capsys, "tune", "set", "alpha=5000", "beta=90000", "--yes")
+    th = live.view().scheduler.thresholds
+    assert (th.alpha_tokens, th.beta_tokens) == (5_000, 90_000)
+    assert th.source["alpha"] == "api"
+    shown = run_json(capsys, "tune", "show")
+    assert shown["thresholds"]["alpha"] == {"value": 5_000, "source": "api"}
+    undo = run_json(capsys, "tune", "rollback", "--yes")  # the server's scheduler units
+    assert undo["restore"]["alpha"] == before.alpha_tokens
+    th = live.view().scheduler.thresholds
+    assert (th.alpha_tokens, th.beta_tokens) == (before.alpha_tokens, before.beta_tokens)
+
+
+def test_auto_turns_the_schedulers_controllers_on(
+        served: tuple[LiveCluster, str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    live = served[0]
+    data = run_json(capsys, "tune", "auto", "--yes", "--for", "1s", "--window", "500ms",
+                    "--interval", "250ms")
+    assert data["mode"] == "server" and not data["rolled_back"]  # idle: nothing to judge
+    on = live.view().scheduler.thresholds.controllers
+    assert all(on[name]["on"] for name in ("alpha", "beta", "quota"))
+    run_json(capsys, "tune", "rollback", "--yes")  # the switches come back off
+    on = live.view().scheduler.thresholds.controllers
+    assert not any(on[name]["on"] for name in ("alpha", "beta", "quota"))
+
+
+def test_suggest_replays_the_live_decision_log(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "tune", "suggest", "--top", "2")
+    assert data["traffic"]["agents"] >= 3 and data["world"]["kind"] == "embedded"
+    assert data["current"]["read_side"] == "round-robin"
+    assert data["searched"] >= 8 and data["best"]
