@@ -226,9 +226,9 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
 def _metrics_text(live: LiveCluster, gpu: GpuBackend) -> str:
     view = live.view()
     system = live.system
-    engine_metrics = system.metrics(fresh=False)  # as last heartbeated: a scrape never waits
+    frames = system.metric_frames()  # as last heartbeated: a scrape never waits
     sched = system.scheduler.registry.snapshot()
-    return render_prometheus(view, engine_metrics=engine_metrics, scheduler_metrics=sched,
+    return render_prometheus(view, engine_frames=frames, scheduler_metrics=sched,
                              host=host_facts(), gpu=gpu.report())
 
 

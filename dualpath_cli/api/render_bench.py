@@ -29,7 +29,7 @@ from dualpath_cli.telemetry.view import (
     Thresholds,
 )
 
-__all__ = ["synthetic_view", "synthetic_engine_metrics", "measure_renders"]
+__all__ = ["synthetic_view", "synthetic_engine_metrics", "engine_registry", "measure_renders"]
 
 
 def synthetic_view(prefill_nodes: int = 48, decode_nodes: int = 96, gpus_per_node: int = 8,
@@ -80,6 +80,11 @@ def synthetic_view(prefill_nodes: int = 48, decode_nodes: int = 96, gpus_per_nod
 
 def _engine_snapshot(e: EngineView, layers: int) -> dict[str, Any]:
     """A registry snapshot holding the families one real engine records."""
+    return engine_registry(e, layers).snapshot()
+
+
+def engine_registry(e: EngineView, layers: int = 4) -> MetricsRegistry:
+    """A registry holding the families one real engine records."""
     r = MetricsRegistry()
     n, role = e.node, e.role
     r.counter("dualpath_storage_read_bytes_total", node=n, role=role).inc(10**9)
@@ -113,7 +118,7 @@ def _engine_snapshot(e: EngineView, layers: int) -> dict[str, Any]:
                       tier=tier).inc(7)
     for nic, d in (("snic", "read"), ("snic", "write"), ("cnic", "tx"), ("cnic", "rx")):
         r.counter("dualpath_nic_bytes_total", node=n, nic=nic, role=role, direction=d).inc(99)
-    return r.snapshot()
+    return r
 
 
 def synthetic_engine_metrics(view: ClusterView, layers: int = 4) -> dict[int, dict[str, Any]]:
@@ -122,15 +127,20 @@ def synthetic_engine_metrics(view: ClusterView, layers: int = 4) -> dict[int, di
                           "metrics": _engine_snapshot(e, layers)} for e in view.engines}
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> tuple[float, int]:
+def _median_ms(fn: Callable[[], object], repeat: int, cpu: dict[str, float] | None = None,
+               label: str = "") -> tuple[float, int]:
+    """Median wall ms of ``fn`` after one warm-up call (its CPU median into ``cpu[label]``)."""
     fn()  # warm up (imports, first-use caches)
-    times = []
+    times, cpu_times = [], []
     size = 0
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         out = fn()
         times.append((time.perf_counter() - t0) * 1e3)
+        cpu_times.append((time.thread_time() - c0) * 1e3)
         size = len(out) if isinstance(out, (str, bytes)) else 0
+    if cpu is not None:
+        cpu[label] = statistics.median(cpu_times)
     return statistics.median(times), size
 
 
@@ -138,18 +148,30 @@ def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[s
     """Median milliseconds to render ``/metrics`` and ``/api/v1/metrics`` for ``view``.
 
     Default view: :func:`synthetic_view` (1,152 engines). ``metrics_render_ms_<N>`` is the
-    whole page as a scrape renders it: the view, every engine's registry snapshot (merged by
-    node), the scheduler's registry, host facts and a GPU report. ``metrics_view_render_ms_<N>``
-    is the view's families alone (what the page costs without engine registries).
-    Keys: ``engines``, ``metrics_render_ms_<N>``, ``metrics_view_render_ms_<N>``,
-    ``api_metrics_render_ms_<N>``, ``metrics_bytes``, ``api_metrics_bytes``,
-    ``registry_rows`` (engine registry samples merged per scrape), ``repeat``.
+    whole page as the live API renders it: the view, every engine's registry as the frame
+    its heartbeat carries (through msgpack, as the scheduler receives it; merged with the
+    layouts remembered from the previous scrape, the steady state of a live cluster: each
+    scrape has new values, the same series), the scheduler's registry, host facts and a GPU
+    report. ``metrics_render_cold_ms_<N>`` is the first scrape (every layout new);
+    ``metrics_render_rows_ms_<N>`` the same page merged from snapshot rows (the form before
+    frames, and what a recording or a test passes); ``metrics_view_render_ms_<N>`` the
+    view's families alone. Every timing is wall time, median of ``repeat``; ``cpu_ms``
+    has the render's own CPU time beside each (it moves less when the machine is shared).
+    Keys: ``engines``, those four, ``api_metrics_render_ms_<N>``, ``metrics_bytes``,
+    ``api_metrics_bytes``, ``registry_rows`` (engine registry samples merged per scrape),
+    ``cpu_ms``, ``repeat``.
     """
+    import msgpack
+
     from dualpath_cli.api.encode import view_json  # the API's own encoder
+    from dualpath_cli.telemetry.frames import FrameMerger, frame
 
     view = view if view is not None else synthetic_view()
     n = len(view.engines)
-    engine_metrics = synthetic_engine_metrics(view)
+    registries = {e.engine_id: engine_registry(e) for e in view.engines}
+    engine_metrics = {e.engine_id: {"role": e.role, "node": e.node, "alive": True,
+                                    "age_s": 0.1, "metrics": registries[e.engine_id].snapshot()}
+                      for e in view.engines}
     gpu = FakeGpuBackend((GpuDevice(0, "H200", "GPU-0", 0.5, 2**30, 2**37),)).report()
 
     sched = MetricsRegistry()
@@ -161,14 +183,38 @@ def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[s
     sched_snapshot = sched.snapshot()
     rows = sum(len(r) for e in engine_metrics.values() for r in e["metrics"].values())
 
-    def scrape() -> str:
-        return render_prometheus(view, engine_metrics=engine_metrics,
-                                 scheduler_metrics=sched_snapshot, host=host_facts(), gpu=gpu)
+    def heartbeats() -> dict[int, dict[str, Any]]:
+        """Every engine's frame as the scheduler decodes it, after one more read each."""
+        out = {}
+        for eid, reg in registries.items():
+            reg.counter("dualpath_storage_read_blocks_total", node=view.engines[eid].node,
+                        role=view.engines[eid].role).inc(1)
+            out[eid] = msgpack.unpackb(msgpack.packb(frame(reg)))
+        return out
 
-    text_ms, text_size = _median_ms(scrape, repeat)
-    view_only_ms, _ = _median_ms(lambda: render_prometheus(view), repeat)
-    json_ms, json_size = _median_ms(lambda: view_json(view), repeat)
+    batches = [heartbeats() for _ in range(repeat + 1)]
+    merger = FrameMerger()
+    cpu: dict[str, float] = {}
+
+    def scrape_frames(frames: dict[int, dict[str, Any]], m: FrameMerger) -> str:
+        return render_prometheus(view, engine_frames=frames, scheduler_metrics=sched_snapshot,
+                                 host=host_facts(), gpu=gpu, merger=m)
+
+    t0 = time.perf_counter()
+    scrape_frames(batches[0], merger)  # the first scrape: every layout new
+    cold_ms = (time.perf_counter() - t0) * 1e3
+    it = iter(batches[1:])
+    text_ms, text_size = _median_ms(lambda: scrape_frames(next(it), merger), repeat - 1,
+                                    cpu, "metrics")
+    rows_ms, _ = _median_ms(lambda: render_prometheus(
+        view, engine_metrics=engine_metrics, scheduler_metrics=sched_snapshot,
+        host=host_facts(), gpu=gpu), repeat, cpu, "rows")
+    view_only_ms, _ = _median_ms(lambda: render_prometheus(view), repeat, cpu, "view")
+    json_ms, json_size = _median_ms(lambda: view_json(view), repeat, cpu, "api_metrics")
     return {"engines": n, f"metrics_render_ms_{n}": round(text_ms, 3),
+            f"metrics_render_cold_ms_{n}": round(cold_ms, 3),
+            f"metrics_render_rows_ms_{n}": round(rows_ms, 3),
             f"metrics_view_render_ms_{n}": round(view_only_ms, 3),
             f"api_metrics_render_ms_{n}": round(json_ms, 3), "metrics_bytes": text_size,
-            "api_metrics_bytes": json_size, "registry_rows": rows, "repeat": repeat}
+            "api_metrics_bytes": json_size, "registry_rows": rows,
+            "cpu_ms": {k: round(v, 3) for k, v in cpu.items()}, "repeat": repeat}

@@ -142,6 +142,10 @@ class RuntimeSystem:
         """
         return self.scheduler.metrics(fresh=fresh, timeout=timeout)
 
+    def metric_frames(self) -> dict[int, dict[str, Any]]:
+        """Every engine's last metrics frame (``SchedulerService.metric_frames``)."""
+        return self.scheduler.metric_frames()
+
     def view(self) -> ClusterView:
         """A typed, immutable snapshot of the whole system (the read model).
 

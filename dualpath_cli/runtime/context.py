@@ -43,6 +43,7 @@ from dualpath_cli.storage import (
     TokenBucket,
     encode_block,
 )
+from dualpath_cli.telemetry.frames import frame
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer.base import Endpoint
 from dualpath_cli.transfer.shaping import pay
@@ -317,7 +318,7 @@ class EngineContext:
         metrics = None
         if with_metrics:
             self.refresh_gauges()
-            metrics = self.registry.snapshot()
+            metrics = frame(self.registry)  # layout + values: telemetry/frames.py
             metrics = self.with_hot_blocks(metrics)
         facts: dict[str, Any] = {
             **counters, "rq_bytes": rq.bytes, "rq_blocks": rq.blocks,

@@ -93,6 +93,7 @@ from dualpath_cli.runtime.wire import (
     encode,
 )
 from dualpath_cli.storage import KVStore
+from dualpath_cli.telemetry.frames import expand_frame, is_frame
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.telemetry.view import (
     Decision,
@@ -577,7 +578,14 @@ class SchedulerService:
             now = time.monotonic()
             return {eid: {"role": e.role, "node": e.node, "alive": e.alive,
                           "age_s": now - e.metrics_at if e.metrics_at else None,
-                          "metrics": e.metrics} for eid, e in self.engines.items()}
+                          "metrics": expand_frame(e.metrics) if is_frame(e.metrics)
+                          else e.metrics} for eid, e in self.engines.items()}
+
+    def metric_frames(self) -> dict[int, dict[str, Any]]:
+        """Every engine's last metrics frame as heartbeated (telemetry/frames.py), by id:
+        what ``/metrics`` merges (``metrics()`` gives them as snapshot rows)."""
+        with self._registered:
+            return {eid: e.metrics for eid, e in self.engines.items() if is_frame(e.metrics)}
 
     def node_read_q(self) -> dict[int, int]:
         """The scheduler's view of each node's read queue in tokens."""

@@ -89,7 +89,8 @@ class Heartbeat:
     yet, and always on a DE). ``kv_wait_s``/``kv_waits``: seconds the PE's prefills of a
     cached prefix waited from their arrival until their KV let them queue for compute, and
     how many; ``compactions``: HBM compactions done on request. ``metrics`` is the engine's
-    whole ``MetricsRegistry.snapshot()`` every ``metrics_s`` (``None`` in between).
+    whole registry as a frame (telemetry/frames.py: layout and values) every ``metrics_s``
+    (``None`` in between).
     """
 
     KIND: ClassVar[str] = "hb"

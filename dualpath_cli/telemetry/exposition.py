@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dualpath_cli.telemetry.frames import FrameMerger
 from dualpath_cli.telemetry.gpu import GpuReport
 from dualpath_cli.telemetry.host import HostFacts
 from dualpath_cli.telemetry.metrics import METRICS, MetricType
@@ -446,16 +447,52 @@ def _hist_lines(name: str, fam: Mapping[LabelKey, _Hist]) -> list[str]:
     return lines
 
 
+#: The merger of the live API's scrapes (it remembers each engine's layout between scrapes).
+_FRAMES = FrameMerger()
+
+
+def _from_frames(frames: Mapping[Any, Any], skip: frozenset[str], m: _Merged,
+                 merger: FrameMerger) -> None:
+    """Merge engine frames (telemetry/frames.py) into ``m``."""
+    merged = merger.merge(frames, skip)
+    if "dualpath_storage_cache_hits_total" in merged.scalars:
+        merged.scalars.pop("dualpath_storage_cache_hit_ratio", None)  # recomputed
+    for name, fam in merged.scalars.items():
+        have = m.scalars.get(name)
+        if have is None:
+            m.scalars[name] = fam
+        else:  # a family the scheduler's registry records too: samples add up
+            for key, value in fam.items():
+                have[key] = have.get(key, 0) + value
+    for name, hists in merged.hists.items():
+        out = m.hists.setdefault(name, {})
+        for key, (les, float_counts, total, count) in hists.items():
+            counts = [int(c) for c in float_counts]  # exact: counts of observations
+            h = out.get(key)
+            if h is None or len(h.counts) != len(counts):
+                h = out[key] = _Hist(les, counts)
+                h.sum, h.count = total, int(count)
+            else:
+                h.counts = [a + b for a, b in zip(h.counts, counts, strict=True)]
+                h.sum += total
+                h.count += int(count)
+
+
 def render_prometheus(view: ClusterView | None = None, *,
                       engine_metrics: Mapping[Any, Any] | None = None,
+                      engine_frames: Mapping[Any, Any] | None = None,
                       scheduler_metrics: Mapping[str, Any] | None = None,
-                      host: HostFacts | None = None, gpu: GpuReport | None = None) -> str:
+                      host: HostFacts | None = None, gpu: GpuReport | None = None,
+                      merger: FrameMerger | None = None) -> str:
     """The whole ``/metrics`` page.
 
     Args:
         view: the cluster snapshot (its families: :data:`VIEW_FAMILIES`).
         engine_metrics: ``RuntimeSystem.metrics()`` (engine id -> ``{"metrics": snapshot}``)
             or engine id -> ``MetricsRegistry.snapshot()``.
+        engine_frames: engine id -> frame (``RuntimeSystem.metric_frames()``), the live
+            API's faster form of the same (telemetry/frames.py), merged by ``merger``
+            (default: one kept by this module across scrapes).
         scheduler_metrics: the scheduler registry's ``snapshot()``.
         host: host facts; gpu: GPU facts (``dualpath_gpu_available`` is printed whenever a
             report is given).
@@ -467,6 +504,8 @@ def render_prometheus(view: ClusterView | None = None, *,
     if scheduler_metrics:
         snaps.append(scheduler_metrics)
     _merge_snapshots(snaps, claimed, merged)
+    if engine_frames:
+        _from_frames(engine_frames, claimed, merged, merger or _FRAMES)
     for name, fam_m in merged.means.items():
         merged.scalars[name] = {k: acc[0] / acc[1] for k, acc in fam_m.items()}
     if "dualpath_storage_cache_hit_ratio" not in claimed:

@@ -97,10 +97,11 @@ Child = Counter | Gauge | Histogram
 class Family:
     """All children of one metric, keyed by label values."""
 
-    def __init__(self, metric: MetricSpec) -> None:
+    def __init__(self, metric: MetricSpec, on_new: Any = None) -> None:
         self.spec = metric
         self._lock = threading.Lock()
         self._children: dict[tuple[str, ...], Child] = {}
+        self._on_new = on_new  # called when a child is created (the registry's layout changed)
 
     def labels(self, **labels: object) -> Any:
         """The child for these label values (created on first use). Labels must match."""
@@ -115,6 +116,8 @@ class Family:
                 if child is None:
                     child = self._new()
                     self._children[key] = child
+                    if self._on_new is not None:
+                        self._on_new()
         return child
 
     def _new(self) -> Child:
@@ -123,6 +126,11 @@ class Family:
         if self.spec.type is MetricType.GAUGE:
             return Gauge()
         return Histogram(self.spec.buckets)
+
+    def children(self) -> list[tuple[tuple[str, ...], Child]]:
+        """(label values in table order, child) pairs, in creation order."""
+        with self._lock:
+            return list(self._children.items())
 
     def samples(self) -> list[tuple[dict[str, str], Child]]:
         """(labels, child) pairs, in creation order."""
@@ -137,6 +145,12 @@ class MetricsRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._families: dict[str, Family] = {}
+        #: Bumped whenever a family or a child is created: equal versions of one registry
+        #: have the same series in the same order (telemetry/frames.py relies on it).
+        self.layout_version = 0
+
+    def _layout_changed(self) -> None:
+        self.layout_version += 1
 
     def family(self, name: str) -> Family:
         """The family of ``name``; ``KeyError`` when the name is not in the table."""
@@ -144,8 +158,15 @@ class MetricsRegistry:
         if fam is None:
             metric = spec(name)
             with self._lock:
-                fam = self._families.setdefault(name, Family(metric))
+                fam = self._families.get(name)
+                if fam is None:
+                    fam = self._families[name] = Family(metric, self._layout_changed)
+                    self._layout_changed()
         return fam
+
+    def families(self) -> list[Family]:
+        """The families recorded so far, in table order."""
+        return [f for m in METRICS if (f := self._families.get(m.name)) is not None]
 
     def counter(self, name: str, **labels: object) -> Counter:
         """Bound counter child."""
