@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from textual.widgets import Input
 from test_tui import Pilot, run, screen_text, wait_for, wait_text
 
 from dualpath_cli.cli import top_cmd
@@ -85,7 +86,7 @@ def test_injected_faults_show_as_alerts_and_tune_reaches_the_cluster(faulted: st
         assert "snic-imbalance" in text and "hbm-frag" in text
         await pilot.press("t")
         await wait_text(pilot, "tune the running scheduler")
-        app.screen.query_one("#in-alpha").value = "4K"
+        app.screen.query_one("#in-alpha", Input).value = "4K"
         await pilot.press("enter")
         await wait_text(pilot, "-> 4K")
         await pilot.press("y")
