@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from textual.widgets import Input
 from test_tui import Pilot, run, screen_text, wait_for, wait_text
+from textual.widgets import Input
 
 from dualpath_cli.cli import top_cmd
 from dualpath_cli.tui.app import TopApp
