@@ -72,6 +72,7 @@ from dualpath_cli.core.types import EngineSnapshot, Request, Role
 from dualpath_cli.errors import NoAvailableEngine, UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
 from dualpath_cli.runtime.decisions import DecisionLog
+from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
     Cancel,
@@ -328,6 +329,8 @@ class SchedulerService:
         self.registry = MetricsRegistry()
         """Scheduler-side metrics (TTFT/TPOT, decisions, requeues, engines by state)."""
         self.log = DecisionLog(decision_ring, self.registry, decision_log)
+        self.ledger = RequestLedger(self.registry, namespace, outcomes=decision_ring)
+        """Why each request's blocks missed, and finished requests' timelines (explain)."""
         self.dead_events: list[tuple[int, float]] = []
         self.requeued = 0
         self.revived = 0
@@ -416,6 +419,11 @@ class SchedulerService:
     def decisions(self, since: int = -1) -> list[Decision]:
         """Logged decisions with ``seq > since``, oldest first (at most the ring's size)."""
         return self.log.since(since)
+
+    def request(self, rid: int) -> tuple[list[Decision], dict[str, Any] | None]:
+        """Request ``rid``'s kept decisions (one per attempt, oldest first) and its outcome
+        (``None`` while it runs, or once forgotten)."""
+        return self.log.of_request(rid), self.ledger.outcome(rid)
 
     def settings(self) -> Settings:
         """The values a :class:`SchedulerChange` acts on, as in force now."""
@@ -661,6 +669,7 @@ class SchedulerService:
         hits = longest_cached_prefix(keys[:limit], self.store.contains)
         f.keys = [k.hex for k in keys[:hits]]
         f.cached = hits * self.bt
+        self.ledger.lookup(f.rid, f.req.agent, keys, len(f.req.tokens), hits)
 
     # -- service loop -------------------------------------------------------------------
     def _send(self, to: str, msg: WireMessage) -> None:
@@ -729,10 +738,13 @@ class SchedulerService:
             if isinstance(msg, First):
                 f.prefilled = True
                 f.first_at = msg.at
+                self.ledger.first(f.rid, msg.facts)
                 f.ticket.first_event.set()
             elif isinstance(msg, Done):
                 self._finish(f, msg)
             else:
+                if msg.block >= 0:
+                    self.ledger.failed(f.rid, msg.block, msg.why, f.keys)
                 self._requeue(f, "read_failed",
                               max_hit=msg.block if msg.block >= 0 else None)
 
@@ -747,6 +759,10 @@ class SchedulerService:
         del self.flights[f.rid]
         self._drop_charges(f)
         tokens = [int(t) for t in m.tokens]
+        self.ledger.finished(f.rid, f.req.agent, tokens, f.req.tokens, {
+            "submitted": f.submitted, "first_at": f.first_at or None, "done_at": m.at,
+            "second_at": m.second_at or None, "attempts": f.att + 1, "cached": f.cached,
+            "pe_tokens": f.pe_tokens, "rx_from_pe": m.rx_from_pe, "de": m.facts})
         f.ticket.result = TurnResult(tokens, f.submitted, f.first_at, m.at, f.cached,
                                      f.att + 1, f.pe, f.de, f.pe_tokens, m.rx_from_pe,
                                      m.second_at)
@@ -949,10 +965,11 @@ class SchedulerService:
                 "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
                 "alpha": params.alpha, "beta": params.beta, "z_factor": params.z_factor,
                 "quota_s": self.quota_s, "read_side": self.read_side,
-                "sources": dict(self.sources)})
+                "sources": dict(self.sources), "lookup": self.ledger.summary(f.rid)})
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
         f.pe, f.de, f.pe_tokens = pe, de, pe_tokens
+        self.ledger.dispatched(f.rid, len(f.req.tokens))
         pe_state, de_state = self.engines[pe], self.engines[de]
         seqs = {}
         for state, tokens in ((de_state, f.cached - pe_tokens), (pe_state, pe_tokens)):
