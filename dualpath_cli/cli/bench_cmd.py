@@ -237,3 +237,9 @@ def bench(
         emit_json(report.to_dict())
     else:
         _render(report, online=aps is not None)
+    failed = [f"{p.policy}: {p.errors[-1]}" for p in report.policies if p.errors]
+    if failed:  # results above are partial: say so in the exit code and one line
+        from dualpath_cli.errors import DualPathError
+
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise DualPathError(f"bench incomplete: {failed[0]}{more}")

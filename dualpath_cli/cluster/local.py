@@ -24,12 +24,46 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
 
-__all__ = ["LocalCluster", "engine_main", "exit_with_parent"]
+__all__ = ["LocalCluster", "EngineFailed", "engine_main", "exit_with_parent", "dead_role",
+           "describe_exits"]
 
 #: Exit code of an engine whose launcher died.
 ORPHAN_EXIT = 70
+
+
+class EngineFailed(DualPathError):
+    """Engines the run needs have died (during start-up, or every engine of a role)."""
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def describe_exits(exited: dict[int, int]) -> str:
+    """``engine 0 (killed by SIGKILL), engine 2 (exit code 1)`` for an ``exited()`` map."""
+    return ", ".join(f"engine {eid} ({_how(code)})" for eid, code in sorted(exited.items()))
+
+
+def dead_role(exited: dict[int, int], roles: dict[str, list[int]]) -> str | None:
+    """The first role whose engines have all exited, as a one-line reason; else None.
+
+    With no engine of a role left no turn can finish, so a run stops with this instead of
+    waiting out its per-turn timeout.
+    """
+    for role, ids in roles.items():
+        if ids and all(i in exited for i in ids):
+            gone = describe_exits({i: exited[i] for i in ids})
+            return (f"every {role} engine has died ({gone}); no turn can finish, so the run "
+                    "stops here")
+    return None
 
 
 def exit_with_parent() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dualpath_cli.cluster.inproc import InProcCluster
-from dualpath_cli.cluster.local import LocalCluster
+from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.errors import DualPathError, UsageError
@@ -119,10 +119,31 @@ class RuntimeSystem:
         self.close()
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the scheduler and the engines; wait until all engines said hello."""
+        """Start the scheduler and the engines; wait until all engines said hello.
+
+        An engine that exits meanwhile ends the wait at once (:class:`EngineFailed`, one
+        line), and so does the timeout; either way what was started is stopped first.
+        """
         self.scheduler.start()
-        self.cluster.start(self.specs)
-        self.scheduler.wait_ready(timeout)
+        try:
+            self.cluster.start(self.specs)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    self.scheduler.wait_ready(min(0.25, max(0.0, deadline - time.monotonic())))
+                    break
+                except TimeoutError:
+                    exited = getattr(self.cluster, "exited", None)
+                    dead = exited() if callable(exited) else {}
+                    if dead:
+                        raise EngineFailed(f"{describe_exits(dead)} exited during start-up; "
+                                           "see its messages above") from None
+                    if time.monotonic() >= deadline:
+                        raise EngineFailed(f"the engines did not start within {timeout:g} s"
+                                           ) from None
+        except BaseException:
+            self.close()
+            raise
         self.started_at = time.monotonic()
 
     def submit(self, req: TurnRequest) -> Ticket:

@@ -17,12 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dualpath_cli.cluster.local import EngineFailed, dead_role
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["TurnRecord", "RunResult", "ServeTurn", "replay", "run_agents", "percentile"]
+__all__ = ["TurnRecord", "RunResult", "ServeTurn", "replay", "run_agents", "percentile",
+           "RoleLost"]
+
+#: Seconds between checks, while a turn is awaited, that every role still has an engine.
+_CHECK_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +143,37 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
         on_turn: called after every turn (progress bars).
         timeout: per-turn wait limit in seconds.
     """
+    roles = {role: system.engine_ids(role) for role in ("prefill", "decode")}
+    lost: list[str] = []  # why the run stopped early: a role with no engine left
+
     def serve(traj: Trajectory, i: int, prompt: list[int], gen: int) -> TurnRecord:
-        r = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), gen)).wait(timeout)
+        if lost:
+            raise RoleLost(lost[0])
+        ticket = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), gen))
+        deadline = time.monotonic() + timeout
+        while True:  # the turn, or a dead role within _CHECK_S, not the whole timeout
+            try:
+                r = ticket.wait(min(_CHECK_S, max(0.0, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                exited = getattr(system.cluster, "exited", None)
+                reason = lost[0] if lost else (
+                    dead_role(exited(), roles) if callable(exited) else None)
+                if reason is not None:
+                    lost.append(reason)
+                    raise RoleLost(reason) from None
+                if time.monotonic() >= deadline:
+                    raise
         return _record(traj, i, len(prompt), r)
 
-    return replay(trajectories, serve, failures=(TimeoutError,), aps=aps, seed=seed,
-                  vocab_size=vocab_size, on_turn=on_turn)
+    result = replay(trajectories, serve, failures=(TimeoutError, RoleLost), aps=aps,
+                    seed=seed, vocab_size=vocab_size, on_turn=on_turn)
+    if lost:  # one line for the run, not one per agent
+        stopped = [e for e in result.errors if lost[0] in e]
+        result.errors = [e for e in result.errors if lost[0] not in e] + [
+            f"{lost[0]} ({len(stopped)} agents stopped)"]
+    return result
+
+
+class RoleLost(EngineFailed):
+    """Every engine of a role has died during a run: no turn can finish."""

@@ -1,0 +1,81 @@
+"""Losing engines fails fast with one clear line (issue 17): every engine of a role gone
+mid-run stops the run within a check period instead of the 600 s per-turn wait, and an
+engine that dies during start-up ends the start at once instead of a 60 s wait and a
+traceback. Both leave no engine process behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_runtime import AGENTS
+
+from dualpath_cli.cluster.local import EngineFailed, dead_role, describe_exits
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
+
+
+def test_dead_role_names_the_role_and_how_its_engines_ended() -> None:
+    roles = {"prefill": [0], "decode": [1, 2]}
+    assert dead_role({1: -9}, roles) is None  # one DE of two: the other still serves
+    reason = dead_role({0: -9}, roles)
+    assert reason is not None and reason.startswith(
+        "every prefill engine has died (engine 0 (killed by SIGKILL))")
+    assert describe_exits({2: 1, 1: -15}) == ("engine 1 (killed by SIGTERM), "
+                                              "engine 2 (exit code 1)")
+
+
+def _opts(tmp_path: Path) -> RuntimeOptions:
+    return RuntimeOptions(policy="dualpath", block_tokens=8, processes=True,
+                          store_dir=tmp_path / "store", heartbeat_timeout=3600.0)
+
+
+def test_losing_the_only_prefill_engine_stops_the_run_at_once(tmp_path: Path) -> None:
+    first_turn = threading.Event()
+    out: list[RunResult] = []
+
+    def on_turn(rec: TurnRecord) -> None:
+        first_turn.set()
+
+    with RuntimeSystem(_opts(tmp_path)) as system:
+        pids = list(system.cluster.pids().values())  # type: ignore[union-attr]
+        runner = threading.Thread(target=lambda: out.append(
+            run_agents(system, AGENTS, on_turn=on_turn, timeout=600)))
+        runner.start()
+        assert first_turn.wait(120)
+        system.cluster.kill(system.engine_ids("prefill")[0])
+        killed_at = time.monotonic()
+        runner.join(60)
+        assert not runner.is_alive(), "the run waited on a role with no engine"
+        took = time.monotonic() - killed_at
+    assert took < 30  # a check period, not the 600 s per-turn timeout
+    errors = out[0].errors
+    assert len(errors) == 1 and errors[0].startswith("every prefill engine has died"), errors
+    assert "agents stopped" in errors[0]
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids)
+
+
+def test_an_engine_dying_at_start_up_is_one_line_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dualpath_cli.cluster.local as local
+
+    real_start = local.LocalCluster.start
+
+    def start_then_kill(self: local.LocalCluster, specs: list) -> None:  # type: ignore[type-arg]
+        real_start(self, specs)
+        self.kill(specs[0].engine_id)  # dies before its hello
+
+    monkeypatch.setattr(local.LocalCluster, "start", start_then_kill)
+    system = RuntimeSystem(_opts(tmp_path))
+    began = time.monotonic()
+    with pytest.raises(EngineFailed, match=r"engine 0 \(killed by SIGKILL\) exited during "
+                                           "start-up"):
+        system.start(timeout=60)
+    assert time.monotonic() - began < 30
+    assert system.closed  # what was started was stopped
+    assert not any(p.is_alive() for p in system.cluster._procs.values())  # type: ignore[union-attr]
