@@ -189,3 +189,41 @@ def test_every_recording_compression_gives_the_same_verdict(
     doc = json.loads(out)
     assert doc["samples"] == 10
     assert "node D3" in {f["subject"] for r in doc["reports"] for f in r["findings"]}
+
+
+def test_fix_compacts_the_named_engine_and_judges_again(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """hbm-frag --fix: engine 4 compacted through the client (token checked), then a short
+    window again; the exit code is the re-check's."""
+    from test_diagnose_rules import hbm_fragmented
+
+    ev = hbm_fragmented()
+    fake = FakeClient(list(ev.views) * 3, ev.decisions)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "resolve", lambda url=None, port=None: source.Target(
+        "http://fake", "fake-token"))
+    rc, out, err = run(["diagnose", "hbm-frag", "--fix", "--window", "1s", "--interval",
+                        "250ms", "--json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    (fix,) = doc["fixes"]
+    assert fix["action"] == "compact" and fix["engine"] == 4 and fix["applied"]
+    assert fix["old"]["hbm_fragmentation"] == pytest.approx(0.97)
+    assert fix["new"]["hbm_fragmentation"] == 0.0
+    assert doc["before"]["severity"] == "CRITICAL" and doc["severity"] == "OK"
+    assert fake.calls.count("compact_hbm") == 1 and fake.audit[-1].action == "compact"
+
+
+def test_fix_without_a_token_changes_nothing(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from test_diagnose_rules import hbm_fragmented
+
+    ev = hbm_fragmented()
+    fake = FakeClient(list(ev.views), ev.decisions)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "resolve", lambda url=None, port=None: source.Target(
+        "http://fake", None, None, "DUALPATH_TOKEN is not set"))
+    rc, out, err = run(["diagnose", "hbm-frag", "--fix", "--window", "1s", "--interval",
+                        "250ms"], capsys)
+    assert rc == 3 and "needs its bearer token" in err and out == ""
+    assert "compact_hbm" not in fake.calls

@@ -232,6 +232,38 @@ class FakeClient:
         old, self.faults = self.faults, []
         return self._audit_faults(old)
 
+    def compact_hbm(self, engine_id: int) -> AuditEntry:
+        """Check the token and the engine like the server; the views from the next one on
+        show the engine's HBM compacted (fragmentation 0, one free run)."""
+        import dataclasses
+
+        path = f"/api/v1/engines/{engine_id}/compact"
+        self._call("compact_hbm")
+        self._check_token(path)
+        try:
+            e = self._current().engine(engine_id)
+        except KeyError as err:
+            raise Rejected(f"{self.url}{path}: HTTP 422: {err.args[0]}") from None
+        largest, frag = e.hbm_largest_free_blocks, e.hbm_fragmentation
+        # free blocks from the score (1 - largest run / free), as the engine reported it
+        free_blocks = (round(largest / (1.0 - frag)) if largest and frag is not None
+                       and frag < 1.0 else largest)
+
+        def facts(frag: float | None, largest: int | None) -> dict[str, Any]:
+            return {"engine": engine_id, "hbm_fragmentation": frag,
+                    "hbm_largest_free_blocks": largest, "hbm_free_blocks": free_blocks}
+
+        old = facts(e.hbm_fragmentation, e.hbm_largest_free_blocks)
+        after = [dataclasses.replace(v, engines=tuple(
+            dataclasses.replace(x, hbm_fragmentation=0.0, hbm_largest_free_blocks=free_blocks)
+            if x.engine_id == engine_id else x for x in v.engines))
+            for v in self._views[self._i + 1:]]
+        self._views = self._views[:self._i + 1] + after
+        entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "compact", old,
+                           facts(0.0, free_blocks))
+        self.audit.append(entry)
+        return entry
+
     def _audit_faults(self, old: list[dict[str, Any]]) -> AuditEntry:
         entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "faults",
                             {"faults": old}, {"faults": list(self.faults)})
