@@ -10,10 +10,10 @@ The recording: 601 samples, one a second, of a 2P4D embedded cluster (the refere
 it served in those 10 minutes: agents of ``runtime.workloads.agentic_workload`` (the
 ``dualpath bench`` workload, 12 turns each), as many as a 2P4D cluster serves in 600 s at
 the settings recorded with 64 agents in flight (Little's law on the twin's own replay of 64:
-64 / mean trajectory time, x 600 s), so the file holds about the traffic the cluster would
-have served; written with ``services.recording.write_recording``, as ``dualpath record``
-writes it. ``--model ds660b`` records a paper-scale 2P4D (the profile world, the synthetic
-Table 2 workload at 32K) instead.
+64 / mean trajectory time, x 600 s; engines sized at :data:`SIZING_COMPUTE` on 2 cores, so
+every run writes the same traffic); written with ``services.recording.write_recording``, as
+``dualpath record`` writes it. ``--model ds660b`` records a paper-scale 2P4D (the profile
+world, the synthetic Table 2 workload at 32K) instead.
 
 ``suggest_s``: wall seconds of ``dualpath tune suggest --from FILE --json`` in a fresh
 process (CLI start, reading the file, measuring this host's compute for the embedded world,
@@ -49,6 +49,10 @@ from dualpath_cli.telemetry.view import (
 from dualpath_cli.workload.trajectory import Trajectory
 
 GOAL_S = 60.0
+#: The engine speed the recording is sized with (an embedded engine on a quiet 2-core VM),
+#: fixed so every run of the bench writes the same traffic; ``tune suggest`` itself still
+#: measures this host.
+SIZING_COMPUTE = {"flops": 3.3e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.008}
 WINDOW_S = 600
 T0 = 1_796_000_000.0
 
@@ -97,7 +101,7 @@ def agents_for_window(model: str, snic: float) -> int:
     probe = workload(model, 64)
     view = view_2p4d(T0, model, snic, 0)
     tr = twin.traffic_from_decisions(view, decisions_for(probe, 10.0), "probe")
-    world = twin.world_for(tr)
+    world = twin.world_for(tr, measure=lambda _m, _c: dict(SIZING_COMPUTE), host_cores=2)
     p = twin.predict(tr, world, tr.current)
     return max(64, round(len(probe) * WINDOW_S / p.mean_trajectory_s))
 
