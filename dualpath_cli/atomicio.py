@@ -33,9 +33,9 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
 class NotRegularFileError(OSError):
     """The target exists and is not a regular file; an atomic rename would replace it."""
 
-    def __init__(self, path: Path, kind: str) -> None:
-        super().__init__(errno.EINVAL, f"{kind}, not a regular file; refusing to replace it",
-                         str(path))
+    def __init__(self, path: Path, kind: str, message: str | None = None) -> None:
+        super().__init__(errno.EINVAL, message or f"{kind}, not a regular file; refusing to "
+                         "replace it", str(path))
 
 
 def write_target(path: str | os.PathLike[str]) -> Path:
@@ -43,10 +43,13 @@ def write_target(path: str | os.PathLike[str]) -> Path:
 
     Raises:
         NotRegularFileError: ``path`` (after links) is a directory, device, pipe or socket,
-            or is empty (``""`` would mean the current directory).
+            or is empty (``""`` would mean the current directory) or holds a NUL byte.
     """
     if not str(path):
         raise NotRegularFileError(Path("."), "an empty path")
+    if "\0" in str(path):  # os.stat and open raise ValueError, not OSError, on one
+        raise NotRegularFileError(Path(str(path).replace("\0", "\\0")), "",
+                                  "the path holds a NUL byte")
     target = Path(os.path.realpath(path))  # a dangling link resolves to where it points
     try:
         mode = os.stat(target).st_mode

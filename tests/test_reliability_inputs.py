@@ -191,3 +191,12 @@ def test_readers_refuse_cleanly(tmp_path: Path) -> None:
         read_yaml_file(tmp_path, "file")
     with pytest.raises(TraceError, match="directory"):
         read_trace(tmp_path)
+
+
+def test_nul_bytes_in_paths_are_one_line(box: Sandbox) -> None:
+    """Found by the long fuzz: os.stat/open raise ValueError (not OSError) on a NUL byte."""
+    _refused(box, ["config", "init", "-o", "a\x00b", "--force"], "NUL byte")
+    _refused(box, ["trace", "gen", "--agents", "2", "-o", "a\x00b"], "NUL byte")
+    bad_tag = box.root / "tag.yaml"
+    bad_tag.write_text("storage:\n  block_size: !!python/object:os.system x\n")
+    _refused(box, ["config", "validate", str(bad_tag)], "storage.block_size")

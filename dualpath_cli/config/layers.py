@@ -60,6 +60,9 @@ def read_yaml_file(path: Path, kind: SourceKind) -> Layer:
         raise ConfigError(f"{path}: cannot read config file: {err.strerror or err}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: cannot read config file: not UTF-8 text") from None
+    except ValueError:  # a NUL byte in the path
+        raise ConfigError(f"{str(path)!r}: cannot read config file: not a usable path"
+                          ) from None
     return parse_yaml_text(text, str(path), kind)
 
 
@@ -119,7 +122,8 @@ def parse_yaml_text(text: str, name: str, kind: SourceKind) -> Layer:
         try:
             value = constructor.construct_object(node, deep=True)
         except yaml.YAMLError as err:
-            raise field_error(at(node), path, f"cannot read value: {err}") from None
+            first = str(err).splitlines()[0] if str(err) else "not a plain value"
+            raise field_error(at(node), path, f"cannot read value: {first}") from None
         except (ValueError, OverflowError, RecursionError):  # a 5,000-digit integer
             raise field_error(at(node), path, "cannot read value: not a usable number "
                               f"({len(str(node.value)):,} characters)") from None

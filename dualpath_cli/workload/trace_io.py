@@ -47,6 +47,8 @@ def _bounded_lines(handle: TextIO, path: Path) -> Iterator[str]:
 @contextmanager
 def _open(path: Path) -> Iterator[Iterator[str]]:
     """Open a trace for reading; any OS or encoding problem becomes a one-line TraceError."""
+    if "\0" in str(path):  # open() raises ValueError, not OSError, on one
+        raise TraceError(f"{str(path)!r}: cannot read: a path with a NUL byte")
     try:
         if path.is_dir():
             raise TraceError(f"{path}: cannot read: a directory")
