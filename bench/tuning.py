@@ -14,7 +14,8 @@ the TTFT tail; ``core/controllers.py``) on versus off, on the same workload:
   agents offline, policy dualpath), once per controller alone and once with all three;
 * ``runtime``: the embedded runtime (1P2D, the reference model, the bench's calibrated
   storage NICs, ``--rt-agents`` agents x ``--rt-turns`` turns, policy dualpath), controllers
-  off then all on (stepping every ``--rt-interval`` seconds).
+  off, each alone and all on (stepping every ``--rt-interval`` seconds), ``--rt-repeat``
+  times in turn; each JCT is the median of its repeats.
 
 ``gain`` is ``jct_off / jct_on - 1``: positive means the controllers made the job faster.
 The seed claims +5-8% throughput from a dynamic threshold; this reports what it is here,
@@ -30,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -71,8 +73,10 @@ def sim_dynamic(agents: int, pd: str = "2P4D", model: str = "ds660b", max_len: i
             "gain": {k: _gain(off, v["jct_s"]) for k, v in runs.items() if k != "off"}}
 
 
-def runtime_dynamic(agents: int, turns: int, interval_s: float) -> dict[str, Any]:
-    """Offline JCT on the embedded runtime (1P2D): controllers off, then all on."""
+def runtime_dynamic(agents: int, turns: int, interval_s: float,
+                    repeat: int = 1) -> dict[str, Any]:
+    """Offline JCT on the embedded runtime (1P2D): controllers off, each alone, all on;
+    ``repeat`` rounds (the runs of a round back to back), medians reported."""
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.runtime.workloads import agentic_workload
     from dualpath_cli.services.bench import calibrate_by_oracle, load_bench_config, run_policy
@@ -84,33 +88,41 @@ def runtime_dynamic(agents: int, turns: int, interval_s: float) -> dict[str, Any
         base = options_from_config(loaded, processes=True)
         loaded, _, cal, _ = calibrate_by_oracle(trajectories, base, root)
         base = options_from_config(loaded, processes=True, control_interval_s=interval_s)
+        samples: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(repeat):
+            for label, on in (("off", ()), ("alpha", ("alpha",)), ("beta", ("beta",)),
+                              ("quota", ("quota",)), ("all", ALL_CONTROLLERS)):
+                opts = dataclasses.replace(
+                    base, controllers={name: name in on for name in ALL_CONTROLLERS})
+                t0 = time.perf_counter()
+                rep, run = run_policy("dualpath", opts, trajectories, root)
+                samples.setdefault(label, []).append({
+                    "jct_s": rep.jct_s, "ttft_p99_s": rep.ttft_p99_s,
+                    "snic_max_avg": rep.snic_max_avg, "gpu_busy": rep.gpu_busy,
+                    "errors": len(run.errors), "wall_s": time.perf_counter() - t0})
         runs: dict[str, dict[str, Any]] = {}
-        for label, on in (("off", False), ("all", True)):
-            opts = dataclasses.replace(
-                base, controllers={name: on for name in ALL_CONTROLLERS})
-            t0 = time.perf_counter()
-            rep, run = run_policy("dualpath", opts, trajectories, root)
-            runs[label] = {"jct_s": round(rep.jct_s, 3),
-                           "ttft_p99_s": round(rep.ttft_p99_s, 4),
-                           "snic_max_avg": round(rep.snic_max_avg, 3),
-                           "gpu_busy": round(rep.gpu_busy, 4),
-                           "errors": len(run.errors), "wall_s": round(time.perf_counter() - t0, 2)}
+        for label, rows in samples.items():
+            runs[label] = {k: round(statistics.median(r[k] for r in rows), 4)
+                           for k in rows[0]}
+            runs[label]["jct_all_s"] = [round(r["jct_s"], 3) for r in rows]
         off = runs["off"]["jct_s"]
         return {"setup": {"pd": f"{base.prefill_nodes}P{base.decode_nodes}D",
                           "model": base.model, "agents": agents, "turns": turns,
                           "policy": "dualpath", "snic_bw": base.snic_bw,
                           "control_interval_s": interval_s,
                           "snic_calibrated": cal is not None},
-                "runs": runs, "gain": {"all": _gain(off, runs["all"]["jct_s"])}}
+                "repeat": repeat, "runs": runs,
+                "gain": {k: _gain(off, v["jct_s"]) for k, v in runs.items() if k != "off"}}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def part_dynamic(args: argparse.Namespace) -> dict[str, Any]:
     """``dynamic_gain``: the controllers on vs off, in the simulator and the runtime."""
-    out: dict[str, Any] = {"sim": sim_dynamic(args.sim_agents)}
-    out["runtime"] = (runtime_dynamic(args.rt_agents, args.rt_turns, args.rt_interval)
-                      if args.rt_agents > 0 else None)
+    out: dict[str, Any] = {
+        "sim": sim_dynamic(args.sim_agents) if args.sim_agents > 0 else None}
+    out["runtime"] = (runtime_dynamic(args.rt_agents, args.rt_turns, args.rt_interval,
+                                      args.rt_repeat) if args.rt_agents > 0 else None)
     return {"dynamic_gain": out}
 
 
@@ -135,12 +147,14 @@ def _table(out: dict[str, Any]) -> str:
     lines = []
     dyn = out.get("dynamic_gain")
     if dyn:
-        sim = dyn["sim"]
+        sim = dyn.get("sim") or {"setup": None, "runs": {}, "gain": {}}
         s = sim["setup"]
-        lines.append(f"dynamic controllers, simulator {s['pd']} {s['model']} "
-                     f"{s['max_len'] // 1000}K, {s['agents']} agents offline ({s['policy']})")
-        lines.append(f"  {'controllers':<12} {'JCT s':>9} {'mean traj s':>12} {'gain':>8} "
-                     f"{'moves':>6} {'SNIC util':>9} {'PE busy':>8}")
+        if s:
+            lines.append(f"dynamic controllers, simulator {s['pd']} {s['model']} "
+                         f"{s['max_len'] // 1000}K, {s['agents']} agents offline "
+                         f"({s['policy']})")
+            lines.append(f"  {'controllers':<12} {'JCT s':>9} {'mean traj s':>12} "
+                         f"{'gain':>8} {'moves':>6} {'SNIC util':>9} {'PE busy':>8}")
         for k, r in sim["runs"].items():
             g = sim["gain"].get(k)
             lines.append(f"  {k:<12} {r['jct_s']:>9.1f} {r['mean_trajectory_s']:>12.1f} "
@@ -170,13 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(KNOWN_PARTS),
                     help="comma-separated parts: " + ", ".join(KNOWN_PARTS))
-    ap.add_argument("--sim-agents", type=int, default=1024,
-                    help="simulator agents (2P4D DS 660B 64K, offline)")
+    ap.add_argument("--sim-agents", type=int, default=2048,
+                    help="simulator agents (2P4D DS 660B 64K, offline; 0: skip the simulator)")
     ap.add_argument("--rt-agents", type=int, default=8,
                     help="embedded-runtime agents (0: skip the runtime)")
     ap.add_argument("--rt-turns", type=int, default=8, help="turns per runtime agent")
     ap.add_argument("--rt-interval", type=float, default=0.5,
                     help="runtime controller step, seconds")
+    ap.add_argument("--rt-repeat", type=int, default=1,
+                    help="rounds of runtime runs (medians reported)")
     ap.add_argument("--suggest-model", default="tiny",
                     help="suggest: the recorded cluster's model (tiny: embedded; ds660b)")
     ap.add_argument("--boost", action="store_true",
