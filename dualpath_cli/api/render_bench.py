@@ -169,9 +169,10 @@ def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[s
     view = view if view is not None else synthetic_view()
     n = len(view.engines)
     registries = {e.engine_id: engine_registry(e) for e in view.engines}
-    engine_metrics = {e.engine_id: {"role": e.role, "node": e.node, "alive": True,
-                                    "age_s": 0.1, "metrics": registries[e.engine_id].snapshot()}
-                      for e in view.engines}
+    snapshots = {eid: reg.snapshot() for eid, reg in registries.items()}
+    engine_metrics: dict[int, dict[str, Any]] = {
+        e.engine_id: {"role": e.role, "node": e.node, "alive": True, "age_s": 0.1,
+                      "metrics": snapshots[e.engine_id]} for e in view.engines}
     gpu = FakeGpuBackend((GpuDevice(0, "H200", "GPU-0", 0.5, 2**30, 2**37),)).report()
 
     sched = MetricsRegistry()
@@ -181,7 +182,7 @@ def measure_renders(view: ClusterView | None = None, repeat: int = 20) -> dict[s
         sched.counter("dualpath_scheduler_decisions_total", pe_class=cls, de_class="normal",
                       side="pe").inc(1000)
     sched_snapshot = sched.snapshot()
-    rows = sum(len(r) for e in engine_metrics.values() for r in e["metrics"].values())
+    rows = sum(len(r) for snap in snapshots.values() for r in snap.values())
 
     def heartbeats() -> dict[int, dict[str, Any]]:
         """Every engine's frame as the scheduler decodes it, after one more read each."""

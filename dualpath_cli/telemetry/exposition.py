@@ -467,7 +467,7 @@ def _from_frames(frames: Mapping[Any, Any], skip: frozenset[str], m: _Merged,
     for name, hists in merged.hists.items():
         out = m.hists.setdefault(name, {})
         for key, (les, float_counts, total, count) in hists.items():
-            counts = [int(c) for c in float_counts]  # exact: counts of observations
+            counts: list[float] = [int(c) for c in float_counts]  # exact: observations
             h = out.get(key)
             if h is None or len(h.counts) != len(counts):
                 h = out[key] = _Hist(les, counts)
