@@ -52,6 +52,9 @@ _T0 = "DUALPATH_LAUNCH_T0"
 #: Bench default applied when nothing set it: a CPU turn lasts tens of milliseconds, so the
 #: config default's 100 ms pull would dominate it (as for ``dualpath bench``).
 _LAUNCH_DEFAULTS = {"scheduler.fetch_period": "5ms"}
+#: With ``--engines emulated``: the emulated hardware's GPUs per node, and the paper's
+#: 100 ms pull (1,152 engines fetching every 5 ms would be the scheduler's whole load).
+_EMULATED_DEFAULTS = {"cluster.gpus_per_node": "8", "scheduler.fetch_period": "100ms"}
 
 
 class LaunchError(DualPathError):
@@ -148,7 +151,8 @@ def _engines_text(live: LiveCluster) -> str:
 
 
 def _options(preset: str | None, config: Path | None, overrides: list[str], pd: str | None,
-             policy: str | None, store: Path | None) -> Any:
+             policy: str | None, store: Path | None, engines: str = "real",
+             emulated_hosts: int = 4) -> Any:
     from dualpath_cli.cli.bench_cmd import store_root
     from dualpath_cli.config import load_config
     from dualpath_cli.config.model import parse_pd
@@ -162,11 +166,16 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
             policy = get_policy(policy).name
         except UsageError as err:
             raise UsageError(f"--policy: {err}") from None
+    if engines not in ("real", "emulated"):
+        raise UsageError(f"--engines {engines!r}: expected real or emulated")
     sets = list(overrides)
     if pd is not None:
         sets.append(f"cluster.pd={parse_pd(pd)}")
     loaded = load_config(preset=preset, config_file=config, overrides=sets)
-    extra = [f"{k}={v}" for k, v in _LAUNCH_DEFAULTS.items()
+    defaults = dict(_LAUNCH_DEFAULTS)
+    if engines == "emulated":  # the emulated hardware (hopper) has 8 GPUs per node
+        defaults.update(_EMULATED_DEFAULTS)
+    extra = [f"{k}={v}" for k, v in defaults.items()
              if loaded.source(k).kind in ("default", "profile")]
     if extra:
         loaded = load_config(preset=preset, config_file=config, overrides=[*extra, *sets])
@@ -178,6 +187,8 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
     more: dict[str, Any] = {"processes": True, "store_dir": root}
     if policy is not None:
         more["policy"] = policy
+    if engines == "emulated":
+        more.update(engines="emulated", emulated_hosts=emulated_hosts, heartbeat_s=0.5)
     return options_from_config(loaded, **more)
 
 
@@ -479,6 +490,12 @@ def launch(
         "snic_throttle:node=1,fraction=0.25, read_latency:node=1,latency=20ms, "
         "read_errors:node=1,rate=0.1, hot_blocks:node=0,count=4,rate=20, "
         "hbm_frag:engine=2,stride=4, slow_compute:engine=1,factor=4.")] = None,
+    engines: Annotated[str, typer.Option("--engines", help="real (the reference model) or "
+                                         "emulated (the real protocol over real sockets, "
+                                         "timing from the cost model: control-plane scale "
+                                         "tests, e.g. --pd 48P96D).")] = "real",
+    emulated_hosts: Annotated[int, typer.Option("--emulated-hosts", min=1, help="Processes "
+                                                "the emulated engines run in.")] = 4,
 ) -> None:
     """Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM.
 
@@ -507,12 +524,14 @@ def launch(
                          else value]
         for item in overrides or []:
             argv += ["--set", item]
+        argv += ["--engines", engines, "--emulated-hosts", str(emulated_hosts)]
         for spec in inject or []:
             argv += ["--inject", spec]
         code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
     code = _serve(host, port, allow_remote, drain_s, start_s,
-                  (preset, config, list(overrides or []), pd, policy, store), as_json, faults)
+                  (preset, config, list(overrides or []), pd, policy, store, engines,
+                   emulated_hosts), as_json, faults)
     raise typer.Exit(code)
 
 

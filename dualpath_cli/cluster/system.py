@@ -18,6 +18,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dualpath_cli.cluster.emulated import (
+    EmulatedCluster,
+    EmulationSetup,
+    raise_fd_limit,
+    raise_socket_limit,
+)
 from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
 from dualpath_cli.core.layout import BlockShape, Namespace
@@ -56,7 +62,10 @@ class RuntimeSystem:
         self.opts = opts
         cfg = model_config(opts.model)
         self.shape = BlockShape(cfg.n_layers, opts.block_tokens, cfg.kv_bytes_per_token_layer)
-        self.namespace = Namespace(opts.model, "layer_major", self.shape, opts.codec)
+        emulated = opts.engines == "emulated"
+        # emulated engines persist marker blocks: a namespace real engines never look up
+        self.namespace = Namespace(f"emulated-{opts.emulated_model}" if emulated else opts.model,
+                                   "layer_major", self.shape, opts.codec)
         self.store: KVStore
         if opts.store_dir is not None:
             self.store = PosixStore(opts.store_dir)
@@ -67,8 +76,12 @@ class RuntimeSystem:
             self.store = store if store is not None else MemoryStore()
             store_spec = {"kind": "memory", "obj": self.store}
         self.shaped = policy.shaped
-        self.flops_rate = opts.flops_rate or calibrate_flops_rate(opts.model)
-        self.fabric = ZmqFabric() if opts.processes else InProcFabric()
+        self.flops_rate = opts.flops_rate or (1e12 if emulated
+                                              else calibrate_flops_rate(opts.model))
+        if emulated:  # a socket per engine in the scheduler's process
+            raise_fd_limit()
+            raise_socket_limit()
+        self.fabric = ZmqFabric() if opts.processes or emulated else InProcFabric()
         params = SchedParams(alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor,
                              block_tokens=opts.block_tokens, seed=opts.random_seed)
         self.scheduler = SchedulerService(
@@ -79,8 +92,12 @@ class RuntimeSystem:
             layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
             control_interval_s=opts.control_interval_s,
             snic_bw=opts.snic_bw if self.shaped else 0.0)
-        self.cluster: LocalCluster | InProcCluster = (
-            LocalCluster(self.scheduler.mark_dead) if opts.processes
+        self.cluster: LocalCluster | InProcCluster | EmulatedCluster = (
+            EmulatedCluster(EmulationSetup(
+                opts.emulated_model, opts.emulated_hardware, opts.prefill_nodes,
+                opts.decode_nodes, self.namespace, opts.store_dir, opts.emulated_speed),
+                opts.emulated_hosts, self.scheduler.mark_dead) if emulated
+            else LocalCluster(self.scheduler.mark_dead) if opts.processes
             else InProcCluster(self.fabric, self.scheduler.mark_dead))
         self.node_nics: dict[int, tuple[TokenBucket, TokenBucket]] = {}
         self.specs = self._specs(store_spec)
@@ -97,13 +114,14 @@ class RuntimeSystem:
         nodes = [("prefill", n) for n in range(o.prefill_nodes)] + [
             ("decode", o.prefill_nodes + n) for n in range(o.decode_nodes)]
         for role, node in nodes:
-            nics = (make_bucket(snic, o.processes), make_bucket(snic, o.processes))
+            shared = o.processes and o.engines == "real"  # emulated: the cost model's NICs
+            nics = (make_bucket(snic, shared), make_bucket(snic, shared))
             self.node_nics[node] = nics
             for gpu in range(o.gpus_per_node):
                 specs.append(EngineSpec(
                     engine_id=eid, role=role, node=node, group=node, leader=gpu == 0,
                     ctl=self.scheduler.address, snic_read=nics[0], snic_write=nics[1],
-                    cnic=make_bucket(cnic, o.processes), hbm_blocks=o.hbm_blocks,
+                    cnic=make_bucket(cnic, shared), hbm_blocks=o.hbm_blocks,
                     block_tokens=o.block_tokens, model=o.model, store=store_spec,
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
                     flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s))

@@ -61,6 +61,10 @@ class RuntimeOptions:
         controllers: dynamic controller (``alpha``, ``beta``, ``quota``) -> on.
         control_interval_s: seconds between two controller steps.
         random_seed: seed of the ``random`` policy's read side.
+        engines: ``real`` (the reference model) or ``emulated`` (engines that speak the
+            protocol over real sockets and take their time from the cost model of
+            ``emulated_model`` on ``emulated_hardware``, ``emulated_hosts`` processes,
+            ``emulated_speed`` emulated seconds per second; :mod:`dualpath_cli.runtime.emulated`).
     """
 
     prefill_nodes: int = 1
@@ -92,6 +96,11 @@ class RuntimeOptions:
     control_interval_s: float = 1.0
     random_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    engines: str = "real"
+    emulated_hosts: int = 4
+    emulated_model: str = "ds660b"
+    emulated_hardware: str = "hopper"
+    emulated_speed: float = 1.0
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
@@ -100,8 +109,10 @@ class RuntimeOptions:
         if get_codec(self.codec).name != "fp16":
             raise ConfigError(f"storage.codec {self.codec!r}: the embedded runtime keeps the "
                               "reference model's fp16 KV bit-exact, so it needs codec fp16")
+        if self.engines not in ("real", "emulated"):
+            raise ConfigError(f"engines {self.engines!r}: expected real or emulated")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks", "decision_ring"):
+                     "hbm_blocks", "decision_ring", "emulated_hosts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")

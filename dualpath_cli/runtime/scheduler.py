@@ -677,12 +677,16 @@ class SchedulerService:
         self.ep.send(to, header, frames)
 
     def _loop(self) -> None:
+        next_check = 0.0
         while not self._stop.is_set():
             raw = self.ep.recv(timeout=0.05)
             with self._lock:
                 if raw is not None:
                     self._handle(raw)
-                self._check_heartbeats()
+                now = time.monotonic()
+                if now >= next_check:  # a pass over every engine: not once per message
+                    self._check_heartbeats()
+                    next_check = now + min(0.05, self.hb_timeout / 10)
                 if self.controllers.any_on:
                     now = time.monotonic()
                     if now >= self._ctl_next:

@@ -24,8 +24,11 @@ __all__ = ["ZmqFabric", "ZmqEndpoint"]
 class ZmqEndpoint:
     """A PULL mailbox plus cached PUSH sockets to peers."""
 
-    def __init__(self, ctx: zmq.Context[Any], host: str = "127.0.0.1") -> None:
+    def __init__(self, ctx: zmq.Context[Any], host: str = "127.0.0.1", *,
+                 send_timeout_ms: int = 500, send_hwm: int | None = None) -> None:
         self._ctx = ctx
+        self._send_timeout_ms = send_timeout_ms
+        self._send_hwm = send_hwm  # None: libzmq's default (1000 messages); 0: unbounded
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         port = self._pull.bind_to_random_port(f"tcp://{host}")
@@ -51,7 +54,10 @@ class ZmqEndpoint:
             if sock is None:
                 sock = self._ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, 200)
-                sock.setsockopt(zmq.SNDTIMEO, 500)  # a dead peer must not stall the sender
+                # a dead peer must not stall the sender
+                sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
+                if self._send_hwm is not None:
+                    sock.setsockopt(zmq.SNDHWM, self._send_hwm)
                 sock.connect(to)
                 self._push[to] = sock
             try:
@@ -67,6 +73,11 @@ class ZmqEndpoint:
         head = msgpack.unpackb(frames[0].bytes, raw=False)
         specs = head.pop("_b", [])
         return Message(head, restore_buffers(specs, [f.buffer for f in frames[1:]]))
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        """The PULL socket (for a poller over many endpoints owned by one thread)."""
+        return self._pull
 
     def close(self) -> None:
         with self._lock:
