@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,14 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from dualpath_cli.api.listen import free_port
+
 GOALS = {"overhead_p50_ms": 2.0, "ready_s": 5.0, "metrics_render_ms_1152": 50.0,
          "errors": 0}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -197,7 +192,7 @@ def _launch(root: Path) -> tuple[subprocess.Popen[str], str]:
     (root / "run").mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(root / "run"),
            "XDG_DATA_HOME": str(root / "data"), "XDG_STATE_HOME": str(root / "state")}
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "dualpath_cli.cli.app", "launch",
                              "--port", str(port)], env=env, stdout=subprocess.DEVNULL,

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,13 +30,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dualpath_cli.telemetry.hostload import FOREIGN_WARN_CORES, ForeignCpu, cpu_priority
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from dualpath_cli.api.listen import free_port
+from dualpath_cli.telemetry.hostload import (
+    FOREIGN_WARN_CORES,
+    ForeignCpu,
+    cpu_priority,
+    tree_cpu_seconds,
+)
 
 
 def _ready(url: str) -> bool:
@@ -48,21 +47,6 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants (the launcher and its engines)."""
-    import psutil
-
-    total = 0.0
-    root = psutil.Process(pid)
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def one_launch(timeout: float = 60.0) -> dict[str, float]:
     """One launch: outside ready time, the launcher's own figure, and the stop time."""
     with tempfile.TemporaryDirectory(prefix="dualpath-launch-bench-") as tmp:
@@ -70,7 +54,7 @@ def one_launch(timeout: float = 60.0) -> dict[str, float]:
         (root / "run").mkdir(mode=0o700)
         env = {**os.environ, "XDG_RUNTIME_DIR": str(root / "run"),
                "XDG_DATA_HOME": str(root / "data"), "XDG_STATE_HOME": str(root / "state")}
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         meter = ForeignCpu()
         meter.start()
@@ -88,7 +72,7 @@ def one_launch(timeout: float = 60.0) -> dict[str, float]:
                     raise RuntimeError(f"not ready within {timeout} s")
                 time.sleep(0.01)
             ready = time.monotonic() - t0
-            tree = _tree_cpu_seconds(proc.pid)
+            tree = tree_cpu_seconds(proc.pid)
             foreign = meter.stop()
             if foreign is not None:  # the launcher's tree is still running: not foreign
                 foreign = max(0.0, foreign - tree / ready)

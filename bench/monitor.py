@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from dualpath_cli.api.listen import free_port
+from dualpath_cli.telemetry.hostload import tree_cpu_seconds
 
 GOAL_DIAGNOSE_S = 5.0
 GOAL_MONITOR_PCT = 2.0
@@ -175,35 +177,11 @@ def bench_diagnose(tmp: Path, samples: int, decisions_per_s: float,
 
 
 # --- the monitor's CPU against a launched cluster -----------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tree_cpu(pid: int) -> float:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def bench_monitor(tmp: Path, seconds: float) -> dict[str, Any]:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp / "run"),
            "XDG_DATA_HOME": str(tmp / "data")}
     (tmp / "run").mkdir(mode=0o700)
-    port = _free_port()
+    port = free_port()
     launch = subprocess.run([_exe("dualpath"), "launch", "--detach", "--port", str(port),
                              "--json"], capture_output=True, text=True, env=env, timeout=300)
     if launch.returncode != 0:
@@ -213,12 +191,12 @@ def bench_monitor(tmp: Path, seconds: float) -> dict[str, Any]:
     url = state["url"]
     try:
         time.sleep(2.0)  # let the launcher settle after ready (not a race: a quiet baseline)
-        c0, t0 = _tree_cpu(pid), time.monotonic()
+        c0, t0 = tree_cpu_seconds(pid), time.monotonic()
         time.sleep(seconds)
-        idle_pct = 100 * (_tree_cpu(pid) - c0) / (time.monotonic() - t0)
+        idle_pct = 100 * (tree_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
         argv = [_exe("dualpath-monitor"), "--metric", "hbm_frag", "--metric", "snic_util",
                 "--interval", "1s", "--count", str(int(seconds) + 1), "--json", "--url", url]
-        c0, t0 = _tree_cpu(pid), time.monotonic()
+        c0, t0 = tree_cpu_seconds(pid), time.monotonic()
         _children_cpu()  # reset: only the monitor's CPU from here
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -230,7 +208,7 @@ def bench_monitor(tmp: Path, seconds: float) -> dict[str, Any]:
         out, err = proc.communicate(timeout=seconds + 60)
         end = time.perf_counter()
         total_cpu = _children_cpu()
-        watched_pct = 100 * (_tree_cpu(pid) - c0) / (time.monotonic() - t0)
+        watched_pct = 100 * (tree_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
         if proc.returncode != 0:
             raise SystemExit(f"dualpath-monitor failed: {err.strip()}")
         lines = 1 + len(out.splitlines())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 
 from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
+from dualpath_cli.api.listen import free_port
 from dualpath_cli.api.server import ServerThread
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
@@ -32,12 +32,6 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 pytestmark = pytest.mark.skipif(
     not os.access(PROMETHEUS, os.X_OK),
     reason="prometheus is not installed (Debian package prometheus; CI installs it)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes],
@@ -64,7 +58,7 @@ def prometheus_for(tmp_path: Path) -> Iterator[Any]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(target: str) -> tuple[str, subprocess.Popen[bytes], Path]:
-        port = _free_port()
+        port = free_port()
         cfg = tmp_path / "prometheus.yml"
         cfg.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

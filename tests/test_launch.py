@@ -22,18 +22,13 @@ from typing import Any
 import psutil
 import pytest
 
+from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli.app import main
 from dualpath_cli.services import statefile
 from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
@@ -93,7 +88,7 @@ def test_stale_state_file_is_detected_and_removed(env: dict[str, str],
 
 def test_non_loopback_host_is_refused_without_allow_remote(
         env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["launch", "--host", "0.0.0.0", "--port", str(_free_port())]) == 2
+    assert main(["launch", "--host", "0.0.0.0", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert "--allow-remote" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
@@ -115,7 +110,7 @@ def test_launch_on_a_taken_port_fails_fast_before_engines(
 
 def test_launch_refuses_a_port_whose_launcher_is_alive(
         env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    port = _free_port()
+    port = free_port()
     me = statefile.ClusterState(pid=os.getpid(), url=f"http://127.0.0.1:{port}",
                                 host="127.0.0.1", port=port, started_at=time.time(),
                                 token_file="t",
@@ -158,7 +153,7 @@ class Launched:
 
 @pytest.fixture()
 def launched(env: dict[str, str], tmp_path: Path) -> Iterator[Launched]:
-    cluster = Launched(env, _free_port(), "--store", str(tmp_path / "store"),
+    cluster = Launched(env, free_port(), "--store", str(tmp_path / "store"),
                        "--drain-timeout", "120s")
     try:
         assert cluster.ready_line.startswith("ready in "), (
@@ -255,7 +250,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
 
 def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
                                                         tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     up = _run(env, "launch", "--detach", "--port", str(port), "--store",
               str(tmp_path / "store"), timeout=300)
     family: list[int] = []
@@ -361,7 +356,7 @@ def test_stop_force_kills_a_launcher_that_does_not_exit(env: dict[str, str]) -> 
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     try:
-        port = _free_port()
+        port = free_port()
         statefile.write_state(statefile.ClusterState(
             pid=proc.pid, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
             started_at=time.time(), token_file=str(statefile.token_path(port)),

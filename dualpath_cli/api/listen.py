@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["listen", "base_url"]
+__all__ = ["listen", "base_url", "free_port"]
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -34,6 +34,13 @@ def listen(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(False)
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (for a child to bind: tests, benchmarks)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def base_url(host: str, port: int) -> str:

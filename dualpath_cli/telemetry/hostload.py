@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["AUTOGROUP", "AUTOGROUP_ENABLED", "BOOST_NICE", "FOREIGN_WARN_CORES",
+__all__ = ["tree_cpu_seconds", "AUTOGROUP", "AUTOGROUP_ENABLED", "BOOST_NICE", "FOREIGN_WARN_CORES",
            "autogroup_nice", "set_autogroup_nice", "cpu_priority", "busy_seconds",
            "own_cpu_seconds", "ForeignCpu"]
 
@@ -119,3 +119,25 @@ class ForeignCpu:
             return None
         foreign = (busy - self._busy0) - (own_cpu_seconds() - self._own0)
         return max(0.0, foreign) / wall
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live descendants (0 when it is gone).
+
+    For benchmarks that start a launcher and its engine processes and charge them all.
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
