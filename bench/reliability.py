@@ -1,10 +1,12 @@
 """Reliability figures: fuzz cases run and failures (tracebacks, hangs, unclear errors).
 
 Runs the harness of tests/fuzzing.py without shrinking, over every ``dualpath`` command's
-arguments, config files (``config validate``) and trace files (``trace stats``), and counts
-cases. The CI version is tests/test_fuzz_*.py; this is the long one::
+arguments, config files (``config validate``), trace files (``trace stats``) and the HTTP API
+of a started in-process cluster (schemathesis, from its OpenAPI document, every endpoint with
+and without the token), and counts cases. The CI version is tests/test_fuzz_*.py; this is
+the long one::
 
-    nice -n 19 python bench/reliability.py            # ~1,500 cases, a table
+    nice -n 19 python bench/reliability.py            # ~2,000 cases, a table
     nice -n 19 python bench/reliability.py --long     # >= 10,000 cases
     nice -n 19 python bench/reliability.py --json     # one JSON object
 
@@ -67,8 +69,33 @@ def file_case(box: Sandbox, argv_head: list[str], data: bytes, n: int) -> Outcom
         path.unlink(missing_ok=True)
 
 
+def _http_fuzz(examples: int, seed: int) -> list[Outcome]:
+    """The API of a started in-process cluster, fuzzed from its OpenAPI document."""
+    from fuzzing import run_http_fuzz
+
+    from dualpath_cli.api.app import create_app
+    from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.runtime.options import RuntimeOptions
+    from dualpath_cli.services.live import LiveCluster
+    from dualpath_cli.telemetry.gpu import UnavailableGpu
+
+    live = LiveCluster(RuntimeOptions(block_tokens=8, flops_rate=5e9, fetch_s=0.005,
+                                      heartbeat_timeout=10.0))
+    live.start()
+    try:
+        app = create_app(live, TokenAuth("fuzz-token"), gpu=UnavailableGpu("bench"))
+
+        def clear() -> None:
+            if live.system.faults:
+                live.system.clear_faults()
+
+        return run_http_fuzz(app, "fuzz-token", examples, seed, after_each=clear)
+    finally:
+        live.close()
+
+
 def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
-             only: str | None = None) -> dict[str, Any]:
+             only: str | None = None, http_examples: int = 0) -> dict[str, Any]:
     """Run every target; return the figures (see the module docstring)."""
     started = time.monotonic()
     by_target: dict[str, dict[str, Any]] = {}
@@ -104,6 +131,14 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
                                        "seconds": round(time.monotonic() - t0, 2)}
         finally:
             box.close()
+    if http_examples and (not only or "http" in only):
+        t0 = time.monotonic()
+        outcomes = _http_fuzz(http_examples, seed)
+        bad = [o for o in outcomes if not o.ok]
+        failures += bad
+        by_target["http (every endpoint, with and without token)"] = {
+            "cases": len(outcomes), "failures": len(bad),
+            "seconds": round(time.monotonic() - t0, 2)}
     return {"fuzz_cases": sum(t["cases"] for t in by_target.values()),
             "fuzz_failures": len(failures),
             "by_target": by_target,
@@ -117,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=None, help="cases per command")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="targets whose name contains this")
+    parser.add_argument("--no-http", action="store_true", help="skip the API fuzz")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     per_command = args.cases or (300 if args.long else 40)
     per_file = per_command * 2 if args.long else per_command * 3
-    figures = run_fuzz(per_command, per_file, args.seed, args.only)
+    http = 0 if args.no_http else (100 if args.long else 10)
+    figures = run_fuzz(per_command, per_file, args.seed, args.only, http)
     if args.json:
         print(json.dumps(figures))
     else:
