@@ -39,6 +39,7 @@ from dualpath_cli.storage import (
     LoadResult,
     MemoryStore,
     PosixStore,
+    StorageError,
     StorageLoader,
     TokenBucket,
     encode_block,
@@ -407,7 +408,8 @@ class EngineContext:
             pay(self.spec.snic_write, header.file_nbytes)
         try:
             self.store.put(header, payload)
-        except OSError as err:  # a full or failing store loses this block, not the engine
+        except (OSError, StorageError) as err:  # a full or failing store loses this block,
+            # not the engine (PosixStore raises StorageError for ENOSPC/EROFS/EIO)
             self.m_write_errors.inc()
             log.warning("engine %d: could not persist block %s: %s", self.spec.engine_id,
                         key.hex, err)

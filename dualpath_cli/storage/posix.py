@@ -145,13 +145,13 @@ class PosixStore:
         parts = [pack_header(header), data, _ZERO_PAD[:pad]]
         tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}{_TMP_SUFFIX}"
         try:
-            self._write(tmp, parts)
+            try:
+                self._write(tmp, parts)
+            except FileNotFoundError:  # its directory does not exist yet
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._write(tmp, parts)
             os.replace(tmp, path)
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._write(tmp, parts)
-            os.replace(tmp, path)
-        except OSError as err:
+        except OSError as err:  # full, read-only, failing: no temp file may stay behind
             _unlink_quiet(tmp)
             raise StorageError(f"{path}: cannot write block ({err.strerror})") from None
         if self.fsync:
