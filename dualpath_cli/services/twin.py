@@ -338,13 +338,24 @@ def _scaled(value: int, factors: Sequence[float], low: int) -> list[int]:
     return out
 
 
-def _pd_splits(pd: str) -> list[str]:
-    """Other P/D splits of the same node count (at least one of each role)."""
+def _pd_splits(pd: str, hw: HardwareProfile | None = None) -> list[str]:
+    """Other P/D splits of the same node count (at least one of each role), within the
+    bottleneck-free P/D range of ``hw`` (core/capacity.py, equation 9) when it has one; a
+    node type with no bottleneck-free ratio (or unknown NIC rates) keeps every split."""
     from dualpath_cli.config.model import parse_pd
+    from dualpath_cli.core.capacity import pd_ratio_range, storage_ratio
 
     spec = parse_pd(pd)
     total = spec.prefill_nodes + spec.decode_nodes
-    return [f"{p}P{total - p}D" for p in range(1, total) if p != spec.prefill_nodes]
+    splits = [(p, total - p) for p in range(1, total) if p != spec.prefill_nodes]
+    if hw is not None and min(hw.snic_bandwidth, hw.cnic_bandwidth, hw.dram_bandwidth) > 0:
+        bounds = pd_ratio_range(hw.gpus_per_node, storage_ratio(
+            hw.snics_per_node, hw.snic_bandwidth, hw.cnic_bandwidth), hw.cnic_bandwidth,
+            hw.dram_bandwidth)
+        inside = [(p, d) for p, d in splits if bounds.contains(p / d)]
+        if bounds.feasible and inside:
+            splits = inside
+    return [f"{p}P{d}D" for p, d in splits]
 
 
 def candidates(traffic: Traffic, world: World, *, pd: bool = False
@@ -370,7 +381,8 @@ def candidates(traffic: Traffic, world: World, *, pd: bool = False
     out += [("quota", replace(cur, quota_s=cur.quota_s * f)) for f in (0.5, 2.0)]
     out += [("read_side", replace(cur, read_side=r)) for r in READ_SIDES if r != cur.read_side]
     if pd:
-        out += [("pd", replace(cur, pd=x)) for x in _pd_splits(cur.pd)]
+        out += [("pd", replace(cur, pd=x)) for x in _pd_splits(
+            cur.pd, world.hardware if world.kind == "profile" else None)]
     return out
 
 
