@@ -189,7 +189,7 @@ def test_live_dry_run_uses_the_twin_and_applies_nothing(
 def test_pd_search_stays_in_the_bottleneck_free_range_of_a_profile() -> None:
     view = dataclasses.replace(cluster_view(pd="2P4D"), model="ds660b")
     tr = twin.traffic_from_decisions(view, served(agentic_workload(4, 2)), "live")
-    world = twin.world_for(tr)  # hopper: P/D from 1/5 up to 2 is bottleneck-free
+    world = twin.world_for(tr)  # hopper: P/D from 1/7 to 3.5 is bottleneck-free
     assert world.kind == "profile"
     pds = {s.pd for d, s in twin.candidates(tr, world, pd=True) if d == "pd"}
     assert pds == {"1P5D", "3P3D", "4P2D"}  # 5P1D (ratio 5) would bottleneck
