@@ -608,14 +608,14 @@ def _set_live(target: Any, url: str | None, pairs: dict[str, str], dry_run: bool
     from dualpath_cli.services.tuning import live_body
 
     body = live_body(pairs)
+    if not dry_run:
+        target.require_token("tune set")  # before anything is asked of the cluster
     with _client(url) as client:
-        st = client.status()
-        th = st.thresholds
         if dry_run:
             _live_dry_run(client, target.url, body, None if hardware == "hopper" else hardware,
                           as_json)
             return
-        target.require_token("tune set")
+        th = client.status().thresholds
         if not as_json:
             now = {"alpha": _tokens(th.alpha_tokens), "beta": _tokens(th.beta_tokens),
                    "quota": format_duration(th.quota_s), "read_side": th.read_side}
@@ -741,6 +741,8 @@ def rollback(
     from dualpath_cli.services.tuning import rollback_body
 
     target = source.resolve(url)
+    if not dry_run:
+        target.require_token("tune rollback")
     with _client(url) as client:
         last, body = rollback_body(client.status().audit)
         if dry_run:
@@ -751,7 +753,6 @@ def rollback(
                 stdout.print(f"would undo audit #{last.seq}: " + ", ".join(
                     f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
             return
-        target.require_token("tune rollback")
         if not as_json:
             stderr.print(f"undo audit #{last.seq}: " + ", ".join(
                 f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
