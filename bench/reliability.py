@@ -22,7 +22,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,15 @@ def file_case(box: Sandbox, argv_head: list[str], data: bytes, n: int) -> Outcom
         return run_cli([*argv_head, str(path)], box)
     finally:
         path.unlink(missing_ok=True)
+
+
+def _file_runner(box: Sandbox, head: list[str], counter: Iterator[int]
+                 ) -> Callable[[bytes], Outcome]:
+    """A case runner for one file kind (each file gets a fresh name)."""
+    def run(data: bytes) -> Outcome:
+        return file_case(box, head, data, next(counter))
+
+    return run
 
 
 def _http_fuzz(examples: int, seed: int) -> list[Outcome]:
@@ -117,8 +126,8 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
                         ("trace file", ["trace", "stats"], trace_bytes_strategy()),
                         ("trace file (--json)", ["trace", "stats", "--json"],
                          trace_bytes_strategy())):
-                    targets.append((name, strategy, lambda data, h=head: file_case(
-                        box, h, data, next(counter)), per_file_kind))
+                    targets.append((name, strategy, _file_runner(box, head, counter),
+                                    per_file_kind))
                 for name, strategy, run, cases in targets:
                     if only and only not in name:
                         continue

@@ -169,7 +169,7 @@ _FLOATS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-0.0", "0", "1e308",
 
 def _text() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(_NASTY_TEXT),
-                     st.text(st.characters(blacklist_categories=("Cs",)), max_size=12))
+                     st.text(st.characters(exclude_categories=["Cs"]), max_size=12))
 
 
 def _value(param: Any, box: Sandbox) -> st.SearchStrategy[str]:
@@ -317,7 +317,7 @@ def config_text_strategy() -> st.SearchStrategy[bytes]:
 
 _TRACE_HEADER = {"format": "dualpath-trace", "version": 1, "max_len": 64000,
                  "generator": {"name": "fuzz"}}
-_FIELD_VALUES = st.one_of(st.integers(-10, 70000), st.sampled_from(
+_FIELD_VALUES: st.SearchStrategy[Any] = st.one_of(st.integers(-10, 70000), st.sampled_from(
     [10**30, -(10**30), 2**63, 1.5, float("inf"), None, "12", True, [], {}, [1, 2]]))
 
 
@@ -415,7 +415,7 @@ def stubbed() -> Iterator[None]:
     built = typer.main.get_command(app)  # once, not per case (it is most of a case's time)
     saved: list[tuple[Any, str, Any]] = [(typer.testing, "_get_command",
                                           typer.testing._get_command)]
-    typer.testing._get_command = lambda typer_app: built  # type: ignore[attr-defined]
+    setattr(typer.testing, "_get_command", lambda typer_instance: built)  # noqa: B010
     for module, name, repl in _stubs():
         saved.append((module, name, getattr(module, name)))
         setattr(module, name, repl)
@@ -494,7 +494,8 @@ def run_http_fuzz(app: Any, token: str, examples: int, seed: int = 0,
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     outcomes: list[Outcome] = []
     for result in schema.get_all_operations():
-        _fuzz_operation(result.ok(), token, examples, seed, after_each, outcomes)
+        _fuzz_operation(result.ok(), token, examples, seed, after_each,  # type: ignore[union-attr]
+                        outcomes)
     return outcomes
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -66,7 +67,7 @@ def test_an_engine_dying_at_start_up_is_one_line_at_once(
 
     real_start = local.LocalCluster.start
 
-    def start_then_kill(self: local.LocalCluster, specs: list) -> None:  # type: ignore[type-arg]
+    def start_then_kill(self: local.LocalCluster, specs: list[Any]) -> None:
         real_start(self, specs)
         self.kill(specs[0].engine_id)  # dies before its hello
 
@@ -78,4 +79,6 @@ def test_an_engine_dying_at_start_up_is_one_line_at_once(
         system.start(timeout=60)
     assert time.monotonic() - began < 30
     assert system.closed  # what was started was stopped
-    assert not any(p.is_alive() for p in system.cluster._procs.values())  # type: ignore[union-attr]
+    cluster = system.cluster
+    assert isinstance(cluster, local.LocalCluster)
+    assert not any(p.is_alive() for p in cluster._procs.values())

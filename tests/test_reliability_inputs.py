@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fuzzing import Sandbox, run_cli, stubbed
@@ -61,7 +62,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv_words", CASES, ids=lambda c: " ".join(c[0])[:60])
-def test_bad_input_is_one_line(box: Sandbox, argv_words: tuple) -> None:  # type: ignore[type-arg]
+def test_bad_input_is_one_line(box: Sandbox, argv_words: tuple[Any, ...]) -> None:
     argv, *words = argv_words
     _refused(box, argv, *words)
 

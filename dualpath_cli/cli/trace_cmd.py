@@ -60,10 +60,10 @@ def gen(
     if not output:
         raise UsageError("-o/--output: empty path; name the trace file to write")
     try:  # before the trace is drawn: a bad target costs nothing
-        target = write_target(output)
+        written = write_target(output)
     except OSError as err:
         raise UsageError(f"{output}: cannot write: {err.strerror}") from None
-    if target.exists() and not force:
+    if written.exists() and not force:
         raise UsageError(f"{output}: already exists; use --force to overwrite")
     check_count("trace_agents", agents, "--agents")
     check_count("trace_agents", base_agents, "--base-agents")
