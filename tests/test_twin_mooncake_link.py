@@ -73,6 +73,7 @@ def test_trace_convert_writes_a_dualpath_trace_and_reports_counts(
 
 def test_sim_runs_a_mooncake_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = write_log(tmp_path / "mc.jsonl")
-    assert main(["sim", "run", "--trace", str(log), "--model", "ds27b", "--pd", "1P1D", "--json"]) == 0
+    assert main(["sim", "run", "--trace", str(log), "--model", "ds27b", "--pd", "1P1D",
+                 "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["turns"] == 6 and data["agents"] == 4
