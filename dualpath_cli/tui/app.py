@@ -58,8 +58,8 @@ class TopApp(App[None]):
     .ascii StatusBar, .ascii Scrubber { text-overflow: clip; }
     .ascii QuadrantView { border: ascii $primary; }
     .ascii #detail-box, .ascii #finding-box { border-top: ascii $primary; }
-    .ascii > VerticalScroll, .ascii > Vertical { border: ascii $primary; }
-    .ascii ConfirmScreen > Vertical { border: ascii $warning; }
+    HelpScreen.ascii > VerticalScroll, TuneScreen.ascii > Vertical { border: ascii $primary; }
+    ConfirmScreen.ascii > Vertical { border: ascii $warning; }
     .ascii DataTable, .ascii VerticalScroll { scrollbar-size: 0 0; }
     .ascii Input { border: ascii $primary; }
     .ascii Button { border: none; height: 1; margin: 0 1; }

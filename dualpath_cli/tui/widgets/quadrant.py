@@ -56,7 +56,7 @@ class QuadrantView(Vertical):
         series = [v if v is not None else 0.0 for v in q.mean]
         if self.ascii_only:
             width = max(4, self.size.width - 4)
-            self.query_one(Static).update(sparkline(q.mean, width, True, top=1.0))
+            self.query_one(".spark", Static).update(sparkline(q.mean, width, True, top=1.0))
         else:
             self.query_one(Sparkline).data = series or [0.0]
         table = self.query_one(DataTable)
