@@ -398,6 +398,9 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
     openai = _optional_module("dualpath_cli.api.openai_routes")
     if openai is not None:  # the OpenAI-compatible routes (their own module)
         app.include_router(openai.router(live))
+    joins = _optional_module("dualpath_cli.api.join_routes")
+    if joins is not None:  # nodes joining with --join (token always required)
+        app.include_router(joins.router(live))
 
     @app.exception_handler(AuthError)
     async def _auth(_request: Request, err: AuthError) -> JSONResponse:

@@ -145,6 +145,8 @@ def _started_at() -> float:
 
 def _engines_text(live: LiveCluster) -> str:
     o = live.opts
+    if not o.local_engines:
+        return "scheduler only (nodes join with --join)"
     n_pre = o.prefill_nodes * o.gpus_per_node
     n_dec = o.decode_nodes * o.gpus_per_node
     return f"{o.prefill_nodes}P{o.decode_nodes}D ({n_pre} prefill, {n_dec} decode engines)"
@@ -152,7 +154,8 @@ def _engines_text(live: LiveCluster) -> str:
 
 def _options(preset: str | None, config: Path | None, overrides: list[str], pd: str | None,
              policy: str | None, store: Path | None, engines: str = "real",
-             emulated_hosts: int = 4) -> Any:
+             emulated_hosts: int = 4, role: str = "all",
+             heartbeat_timeout: float | None = None) -> Any:
     from dualpath_cli.cli.bench_cmd import store_root
     from dualpath_cli.config import load_config
     from dualpath_cli.config.model import parse_pd
@@ -189,6 +192,10 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
         more["policy"] = policy
     if engines == "emulated":
         more.update(engines="emulated", emulated_hosts=emulated_hosts, heartbeat_s=0.5)
+    if role == "scheduler":  # nodes join it (--join); a dead node's turns move within ~1 s
+        more["local_engines"] = False
+    if heartbeat_timeout is not None:
+        more["heartbeat_timeout"] = heartbeat_timeout
     return options_from_config(loaded, **more)
 
 
@@ -490,6 +497,21 @@ def launch(
         "snic_throttle:node=1,fraction=0.25, read_latency:node=1,latency=20ms, "
         "read_errors:node=1,rate=0.1, hot_blocks:node=0,count=4,rate=20, "
         "hbm_frag:engine=2,stride=4, slow_compute:engine=1,factor=4.")] = None,
+    role: Annotated[str, typer.Option("--role", help="all (one host: scheduler and "
+                                      "engines), scheduler (nodes join it), or prefill/"
+                                      "decode (this node joins --join).")] = "all",
+    node: Annotated[str | None, typer.Option("--node", help="This node's name (with --role "
+                                             "prefill|decode; default: the host name).")] = (
+        None),
+    join: Annotated[str | None, typer.Option("--join", help="HOST:PORT of the scheduler's "
+                                             "API to join.")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="The cluster's "
+                                                    "token (default: DUALPATH_TOKEN).")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, max=64, help="Engines this node "
+                                      "runs.")] = 1,
+    heartbeat_timeout: Annotated[str | None, typer.Option(
+        "--heartbeat-timeout", help="Silence before an engine is declared dead (default 5s; "
+        "1s with --role scheduler).")] = None,
     engines: Annotated[str, typer.Option("--engines", help="real (the reference model) or "
                                          "emulated (the real protocol over real sockets, "
                                          "timing from the cost model: control-plane scale "
@@ -503,11 +525,28 @@ def launch(
     $XDG_STATE_HOME/dualpath/ or ~/.local/state/dualpath/; 'dualpath status' and
     'dualpath stop' find the cluster through it.
     """
+    if role not in ("all", "scheduler", "prefill", "decode"):
+        raise UsageError(f"--role {role!r}: expected all, scheduler, prefill or decode")
+    if role in ("prefill", "decode"):
+        if join is None:
+            raise UsageError(f"--role {role} needs --join HOST:PORT (the scheduler's API)")
+        _serve_node(role, node or socket.gethostname(), join, token_file, gpus, store, host,
+                    _duration("--start-timeout", start_timeout), as_json)
+        raise typer.Exit(0)
+    if join is not None:
+        raise UsageError("--join is for --role prefill or decode (a node joining a "
+                         "scheduler)")
     if not _is_loopback(host) and not allow_remote:
         raise UsageError(f"--host {host} is not a loopback address; add --allow-remote to "
                          "serve other machines (every endpoint then needs the token)")
     drain_s = _duration("--drain-timeout", drain_timeout)
     start_s = _duration("--start-timeout", start_timeout)
+    hb_timeout = (_duration("--heartbeat-timeout", heartbeat_timeout)
+                  if heartbeat_timeout is not None else 1.0 if role == "scheduler" else None)
+    if role == "scheduler" and not _is_loopback(host):
+        from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
+
+        os.environ[BIND_HOST_ENV] = host  # the control endpoint nodes send to
     from dualpath_cli.runtime.faults import parse_faults
 
     faults = parse_faults(inject or [])  # a bad SPEC fails here, before anything starts
@@ -524,15 +563,66 @@ def launch(
                          else value]
         for item in overrides or []:
             argv += ["--set", item]
-        argv += ["--engines", engines, "--emulated-hosts", str(emulated_hosts)]
+        argv += ["--engines", engines, "--emulated-hosts", str(emulated_hosts),
+                 "--role", role]
+        if heartbeat_timeout is not None:
+            argv += ["--heartbeat-timeout", heartbeat_timeout]
         for spec in inject or []:
             argv += ["--inject", spec]
         code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
     code = _serve(host, port, allow_remote, drain_s, start_s,
                   (preset, config, list(overrides or []), pd, policy, store, engines,
-                   emulated_hosts), as_json, faults)
+                   emulated_hosts, role, hb_timeout), as_json, faults)
     raise typer.Exit(code)
+
+
+def _token_for_join(token_file: Path | None) -> str:
+    """The cluster's token for ``--join``: ``--token-file``, else ``DUALPATH_TOKEN``."""
+    if token_file is not None:
+        try:
+            text = token_file.expanduser().read_text().strip()
+        except OSError as err:
+            raise UsageError(f"--token-file {token_file}: cannot read it "
+                             f"({err.strerror})") from None
+        if not text:
+            raise UsageError(f"--token-file {token_file}: it is empty")
+        return text
+    env = os.environ.get("DUALPATH_TOKEN", "").strip()
+    if not env:
+        raise UsageError("joining needs the cluster's token: --token-file FILE (the "
+                         "scheduler's token file) or DUALPATH_TOKEN")
+    return env
+
+
+def _serve_node(role: str, name: str, join: str, token_file: Path | None, gpus: int,
+                store: Path | None, host: str, start_s: float, as_json: bool) -> None:
+    """``launch --role prefill|decode --join``: this node's engines until SIGINT/SIGTERM."""
+    from dualpath_cli.services.node import NodeAgent, join_url
+
+    url = join_url(join)
+    agent = NodeAgent(url, _token_for_join(token_file), name, role, gpus,
+                      store.expanduser() if store is not None else None, host)
+    stop_event = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop_event.set())
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        joined_s = agent.join(start_s)
+        plan = agent.plan
+        assert plan is not None
+        line = (f"joined {url} as node {name!r} (node {plan.node}): {gpus} {role} engines "
+                f"{plan.engine_ids[0]}-{plan.engine_ids[-1]} serving in {joined_s:.2f} s")
+        if as_json:
+            emit_json({"node": name, "index": plan.node, "role": role,
+                       "engines": plan.engine_ids, "join_s": round(joined_s, 3), "url": url})
+        else:
+            stdout.print(line, highlight=False, soft_wrap=True)
+        why = agent.serve(stop_event)
+        stderr.print(f"node {name!r}: {why}; leaving", highlight=False)
+    finally:
+        agent.close(leave=True)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 # --- status --------------------------------------------------------------------------------

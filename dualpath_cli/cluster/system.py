@@ -110,6 +110,8 @@ class RuntimeSystem:
         snic = o.snic_bw if self.shaped else 0.0  # the oracle crosses no NIC
         cnic = o.cnic_bw if self.shaped else 0.0
         specs: list[EngineSpec] = []
+        if not o.local_engines:  # the scheduler alone: nodes join it (cluster/join.py)
+            return specs
         eid = 0
         nodes = [("prefill", n) for n in range(o.prefill_nodes)] + [
             ("decode", o.prefill_nodes + n) for n in range(o.decode_nodes)]

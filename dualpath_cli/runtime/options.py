@@ -65,6 +65,8 @@ class RuntimeOptions:
             protocol over real sockets and take their time from the cost model of
             ``emulated_model`` on ``emulated_hardware``, ``emulated_hosts`` processes,
             ``emulated_speed`` emulated seconds per second; :mod:`dualpath_cli.runtime.emulated`).
+        local_engines: False starts the scheduler alone (``launch --role scheduler``): nodes
+            join it (:mod:`dualpath_cli.cluster.join`).
     """
 
     prefill_nodes: int = 1
@@ -101,6 +103,7 @@ class RuntimeOptions:
     emulated_model: str = "ds660b"
     emulated_hardware: str = "hopper"
     emulated_speed: float = 1.0
+    local_engines: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:

@@ -9,6 +9,7 @@ owning thread receives.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -18,7 +19,10 @@ import zmq
 
 from dualpath_cli.transfer.base import Message, buffer_specs, restore_buffers
 
-__all__ = ["ZmqFabric", "ZmqEndpoint"]
+__all__ = ["ZmqFabric", "ZmqEndpoint", "BIND_HOST_ENV"]
+
+#: Environment variable naming the address endpoints bind (default: loopback).
+BIND_HOST_ENV = "DUALPATH_BIND_HOST"
 
 
 class ZmqEndpoint:
@@ -93,9 +97,11 @@ class ZmqFabric:
 
     kind = "zmq"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
+        # a node that joins a scheduler on another host binds where its peers reach it
+        self.host = host or os.environ.get(BIND_HOST_ENV) or "127.0.0.1"
 
     def endpoint(self, name: str) -> ZmqEndpoint:
         del name
-        return ZmqEndpoint(self._ctx)
+        return ZmqEndpoint(self._ctx, self.host)

@@ -1,0 +1,146 @@
+"""Nodes that join a running scheduler (``dualpath launch --role ... --join HOST:PORT``).
+
+Why: operators start one process per node with what they already have (a Slurm ``srun``, a
+Kubernetes pod); the scheduler's host runs ``launch --role scheduler`` and each node asks it
+for a place. The handshake goes through the HTTP API with the cluster's bearer token (a
+wrong one is refused there); after it, engines speak the usual wire protocol to the
+scheduler's control endpoint, which the answer names. :class:`JoinService` is the scheduler
+side: it gives a node an index (its group), engine ids, and every engine setting the node
+must not choose itself (model, block size, quota, NIC rates), and takes a node that leaves
+out of scheduling (its in-flight turns are re-queued by the scheduler).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.types import Role
+from dualpath_cli.errors import UsageError
+
+__all__ = ["JoinPlan", "JoinService", "NODE_ROLES"]
+
+#: Roles a joining node may take.
+NODE_ROLES = (Role.PREFILL.value, Role.DECODE.value)
+#: Engines one node may bring (a GPU each).
+MAX_GPUS = 64
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """What a joining node needs to start its engines (JSON over the API)."""
+
+    name: str
+    node: int
+    role: str
+    engine_ids: list[int]
+    ctl: str
+    store: str | None
+    model: str
+    block_tokens: int
+    hbm_blocks: int
+    codec: str
+    dram_cache_bytes: int
+    quota_s: float
+    flops_rate: float
+    heartbeat_s: float
+    fetch_s: float
+    snic_bw: float
+    cnic_bw: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JoinPlan:
+        """Read the API's answer (unknown keys ignored, a missing one is a KeyError)."""
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+
+class JoinService:
+    """Places joining nodes into a running system's scheduler. See the module docstring."""
+
+    def __init__(self, system: RuntimeSystem) -> None:
+        self.system = system
+        self._lock = threading.Lock()
+        self._nodes: dict[str, JoinPlan] = {}
+        self.joined_at: dict[str, float] = {}
+        specs = system.specs
+        self._next_node = max((s.node for s in specs), default=-1) + 1
+        self._next_eid = max((s.engine_id for s in specs), default=-1) + 1
+
+    def join(self, name: str, role: str, gpus: int) -> JoinPlan:
+        """Register node ``name``'s ``gpus`` engines of ``role``; their plan.
+
+        A name whose engines are all dead (it died or left) joins again as a new node.
+
+        Raises:
+            UsageError: a bad role, GPU count or name, or a name still serving.
+        """
+        if role not in NODE_ROLES:
+            raise UsageError(f"role {role!r}: a node is one of {', '.join(NODE_ROLES)}")
+        if not 1 <= gpus <= MAX_GPUS:
+            raise UsageError(f"gpus {gpus}: a node brings 1 to {MAX_GPUS} engines")
+        if not name or len(name) > 128 or not name.isprintable():
+            raise UsageError(f"node name {name!r}: 1-128 printable characters")
+        sched = self.system.scheduler
+        o = self.system.opts
+        shaped = self.system.shaped
+        with self._lock:
+            old = self._nodes.get(name)
+            if old is not None and any(
+                    sched.engines[eid].alive for eid in old.engine_ids if eid in sched.engines):
+                raise UsageError(f"node {name!r} is already in the cluster (node "
+                                 f"{old.node}); stop it first or choose another --node")
+            node = self._next_node
+            self._next_node += 1
+            eids = list(range(self._next_eid, self._next_eid + gpus))
+            self._next_eid += gpus
+            for eid in eids:
+                sched.register(eid, role, node, node)
+            plan = JoinPlan(
+                name=name, node=node, role=role, engine_ids=eids, ctl=sched.address,
+                store=str(o.store_dir) if o.store_dir is not None else None, model=o.model,
+                block_tokens=o.block_tokens, hbm_blocks=o.hbm_blocks, codec=o.codec,
+                dram_cache_bytes=o.dram_cache_bytes, quota_s=sched.quota_s,
+                flops_rate=self.system.flops_rate, heartbeat_s=o.heartbeat_s,
+                fetch_s=o.fetch_s, snic_bw=o.snic_bw if shaped else 0.0,
+                cnic_bw=o.cnic_bw if shaped else 0.0)
+            self._nodes[name] = plan
+            self.joined_at[name] = time.monotonic()
+            return plan
+
+    def leave(self, name: str) -> int:
+        """Take node ``name`` out of scheduling now (its turns are re-queued); engines taken.
+
+        Raises:
+            UsageError: no node of that name.
+        """
+        with self._lock:
+            plan = self._nodes.get(name)
+        if plan is None:
+            raise UsageError(f"no node {name!r} joined this cluster")
+        for eid in plan.engine_ids:
+            self.system.scheduler.mark_dead(eid)
+        return len(plan.engine_ids)
+
+    def status(self, name: str) -> dict[str, Any]:
+        """Node ``name``'s engines and their states (``starting``, ``ready``, ``dead``).
+
+        Raises:
+            UsageError: no node of that name.
+        """
+        with self._lock:
+            plan = self._nodes.get(name)
+        if plan is None:
+            raise UsageError(f"no node {name!r} joined this cluster")
+        sched = self.system.scheduler
+        with sched._lock:  # noqa: SLF001 - a consistent read of the engines' states
+            states = {eid: sched.engines[eid].state for eid in plan.engine_ids}
+        return {"name": name, "node": plan.node, "role": plan.role,
+                "engines": {str(k): v for k, v in states.items()},
+                "ready": all(v == "ready" for v in states.values())}
