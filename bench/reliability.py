@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -142,7 +143,11 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
             box.close()
     if http_examples and (not only or "http" in only):
         t0 = time.monotonic()
-        outcomes = _http_fuzz(http_examples, seed)
+        try:
+            outcomes = _http_fuzz(http_examples, seed)
+        except Exception as err:  # e.g. the OpenAPI document itself cannot be built
+            outcomes = [Outcome(["http"], -1, "", False,
+                                f"cannot fuzz the API: {type(err).__name__}: {err}"[:300])]
         bad = [o for o in outcomes if not o.ok]
         failures += bad
         by_target["http (every endpoint, with and without token)"] = {
@@ -164,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-http", action="store_true", help="skip the API fuzz")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds (the sandbox temp directory is removed) instead of ending at once
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     per_command = args.cases or (300 if args.long else 40)
     per_file = per_command * 2 if args.long else per_command * 3
     http = 0 if args.no_http else (100 if args.long else 10)
