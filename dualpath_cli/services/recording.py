@@ -196,6 +196,8 @@ def _line(obj: dict[str, Any]) -> str:
 _ENGINE_COLS = tuple(f.name for f in dataclasses.fields(EngineView))
 _NODE_COLS = tuple(f.name for f in dataclasses.fields(NodeView))
 _LAYERS_AT = _ENGINE_COLS.index("layers")
+_ENGINE_FIELDS = frozenset(_ENGINE_COLS)
+_NODE_FIELDS = frozenset(_NODE_COLS)
 
 
 def encode_view(view: ClusterView) -> dict[str, Any]:
@@ -231,43 +233,29 @@ def decode_view(data: dict[str, Any]) -> ClusterView:
         for row in engines_in["rows"]:
             row[_LAYERS_AT] = tuple([LayerHits(*x) for x in row[_LAYERS_AT]])
             engines.append(EngineView(*row))
-    else:  # another writer's columns: by name, unknown ones ignored
+    else:  # another writer's columns (an older or newer version): by name, once per view
         cols = engines_in["cols"]
-        li = cols.index("layers") if "layers" in cols else None
+        known = [(i, c) for i, c in enumerate(cols) if c in _ENGINE_FIELDS]
         engines = []
         for row in engines_in["rows"]:
-            if li is not None:
-                row[li] = [dict(zip(("layer", "dram", "store", "peer", "slack_s"), x,
-                                    strict=False)) for x in row[li]]
-            engines.append(_engine_by_name(dict(zip(cols, row, strict=True))))
+            kw = {c: row[i] for i, c in known}
+            if "layers" in kw:
+                kw["layers"] = tuple([LayerHits(*x[:5]) for x in kw["layers"]])
+            engines.append(EngineView(**kw))
     if tuple(nodes_in["cols"]) == _NODE_COLS:
         nodes = []
         for row in nodes_in["rows"]:
             row[2] = tuple(row[2])
             nodes.append(NodeView(*row))
     else:
-        nodes = [_node_by_name(dict(zip(nodes_in["cols"], row, strict=True)))
-                 for row in nodes_in["rows"]]
+        known = [(i, c) for i, c in enumerate(nodes_in["cols"]) if c in _NODE_FIELDS]
+        nodes = []
+        for row in nodes_in["rows"]:
+            kw = {c: row[i] for i, c in known}
+            kw["engines"] = tuple(kw.get("engines", ()))
+            nodes.append(NodeView(**kw))
     slim = view_from_dict({**data, "engines": [], "nodes": []})
     return dataclasses.replace(slim, engines=tuple(engines), nodes=tuple(nodes))
-
-
-def _engine_by_name(d: dict[str, Any]) -> EngineView:
-    return view_from_dict({"engines": [d], "nodes": [], "scheduler": _EMPTY_SCHED,
-                           "at": 0, "state": "", "pd": "", "model": "", "uptime_s": 0}
-                          ).engines[0]
-
-
-def _node_by_name(d: dict[str, Any]) -> NodeView:
-    return view_from_dict({"engines": [], "nodes": [d], "scheduler": _EMPTY_SCHED,
-                           "at": 0, "state": "", "pd": "", "model": "", "uptime_s": 0}
-                          ).nodes[0]
-
-
-_EMPTY_SCHED = {"policy": "", "fifo_length": 0, "private_queues": {}, "pe_queue_length": 0,
-                "in_flight": 0, "thresholds": {"alpha_tokens": 0, "beta_tokens": 0,
-                                               "z_factor": 0.0, "quota_s": 0.0,
-                                               "read_side": ""}}
 
 
 def sample_line(sample: Sample) -> str:
