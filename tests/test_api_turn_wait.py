@@ -120,3 +120,72 @@ def test_a_streamed_turn_still_answers_through_the_worker() -> None:
     assert r.status_code == 200
     assert text.rstrip().endswith("data: [DONE]")
     assert '"text":""' in text.replace(" ", "")  # the first chunk, then the tokens
+
+
+@dataclass
+class LockingCluster(HandCluster):
+    """A cluster whose ``submit`` holds its lock while it waits for the scheduler's, as
+    LiveCluster does, and whose ``done`` takes that lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    scheduler_lock: threading.Lock = field(default_factory=threading.Lock)
+    second_holds_lock: threading.Event = field(default_factory=threading.Event)
+
+    def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
+        with self.lock:
+            if self.tickets:  # the second request: hold the lock, then want the scheduler's
+                self.second_holds_lock.set()
+            with self.scheduler_lock:
+                return super().submit(tokens, gen, session)
+
+    deadlocked: bool = False
+
+    def done(self, ticket: Ticket) -> None:
+        # a deadlock would hang the test: give up the lock after a while and say so
+        if not self.lock.acquire(timeout=5):
+            self.deadlocked = True
+            super().done(ticket)
+            return
+        try:
+            super().done(ticket)
+        finally:
+            self.lock.release()
+
+
+def test_a_turn_finished_under_the_schedulers_lock_does_not_deadlock_a_submit() -> None:
+    """The scheduler finishes turn A holding its lock while request B's submit holds the
+    cluster's lock and waits for the scheduler's: A's callback must not take the cluster's
+    lock on the scheduler thread (a lock-order deadlock that hung 16 concurrent clients)."""
+    cluster = LockingCluster()
+    answers: dict[str, int] = {}
+    with _app(cluster, timeout=60) as client:
+        def post(name: str) -> None:
+            answers[name] = client.post("/v1/completions", json=_body()).status_code
+
+        first = threading.Thread(target=post, args=("a",), daemon=True)
+        first.start()
+        assert cluster.submitted.wait(30)
+        ticket_a = cluster.tickets[0]
+
+        def scheduler() -> None:
+            with cluster.scheduler_lock:
+                assert cluster.second_holds_lock.wait(30)
+                _finish(ticket_a, [4, 2])  # runs A's done callback under this lock
+
+        sched = threading.Thread(target=scheduler, daemon=True)
+        sched.start()
+        second = threading.Thread(target=post, args=("b",), daemon=True)
+        second.start()
+        sched.join(20)
+        assert not sched.is_alive(), "deadlock: the scheduler thread is stuck in a callback"
+        first.join(20)
+        deadline = threading.Event()
+        for _ in range(200):  # B's ticket exists once its submit got the scheduler's lock
+            if len(cluster.tickets) == 2:
+                break
+            deadline.wait(0.05)
+        _finish(cluster.tickets[1], [1])
+        second.join(20)
+        assert not first.is_alive() and not second.is_alive()
+    assert not cluster.deadlocked, "a done callback took the cluster's lock"
+    assert answers == {"a": 200, "b": 200}

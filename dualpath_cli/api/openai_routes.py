@@ -461,10 +461,14 @@ class _Turn:
             pass  # the loop is closed: nobody is waiting any more
 
     def _on_done(self) -> None:
-        """The ticket's done callback (the finishing thread): hand the end to the loop."""
-        self._args[0].done(self.ticket)
+        """The ticket's done callback, on the scheduler thread that finished the turn (with
+        its lock held): only hand the end to the loop. Releasing the ticket takes the live
+        cluster's lock, which a request thread holds while it submits (and waits for the
+        scheduler's lock): done here, that is a lock-order deadlock, so the loop does it."""
+        live = self._args[0]
 
         def deliver() -> None:
+            live.done(self.ticket)
             self._timer.cancel()
             for fut in (self.first, self.done):
                 if not fut.done():  # else the request went away or timed out

@@ -157,9 +157,11 @@ class Ticket:
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the turn is done (at once if it already is).
 
-        It runs on the thread that finishes the turn, so it must be quick and must not
-        raise. Why: an event loop waiting on a turn then needs no thread of its own blocked
-        in :meth:`wait` (each thread hand-off is a wake-up on the request's critical path).
+        It runs on the thread that finishes the turn, often with the scheduler's lock held,
+        so it must be quick, must not raise and must take no lock a submitter may hold
+        while it waits for the scheduler (hand the work to another thread instead). Why: an
+        event loop waiting on a turn then needs no thread of its own blocked in
+        :meth:`wait` (each thread hand-off is a wake-up on the request's critical path).
         """
         with self._callbacks_lock:
             if not self.event.is_set():
