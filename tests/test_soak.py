@@ -1,0 +1,29 @@
+"""The CI soak (issue 17, item 5): bench/soak.py's short version against a launched cluster
+through the official ``openai`` client: no descriptor growth and nothing left behind. The
+RSS goal (< 5 % after warm-up) is a figure of the long run (``python bench/soak.py``), not
+asserted here: 300 turns are too few to tell growth from noise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
+
+
+def test_short_soak_leaks_no_descriptors_and_leaves_no_temp_files() -> None:
+    done = subprocess.run([sys.executable, str(SOAK), "--turns", "300", "--first", "32",
+                           "--append", "8", "--gen", "2", "--interval", "1", "--policy",
+                           "round-robin", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip(), done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["turns"] == 300 and figures["errors"] == 0, figures["first_errors"]
+    assert figures["fd_growth"] == 0, figures["fds"]
+    assert figures["leftover_temp_files"] == 0, figures["state_files_left"]
+    assert figures["stop_exit"] == 0
+    assert figures["samples"] and figures["samples"][-1]["turns"] == 300
+    assert all(s["temp_files"] == 0 for s in figures["samples"][-1:])
+    assert done.returncode == 0, done.stderr
