@@ -98,3 +98,42 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and f"terminated by signal {int(sig)}" in err
     assert list(root.iterdir()) == []
+
+
+def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> None:
+    """SIGTERM to `dualpath bench` exited in 0.01 s and orphaned its three engines, with
+    the per-policy store left behind; now it unwinds: engines stopped, store removed."""
+    import psutil
+
+    root = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualpath_cli.cli.app", "bench", "--agents", "4", "--turns",
+         "30", "--store", str(root), "--snic-bw", "1GB/s", "--policy", "dualpath"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    family: list[psutil.Process] = []
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 180  # engines import numpy and build the model
+        while len([c for c in me.children(recursive=True)
+                   if "resource_tracker" not in " ".join(c.cmdline())]) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        family = me.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert "terminated by signal 15; cleaned up" in err and "Traceback" not in err
+        gone = time.monotonic() + 15
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family):
+            assert time.monotonic() < gone, "an engine outlived its launcher"
+            time.sleep(0.05)
+        assert list(root.iterdir()) == []  # the per-policy store went with the run
+    finally:
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -201,3 +201,16 @@ def test_nul_bytes_in_paths_are_one_line(box: Sandbox) -> None:
     bad_tag = box.root / "tag.yaml"
     bad_tag.write_text("storage:\n  block_size: !!python/object:os.system x\n")
     _refused(box, ["config", "validate", str(bad_tag)], "storage.block_size")
+
+
+def test_docs_list_every_limit_with_its_variable() -> None:
+    """docs/reliability.md's limits table is exactly LIMITS, each with its variable."""
+    from dualpath_cli.limits import LIMITS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "reliability.md").read_text()
+    section = text.split("## Resource limits", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| limit ")}
+    assert set(rows) == set(LIMITS)
+    for name, lim in LIMITS.items():
+        assert f"`{lim.env_var}`" in rows[name], name
