@@ -43,3 +43,20 @@ def test_a_restarted_engine_starts_a_new_window() -> None:
     assert w.utilization is None
     w.update(2.0, hb(3, 0.6, 3))
     assert w.utilization == pytest.approx(0.5)
+
+
+def test_a_batch_longer_than_the_window_reads_busy_in_every_window_it_spans() -> None:
+    """Busy time arrives when a batch ends: a 3 s prefill batch is busy for 3 windows, not
+    idle, idle, then saturated."""
+    w = EngineWindow(window_s=1.0)
+    w.update(0.0, hb(1, 0.0, 0))
+    w.update(1.0, hb(2, 0.0, 0))
+    w.update(2.0, hb(3, 0.0, 0))
+    w.update(3.0, hb(4, 3.0, 1))  # the batch that ran from 0 to 3 s ends
+    assert w.utilization == 1.0 and w.service_time_s == pytest.approx(3.0)
+    w.update(4.0, hb(5, 3.0, 1))  # nothing new ended: the carried 2 s keep it busy
+    assert w.utilization == 1.0
+    w.update(5.0, hb(6, 3.0, 1))
+    assert w.utilization == 1.0
+    w.update(6.0, hb(7, 3.0, 1))  # the carry is spent: idle
+    assert w.utilization == 0.0

@@ -51,7 +51,10 @@ class EngineWindow:
     Why windowed: "adding nodes does not help" and "one engine is slow" are judged on what
     the engines do now; a busy fraction since start hides a change under hours of history.
     A window in which the engine ran nothing has no service time (``None``), nor a KV wait
-    when no prefill of a cached prefix was queued in it.
+    when no prefill of a cached prefix was queued in it. Busy time is reported when a batch
+    ends, so a batch longer than the window lands in one window; what exceeds that window
+    is carried into the next ones (a prefill busy for 3 s reads busy for 3 windows, not
+    idle, idle, saturated).
     """
 
     window_s: float = 1.0
@@ -60,6 +63,7 @@ class EngineWindow:
     utilization: float | None = None
     service_time_s: float | None = None
     kv_wait_s: float | None = None
+    carry_s: float = 0.0  # busy seconds reported beyond the windows they fell in
 
     def update(self, now: float, hb: Heartbeat) -> None:
         """Feed one heartbeat received at ``now`` (monotonic seconds)."""
@@ -67,13 +71,16 @@ class EngineWindow:
                float(hb.kv_waits))
         if self.t0 is None or cur[0] < self.base[0] or cur[1] < self.base[1]:
             self.t0, self.base = now, cur  # first heartbeat, or the engine restarted
+            self.carry_s = 0.0
             return
         dt = now - self.t0
         if dt < self.window_s:
             return
         busy, items, wait, waits = (c - b for c, b in zip(cur, self.base, strict=True))
-        self.utilization = min(1.0, max(0.0, busy / dt))
         self.service_time_s = busy / items if items > 0 else None
+        busy += self.carry_s
+        self.carry_s = max(0.0, busy - dt)
+        self.utilization = min(1.0, max(0.0, busy / dt))
         self.kv_wait_s = wait / waits if waits > 0 else None
         self.t0, self.base = now, cur
 
