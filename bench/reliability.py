@@ -13,6 +13,17 @@ the long one::
 JSON keys: ``fuzz_cases``, ``fuzz_failures``, ``by_target`` (cases, failures, seconds per
 command or file kind), ``failures`` (the first 20, each a command line and a reason),
 ``seconds``.
+
+Faults and soak (issue 17, items 3 and 5), each its own part::
+
+    nice -n 19 python bench/reliability.py --no-fuzz --faults          # the fault matrix
+    nice -n 19 python bench/reliability.py --no-fuzz --soak 10000      # bench/soak.py
+
+``--faults`` runs every scenario of tests/test_fault_matrix.py (``--fault NAME`` picks some)
+and adds ``faults``: one row per fault with ``detected_s`` (and its bound ``limit_s``),
+``lost_turns``, ``tokens_identical``, ``served_corrupt``, ``temp_files``, ``serving_after``
+and ``ok`` (every goal met), or ``skipped`` with the reason. ``--soak N`` adds
+``soak_rss_growth``, ``fd_growth``, ``leftover_temp_files`` and ``soak_turns``.
 """
 
 from __future__ import annotations
@@ -160,6 +171,55 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
             "seconds": round(time.monotonic() - started, 1)}
 
 
+# -- faults and soak (issue 17, items 3 and 5) ---------------------------------------------
+def run_faults(names: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per fault of tests/test_fault_matrix.py (all of them, slow ones included)."""
+    from test_fault_matrix import FAULTS, MountRefused, run_fault
+
+    rows: list[dict[str, Any]] = []
+    for name in names or list(FAULTS):
+        try:
+            row = run_fault(name)
+        except MountRefused as err:
+            rows.append({"fault": name, "skipped": str(err)})
+            continue
+        d = row.to_dict()
+        d["ok"] = bool(row.detected_s is not None and row.detected_s <= row.limit_s
+                       and row.lost_turns == 0 and row.tokens_identical
+                       and row.served_corrupt == 0 and row.temp_files == 0
+                       and row.serving_after)
+        rows.append({"name": name, **d})
+    return rows
+
+
+def run_soak(turns: int) -> dict[str, Any]:
+    """bench/soak.py's figures for ``turns`` turns (a subprocess: it launches a cluster)."""
+    import subprocess
+
+    soak = Path(__file__).resolve().parent / "soak.py"
+    done = subprocess.run([sys.executable, str(soak), "--turns", str(turns), "--json"],
+                          capture_output=True, text=True)
+    if not done.stdout.strip():
+        raise SystemExit(f"bench/soak.py failed: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout)
+    return {"soak_rss_growth": out["soak_rss_growth"], "fd_growth": out["fd_growth"],
+            "leftover_temp_files": out["leftover_temp_files"], "soak_turns": out["turns"],
+            "soak_errors": out["errors"], "soak_seconds": out["seconds"]}
+
+
+def _print_faults(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{'fault':<32} {'detected_s':>10} {'limit_s':>8} {'lost':>5} {'identical':>9} "
+          f"{'corrupt':>8} {'tmp':>4} {'serving':>8}")
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['fault']:<32} skipped: {r['skipped']}")
+            continue
+        det = "-" if r["detected_s"] is None else f"{r['detected_s']:.3f}"
+        print(f"{r['fault']:<32} {det:>10} {r['limit_s']:>8g} {r['lost_turns']:>5} "
+              f"{str(r['tokens_identical']):>9} {r['served_corrupt']:>8} {r['temp_files']:>4} "
+              f"{str(r['serving_after']):>8}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--long", action="store_true", help="at least 10,000 cases")
@@ -168,15 +228,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="targets whose name contains this")
     parser.add_argument("--no-http", action="store_true", help="skip the API fuzz")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-fuzz", action="store_true", help="skip the fuzz part")
+    parser.add_argument("--faults", action="store_true", help="run the fault matrix")
+    parser.add_argument("--fault", action="append", default=None,
+                        help="run only this fault of the matrix (repeatable)")
+    parser.add_argument("--soak", type=int, default=0, metavar="TURNS",
+                        help="run bench/soak.py for TURNS turns")
     args = parser.parse_args(argv)
     # SIGTERM unwinds (the sandbox temp directory is removed) instead of ending at once
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     per_command = args.cases or (300 if args.long else 40)
     per_file = per_command * 2 if args.long else per_command * 3
     http = 0 if args.no_http else (100 if args.long else 10)
-    figures = run_fuzz(per_command, per_file, args.seed, args.only, http)
+    figures: dict[str, Any] = {} if args.no_fuzz else run_fuzz(
+        per_command, per_file, args.seed, args.only, http)
+    if args.faults or args.fault:
+        figures["faults"] = run_faults(args.fault)
+    if args.soak:
+        figures.update(run_soak(args.soak))
+    bad_faults = [r for r in figures.get("faults", []) if not r.get("ok", True)]
+    soak_bad = bool(args.soak) and (figures["fd_growth"] > 0
+                                    or figures["leftover_temp_files"] > 0)
     if args.json:
         print(json.dumps(figures))
+    elif args.no_fuzz:
+        pass
     else:
         print(f"{'target':<24} {'cases':>7} {'failures':>9} {'s':>7}")
         for name, row in figures["by_target"].items():
@@ -185,7 +261,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{figures['seconds']:>7}")
         for fail in figures["failures"]:
             print(f"FAIL dualpath {' '.join(map(repr, fail['argv']))}: {fail['reason']}")
-    return 0 if figures["fuzz_failures"] == 0 else 1
+    if not args.json and "faults" in figures:
+        _print_faults(figures["faults"])
+    if not args.json and args.soak:
+        print(f"\nsoak {figures['soak_turns']} turns: RSS growth "
+              f"{figures['soak_rss_growth']:+.2%}, fd growth {figures['fd_growth']:+d}, "
+              f"leftover temp files {figures['leftover_temp_files']}")
+    fuzz_bad = figures.get("fuzz_failures", 0) != 0
+    return 0 if not (fuzz_bad or bad_faults or soak_bad) else 1
 
 
 if __name__ == "__main__":
