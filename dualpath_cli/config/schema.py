@@ -333,17 +333,19 @@ KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}
 
 
 UNBUILT: dict[str, str] = {
-    "scheduler.hierarchical": "hierarchical scheduling is not built yet (it comes with "
-                              "multi-node launch); set scheduler.hierarchical to false",
+    "scheduler.hierarchical": "hierarchical scheduling is built in the simulator only (dualpath "
+                              "sim), not in the runtime yet; set scheduler.hierarchical to "
+                              "false",
 }
 """Keys that are accepted in a file (presets set them) but refused when switched on."""
 
 
-def check_built(config: Any) -> None:
-    """Refuse a config that switches on something not built yet, in one line.
+def check_built(config: Any, world: str = "runtime") -> None:
+    """Refuse a config that switches on something not built yet in ``world``, in one line.
 
     Raises:
-        ConfigError: ``scheduler.hierarchical`` is true.
+        ConfigError: ``scheduler.hierarchical`` is true for the runtime (the simulator,
+            ``world="sim"``, runs it).
     """
-    if config.scheduler.hierarchical:
+    if config.scheduler.hierarchical and world != "sim":
         raise ConfigError(f"scheduler.hierarchical: {UNBUILT['scheduler.hierarchical']}")

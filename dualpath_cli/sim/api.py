@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from dualpath_cli.config.model import Config, parse_pd
 from dualpath_cli.config.schema import check_built
 from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.hierarchy import default_subs
 from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
 from dualpath_cli.sim.calibration import SimCalibration
@@ -44,26 +45,31 @@ class SimKnobs:
     layerwise_prefill: bool = True
     controllers: tuple[str, ...] = ()
     seed: int = 0
+    hierarchical: bool = False
 
 
 def knobs_from_config(config: Config) -> SimKnobs:
     """:class:`SimKnobs` from a loaded config.
 
     Raises:
-        ConfigError: a key set to something not built (``scheduler.hierarchical: true``).
+        ConfigError: a key switched on that the simulator does not build (none today;
+            ``scheduler.hierarchical`` runs :mod:`~dualpath_cli.sim.hierarchy`).
     """
-    check_built(config)
+    check_built(config, world="sim")
     s = config.scheduler
     on = tuple(name for name, key in CONFIG_KEYS.items() if getattr(s, key))
-    return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed)
+    return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed, s.hierarchical)
 
 
 def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "dualpath",
                hardware: str = "hopper", calibration: SimCalibration | None = None,
                seed: int = 0, alpha: int | None = None, beta: int | None = None, *,
                layerwise_prefill: bool = True, controllers: tuple[str, ...] = (),
-               control_interval_s: float = 2.0) -> SimSetup:
-    """A :class:`SimSetup` from profile and policy names (errors name the bad value)."""
+               control_interval_s: float = 2.0, hierarchical: bool = False) -> SimSetup:
+    """A :class:`SimSetup` from profile and policy names (errors name the bad value).
+
+    ``hierarchical`` uses :func:`~dualpath_cli.core.hierarchy.default_subs` sub-schedulers.
+    """
     spec = parse_pd(pd)
     return SimSetup(model=get_model_profile(model),
                     hardware=get_hardware_profile(hardware),
@@ -71,7 +77,9 @@ def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "
                     policy=policy if isinstance(policy, Policy) else get_sim_policy(policy),
                     calibration=calibration or SimCalibration(), seed=seed,
                     alpha=alpha, beta=beta, layerwise_prefill=layerwise_prefill,
-                    controllers=tuple(controllers), control_interval_s=control_interval_s)
+                    controllers=tuple(controllers), control_interval_s=control_interval_s,
+                    sub_schedulers=default_subs(spec.prefill_nodes, spec.decode_nodes)
+                    if hierarchical else 0)
 
 
 def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,
@@ -79,7 +87,7 @@ def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,
                      trace_seed: int = 1) -> SimResult:
     """Offline JCT: ``agents`` agents (or ``plans``) start at t = 0."""
     plans = plans if plans is not None else synthetic_plans(max_len, agents, trace_seed)
-    return Simulation(setup, plans).run_offline()
+    return simulation(setup, plans).run_offline()
 
 
 def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
@@ -97,11 +105,20 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
     slo = slo or SLO()
     if plans is None:
         plans = synthetic_plans(max_len, online_agents(aps, horizon), trace_seed)
-    res = Simulation(setup, plans).run_online(
+    res = simulation(setup, plans).run_online(
         aps, horizon, warmup=horizon / 3 if warmup is None else warmup,
         stop_rule=StopRule(ttft_bound=slo.ttft_s) if early_stop else None)
     res.slo_ok = meets_slo(res, slo)
     return res
+
+
+def simulation(setup: SimSetup, plans: list[AgentPlan]) -> Simulation:
+    """The flat simulation, or the hierarchical one when ``setup.sub_schedulers`` > 0."""
+    if setup.sub_schedulers > 0:
+        from dualpath_cli.sim.hierarchy import HierarchicalSimulation
+
+        return HierarchicalSimulation(setup, plans, setup.sub_schedulers)
+    return Simulation(setup, plans)
 
 
 def online_agents(aps: float, horizon: float) -> int:

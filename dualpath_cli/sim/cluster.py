@@ -91,6 +91,7 @@ class SimSetup:
     layerwise_prefill: bool = True
     controllers: tuple[str, ...] = ()
     control_interval_s: float = 2.0
+    sub_schedulers: int = 0  # > 0: hierarchical scheduling (sim/hierarchy.py)
 
     @property
     def pd(self) -> str:
