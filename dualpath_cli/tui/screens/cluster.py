@@ -4,15 +4,15 @@ with the class word shown, not by colour alone."""
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Input, Static
 
 from dualpath_cli.tui.format import ENGINE_COLUMNS, engine_rows
 from dualpath_cli.tui.screens.base import CockpitScreen
 from dualpath_cli.tui.source import Frame
+from dualpath_cli.tui.widgets.engine_table import EngineTable
 
 __all__ = ["ClusterScreen", "CLASS_STYLES"]
 
@@ -47,41 +47,20 @@ class ClusterScreen(CockpitScreen):
         self.shown_rows = 0
 
     def body(self) -> ComposeResult:
-        table: DataTable[str | Text] = DataTable(id="engines", cursor_type="row",
-                                                 zebra_stripes=True)
-        for key, label, width in ENGINE_COLUMNS:
-            table.add_column(label, key=key, width=width)
-        yield table
+        yield EngineTable(ENGINE_COLUMNS, CLASS_STYLES, id="engines")
         yield Input(placeholder="filter engines: role, node (D1), state, class (overloaded)",
                     id="filter")
         yield Static("", id="summary", markup=False)
 
     def show_body(self, frame: Frame) -> None:
-        table = self.query_one("#engines", DataTable)
+        table = self.query_one("#engines", EngineTable)
         if frame.view is None:
             return
         rows = engine_rows(frame.view, self.filter_text, self.sort_key, self.reverse)
-        keep = None
-        if table.row_count and table.cursor_row >= 0:
-            try:
-                keep = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-            except Exception:  # noqa: BLE001 - no row under the cursor
-                keep = None
-        table.clear()
+        table.set_rows(rows, keep=table.cursor_engine)
         counts: dict[str, int] = {}
-        where = 0
-        for i, r in enumerate(rows):
+        for r in rows:
             counts[r.cls] = counts.get(r.cls, 0) + 1
-            style = CLASS_STYLES.get(r.cls)
-            key = str(r.engine_id)
-            if style:
-                table.add_row(*(Text(c, style=style) for c in r.cells), key=key)
-            else:
-                table.add_row(*r.cells, key=key)
-            if key == keep:
-                where = i
-        if rows:
-            table.move_cursor(row=where, animate=False)
         self.shown_rows = len(rows)
         total = len(frame.view.engines)
         parts = [" ".join(f"{w} {counts.get(w, 0)}" for w in
@@ -107,9 +86,9 @@ class ClusterScreen(CockpitScreen):
         self.reverse = not self.reverse
         self._rerender()
 
-    @on(DataTable.HeaderSelected)
-    def _header(self, event: DataTable.HeaderSelected) -> None:
-        key = str(event.column_key.value)
+    @on(EngineTable.HeaderClicked)
+    def _header(self, event: EngineTable.HeaderClicked) -> None:
+        key = event.key
         if key == self.sort_key:
             self.reverse = not self.reverse
         else:
@@ -128,7 +107,7 @@ class ClusterScreen(CockpitScreen):
         box.value = ""
         box.set_class(False, "-shown")
         self.filter_text = ""
-        self.query_one("#engines", DataTable).focus()
+        self.query_one("#engines", EngineTable).focus()
         self._rerender()
 
     @on(Input.Changed, "#filter")
@@ -138,4 +117,4 @@ class ClusterScreen(CockpitScreen):
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
-        self.query_one("#engines", DataTable).focus()
+        self.query_one("#engines", EngineTable).focus()
