@@ -23,7 +23,10 @@ Parts (``--json`` prints one object with these keys):
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving, and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
   (the scheduler's ``dead_events``), with real engines on loopback. Goal: under 2 s each.
-* ``hier_vs_flat`` (part ``hier``): hierarchical vs flat scheduling in the simulator.
+* ``hier_vs_flat`` (part ``hier``): hierarchical vs flat scheduling in the simulator at
+  ``--pd`` and ``--big-pd`` (480P960D): per shape, the wall time of every scheduling call
+  (p50/p99, and per turn) and the simulated JCT of the same offline agents, flat and with
+  the default sub-schedulers (12 at 48P96D, 120 at 480P960D).
 """
 
 from __future__ import annotations
@@ -135,7 +138,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """Part ``cpu``: the scheduler thread's cores with emulated engines over real sockets."""
     spec = parse_pd(args.pd)
     p, d = spec.prefill_nodes, spec.decode_nodes
-    with tempfile.TemporaryDirectory(prefix="dualpath-cp-") as tmp:
+    # the store on tmpfs when there is one: marker files cost ~60 us there, ms on a busy disk
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="dualpath-cp-", dir=shm) as tmp:
         opts = RuntimeOptions(
             prefill_nodes=p, decode_nodes=d, gpus_per_node=8, engines="emulated",
             emulated_hosts=args.hosts, emulated_speed=args.speed, store_dir=Path(tmp),
@@ -279,10 +284,47 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_hier(args: argparse.Namespace) -> dict[str, Any]:
+    """Part ``hier``: hierarchical vs flat scheduling in the simulator (offline runs).
+
+    Each shape runs the same agents (Table 2 64K trace) flat and with
+    :func:`~dualpath_cli.core.hierarchy.default_subs` sub-schedulers. Decision latency: the
+    wall time of each scheduling call (a PE group's fetch, a DE drain, a DE group's fetch,
+    and the root's routing of a turn) that the simulator makes; JCT: simulated.
+    """
+    from dualpath_cli.core.hierarchy import default_subs
+    from dualpath_cli.sim.api import make_setup
+    from dualpath_cli.sim.hierarchy import HierarchicalSimulation, TimedSimulation
+    from dualpath_cli.sim.trace import synthetic_plans
+
+    out: dict[str, Any] = {}
+    for pd, agents in ((args.pd, args.hier_agents), (args.big_pd, args.big_agents)):
+        spec = parse_pd(pd)
+        setup = make_setup("ds660b", pd)
+        plans = synthetic_plans(64_000, agents, 1)
+        subs = default_subs(spec.prefill_nodes, spec.decode_nodes)
+        row: dict[str, Any] = {"agents": agents, "subs": subs}
+        for name, sim in (("flat", TimedSimulation(setup, plans)),
+                          ("hier", HierarchicalSimulation(setup, plans, subs))):
+            t0 = time.monotonic()
+            res = sim.run_offline()
+            ns = np.asarray(sim.decision_ns, dtype=np.float64)
+            row[name] = {"decision_p50_us": round(float(np.percentile(ns, 50)) / 1e3, 2),
+                         "decision_p99_us": round(float(np.percentile(ns, 99)) / 1e3, 2),
+                         "decisions": len(ns),
+                         "sched_us_per_turn": round(float(ns.sum()) / 1e3 / sim.turns_done, 2),
+                         "jct_s": round(res.jct, 1), "wall_s": round(time.monotonic() - t0, 1)}
+        row["jct_ratio"] = round(row["hier"]["jct_s"] / row["flat"]["jct_s"], 4)
+        row["p99_ratio"] = round(row["hier"]["decision_p99_us"]
+                                 / row["flat"]["decision_p99_us"], 3)
+        out[pd] = row
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--parts", default="cpu,join")
+    ap.add_argument("--parts", default="cpu,join,hier")
     ap.add_argument("--pd", default="48P96D")
     ap.add_argument("--rate", type=float, default=PAPER_RATE)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -294,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="silence before an engine is declared dead (a host process that "
                     "exits is seen at once through its sentinel)")
     ap.add_argument("--fetch", type=float, default=0.1)
+    ap.add_argument("--hier-agents", type=int, default=1024,
+                    help="agents of the hierarchical-vs-flat run at --pd")
+    ap.add_argument("--big-pd", default="480P960D")
+    ap.add_argument("--big-agents", type=int, default=2048)
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     out: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count()}
@@ -301,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         out["sched_cpu_cores_48p96d"] = run_cpu(args)
     if "join" in parts:
         out["join_s"] = run_join(args)
+    if "hier" in parts:
+        out["hier_vs_flat"] = run_hier(args)
     if args.json:
         print(json.dumps(out))
         return 0

@@ -81,6 +81,8 @@ def _moving_views(n: int, seed: int = 1) -> list[Any]:
 
 def bench_frame(frames: int) -> dict[str, Any]:
     """Median and worst UI-thread time of one cluster-screen refresh at 1,152 engines."""
+    from textual._compositor import LayoutUpdate
+
     from dualpath_cli.api.fake import FakeClient
     from dualpath_cli.tui.app import TopApp
     from dualpath_cli.tui.screens.cluster import ClusterScreen
@@ -113,7 +115,9 @@ def bench_frame(frames: int) -> dict[str, Any]:
                 app.frame = frame
                 screen.show(frame)
                 await pilot.pause()
-                screen._compositor.render_update(full=True).render_segments(console)
+                update = screen._compositor.render_update(full=True)
+                assert isinstance(update, LayoutUpdate)
+                update.render_segments(console)
                 times.append((time.perf_counter() - t0) * 1e3)
                 cpu.append((time.thread_time() - c0) * 1e3)
             rows = screen.shown_rows

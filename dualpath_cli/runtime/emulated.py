@@ -220,10 +220,12 @@ class EmulatedHost:
         # marker files are written off the loop (file creation is slow next to a message)
         self._writes: queue.SimpleQueue[tuple[str | None, tuple[int, ...], int, str,
                                               Done] | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                        name="emulated-persist")
+        # a few threads: creating a file waits on the file system, not on the GIL
+        self._writers = [threading.Thread(target=self._write_loop, daemon=True,
+                                          name=f"emulated-persist-{i}") for i in range(4)]
         if self.store is not None:
-            self._writer.start()
+            for t in self._writers:
+                t.start()
 
     # -- timers ---------------------------------------------------------------------------
     def at(self, when: float, fn: Callable[[], None]) -> None:
@@ -281,9 +283,11 @@ class EmulatedHost:
 
     def close(self) -> None:
         """Close every socket and the context; finish the marker writes."""
-        if self._writer.is_alive():
+        live = [t for t in self._writers if t.is_alive()]
+        for _ in live:
             self._writes.put(None)
-            self._writer.join()
+        for t in live:
+            t.join()
         self.selector.close()
         for e in self.engines.values():
             e.ep.close()

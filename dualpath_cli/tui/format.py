@@ -212,19 +212,20 @@ def _side(d: Decision) -> str:
 def decision_rows(decisions: Sequence[Decision], at: float | None,
                   limit: int = 200) -> list[tuple[int, tuple[str, ...]]]:
     """Newest first: seq, age (against the view's time), request, agent/turn, PE, DE,
-    read side, prompt and cached tokens, classes."""
+    read side, prompt and cached tokens, tokens read from storage (PE + DE side), classes."""
     out: list[tuple[int, tuple[str, ...]]] = []
     for d in list(decisions)[-limit:][::-1]:
         age = NA if at is None else format_duration(max(0.0, at - d.at))
         out.append((d.seq, (str(d.seq), age, str(d.rid), f"{d.agent}/{d.turn}", str(d.pe),
                             str(d.de), _side(d), format_tokens(d.length),
-                            format_tokens(d.cached), d.pe_class or NA, d.de_class or NA)))
+                            format_tokens(d.cached), format_tokens(d.pe_tokens + d.de_tokens),
+                            d.pe_class or NA, d.de_class or NA)))
     return out
 
 
 #: Headers of the requests screen (matching :func:`decision_rows`).
 DECISION_COLUMNS = ("seq", "age", "req", "agent/turn", "PE", "DE", "read", "prompt",
-                    "cached", "PE cls", "DE cls")
+                    "cached", "read tok", "PE cls", "DE cls")
 __all__ += ["DECISION_COLUMNS", "shade"]
 
 
