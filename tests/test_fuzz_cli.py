@@ -11,7 +11,7 @@ from fuzzing import Sandbox, argv_strategy, commands, run_cli, stubbed
 from hypothesis import HealthCheck, given, settings
 
 #: Cases per command in CI (the long run is bench/reliability.py --long).
-CI_CASES = 12
+CI_CASES = 10
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from fuzzing import Sandbox, config_text_strategy, run_cli, stubbed, trace_bytes
 from hypothesis import HealthCheck, given, settings
 
 #: Cases per target in CI (bench/reliability.py --long runs thousands).
-CI_CASES = 60
+CI_CASES = 40
 _names = itertools.count()
 
 

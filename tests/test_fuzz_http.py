@@ -15,7 +15,7 @@ from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import UnavailableGpu
 
 #: Generated requests per endpoint in CI (bench/reliability.py --long runs more).
-CI_EXAMPLES = 4
+CI_EXAMPLES = 3
 
 
 @pytest.fixture(scope="module")
