@@ -202,33 +202,3 @@ def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "unknown fault kind 'warp'" in lines[0], lines
 
-
-@pytest.fixture()
-def slow_prefill(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
-    yield from _launch(env, tmp_path, ["slow_compute:engine=0,factor=12"])
-
-
-def test_a_prefill_bound_cluster_is_told_which_role_to_add(
-        env: dict[str, str], slow_prefill: tuple[str, int]) -> None:
-    """scaling judges GPU busy over the last second (not since start): with the only PE
-    slowed under load, prefill is saturated while decode idles, and the advice is a shape
-    with more prefill nodes."""
-    url, _ = slow_prefill
-    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "6", "--turns", "12",
-                             "--json"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        with DualPathClient(url, None) as client:
-            deadline = time.monotonic() + 120
-            while client.view().scheduler.decisions.total < 4:
-                assert work.poll() is None and time.monotonic() < deadline, "no turns"
-                client.decisions(-1)
-        code, out = _diagnose(env, "scaling", "--url", url, "--window", "4s")
-    finally:
-        work.kill()
-        work.communicate(timeout=60)
-    findings = [f for r in out["reports"] for f in r["findings"] if f["severity"] != "OK"]
-    assert code == 1, out
-    (f,) = [f for f in findings if "prefill-bound" in f["title"]]
-    assert f["evidence"]["prefill_busy"] >= 0.85 and f["evidence"]["decode_busy"] <= 0.3
-    assert f["action"] == "dualpath plan pd-ratio --pd 2P1D"
