@@ -434,11 +434,15 @@ def run_cli(argv: list[str], box: Sandbox, *, deadline_s: float = CASE_DEADLINE_
     from dualpath_cli.errors import DualPathError
 
     runner = CliRunner()
+    here = os.getcwd()
+    os.chdir(box.root)  # a relative path a fuzzed argument names lands in the sandbox
     try:
         with deadline(deadline_s):
             result = runner.invoke(app, argv, env=box.env, catch_exceptions=True)
     except CaseTimeout:
         return Outcome(argv, -1, "", False, f"hang: still running after {deadline_s:g} s")
+    finally:
+        os.chdir(here)
     output = result.output
     exc = result.exception
     if isinstance(exc, CaseTimeout):
