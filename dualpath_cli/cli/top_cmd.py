@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 __all__ = ["top", "run_top", "build_app", "make_source", "SCREEN_NAMES"]
 
+#: What a replay decodes at most: samples, and samples x engines (evenly spaced, the first
+#: and the last always; services/recording.py). An hour at 1 s of a 1P2D plays whole; 10
+#: minutes of 1,152 engines play every 4th sample, so opening it takes seconds, not minutes.
+MAX_SAMPLES = 3600
+MAX_ENGINE_SAMPLES = 200_000
 #: What ``--screen`` accepts (the keys 1-5 in this order).
 SCREEN_NAMES = ("cluster", "nic", "layers", "requests", "alerts")
 
@@ -47,7 +52,11 @@ def make_source(url: str | None, from_file: Path | None) -> Source:
         from dualpath_cli.services.recording import read_recording
         from dualpath_cli.tui.source import ReplaySource
 
-        return ReplaySource(read_recording(from_file), str(from_file))
+        rec = read_recording(from_file, max_samples=MAX_SAMPLES,
+                             max_engine_samples=MAX_ENGINE_SAMPLES)
+        stride = int(rec.header.get("sample_stride", 1) or 1)
+        label = str(from_file) + (f" (every {stride} samples)" if stride > 1 else "")
+        return ReplaySource(rec, label)
     from dualpath_cli.tui.source import LiveSource
 
     client, target, tok = connect(url)

@@ -15,6 +15,7 @@ banner, not a crash.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,12 +26,16 @@ from dualpath_cli.services.recording import Extras, Recording, Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
-           "MAX_DECISIONS", "Predictor", "find_predictor"]
+           "MAX_DECISIONS", "RULES_DUTY", "Predictor", "find_predictor"]
 
 #: Samples kept for sparklines and for the diagnose rules' window.
 WINDOW = 60
 #: Decisions kept for the requests screen (newest last).
 MAX_DECISIONS = 500
+#: The rules take at most this share of a live source's time: at 1,152 engines they cost
+#: a few hundred ms over the window, so they run every few polls there (every poll on a
+#: small cluster, where they take milliseconds).
+RULES_DUTY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,8 @@ class LiveSource:
         self._audit: tuple[AuditEntry, ...] = ()
         self._faults: tuple[dict[str, Any], ...] = ()
         self._reports: tuple[Any, ...] = ()
+        self._rules_at = -1e18
+        self._rules_cost = 0.0
 
     def _get_client(self) -> Any:
         if self._client is None:
@@ -163,7 +170,11 @@ class LiveSource:
         self._audit = tuple(status.audit)
         self._faults = tuple(status.faults)
         self._history.append(Sample(view.at, view, extras))
-        self._reports = _reports(tuple(self._history), tuple(self._decisions))
+        now = time.monotonic()
+        if now - self._rules_at >= self._rules_cost / RULES_DUTY:
+            self._reports = _reports(tuple(self._history), tuple(self._decisions))
+            self._rules_at = now
+            self._rules_cost = time.monotonic() - now
         return self._frame()
 
     def _frame(self, error: str | None = None) -> Frame:
