@@ -522,3 +522,25 @@ def test_fault(name: str) -> None:
         assert row.detail["write_errors"] >= 1, row
         assert row.detail["blocks_during"] == row.detail["blocks_before"], row
         assert row.detail["persisting_again"], row
+
+
+def test_losing_every_prefill_engine_answers_admitted_turns_at_once(tmp_path: Path) -> None:
+    """kill -9 of the only PE (1P2D): the admitted turns fail at once with one line (HTTP
+    503), not after their client's timeout; new turns are refused the same way."""
+    from dualpath_cli.services.live import EnginesLost
+
+    with _cluster(_opts(tmp_path / "store", prefill_nodes=1)) as live:
+        prompts = [append_token_ids(t, 0, VOCAB).tolist() for t in AGENTS]
+        tickets = [live.submit(p, 64) for p in prompts]
+        t0 = time.monotonic()
+        live.system.cluster.kill(0)  # type: ignore[union-attr]
+        for ticket in tickets:
+            try:
+                assert len(ticket.wait(10).tokens) == 64  # finished before the kill
+            except EnginesLost as err:
+                assert str(err).startswith("every prefill engine has died (engine 0 ")
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(EnginesLost, match="restart the cluster"):
+            live.submit(prompts[0], 4)
+        assert not live.ready()
+    assert not _temp_files(tmp_path / "store")

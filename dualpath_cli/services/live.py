@@ -36,7 +36,7 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
-__all__ = ["Draining", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
+__all__ = ["Draining", "EnginesLost", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
            "LiveCluster"]
 
 
@@ -49,6 +49,14 @@ class Draining(DualPathError):
 
     exit_code = 3
     retry_after_s = 5
+
+
+class EnginesLost(Draining):
+    """Every engine of a role has died: no admitted turn can finish (HTTP 503).
+
+    Why: without it a turn admitted after (or running when) the only prefill engine was
+    killed waited out its client's timeout with no message (issue 17).
+    """
 
 
 class StartError(DualPathError):
@@ -100,6 +108,16 @@ class LiveCluster:
         self._stop_lock = threading.Lock()
         self._fault_lock = threading.Lock()
         self._t0 = time.monotonic()
+        cluster = self.system.cluster
+        told = getattr(cluster, "on_death", None)
+        self._gone: dict[int, int | None] = {}  # engines the cluster saw exit (code may lag)
+        if callable(told):  # after the scheduler hears of a death, check the roles
+            def on_death(engine_id: int) -> None:
+                told(engine_id)
+                self._gone[engine_id] = self._exited().get(engine_id)
+                self._fail_if_role_lost()
+
+            cluster.on_death = on_death
 
     def start(self, timeout: float = 60.0) -> float:
         """Start engines and the scheduler; returns seconds until every engine said hello.
@@ -162,6 +180,31 @@ class LiveCluster:
         exited = getattr(self.system.cluster, "exited", None)
         return exited() if callable(exited) else {}
 
+    def _role_lost(self) -> str | None:
+        """Why no turn can finish (every engine of a role has exited), else None."""
+        exited: dict[int, int | None] = {**self._gone, **self._exited()}  # the sentinel
+        # fires before the exit code is known
+        if not exited:
+            return None
+        for role in ("prefill", "decode"):
+            ids = self.system.engine_ids(role)
+            if ids and all(i in exited for i in ids):
+                gone = ", ".join(f"engine {i} (exited)" if exited[i] is None
+                                 else f"engine {i} (exit code {exited[i]})" for i in ids)
+                return (f"every {role} engine has died ({gone}); no turn can finish: restart "
+                        "the cluster (dualpath stop, then dualpath launch)")
+        return None
+
+    def _fail_if_role_lost(self) -> None:
+        """Answer every admitted turn with :class:`EnginesLost` once a role has no engine."""
+        why = self._role_lost()
+        if why is None:
+            return
+        with self._lock:
+            left = [t for t in self._in_flight if not t.event.is_set()]
+        for ticket in left:
+            ticket.fail(EnginesLost(why))
+
     def ready(self) -> bool:
         """Serving: every engine said hello and none has exited since (``/readyz``)."""
         return self.state == "ready" and not self._exited()
@@ -175,6 +218,9 @@ class LiveCluster:
         with self._lock:
             if self.state != "ready":
                 raise Draining(f"cluster is {self.state}; not admitting new turns")
+            lost = self._role_lost()
+            if lost is not None:
+                raise EnginesLost(lost)
             sess = self._sessions.get(session) if session is not None else None
             if sess is None:
                 sess = _Session(self._next_agent)
