@@ -521,7 +521,7 @@ def test_fault(name: str) -> None:
     elif name.startswith("store"):
         assert row.detail["write_errors"] >= 1, row
         assert row.detail["blocks_during"] == row.detail["blocks_before"], row
-        assert row.detail["persisting_again"], row
+        assert row.detail["persisting_again"] and row.detail["serving_after_restore"], row
 
 
 def test_losing_every_prefill_engine_answers_admitted_turns_at_once(tmp_path: Path) -> None:
