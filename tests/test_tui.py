@@ -509,3 +509,16 @@ def test_top_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert src.poll().error is None and len(calls) == 2  # connected again
     app = top_cmd.build_app(src, 1.0, False, "light", "alerts")
     assert isinstance(app, TopApp)
+
+
+def test_a_big_recording_replays_evenly_spaced(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualpath_cli.cli import top_cmd
+
+    rec = recording(tmp_path)  # 20 samples
+    monkeypatch.setattr(top_cmd, "MAX_SAMPLES", 5)
+    src = top_cmd.make_source(None, rec)
+    assert isinstance(src, ReplaySource)
+    assert src.total < 20 and src.label.endswith("(every 4 samples)")
+    frame = src.poll()  # the cursor starts on the last sample, always kept
+    assert frame.view is not None and frame.view.at == faulted_view(19).at
