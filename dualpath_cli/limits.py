@@ -172,7 +172,8 @@ def check_finite(value: float, what: str, *, least: float = 0.0, positive: bool 
     """
     if not math.isfinite(value):
         raise UsageError(f"{what}: {value} is not a finite number")
-    if value < least or (positive and value <= least):
+    if value < least or (positive and value <= least) or (
+            value == 0 and least == 0 and math.copysign(1.0, value) < 0):  # "-0": a typo
         bound = f"> {least:g}" if positive else f">= {least:g}"
         raise UsageError(f"{what}: {value:g} is out of range (must be {bound})")
     return value

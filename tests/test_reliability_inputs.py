@@ -49,6 +49,7 @@ CASES = [
     (["storage", "bench", "--block-size", "1TiB"], "--block-size", "DUALPATH_LIMIT_BLOCK"),
     (["storage", "bench", "--seconds", "nan"], "--seconds", "finite"),
     (["storage", "bench", "--seconds", "inf"], "--seconds", "finite"),
+    (["storage", "bench", "--seconds", "-0"], "--seconds", "out of range"),
     (["storage", "bench", "--root", "/dev/null"], "--root", "not a directory"),
     (["storage", "bench", "--queue-depth", "10000000"], "--queue-depth"),
     (["sim", "capacity", "--steps", "1000000000"], "--steps"),

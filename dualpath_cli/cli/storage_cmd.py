@@ -60,7 +60,7 @@ def _bench_dir(root: Path | None) -> Path | None:
 def _check_bench_sizes(sizes: list[int], total: int, depths: list[int], seconds: float,
                        where: Path | None) -> None:
     """Every sizing input of ``storage bench`` against the machine, before any file."""
-    from dualpath_cli.limits import LimitError, check, check_count, check_positive_seconds
+    from dualpath_cli.limits import LimitError, check, check_count, check_seconds
 
     if not sizes:
         raise UsageError("--block-size: expected at least one size")
@@ -68,7 +68,7 @@ def _check_bench_sizes(sizes: list[int], total: int, depths: list[int], seconds:
         check("block_bytes", bs, "--block-size")
     for qd in depths:
         check_count("queue_depth", qd, "--queue-depth")
-    check_positive_seconds(seconds, "--seconds")
+    check_seconds(seconds, "--seconds")  # 0: one full pass per point
     need = sum(max(total, bs) for bs in sizes)  # one size's files at a time, but say all
     check("bench_bytes", need, "--size x block sizes")
     free = shutil.disk_usage(where or tempfile.gettempdir()).free
