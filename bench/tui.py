@@ -140,7 +140,7 @@ def _top_process(tmux: str, sock: str) -> Any:
     """The ``dualpath top`` process in the tmux pane (the pane's process or its child)."""
     import psutil
 
-    out = subprocess.run([tmux, "-L", sock, "display", "-p", "-t", "top", "#{pane_pid}"],
+    out = subprocess.run([tmux, "-S", sock, "display", "-p", "-t", "top", "#{pane_pid}"],
                          capture_output=True, text=True, check=True).stdout.strip()
     pane = psutil.Process(int(out))
     for p in [pane, *pane.children(recursive=True)]:
@@ -150,7 +150,7 @@ def _top_process(tmux: str, sock: str) -> Any:
 
 
 def _screen(tmux: str, sock: str) -> str:
-    return subprocess.run([tmux, "-L", sock, "capture-pane", "-p", "-t", "top"],
+    return subprocess.run([tmux, "-S", sock, "capture-pane", "-p", "-t", "top"],
                           capture_output=True, text=True).stdout
 
 
@@ -170,10 +170,10 @@ def bench_idle(tmp: Path, seconds: float, settle_s: float) -> dict[str, Any]:
                             text=True, env=env, timeout=300)
     if launch.returncode != 0:
         raise SystemExit(f"dualpath launch failed: {launch.stderr.strip()}")
-    sock = f"dualpath-bench-tui-{os.getpid()}"
+    sock = str(tmp / "tmux.sock")  # a private server, removed with the temporary directory
     try:
         cmd = f"{_exe('dualpath')} top --interval 1s"
-        subprocess.run([tmux, "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "top",
+        subprocess.run([tmux, "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "top",
                         "-x", "100", "-y", "30", cmd], env=env, check=True, timeout=30)
         deadline = time.monotonic() + 120
         while "cluster  1P2D ready" not in _screen(tmux, sock):
@@ -191,7 +191,7 @@ def bench_idle(tmp: Path, seconds: float, settle_s: float) -> dict[str, Any]:
         rss = proc.memory_info().rss
         pct = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
     finally:
-        subprocess.run([tmux, "-L", sock, "kill-server"], capture_output=True)
+        subprocess.run([tmux, "-S", sock, "kill-server"], capture_output=True)
         subprocess.run([_exe("dualpath"), "stop", "--port", str(port)], env=env,
                        capture_output=True, timeout=120)
     return {"idle_cpu_pct": round(pct, 2), "idle_s": round(t1 - t0, 1),

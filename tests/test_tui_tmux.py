@@ -25,12 +25,12 @@ pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt
 class Terminal:
     """One tmux server on a private socket with one session."""
 
-    def __init__(self, socket: str) -> None:
-        self.socket = socket
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket  # under tmp_path: removed with it, no server shared with anyone
 
     def tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert TMUX is not None
-        return subprocess.run([TMUX, "-L", self.socket, "-f", "/dev/null", *args],
+        return subprocess.run([TMUX, "-S", str(self.socket), "-f", "/dev/null", *args],
                               capture_output=True, text=True, timeout=30, check=check)
 
     def screen(self) -> str:
@@ -55,8 +55,8 @@ class Terminal:
 
 
 @pytest.fixture()
-def terminal() -> Iterator[Terminal]:
-    term = Terminal(f"dualpath-top-test-{os.getpid()}")
+def terminal(tmp_path: Path) -> Iterator[Terminal]:
+    term = Terminal(tmp_path / "tmux.sock")
     try:
         yield term
     finally:
@@ -68,7 +68,7 @@ def test_top_in_tmux_moves_between_screens(tmp_path: Path, terminal: Terminal) -
     cmd = f"{sys.executable} -m dualpath_cli.cli.app top --from {rec} --ascii"
     env = {**os.environ, "TERM": "xterm-256color"}
     assert TMUX is not None
-    subprocess.run([TMUX, "-L", terminal.socket, "-f", "/dev/null", "new-session", "-d",
+    subprocess.run([TMUX, "-S", str(terminal.socket), "-f", "/dev/null", "new-session", "-d",
                     "-s", "top", "-x", "100", "-y", "30", cmd], env=env, check=True,
                    timeout=30)
     screen = terminal.wait("cluster  2P4D ready")
