@@ -190,6 +190,16 @@ def test_layers_screen_heat_map_and_late_layer() -> None:
     run(app, scenario)
 
 
+def test_heat_map_styles_are_valid_colours() -> None:
+    from rich.style import Style
+
+    from dualpath_cli.tui.screens.cluster import CLASS_STYLES
+    from dualpath_cli.tui.screens.layers import HEAT
+
+    for style in [*(s for steps in HEAT.values() for s in steps), *CLASS_STYLES.values()]:
+        Style.parse(style)  # a bad colour name raises here, not silently at render time
+
+
 def test_requests_screen_selects_a_decision_entry() -> None:
     app, _ = live_app()
 

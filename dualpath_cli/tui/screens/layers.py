@@ -16,7 +16,16 @@ from dualpath_cli.tui.format import shade
 from dualpath_cli.tui.screens.base import CockpitScreen
 from dualpath_cli.tui.source import Frame
 
-__all__ = ["LayersScreen"]
+__all__ = ["LayersScreen", "HEAT"]
+
+#: Heat-map cell styles per tier, from an empty share to a full one (five steps); the
+#: percentage is always printed in the cell, so the colour only repeats it.
+HEAT = {
+    "dram": ("", "on dark_green", "on green4", "bold on green3", "bold black on green1"),
+    "store": ("", "on dark_blue", "on blue3", "bold on dodger_blue2",
+              "bold black on deep_sky_blue1"),
+    "peer": ("", "on purple4", "on magenta3", "bold on magenta2", "bold black on magenta1"),
+}
 
 
 def _ms(v: float | None) -> str:
@@ -55,19 +64,13 @@ class LayersScreen(CockpitScreen):
         for r in rows:
             total = r["dram"] + r["store"] + r["peer"]
             cells: list[str | Text] = [str(r["layer"]), str(total)]
-            for tier, colour in (("dram", "green"), ("store", "blue"), ("peer", "magenta")):
+            for tier in ("dram", "store", "peer"):
                 share = r[f"{tier}_share"]
                 text = shade(share, ascii_only)
                 if share is None or ascii_only:
                     cells.append(text)
                 else:
-                    level = int(share * 4 + 0.5)
-                    style = ["", f"on dark_{colour}" if colour != "magenta" else "on purple4",
-                             f"on {colour}4" if colour != "magenta" else "on magenta3",
-                             f"bold on {colour}3" if colour != "magenta" else
-                             "bold on magenta2", f"bold black on {colour}1"
-                             if colour != "magenta" else "bold black on magenta1"][level]
-                    cells.append(Text(text, style=style))
+                    cells.append(Text(text, style=HEAT[tier][int(share * 4 + 0.5)]))
             slack = r["slack_s"]
             late = (slack is not None and slack < -BUBBLE_TOLERANCE_S and r["layer"] > 0)
             cells += [_ms(slack), _ms(r["worst_slack_s"]),
