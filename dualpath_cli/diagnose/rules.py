@@ -60,9 +60,11 @@ TTFT_MIN_TURNS = 50
 HOT_BLOCK_SHARE = 0.1
 HOT_BLOCK_FACTOR = 5.0
 HOT_BLOCK_MIN_READS = 20
-#: An engine is slow when its service time (busy seconds per batched request) stays at this
-#: multiple of its role peers' median in most samples where both are measured.
+#: An engine is slow when its mean service time (busy seconds per batched request) over the
+#: window is this multiple of its role peers' median, measured in at least
+#: SLOW_SERVICE_MIN_SAMPLES samples.
 SLOW_SERVICE_FACTOR = 2.0
+SLOW_SERVICE_MIN_SAMPLES = 2
 #: Prefills of a cached prefix that wait this long on average for their KV before they can
 #: compute (the runtime loads the whole hit first): WARNING; CRITICAL at the second value.
 KV_WAIT_WARN_S = 0.025
@@ -500,52 +502,41 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
 
 
 def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
-    """Engines whose service time (busy seconds per batched request, windowed) stays far
-    above their role peers' (a throttled GPU, a noisy neighbour)."""
+    """Engines whose service time (busy seconds per batched request, windowed) is far above
+    their role peers' over the window (a throttled GPU, a noisy neighbour).
+
+    Means over the samples that measured one, not sample by sample: engines of a role take
+    turns at having work, so two of them are often not measured in the same second.
+    """
     svc = ev.engine_series("service_time_s")
     out = []
     for role, ids in sorted(_role_engines(ev).items()):
-        if len(ids) < 2:
-            continue
-        n = len(ev.samples)
-        series = {eid: svc.get(eid, []) for eid in ids}
-        # each sample's median over the role: with more than 3 engines one slow engine
-        # barely moves it; a small group judges each engine by the others alone
-        medians: list[float | None] = []
-        for i in range(n):
-            vals = [v[i] for v in series.values() if i < len(v) and v[i] is not None]
-            medians.append(statistics.median(vals) if vals else None)
+        means = {}
         for eid in ids:
-            mine = series[eid]
-            judged = behind = 0
-            ratios = []
-            for i, v in enumerate(mine):
-                if v is None:
-                    continue
-                if len(ids) <= 3:
-                    peers = [series[p][i] for p in ids if p != eid and i < len(series[p])
-                             and series[p][i] is not None]
-                    med = statistics.median(peers) if peers else None
-                else:
-                    med = medians[i]
-                if med is None or med <= 0:
-                    continue
-                judged += 1
-                ratios.append(v / med)
-                behind += v >= SLOW_SERVICE_FACTOR * med
-            if judged and behind / judged >= PERSIST_FRACTION:
-                e = ev.engines[eid]
-                ratio = statistics.median(ratios)
-                mean = _mean(mine) or 0.0
-                out.append(Finding(
-                    wf, WARNING, f"{engine_name(e)} serves a request in {mean * 1e3:.1f} ms "
-                    f"of compute, {ratio:.1f}x its {role} peers' median, in "
-                    f"{_pct(behind / judged)} of {judged} samples", subject=f"engine {eid}",
-                    evidence={"engine": eid, "mean_service_time_s": mean,
-                              "ratio_to_peers": round(ratio, 3), "samples": judged},
-                    cause="a slow engine (throttled GPU, noisy neighbour): its turns finish "
-                          "late", action="drain and restart it: dualpath stop && dualpath "
-                          "launch ; meanwhile dynamic quota: dualpath tune set quota=150ms"))
+            vals = _vals(svc.get(eid, ()))
+            if len(vals) >= SLOW_SERVICE_MIN_SAMPLES:
+                means[eid] = (sum(vals) / len(vals), len(vals))
+        if len(means) < 2:
+            continue
+        # a big role's median barely moves for one slow engine; a small one judges each
+        # engine by the others alone
+        role_med = statistics.median(m for m, _ in means.values())
+        for eid, (mean, n) in sorted(means.items()):
+            med = (statistics.median(m for p, (m, _) in means.items() if p != eid)
+                   if len(means) <= 3 else role_med)
+            if med <= 0 or mean < SLOW_SERVICE_FACTOR * med:
+                continue
+            e = ev.engines[eid]
+            out.append(Finding(
+                wf, WARNING, f"{engine_name(e)} serves a request in {mean * 1e3:.1f} ms of "
+                f"compute, {mean / med:.1f}x its {role} peers' {med * 1e3:.1f} ms ({n} "
+                "samples)", subject=f"engine {eid}",
+                evidence={"engine": eid, "mean_service_time_s": mean,
+                          "peers_service_time_s": med, "ratio_to_peers": round(mean / med, 3),
+                          "samples": n},
+                cause="a slow engine (throttled GPU, noisy neighbour): its turns finish late",
+                action="drain and restart it: dualpath stop && dualpath launch ; meanwhile "
+                       "dynamic quota: dualpath tune set quota=150ms"))
     return out
 
 
