@@ -10,9 +10,10 @@ the long one::
     nice -n 19 python bench/reliability.py --long     # >= 10,000 cases
     nice -n 19 python bench/reliability.py --json     # one JSON object
 
-JSON keys: ``fuzz_cases``, ``fuzz_failures``, ``by_target`` (cases, failures, seconds per
-command or file kind), ``failures`` (the first 20, each a command line and a reason),
-``seconds``.
+JSON keys: ``fuzz_cases``, ``fuzz_failures``, ``fuzz_accepted`` (cases that got past every
+check: exit 0, the stubbed work reached, or HTTP < 400), ``by_target`` (cases, accepted,
+failures, seconds per command, file kind or the API), ``failures`` (the first 20, each a
+command line and a reason), ``seconds``.
 
 Faults and soak (issue 17, items 3 and 5), each its own part::
 
@@ -149,6 +150,7 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
                     bad = [o for o in sink if not o.ok]
                     failures += bad
                     by_target[name] = {"cases": len(sink), "failures": len(bad),
+                                       "accepted": sum(o.accepted for o in sink),
                                        "seconds": round(time.monotonic() - t0, 2)}
         finally:
             box.close()
@@ -163,9 +165,11 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
         failures += bad
         by_target["http (every endpoint, with and without token)"] = {
             "cases": len(outcomes), "failures": len(bad),
+            "accepted": sum(o.accepted for o in outcomes),
             "seconds": round(time.monotonic() - t0, 2)}
     return {"fuzz_cases": sum(t["cases"] for t in by_target.values()),
             "fuzz_failures": len(failures),
+            "fuzz_accepted": sum(t["accepted"] for t in by_target.values()),
             "by_target": by_target,
             "failures": [{"argv": o.argv, "reason": o.reason} for o in failures[:20]],
             "seconds": round(time.monotonic() - started, 1)}
@@ -254,11 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.no_fuzz:
         pass
     else:
-        print(f"{'target':<24} {'cases':>7} {'failures':>9} {'s':>7}")
+        print(f"{'target':<24} {'cases':>7} {'accepted':>9} {'failures':>9} {'s':>7}")
         for name, row in figures["by_target"].items():
-            print(f"{name:<24} {row['cases']:>7} {row['failures']:>9} {row['seconds']:>7}")
-        print(f"{'all':<24} {figures['fuzz_cases']:>7} {figures['fuzz_failures']:>9} "
-              f"{figures['seconds']:>7}")
+            print(f"{name[:24]:<24} {row['cases']:>7} {row['accepted']:>9} "
+                  f"{row['failures']:>9} {row['seconds']:>7}")
+        print(f"{'all':<24} {figures['fuzz_cases']:>7} {figures['fuzz_accepted']:>9} "
+              f"{figures['fuzz_failures']:>9} {figures['seconds']:>7}")
         for fail in figures["failures"]:
             print(f"FAIL dualpath {' '.join(map(repr, fail['argv']))}: {fail['reason']}")
     if not args.json and "faults" in figures:

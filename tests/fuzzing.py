@@ -61,6 +61,7 @@ class Outcome:
     output: str
     ok: bool
     reason: str = ""
+    accepted: bool = False  # exit 0, or the stubbed work was reached (not refused)
 
     def describe(self) -> str:
         """One paragraph for a failure report: the command line, why, and the output tail."""
@@ -190,6 +191,14 @@ def _value(param: Any, box: Sandbox) -> st.SearchStrategy[str]:
     return _text()
 
 
+def _plain_default(param: Any) -> str | None:
+    """The option's default as command-line text, when it is a plain number or word."""
+    value = param.default
+    if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float)):
+        return None
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Command:
     """One leaf command: its words and its parameters (click objects)."""
@@ -239,12 +248,20 @@ def argv_strategy(command: Command, box: Sandbox) -> st.SearchStrategy[list[str]
     def build(draw: st.DrawFn) -> list[str]:
         argv = list(command.words)
         tail: list[str] = []
-        for param in command.params:
+        # half the cases fuzz one parameter and keep the others at their defaults, so that
+        # a case gets past the parser often enough to reach the checks behind it
+        focus = draw(st.integers(-1, len(command.params) - 1)) if draw(st.booleans()) else None
+        for index, param in enumerate(command.params):
             is_arg = param.param_type_name == "argument"
             if not is_arg and not param.required and not draw(st.booleans()):
                 continue
             if getattr(param, "is_flag", False):
                 argv.append(param.opts[0])
+                continue
+            plain = _plain_default(param)
+            if focus is not None and index != focus and not is_arg:
+                if plain is not None:
+                    argv += [param.opts[0], plain]
                 continue
             repeats = draw(st.integers(1, 3)) if (param.multiple or param.nargs == -1) else 1
             for _ in range(repeats):
@@ -465,7 +482,8 @@ def run_cli(argv: list[str], box: Sandbox, *, deadline_s: float = CASE_DEADLINE_
                        f"exit {result.exit_code} without a message")
     if isinstance(exc, DualPathError):
         output += f"error: {exc}\n"  # what main() prints for it
-    return Outcome(argv, result.exit_code or 0, output, True)
+    accepted = isinstance(exc, Reached) or (exc is None and not result.exit_code)
+    return Outcome(argv, result.exit_code or 0, output, True, accepted=accepted)
 
 
 # --- HTTP ------------------------------------------------------------------------------
@@ -534,6 +552,6 @@ def _fuzz_operation(op: Any, token: str, examples: int, seed: int,
                     after_each()
             reason = _http_reason(response.status_code, response.text)
             outcomes.append(Outcome(argv, response.status_code, response.text[:500],
-                                    not reason, reason))
+                                    not reason, reason, response.status_code < 400))
 
     one()
