@@ -477,9 +477,22 @@ def test_ascii_mode_draws_only_ascii(tmp_path: Path) -> None:
 
 
 def test_no_color_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
     monkeypatch.setenv("NO_COLOR", "1")
     app, _ = live_app()
-    assert app.no_color  # Textual renders monochrome
+    assert app.no_color
+
+    async def scenario(pilot: Pilot) -> None:
+        await wait_text(pilot, "long-rq")
+        svg = app.export_screenshot()
+        colours = set(re.findall(r"terminal-r\d+ \{ fill: #([0-9a-f]{6})", svg))
+        colours |= set(re.findall(r'<rect fill="#([0-9a-f]{6})"', svg))  # the cells' text
+        # and backgrounds (the SVG's window frame around them has colours of its own)
+        assert colours
+        hues = {c for c in colours if len({c[0:2], c[2:4], c[4:6]}) > 1}
+        assert not hues, hues  # every colour on screen is a grey
+    run(app, scenario)
 
 
 # --- the commands ------------------------------------------------------------------------------
