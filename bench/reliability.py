@@ -171,7 +171,8 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
             "fuzz_failures": len(failures),
             "fuzz_accepted": sum(t["accepted"] for t in by_target.values()),
             "by_target": by_target,
-            "failures": [{"argv": o.argv, "reason": o.reason} for o in failures[:20]],
+            "failures": [{"argv": o.argv, "reason": o.reason, "output_tail": o.output[-800:]}
+                         for o in failures[:20]],
             "seconds": round(time.monotonic() - started, 1)}
 
 
