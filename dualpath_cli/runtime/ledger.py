@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, block_key
 from dualpath_cli.storage.loader import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
@@ -194,7 +196,8 @@ class RequestLedger:
                     self._quarantined.popitem(last=False)
         return reason
 
-    def finished(self, rid: int, agent: int, output: Sequence[int], tokens: Sequence[int],
+    def finished(self, rid: int, agent: int, output: Sequence[int],
+                 tokens: Sequence[int] | np.ndarray,
                  timeline: dict[str, Any], now: float | None = None) -> None:
         """The turn ended: keep its outcome (``timeline``: submitted, first_at, done_at,
         attempts, rx_from_pe, the DE's facts) and remember the chain its DE stored (prompt
