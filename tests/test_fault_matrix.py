@@ -259,17 +259,17 @@ def _busy_engine(live: LiveCluster, role: str, timeout: float = 30.0) -> int:
 def _detected_since(live: LiveCluster, eid: int, t0: float, timeout: float) -> float | None:
     sched = live.system.scheduler
 
-    def dead() -> bool:
+    def dead() -> bool:  # a declaration after the fault (not a stall on a busy host before)
         with sched._lock:
-            return any(e == eid for e, _ in sched.dead_events)
+            return any(e == eid and t >= t0 for e, t in sched.dead_events)
 
     try:
         _wait_for(dead, timeout, f"engine {eid} to be declared dead")
     except AssertionError:
         return None
     with sched._lock:
-        at = next(t for e, t in sched.dead_events if e == eid)
-    return max(0.0, at - t0)
+        at = next(t for e, t in sched.dead_events if e == eid and t >= t0)
+    return at - t0
 
 
 # -- scenarios ---------------------------------------------------------------------------
