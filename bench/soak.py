@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -287,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.turns < 2 or not 0 < (args.warmup or 1) < args.turns:
         parser.error("--turns must be >= 2 and --warmup between 1 and --turns - 1")
+    # SIGTERM unwinds like Ctrl-C: the cluster is stopped and the temp directory removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     figures = run_soak(args)
     if args.json:
         print(json.dumps(figures))
