@@ -1,21 +1,16 @@
 """The plugin entry point: ``dualpath sweep pd`` (commands hook) and the ``de-first`` read-path
-policy (policies hook)."""
+policy (policies hook).
+
+Only typer and the hook marker are imported at module level: ``dualpath --help`` loads every
+plugin to list its commands, so the sweep, the policy and rich come in when used."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from dualpath_cli.cli.output import emit_json, stdout
-from dualpath_cli.core.capacity import storage_ratio
-from dualpath_cli.core.profiles import HARDWARE_PROFILES
-from dualpath_cli.errors import UsageError
 from dualpath_cli.plugins import PolicySpec, hookimpl
-from dualpath_cli.units import format_bandwidth, parse_bandwidth
-from dualpath_pd_sweep.policy import DE_FIRST
-from dualpath_pd_sweep.sweep import sweep_pd
 
 __all__ = ["sweep_app", "dualpath_register_commands", "dualpath_register_policies"]
 
@@ -39,6 +34,15 @@ def pd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Every xPyD split of --nodes: inside the bottleneck-free range or not, busiest link."""
+    from rich.table import Table
+
+    from dualpath_cli.cli.output import emit_json, stdout
+    from dualpath_cli.core.capacity import storage_ratio
+    from dualpath_cli.core.profiles import HARDWARE_PROFILES
+    from dualpath_cli.errors import UsageError
+    from dualpath_cli.units import format_bandwidth, parse_bandwidth
+    from dualpath_pd_sweep.sweep import sweep_pd
+
     if hardware not in HARDWARE_PROFILES:
         raise UsageError(f"unknown hardware profile {hardware!r}: choose one of "
                          f"{', '.join(HARDWARE_PROFILES)}")
@@ -75,4 +79,6 @@ def dualpath_register_commands(app: Any) -> None:
 @hookimpl
 def dualpath_register_policies() -> list[PolicySpec]:
     """The ``de-first`` read-path policy (selectable by ``--policy de-first``)."""
+    from dualpath_pd_sweep.policy import DE_FIRST
+
     return [PolicySpec(DE_FIRST.name, "read-path", lambda: DE_FIRST, DE_FIRST.description)]
