@@ -70,7 +70,7 @@ def test_bad_arrival_rate_names_the_rate_not_a_derived_agent_count() -> None:
 def test_negative_bisection_steps_are_refused() -> None:
     res = runner.invoke(_app, ["sim", "capacity", "--steps", "-3"])
     assert res.exit_code != 0
-    assert "capacity search needs steps >= 0, got -3" in str(res.exception)
+    assert "--steps: -3 is below the minimum 0" in str(res.exception)
 
 
 def test_text_tables_fit_eighty_columns_without_cutting_values() -> None:

@@ -352,7 +352,7 @@ def capacity(
     check_aps_range(lo, hi)
     from dualpath_cli.limits import check_count, check_finite
 
-    check_count("steps", steps, "--steps")  # each step is one whole simulation
+    check_count("steps", steps, "--steps", least=0)  # each step is one whole simulation
     check_finite(horizon, "--horizon", positive=True)
     res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,
                             plans=wl.plans(online_agents(hi, horizon)))

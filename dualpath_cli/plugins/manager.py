@@ -104,6 +104,9 @@ def _entry_points() -> Iterable[Any]:
     return entry_points(ENTRY_POINT_GROUP)
 
 
+# Policy name -> the plugin that put it in core's table (a plugin may re-register its own).
+_POLICY_OWNERS: dict[str, str] = {}
+
 # Typer app -> command names plugins added to it (the CLI's main() may run many times).
 _INSTALLED_APPS: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
 
@@ -254,7 +257,13 @@ class PluginManager:
             PluginError: a factory that fails, returns something that is not a core
                 ``Policy``, or a policy whose name differs from its spec's.
         """
-        from dualpath_cli.core.policies import BUILTIN_POLICIES, Policy, register_policy
+        from dualpath_cli.core.policies import (
+            BUILTIN_POLICIES,
+            POLICIES,
+            Policy,
+            register_policy,
+            unregister_policy,
+        )
 
         added = []
         found = self._collect("dualpath_register_policies", PolicySpec, lambda p: p.name)
@@ -269,10 +278,13 @@ class PluginManager:
             if not isinstance(policy, Policy) or policy.name != name:
                 raise PluginError(f"plugin {plugin!r}: policy {name!r} factory returned "
                                   f"{policy!r}, expected a core Policy named {name!r}")
+            if _POLICY_OWNERS.get(name) == plugin and POLICIES.get(name) is not policy:
+                unregister_policy(name)  # the same plugin, its module loaded anew: replace
             try:
                 register_policy(policy)
             except DualPathError as err:
                 raise PluginError(f"plugin {plugin!r}: {err}") from None
+            _POLICY_OWNERS[name] = plugin
             added.append(name)
         return added
 
