@@ -173,3 +173,12 @@ def test_storage_root_is_the_store_when_set(tmp_path: Any) -> None:
     assert store_root(load_config(environment=False)) == default_store_root()
     loaded = load_config(overrides=[f"storage.root={tmp_path}/kv"], environment=False)
     assert store_root(loaded) == tmp_path / "kv"
+
+
+def test_decision_ring_bounds_the_decisions_a_running_scheduler_keeps() -> None:
+    assert _opts().decision_ring == 10_000
+    opts = _opts("scheduler.decision_ring=3")
+    assert opts.decision_ring == 3
+    decisions, system = _run(opts)  # AGENTS serve more than three turns
+    assert len(system.decisions()) == 3
+    assert len({d.seq for d in system.decisions()}) == 3

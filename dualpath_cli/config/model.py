@@ -207,6 +207,7 @@ class SchedulerConfig:
     dynamic_beta: bool
     dynamic_quota: bool
     random_seed: int
+    decision_ring: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,6 +327,10 @@ KEYS: tuple[Key, ...] = (
         "2), one bounded step per interval."),
     Key("scheduler", "random_seed", Kind("integer", "count", _integer(0)), 0,
         "Seed of the 'random' policy's read side (and the simulator's online arrivals)."),
+    Key("scheduler", "decision_ring", Kind("integer", "count", _integer(1)), 10_000,
+        "Decisions the running scheduler keeps in memory for the read model, the API and "
+        "recordings (a ring: the oldest go first). Each costs about 5 KB of the launcher's "
+        "memory with its inputs."),
 )
 
 KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}

@@ -172,6 +172,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "controllers": {name: bool(getattr(cfg.scheduler, key))
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,
+        "decision_ring": cfg.scheduler.decision_ring,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}
