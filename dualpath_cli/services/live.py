@@ -207,7 +207,8 @@ class LiveCluster:
 
     def ready(self) -> bool:
         """Serving: every engine said hello and none has exited since (``/readyz``)."""
-        return self.state == "ready" and not self._exited()
+        # _gone: engines whose process sentinel fired before their exit code is known
+        return self.state == "ready" and not self._gone and not self._exited()
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
         """Admit one turn of ``session`` (a new anonymous agent when ``None``).
