@@ -192,6 +192,13 @@ def test_tail_faults_are_found_live_and_from_a_recording(
 
     with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
         client.clear_faults()
+        # the view's KV wait and service time are per 1 s window: wait (bounded) until the
+        # windows that still held the workload's last faulted prefills have passed
+        deadline = time.monotonic() + 60
+        while any(e.kv_wait_s is not None or e.service_time_s is not None
+                  for e in client.view().engines):
+            assert time.monotonic() < deadline, "the windows never emptied"
+            client.decisions(-1)  # a round trip paces the loop, no sleep
     code, out = _diagnose(env, "all", "--url", url, "--window", "2s")
     assert not (_subjects(out, "long-tail") | _subjects(out, "cache-hit")), out
 
