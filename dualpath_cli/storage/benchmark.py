@@ -272,6 +272,8 @@ def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
     payload = data.block_size - HEADER_SIZE
     moved = [0] * workers
 
+    stop = threading.Event()  # set when the caller leaves early (a signal, Ctrl-C)
+
     def reader(index: int, deadline: float) -> None:
         mine = paths[index::workers] or paths
         batches = [mine[i:i + per_batch] for i in range(0, len(mine), per_batch)]
@@ -284,6 +286,8 @@ def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
             turn = 0
             while True:  # at least one whole pass: a thread started late still measures
                 for batch in batches:
+                    if stop.is_set():
+                        return
                     slot = addrs[turn % slots][:len(batch)]
                     nread, _ = native.read(batch, slot, [data.block_size] * len(batch),
                                            digest=hasher is None)
@@ -305,8 +309,13 @@ def verified_ceiling_gbps(data: Dataset, workers: int, *, overlap: bool,
                for i in range(workers)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    finally:  # interrupted: the readers stop at their next batch instead of the deadline,
+        stop.set()  # which would hold the process (non-daemon threads) for --seconds
+        for t in threads:
+            t.join()
     return sum(moved) / (time.perf_counter() - start) / 1e9
 
 
