@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -137,3 +138,33 @@ def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_an_interrupted_ceiling_measurement_stops_its_readers(tmp_path: Path) -> None:
+    """Ctrl-C or a signal during the verified-ceiling phase of ``storage bench`` ends it at
+    the readers' next batch, not after ``--seconds`` (its non-daemon reader threads used to
+    hold the process until their deadline)."""
+    from dualpath_cli.storage.native import native_reader
+
+    native = native_reader()
+    if native is None or not native.hashes:
+        pytest.skip("no native read path here: the ceiling is not measured")
+    probe = textwrap.dedent("""
+        import signal, sys, time
+        from pathlib import Path
+        from dualpath_cli.storage.benchmark import make_dataset, verified_ceiling_gbps
+        data = make_dataset(Path(sys.argv[1]), 65536, 4 << 20)
+        def interrupt(*_):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        t0 = time.monotonic()
+        try:
+            verified_ceiling_gbps(data, 2, overlap=False, min_seconds=60)
+        except KeyboardInterrupt:
+            print(time.monotonic() - t0)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True,
+                         text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 30, out.stdout  # the deadline was 60 s
