@@ -21,7 +21,13 @@ def test_short_soak_leaks_no_descriptors_and_leaves_no_temp_files() -> None:
     assert done.stdout.strip(), done.stderr
     figures = json.loads(done.stdout)
     assert figures["turns"] == 300 and figures["errors"] == 0, figures["first_errors"]
-    assert figures["fd_growth"] == 0, figures["fds"]
+    # An engine opens its connection to a peer on their first message and keeps it, so a
+    # short run may still open one after its warm-up: at most one descriptor per peer per
+    # engine process (1P2D: two peers each). A leak grows with the turns (150 after warm-up
+    # here); the long soak's figure is exactly 0 (docs/reliability.md).
+    engines = [name for name in figures["fds"]["end"] if not name.startswith("launcher")]
+    bound = len(engines) * (len(engines) - 1)
+    assert figures["fd_growth"] <= bound, figures["fds"]
     assert figures["leftover_temp_files"] == 0, figures["state_files_left"]
     assert figures["stop_exit"] == 0
     assert figures["samples"] and figures["samples"][-1]["turns"] == 300
