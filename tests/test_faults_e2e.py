@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ import psutil
 import pytest
 
 from dualpath_cli.api.client import DualPathClient
+from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture()
@@ -48,7 +42,7 @@ def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.Com
 
 def _launch(env: dict[str, str], tmp_path: Path, faults: list[str],
             extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
-    port = _free_port()
+    port = free_port()
     args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store"), *extra]
     for spec in faults:
         args += ["--inject", spec]
@@ -204,7 +198,7 @@ def test_tail_faults_are_found_live_and_from_a_recording(
 
 
 def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:
-    done = _run(env, "launch", "--port", str(_free_port()), "--inject", "warp:node=1")
+    done = _run(env, "launch", "--port", str(free_port()), "--inject", "warp:node=1")
     assert done.returncode == 2
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "unknown fault kind 'warp'" in lines[0], lines

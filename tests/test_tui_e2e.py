@@ -10,7 +10,6 @@ reaches the running scheduler and its audit trail.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,17 +20,12 @@ import pytest
 from test_tui import Pilot, run, screen_text, wait_for, wait_text
 from textual.widgets import Input
 
+from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli import top_cmd
 from dualpath_cli.tui.app import TopApp
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture()
@@ -44,7 +38,7 @@ def faulted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.delenv("DUALPATH_URL", raising=False)
     monkeypatch.delenv("DUALPATH_TOKEN", raising=False)
     env = dict(os.environ)
-    port = _free_port()
+    port = free_port()
     args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store")]
     for spec in FAULTS:
         args += ["--inject", spec]
