@@ -364,10 +364,15 @@ class Simulation:
     # ----------------------------------------------------------------- PE fetch
     def _pe_fetch(self, grp: Group) -> None:
         grp.pending = False
-        q = self.pe_queue
+        self._fetch_from(grp, self.pe_queue, self.de_global, self.pe_idle)
+
+    def _fetch_from(self, grp: Group, q: deque[Req], de_global: deque[Req],
+                    idle: set[int]) -> None:
+        """One PE group fetch from queue ``q`` into ``de_global``; the hierarchical
+        scheduler calls it per sub-scheduler with that sub's queues and idle set."""
         if not q:
             grp.idle = True
-            self.pe_idle.add(grp.idx)
+            idle.add(grp.idx)
             return
         snaps = grp.snaps
         read_q = grp.node.read_q  # a group is one node: its engines share the node's queue
@@ -375,7 +380,7 @@ class Simulation:
             sn.read_q = read_q
         assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
         if assignments:
-            engines, de_global = self.engines, self.de_global
+            engines = self.engines
             for _rid, eid in assignments:
                 req = q.popleft()
                 req.pe = engines[eid]  # type: ignore[assignment]
@@ -388,7 +393,7 @@ class Simulation:
                 self._wake(grp, self.K_PE_FETCH)
             else:
                 grp.idle = True
-                self.pe_idle.add(grp.idx)
+                idle.add(grp.idx)
 
     # ----------------------------------------------------------------- DE phase 1 and 2
     def _de_drain(self, _: object) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 from dualpath_cli.core.de_schedule import de_route
 from dualpath_cli.core.hierarchy import check_subs, partition, route_to_subs
-from dualpath_cli.core.pe_fetch import pe_fetch_in_place
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.state import DEngine, Group, Req
 from dualpath_cli.sim.trace import AgentPlan
@@ -112,31 +111,7 @@ class HierarchicalSimulation(TimedSimulation):
     def _timed_pe_fetch(self, grp: Group) -> None:
         grp.pending = False
         k = self.sub_of[grp.idx]
-        q = self.sub_pe_queue[k]
-        if not q:
-            grp.idle = True
-            self.sub_idle[k].add(grp.idx)
-            return
-        snaps = grp.snaps
-        read_q = grp.node.read_q
-        for sn in snaps:
-            sn.read_q = read_q
-        assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
-        if assignments:
-            engines, de_global = self.engines, self.sub_de_global[k]
-            for _rid, eid in assignments:
-                req = q.popleft()
-                req.pe = engines[eid]  # type: ignore[assignment]
-                de_global.append(req)
-            if not self.drain_pending:
-                self.drain_pending = True
-                self._at(self._tick(self.de_groups[0]), self.K_DE_DRAIN, None)
-        if stop == "queue_empty":
-            if q:
-                self._wake(grp, self.K_PE_FETCH)
-            else:
-                grp.idle = True
-                self.sub_idle[k].add(grp.idx)
+        self._fetch_from(grp, self.sub_pe_queue[k], self.sub_de_global[k], self.sub_idle[k])
 
     def _timed_de_drain(self, payload: object) -> None:
         self.drain_pending = False
