@@ -29,13 +29,21 @@ class ZmqEndpoint:
     """A PULL mailbox plus cached PUSH sockets to peers."""
 
     def __init__(self, ctx: zmq.Context[Any], host: str = "127.0.0.1", *,
-                 send_timeout_ms: int = 500, send_hwm: int | None = None) -> None:
+                 send_timeout_ms: int = 500, send_hwm: int | None = None,
+                 port: int = 0) -> None:
         self._ctx = ctx
         self._send_timeout_ms = send_timeout_ms
         self._send_hwm = send_hwm  # None: libzmq's default (1000 messages); 0: unbounded
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
-        port = self._pull.bind_to_random_port(f"tcp://{host}")
+        if port:  # a restarted scheduler binds its old port (runtime/checkpoint.py)
+            try:
+                self._pull.bind(f"tcp://{host}:{port}")
+            except zmq.ZMQError:
+                self._pull.close()
+                raise
+        else:
+            port = self._pull.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self._push: dict[str, zmq.Socket[Any]] = {}
         self._lock = threading.Lock()
