@@ -406,6 +406,16 @@ class StorageLoader:
         """Submit and wait."""
         return self.submit(keys, priority).wait(timeout)
 
+    def warm(self, keys: Sequence[BlockKey]) -> LoadTicket:
+        """Read ``keys`` into the DRAM cache at prefetch priority, for a warm-up
+        (:mod:`~dualpath_cli.storage.warm`): a ticket to wait on (release its result), the
+        blocks cached as a request's reads are, but not counted as a request's lookup (the
+        hit counters by tier keep meaning what requests found)."""
+        ticket = LoadTicket(self, list(keys))
+        self._enqueue(ticket, ticket.result.keys, PREFETCH_PRIORITY, None, None, False,
+                      count=False)
+        return ticket
+
     def prefetch(self, keys: Sequence[BlockKey], block_tokens: int | None = None) -> int:
         """Read ``keys`` ahead into the DRAM cache at the lowest priority; returns how many
         reads were queued (0 when the cache is disabled)."""
@@ -441,7 +451,8 @@ class StorageLoader:
 
     # --- queueing ---------------------------------------------------------------------------
     def _enqueue(self, ticket: LoadTicket | None, keys: list[BlockKey], priority: int,
-                 block_tokens: int | None, block_nbytes: int | None, prefetch: bool) -> int:
+                 block_tokens: int | None, block_nbytes: int | None, prefetch: bool,
+                 count: bool = True) -> int:
         now = self.clock()
         tokens = block_tokens or self.block_tokens
         dram_hits = dram_misses = queued = dram_bytes = 0
@@ -453,7 +464,7 @@ class StorageLoader:
                 raise RuntimeError("loader is closed")
             est = block_nbytes or self._est_bytes
             for index, key in enumerate(keys):
-                cached = (self.cache.get(key, prefetch=ticket is None)
+                cached = (self.cache.get(key, prefetch=ticket is None or not count)
                           if self.cache.capacity_bytes else None)
                 if cached is not None:
                     dram_hits += 1
@@ -467,7 +478,7 @@ class StorageLoader:
                     hit_lat.append(self.clock() - now)
                     continue
                 dram_misses += 1
-                if ticket is not None and self.cache.capacity_bytes:
+                if count and ticket is not None and self.cache.capacity_bytes:
                     reason, age = self.cache.miss_reason(key)
                     why[reason] = why.get(reason, 0) + 1
                     missed = ticket.result.dram_misses
@@ -488,7 +499,7 @@ class StorageLoader:
                     heapq.heappush(self._heap, (priority, next(self._seq), pending))
                 if ticket is not None:
                     pending.waiters.append((ticket, index))
-            if self.cache.capacity_bytes:
+            if count and self.cache.capacity_bytes:
                 self._count_lookup("dram", dram_hits, dram_misses)
                 if dram_hits and ticket is not None:
                     self._publish_accuracy()
@@ -501,9 +512,9 @@ class StorageLoader:
             if done_now:
                 assert ticket is not None
                 ticket._completed = True
-        if hit_lat:
+        if hit_lat and count:
             self.m_lat["dram"].observe_many(hit_lat)
-        if ticket is not None and self.cache.capacity_bytes:
+        if count and ticket is not None and self.cache.capacity_bytes:
             self._count_tier(len(keys) * tokens, dram_hits * tokens, dram_bytes, why, ages)
         if done_now:
             assert ticket is not None
