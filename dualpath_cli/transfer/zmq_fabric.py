@@ -4,7 +4,8 @@ Each endpoint binds one PULL socket on 127.0.0.1 (random port); senders keep one
 per destination. A message is a multipart ``[msgpack(header + buffer specs), buf0, buf1...]``
 sent with ``copy=False`` and received with ``copy=False``, so layer blocks are never
 serialised. ZeroMQ sockets are not thread-safe: sends are serialised by a lock and only the
-owning thread receives.
+owning thread receives. With :class:`~dualpath_cli.transfer.curve.CurveKeys` every mailbox
+is a CURVE server and every sender a CURVE client (:mod:`dualpath_cli.transfer.curve`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import zmq
 
 from dualpath_cli.transfer.base import Message, buffer_specs, restore_buffers
+from dualpath_cli.transfer.curve import CurveKeys, secure_client, secure_server
 
 __all__ = ["ZmqFabric", "ZmqEndpoint", "BIND_HOST_ENV"]
 
@@ -30,12 +32,15 @@ class ZmqEndpoint:
 
     def __init__(self, ctx: zmq.Context[Any], host: str = "127.0.0.1", *,
                  send_timeout_ms: int = 500, send_hwm: int | None = None,
-                 port: int = 0) -> None:
+                 port: int = 0, curve: CurveKeys | None = None) -> None:
         self._ctx = ctx
         self._send_timeout_ms = send_timeout_ms
         self._send_hwm = send_hwm  # None: libzmq's default (1000 messages); 0: unbounded
+        self.curve = curve
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            secure_server(ctx, self._pull, curve)
         if port:  # a restarted scheduler binds its old port (runtime/checkpoint.py)
             try:
                 self._pull.bind(f"tcp://{host}:{port}")
@@ -70,6 +75,8 @@ class ZmqEndpoint:
                 sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
                 if self._send_hwm is not None:
                     sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+                if self.curve is not None:
+                    secure_client(sock, self.curve)
                 sock.connect(to)
                 self._push[to] = sock
             try:
@@ -101,15 +108,16 @@ class ZmqEndpoint:
 
 
 class ZmqFabric:
-    """Creates ZeroMQ endpoints sharing one context per process."""
+    """Creates ZeroMQ endpoints sharing one context per process (CURVE with ``curve``)."""
 
     kind = "zmq"
 
-    def __init__(self, host: str | None = None) -> None:
+    def __init__(self, host: str | None = None, curve: CurveKeys | None = None) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         # a node that joins a scheduler on another host binds where its peers reach it
         self.host = host or os.environ.get(BIND_HOST_ENV) or "127.0.0.1"
+        self.curve = curve
 
     def endpoint(self, name: str) -> ZmqEndpoint:
         del name
-        return ZmqEndpoint(self._ctx, self.host)
+        return ZmqEndpoint(self._ctx, self.host, curve=self.curve)
