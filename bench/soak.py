@@ -14,6 +14,13 @@ what was left behind.
     nice -n 19 python bench/soak.py                    # 10,000 turns, a table
     nice -n 19 python bench/soak.py --turns 300 --json # the CI version (tests/test_soak.py)
 
+The scheduler keeps its last ``scheduler.decision_ring`` decisions (and as many finished
+requests' timelines in its ledger): a bounded ring that grows the launcher's RSS until it is
+full (about 5 KB a turn). ``--decision-ring N`` launches with that ring size (``--set
+scheduler.decision_ring=N``), and the default warm-up then lasts at least N turns, so the
+ring is full before growth is measured; with the default ring (10,000) a run shows the ring
+filling, not a leak. ``--set KEY=VALUE`` passes any other config key to ``launch``.
+
 JSON keys: ``soak_rss_growth`` (fraction, goal < 0.05), ``fd_growth`` (descriptors, goal 0),
 ``leftover_temp_files`` (goal 0: ``*.tmp`` in the store and files left in the launcher's
 state directory after it stopped), ``turns``, ``errors``, ``seconds``, ``turns_per_s``,
@@ -178,11 +185,21 @@ def _serve(url: str, token: str, budget: _Turns, args: argparse.Namespace, seed:
         t.join()
 
 
+def _sets(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` arguments for ``launch`` (``--decision-ring`` among them)."""
+    items = list(args.set or [])
+    if args.decision_ring:
+        items.append(f"scheduler.decision_ring={args.decision_ring}")
+    return [arg for item in items for arg in ("--set", item)]
+
+
 def run_soak(args: argparse.Namespace) -> dict[str, Any]:
     """Launch, serve, sample, stop; the figures (see the module docstring)."""
     # every client connection and engine-to-engine socket exists by the end of the warm-up
+    # and, with --decision-ring, the scheduler's bounded ring (one decision a turn) is full
+    ring = args.decision_ring or 0
     warmup = args.warmup if args.warmup is not None else max(
-        1, min(args.turns // 2, max(args.turns // 10, 4 * args.sessions)))
+        1, min(args.turns // 2, max(args.turns // 10, 4 * args.sessions, ring + ring // 10)))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dualpath-soak-") as tmp_s:
         tmp = Path(tmp_s)
@@ -192,7 +209,8 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
         env.pop("DUALPATH_URL", None)
         port = _free_port()
         proc = subprocess.Popen([*CLI, "launch", "--port", str(port), "--store", str(store),
-                                 "--pd", args.pd, "--policy", args.policy, "--json"], env=env,
+                                 "--pd", args.pd, "--policy", args.policy, "--json",
+                                 *_sets(args)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         family: dict[int, psutil.Process] = {}
         samples: list[dict[str, Any]] = []
@@ -262,6 +280,7 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
                            if n != kinds_warm.get(k, 0)},
         "store_bytes": store_bytes, "state_files_left": state_left, "samples": samples,
         "setup": {"pd": args.pd, "policy": args.policy, "sessions": args.sessions,
+                  "decision_ring": args.decision_ring, "sets": _sets(args)[1::2],
                   "session_turns": args.session_turns, "first": args.first,
                   "append": args.append, "gen": args.gen},
     }
@@ -282,18 +301,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="dualpath",
                         help="runtime policy (round-robin alternates the read side, so a "
                              "short warm-up opens every engine-to-engine socket)")
+    parser.add_argument("--decision-ring", type=int, default=None, metavar="N",
+                        help="launch with scheduler.decision_ring=N (a bounded ring; the "
+                             "default warm-up then fills it first)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="a config key for launch (repeatable)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.turns < 2 or not 0 < (args.warmup or 1) < args.turns:
         parser.error("--turns must be >= 2 and --warmup between 1 and --turns - 1")
+    if args.decision_ring is not None and args.decision_ring < 1:
+        parser.error("--decision-ring must be >= 1")
     # SIGTERM unwinds like Ctrl-C: the cluster is stopped and the temp directory removed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     figures = run_soak(args)
     if args.json:
         print(json.dumps(figures))
     else:
+        print(f"{'decision ring':<22} {figures['setup']['decision_ring'] or 'config default'}")
         print(f"{'turns':<22} {figures['turns']} ({figures['warmup_turns']} warm-up), "
               f"{figures['errors']} errors, {figures['turns_per_s']} turns/s")
         print(f"{'RSS growth':<22} {figures['soak_rss_growth']:+.2%} "

@@ -10,6 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import dualpath_cli.services.live as live_mod
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.live import LiveCluster
+
 SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 
 
@@ -33,3 +39,27 @@ def test_short_soak_leaks_no_descriptors_and_leaves_no_temp_files() -> None:
     assert figures["samples"] and figures["samples"][-1]["turns"] == 300
     assert all(s["temp_files"] == 0 for s in figures["samples"][-1:])
     assert done.returncode == 0, done.stderr
+
+
+def test_the_session_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that names a new session for every conversation (the soak does) does not
+    grow the cluster's session map without bound: the least recently used is forgotten."""
+    monkeypatch.setattr(live_mod, "SESSIONS_MAX", 3)
+    live = LiveCluster(RuntimeOptions(block_tokens=8, flops_rate=5e9, heartbeat_timeout=10.0))
+    live.start()
+    try:
+        def turn(session: str) -> None:
+            ticket = live.submit(list(range(1, 20)), 1, session=session)
+            assert ticket.event.wait(60)
+            live.done(ticket)
+
+        for name in ("a", "b", "c", "a", "d"):  # "a" used again: "b" is the oldest
+            turn(name)
+        sessions = live._sessions  # noqa: SLF001 - the structure under test
+        assert list(sessions) == ["c", "a", "d"]
+        assert sessions["a"].turns == 2  # a remembered session keeps its turn count
+        turn("b")  # a forgotten one starts again as a new agent
+        assert "c" not in sessions and sessions["b"].turns == 1
+        assert len({s.agent for s in sessions.values()}) == 3
+    finally:
+        live.close()

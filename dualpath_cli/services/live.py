@@ -18,6 +18,7 @@ The HTTP layer (``dualpath_cli.api``) and ``dualpath launch`` are thin over this
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -77,6 +78,13 @@ class DrainResult:
                 "seconds": round(self.seconds, 3)}
 
 
+#: Sessions remembered (least recently used first out): a client that names a new session
+#: for every conversation would otherwise grow the map for as long as the cluster runs. A
+#: forgotten session's next turn starts a new agent; its stored prefix is still found by
+#: content, only the agent's turn count restarts.
+SESSIONS_MAX = 65_536
+
+
 @dataclass
 class _Session:
     agent: int
@@ -100,7 +108,7 @@ class LiveCluster:
         self.ready_s: float | None = None
         self.state = "starting"
         self._lock = threading.Lock()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
         self._in_flight: set[Ticket] = set()
         self._prune_at = 256
         self._next_agent = 0
@@ -228,6 +236,10 @@ class LiveCluster:
                 self._next_agent += 1
                 if session is not None:
                     self._sessions[session] = sess
+                    if len(self._sessions) > SESSIONS_MAX:
+                        self._sessions.popitem(last=False)
+            elif session is not None:
+                self._sessions.move_to_end(session)
             turn = sess.turns
             sess.turns += 1
             ticket = self.system.submit(TurnRequest(sess.agent, turn,
