@@ -136,15 +136,23 @@ class Driver:
 
 def _count_kinds(system: RuntimeSystem) -> dict[str, list[float]]:
     """Count the scheduler's messages by kind with the thread CPU each took (a wrapper on
-    its handler: measurement only, same thread, same order)."""
+    its handler: measurement only, same thread, same order). A fetch that finds nothing to
+    do for its group is counted apart (``fetch_idle``): that is the periodic cost, the
+    rest of a working fetch scales with the turns."""
     sched = system.scheduler
     handle = sched._handle  # noqa: SLF001
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
     def counted(raw: Any) -> None:
+        kind = str(raw.header.get("t"))
+        if kind == "fetch":
+            group = raw.header.get("group")
+            busy = (bool(sched.pe_queue) if raw.header.get("role") == "prefill"
+                    else bool(sched.queue) or bool(sched.private.get(group)))
+            kind = "fetch" if busy else "fetch_idle"
         t = time.thread_time()
         handle(raw)
-        row = kinds[str(raw.header.get("t"))]
+        row = kinds[kind]
         row[0] += 1
         row[1] += time.thread_time() - t
 
@@ -169,7 +177,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         try:
             system.start(timeout=300)
             start_s = time.monotonic() - t0
-            n_agents = max(200, int(args.rate * 4))
+            n_agents = args.agents or max(200, int(args.rate * 4))
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate)
             tid = system.scheduler._thread.native_id  # noqa: SLF001 - the thread we measure
@@ -210,12 +218,23 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     cpu_of = {k: cpu / n for k, (n, cpu) in by_kind.items() if n}
     n_engines = len(view.engines)
     groups = p + d
+    # periodic: every engine's heartbeat and every group's fetch at the idle fetch's cost
+    idle_fetch = cpu_of.get("fetch_idle", cpu_of.get("fetch", 0.0))
     periodic = (cpu_of.get("hb", 0.0) * n_engines / args.heartbeat
-                + cpu_of.get("fetch", 0.0) * groups / args.fetch)
-    turn_kinds = [k for k in by_kind if k not in ("hb", "fetch", "hello")]
-    per_turn_msgs = (sum(by_kind[k][1] for k in turn_kinds) / done) if done else float("nan")
-    per_turn_total = per_turn_msgs + (u1 - u0) / max(1, s1 - s0)
-    cores = cpu / wall if reached else periodic + per_turn_total * PAPER_RATE
+                + idle_fetch * groups / args.fetch)
+    # per turn: the turn's own messages, the working fetches' CPU beyond an idle one's,
+    # and submit() (its prefix lookup, on the caller's thread)
+    turn_msgs = {k: c for k, (n, c) in by_kind.items()
+                 if k not in ("hb", "fetch_idle", "fetch", "hello")}
+    n_fetch, c_fetch = by_kind.get("fetch", (0, 0.0))
+    turn_msgs["fetch (beyond idle)"] = max(0.0, c_fetch - n_fetch * idle_fetch)
+    submit_per_turn = (u1 - u0) / max(1, s1 - s0)
+    per_turn_us = {k: round(1e6 * c / done, 1) for k, c in turn_msgs.items()} if done else {}
+    per_turn_us["submit"] = round(1e6 * submit_per_turn, 1)
+    per_turn_msgs = (sum(turn_msgs.values()) / done) if done else float("nan")
+    per_turn_total = per_turn_msgs + submit_per_turn
+    extrapolated = periodic + per_turn_total * PAPER_RATE
+    cores = cpu / wall if reached else extrapolated
     lower_bound = not reached and not done  # no turn completed: the turn term is unknown
     if lower_bound:
         cores = periodic
@@ -234,6 +253,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "mean_prompt_tokens": round((k1 - k0) / max(1, s1 - s0)),
         "sched_thread_cores": round(thread_cpu / wall, 3),
         "cpu_us_per_message": {k: round(1e6 * v, 1) for k, v in cpu_of.items()},
+        "cpu_us_per_turn": per_turn_us,
+        "extrapolated_cores_at_paper_rate": round(extrapolated, 3),
+        "agents": n_agents,
         "messages_per_s": {k: round(n / wall, 1) for k, (n, _) in by_kind.items()},
         "periodic_cores_at_paper_scale": round(periodic, 3),
         "cpu_ms_per_turn_at_paper_rate": round(1000 * per_turn_total, 3),
@@ -375,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="silence before an engine is declared dead (a host process that "
                     "exits is seen at once through its sentinel)")
     ap.add_argument("--fetch", type=float, default=0.1)
+    ap.add_argument("--agents", type=int, default=0,
+                    help="agents of the cpu part, one turn in flight each (0: 4 x --rate, at "
+                    "least 200); the rate reached is at most agents / turn latency")
     ap.add_argument("--hier-agents", type=int, default=1024,
                     help="agents of the hierarchical-vs-flat run at --pd")
     ap.add_argument("--big-pd", default="480P960D")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ __all__ = [
     "to_layer_major",
     "block_key",
     "prefix_keys",
+    "chain_keys",
+    "PrefixKeyCache",
     "longest_cached_prefix",
 ]
 
@@ -205,6 +208,98 @@ def prefix_keys(tokens: Sequence[int], namespace: Namespace) -> list[BlockKey]:
         parent = block_key(parent, tokens[start:start + size], namespace)
         keys.append(parent)
     return keys
+
+
+def _token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """The tokens as the hash reads them (little-endian uint32), converted in one call."""
+    return np.asarray(tokens).astype("<u4", copy=False).tobytes()
+
+
+def chain_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
+               parent: BlockKey | None = None, first: int = 0, stop: int | None = None,
+               ) -> list[BlockKey]:
+    """Keys of complete blocks ``first..stop-1`` of ``tokens`` after ``parent`` (the key of
+    block ``first - 1``; ``None`` with ``first == 0``): :func:`block_key` chained, with the
+    tokens converted once and each block's hash seeded from one copy of the namespace's.
+
+    Why: a scheduler hashes every turn's prompt (12K tokens, ~190 blocks); converting each
+    block's slice separately cost more than the hashing. Equal to :func:`prefix_keys`
+    (``prefix_keys(t)[first:stop] == chain_keys(t, ns, prefix_keys(t)[first - 1], first,
+    stop)``).
+    """
+    size = namespace.shape.block_tokens
+    n = len(tokens) // size if stop is None else min(stop, len(tokens) // size)
+    if n <= first:
+        return []
+    data = memoryview(_token_bytes(np.asarray(tokens)[first * size:n * size]))
+    base = hashlib.blake2b(digest_size=KEY_BYTES, person=b"dualpath-kv-v1")
+    base.update(namespace.digest)
+    length = struct.pack("<I", size)
+    step = 4 * size
+    raw = parent.raw if parent is not None else _ROOT
+    keys: list[BlockKey] = []
+    for off in range(0, (n - first) * step, step):
+        h = base.copy()
+        h.update(raw + length)
+        h.update(data[off:off + step])
+        raw = h.digest()
+        keys.append(BlockKey(raw))
+    return keys
+
+
+class PrefixKeyCache:
+    """Each session's last prompt and its prefix keys, so a turn hashes only what changed.
+
+    An agent's next prompt is its last one plus the output and the appended tokens, so the
+    keys of every block up to the first token that differs are the ones computed last turn.
+    :meth:`keys` compares the new prompt with the kept one (one vectorised comparison),
+    keeps the keys of the blocks before the first difference and hashes the rest with
+    :func:`chain_keys`: the result always equals :func:`prefix_keys` of the prompt, whatever
+    the prompt (a changed prefix only costs more hashing). Bounded: at most ``sessions``
+    sessions and ``max_tokens`` kept tokens (4 bytes each), least recently used dropped.
+    Not thread-safe (the caller's lock guards it).
+    """
+
+    def __init__(self, namespace: Namespace, sessions: int = 4096,
+                 max_tokens: int = 32 << 20) -> None:
+        self.ns = namespace
+        self.sessions = max(1, sessions)
+        self.max_tokens = max(0, max_tokens)
+        self._kept: OrderedDict[object, tuple[np.ndarray, list[BlockKey]]] = OrderedDict()
+        self._tokens = 0
+        self.reused = 0  # blocks whose key came from the cache
+        self.hashed = 0  # blocks hashed
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keys(self, session: object, tokens: Sequence[int] | np.ndarray) -> list[BlockKey]:
+        """:func:`prefix_keys` of ``tokens`` (a new list), reusing ``session``'s last keys."""
+        size = self.ns.shape.block_tokens
+        arr = np.asarray(tokens)
+        # the uint32 form is what the hash reads; keeping it is what makes a match exact
+        u4 = arr.astype("<u4")
+        prev = self._kept.pop(session, None)
+        reuse: list[BlockKey] = []
+        if prev is not None:
+            old, old_keys = prev
+            self._tokens -= len(old)
+            n = min(len(old), len(u4), len(old_keys) * size)
+            diff = np.flatnonzero(old[:n] != u4[:n])
+            same = int(diff[0]) if len(diff) else n
+            reuse = old_keys[:same // size]
+        fresh = chain_keys(u4, self.ns, reuse[-1] if reuse else None, len(reuse))
+        self.reused += len(reuse)
+        self.hashed += len(fresh)
+        keys = reuse + fresh
+        if len(u4) <= self.max_tokens:
+            self._kept[session] = (u4, keys)
+            self._tokens += len(u4)
+            while self._kept and (len(self._kept) > self.sessions
+                                  or self._tokens > self.max_tokens):
+                _, (dropped, _) = self._kept.popitem(last=False)
+                self._tokens -= len(dropped)
+        return list(keys)
 
 
 def longest_cached_prefix(keys: Iterable[BlockKey], contains: Callable[[BlockKey], bool]) -> int:

@@ -34,14 +34,15 @@ import queue
 import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import zmq
 
-from dualpath_cli.core.layout import BlockKey, Namespace, block_key
+from dualpath_cli.core.layout import BlockKey, Namespace, chain_keys
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.wire import (
@@ -117,13 +118,13 @@ class EmulatedSpec:
     metrics_s: float = 5.0
 
 
-def emulated_tokens(prompt: tuple[int, ...], gen: int, vocab: int = 256) -> tuple[int, ...]:
+def emulated_tokens(prompt: Sequence[int], gen: int, vocab: int = 256) -> tuple[int, ...]:
     """The tokens an emulated DE "generates": a fixed function of the prompt (and ``gen``).
 
     Deterministic, so two runs of one workload give identical tokens and the next turn's
     prompt (context + these) repeats the same prefix keys.
     """
-    seed = (len(prompt) * 2654435761 + sum(prompt[-8:])) % vocab
+    seed = (len(prompt) * 2654435761 + sum(int(t) for t in prompt[-8:])) % vocab
     return tuple((seed + 7 * i) % vocab for i in range(gen))
 
 
@@ -139,7 +140,7 @@ class _Read:
 class _Job:
     rid: int
     att: int
-    prompt: tuple[int, ...]
+    prompt: Sequence[int]  # a TokenArray off the wire
     cached: int
     pe_tokens: int
     peer: str  # the DE (on a PE) or the PE (on a DE)
@@ -218,7 +219,7 @@ class EmulatedHost:
         self.store = PosixStore(store_root) if store_root is not None else None
         self.persisted = 0
         # marker files are written off the loop (file creation is slow next to a message)
-        self._writes: queue.SimpleQueue[tuple[str | None, tuple[int, ...], int, str,
+        self._writes: queue.SimpleQueue[tuple[str | None, np.ndarray, int, str,
                                               Done] | None] = queue.SimpleQueue()
         # a few threads: creating a file waits on the file system, not on the GIL
         self._writers = [threading.Thread(target=self._write_loop, daemon=True,
@@ -496,7 +497,9 @@ class EmulatedHost:
         if self.store is None:
             self._send(e, e.spec.ctl, done)
         else:
-            self._writes.put((job.keys[-1] if job.keys else None, job.prompt + out,
+            seq = np.concatenate([np.asarray(job.prompt, dtype=np.int64),
+                                  np.asarray(out, dtype=np.int64)])
+            self._writes.put((job.keys[-1] if job.keys else None, seq,
                               len(job.keys), e.spec.ctl, done))
 
     def _write_loop(self) -> None:
@@ -511,13 +514,11 @@ class EmulatedHost:
                 log.warning("emulated engines: marker block not written: %s", err)
             self._send(None, to, done)
 
-    def _write(self, last: str | None, seq: tuple[int, ...], first: int) -> None:
+    def _write(self, last: str | None, seq: np.ndarray, first: int) -> None:
         assert self.store is not None
-        bt = self.ns.shape.block_tokens
         parent = BlockKey.from_hex(last) if last is not None else None
-        for b in range(first, len(seq) // bt):
-            parent = block_key(parent, seq[b * bt:(b + 1) * bt], self.ns)
-            path = str(self.store.path(parent))
+        for key in chain_keys(seq, self.ns, parent, first):
+            path = str(self.store.path(key))
             d = os.path.dirname(path)
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, block_key
+from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, chain_keys
 from dualpath_cli.storage.loader import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
@@ -214,11 +214,11 @@ class RequestLedger:
         if look is None:
             return
         chain = list(look.keys)
-        seq = list(tokens) + list(output)[:-1]
+        # arrays, not lists: the prompt has ~12K tokens and only its last blocks are hashed
+        seq = np.concatenate([np.asarray(tokens, dtype=np.int64).reshape(-1),
+                              np.asarray(output, dtype=np.int64).reshape(-1)[:-1]])
         last = BlockKey(chain[-1]) if chain else None
-        for i in range(len(chain), len(seq) // self.bt):
-            last = block_key(last, seq[i * self.bt:(i + 1) * self.bt], self.ns)
-            chain.append(last.raw)
+        chain.extend(k.raw for k in chain_keys(seq, self.ns, last, len(chain)))
         with self._lock:
             self._chains[agent] = (b"".join(chain), now)
             self._chains.move_to_end(agent)

@@ -62,10 +62,9 @@ from dualpath_cli.core.de_schedule import (
     GroupLoads,
     de_place,
     de_route,
-    group_load,
     placement_classes,
 )
-from dualpath_cli.core.layout import Namespace, longest_cached_prefix, prefix_keys
+from dualpath_cli.core.layout import Namespace, PrefixKeyCache, longest_cached_prefix
 from dualpath_cli.core.pe_fetch import classify_pe, pe_fetch
 from dualpath_cli.core.policies import SchedParams, charge_read, get_policy, read_plan
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
@@ -88,6 +87,7 @@ from dualpath_cli.runtime.wire import (
     ReadFailed,
     SetQuota,
     Stop,
+    TokenArray,
     WireError,
     WireMessage,
     decode,
@@ -360,6 +360,15 @@ class SchedulerService:
                             "quota": float(quota_s)}
         self._ctl_next = time.monotonic() + control_interval_s
         self._ttfts: list[float] = []
+        # hot-path state (see _lookup, _load_delta, _members): the per-agent prefix keys,
+        # each engine's load kept as turns move, and the engines indexed by group and node
+        self._prefix = PrefixKeyCache(namespace)
+        self._seq: dict[int, int] = collections.defaultdict(int)
+        self._tok: dict[int, int] = collections.defaultdict(int)
+        self._hbm_used: dict[int, int] = collections.defaultdict(int)
+        self._index_n = -1
+        self._by_group: dict[str, dict[int, list[EngineState]]] = {}
+        self._by_node: dict[int, list[EngineState]] = {}
 
     # -- public API ---------------------------------------------------------------------
     def register(self, engine_id: int, role: str, node: int, group: int) -> None:
@@ -367,6 +376,7 @@ class SchedulerService:
         with self._lock:
             self.engines[engine_id] = EngineState(engine_id, role, node, group,
                                                   last_seen=time.monotonic())
+            self._index_n = -1
             self._count_engines()
 
     def start(self) -> None:
@@ -664,7 +674,8 @@ class SchedulerService:
 
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: _Flight) -> None:
-        keys = prefix_keys(f.req.tokens.tolist(), self.ns)
+        # the agent's last keys reused up to its first changed token: equal to prefix_keys
+        keys = self._prefix.keys(f.req.agent, f.req.tokens)
         limit = (len(f.req.tokens) - 1) // self.bt  # always leave one token to prefill
         if f.max_hit_blocks is not None:
             limit = min(limit, f.max_hit_blocks)
@@ -742,7 +753,9 @@ class SchedulerService:
             if f is None or f.att != msg.att:
                 return  # a stale attempt
             if isinstance(msg, First):
+                self._load_delta(f, -1)
                 f.prefilled = True
+                self._load_delta(f, 1)
                 f.first_at = msg.at
                 self.ledger.first(f.rid, msg.facts)
                 f.ticket.first_event.set()
@@ -762,6 +775,7 @@ class SchedulerService:
             del e.charges[seq]
 
     def _finish(self, f: _Flight, m: Done) -> None:
+        self._load_delta(f, -1)
         del self.flights[f.rid]
         self._drop_charges(f)
         tokens = [int(t) for t in m.tokens]
@@ -797,6 +811,7 @@ class SchedulerService:
             if f in q:
                 q.remove(f)
         f.att += 1
+        self._load_delta(f, -1)
         f.pe = f.de = f.de_group = -1
         f.prefilled = False
         f.route, f.place = {}, {}
@@ -852,7 +867,8 @@ class SchedulerService:
         return Request(f.rid, len(f.req.tokens), f.cached)
 
     def _loads(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
-        """Per engine: unfinished requests (seq), their tokens (tok) and DE HBM held."""
+        """Per engine: unfinished requests (seq), their tokens (tok) and DE HBM held,
+        counted from the turns in flight (what :meth:`_load_delta` keeps up to date)."""
         seq: dict[int, int] = collections.defaultdict(int)
         tok: dict[int, int] = collections.defaultdict(int)
         hbm_used: dict[int, int] = collections.defaultdict(int)
@@ -866,35 +882,79 @@ class SchedulerService:
                 hbm_used[f.de] += len(f.req.tokens) + f.req.gen
         return seq, tok, hbm_used
 
-    def _snapshots(self) -> tuple[dict[int, list[EngineSnapshot]], dict[int, list[
-            EngineSnapshot]]]:
-        seq, tok, hbm_used = self._loads()
-        node_q: dict[int, int] = collections.defaultdict(int)
-        for e in self.engines.values():
-            if e.alive:
-                node_q[e.node] += e.read_q
-        pe: dict[int, list[EngineSnapshot]] = collections.defaultdict(list)
-        de: dict[int, list[EngineSnapshot]] = collections.defaultdict(list)
-        for e in self.engines.values():
-            if not e.alive or not e.address:
-                continue
-            role = Role(e.role)
-            snap = EngineSnapshot(e.engine_id, e.node, e.group, role, seq[e.engine_id],
-                                  tok[e.engine_id], node_q[e.node],
-                                  self.hbm_tokens - hbm_used[e.engine_id])
-            (pe if role is Role.PREFILL else de)[e.group].append(snap)
-        return pe, de
+    def _load_delta(self, f: _Flight, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) turn ``f``'s share of its engines' loads.
+
+        Why: a fetch used to count every turn in flight (thousands at the paper's rate);
+        every change of a turn's ``pe``, ``de`` or ``prefilled`` is bracketed by -1 and +1
+        here instead, so the counts always equal :meth:`_loads`. Code that changes
+        ``flights`` another way (a restore) calls :meth:`_recount_loads` after.
+        """
+        n = len(f.req.tokens)
+        if f.pe >= 0 and not f.prefilled:
+            self._seq[f.pe] += sign
+            self._tok[f.pe] += sign * n
+        if f.de >= 0:
+            self._seq[f.de] += sign
+            self._tok[f.de] += sign * n
+            self._hbm_used[f.de] += sign * (n + f.req.gen)
+
+    def _recount_loads(self) -> None:
+        """Set the kept loads from the turns in flight (after ``flights`` changed in bulk)."""
+        self._seq, self._tok, self._hbm_used = self._loads()
+
+    def _members(self) -> tuple[dict[str, dict[int, list[EngineState]]],
+                                dict[int, list[EngineState]]]:
+        """Engines by role and group, and by node, in registration order (rebuilt when an
+        engine is registered): a fetch reads its own group, not all 1,152 engines."""
+        if self._index_n != len(self.engines):
+            by_group: dict[str, dict[int, list[EngineState]]] = {
+                Role.PREFILL.value: {}, Role.DECODE.value: {}}
+            by_node: dict[int, list[EngineState]] = {}
+            for e in self.engines.values():
+                by_group.setdefault(e.role, {}).setdefault(e.group, []).append(e)
+                by_node.setdefault(e.node, []).append(e)
+            self._by_group, self._by_node = by_group, by_node
+            self._index_n = len(self.engines)
+        return self._by_group, self._by_node
+
+    def _node_q(self, node: int) -> int:
+        """The node's read queue: its live engines' reported queues plus pending charges."""
+        return sum(e.read_q for e in self._members()[1].get(node, ()) if e.alive)
+
+    def _snapshot(self, e: EngineState, node_q: dict[int, int]) -> EngineSnapshot:
+        """``e`` as the core's functions see it (``node_q`` memoises the node's queue)."""
+        q = node_q.get(e.node)
+        if q is None:
+            q = node_q[e.node] = self._node_q(e.node)
+        eid = e.engine_id
+        return EngineSnapshot(eid, e.node, e.group, Role(e.role), self._seq.get(eid, 0),
+                              self._tok.get(eid, 0), q,
+                              self.hbm_tokens - self._hbm_used.get(eid, 0))
+
+    def _group_snapshots(self, role: str, group: int, node_q: dict[int, int],
+                         ) -> list[EngineSnapshot]:
+        """Snapshots of the group's live engines that said hello, in registration order."""
+        members = self._members()[0].get(role, {}).get(group, ())
+        return [self._snapshot(e, node_q) for e in members if e.alive and e.address]
 
     def _de_fetch(self, group: int) -> None:
         """A DE group fetch: phase 1 over the global FIFO, phase 2 on this group's queue."""
         if not self.queue and not self.private.get(group):
             return
-        _, de_groups = self._snapshots()
-        if group not in de_groups:
+        de = Role.DECODE.value
+        node_q: dict[int, int] = {}
+        engines = self._group_snapshots(de, group, node_q)
+        if not engines:
             return
         if self.queue:
-            loads = {g: group_load(engines, [self._request(f) for f in self.private[g]])
-                     for g, engines in de_groups.items()}
+            # every live DE group's load: its engines' tokens plus what is routed to it
+            loads = {}
+            for g, members in self._members()[0].get(de, {}).items():
+                live = [e.engine_id for e in members if e.alive and e.address]
+                if live:
+                    loads[g] = (sum(self._tok.get(eid, 0) for eid in live)
+                                + sum(len(f.req.tokens) for f in self.private[g]))
             head = [f.rid for f in list(self.queue)[:_HEAD]]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], GroupLoads(loads))
@@ -907,7 +967,6 @@ class SchedulerService:
         private = self.private[group]
         if not private:
             return
-        engines = de_groups[group]
         before = [_snap(e) for e in engines]
         head = [f.rid for f in list(private)[:_HEAD]]
         queue = [self._request(f) for f in private]
@@ -916,7 +975,9 @@ class SchedulerService:
                                     res.assignments, res.z)
         for (_, de_id), cls in zip(res.assignments, classes, strict=True):
             f = private.popleft()
+            self._load_delta(f, -1)
             f.de, f.de_group = de_id, group
+            self._load_delta(f, 1)
             f.place = {"queue_head": head, "engines": before, "z": res.z,
                        "r_count": res.r_count, "stop": res.stop_reason, "de": de_id,
                        "de_class": cls.value}
@@ -926,17 +987,31 @@ class SchedulerService:
         """A PE group fetch: the PE by Algorithm 1, then the read side, charged at once."""
         if not self.pe_queue:
             return
-        pe_groups, de_groups = self._snapshots()
-        pes = pe_groups.get(group, [])
+        node_q: dict[int, int] = {}
+        pes = self._group_snapshots(Role.PREFILL.value, group, node_q)
         if not pes:
             return
-        des = [e for engines in de_groups.values() for e in engines]
-        de_by_id = {e.engine_id: e for e in des}
+        # the DEs the queued turns were placed on, each as it stands when first needed: a
+        # dispatch in this fetch changes only the read queues of the nodes it charges, which
+        # charge_read below also adds to every snapshot already taken
+        des: list[EngineSnapshot] = []
+        de_by_id: dict[int, EngineSnapshot | None] = {}
+
+        def de_snapshot(eid: int) -> EngineSnapshot | None:
+            if eid not in de_by_id:
+                e = self.engines.get(eid)
+                snap = None
+                if e is not None and e.alive and e.address and e.role == Role.DECODE.value:
+                    snap = self._snapshot(e, {})
+                    des.append(snap)
+                de_by_id[eid] = snap
+            return de_by_id[eid]
+
         head = [f.rid for f in list(self.pe_queue)[:_HEAD]]
         params = self.params
         while self.pe_queue:
             f = self.pe_queue[0]
-            de = de_by_id.get(f.de)
+            de = de_snapshot(f.de)
             if de is None:  # its DE died meanwhile
                 self._requeue(f, "engine_dead")
                 continue
@@ -974,7 +1049,9 @@ class SchedulerService:
                 "sources": dict(self.sources), "lookup": self.ledger.summary(f.rid)})
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
+        self._load_delta(f, -1)
         f.pe, f.de, f.pe_tokens = pe, de, pe_tokens
+        self._load_delta(f, 1)
         self.ledger.dispatched(f.rid, len(f.req.tokens))
         pe_state, de_state = self.engines[pe], self.engines[de]
         seqs = {}
@@ -984,7 +1061,7 @@ class SchedulerService:
             if tokens:
                 state.charges[seq] = tokens
                 f.charges.append((state.engine_id, seq))
-        prompt = tuple(f.req.tokens.tolist())
+        prompt = TokenArray(f.req.tokens)  # one int32 frame, shared by both messages
         keys = tuple(f.keys)
         self._send(de_state.address, Decode(
             f.rid, f.att, seqs[de], prompt, f.req.gen, f.cached, keys, pe_tokens,

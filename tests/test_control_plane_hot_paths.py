@@ -1,0 +1,175 @@
+"""The scheduler's hot paths at scale keep their results: incremental prefix keys, prompts as
+buffer frames, kept engine loads, the ledger's chains, engine processes started early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.layout import (
+    BlockShape,
+    Namespace,
+    PrefixKeyCache,
+    chain_keys,
+    prefix_keys,
+)
+from dualpath_cli.runtime.ledger import RequestLedger
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.wire import Decode, Prefill, TokenArray, WireError, decode, encode
+from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services.runner import run_agents
+from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.transfer import InProcFabric, ZmqFabric
+
+NS = Namespace("tiny", "layer_major", BlockShape(2, 4, 8))
+TOKENS = st.lists(st.integers(0, 2**31 - 1), max_size=60)
+
+
+@given(TOKENS, st.integers(0, 16), st.integers(0, 16))
+def test_chain_keys_equal_the_reference_chain(tokens: list[int], first: int, span: int) -> None:
+    ref = prefix_keys(tokens, NS)
+    assert chain_keys(np.asarray(tokens, dtype=np.int64), NS) == ref
+    assert chain_keys(tokens, NS) == ref
+    first = min(first, len(ref))
+    parent = ref[first - 1] if first else None
+    assert chain_keys(tokens, NS, parent, first, first + span) == ref[first:first + span]
+
+
+EDITS = st.lists(st.tuples(
+    st.sampled_from(["append", "change", "cut", "other"]), st.integers(0, 3),
+    st.lists(st.integers(0, 50), min_size=1, max_size=13), st.integers(0, 100)), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EDITS, st.integers(1, 3), st.integers(8, 80))
+def test_incremental_prefix_keys_equal_the_keys_from_scratch(
+        edits: list[tuple[str, int, list[int], int]], sessions: int, max_tokens: int) -> None:
+    """Whatever each session's next prompt is (its last one grown, changed anywhere, cut, or
+    another), the cache answers prefix_keys of it, within small bounds that evict."""
+    cache = PrefixKeyCache(NS, sessions=sessions, max_tokens=max_tokens)
+    prompts: dict[int, list[int]] = {}
+    for kind, session, tokens, where in edits:
+        prompt = list(prompts.get(session, []))
+        if kind == "append":
+            prompt += tokens
+        elif kind == "change" and prompt:
+            prompt[where % len(prompt)] = tokens[0] + 51
+        elif kind == "cut":
+            prompt = prompt[:where % (len(prompt) + 1)]
+        else:
+            prompt = tokens * 3
+        prompts[session] = prompt
+        assert cache.keys(session, np.asarray(prompt, dtype=np.int64)) == prefix_keys(prompt, NS)
+        assert len(cache) <= sessions
+    assert cache.hashed + cache.reused >= 0
+
+
+def test_a_grown_prompt_hashes_only_its_new_blocks() -> None:
+    cache = PrefixKeyCache(NS)
+    prompt = np.arange(40)
+    cache.keys(7, prompt)
+    assert (cache.reused, cache.hashed) == (0, 10)
+    cache.keys(7, np.concatenate([prompt, np.arange(9)]))
+    assert (cache.reused, cache.hashed) == (10, 12)
+
+
+def _dispatches(tokens: Any) -> list[Decode | Prefill]:
+    return [Decode(9, 1, 4, tokens, 4, 16, ("ab" * 16,), 8, "tcp://x:1", True),
+            Prefill(9, 1, 5, tokens, 16, ("ab" * 16,), 8, "tcp://x:2", True, False)]
+
+
+@pytest.mark.parametrize("fabric_cls", [InProcFabric, ZmqFabric])
+def test_a_prompt_travels_as_one_int32_frame(fabric_cls: type) -> None:
+    prompt = np.random.default_rng(3).integers(0, 1 << 30, 12_345)
+    fabric = fabric_cls()
+    a, b = fabric.endpoint("a"), fabric.endpoint("b")
+    try:
+        for msg in _dispatches(prompt):
+            header, frames = encode(msg)
+            assert "tokens" not in header and len(frames) == 1
+            assert frames[0].dtype == np.int32 and frames[0].nbytes == 4 * len(prompt)
+            a.send(b.address, header, frames)
+            raw = b.recv(timeout=5)
+            assert raw is not None
+            back = decode(raw.header, raw.buffers)
+            assert back == msg and type(back) is type(msg)
+            assert isinstance(back.tokens, TokenArray)
+            np.testing.assert_array_equal(np.asarray(back.tokens, dtype=np.int64), prompt)
+            assert back.tokens == tuple(prompt.tolist()) and list(back.tokens) == prompt.tolist()
+            assert back.tokens[-3:] == tuple(prompt[-3:].tolist())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_token_arrays_never_alias_the_callers_array() -> None:
+    mine = np.arange(5, dtype=np.int32)
+    msg = _dispatches(mine)[0]
+    mine[0] = 99
+    assert msg.tokens[0] == 0 and mine.flags.writeable
+
+
+def test_a_dispatch_without_its_frame_is_refused() -> None:
+    header, frames = encode(_dispatches((1, 2, 3))[0])
+    with pytest.raises(WireError, match="carries 0 buffer frames; expected 1"):
+        decode(header, [])
+    with pytest.raises(WireError, match="not a 1-D integer array"):
+        decode(header, [np.zeros((2, 2), np.int32)])
+    with pytest.raises(WireError, match="not a 1-D integer array"):
+        decode(header, [np.zeros(3, np.float32)])
+
+
+def test_the_ledger_chain_is_the_prompt_and_output_keys() -> None:
+    ledger = RequestLedger(MetricsRegistry(), NS)
+    prompt = np.arange(100, 137)  # 9 full blocks and a token
+    keys = prefix_keys(prompt.tolist(), NS)
+    ledger.lookup(1, 5, keys, len(prompt), hits=3)
+    output = list(range(900, 911))
+    ledger.finished(1, 5, output, prompt, {})
+    want = prefix_keys(prompt.tolist() + output[:-1], NS)
+    assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
+
+
+def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:
+    """After every message the scheduler handles, the loads it keeps per engine (the
+    fetches' input) equal the ones counted from every turn in flight."""
+    opts = RuntimeOptions(prefill_nodes=1, decode_nodes=2, gpus_per_node=2, engines="emulated",
+                          emulated_model="ds27b", emulated_hosts=1, emulated_speed=20.0,
+                          store_dir=tmp_path, heartbeat_s=0.2, fetch_s=0.01)
+    bad: list[str] = []
+    checked, busy = [0], [0]
+    with RuntimeSystem(opts) as system:
+        sched = system.scheduler
+        handle = sched._handle  # noqa: SLF001
+
+        def checked_handle(raw: Any) -> None:
+            handle(raw)
+            want = [{k: v for k, v in d.items() if v} for d in sched._loads()]  # noqa: SLF001
+            got = [{k: v for k, v in d.items() if v}
+                   for d in (sched._seq, sched._tok, sched._hbm_used)]  # noqa: SLF001
+            checked[0] += 1
+            busy[0] += bool(want[0])
+            if got != want and len(bad) < 3:
+                bad.append(f"{raw.header.get('t')}: kept {got}, counted {want}")
+
+        sched._handle = checked_handle  # type: ignore[method-assign]  # noqa: SLF001
+        result = run_agents(system, agentic_workload(6, turns=3), timeout=60)
+    assert not result.errors and len(result.turns) == 18
+    # at least a fetch, a first and a done per turn, most of them with turns in flight
+    assert checked[0] >= 3 * 18 and busy[0] >= 18 and not bad, bad
+
+
+def test_warm_engine_processes_end_when_no_join_comes() -> None:
+    from dualpath_cli.services.node import WarmCluster
+
+    cluster = WarmCluster(2)
+    procs = [p for p, _ in cluster._warm]  # noqa: SLF001
+    assert len(procs) == 2 and all(p.is_alive() for p in procs)
+    cluster.shutdown(timeout=30)
+    assert all(p.exitcode is not None for p in procs)
