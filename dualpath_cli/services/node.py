@@ -13,19 +13,23 @@ turns are re-queued; if it stops cleanly it leaves first (``DELETE /api/v1/join/
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from dualpath_cli.cluster.join import JoinPlan
-from dualpath_cli.cluster.local import LocalCluster
+from dualpath_cli.cluster.local import LocalCluster, _bare_main, exit_with_parent
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
-from dualpath_cli.transfer.shaping import make_bucket
+from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket
 from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
 __all__ = ["JoinError", "NodeAgent", "join_url"]
@@ -71,6 +75,7 @@ class NodeAgent:
     def __post_init__(self) -> None:
         self.plan: JoinPlan | None = None
         self.cluster: LocalCluster | None = None
+        self._warm: WarmCluster | None = None  # engine processes started, not yet given specs
         self.joined_s: float | None = None
         self.dead: list[int] = []
         self._http = httpx.Client(base_url=self.url, timeout=10.0, headers={
@@ -85,26 +90,30 @@ class NodeAgent:
     def join(self, timeout: float = 60.0) -> float:
         """Join, start the engines, wait until the scheduler sees them all ready.
 
-        Returns seconds from the join request to serving.
+        Returns seconds from the join request to serving. The engine processes are
+        started (and have done their imports) before the request: see :meth:`prepare`.
 
         Raises:
             JoinError: refused (wrong token, name in use...), unreachable, or not ready in
                 time (the engines are stopped again).
         """
+        self.prepare()
         t0 = time.monotonic()
         resp = self._call("POST", "/api/v1/join",
                           json={"node": self.name, "role": self.role, "gpus": self.gpus})
         if resp.status_code != 200:
+            self._drop_warm()
             raise JoinError(f"the scheduler at {self.url} refused node {self.name!r}: "
                             f"{_detail(resp)}")
         plan = self.plan = JoinPlan.from_dict(resp.json())
         root = self.store if self.store is not None else (
             Path(plan.store) if plan.store else None)
         if root is None:
+            self._drop_warm()
             raise JoinError("the scheduler has no store directory; give --store")
         specs = self._specs(plan, root)
-        os.environ[BIND_HOST_ENV] = self.bind_host  # the engine processes inherit it
-        self.cluster = LocalCluster(self.dead.append)
+        self.cluster, self._warm = self._warm, None
+        assert self.cluster is not None
         self.cluster.start(specs)
         deadline = t0 + timeout
         while time.monotonic() < deadline:
@@ -114,10 +123,38 @@ class NodeAgent:
                 return self.joined_s
             if self.dead:
                 break
-            time.sleep(0.05)  # polling a remote state (no condition to wait on)
+            time.sleep(0.02)  # polling a remote state (no condition to wait on)
         self.close(leave=True)
         raise JoinError(f"node {self.name!r}: engines not serving within {timeout:g} s"
                         + (f" (engines {sorted(self.dead)} exited)" if self.dead else ""))
+
+    def prepare(self, timeout: float = 120.0) -> float:
+        """Start this node's engine processes and wait for their imports, before joining;
+        the seconds it took (0 when they were started already).
+
+        Why: spawning a process and importing the engine (numpy, the model, the store:
+        about a second, several on a loaded host) took most of the join's window. The
+        processes wait, imports done, for the spec the join's answer completes
+        (:class:`WarmCluster`); :meth:`join` calls this first if it was not called.
+
+        Raises:
+            JoinError: a process died or did not finish its imports within ``timeout``.
+        """
+        if self._warm is not None:
+            return 0.0
+        t0 = time.monotonic()
+        # a wrong token is refused before any process starts (the join's POST would be too)
+        resp = self._call("GET", f"/api/v1/join/{self.name}")
+        if resp.status_code in (401, 403):
+            raise JoinError(f"the scheduler at {self.url} refused node {self.name!r}: "
+                            f"{_detail(resp)}")
+        os.environ[BIND_HOST_ENV] = self.bind_host  # the engine processes inherit it
+        self._warm = WarmCluster(self.gpus, self.dead.append)
+        if not self._warm.wait_ready(timeout):
+            self._drop_warm()
+            raise JoinError(f"node {self.name!r}: the engine processes did not start within "
+                            f"{timeout:g} s")
+        return time.monotonic() - t0
 
     def _specs(self, plan: JoinPlan, root: Path) -> list[EngineSpec]:
         snic = (make_bucket(plan.snic_bw, True), make_bucket(plan.snic_bw, True))
@@ -158,6 +195,7 @@ class NodeAgent:
                 self._http.delete(f"/api/v1/join/{self.name}")
             except httpx.HTTPError:
                 pass  # the scheduler is gone or busy: our heartbeats stop anyway
+        self._drop_warm()
         if self.cluster is not None:
             for eid in self.cluster.pids():
                 if eid not in self.cluster.exited():
@@ -166,6 +204,12 @@ class NodeAgent:
             self.cluster = None
         self._http.close()
 
+    def _drop_warm(self) -> None:
+        """Stop engine processes started for a join that did not happen."""
+        if self._warm is not None:
+            self._warm.shutdown(timeout=2.0)
+            self._warm = None
+
 
 def _detail(resp: httpx.Response) -> str:
     try:
@@ -173,3 +217,116 @@ def _detail(resp: httpx.Response) -> str:
     except ValueError:
         detail = None
     return f"HTTP {resp.status_code}" + (f": {detail}" if detail else "")
+
+
+_BUCKETS = ("snic_read", "snic_write", "cnic")
+
+
+def warm_engine_main(conn: Any, snic_read: SharedTokenBucket, snic_write: SharedTokenBucket,
+                     cnic: SharedTokenBucket) -> None:
+    """Child entry of a pre-started engine: import everything, then wait for the spec.
+
+    The NIC buckets come as process arguments (shared memory is passed only at spawn) with
+    no rate yet; the spec's fields and the rates come through ``conn`` once the node has
+    joined. A closed pipe (the join was refused, the node stopped) ends the process.
+    """
+    exit_with_parent()
+    from dualpath_cli.runtime.model.threads import limit_blas_threads
+
+    limit_blas_threads(1)
+    from dualpath_cli.runtime.engine import run_engine
+    from dualpath_cli.runtime.model import load_model
+    from dualpath_cli.transfer import ZmqFabric
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node agent stops us
+    try:
+        conn.send("ready")
+        fields, rates = conn.recv()
+    except (EOFError, OSError):
+        return
+    finally:
+        conn.close()
+    for name, bucket in (("snic_read", snic_read), ("snic_write", snic_write), ("cnic", cnic)):
+        bucket.rate = rates[name] or None
+    spec = EngineSpec(**fields, snic_read=snic_read, snic_write=snic_write, cnic=cnic)
+    run_engine(spec, ZmqFabric(), load_model)
+
+
+class WarmCluster(LocalCluster):
+    """A :class:`LocalCluster` whose ``gpus`` engine processes start before their specs.
+
+    The processes are spawned (and import the engine) at construction; :meth:`start` hands
+    each its spec (fields and NIC rates through a pipe; the node's storage-NIC buckets and
+    each engine's compute-NIC bucket were passed at spawn, shared as ``make_bucket`` shares
+    them). From then on it is a ``LocalCluster``: supervised, killed, shut down alike.
+    """
+
+    def __init__(self, gpus: int, on_death: Callable[[int], None] | None = None) -> None:
+        super().__init__(on_death)
+        from dualpath_cli.limits import check
+
+        check("engines", gpus, f"{gpus} engine processes")  # before any spawn
+        self._warm: list[tuple[Any, Any]] = []
+        snic = (SharedTokenBucket(None), SharedTokenBucket(None))
+        # kept while the processes live: a bucket's semaphore is unlinked when collected
+        self._buckets: list[SharedTokenBucket] = list(snic)
+        env_keep = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        try:
+            with _bare_main():
+                for i in range(gpus):
+                    ours, theirs = self._ctx.Pipe()
+                    self._buckets.append(SharedTokenBucket(None))
+                    p = self._ctx.Process(
+                        target=warm_engine_main, args=(theirs, *snic, self._buckets[-1]),
+                        daemon=True, name=f"dualpath-engine-warm-{i}")
+                    p.start()
+                    theirs.close()
+                    self._warm.append((p, ours))
+        finally:
+            for k, v in env_keep.items():
+                if v is None:
+                    os.environ.pop(k, None)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every process has done its imports; False on a timeout or a death."""
+        deadline = time.monotonic() + timeout
+        for _, conn in self._warm:
+            try:
+                if not conn.poll(max(0.0, deadline - time.monotonic())) or conn.recv() != "ready":
+                    return False
+            except (EOFError, OSError):
+                return False
+        return True
+
+    def start(self, specs: list[EngineSpec]) -> None:
+        """Give each waiting process its spec (at most one spec per process started)."""
+        if len(specs) > len(self._warm):
+            raise ValueError(f"{len(specs)} engine specs for {len(self._warm)} started "
+                             "engine processes")
+        for spec, (p, conn) in zip(specs, self._warm, strict=False):
+            fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                      if f.name not in _BUCKETS}
+            rates = {name: getattr(spec, name).rate for name in _BUCKETS}
+            conn.send((fields, rates))
+            conn.close()
+            self._procs[spec.engine_id] = p
+        for p, conn in self._warm[len(specs):]:  # more processes than the plan's engines
+            conn.close()
+            p.join(2.0)
+        self._warm = []
+        self._watch = threading.Thread(target=self._supervise, daemon=True,
+                                       name="cluster-supervisor")
+        self._watch.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for _, conn in self._warm:  # never given a spec: the closed pipe ends them
+            conn.close()
+        for p, _ in self._warm:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        self._warm = []
+        super().shutdown(timeout)
