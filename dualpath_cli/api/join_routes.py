@@ -44,7 +44,8 @@ def router(live: LiveCluster) -> APIRouter:
                 system = getattr(live, "system", None)
                 if system is None:
                     raise HTTPException(404, "this cluster takes no joining nodes")
-                services.append(JoinService(system))
+                own = getattr(live, "joins", None)  # the live cluster's (checkpointed)
+                services.append(own if isinstance(own, JoinService) else JoinService(system))
             return services[0]
 
     @api.post("")

@@ -29,6 +29,11 @@ Sessions: the ``X-Session-Id`` header, else ``prompt_cache_key``, else ``user``,
 session; one session is one agent of the cluster, so turn n+1 (whose prompt extends turn n's
 prompt and output) hits turn n's blocks. Without a key each request is a new agent.
 
+Idempotency: an ``Idempotency-Key`` header (1-200 printable ASCII characters) names the turn.
+Sent again with the same request (a connection cut, a scheduler restarted after ``kill -9``),
+it gets the turn already admitted under that key, still running or its kept answer, never a
+second run; the same key with a different request is refused (422). See docs/multinode.md.
+
 Chat template (append-only, so turn n+1's rendering extends turn n's prompt and reply)::
 
     <|{role}|>\\n{content}<|end|>\\n     for every message, then
@@ -70,6 +75,7 @@ from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
 from dualpath_cli.runtime.scheduler import Ticket, TurnResult
 from dualpath_cli.services.live import Draining, LiveCluster
+from dualpath_cli.services.restart import KeyConflict, check_key
 
 __all__ = ["router", "render_chat", "CompletionRequest", "ChatCompletionRequest",
            "OpenAIError", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "CHAT_GENERATION_PROMPT"]
@@ -581,9 +587,16 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         return _Served(model_id, tokens, gen, session, req.stream, include_usage,
                        req.return_token_ids)
 
-    def admit(served: _Served) -> _Turn:
+    def admit(served: _Served, key: str | None = None) -> _Turn:
         try:
-            ticket = live.submit(served.tokens, served.gen, served.session)
+            if key is not None:
+                ticket = live.submit(served.tokens, served.gen, served.session,
+                                     key=check_key(key))
+            else:
+                ticket = live.submit(served.tokens, served.gen, served.session)
+        except KeyConflict as err:
+            raise OpenAIError(422, str(err), param="Idempotency-Key",
+                              code="idempotency_key_reused") from None
         except Draining as err:
             raise _draining(err) from None
         except DualPathError as err:
@@ -655,6 +668,8 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             body: CompletionRequest,
             x_session_id: Annotated[str | None, Header(description=(
                 "Session key: one session is one agent's prefix chain."))] = None,
+            idempotency_key: Annotated[str | None, Header(description=(
+                "Names this turn: a resubmission gets the same turn's answer."))] = None,
     ) -> Response:
         """Complete one prompt (text or token ids) greedily; ``stream`` for SSE chunks."""
         p = body.prompt  # one prompt after validation: text or token ids
@@ -662,7 +677,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             t for t in p if isinstance(t, int)]
         served = resolve(body, tokens, x_session_id, body.max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        turn = admit(served)
+        turn = admit(served, idempotency_key)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:
@@ -688,13 +703,15 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             body: ChatCompletionRequest,
             x_session_id: Annotated[str | None, Header(description=(
                 "Session key: one session is one agent's prefix chain."))] = None,
+            idempotency_key: Annotated[str | None, Header(description=(
+                "Names this turn: a resubmission gets the same turn's answer."))] = None,
     ) -> Response:
         """Reply to ``messages`` (rendered by the chat template) greedily."""
         tokens = encode(render_chat(body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens
         served = resolve(body, tokens, x_session_id, max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        turn = admit(served)
+        turn = admit(served, idempotency_key)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:

@@ -283,6 +283,10 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
     server: _Server | None = None
     live: LiveCluster | None = None
     token = statefile.token_path(port)
+    from dualpath_cli.services.restart import checkpoint_path
+
+    checkpoint = checkpoint_path(port)
+    restoring = checkpoint.exists()  # a launcher on this port died (kill -9): take it over
     try:
         # the HTTP stack imports (GIL-bound) on a thread while this one reads the config and
         # calibrates (BLAS, GIL released); both are on the way to ready
@@ -296,13 +300,15 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         limit_blas_threads(1)
         from dualpath_cli.services.live import LiveCluster
 
-        live = LiveCluster(opts)
+        live = LiveCluster(opts, checkpoint=checkpoint)
         live.spawn()  # the engines import and connect while the HTTP side comes up
         warm.join()
         from dualpath_cli.api.app import create_app
         from dualpath_cli.api.auth import TokenAuth
 
-        auth = TokenAuth.generate(token)
+        # a restart keeps the token its nodes and clients hold (_claim_port kept the file)
+        auth = (TokenAuth.load_or_generate(token) if restoring
+                else TokenAuth.generate(token))
         app = create_app(live, auth, allow_remote=allow_remote)
         server = _Server(app, sock)
         server.start()
@@ -323,7 +329,12 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                 f"token in {_home(token)}")
         if faults:
             line += "; faults injected: " + " ".join(f.spec() for f in faults)
-        payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line}
+        restored = live.durable.restored if live.durable is not None else None
+        if restored is not None:
+            line += (f"; restored from {_home(checkpoint)}: {restored['flights']} turns "
+                     f"({restored['requeued']} re-queued), {restored['engines']} engines")
+        payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
+                   "restored": restored}
         _notify({"ok": True, "line": line, "state": payload})
         if as_json:
             emit_json(payload)
@@ -373,8 +384,25 @@ def _import_http_stack() -> None:
 
 
 def _claim_port(port: int) -> None:
-    """Refuse a port whose state file names a live launcher; clean a stale one."""
+    """Refuse a port whose state file names a live launcher; clean a stale one.
+
+    A stale launcher that left a scheduler checkpoint (it was killed) keeps its token file:
+    the restarted one takes its place, and its nodes and clients hold that token.
+    """
+    from dualpath_cli.services.restart import checkpoint_path
+
+    token = statefile.token_path(port)
+    kept: bytes | None = None
+    if checkpoint_path(port).exists():
+        try:
+            kept = token.read_bytes()
+        except OSError:
+            kept = None
     live, stale = statefile.live_states(port)
+    if kept is not None and not live and not token.exists():
+        from dualpath_cli.atomicio import atomic_write_bytes
+
+        atomic_write_bytes(token, kept, mode=0o600)
     for state in stale:
         stderr.print(f"removed a stale state file of port {port} (pid {state.pid} is gone)",
                      highlight=False)
@@ -602,7 +630,9 @@ def _serve_node(role: str, name: str, join: str, token_file: Path | None, gpus: 
 
     url = join_url(join)
     agent = NodeAgent(url, _token_for_join(token_file), name, role, gpus,
-                      store.expanduser() if store is not None else None, host)
+                      store.expanduser() if store is not None else None, host,
+                      on_event=lambda line: stderr.print(line, highlight=False,
+                                                         soft_wrap=True))
     stop_event = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop_event.set())
                 for s in (signal.SIGINT, signal.SIGTERM)}

@@ -114,6 +114,26 @@ class JoinService:
             self.joined_at[name] = time.monotonic()
             return plan
 
+    def snapshot(self) -> dict[str, Any]:
+        """The placed nodes and the next index and engine id (the scheduler's checkpoint)."""
+        with self._lock:
+            return {"nodes": [p.to_dict() for p in self._nodes.values()],
+                    "next_node": self._next_node, "next_eid": self._next_eid}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`snapshot` after a scheduler restart: the nodes keep their names,
+        indexes and engine ids (their engines were restored into the scheduler), and new
+        nodes get indexes and ids after them."""
+        with self._lock:
+            for item in state.get("nodes", []):
+                plan = JoinPlan.from_dict(item)
+                if plan.ctl != self.system.scheduler.address:  # the port could not be kept
+                    plan = JoinPlan(**{**plan.to_dict(), "ctl": self.system.scheduler.address})
+                self._nodes[plan.name] = plan
+                self.joined_at[plan.name] = time.monotonic()
+            self._next_node = max(self._next_node, int(state.get("next_node", 0)))
+            self._next_eid = max(self._next_eid, int(state.get("next_eid", 0)))
+
     def leave(self, name: str) -> int:
         """Take node ``name`` out of scheduling now (its turns are re-queued); engines taken.
 
@@ -140,7 +160,10 @@ class JoinService:
             raise UsageError(f"no node {name!r} joined this cluster")
         sched = self.system.scheduler
         with sched._lock:  # noqa: SLF001 - a consistent read of the engines' states
-            states = {eid: sched.engines[eid].state for eid in plan.engine_ids}
+            # an engine missing here was not restored (it had not said hello when the
+            # scheduler was killed): dead to the node, which then joins again
+            states = {eid: sched.engines[eid].state if eid in sched.engines else "dead"
+                      for eid in plan.engine_ids}
         return {"name": name, "node": plan.node, "role": plan.role,
                 "engines": {str(k): v for k, v in states.items()},
                 "ready": all(v == "ready" for v in states.values())}

@@ -29,12 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from dualpath_cli.cluster.join import JoinService
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
+from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Draining", "EnginesLost", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
@@ -102,6 +104,8 @@ class LiveCluster:
 
     opts: RuntimeOptions
     audit: list[AuditEntry] = field(default_factory=list)
+    checkpoint: Path | None = None
+    """Where the scheduler's checkpoint lives (services/restart.py); ``None``: none."""
 
     def __post_init__(self) -> None:
         self.system = RuntimeSystem(self.opts)
@@ -116,6 +120,10 @@ class LiveCluster:
         self._stop_lock = threading.Lock()
         self._fault_lock = threading.Lock()
         self._t0 = time.monotonic()
+        self.turn_keys = TurnKeys()  # Idempotency-Key -> the turn admitted under it
+        self.joins = None if self.opts.local_engines else JoinService(self.system)
+        self.durable = (LiveCheckpoint(self, self.checkpoint) if self.checkpoint is not None
+                        else None)
         cluster = self.system.cluster
         told = getattr(cluster, "on_death", None)
         self._gone: dict[int, int | None] = {}  # engines the cluster saw exit (code may lag)
@@ -148,8 +156,12 @@ class LiveCluster:
         self._t0 = time.monotonic()
         system = self.system
         try:
+            if self.durable is not None:  # before the scheduler runs: its queues come back
+                self.durable.restore()
             system.scheduler.start()
             system.cluster.start(system.specs)
+            if self.durable is not None:
+                self.durable.start()
         except BaseException:
             self.close()
             raise
@@ -218,13 +230,24 @@ class LiveCluster:
         # _gone: engines whose process sentinel fired before their exit code is known
         return self.state == "ready" and not self._gone and not self._exited()
 
-    def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
+    def submit(self, tokens: list[int], gen: int, session: str | None = None,
+               key: str | None = None) -> Ticket:
         """Admit one turn of ``session`` (a new anonymous agent when ``None``).
+
+        ``key`` (a client's idempotency key): a turn already admitted under it is returned
+        instead of admitting it again (running, or its kept answer; also after a scheduler
+        restart), so a client that lost its connection resubmits and gets one answer.
 
         Raises:
             Draining: the cluster is stopping.
+            KeyConflict: ``key`` was used for a different turn.
         """
         with self._lock:
+            digest = ""
+            if key is not None:
+                digest, held = self.turn_keys.find(key, tokens, gen, session)
+                if held is not None:
+                    return held
             if self.state != "ready":
                 raise Draining(f"cluster is {self.state}; not admitting new turns")
             lost = self._role_lost()
@@ -245,9 +268,15 @@ class LiveCluster:
             ticket = self.system.submit(TurnRequest(sess.agent, turn,
                                                     np.asarray(tokens, dtype=np.int64), gen))
             self._in_flight.add(ticket)
+            if key is not None:
+                self.turn_keys.put(key, digest, ticket)
             if len(self._in_flight) >= self._prune_at:  # callers that never call done()
                 self._in_flight = {t for t in self._in_flight if not t.event.is_set()}
                 self._prune_at = max(256, 2 * len(self._in_flight))
+        if self.durable is not None:  # an event set: the checkpoint thread writes it soon
+            self.durable.poke()
+            if key is not None:
+                ticket.add_done_callback(self.durable.poke)
         return ticket
 
     def in_flight(self) -> int:
@@ -360,6 +389,8 @@ class LiveCluster:
                 return
             self.state = "stopped"
             left = [t for t in self._in_flight if not t.event.is_set()]
+        if self.durable is not None:  # every admitted turn gets its answer below: nothing
+            self.durable.stop(keep=False)  # is left to restore (only kill -9 leaves one)
         for ticket in left:
             ticket.fail(Draining("the cluster stopped before this turn finished; retry it"))
         try:

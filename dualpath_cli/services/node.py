@@ -71,8 +71,11 @@ class NodeAgent:
     gpus: int
     store: Path | None = None
     bind_host: str = "127.0.0.1"
+    on_event: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
+        self.rejoins = 0
+        self._forgotten = 0  # consecutive checks that found this node unknown or all dead
         self.plan: JoinPlan | None = None
         self.cluster: LocalCluster | None = None
         self._warm: WarmCluster | None = None  # engine processes started, not yet given specs
@@ -182,26 +185,70 @@ class NodeAgent:
                 ok = False
             if ok:
                 lost_since = None
+                if self._forgotten_by_scheduler():
+                    self._rejoin()
             elif lost_since is None:
                 lost_since = time.monotonic()
             elif time.monotonic() - lost_since > unreachable_s:
                 return f"the scheduler at {self.url} has been unreachable for {unreachable_s:g} s"
         return "stopped"
 
-    def close(self, leave: bool = True) -> None:
-        """Leave the cluster (its turns are re-queued at once) and stop the engines."""
-        if leave and self.plan is not None:
+    def _forgotten_by_scheduler(self) -> bool:
+        """Whether the scheduler no longer serves this node: it does not know it (it was
+        restarted without its checkpoint) or holds every engine of it dead (the control
+        port could not be kept), on two checks in a row (a restored engine is briefly
+        silent until its heartbeats reconnect)."""
+        try:
+            resp = self._http.get(f"/api/v1/join/{self.name}")
+        except httpx.HTTPError:
+            return False
+        states: dict[str, str] = {}
+        if resp.status_code == 200:
             try:
-                self._http.delete(f"/api/v1/join/{self.name}")
-            except httpx.HTTPError:
-                pass  # the scheduler is gone or busy: our heartbeats stop anyway
-        self._drop_warm()
+                states = dict(resp.json().get("engines") or {})
+            except (ValueError, AttributeError, TypeError):
+                return False
+        gone = resp.status_code == 404 or (resp.status_code == 200 and bool(states) and all(
+            v == "dead" for v in states.values()))
+        self._forgotten = self._forgotten + 1 if gone else 0
+        return self._forgotten >= 2
+
+    def _rejoin(self, timeout: float = 60.0) -> None:
+        """Stop this node's engines and join again (a new index and engine ids)."""
+        self._forgotten = 0
+        self._stop_engines()
+        self.dead.clear()
+        self.plan = None
+        if self.on_event is not None:
+            self.on_event(f"node {self.name!r}: the scheduler at {self.url} no longer serves "
+                          "this node (restarted without its checkpoint?); joining again")
+        took = self.join(timeout)
+        self.rejoins += 1
+        if self.on_event is not None:
+            assert self.plan is not None
+            self.on_event(f"node {self.name!r}: joined again as node {self.plan.node} in "
+                          f"{took:.2f} s")
+
+    def _stop_engines(self) -> None:
         if self.cluster is not None:
             for eid in self.cluster.pids():
                 if eid not in self.cluster.exited():
                     self.cluster.kill(eid)
             self.cluster.shutdown(timeout=2.0)
             self.cluster = None
+
+    def close(self, leave: bool = True) -> None:
+        """Leave the cluster (its turns are re-queued at once) and stop the engines (again:
+        a no-op)."""
+        if self._http.is_closed:
+            return
+        if leave and self.plan is not None:
+            try:
+                self._http.delete(f"/api/v1/join/{self.name}")
+            except httpx.HTTPError:
+                pass  # the scheduler is gone or busy: our heartbeats stop anyway
+        self._drop_warm()
+        self._stop_engines()
         self._http.close()
 
     def _drop_warm(self) -> None:

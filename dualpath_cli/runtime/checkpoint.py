@@ -1,0 +1,452 @@
+"""The scheduler's checkpoint: its queues, assignments, thresholds and counters, on disk.
+
+Why: a scheduler killed with ``-9`` (OOM killer, a node reboot, an operator's mistake) must
+not take the admitted turns with it (issue 16, item 3). :func:`capture` takes one consistent
+snapshot of a :class:`~dualpath_cli.runtime.scheduler.SchedulerService` under its lock (the
+turns in flight and where each waits: global FIFO, a DE group's private queue, the PE queue
+or dispatched on a PE/DE pair; the engines it knows with their addresses; alpha, beta, the
+quota, the read side, the controllers; the request id, ordinal and decision sequence
+counters; its control endpoint). :func:`restore` puts them into a fresh scheduler before its
+thread starts. Callers add their own sections (the live cluster adds sessions, idempotency
+keys and joined nodes) to the same file.
+
+The file (:func:`write` / :func:`read`) is one header line (format, version, body length and
+its SHA-256) and a JSON body, replaced atomically (:mod:`dualpath_cli.atomicio`): a reader
+sees the previous checkpoint or the new one, never half. A file that is truncated, altered
+or of an unknown version is refused with :class:`CheckpointError` (one line) and moved aside
+(``NAME.corrupt-UTC``), never deleted.
+
+What a restore does with turns that were dispatched: they are re-queued at the head of the
+FIFO with a new attempt number, and their old PE and DE are told to cancel the old attempt.
+A ``first``/``done`` the engines sent while the scheduler was down may have died in the
+killed process's socket buffers, so waiting for them could hang a turn forever; the old
+attempt's late answers are ignored (their attempt number is stale). The model is
+deterministic, so the re-run produces the same tokens.
+
+Pure runtime: imports only :mod:`~dualpath_cli.runtime`, ``core`` and the foundation.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dualpath_cli.atomicio import atomic_write_bytes
+from dualpath_cli.core.controllers import CONTROLLERS
+from dualpath_cli.core.policies import get_policy
+from dualpath_cli.errors import DualPathError
+from dualpath_cli.runtime.wire import Cancel, encode
+
+if TYPE_CHECKING:
+    from dualpath_cli.runtime.scheduler import SchedulerService
+
+__all__ = ["FORMAT", "VERSION", "CheckpointError", "Restored", "capture", "restore",
+           "encode_checkpoint", "decode_checkpoint", "write", "read", "set_aside", "rebind",
+           "Checkpointer"]
+
+FORMAT = "dualpath-scheduler-checkpoint"
+VERSION = 1
+_MAX_BYTES = 1 << 30  # a checkpoint larger than this is not one of ours
+
+
+class CheckpointError(DualPathError):
+    """A checkpoint that cannot be used (truncated, altered, unknown version)."""
+
+    exit_code = 2
+
+
+# -- the scheduler's section ---------------------------------------------------------------
+def _tokens_out(tokens: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(tokens, dtype="<i8").tobytes()).decode()
+
+
+def _tokens_in(text: str) -> np.ndarray:
+    raw = base64.b64decode(text.encode(), validate=True)
+    if len(raw) % 8:
+        raise ValueError("token bytes are not a whole number of int64")
+    return np.frombuffer(raw, dtype="<i8").astype(np.int64)
+
+
+def capture(sched: SchedulerService, cache: dict[int, str] | None = None) -> dict[str, Any]:
+    """One consistent snapshot of ``sched`` as plain JSON data (taken under its lock).
+
+    ``cache`` (rid -> encoded prompt) spares re-encoding the prompts of turns already
+    captured (a prompt never changes); entries of finished turns are dropped from it.
+    """
+    with sched._lock:  # noqa: SLF001 - the checkpoint is the scheduler's own state
+        now = time.monotonic()
+        where: dict[int, str] = {}
+        for f in sched.queue:
+            where[f.rid] = "fifo"
+        for g, q in sched.private.items():
+            for f in q:
+                where[f.rid] = f"group:{g}"
+        for f in sched.pe_queue:
+            where[f.rid] = "pe_queue"
+        flights = []
+        for rid in sorted(sched.flights):  # admission order: the restored FIFO's order
+            got = sched.flights.get(rid)
+            if got is None:
+                continue
+            f = got
+            if cache is not None:
+                tokens = cache.get(rid)
+                if tokens is None:
+                    tokens = cache[rid] = _tokens_out(f.req.tokens)
+            else:
+                tokens = _tokens_out(f.req.tokens)
+            flights.append({
+                "rid": rid, "agent": f.req.agent, "turn": f.req.turn, "gen": f.req.gen,
+                "tokens": tokens, "attempt": f.att, "age_s": round(now - f.submitted, 6),
+                "max_hit_blocks": f.max_hit_blocks, "pe": f.pe, "de": f.de,
+                "where": where.get(rid, "dispatched")})
+        engines = [{"id": e.engine_id, "role": e.role, "node": e.node, "group": e.group,
+                    "address": e.address, "pid": e.pid, "alive": e.alive,
+                    "dead_why": e.dead_why, "next_seq": e.next_seq}
+                   for e in sched.engines.values()]
+        state = {
+            "address": sched.address, "next_rid": sched._next_rid,  # noqa: SLF001
+            "ordinal": sched._ordinal,  # noqa: SLF001
+            "decision_seq": sched.log.last_seq or 0, "requeued": sched.requeued,
+            "policy": sched.policy_name, "read_side": sched.read_side,
+            "alpha": sched.params.alpha, "beta": sched.params.beta,
+            "z_factor": sched.params.z_factor, "quota_s": sched.quota_s,
+            "sources": dict(sched.sources),
+            "controllers": {n: bool(sched.controllers.on.get(n)) for n in CONTROLLERS},
+            "controller_values": dict(sched._ctl_values),  # noqa: SLF001
+            "engines": engines, "flights": flights}
+    if cache is not None and len(cache) > len(flights):
+        for rid in [r for r in cache if r not in sched.flights]:
+            cache.pop(rid, None)
+    return state
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What :func:`restore` put back."""
+
+    flights: int
+    requeued: int
+    engines: int
+    decision_seq: int
+    next_rid: int
+
+    def to_dict(self) -> dict[str, int]:
+        """Plain JSON form."""
+        return dataclasses.asdict(self)
+
+
+def restore(sched: SchedulerService, state: dict[str, Any], *, engines: bool) -> Restored:
+    """Put a :func:`capture` snapshot into ``sched`` (fresh, its thread not started).
+
+    Args:
+        sched: the new scheduler.
+        state: the snapshot.
+        engines: also restore the engines (nodes that joined keep running through a
+            scheduler restart and reconnect); ``False`` when this launcher starts its own
+            engines anew (their ids are re-registered by the system).
+
+    Raises:
+        CheckpointError: the snapshot does not fit this scheduler (a missing field, a
+            different policy family), in one line.
+    """
+    from dualpath_cli.runtime.scheduler import EngineState, Ticket, TurnRequest, _Flight
+
+    try:
+        return _restore(sched, state, engines, EngineState, Ticket, TurnRequest, _Flight)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"the checkpoint does not fit this scheduler "
+                              f"({type(err).__name__}: {err})") from None
+
+
+def _restore(sched: SchedulerService, state: dict[str, Any], with_engines: bool,
+             EngineState: Any, Ticket: Any, TurnRequest: Any, Flight: Any) -> Restored:
+    now = time.monotonic()
+    row = get_policy(state["read_side"])
+    if row.shaped != sched.shaped:
+        raise ValueError(f"read side {row.name!r} does not match this launch's NIC shaping")
+    with sched._lock:  # noqa: SLF001
+        sched.params = dataclasses.replace(sched.params, alpha=int(state["alpha"]),
+                                           beta=int(state["beta"]),
+                                           z_factor=float(state["z_factor"]))
+        sched.quota_s = float(state["quota_s"])
+        sched.read_side, sched.policy = row.name, row
+        sched.sources.update({str(k): str(v) for k, v in state["sources"].items()})
+        for name, on in state["controllers"].items():
+            if name in CONTROLLERS:
+                sched.controllers.on[name] = bool(on)
+        for name, value in state["controller_values"].items():
+            if name in CONTROLLERS:
+                sched._ctl_values[name] = float(value)  # noqa: SLF001
+                if sched.sources.get("quota" if name == "quota" else name) == "api":
+                    sched.controllers.rebase(name, float(value))
+        sched._next_rid = max(sched._next_rid, int(state["next_rid"]))  # noqa: SLF001
+        sched._ordinal = max(sched._ordinal, int(state["ordinal"]))  # noqa: SLF001
+        sched.log._seq = max(sched.log._seq, int(state["decision_seq"]))  # noqa: SLF001
+        sched.requeued = int(state["requeued"])
+        restored_engines = 0
+        if with_engines:
+            for e in state["engines"]:
+                eid = int(e["id"])
+                st = EngineState(eid, str(e["role"]), int(e["node"]), int(e["group"]),
+                                 address=str(e["address"]), pid=int(e["pid"]),
+                                 last_seen=now, alive=bool(e["alive"]),
+                                 dead_why=str(e["dead_why"]))
+                st.next_seq = int(e["next_seq"])
+                sched.engines[eid] = st
+                restored_engines += 1
+        requeued = 0
+        front: list[Any] = []
+        for item in state["flights"]:
+            req = TurnRequest(int(item["agent"]), int(item["turn"]),
+                              _tokens_in(str(item["tokens"])), int(item["gen"]))
+            f = Flight(int(item["rid"]), req, Ticket(), now - float(item["age_s"]))
+            # a new attempt: answers of the old one (if they arrive) are stale
+            f.att = int(item["attempt"]) + 1
+            hit = item["max_hit_blocks"]
+            f.max_hit_blocks = None if hit is None else int(hit)
+            if item["where"] != "fifo":
+                requeued += 1
+                for eid in (int(item["pe"]), int(item["de"])):
+                    old = sched.engines.get(eid)
+                    if old is not None and old.alive and old.address:
+                        header, frames = encode(Cancel(f.rid))
+                        sched.ep.send(old.address, header, frames)
+            sched._lookup(f)  # noqa: SLF001 - the store may hold more of it by now
+            sched.flights[f.rid] = f
+            front.append(f)
+        # one FIFO in admission order (a re-queued turn, admitted earlier, stays ahead)
+        sched.queue.extend(front)
+        sched.requeued += requeued
+        if requeued:
+            sched.registry.counter("dualpath_scheduler_requeued_turns_total",
+                                   reason="scheduler_restart").inc(requeued)
+        sched._count_engines()  # noqa: SLF001
+    return Restored(len(front), requeued, restored_engines, int(state["decision_seq"]),
+                    int(state["next_rid"]))
+
+
+def rebind(sched: SchedulerService, address: str) -> bool:
+    """Bind ``sched``'s control endpoint to ``address`` again (before its thread starts).
+
+    Why: nodes that joined send to the address they were given; a scheduler that comes
+    back on it is reached again without the nodes doing anything (ZeroMQ reconnects).
+    Returns False (the new, random address stays) when the fabric cannot bind a given port
+    or the port is taken; the nodes then re-join (services/node.py).
+    """
+    import zmq
+
+    from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint
+
+    if not isinstance(sched.ep, ZmqEndpoint) or sched.address == address:
+        return sched.address == address
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if not port.isdigit():
+        return False
+    try:
+        ep = ZmqEndpoint(sched.ep._ctx, host, port=int(port),  # noqa: SLF001
+                         curve=sched.ep.curve)
+    except zmq.ZMQError:  # the port is taken
+        return False
+    sched.ep.close()
+    sched.ep, sched.address = ep, ep.address
+    return True
+
+
+# -- the file ---------------------------------------------------------------------------------
+def encode_checkpoint(sections: dict[str, Any]) -> bytes:
+    """The file's bytes: a header line (format, version, length, SHA-256), then the body."""
+    body = json.dumps(sections, separators=(",", ":")).encode()
+    head = {"format": FORMAT, "version": VERSION, "bytes": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(), "written": time.time()}
+    return json.dumps(head).encode() + b"\n" + body
+
+
+def decode_checkpoint(raw: bytes, where: str = "the checkpoint") -> dict[str, Any]:
+    """The sections of a checkpoint file's bytes.
+
+    Raises:
+        CheckpointError: not a checkpoint, another version, truncated or altered.
+    """
+    line, sep, body = raw.partition(b"\n")
+    try:
+        head = json.loads(line) if sep else None
+    except ValueError:
+        head = None
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise CheckpointError(f"{where} is not a scheduler checkpoint (no header line)")
+    if head.get("version") != VERSION:
+        raise CheckpointError(f"{where} has version {head.get('version')!r}; this dualpath "
+                              f"reads version {VERSION}")
+    if head.get("bytes") != len(body):
+        raise CheckpointError(f"{where} is truncated or padded ({len(body)} body bytes, "
+                              f"the header says {head.get('bytes')})")
+    if hashlib.sha256(body).hexdigest() != head.get("sha256"):
+        raise CheckpointError(f"{where} is corrupt (its SHA-256 does not match the header)")
+    try:
+        sections = json.loads(body)
+    except ValueError as err:  # the checksum matched: written so by a bug, still refused
+        raise CheckpointError(f"{where} holds bad JSON ({err})") from None
+    if not isinstance(sections, dict):
+        raise CheckpointError(f"{where} holds no sections")
+    return sections
+
+
+def write(path: Path, sections: dict[str, Any], fsync: bool = False) -> int:
+    """Replace ``path`` atomically with ``sections`` (mode 0600); bytes written.
+
+    ``fsync`` False by default: a process killed with -9 loses nothing the kernel already
+    has (the rename is atomic); only a power loss could lose the last interval.
+    """
+    data = encode_checkpoint(sections)
+    atomic_write_bytes(path, data, mode=0o600, fsync=fsync)
+    return len(data)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (``None`` when there is none).
+
+    Raises:
+        CheckpointError: unusable; the file is first moved aside to ``NAME.corrupt-UTC``
+            (the message says where), so a restart starts afresh and nothing is deleted.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path}: cannot read it ({err.strerror})") from None
+    try:
+        if size > _MAX_BYTES:
+            raise CheckpointError(f"checkpoint {path} is {size} bytes, more than any "
+                                  "checkpoint this dualpath writes")
+        return decode_checkpoint(path.read_bytes(), f"checkpoint {path}")
+    except CheckpointError as err:
+        raise set_aside(path, err) from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path}: cannot read it ({err.strerror})") from None
+
+
+def set_aside(path: Path, err: Exception) -> CheckpointError:
+    """Move an unusable checkpoint to ``NAME.corrupt-UTC`` (never delete it); the error
+    to raise, its message ``err``'s plus where the file went."""
+    aside = path.with_name(
+        f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    try:
+        os.replace(path, aside)
+    except OSError as move:
+        return CheckpointError(f"{err}; could not move it aside ({move.strerror}): move or "
+                               "remove it to start afresh")
+    return CheckpointError(f"{err}; moved aside to {aside.name} (kept for inspection); "
+                           "launch again to start without it")
+
+
+class Checkpointer:
+    """Writes a checkpoint when the state changed: on a poke, or every ``interval_s``.
+
+    Why this cadence and not once per turn: a turn's admission and end only set an event
+    and bump a counter (well under a microsecond on the request's path); this thread then
+    captures and writes at most once per ``min_gap_s`` (coalescing every change in that
+    window into one write), and checks every ``interval_s`` for changes nobody poked about
+    (an engine declared dead, a controller step). A capture of a few hundred turns costs
+    a millisecond or two off the hot path, a write a few hundred microseconds, so at any
+    request rate the scheduler spends a bounded share of a core on it (``stats``). An
+    admission lost in the window before the next write is not answered to anyone, and a
+    client that resubmits with its idempotency key runs it then: still one answer.
+
+    Args:
+        path: the checkpoint file.
+        collect: returns the sections to write (called on this thread).
+        signature: a cheap value that changes whenever the state does (called often).
+        interval_s: the longest time a change waits unnoticed.
+        min_gap_s: the shortest time between two writes.
+    """
+
+    def __init__(self, path: Path, collect: Callable[[], dict[str, Any]],
+                 signature: Callable[[], Any], interval_s: float = 0.25,
+                 min_gap_s: float = 0.05) -> None:
+        self.path = path
+        self._collect = collect
+        self._signature = signature
+        self.interval_s = interval_s
+        self.min_gap_s = min_gap_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="checkpoint", daemon=True)
+        self._last_sig: Any = None
+        self._write_lock = threading.Lock()
+        self.writes = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.bytes = 0
+        self.busy_s = 0.0
+        self.last_write_at = 0.0
+        self._recent: collections.deque[float] = collections.deque(maxlen=64)
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Something changed (an admission, an answer): write soon."""
+        self._wake.set()
+
+    def write_now(self) -> bool:
+        """Capture and write at once (on this thread); whether it was written."""
+        with self._write_lock:
+            t0 = time.perf_counter()
+            sig = self._signature()
+            try:
+                self.bytes = write(self.path, self._collect())
+            except (OSError, CheckpointError) as err:
+                self.errors += 1
+                self.last_error = f"{type(err).__name__}: {err}"
+                return False
+            self._last_sig = sig
+            self.writes += 1
+            self.last_write_at = time.monotonic()
+            spent = time.perf_counter() - t0
+            self.busy_s += spent
+            self._recent.append(spent)
+            return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            gap = self.last_write_at + self.min_gap_s - time.monotonic()
+            if gap > 0 and self._stop.wait(gap):
+                return
+            if self._signature() != self._last_sig:
+                self.write_now()
+
+    def stats(self) -> dict[str, Any]:
+        """Writes, errors, bytes of the last one, seconds spent, the last write's cost."""
+        recent = sorted(self._recent)
+        return {"path": str(self.path), "writes": self.writes, "errors": self.errors,
+                "last_error": self.last_error, "bytes": self.bytes,
+                "busy_s": round(self.busy_s, 6),
+                "write_p50_ms": round(recent[len(recent) // 2] * 1e3, 3) if recent else None}
+
+    def stop(self, final: bool = True) -> None:
+        """End the thread; with ``final``, write once more if anything changed."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if final and self._signature() != self._last_sig:
+            self.write_now()

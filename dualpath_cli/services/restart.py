@@ -1,0 +1,267 @@
+"""A live cluster that survives its scheduler's ``kill -9``: checkpoint, restore, one answer.
+
+Why apart from :mod:`~dualpath_cli.services.live`: the live cluster serves; this module makes
+what it admitted outlive its process (issue 16, item 3). :class:`TurnKeys` maps a client's
+idempotency key (HTTP ``Idempotency-Key``) to the turn it admitted, so a resubmission gets
+the same turn (running, or its kept answer) instead of a second run. :class:`LiveCheckpoint`
+writes the scheduler's section (:mod:`dualpath_cli.runtime.checkpoint`) with the live
+cluster's own (sessions, keys with their answers) and the joined nodes
+(:class:`~dualpath_cli.cluster.join.JoinService`) into one file, and puts them all back into
+a new process before its scheduler starts.
+
+After a restart: every admitted turn is in the scheduler's queues again (those that were
+dispatched with a new attempt number); a key whose turn had finished answers from the kept
+result without running it; nodes that joined reconnect to the same control port.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dualpath_cli.errors import UsageError
+from dualpath_cli.runtime import checkpoint as ckpt
+from dualpath_cli.runtime.scheduler import Ticket, TurnResult
+
+if TYPE_CHECKING:
+    from dualpath_cli.services.live import LiveCluster
+
+__all__ = ["KEYS_KEPT", "KeyConflict", "TurnKeys", "LiveCheckpoint", "check_key",
+           "checkpoint_path"]
+
+#: Idempotency keys remembered (oldest finished first out). Each finished one keeps its
+#: answer's tokens in every checkpoint, so this bounds the checkpoint's size.
+KEYS_KEPT = 1024
+_KEY_CHARS = 200
+
+
+class KeyConflict(UsageError):
+    """An idempotency key reused for a different turn (HTTP 422)."""
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a usable idempotency key (1-200 printable ASCII characters).
+
+    Raises:
+        UsageError: it is not.
+    """
+    if not 0 < len(key) <= _KEY_CHARS or not key.isascii() or not key.isprintable():
+        raise UsageError(f"Idempotency-Key: 1-{_KEY_CHARS} printable ASCII characters")
+    return key
+
+
+def checkpoint_path(port: int) -> Path:
+    """The scheduler checkpoint of the cluster on ``port``, in the state directory."""
+    from dualpath_cli.services import statefile
+
+    return statefile.state_dir() / f"checkpoint-{port}.json"
+
+
+def _digest(tokens: list[int], gen: int, session: str | None) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.asarray(tokens, dtype="<i8").tobytes())
+    h.update(f"|{gen}|{session}".encode())
+    return h.hexdigest()
+
+
+class TurnKeys:
+    """Idempotency key -> (digest of the turn, its ticket); bounded to ``kept`` keys.
+
+    Not thread-safe: the live cluster calls it under its lock.
+    """
+
+    def __init__(self, kept: int = KEYS_KEPT) -> None:
+        self.kept = kept
+        self._map: collections.OrderedDict[str, tuple[str, Ticket]] = (
+            collections.OrderedDict())
+        self.replayed = 0
+
+    def find(self, key: str, tokens: list[int], gen: int,
+             session: str | None) -> tuple[str, Ticket | None]:
+        """The turn's digest and the ticket already admitted under ``key`` (or ``None``).
+
+        A turn that was answered with an error (a drain cut it off) is forgotten: the
+        resubmission runs it.
+
+        Raises:
+            KeyConflict: ``key`` names a different turn.
+        """
+        digest = _digest(tokens, gen, session)
+        held = self._map.get(key)
+        if held is None:
+            return digest, None
+        if held[0] != digest:
+            raise KeyConflict(f"Idempotency-Key {key!r} was used for a different turn "
+                              "(prompt, max_tokens or session differ); use a new key")
+        ticket = held[1]
+        if ticket.event.is_set() and ticket.error is not None:
+            del self._map[key]
+            return digest, None
+        self.replayed += 1
+        return digest, ticket
+
+    def put(self, key: str, digest: str, ticket: Ticket) -> None:
+        """Remember ``ticket`` under ``key``; forget the oldest finished keys beyond ``kept``."""
+        self._map[key] = (digest, ticket)
+        if len(self._map) > self.kept:
+            for old in list(self._map)[:len(self._map) - self.kept]:
+                if self._map[old][1].event.is_set():
+                    del self._map[old]
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def snapshot(self, rids: dict[int, int]) -> list[dict[str, Any]]:
+        """Each key with its digest and either the running turn's rid or the kept answer
+        (``rids``: id(ticket) -> rid of the scheduler's turns in flight)."""
+        out: list[dict[str, Any]] = []
+        for key, (digest, ticket) in self._map.items():
+            item: dict[str, Any] = {"key": key, "digest": digest}
+            rid = rids.get(id(ticket))
+            r = ticket.result
+            if rid is not None:
+                item["rid"] = rid
+            elif ticket.event.is_set() and ticket.error is None and r is not None:
+                item["result"] = {"tokens": r.tokens, "cached": r.cached,
+                                  "attempts": r.attempts, "pe": r.pe, "de": r.de,
+                                  "pe_tokens": r.pe_tokens, "rx_from_pe": r.rx_from_pe}
+            else:
+                continue  # answered with an error, or lost: the resubmission runs it
+            out.append(item)
+        return out
+
+    def restore(self, items: list[dict[str, Any]], tickets: dict[int, Ticket]) -> int:
+        """Put :meth:`snapshot` back (``tickets``: rid -> the restored turn's ticket);
+        how many keys came back."""
+        n = 0
+        for item in items:
+            ticket: Ticket | None = None
+            if "rid" in item:
+                ticket = tickets.get(int(item["rid"]))
+            elif "result" in item:
+                r = item["result"]
+                ticket = Ticket()
+                ticket.result = TurnResult([int(t) for t in r["tokens"]], 0.0, 0.0, 0.0,
+                                           int(r["cached"]), int(r["attempts"]), int(r["pe"]),
+                                           int(r["de"]), int(r["pe_tokens"]),
+                                           int(r["rx_from_pe"]))
+                ticket.finish()
+            if ticket is not None:
+                self._map[str(item["key"])] = (str(item["digest"]), ticket)
+                n += 1
+        return n
+
+
+class LiveCheckpoint:
+    """The checkpoint of one live cluster (see the module docstring).
+
+    Args:
+        live: the cluster (its scheduler not started yet when :meth:`restore` runs).
+        path: the checkpoint file (``checkpoint-PORT.json`` in the state directory).
+        interval_s / min_gap_s: :class:`~dualpath_cli.runtime.checkpoint.Checkpointer`'s.
+    """
+
+    def __init__(self, live: LiveCluster, path: Path, interval_s: float = 0.25,
+                 min_gap_s: float = 0.05) -> None:
+        self.live = live
+        self.path = path
+        self._cache: dict[int, str] = {}
+        self.restored: dict[str, Any] | None = None
+        self.writer = ckpt.Checkpointer(path, self.collect, self.signature, interval_s,
+                                        min_gap_s)
+
+    def signature(self) -> tuple[Any, ...]:
+        """Cheap: counters that move whenever something worth a checkpoint happens."""
+        sched = self.live.system.scheduler
+        joins = getattr(self.live, "joins", None)
+        return (sched._next_rid, len(sched.flights), sched.log.last_seq,  # noqa: SLF001
+                sched.requeued, len(sched.dead_events), sched.revived, len(sched.engines),
+                len(self.live.audit),
+                joins.snapshot()["next_node"] if joins is not None else 0)
+
+    def collect(self) -> dict[str, Any]:
+        """Every section, consistent with each other (the live lock, then the scheduler's)."""
+        live = self.live
+        sched = live.system.scheduler
+        with live._lock:  # noqa: SLF001 - the live cluster's own state
+            with sched._lock:  # noqa: SLF001
+                state = ckpt.capture(sched, self._cache)
+                rids = {id(f.ticket): rid for rid, f in sched.flights.items()}
+            sessions = [[name, s.agent, s.turns] for name, s in live._sessions.items()]  # noqa: SLF001
+            keys = live.turn_keys.snapshot(rids)
+            next_agent = live._next_agent  # noqa: SLF001
+        joins = getattr(live, "joins", None)
+        return {"scheduler": state,
+                "live": {"sessions": sessions, "next_agent": next_agent, "keys": keys,
+                         "written": time.time()},
+                "joins": joins.snapshot() if joins is not None else None}
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the checkpoint (if any) into the not yet started cluster; what came back.
+
+        Raises:
+            CheckpointError: unusable (moved aside; the message says where).
+        """
+        sections = ckpt.read(self.path)
+        if sections is None:
+            return None
+        try:
+            self.restored = self._restore(sections)
+        except ckpt.CheckpointError as err:  # read, but it does not fit: keep it aside
+            raise ckpt.set_aside(self.path, err) from None
+        return self.restored
+
+    def _restore(self, sections: dict[str, Any]) -> dict[str, Any]:
+        live = self.live
+        sched = live.system.scheduler
+        try:
+            state = sections["scheduler"]
+            own = sections["live"]
+        except KeyError as err:
+            raise ckpt.CheckpointError(f"checkpoint {self.path} has no {err} section"
+                                       ) from None
+        joined = not live.opts.local_engines
+        rebound = ckpt.rebind(sched, str(state.get("address", ""))) if joined else False
+        done = ckpt.restore(sched, state, engines=joined)
+        joins = getattr(live, "joins", None)
+        if joins is not None and sections.get("joins"):
+            joins.restore(sections["joins"])
+        with live._lock:  # noqa: SLF001
+            from dualpath_cli.services.live import _Session
+
+            try:
+                for name, agent, turns in own["sessions"]:
+                    live._sessions[str(name)] = _Session(int(agent), int(turns))  # noqa: SLF001
+                live._next_agent = max(live._next_agent, int(own["next_agent"]))  # noqa: SLF001
+                tickets = {rid: f.ticket for rid, f in sched.flights.items()}
+                keys = live.turn_keys.restore(list(own["keys"]), tickets)
+            except (KeyError, TypeError, ValueError) as err:
+                raise ckpt.CheckpointError(f"checkpoint {self.path}: its live section does "
+                                           f"not fit ({type(err).__name__}: {err})") from None
+            live._in_flight.update(tickets.values())  # noqa: SLF001 - a drain waits on them
+        return {**done.to_dict(), "keys": keys, "control_port_kept": rebound,
+                "age_s": round(time.time() - float(own.get("written", time.time())), 3)}
+
+    def start(self) -> None:
+        """Write one checkpoint now (the restored state, or the empty start), then follow."""
+        self.writer.write_now()
+        self.writer.start()
+
+    def poke(self) -> None:
+        """Something changed: write soon."""
+        self.writer.poke()
+
+    def stop(self, keep: bool) -> None:
+        """Stop writing; ``keep`` False (a clean drain) removes the file: nothing is left
+        to restore, and the next launch starts afresh."""
+        self.writer.stop(final=keep)
+        if not keep:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,426 @@
+"""The restartable scheduler (issue 16, item 3; issue 17's fault-matrix row ``scheduler_kill``).
+
+Unit level: the checkpoint round-trips a scheduler's queues, assignments, thresholds and
+counters; a truncated, altered or foreign file is refused in one line and kept aside; a
+live cluster restored from a checkpoint answers a finished key from the kept answer (no
+second run) and runs an admitted, unfinished turn to the reference model's tokens.
+
+End to end: ``launch --role scheduler`` with two nodes joined on loopback (``--join``),
+agents' sessions over HTTP with ``Idempotency-Key``; the scheduler is killed with ``-9``
+mid-run and started again with the same state directory. Every turn is answered once, with
+the tokens of a clean run. :func:`run_scheduler_kill` is also the ``scheduler_kill`` row of
+``bench/reliability.py --faults``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import numpy as np
+import pytest
+from test_fault_matrix import AGENTS, VOCAB, FaultRow, _model, reference
+
+from dualpath_cli.api.listen import free_port
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.runtime import checkpoint as ckpt
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.services.live import LiveCluster
+from dualpath_cli.services.restart import KeyConflict
+from dualpath_cli.workload.tokens import append_token_ids
+
+#: A loaded 2-core CI box spawns and imports slowly.
+START_S = 180.0
+#: A turn not answered within this (retries included) is lost.
+TURN_DEADLINE_S = 120.0
+#: The stated bound on recovery: kill -9 -> the restarted scheduler answers a turn again
+#: (the restart is immediate here; a supervisor such as systemd or Kubernetes adds its delay).
+RECOVERY_LIMIT_S = 30.0
+
+
+def _opts(**kw: Any) -> RuntimeOptions:
+    return RuntimeOptions(flops_rate=5e9, fetch_s=0.005, heartbeat_timeout=10.0, **kw)
+
+
+def _turn(rid_seed: int, n: int = 40) -> np.ndarray:
+    return np.random.default_rng(rid_seed).integers(0, VOCAB, n).astype(np.int64)
+
+
+# -- the checkpoint file and the scheduler's section ---------------------------------------
+def test_checkpoint_round_trip() -> None:
+    first = RuntimeSystem(_opts())
+    second = RuntimeSystem(_opts())
+    try:
+        sched = first.scheduler
+        for i in range(4):
+            sched.submit(TurnRequest(agent=i, turn=0, tokens=_turn(i), gen=3))
+        with sched._lock:  # one turn dispatched on PE 0 and DE 1, one routed to group 2
+            f0 = sched.queue.popleft()
+            f0.pe, f0.de = 0, 1
+            f1 = sched.queue.popleft()
+            sched.private[2].append(f1)
+            sched.params = dataclasses.replace(sched.params, alpha=1234)
+            sched.sources["alpha"] = "api"
+            sched.quota_s = 0.125
+            sched.controllers.on["beta"] = True
+        sched.log.record_control(at=time.time(), name="beta", inputs={})
+        state = ckpt.capture(sched)
+        raw = ckpt.encode_checkpoint({"scheduler": state})
+        back = ckpt.decode_checkpoint(raw)["scheduler"]
+        assert back == json.loads(json.dumps(state))
+
+        done = ckpt.restore(second.scheduler, back, engines=False)
+        new = second.scheduler
+        assert done.flights == 4 and done.requeued == 2  # dispatched and routed: re-queued
+        # one FIFO in admission order, wherever each turn waited
+        assert [f.rid for f in new.queue] == [f0.rid, f1.rid, 2, 3]
+        assert all(f.att == 1 for f in new.queue)  # a new attempt: old answers are stale
+        for f in new.queue:
+            assert np.array_equal(f.req.tokens, _turn(f.req.agent))
+            assert f.req.gen == 3 and f.pe == -1 and f.de == -1
+        assert new.params.alpha == 1234 and new.sources["alpha"] == "api"
+        assert new.quota_s == 0.125 and new.controllers.on["beta"]
+        assert new.log.last_seq == 1
+        new.log.record_control(at=time.time(), name="beta", inputs={})
+        assert new.log.last_seq == 2  # the decision sequence goes on, never back
+        ticket = new.submit(TurnRequest(9, 0, _turn(9), 2))
+        assert max(new.flights) == 4 and ticket is new.flights[4].ticket  # rids go on
+    finally:
+        for system in (first, second):
+            system.scheduler.ep.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "version", "empty"])
+def test_bad_checkpoint_refused_in_one_line_and_kept(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "checkpoint-1.json"
+    ckpt.write(path, {"scheduler": {"next_rid": 7}, "live": {}})
+    assert ckpt.read(path) == {"scheduler": {"next_rid": 7}, "live": {}}
+    raw = path.read_bytes()
+    if damage == "flip":
+        bad = raw[:-3] + bytes([raw[-3] ^ 0x01]) + raw[-2:]
+    elif damage == "truncate":
+        bad = raw[: len(raw) - 5]
+    elif damage == "garbage":
+        bad = b"\x00\xff not a checkpoint\n{}"
+    elif damage == "version":
+        head, _, body = raw.partition(b"\n")
+        bad = head.replace(b'"version": 1', b'"version": 99') + b"\n" + body
+    else:
+        bad = b""
+    path.write_bytes(bad)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.read(path)
+    msg = str(info.value)
+    assert "\n" not in msg and "moved aside to checkpoint-1.json.corrupt-" in msg
+    want = {"flip": "SHA-256 does not match", "truncate": "truncated",
+            "garbage": "not a scheduler checkpoint", "version": "version 99",
+            "empty": "not a scheduler checkpoint"}[damage]
+    assert want in msg
+    assert not path.exists()  # the next launch starts afresh...
+    aside = list(tmp_path.glob("checkpoint-1.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == bad  # ...and nothing was lost
+
+
+def test_checkpoint_that_does_not_fit_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint-2.json"
+    ckpt.write(path, {"scheduler": {"next_rid": 7}, "live": {}})  # fields missing
+    live = LiveCluster(_opts(), checkpoint=path)
+    with pytest.raises(ckpt.CheckpointError, match="does not fit this scheduler"):
+        live.spawn()
+    assert not path.exists() and len(list(tmp_path.glob("checkpoint-2.json.corrupt-*"))) == 1
+
+
+def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
+    """A key answered before the "kill" is answered from the checkpoint without a run; a
+    turn admitted but not run yet runs after the restore; a reused key is refused."""
+    path = tmp_path / "checkpoint-3.json"
+    model = _model()
+    p0 = append_token_ids(AGENTS[0], 0, VOCAB).tolist()
+    p1 = append_token_ids(AGENTS[1], 0, VOCAB).tolist()
+    saved = tmp_path / "at-the-kill.json"
+    first = LiveCluster(_opts(), checkpoint=path)
+    first.start()
+    try:
+        out0 = first.submit(p0, 4, session="a", key="k0").wait(60).tokens
+        assert first.submit(p0, 4, session="a", key="k0").result is not None  # same ticket
+        sched = first.system.scheduler
+        with sched._lock:  # the scheduler thread is held: k1 is admitted, not dispatched
+            first.submit(p1, 4, session="b", key="k1")
+            sections = first.durable.collect() if first.durable else {}
+        ckpt.write(saved, sections)  # what a kill -9 at this moment leaves behind
+    finally:
+        first.close()
+    assert not path.exists()  # a clean close leaves nothing to restore
+
+    second = LiveCluster(_opts(), checkpoint=saved)
+    second.start()
+    try:
+        restored = second.durable.restored if second.durable else None
+        assert restored is not None
+        assert restored["flights"] == 1 and restored["keys"] == 2
+        sched = second.system.scheduler
+        rids = sched._next_rid
+        again = second.submit(p0, 4, session="a", key="k0")
+        assert again.event.is_set() and again.result is not None
+        assert again.result.tokens == out0 == model.generate(p0, 4)
+        assert sched._next_rid == rids  # answered from the checkpoint: not run again
+        out1 = second.submit(p1, 4, session="b", key="k1").wait(60).tokens
+        assert out1 == model.generate(p1, 4) and sched._next_rid == rids
+        with pytest.raises(KeyConflict, match="different turn"):
+            second.submit(p1, 4, session="b", key="k0")
+    finally:
+        second.close()
+    assert not saved.exists()
+
+
+# -- end to end: processes on loopback -------------------------------------------------------
+class Procs:
+    """``dualpath launch`` processes of one test, each in its own session."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-m", "dualpath_cli.cli.app", "launch", *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=self.env, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _json_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The first stdout line (``--json``), or fail with the process's stderr."""
+    out: list[str] = []
+    stream: IO[str] | None = p.stdout
+    assert stream is not None
+    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not out or not out[0].strip():
+        p.kill()
+        err = p.stderr.read() if p.stderr is not None else ""
+        raise AssertionError(f"no ready line within {timeout:g} s: {err[-3000:]}")
+    data: dict[str, Any] = json.loads(out[0])
+    return data
+
+
+class Clients:
+    """Agents' sessions over HTTP, each turn with an ``Idempotency-Key``; a turn whose
+    request fails (connection cut, 503 while the scheduler restarts) is sent again with
+    the same key until it is answered or ``TURN_DEADLINE_S`` passes."""
+
+    def __init__(self, url: str, token: str, run: str) -> None:
+        self.url = url
+        self.run = run
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"},
+                                 timeout=httpx.Timeout(30.0, connect=2.0))
+        self.tokens: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.answered_at: dict[tuple[int, int], float] = {}
+        self.answers: dict[tuple[int, int], int] = {}
+        self.retries = 0
+        self.errors: dict[tuple[int, int], str] = {}
+        self.bodies: dict[tuple[int, int], tuple[dict[str, Any], dict[str, str]]] = {}
+        self._lock = threading.Lock()
+        self.done = threading.Condition(self._lock)
+
+    def send(self, body: dict[str, Any], headers: dict[str, str]) -> list[int]:
+        deadline = time.monotonic() + TURN_DEADLINE_S
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                resp = self.http.post(f"{self.url}/v1/completions", json=body,
+                                      headers=headers)
+                if resp.status_code == 200:
+                    return [int(t) for t in resp.json()["choices"][0]["token_ids"]]
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code < 500:
+                    break  # refused for good
+            except httpx.HTTPError as err:
+                last = f"{type(err).__name__}: {err}"
+            with self._lock:
+                self.retries += 1
+            self.done.acquire()
+            self.done.wait(0.1)  # the client's back-off before it sends the key again
+            self.done.release()
+        raise RuntimeError(last or "no answer")
+
+    def _agent(self, i_traj: int) -> None:
+        traj = AGENTS[i_traj]
+        ctx: list[int] = []
+        for i, turn in enumerate(traj.turns):
+            prompt = ctx + append_token_ids(traj, i, VOCAB).tolist()
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": turn.gen,
+                    "temperature": 0, "return_token_ids": True}
+            headers = {"X-Session-Id": f"{self.run}-agent-{traj.agent_id}",
+                       "Idempotency-Key": f"{self.run}-{traj.agent_id}-{i}"}
+            key = (traj.agent_id, i)
+            try:
+                out = self.send(body, headers)
+            except RuntimeError as err:
+                with self._lock:
+                    self.errors[key] = str(err)
+                    self.done.notify_all()
+                return
+            with self._lock:
+                self.tokens[key] = tuple(out)
+                self.answers[key] = self.answers.get(key, 0) + 1
+                self.answered_at[key] = time.monotonic()
+                self.bodies[key] = (body, headers)
+                self.done.notify_all()
+            ctx = prompt + out
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._agent, args=(n,), daemon=True)
+                   for n in range(len(AGENTS))]
+        for th in threads:
+            th.start()
+        return threads
+
+    def wait_answered(self, n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.tokens) + len(self.errors) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.done.wait(left)
+        return True
+
+
+def _decision_seq(http: httpx.Client, url: str) -> int:
+    got = http.get(f"{url}/api/v1/decisions", params={"since": -1}).json()["decisions"]
+    return max((int(d["seq"]) for d in got), default=0)
+
+
+def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
+    """kill -9 the scheduler of a joined 1P1D cluster mid-run, restart it; the row."""
+    t_start = time.monotonic()
+    run = tmp / "run"
+    run.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp / "state"),
+               XDG_DATA_HOME=str(tmp / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
+    store = tmp / "store"
+    port = free_port()
+    sched_args = ("--role", "scheduler", "--port", str(port), "--store", str(store),
+                  "--json")
+    procs = Procs(env)
+    clients: Clients | None = None
+    try:
+        sched = procs.start(*sched_args)
+        state = _json_line(sched, START_S)
+        url, token_file = state["url"], state["token_file"]
+        token = Path(token_file).read_text().strip()
+        nodes = {name: procs.start("--role", role, "--node", name, "--join",
+                                   f"127.0.0.1:{port}", "--token-file", token_file,
+                                   "--json")
+                 for name, role in (("p0", "prefill"), ("d0", "decode"))}
+        joined = {name: _json_line(p, START_S) for name, p in nodes.items()}
+        clients = Clients(url, token, "restart")
+        threads = clients.start()
+        wanted = sum(len(t.turns) for t in AGENTS)
+        assert clients.wait_answered(kill_after, TURN_DEADLINE_S), "no turn answered"
+        t_kill = time.monotonic()
+        os.killpg(sched.pid, signal.SIGKILL)  # the scheduler alone: nodes keep running
+        sched.wait(30)
+        answered_at_kill = len(clients.tokens)
+        sched2 = procs.start(*sched_args)
+        state2 = _json_line(sched2, START_S)
+        t_ready = time.monotonic()
+        restored = state2.get("restored") or {}
+        assert Path(state2["token_file"]).read_text().strip() == token  # same token kept
+        after = [t for k, t in clients.answered_at.items()] if clients.wait_answered(
+            wanted, TURN_DEADLINE_S * 2) else []
+        recovered = [t for t in after if t > t_ready]
+        for th in threads:
+            th.join(TURN_DEADLINE_S)
+        # a resubmitted answered key comes back from the kept answer: no second run
+        http = clients.http
+        seq = _decision_seq(http, url)
+        replayed = 0
+        for key, (body, headers) in list(clients.bodies.items())[:4]:
+            resp = http.post(f"{url}/v1/completions", json=body, headers=headers)
+            if resp.status_code == 200 and tuple(
+                    resp.json()["choices"][0]["token_ids"]) == clients.tokens[key]:
+                replayed += 1
+        rerun = _decision_seq(http, url) - seq
+        status = http.get(f"{url}/api/v1/status").json()
+        prompt = append_token_ids(AGENTS[0], 0, VOCAB).tolist()[::-1]
+        try:
+            after_out = clients.send({"model": "tiny", "prompt": prompt, "max_tokens": 4,
+                                      "temperature": 0, "return_token_ids": True},
+                                     {"X-Session-Id": "after-the-fault"})
+            serving = after_out == _model().generate(prompt, 4)
+        except RuntimeError:
+            serving = False
+        ref = reference()
+        lost = wanted - len(clients.tokens)
+        wrong = sum(1 for k, v in clients.tokens.items() if ref[k] != v)
+        twice = sum(1 for n in clients.answers.values() if n > 1)
+        temp = [p for p in store.rglob("*.tmp")] if store.exists() else []
+        detected = (min(recovered) - t_kill) if recovered else None
+        alive_nodes = all(p.poll() is None for p in nodes.values())
+        return FaultRow(
+            "kill -9 the scheduler, restart it", detected, RECOVERY_LIMIT_S, lost,
+            lost == 0 and wrong == 0, wrong, len(temp), serving and alive_nodes,
+            len(clients.tokens), int(status.get("queue", {}).get("requeued_total") or
+                                     restored.get("requeued", 0)),
+            {"restart_ready_s": round(t_ready - t_kill, 3), "restored": restored,
+             "answered_before_kill": answered_at_kill, "client_retries": clients.retries,
+             "answered_twice": twice, "replayed_keys": replayed,
+             "decisions_on_replay": rerun, "nodes_rejoined": 0 if alive_nodes else None,
+             "join_s": {n: j["join_s"] for n, j in joined.items()},
+             "errors": dict(list({f"{a}/{i}": e for (a, i), e in
+                                  clients.errors.items()}.items())[:3])},
+            time.monotonic() - t_start)
+    finally:
+        if clients is not None:
+            clients.http.close()
+        procs.close()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dualpath-restart-") as tmp:
+        yield Path(tmp)
+
+
+def test_scheduler_kill_restart_loses_nothing(scratch: Path) -> None:
+    row = run_scheduler_kill(scratch)
+    assert row.lost_turns == 0 and not row.detail["errors"], row
+    assert row.tokens_identical and row.served_corrupt == 0, row
+    assert row.detail["answered_twice"] == 0, row
+    assert row.detail["replayed_keys"] == 4 and row.detail["decisions_on_replay"] == 0, row
+    assert row.detected_s is not None and row.detected_s <= row.limit_s, row
+    assert row.serving_after and row.temp_files == 0, row
+    assert row.detail["restored"]["engines"] == 2, row  # the nodes reconnected, not re-joined
+    assert row.detail["restored"]["control_port_kept"], row
