@@ -15,6 +15,7 @@ engines and the store, remove the state and token files, exit 0.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -293,6 +294,7 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         warm = threading.Thread(target=_import_http_stack, name="import-http", daemon=True)
         warm.start()
         opts = _options(*opts_args)
+        opts = dataclasses.replace(opts, curve_key_file=statefile.curve_path(port))
         from dualpath_cli.runtime.model.threads import limit_blas_threads
 
         # one BLAS thread, as in every engine: the predictor's calibration (below) then
@@ -362,6 +364,7 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
             server.stop()
         sock.close()
         _remove(token)
+        _remove(statefile.curve_path(port))
         if not _state_kept(port):
             _remove_own_state(port)
 
@@ -518,6 +521,9 @@ def launch(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Config file.")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one config key, e.g. --set scheduler.alpha=2s.")] = None,
+    curve: Annotated[str | None, typer.Option(
+        "--curve", help="ZeroMQ CURVE between nodes: auto (on off loopback), on or off "
+        "(config cluster.curve).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the ready state as one JSON "
                                           "object.")] = False,
     inject: Annotated[list[str] | None, typer.Option(
@@ -553,6 +559,10 @@ def launch(
     $XDG_STATE_HOME/dualpath/ or ~/.local/state/dualpath/; 'dualpath status' and
     'dualpath stop' find the cluster through it.
     """
+    if curve is not None:  # as the config key, so --detach passes it on with --set
+        if curve not in ("auto", "on", "off"):
+            raise UsageError(f"--curve {curve!r}: expected auto, on or off")
+        overrides = [*(overrides or []), f"cluster.curve={curve}"]
     if role not in ("all", "scheduler", "prefill", "decode"):
         raise UsageError(f"--role {role!r}: expected all, scheduler, prefill or decode")
     if role in ("prefill", "decode"):

@@ -50,6 +50,10 @@ class JoinPlan:
     fetch_s: float
     snic_bw: float
     cnic_bw: float
+    #: the cluster's CURVE key pair (Z85) when its sockets use CURVE: handed to a node
+    #: only in the answer to its join, which needs the cluster's token
+    curve_public: str | None = None
+    curve_secret: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -57,8 +61,11 @@ class JoinPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JoinPlan:
-        """Read the API's answer (unknown keys ignored, a missing one is a KeyError)."""
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        """Read the API's answer (unknown keys ignored, a missing one is a KeyError; the
+        CURVE keys are absent when the cluster does not use CURVE)."""
+        optional = ("curve_public", "curve_secret")
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__
+                      if name not in optional or name in data})
 
 
 class JoinService:
@@ -90,6 +97,7 @@ class JoinService:
         sched = self.system.scheduler
         o = self.system.opts
         shaped = self.system.shaped
+        curve = self.system.curve
         with self._lock:
             old = self._nodes.get(name)
             if old is not None and any(
@@ -109,7 +117,9 @@ class JoinService:
                 dram_cache_bytes=o.dram_cache_bytes, quota_s=sched.quota_s,
                 flops_rate=self.system.flops_rate, heartbeat_s=o.heartbeat_s,
                 fetch_s=o.fetch_s, snic_bw=o.snic_bw if shaped else 0.0,
-                cnic_bw=o.cnic_bw if shaped else 0.0)
+                cnic_bw=o.cnic_bw if shaped else 0.0,
+                curve_public=curve.public if curve is not None else None,
+                curve_secret=curve.secret if curve is not None else None)
             self._nodes[name] = plan
             self.joined_at[name] = time.monotonic()
             return plan

@@ -91,7 +91,7 @@ def engine_main(spec: EngineSpec) -> None:
     from dualpath_cli.transfer import ZmqFabric
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us
-    run_engine(spec, ZmqFabric(), load_model)
+    run_engine(spec, ZmqFabric(curve=spec.curve), load_model)
 
 
 @contextlib.contextmanager

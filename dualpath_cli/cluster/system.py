@@ -28,7 +28,7 @@ from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
-from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.errors import ConfigError, DualPathError, UsageError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
 from dualpath_cli.runtime.faults import Fault, FaultError
@@ -42,11 +42,33 @@ from dualpath_cli.runtime.scheduler import (
     TurnRequest,
 )
 from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
+from dualpath_cli.storage.warm import Warm
 from dualpath_cli.telemetry.view import ClusterView, Decision, NodeView
 from dualpath_cli.transfer import InProcFabric, ZmqFabric
+from dualpath_cli.transfer.curve import CurveKeys, curve_wanted
 from dualpath_cli.transfer.shaping import make_bucket
 
 __all__ = ["RuntimeSystem"]
+
+
+def _curve_keys(opts: RuntimeOptions, emulated: bool) -> CurveKeys | None:
+    """The cluster's CURVE key pair when ``cluster.curve`` turns CURVE on for the address
+    the fabric binds (its file under the state dir, or a fresh pair), else ``None``.
+
+    Raises:
+        ConfigError: CURVE forced on for emulated engines (one machine, loopback only), or
+            an unusable key file.
+    """
+    if not (opts.processes or emulated):
+        return None  # threads over queues: no socket to secure
+    if not curve_wanted(opts.curve, ZmqFabric().host):
+        return None
+    if emulated:
+        raise ConfigError("cluster.curve on: emulated engines run on this machine's "
+                          "loopback and do not speak CURVE; set cluster.curve=auto or off")
+    if opts.curve_key_file is None:
+        return CurveKeys.generate()
+    return CurveKeys.ensure(opts.curve_key_file)
 
 
 class RuntimeSystem:
@@ -81,7 +103,9 @@ class RuntimeSystem:
         if emulated:  # a socket per engine in the scheduler's process
             raise_fd_limit()
             raise_socket_limit()
-        self.fabric = ZmqFabric() if opts.processes or emulated else InProcFabric()
+        self.curve = _curve_keys(opts, emulated)
+        self.fabric = (ZmqFabric(curve=self.curve) if opts.processes or emulated
+                       else InProcFabric())
         params = SchedParams(alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor,
                              block_tokens=opts.block_tokens, seed=opts.random_seed)
         self.scheduler = SchedulerService(
@@ -126,7 +150,8 @@ class RuntimeSystem:
                     cnic=make_bucket(cnic, shared), hbm_blocks=o.hbm_blocks,
                     block_tokens=o.block_tokens, model=o.model, store=store_spec,
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
-                    flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s))
+                    flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s,
+                    curve=self.curve))
                 self.scheduler.register(eid, role, node, node)
                 eid += 1
         return specs
@@ -340,6 +365,40 @@ class RuntimeSystem:
                     "hbm_free_blocks": hb.hbm_free_blocks}
 
         return facts(before), facts(after)
+
+    # -- warm-up (seed 8.3) ------------------------------------------------------------
+    def warm(self, keys: Sequence[str], rate_bps: float, role: str = "all") -> list[int]:
+        """Send every serving engine of ``role`` (``all``, ``prefill``, ``decode``) a warm-up
+        of ``keys`` (hex); a node's cap ``rate_bps`` is shared evenly by its targeted
+        engines (they share its storage NIC). A new warm-up replaces one in progress; no
+        keys stops it. Returns the engines sent to.
+
+        Raises:
+            UsageError: a bad role or rate, emulated engines, or no DRAM cache to warm.
+        """
+        if role not in ("all", "prefill", "decode"):
+            raise UsageError(f"warm-up role {role!r}: expected all, prefill or decode")
+        if self.opts.engines != "real":
+            raise UsageError("warm-up needs real engines: emulated engines keep no DRAM "
+                             "cache of KV blocks")
+        if self.opts.dram_cache_bytes <= 0 and keys:
+            raise UsageError("the engines have no DRAM cache (dram_cache_bytes 0): nothing "
+                             "to warm into")
+        if not rate_bps > 0:
+            raise UsageError(f"warm-up rate must be more than 0 bytes/s, got {rate_bps!r}")
+        targets = [s for s in self.specs if role == "all" or s.role == role]
+        per_node: dict[int, int] = {}
+        for spec in targets:
+            per_node[spec.node] = per_node.get(spec.node, 0) + 1
+        sent: list[int] = []
+        sched = self.scheduler
+        with sched._lock:  # the scheduler's endpoint is used under its lock
+            for spec in targets:
+                e = sched.engines.get(spec.engine_id)
+                if e is not None and e.alive and e.address:
+                    sched._send(e.address, Warm(tuple(keys), rate_bps / per_node[spec.node]))
+                    sent.append(spec.engine_id)
+        return sent
 
     def clear_faults(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Undo every injected fault; returns the active faults before and after (empty)."""

@@ -93,6 +93,7 @@ class ClusterConfig:
 
     pd: PDSpec
     gpus_per_node: int
+    curve: str
 
     @property
     def prefill_nodes(self) -> int:

@@ -175,6 +175,13 @@ def _choices(options: tuple[str, ...]) -> Kind:
     return Kind("choice", "-", _choice(options))
 
 
+def _curve_mode(value: Any) -> str:
+    """``auto``, ``on`` or ``off`` (YAML reads a bare on/off as a boolean: taken as such)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return _choice(("auto", "on", "off"))(value)
+
+
 def _policy_name(value: Any) -> str:
     """A name in core's policy table as it is now (a plugin's policy once registered)."""
     from dualpath_cli.core.policies import ALIASES
@@ -245,6 +252,9 @@ KEYS: tuple[Key, ...] = (
     Key("cluster", "gpus_per_node", COUNT, None,
         "GPUs per node; one engine per GPU. Default: from the hardware profile.",
         from_profile=("hardware", "gpus_per_node")),
+    Key("cluster", "curve", Kind("choice", "-", _curve_mode), "auto",
+        "ZeroMQ CURVE (authenticated, encrypted) on the control and KV sockets between "
+        "nodes: auto is on when they bind a non-loopback address, off on loopback."),
     # hardware
     Key("hardware", "profile", _choices((*HARDWARE_PROFILES, CUSTOM)), "cpu",
         "Hardware profile the fields below default to ('custom': set them all)."),

@@ -86,6 +86,8 @@ class EngineSpec:
         heartbeat_s: heartbeat period.
         fetch_s: leader fetch period.
         metrics_s: how often a heartbeat carries the full metrics snapshot.
+        curve: the cluster's CURVE key pair (``transfer.curve.CurveKeys``) when its
+            sockets use CURVE, else ``None``.
     """
 
     engine_id: int
@@ -108,6 +110,7 @@ class EngineSpec:
     heartbeat_s: float = 0.05
     fetch_s: float = 0.005
     metrics_s: float = 0.25
+    curve: Any = None
 
 
 @dataclass

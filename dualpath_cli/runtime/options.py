@@ -67,6 +67,10 @@ class RuntimeOptions:
             ``emulated_speed`` emulated seconds per second; :mod:`dualpath_cli.runtime.emulated`).
         local_engines: False starts the scheduler alone (``launch --role scheduler``): nodes
             join it (:mod:`dualpath_cli.cluster.join`).
+        curve: ZeroMQ CURVE between processes (``cluster.curve``: ``auto`` on when the
+            fabric binds off loopback, ``on``, ``off``; :mod:`dualpath_cli.transfer.curve`).
+        curve_key_file: where the cluster's CURVE key pair is kept (0600; ``None``: a
+            fresh pair in memory for this run).
     """
 
     prefill_nodes: int = 1
@@ -104,6 +108,8 @@ class RuntimeOptions:
     emulated_hardware: str = "hopper"
     emulated_speed: float = 1.0
     local_engines: bool = True
+    curve: str = "auto"
+    curve_key_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
@@ -114,6 +120,8 @@ class RuntimeOptions:
                               "reference model's fp16 KV bit-exact, so it needs codec fp16")
         if self.engines not in ("real", "emulated"):
             raise ConfigError(f"engines {self.engines!r}: expected real or emulated")
+        if self.curve not in ("auto", "on", "off"):
+            raise ConfigError(f"cluster.curve {self.curve!r}: expected auto, on or off")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
                      "hbm_blocks", "decision_ring", "emulated_hosts"):
             if getattr(self, name) < 1:
@@ -169,6 +177,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "codec": cfg.storage.codec, "fetch_s": cfg.scheduler.fetch_period,
         "policy": ALIASES.get(cfg.scheduler.read_side, cfg.scheduler.read_side),
         "layerwise_prefill": cfg.scheduler.layerwise_prefill,
+        "curve": cfg.cluster.curve,
         "controllers": {name: bool(getattr(cfg.scheduler, key))
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,

@@ -161,6 +161,11 @@ class NodeAgent:
 
     def _specs(self, plan: JoinPlan, root: Path) -> list[EngineSpec]:
         snic = (make_bucket(plan.snic_bw, True), make_bucket(plan.snic_bw, True))
+        from dualpath_cli.transfer.curve import CurveKeys
+
+        # the scheduler's CURVE keys, when it uses CURVE: this node's engines must too
+        curve = (CurveKeys(plan.curve_public, plan.curve_secret)
+                 if plan.curve_public and plan.curve_secret else None)
         return [EngineSpec(
             engine_id=eid, role=plan.role, node=plan.node, group=plan.node, leader=i == 0,
             ctl=plan.ctl, snic_read=snic[0], snic_write=snic[1],
@@ -168,8 +173,8 @@ class NodeAgent:
             block_tokens=plan.block_tokens, model=plan.model,
             store={"kind": "posix", "root": str(root)}, codec=plan.codec,
             dram_cache_bytes=plan.dram_cache_bytes, quota_s=plan.quota_s,
-            flops_rate=plan.flops_rate, heartbeat_s=plan.heartbeat_s, fetch_s=plan.fetch_s)
-            for i, eid in enumerate(plan.engine_ids)]
+            flops_rate=plan.flops_rate, heartbeat_s=plan.heartbeat_s, fetch_s=plan.fetch_s,
+            curve=curve) for i, eid in enumerate(plan.engine_ids)]
 
     def serve(self, stop: threading.Event, check_s: float = 1.0,
               unreachable_s: float = 30.0) -> str:

@@ -62,6 +62,12 @@ def token_path(port: int) -> Path:
     return state_dir() / f"token-{port}"
 
 
+def curve_path(port: int) -> Path:
+    """The CURVE key file of the cluster on ``port`` (mode 0600; transfer/curve.py): kept
+    when its launcher is killed, so a restarted scheduler keeps its nodes' keys."""
+    return state_dir() / f"curve-{port}.key"
+
+
 def log_path(port: int) -> Path:
     """The log file of a detached launcher on ``port``."""
     return state_dir() / f"launch-{port}.log"
