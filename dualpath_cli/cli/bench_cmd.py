@@ -237,6 +237,10 @@ def bench(
         emit_json(report.to_dict())
     else:
         _render(report, online=aps is not None)
+        if trace is not None:  # a global KV store's view of the trace's prefix hits
+            stdout.print("hits across conversations: " + ", ".join(
+                f"{p.policy} {p.cross_conversation_hit_share:.1%}" for p in report.policies),
+                highlight=False)
     failed = [f"{p.policy}: {p.errors[-1]}" for p in report.policies if p.errors]
     if failed:  # results above are partial: say so in the exit code and one line
         from dualpath_cli.errors import DualPathError

@@ -211,6 +211,11 @@ def run(
                       f"{workload_label(wl)}, {res.agents} agents ({res.mode})")
         table.add_row(*_row(res))
         _print_fitted(table)
+        if wl.trace is not None:  # a global KV store's view: hits across conversations
+            stdout.print(f"prefix hits {res.hit_tokens:,} tokens, "
+                         f"{res.cross_conversation_hit_share:.1%} across conversations "
+                         f"({res.shared_hit_tokens:,} tokens of shared prefixes)",
+                         highlight=False)
         if res.mode == "online":
             stdout.print(f"TTFT mean {_mean(res.ttft, 1.0, 's', 3)}  TTST mean "
                          f"{_mean(res.ttst, 1.0, 's', 3)}  TPOT mean "

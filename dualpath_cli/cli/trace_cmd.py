@@ -100,15 +100,23 @@ def stats(
 
     kind = _format(fmt) if fmt is not None else detect_format(path)
     if kind == "mooncake":
-        summary = mooncake_stats(read_mooncake(path))
+        from dualpath_cli.workload.mooncake_link import hit_split
+
+        requests = read_mooncake(path)
+        summary = mooncake_stats(requests)
+        hit, cross = hit_split(requests)
+        share = cross / hit if hit else 0.0
         if as_json:
-            emit_json({"path": str(path), "format": kind, **summary.to_dict()})
+            emit_json({"path": str(path), "format": kind, **summary.to_dict(),
+                       "cross_conversation_hit_tokens": cross,
+                       "cross_conversation_hit_share": share})
             return
         table = _table(f"{path}: Mooncake trace", with_target=False)
         table.add_row("requests", f"{summary.requests:,}")
         table.add_row("mean input length", f"{summary.mean_input_length:,.1f}")
         table.add_row("mean output length", f"{summary.mean_output_length:,.1f}")
         table.add_row("prefix-hit ratio (unbounded cache)", f"{summary.prefix_hit_ratio:.2%}")
+        table.add_row("hits across conversations", f"{share:.2%}")
         table.add_row("unique 512-token blocks", f"{summary.unique_blocks:,}")
         table.add_row("duration", f"{summary.duration_s:,.1f} s")
         stdout.print(table)
@@ -154,6 +162,10 @@ def convert(
                  f"({counts.linked:,} requests linked as later turns, "
                  f"{counts.single_turn:,} single-turn, longest {counts.max_turns} turns, "
                  f"max_len {counts.max_len:,}) -> {output}", highlight=False, soft_wrap=True)
+    if counts.shared_prefix_trajectories:
+        stdout.print(f"{counts.shared_prefix_trajectories:,} trajectories open with a prefix "
+                     f"another one shares ({counts.shared_prefix_tokens:,} tokens in all)",
+                     highlight=False, soft_wrap=True)
     stderr.print(f"rule: {LINK_RULE}", highlight=False, soft_wrap=True)
     if counts.clamped_appends or counts.zero_outputs:
         stderr.print(f"note: {counts.clamped_appends} turns appended less than the previous "
@@ -199,6 +211,8 @@ def _render_dualpath(result: TraceStats, max_len: int, target: Table2Row | None,
     table.add_row("turn/size correlation", _number(result.turn_size_corr), *extra)
     table.add_row("dispersion Turns(A+G)/Total", f"{result.dispersion:.3f}", *extra)
     table.add_row("replay hit ratio", f"{result.hit_ratio:.2%}", *extra)
+    table.add_row("hits across conversations", f"{result.cross_conversation_hit_share:.2%}",
+                  *extra)
     stdout.print(table)
 
 

@@ -127,10 +127,18 @@ class PolicyReport:
     quarantined_blocks: int = 0
     """Corrupt blocks moved aside during the run; kept under ``quarantine_dir``."""
     quarantine_dir: str | None = None
+    shared_cached_tokens: int = 0
+    """Cached tokens of first turns: an agent has no earlier turn, so these hits are blocks
+    another conversation stored (a shared system prompt), as a global KV store sees them."""
+
+    @property
+    def cross_conversation_hit_share(self) -> float:
+        """Share of cached tokens another conversation stored (0 when nothing hit)."""
+        return self.shared_cached_tokens / self.cached_tokens if self.cached_tokens else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return asdict(self)
+        return {**asdict(self), "cross_conversation_hit_share": self.cross_conversation_hit_share}
 
 
 @dataclass
@@ -436,7 +444,7 @@ def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
         max_over_avg(list(per_node.values())),
         busy / (run.jct * n_eng) if run.jct > 0 else 0.0, bubble,
         sum(t.cached for t in turns), items / batches if batches else 0.0, chunks,
-        list(run.errors))
+        list(run.errors), shared_cached_tokens=sum(t.cached for t in turns if t.turn == 0))
 
 
 def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Trajectory],

@@ -223,7 +223,8 @@ def summarise_remote(run: RunResult, info: ServerInfo, slo: SLO) -> PolicyReport
         math.nan, pct("tpot", 50), tpot99,
         ttft99 <= slo.ttft_limit and tpot99 <= slo.tpot_limit, dict(reads),
         max_over_avg(list(reads.values())) if reads else math.nan, math.nan, math.nan,
-        sum(t.cached for t in turns), math.nan, 0, list(run.errors))
+        sum(t.cached for t in turns), math.nan, 0, list(run.errors),
+        shared_cached_tokens=sum(t.cached for t in turns if t.turn == 0))
 
 
 def run_bench_remote(url: str, trajectories: Sequence[Trajectory], *,

@@ -59,6 +59,7 @@ from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg
 from dualpath_cli.sim.online import StopRule, check_online
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
 from dualpath_cli.sim.trace import AgentPlan
+from dualpath_cli.workload.stats import shared_chain
 
 __all__ = ["MAX_NODES", "SimSetup", "Simulation", "derive_thresholds"]
 
@@ -251,6 +252,13 @@ class Simulation:
         self.num_turns = [p.num_turns for p in self.plans]
         self.next_turn = [0] * n
         self.context = [0] * n
+        # a global KV store's view of shared prefixes (issue 14): each agent's chained
+        # shared-prefix keys, the keys some first turn has stored, and the hits counted
+        self._shared_chains = [shared_chain(p.shared) if p.shared else None
+                               for p in self.plans]
+        self._stored_shared: set[int] = set()
+        self.hit_tokens = 0
+        self.shared_hit_tokens = 0
         self.agent_start = [math.nan] * n
         self.agent_end = [math.nan] * n
         self.reqs: dict[int, Req] = {}
@@ -348,6 +356,11 @@ class Simulation:
             hit = (cached // bt) * bt
             append += cached - hit
             cached = hit
+        if k == 0 and self._shared_chains[agent] is not None:
+            shared = self._shared_hit(agent, append)
+            cached, append = shared, append - shared
+            self.shared_hit_tokens += shared
+        self.hit_tokens += cached
         rid = self.rid = self.rid + 1
         req = Req(rid, agent, k, cached, append, gen, self.loop.now)
         self.reqs[rid] = req
@@ -360,6 +373,21 @@ class Simulation:
                 grp.idle = False
                 self._wake(grp, kind)
             pe_idle.clear()
+
+    def _shared_hit(self, agent: int, append: int) -> int:
+        """First-turn tokens of ``agent``'s shared prefix that an earlier conversation has
+        stored (whole blocks when only whole blocks hit; one token is always computed)."""
+        chain = self._shared_chains[agent]
+        assert chain is not None
+        hit = 0
+        for key, (_, n) in zip(chain, self.plans[agent].shared, strict=True):
+            if key not in self._stored_shared:
+                break
+            hit += n
+        hit = min(hit, append - 1)
+        if self._full_blocks:
+            hit = (hit // self._block_tokens) * self._block_tokens
+        return max(0, hit)
 
     # ----------------------------------------------------------------- PE fetch
     def _pe_fetch(self, grp: Group) -> None:
@@ -645,6 +673,10 @@ class Simulation:
 
     def _prefill_finished(self, req: Req) -> None:
         now = self.loop.now
+        if req.turn == 0:  # its KV exists now: the shared prefix is in the store
+            chain = self._shared_chains[req.agent]
+            if chain is not None:
+                self._stored_shared.update(chain)
         req.t_first = now
         if self._ttfts is not None:
             self._ttfts.append(now - req.t_arrive)
@@ -918,6 +950,7 @@ class Simulation:
             pe_util=min(1.0, pe_util), de_util=min(1.0, de_util), dram_util=dram_util,
             dram_peak=dram_peak,
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
+            hit_tokens=self.hit_tokens, shared_hit_tokens=self.shared_hit_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
                    "snic_max_avg_bins": float(snic_bins),
                    **({"quota_s": float(self._quota),

@@ -162,6 +162,13 @@ class SimResult:
     dram_peak: float = math.nan  # the same in the busiest time bin (bin_s) of any node
     extra: dict[str, float] = field(default_factory=dict)
     snic_series: SnicSeries | None = None
+    hit_tokens: int = 0  # prompt tokens found in the store, own context and shared prefixes
+    shared_hit_tokens: int = 0  # ... of which another agent's shared prefix stored
+
+    @property
+    def cross_conversation_hit_share(self) -> float:
+        """Share of hit tokens that came from another conversation (0 when no hit)."""
+        return self.shared_hit_tokens / self.hit_tokens if self.hit_tokens else 0.0
 
     @property
     def steady(self) -> bool | None:
@@ -184,6 +191,8 @@ class SimResult:
             "dram_util": self.dram_util, "dram_peak": self.dram_peak,
             "read_tokens_pe_side": self.read_tokens_pe_side,
             "read_tokens_de_side": self.read_tokens_de_side,
+            "hit_tokens": self.hit_tokens, "shared_hit_tokens": self.shared_hit_tokens,
+            "cross_conversation_hit_share": self.cross_conversation_hit_share,
         }
         if self.mode == "online":
             out.update({

@@ -25,9 +25,11 @@ __all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_tr
 
 @dataclass(frozen=True, slots=True)
 class AgentPlan:
-    """One agent's replay: its turns in order."""
+    """One agent's replay: its turns in order, and the shared-prefix segments its first
+    turn opens with (``Trajectory.shared``; a global KV store hits them across agents)."""
 
     turns: tuple[Turn, ...]
+    shared: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_turns(self) -> int:
@@ -37,7 +39,8 @@ class AgentPlan:
 
 def plans_from_trajectories(trajectories: Sequence[Trajectory]) -> list[AgentPlan]:
     """Replay each trajectory as it is."""
-    plans = [AgentPlan(t.turns) for t in trajectories if t.turns]
+    plans = [AgentPlan(t.turns, t.shared if t.prefix_seed is None else ())
+             for t in trajectories if t.turns]
     if not plans:
         raise UsageError("the workload has no trajectory with turns")
     return plans

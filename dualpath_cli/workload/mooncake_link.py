@@ -17,7 +17,11 @@ The linking rule, exactly:
    with the same key: two conversations forked from one prompt) go to the most recent.
    Otherwise ``R`` starts a new trajectory. A shared system prompt therefore links nothing
    by itself: ``R`` must extend the previous request's *whole* prefix.
-4. Turn ``i`` of a trajectory appends ``input_length_i - (input_length_{i-1} +
+4. A trajectory's first request opens with ``shared`` segments, one per leading full block
+   whose id also opens another trajectory's first request (``[hash_id, 512]``): those
+   ids mean the same tokens in both (a shared system prompt), so the replay sends the same
+   token ids and a content-addressed store hits them across conversations.
+5. Turn ``i`` of a trajectory appends ``input_length_i - (input_length_{i-1} +
    output_length_{i-1})`` tokens (at least 1: a request that dropped some of the previous
    answer is counted as appending one token) and generates ``output_length_i``
    (at least 1, as a turn must).
@@ -32,10 +36,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from dualpath_cli.workload.mooncake import MOONCAKE_BLOCK_TOKENS, MooncakeRequest
+from dualpath_cli.workload.tokens import MAX_SEED
 from dualpath_cli.workload.trace_format import Trace, TraceHeader
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-__all__ = ["LinkCounts", "link_requests", "read_agent_trace", "LINK_RULE"]
+__all__ = ["LinkCounts", "link_requests", "read_agent_trace", "hit_split", "LINK_RULE"]
 
 LINK_RULE = ("a request continues the conversation whose last request's full-block prefix "
              "(its last full 512-token block id) it starts with and whose input it extends; "
@@ -54,6 +59,8 @@ class LinkCounts:
     clamped_appends: int   # turns whose computed append was < 1
     zero_outputs: int      # requests with output_length 0 (generate 1)
     max_len: int
+    shared_prefix_trajectories: int = 0  # trajectories opening with a shared prefix
+    shared_prefix_tokens: int = 0        # tokens of those prefixes, summed
 
     def to_dict(self) -> dict[str, int]:
         """Plain form (``--json``)."""
@@ -63,6 +70,52 @@ class LinkCounts:
 def link_requests(requests: Sequence[MooncakeRequest], source: str = "mooncake"
                   ) -> tuple[Trace, LinkCounts]:
     """Agent trajectories from Mooncake requests by the module's linking rule."""
+    chains, linked = _chains(requests)
+    trajectories = []
+    clamped = zero = 0
+    longest = 1
+    opening: dict[int, int] = {}  # full-block id -> first requests it opens
+    for c in chains:
+        for h in set(_full_ids(c[0])):
+            opening[h] = opening.get(h, 0) + 1
+    with_shared = shared_tokens = 0
+    for agent, requests_of in enumerate(chains):
+        turns = []
+        ctx = 0
+        for r in requests_of:
+            append = r.input_length - ctx
+            if append < 1:
+                clamped += 1
+                append = 1
+            gen = r.output_length
+            if gen < 1:
+                zero += 1
+                gen = 1
+            turns.append(Turn(append, gen))
+            ctx += append + gen
+        longest = max(longest, ctx)
+        shared: list[tuple[int, int]] = []
+        for h in _full_ids(requests_of[0]):
+            if opening.get(h, 0) < 2:
+                break
+            shared.append((h % (MAX_SEED + 1), MOONCAKE_BLOCK_TOKENS))
+        if shared:
+            with_shared += 1
+            shared_tokens += len(shared) * MOONCAKE_BLOCK_TOKENS
+        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent,
+                                       shared=tuple(shared)))
+    header = TraceHeader(max_len=longest, generator={
+        "from": f"dualpath trace convert {source}", "rule": LINK_RULE})
+    counts = LinkCounts(len(requests), len(chains), linked,
+                        sum(1 for c in chains if len(c) == 1),
+                        max((len(c) for c in chains), default=0), clamped, zero, longest,
+                        with_shared, shared_tokens)
+    return Trace(header, tuple(trajectories)), counts
+
+
+def _chains(requests: Sequence[MooncakeRequest]) -> tuple[list[list[MooncakeRequest]], int]:
+    """The conversations (requests in order) by the linking rule, and how many requests
+    continued one."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
     chains: list[list[MooncakeRequest]] = []
     open_by_key: dict[int, int] = {}  # context key -> index of the chain ending with it
@@ -88,31 +141,30 @@ def link_requests(requests: Sequence[MooncakeRequest], source: str = "mooncake"
         key = _key(r)
         if key is not None:
             open_by_key[key] = chain  # the most recent wins a tie
-    trajectories = []
-    clamped = zero = 0
-    longest = 1
-    for agent, requests_of in enumerate(chains):
-        turns = []
-        ctx = 0
-        for r in requests_of:
-            append = r.input_length - ctx
-            if append < 1:
-                clamped += 1
-                append = 1
-            gen = r.output_length
-            if gen < 1:
-                zero += 1
-                gen = 1
-            turns.append(Turn(append, gen))
-            ctx += append + gen
-        longest = max(longest, ctx)
-        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent))
-    header = TraceHeader(max_len=longest, generator={
-        "from": f"dualpath trace convert {source}", "rule": LINK_RULE})
-    counts = LinkCounts(len(requests), len(chains), linked,
-                        sum(1 for c in chains if len(c) == 1),
-                        max((len(c) for c in chains), default=0), clamped, zero, longest)
-    return Trace(header, tuple(trajectories)), counts
+    return chains, linked
+
+
+def hit_split(requests: Sequence[MooncakeRequest]) -> tuple[int, int]:
+    """Hit tokens of an unbounded prefix cache (``mooncake.prefix_hits``) and how many of
+    them are cross-conversation: beyond the full blocks of the previous request of the
+    request's own conversation (a shared system prompt, a fork of another one)."""
+    from dualpath_cli.workload.mooncake import prefix_hits
+
+    hits = prefix_hits(requests)
+    hit_of = {id(r): h for r, h in zip(requests, hits, strict=True)}
+    cross = 0
+    for chain in _chains(requests)[0]:
+        own = 0
+        for r in chain:
+            h = hit_of[id(r)]
+            cross += max(0, h - own)
+            own = len(_full_ids(r)) * MOONCAKE_BLOCK_TOKENS
+    return sum(hits), cross
+
+
+def _full_ids(r: MooncakeRequest) -> tuple[int, ...]:
+    """The ids of the request's full 512-token blocks."""
+    return r.hash_ids[:min(r.input_length // MOONCAKE_BLOCK_TOKENS, len(r.hash_ids))]
 
 
 def _key(r: MooncakeRequest) -> int | None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["TraceStats", "trace_stats"]
+__all__ = ["TraceStats", "trace_stats", "shared_chain", "shared_hits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,12 @@ class TraceStats:
         dispersion: ``turns x (append + gen) / total`` (1 when turn count and size unrelated).
         turn_size_corr: Pearson correlation of a trajectory's turn count and mean turn size.
         turn_size_rank_corr: Spearman rank correlation of the same.
-        hit_ratio: token-weighted prefix hit ratio of a replay, sum(context) / sum(prompt).
+        hit_ratio: token-weighted prefix hit ratio of a replay as a global KV store sees it,
+            (sum(context) + shared_hit_tokens) / sum(prompt).
+        shared_hit_tokens: first-turn tokens found in the store because an earlier
+            trajectory (in file order) opened with the same shared prefix (at least one
+            token of a prompt is always computed).
+        cross_conversation_hit_share: shared_hit_tokens over all hit tokens (0 when none).
     """
 
     agents: int
@@ -59,6 +64,8 @@ class TraceStats:
     turn_size_corr: float
     turn_size_rank_corr: float
     hit_ratio: float
+    shared_hit_tokens: int = 0
+    cross_conversation_hit_share: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """All fields as a plain dict (the ``--json`` keys)."""
@@ -82,6 +89,8 @@ def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
     size = total / n
     turns_sum = float(n.sum())
     prompts = ctx_sum.sum() + append.sum()
+    shared = shared_hits(trajs)
+    hits = float(ctx_sum.sum()) + sum(shared)
     mean_size = float((append / n).mean() + (gen / n).mean())
     return TraceStats(
         agents=len(trajs),
@@ -99,8 +108,42 @@ def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
         dispersion=float(n.mean() * mean_size / total.mean()),
         turn_size_corr=_corr(n, size),
         turn_size_rank_corr=_corr(_ranks(n), _ranks(size)),
-        hit_ratio=float(ctx_sum.sum() / prompts) if prompts else 0.0,
+        hit_ratio=float(hits / prompts) if prompts else 0.0,
+        shared_hit_tokens=int(sum(shared)),
+        cross_conversation_hit_share=float(sum(shared) / hits) if hits else 0.0,
     )
+
+
+def shared_chain(shared: Sequence[tuple[int, int]]) -> list[int]:
+    """Chained keys of shared-prefix segments: key ``j`` names segments ``0..j`` (two
+    trajectories share it only if they share every segment up to ``j``)."""
+    keys: list[int] = []
+    key = 0
+    for seg in shared:
+        key = hash((key, seg))
+        keys.append(key)
+    return keys
+
+
+def shared_hits(trajectories: Sequence[Trajectory]) -> list[int]:
+    """First-turn shared-prefix hit tokens of each trajectory, taken in order against an
+    unbounded store that holds every earlier trajectory's shared prefix (a global KV store:
+    a system prompt every conversation sends is a hit from the second one on)."""
+    stored: set[int] = set()
+    out: list[int] = []
+    for t in trajectories:
+        if not t.shared or t.prefix_seed is not None or not t.turns:
+            out.append(0)
+            continue
+        chain = shared_chain(t.shared)
+        hit = 0
+        for key, (_, n) in zip(chain, t.shared, strict=True):
+            if key not in stored:
+                break
+            hit += n
+        out.append(min(hit, t.turns[0].append - 1))
+        stored.update(chain)
+    return out
 
 
 def _corr(x: np.ndarray, y: np.ndarray) -> float:

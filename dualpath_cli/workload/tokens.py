@@ -10,9 +10,16 @@ trajectory several times. An augmented first round uses ``(prefix_seed, 0)``: it
 agent, and because prefix-hash keys chain over the whole prefix (each block's key includes its
 parent's), every later block key differs too. Generated tokens get their own stream; a runtime
 that samples from a real model may use the model's tokens instead.
+
+Shared prefixes: a trajectory's ``shared`` segments ``(seed, tokens)`` open its first turn
+with ids keyed by the segment alone, ``(seed, tokens)`` on a stream of their own, so every
+trajectory that starts with the same segments sends the same ids (a shared system prompt)
+and a content-addressed store finds one conversation's blocks for another.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,6 +32,7 @@ __all__ = [
     "append_token_ids",
     "gen_token_ids",
     "prompt_token_ids",
+    "shared_prefix_ids",
     "distinct_seeds",
 ]
 
@@ -32,7 +40,7 @@ DEFAULT_VOCAB = 32_000
 MAX_SEED = 2**63 - 1
 """Largest seed a trace may carry (seeds fit a signed 64-bit integer)."""
 
-_APPEND, _GEN = 0, 1
+_APPEND, _GEN, _SHARED = 0, 1, 2
 
 
 def seeded_ids(seed: int, index: int, stream: int, length: int,
@@ -55,9 +63,22 @@ def _key(traj: Trajectory, i: int) -> tuple[int, int]:
     return traj.token_seed, i - 1
 
 
+def shared_prefix_ids(segments: Sequence[tuple[int, int]],
+                      vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """Ids of shared-prefix segments: segment ``(seed, n)`` is ``n`` ids keyed by
+    ``(seed, n)`` alone, so equal segments are equal ids in any trajectory."""
+    parts = [seeded_ids(seed, n, _SHARED, n, vocab_size) for seed, n in segments]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
 def append_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
-    """Ids of the tokens turn ``i`` appends (length ``turns[i].append``)."""
+    """Ids of the tokens turn ``i`` appends (length ``turns[i].append``); a first turn
+    starts with the trajectory's shared prefix, if it has one (not an augmented one)."""
     seed, index = _key(traj, i)
+    if i == 0 and traj.shared and traj.prefix_seed is None:
+        head = shared_prefix_ids(traj.shared, vocab_size)
+        tail = seeded_ids(seed, index, _APPEND, traj.turns[i].append - len(head), vocab_size)
+        return np.concatenate([head, tail])
     return seeded_ids(seed, index, _APPEND, traj.turns[i].append, vocab_size)
 
 

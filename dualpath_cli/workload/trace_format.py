@@ -5,6 +5,7 @@ Layout (docs/trace-format.md is the reference)::
     {"format": "dualpath-trace", "version": 1, "max_len": 64000, "generator": {...}}
     {"agent_id": 0, "token_seed": 123, "turns": [[A_1, g_1], [A_2, g_2], ...]}
     {"agent_id": 1, "token_seed": 456, "prefix_seed": 789, "source": 17, "turns": [...]}
+    {"agent_id": 2, "token_seed": 457, "shared": [[42, 2048]], "turns": [...]}
 
 Decoding raises :class:`~dualpath_cli.errors.TraceError` with ``SOURCE:LINE: reason`` for the
 first bad line. File access lives in ``trace_io``; this module only sees strings.
@@ -35,7 +36,7 @@ FORMAT_VERSION = 1
 
 _HEADER_KEYS = {"format", "version", "max_len", "generator"}
 _REQUIRED = ("agent_id", "token_seed", "turns")
-_OPTIONAL = ("prefix_seed", "source")
+_OPTIONAL = ("prefix_seed", "source", "shared")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ def encode_lines(trace: Trace) -> Iterator[str]:
             record["prefix_seed"] = traj.prefix_seed
         if traj.source is not None:
             record["source"] = traj.source
+        if traj.shared:
+            record["shared"] = [[seed, n] for seed, n in traj.shared]
         record["turns"] = [[t.append, t.gen] for t in traj.turns]
         yield json.dumps(record, separators=(",", ":"))
 
@@ -158,12 +161,38 @@ def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
     if src is not None:
         src = _bounded(src, "source", where, 0, MAX_SEED)
     turns = _turns(obj["turns"], where)
+    shared = _shared(obj.get("shared"), where, prefix_seed is not None, turns[0].append)
     traj = Trajectory(agent_id, turns, token_seed=token_seed, prefix_seed=prefix_seed,
-                      source=src)
+                      source=src, shared=shared)
     if traj.total > max_len:
         raise TraceError(f"{where}: agent {agent_id}: total {traj.total} tokens exceeds "
                          f"max_len {max_len}")
     return traj
+
+
+def _shared(value: object, where: str, augmented: bool, first_append: int
+            ) -> tuple[tuple[int, int], ...]:
+    """The optional shared-prefix segments ``[[seed, tokens], ...]`` of the first turn."""
+    if value is None:
+        return ()
+    if augmented:
+        raise TraceError(f"{where}: 'shared' with 'prefix_seed': an augmented trajectory's "
+                         "first round is synthetic and has no shared prefix")
+    if not isinstance(value, list) or not value:
+        raise TraceError(f"{where}: field 'shared' must be a non-empty list of [seed, tokens]")
+    out: list[tuple[int, int]] = []
+    for i, seg in enumerate(value, start=1):
+        if not isinstance(seg, list) or len(seg) != 2:
+            raise TraceError(f"{where}: shared segment {i}: expected [seed, tokens], "
+                             f"got {seg!r}")
+        seed = _bounded(seg[0], "shared seed", where, 0, MAX_SEED)
+        n = _bounded(seg[1], "shared tokens", where, 1, MAX_SEED)
+        out.append((seed, n))
+    total = sum(n for _, n in out)
+    if total > first_append:
+        raise TraceError(f"{where}: the shared prefix ({total} tokens) is longer than the "
+                         f"first turn's append ({first_append})")
+    return tuple(out)
 
 
 def _bounded(value: object, name: str, where: str, low: int, high: int) -> int:

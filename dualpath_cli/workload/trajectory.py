@@ -42,6 +42,10 @@ class Trajectory:
         prefix_seed: set when round 1 is a synthetic augmentation round; seeds that round's
             token ids so every augmented agent's prefix (hence every prefix-hash key) differs.
         source: index of the base trajectory this one was augmented from, if any.
+        shared: the first turn's append starts with these shared-prefix segments
+            ``(seed, tokens)``, whose token ids depend on the segment alone
+            (``workload.tokens.shared_prefix_ids``): a system prompt that other
+            conversations send too, so a global KV store hits it across conversations.
     """
 
     agent_id: int
@@ -49,11 +53,24 @@ class Trajectory:
     token_seed: int = 0
     prefix_seed: int | None = None
     source: int | None = None
+    shared: tuple[tuple[int, int], ...] = ()
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sizes = [t.append + t.gen for t in self.turns]
         object.__setattr__(self, "_starts", tuple(accumulate(sizes, initial=0)))
+        if self.shared:
+            if any(n < 1 for _, n in self.shared):
+                raise ValueError("shared-prefix segments hold at least one token each")
+            if not self.turns or self.shared_tokens > self.turns[0].append:
+                raise ValueError(f"agent {self.agent_id}: the shared prefix "
+                                 f"({self.shared_tokens} tokens) is longer than the first "
+                                 "turn's append")
+
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens of the shared prefix at the start of the first turn (0: none)."""
+        return sum(n for _, n in self.shared)
 
     @property
     def num_turns(self) -> int:
@@ -123,6 +140,20 @@ def truncate(traj: Trajectory, max_len: int) -> Trajectory:
             append = min(turn.append, room - 1)
             kept.append(Turn(append, min(turn.gen, room - append)))
         break
+    shared = _clip_shared(traj.shared, kept[0].append if kept else 0)
     return Trajectory(traj.agent_id, tuple(kept), traj.token_seed, traj.prefix_seed,
-                      traj.source)
+                      traj.source, shared)
+
+
+def _clip_shared(shared: tuple[tuple[int, int], ...], room: int
+                 ) -> tuple[tuple[int, int], ...]:
+    """The whole segments of ``shared`` that fit in ``room`` tokens (a cut segment would
+    hold other ids than the whole one: it is dropped, and so is everything after it)."""
+    out: list[tuple[int, int]] = []
+    for seed, n in shared:
+        if n > room:
+            break
+        out.append((seed, n))
+        room -= n
+    return tuple(out)
 
