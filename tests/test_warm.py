@@ -3,9 +3,16 @@ prefix then hits DRAM where a cold one reads the store, and bad template files a
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
+from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.storage import MemoryStore, StorageLoader, encode_block
 from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.storage.warm import Warmer
@@ -114,3 +121,166 @@ def test_stop_ends_a_warm_up_early() -> None:
         warmer.stop()  # interrupts the limiter's wait (a minute) at once
         progress = warmer.wait(10)
     assert progress.state == "stopped" and progress.done < len(keys)
+
+
+# -- templates files -------------------------------------------------------------------------
+def test_templates_files_in_yaml_and_json(tmp_path: Path) -> None:
+    from dualpath_cli.services.warm import load_templates
+
+    y = tmp_path / "t.yaml"
+    y.write_text("templates:\n  - name: sys\n    text: hi there\n"
+                 "  - name: ids\n    tokens: [1, 2, 3]\n  - name: trace\n    shared: [[42, 20]]\n")
+    got = load_templates(y)
+    assert [t.name for t in got] == ["sys", "ids", "trace"]
+    assert got[0].tokens == tuple(b"hi there") and got[1].tokens == (1, 2, 3)
+    assert len(got[2].tokens) == 20
+    j = tmp_path / "t.json"
+    j.write_text(json.dumps([{"name": "ids", "tokens": [4, 5]}]))
+    assert load_templates(j)[0].tokens == (4, 5)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("", "expected a non-empty list"),
+    ("templates: 3\n", "expected a non-empty list"),
+    ("- {name: a}\n", "give exactly one of tokens, text, shared"),
+    ("- {name: a, tokens: [1], text: x}\n", "got tokens, text"),
+    ("- {name: a, tokens: [1, 300]}\n", "token id 300 is not an integer in"),
+    ("- {name: a, tokens: [1]}\n- {name: a, text: b}\n", "duplicate name 'a'"),
+    ("- {name: a, shared: [[1]]}\n", "expected \\[seed, tokens\\]"),
+    ("- {name: a, tokenz: [1]}\n", "unknown key 'tokenz'"),
+    ("- [1, 2]\n", "expected a mapping"),
+    ("templates: [\n", "invalid YAML"),
+    ("version: 2\ntemplates: []\n", "unsupported version 2"),
+])
+def test_bad_templates_files_are_refused_in_one_line(tmp_path: Path, text: str,
+                                                     why: str) -> None:
+    from dualpath_cli.services.warm import TemplateError, load_templates
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(TemplateError, match=why) as err:
+        load_templates(path)
+    assert "\n" not in str(err.value) and str(err.value).startswith(str(path))
+
+
+def test_the_cli_refuses_a_bad_templates_file(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_cli.cli.app import main
+
+    (tmp_path / "store" / "blocks").mkdir(parents=True)
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"name": "x", "tokens": [1, 2,]}]')
+    assert main(["storage", "warm", str(tmp_path / "store"), "--templates", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json:1: invalid JSON" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_rates_are_a_share_of_the_nic_or_a_bandwidth() -> None:
+    from dualpath_cli.errors import UsageError
+    from dualpath_cli.services.warm import parse_rate
+
+    assert parse_rate(None, 1e9) == pytest.approx(1e8)  # 10% by default
+    assert parse_rate("25%", 1e9) == pytest.approx(2.5e8)
+    assert parse_rate("200MB/s", 0.0) == pytest.approx(2e8)
+    for bad, snic in (("10%", 0.0), ("0%", 1e9), ("0MB/s", 1e9), ("fast", 1e9)):
+        with pytest.raises(UsageError):
+            parse_rate(bad, snic)
+
+
+def test_the_plan_walks_the_stored_prefix_and_shares_blocks() -> None:
+    from dualpath_cli.services.warm import Template, plan_warm
+
+    tokens = list(range(16 * 6))
+    store, keys = _store(tokens[:16 * 4])  # 4 of the 6 blocks stored
+    plan = plan_warm([Template("a", tuple(tokens)), Template("b", tuple(tokens[:16 * 3]))],
+                     NS, store.contains, BLOCK)
+    assert plan.keys == keys and plan.nbytes == 4 * BLOCK
+    assert [(t.blocks, t.stored, t.shared) for t in plan.templates] == [(6, 4, 0), (3, 3, 3)]
+    assert any("holds 4 of its 6 blocks" in n for n in plan.notes)
+    cut = plan_warm([Template("a", tuple(tokens))], NS, store.contains, BLOCK, 3 * BLOCK)
+    assert cut.keys == keys[:3] and cut.dropped == 1
+
+
+# -- live: the engines' DRAM caches, through the API --------------------------------------
+def _tier_counts(live: LiveCluster, name: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for report in live.system.metrics(fresh=True, timeout=10).values():
+        for row in (report.get("metrics") or {}).get(name, []):
+            tier = row["labels"].get("tier", "")
+            out[tier] = out.get(tier, 0.0) + row["value"]
+    return out
+
+
+def _serve(live: LiveCluster, prompt: list[int]) -> int:
+    ticket = live.submit(prompt, 2, None)
+    result = ticket.wait(60)
+    live.done(ticket)
+    return int(result.cached)
+
+
+def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
+    from dualpath_cli.api.app import create_app
+    from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.api.client import DualPathClient
+    from dualpath_cli.api.errors import Rejected, Unauthorized
+    from dualpath_cli.api.server import ServerThread
+    from dualpath_cli.runtime.options import RuntimeOptions
+
+    template = [(i * 7) % 250 + 1 for i in range(40)]  # 5 blocks of 8 tokens
+    opts = dict(block_tokens=8, store_dir=tmp_path / "store", dram_cache_bytes=8 << 20,
+                heartbeat_timeout=30.0, flops_rate=1e9)
+
+    def cluster() -> LiveCluster:
+        live = LiveCluster(RuntimeOptions(**opts))  # type: ignore[arg-type]
+        live.start()
+        return live
+
+    live = cluster()  # serve the template once: its blocks are stored
+    try:
+        _serve(live, template + [3, 4, 5])
+        ns, store = live.system.namespace, live.system.store
+        keys = prefix_keys(template, ns)
+        deadline = time.monotonic() + 30
+        while not all(store.contains(k) for k in keys):  # the DE persists after the turn
+            assert time.monotonic() < deadline, "the template's blocks were not stored"
+            threading.Event().wait(0.05)
+    finally:
+        live.drain(10)
+
+    live = cluster()  # a cold restart: the first turn reads the store
+    try:
+        before = _tier_counts(live, "dualpath_storage_cache_hits_total")
+        assert _serve(live, template + [9, 9, 9]) == 40
+        after = _tier_counts(live, "dualpath_storage_cache_hits_total")
+        assert after.get("dram", 0) - before.get("dram", 0) == 0
+        assert after.get("store", 0) - before.get("store", 0) >= 5
+    finally:
+        live.drain(10)
+
+    live = cluster()  # a restart, then a warm-up through the API
+    auth = TokenAuth.generate(tmp_path / "token")
+    try:
+        with ServerThread(create_app(live, auth)) as server:
+            with DualPathClient(server.url, None, timeout=20) as anon:
+                with pytest.raises(Unauthorized):
+                    anon.warm([{"name": "sys", "tokens": template}], rate="1GB/s")
+            with DualPathClient(server.url, auth.token, timeout=20) as client:
+                with pytest.raises(Rejected, match="token id 999"):
+                    client.warm([{"name": "sys", "tokens": [999]}], rate="1GB/s")
+                started = client.warm([{"name": "sys", "tokens": template}], rate="1GB/s")
+                assert started["plan"]["blocks"] == 5 and len(started["engines"]) == 3
+                deadline = time.monotonic() + 30
+                while not (status := client.warm_status())["progress"]["done"]:
+                    assert time.monotonic() < deadline, status
+                    threading.Event().wait(0.05)
+                assert status["progress"]["bytes"] == 3 * 5 * file_nbytes(
+                    ns.shape.full_nbytes)  # every engine read the 5 blocks once
+                assert any(a.action == "warm" for a in live.audit)
+        before = _tier_counts(live, "dualpath_storage_cache_hits_total")
+        assert _serve(live, template + [7, 7, 7]) == 40
+        after = _tier_counts(live, "dualpath_storage_cache_hits_total")
+        assert after.get("dram", 0) - before.get("dram", 0) >= 5  # every template block
+        assert after.get("store", 0) - before.get("store", 0) == 0
+    finally:
+        live.drain(10)

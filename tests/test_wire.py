@@ -26,6 +26,7 @@ from dualpath_cli.runtime.wire import (
     ReadFailed,
     SetQuota,
     Stop,
+    Warm,
     WireError,
     WireMessage,
     decode,
@@ -58,12 +59,13 @@ SAMPLES: list[WireMessage] = [
     PrefillDone(9, 1, 77),
     Fault("hot_blocks", node=1, rate=20.0, count=0, blocks=("ab" * 16, "cd" * 16)),
     Compact(2),
+    Warm(("ab" * 16, "cd" * 16), 1e6),
 ]
 
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 17
+    assert len(KINDS) == 18
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)

@@ -401,6 +401,9 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
     joins = _optional_module("dualpath_cli.api.join_routes")
     if joins is not None:  # nodes joining with --join (token always required)
         app.include_router(joins.router(live))
+    warm = _optional_module("dualpath_cli.api.warm_routes")
+    if warm is not None:  # warm-up of the engines' DRAM caches (token to start or stop)
+        app.include_router(warm.router(live))
 
     @app.exception_handler(AuthError)
     async def _auth(_request: Request, err: AuthError) -> JSONResponse:

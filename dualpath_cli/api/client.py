@@ -257,6 +257,25 @@ class DualPathClient:
         new hold its fragmentation, largest free run and free blocks around it."""
         return audit_from_dict(self._json("POST", f"/api/v1/engines/{int(engine_id)}/compact"))
 
+    def warm(self, templates: list[dict[str, Any]], rate: str | None = None,
+             role: str = "all") -> dict[str, Any]:
+        """Start warming the engines' DRAM caches with ``templates`` (token required): the
+        plan (blocks per template), the cap in bytes/s and the engines sent to.
+
+        Raises:
+            Unauthorized / Forbidden: no token or a wrong one.
+            Rejected: a bad template, rate or role, or engines without a DRAM cache.
+        """
+        body: dict[str, Any] = {"templates": list(templates), "role": role}
+        if rate is not None:
+            body["rate"] = rate
+        return dict(self._json("POST", "/api/v1/storage/warm", json=body))
+
+    def warm_status(self) -> dict[str, Any]:
+        """The last warm-up's plan and its progress on the engines (``progress``: bytes,
+        blocks_remaining, done)."""
+        return dict(self._json("GET", "/api/v1/storage/warm"))
+
 
 def _reason(err: Exception) -> str:
     text = str(err).strip().splitlines()

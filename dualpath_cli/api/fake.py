@@ -225,6 +225,21 @@ class FakeClient:
         self.faults = list(by_key.values())
         return self._audit_faults(old)
 
+    def warm(self, templates: list[dict[str, Any]], rate: str | None = None,
+             role: str = "all") -> dict[str, Any]:
+        """Check the token; a warm-up that is done at once (nothing to read here)."""
+        self._call("warm")
+        self._check_token("/api/v1/storage/warm")
+        self.warmed = {"templates": [t.get("name") for t in templates], "rate": rate,
+                       "role": role}
+        return {"seq": 1, **self.warmed, "engines": []}
+
+    def warm_status(self) -> dict[str, Any]:
+        """The last warm-up (none: an empty plan), always done."""
+        self._call("warm_status")
+        return {**getattr(self, "warmed", {}),
+                "progress": {"bytes": 0, "blocks_remaining": 0, "engines": {}, "done": True}}
+
     def clear_faults(self) -> AuditEntry:
         """Check the token; forget every injected fault."""
         self._call("clear_faults")

@@ -20,6 +20,8 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from dualpath_cli.runtime.options import RuntimeOptions
+    from dualpath_cli.services.warm import Template
     from dualpath_cli.storage import PosixStore
 
 # storage/ (numpy) and rich.progress are imported inside the commands so that
@@ -236,3 +238,154 @@ def gc(
     stdout.print(f"evicted {report.evicted_blocks} blocks ({format_bytes(report.evicted_bytes)}"
                  f"), removed {report.temp_files} temp files and {report.quarantine_files} "
                  "quarantined blocks", highlight=False)
+
+
+@app.command()
+def warm(
+    root: Path | None = typer.Argument(
+        None, help="Store directory to warm offline; without it, the running cluster's "
+        "engines are warmed through the API."),
+    templates: Path = typer.Option(..., "--templates", help="Templates file (YAML or JSON; "
+                                   "docs/warmup.md): named prompts by tokens, text or shared."),
+    rate: str | None = typer.Option(
+        None, "--rate", help="The warm-up's cap per node: a share of its storage NIC or a "
+        "bandwidth (200MB/s, 1Gbps). [default: 10%]"),
+    role: str = typer.Option("all", "--role", help="Engines to warm (live): all, prefill "
+                             "or decode."),
+    cache: str | None = typer.Option(
+        None, "--cache", help="Offline: the DRAM cache to fill (the plan is cut to it) "
+        "[default: the whole plan]."),
+    wait: bool = typer.Option(False, "--wait", help="Live: wait until the engines are done, "
+                              "showing progress."),
+    timeout: str = typer.Option("10m", "--timeout", help="Live, with --wait: give up after "
+                                "this long."),
+    url: str | None = typer.Option(None, "--url", help="API of the cluster (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    preset: str | None = typer.Option(None, "--preset", help="Offline: config preset (model "
+                                      "and block size of the keys, the NIC of --rate %)."),
+    config: Path | None = typer.Option(None, "-c", "--config", help="Offline: config file."),
+    overrides: list[str] = typer.Option([], "--set", help="Offline: override one config key."),
+    json_out: bool = _JSON,
+) -> None:
+    """Warm the loaders' DRAM caches with the KV of common prompt prefixes (cold start).
+
+    Progressive and rate-limited: one small chunk of reads at a time at prefetch priority,
+    under --rate, so serving keeps the rest of the storage NIC. Live, the engines report
+    progress in GET /api/v1/storage/warm and /metrics (dualpath_storage_warm_bytes_total,
+    dualpath_storage_warm_blocks_remaining; dualpath-monitor --metric warm). Offline, the
+    templates' stored blocks are read and verified through a loader at the cap.
+    """
+    from dualpath_cli.services.warm import load_templates
+
+    if role not in ("all", "prefill", "decode"):
+        raise UsageError(f"--role {role!r}: expected all, prefill or decode")
+    if root is None:
+        given = {"--cache": cache, "--preset": preset, "--config": config,
+                 "--set": overrides}
+        used = [k for k, v in given.items() if v]
+        if used:
+            raise UsageError(f"{used[0]} applies to an offline warm-up (give a store "
+                             "directory); a live one uses the cluster's own settings")
+        _warm_live(templates, rate, role, wait, timeout, url, json_out)
+        return
+    store = _open(root)
+    from dualpath_cli.config import load_config
+    from dualpath_cli.runtime.model import model_config
+    from dualpath_cli.runtime.options import options_from_config
+
+    opts = options_from_config(load_config(preset=preset, config_file=config,
+                                           overrides=overrides))
+    items = load_templates(templates, model_config(opts.model).vocab_size)
+    _warm_offline(store, items, opts, rate, cache, json_out)
+
+
+def _warm_offline(store: PosixStore, items: list[Template], opts: RuntimeOptions,
+                  rate: str | None, cache: str | None, json_out: bool) -> None:
+    from dualpath_cli.core.layout import BlockShape, Namespace
+    from dualpath_cli.runtime.model import model_config
+    from dualpath_cli.services.warm import parse_rate, plan_warm, warm_store
+    from dualpath_cli.storage.header import file_nbytes
+    from dualpath_cli.units import format_bandwidth
+
+    cfg = model_config(opts.model)
+    shape = BlockShape(cfg.n_layers, opts.block_tokens, cfg.kv_bytes_per_token_layer)
+    ns = Namespace(opts.model, "layer_major", shape, opts.codec)
+    block = file_nbytes(shape.full_nbytes)
+    cap = parse_rate(rate, float(opts.snic_bw or 0.0))
+    plan = plan_warm(items, ns, store.contains, block,
+                     parse_bytes(cache) if cache is not None else None)
+    for note in plan.notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+    result = warm_store(store, plan, cap, plan.nbytes or block)
+    achieved = result.bytes / result.elapsed_s if result.elapsed_s > 0 else 0.0
+    if json_out:
+        emit_json({"mode": "offline", "plan": plan.to_dict(), "rate_bps": cap,
+                   "result": result.to_dict(), "achieved_bps": achieved})
+        return
+    table = Table(title=f"warm-up of {store.root}: {len(plan.keys)} blocks "
+                  f"({format_bytes(plan.nbytes)}) at most {format_bandwidth(cap)}",
+                  title_justify="left")
+    for col in ("template", "tokens", "blocks", "stored", "shared"):
+        table.add_column(col, justify="left" if col == "template" else "right")
+    for t in plan.templates:
+        table.add_row(t.name, f"{t.tokens:,}", str(t.blocks), str(t.stored), str(t.shared))
+    stdout.print(table)
+    stdout.print(f"{result.read} blocks read ({format_bytes(result.bytes)}), {result.cached} "
+                 f"already cached, {result.missing} missing, in {result.elapsed_s:.2f} s "
+                 f"({format_bandwidth(achieved)}, cap {format_bandwidth(cap)})",
+                 highlight=False, soft_wrap=True)
+
+
+def _warm_live(path: Path, rate: str | None, role: str, wait: bool, timeout: str,
+               url: str | None, json_out: bool) -> None:
+    import time
+
+    from dualpath_cli.cli.source import connect, resolve
+    from dualpath_cli.services.warm import load_templates
+    from dualpath_cli.units import format_bandwidth, parse_duration
+
+    limit = parse_duration(timeout)
+    items = load_templates(path)  # refused here, in one line, before the cluster is asked
+    resolve(url).require_token("storage warm")
+    body = [{"name": t.name, "tokens": list(t.tokens)} for t in items]
+    with connect(url, timeout=30.0) as client:
+        started = client.warm(body, rate=rate, role=role)
+        plan = started.get("plan", {})
+        if not json_out:
+            for note in plan.get("notes", []):
+                stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+            stderr.print(f"warming {plan.get('blocks', 0)} blocks "
+                         f"({format_bytes(plan.get('bytes', 0))}) on "
+                         f"{len(started.get('engines', []))} engines at most "
+                         f"{format_bandwidth(started.get('rate_bps', 0.0))} per node",
+                         highlight=False, soft_wrap=True)
+        status = started
+        if wait:
+            deadline = time.monotonic() + limit
+            while True:
+                status = client.warm_status()
+                progress = status.get("progress", {})
+                if progress.get("done"):
+                    break
+                if time.monotonic() >= deadline:
+                    raise UsageError(f"the warm-up is still running after {timeout} "
+                                     f"({progress.get('blocks_remaining')} blocks to go); "
+                                     "GET /api/v1/storage/warm follows it")
+                if not json_out:
+                    stderr.print(f"  {progress.get('blocks_remaining')} blocks to go, "
+                                 f"{format_bytes(progress.get('bytes', 0))} read",
+                                 highlight=False)
+                _pause(0.5)
+    if json_out:
+        emit_json({"mode": "live", **started, **({"status": status} if wait else {})})
+    elif wait:
+        progress = status.get("progress", {})
+        stdout.print(f"warm-up done: {format_bytes(progress.get('bytes', 0))} read into the "
+                     "engines' DRAM caches", highlight=False)
+
+
+def _pause(seconds: float) -> None:
+    """Pause between progress polls (an interruptible wait, not a busy loop)."""
+    import threading
+
+    threading.Event().wait(seconds)

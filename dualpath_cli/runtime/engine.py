@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
 from dualpath_cli.runtime.faults import Fault, FaultInjector
@@ -36,6 +37,8 @@ from dualpath_cli.runtime.wire import (
     WireError,
     decode,
 )
+from dualpath_cli.storage.header import file_nbytes
+from dualpath_cli.storage.warm import Warm, Warmer
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer.base import Fabric
 
@@ -54,6 +57,7 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
     worker: PrefillWorker | DecodeWorker
     worker = PrefillWorker(ctx) if spec.role == "prefill" else DecodeWorker(ctx)
     faults = FaultInjector(ctx)
+    warmer: Warmer | None = None
     ctx.to_ctl(Hello(spec.engine_id, ep.address, spec.role, spec.node, spec.group,
                      os.getpid()))
     next_hb = next_fetch = next_metrics = 0.0
@@ -91,6 +95,11 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                 faults.apply(msg)
                 ctx.heartbeat(worker.jobs_in_hand(), True)  # show its effect (HBM) at once
                 continue
+            if isinstance(msg, Warm):  # a new warm-up replaces the one in progress
+                if warmer is not None:
+                    warmer.stop()
+                warmer = _warm(ctx, msg)
+                continue
             if isinstance(msg, Compact):
                 moved = ctx.compact_hbm()
                 log.info("engine %d: HBM compacted on request (%d blocks moved)",
@@ -99,7 +108,21 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                 continue
             worker.handle(msg)
     finally:
+        if warmer is not None:
+            warmer.stop()
         faults.clear()
         worker.close()
         ctx.close()
         ep.close()
+
+
+def _warm(ctx: EngineContext, msg: Warm) -> Warmer | None:
+    """Start warming this engine's DRAM cache with ``msg.keys`` (None: nothing to warm)."""
+    if not msg.keys or ctx.loader.cache.capacity_bytes <= 0 or not msg.rate_bps > 0:
+        ctx.registry.gauge("dualpath_storage_warm_blocks_remaining",
+                           node=ctx.loader.node).set(0)
+        return None
+    keys = [BlockKey.from_hex(k) for k in msg.keys]
+    block = file_nbytes(ctx.n_layers * ctx.bt * ctx.bpl)
+    return Warmer(ctx.loader, keys, msg.rate_bps, block_nbytes=block,
+                  registry=ctx.registry).start()

@@ -122,7 +122,7 @@ class Warmer:
         self.clock = clock
         self._stop = threading.Event()
         self.bucket = TokenBucket(self.rate_bps, 0, clock,
-                                  sleep if sleep is not None else self._stop.wait)
+                                  sleep if sleep is not None else self._interruptible)
         self.chunk = max(1, min(MAX_CHUNK_BLOCKS, int(self.rate_bps * chunk_s // block_nbytes)))
         #: (time chunk k was submitted, bytes read by chunks 0..k-1): the limiter's accounting
         self.submits: list[tuple[float, int]] = []
@@ -138,6 +138,10 @@ class Warmer:
             self._m_bytes = registry.counter("dualpath_storage_warm_bytes_total", node=node)
             self._m_left = registry.gauge("dualpath_storage_warm_blocks_remaining", node=node)
             self._m_left.set(len(self.keys))
+
+    def _interruptible(self, seconds: float) -> None:
+        """The limiter's sleep: returns early when :meth:`stop` is called."""
+        self._stop.wait(seconds)
 
     # -- control --------------------------------------------------------------------------
     def start(self) -> Warmer:
