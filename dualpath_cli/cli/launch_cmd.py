@@ -250,7 +250,7 @@ def _notify(message: dict[str, Any]) -> None:
 
 def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
            start_timeout: float, opts_args: tuple[Any, ...], as_json: bool,
-           faults: list[Any] | None = None) -> int:
+           faults: list[Any] | None = None, backend: Any = None) -> int:
     """The foreground launcher (also what a ``--detach`` child runs)."""
     t0 = _started_at()
     stop_event = threading.Event()
@@ -265,7 +265,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
-                            as_json, t0, stop_event, faults or [])
+                            as_json, t0, stop_event, faults or [], backend)
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
         _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
                  else f"{type(err).__name__}: {err}",
@@ -278,7 +278,8 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
 def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                  start_timeout: float, opts_args: tuple[Any, ...], as_json: bool, t0: float,
-                 stop_event: threading.Event, faults: list[Any]) -> int:
+                 stop_event: threading.Event, faults: list[Any],
+                 backend: Any = None) -> int:
     _claim_port(port)
     sock = _bind(host, port)
     server: _Server | None = None
@@ -314,6 +315,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         app = create_app(live, auth, allow_remote=allow_remote)
         server = _Server(app, sock)
         server.start()
+        if backend is not None:  # --backend ray: each node joins as a Ray actor
+            backend.place(live.opts, _url(host, port), auth.token, start_timeout)
         live.wait_ready(start_timeout)
         if faults:  # --inject: on before the cluster is announced ready (audited as launch)
             live.set_faults(faults, "launch")
@@ -327,7 +330,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                              store=str(opts.store_dir),
                              log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
         statefile.write_state(state)
-        line = (f"ready in {ready_s:.1f} s: {_engines_text(live)}, API {url}, "
+        engines_text = backend.describe() if backend is not None else _engines_text(live)
+        line = (f"ready in {ready_s:.1f} s: {engines_text}, API {url}, "
                 f"token in {_home(token)}")
         if faults:
             line += "; faults injected: " + " ".join(f.spec() for f in faults)
@@ -337,6 +341,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                      f"({restored['requeued']} re-queued), {restored['engines']} engines")
         payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
                    "restored": restored}
+        if backend is not None:
+            payload["ray"] = backend.placed
         _notify({"ok": True, "line": line, "state": payload})
         if as_json:
             emit_json(payload)
@@ -360,6 +366,8 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
     finally:
         if live is not None:
             live.close()
+        if backend is not None:
+            backend.close()
         if server is not None:
             server.stop()
         sock.close()
@@ -552,6 +560,13 @@ def launch(
                                          "tests, e.g. --pd 48P96D).")] = "real",
     emulated_hosts: Annotated[int, typer.Option("--emulated-hosts", min=1, help="Processes "
                                                 "the emulated engines run in.")] = 4,
+    backend: Annotated[str, typer.Option("--backend", help="local (this host's processes) "
+                                         "or ray (each node's engines are a Ray actor on a "
+                                         "node with the dualpath_prefill or dualpath_decode "
+                                         "resource; pip install 'dualpath[ray]').")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="With --backend ray: the "
+                                                "Ray cluster, auto or HOST:PORT (default: "
+                                                "RAY_ADDRESS, else auto).")] = None,
 ) -> None:
     """Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM.
 
@@ -565,6 +580,16 @@ def launch(
         overrides = [*(overrides or []), f"cluster.curve={curve}"]
     if role not in ("all", "scheduler", "prefill", "decode"):
         raise UsageError(f"--role {role!r}: expected all, scheduler, prefill or decode")
+    if backend not in ("local", "ray"):
+        raise UsageError(f"--backend {backend!r}: expected local or ray")
+    if backend == "ray":
+        if role not in ("all", "scheduler") or engines != "real" or join is not None:
+            raise UsageError("--backend ray: this process schedules and the engines run as "
+                             "Ray actors (no --role prefill|decode, --join or --engines "
+                             "emulated)")
+        role = "scheduler"  # the nodes join it, as Ray actors (services/ray_backend.py)
+    elif address is not None:
+        raise UsageError("--address is for --backend ray (the Ray cluster to launch on)")
     if role in ("prefill", "decode"):
         if join is None:
             raise UsageError(f"--role {role} needs --join HOST:PORT (the scheduler's API)")
@@ -602,16 +627,23 @@ def launch(
         for item in overrides or []:
             argv += ["--set", item]
         argv += ["--engines", engines, "--emulated-hosts", str(emulated_hosts),
-                 "--role", role]
+                 "--role", role, "--backend", backend]
+        argv += ["--address", address] if address is not None else []
         if heartbeat_timeout is not None:
             argv += ["--heartbeat-timeout", heartbeat_timeout]
         for spec in inject or []:
             argv += ["--inject", spec]
         code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
+    ray_backend = None
+    if backend == "ray":  # connect first: an unreachable cluster fails before anything starts
+        from dualpath_cli.services.ray_backend import RayBackend
+
+        ray_backend = RayBackend(address, port, loopback=_is_loopback(host))
+        ray_backend.connect()
     code = _serve(host, port, allow_remote, drain_s, start_s,
                   (preset, config, list(overrides or []), pd, policy, store, engines,
-                   emulated_hosts, role, hb_timeout), as_json, faults)
+                   emulated_hosts, role, hb_timeout), as_json, faults, ray_backend)
     raise typer.Exit(code)
 
 
