@@ -310,7 +310,8 @@ def test_scaling_fifo_growth_with_idle_engines_and_pd_imbalance() -> None:
     busy = window(lambda i: make_view(i, gpu={0: 0.95, 1: 0.95, 2: 0.1, 3: 0.1, 4: 0.1,
                                               5: 0.1}))
     f = next(f for f in rules.scaling(busy) if "prefill-bound" in f.title)
-    assert f.action == "dualpath plan pd-ratio --pd 3P3D"
+    assert f.action is not None and "dualpath plan pd-ratio --pd 3P3D" in f.action
+    assert "dualpath launch --pd 3P3D" in f.action and f.subject == "role prefill"
 
 
 def test_misclassified_decisions_are_reported_per_engine() -> None:

@@ -53,7 +53,7 @@ from dualpath_cli.telemetry.gpu import GpuBackend, detect_gpu_backend
 from dualpath_cli.telemetry.host import host_facts
 from dualpath_cli.telemetry.view import ClusterView
 
-__all__ = ["create_app", "SchedulerPatch", "FaultsPatch"]
+__all__ = ["create_app", "SchedulerPatch", "FaultsPatch", "ReplicateBody"]
 
 log = logging.getLogger("dualpath.api")
 
@@ -112,6 +112,19 @@ class FaultsPatch(BaseModel):
 
     faults: list[StrictStr] = Field(min_length=1, examples=[[
         "snic_throttle:node=1,fraction=0.25", "slow_compute:engine=2,factor=4"]])
+
+
+class ReplicateBody(BaseModel):
+    """Hot blocks to copy to the store's replica roots (``storage.replica_roots``), by key
+    (32 hex digits, as ``dualpath diagnose long-tail`` and ``storage inspect`` list them);
+    ``copies``: copies in total, the root's included (default: one on every replica root).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    blocks: list[StrictStr] = Field(min_length=1, max_length=64, examples=[[
+        "eb76d0e1ca29c0ffee0123456789abcd"]])
+    copies: StrictInt | None = Field(default=None, ge=2, le=64)
 
 
 class Health(BaseModel):
@@ -351,6 +364,16 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         entry = live.compact_hbm(engine_id, token)
         log.info("HBM compaction (%d) of engine %d by %s: %s -> %s", entry.seq, engine_id,
                  token, entry.old, entry.new)
+        return _json(_audit_dict(entry))
+
+    @r.post("/api/v1/store/replicate", response_model=ChangeResult, responses=_ERRORS,
+            tags=["control"])
+    def replicate_blocks(body: ReplicateBody,
+                         token: Annotated[str, Depends(require_token)]) -> Response:
+        """Copy hot blocks to the store's replica roots, each copy verified (audited; old/new:
+        the roots holding each block). Engines then spread reads of a block over its copies."""
+        entry = live.replicate_blocks(body.blocks, body.copies, token)
+        log.info("replication (%d) by %s: %s", entry.seq, token, entry.new)
         return _json(_audit_dict(entry))
 
     @r.get("/metrics", tags=["prometheus"], response_class=Response,

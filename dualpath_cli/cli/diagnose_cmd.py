@@ -34,8 +34,8 @@ MAX_ENGINE_SAMPLES = 60_000
 #: What WORKFLOW accepts (perf-drop is the seed's name for snic-imbalance).
 WORKFLOW_NAMES = ("perf-drop", "snic-imbalance", "long-tail", "hbm-frag", "cache-hit",
                   "scaling", "all")
-#: Workflows whose findings ``--fix`` can act on (hbm-frag: compaction; long-tail: the HBM
-#: findings it borrows; its hot blocks are reported, not replicated: see _fix_plan).
+#: Workflows whose findings ``--fix`` can act on (hbm-frag: compaction; long-tail: copies of
+#: its hot blocks on the store's replica roots, and the HBM findings it borrows).
 _FIXABLE = ("hbm-frag", "long-tail")
 #: How long ``--fix`` watches the cluster again after applying its remedies.
 RECHECK_WINDOW = "2s"
@@ -180,10 +180,12 @@ def _run(rules: Any, workflow: str, ev: Evidence, by_layer: bool) -> list[Report
     return [rules.run_workflow(workflow, ev, by_layer=by_layer)]
 
 
-def _fix_plan(reports: list[Report]) -> tuple[list[int], list[str]]:
-    """Engines whose HBM to compact, and hot blocks found (WARNING or worse findings)."""
+def _fix_plan(reports: list[Report]) -> tuple[list[int], list[str], int | None]:
+    """Engines whose HBM to compact, hot blocks found (WARNING or worse findings), and the
+    copies the hot blocks need (each copy under half the hot share; None: not said)."""
     engines: list[int] = []
     blocks: list[str] = []
+    copies: int | None = None
     for r in reports:
         for f in r.findings:
             if not f.severity or f.severity.name == "UNKNOWN":
@@ -195,29 +197,43 @@ def _fix_plan(reports: list[Report]) -> tuple[list[int], list[str]]:
             for key in ev.get("hot_blocks") or {}:
                 if key not in blocks:
                     blocks.append(key)
-    return engines, blocks
+            for n in (ev.get("copies_needed") or {}).values():
+                copies = max(copies or 0, int(n))
+    return engines, blocks, copies
 
 
 def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]:
-    """Apply the remedies the findings call for that the runtime can do (HBM compaction,
-    with the launch's token); say why for the others (hot-block replicas: the runtime's
-    store has one root, so a replica has nowhere to go)."""
+    """Apply the remedies the findings call for, with the launch's token: HBM compaction
+    of the named engines, copies of the named hot blocks on the store's replica roots
+    (``POST /api/v1/store/replicate``; a store without replica roots says so, and nothing
+    changes)."""
+    from dualpath_cli.api.errors import Rejected
     from dualpath_cli.cli import source
 
-    engines, blocks = _fix_plan(reports)
+    engines, blocks, copies = _fix_plan(reports)
     fixes: list[dict[str, Any]] = []
-    if engines:
+    if engines or blocks:
         source.resolve(url).require_token("diagnose --fix")  # nothing applied without it
+    if engines:
         with source.connect(url, timeout=30.0) as client:
             for eid in engines:
                 entry = client.compact_hbm(eid)
                 fixes.append({"action": "compact", "engine": eid, "applied": True,
                               "audit": entry.seq, "old": entry.old, "new": entry.new})
     if blocks:
-        fixes.append({"action": "replicate", "blocks": blocks, "applied": False,
-                      "why": "the cluster's store has one root: a replica of a hot block has "
-                             "no other root to go to (a multi-root store is not in the "
-                             "runtime); nothing was changed"})
+        with source.connect(url, timeout=60.0) as client:
+            try:
+                entry = client.replicate_blocks(blocks, copies)
+            except Rejected as err:  # e.g. no replica roots: nothing was changed
+                fixes.append({"action": "replicate", "blocks": blocks, "applied": False,
+                              "why": f"{err}; nothing was changed"})
+            else:
+                held = entry.new.get("blocks", {})
+                fixes.append({"action": "replicate", "blocks": blocks,
+                              "applied": any(len(held.get(b, ())) > 1 for b in blocks),
+                              "audit": entry.seq, "copies": held,
+                              "added": entry.new.get("added", {}),
+                              "errors": entry.new.get("errors", {})})
     if not fixes:
         fixes.append({"action": "none", "applied": False,
                       "why": "no finding called for a fix the runtime can apply"})
@@ -235,6 +251,15 @@ def _render_fixes(console: Console, fixes: list[dict[str, Any]]) -> None:
                 f"{o['hbm_fragmentation']:.2f} -> {n['hbm_fragmentation']:.2f}, largest free "
                 f"run {o['hbm_largest_free_blocks']} -> {n['hbm_largest_free_blocks']} blocks "
                 f"(audit #{f['audit']})", highlight=False, soft_wrap=True)
+        elif f["action"] == "replicate" and f["applied"]:
+            for key in f["blocks"]:
+                held, added = f["copies"].get(key, []), f["added"].get(key, [])
+                why = f["errors"].get(key)
+                console.print(
+                    f"[bold]fixed[/]    block {key[:12]}: {len(held)} copies ("
+                    f"+{len(added)}: {escape(', '.join(added)) or 'none new'})"
+                    + (f"; not copied: {escape(why)}" if why else "")
+                    + f" (audit #{f['audit']})", highlight=False, soft_wrap=True)
         else:
             what = (f"{len(f['blocks'])} hot blocks not replicated" if f["action"] ==
                     "replicate" else "nothing to fix")

@@ -197,7 +197,16 @@ def _options(preset: str | None, config: Path | None, overrides: list[str], pd: 
         more["local_engines"] = False
     if heartbeat_timeout is not None:
         more["heartbeat_timeout"] = heartbeat_timeout
-    return options_from_config(loaded, **more)
+    opts = options_from_config(loaded, **more)
+    for replica in opts.replica_dirs:  # storage.replica_roots / --replica-root
+        if replica.resolve() == root.resolve():
+            raise UsageError(f"storage.replica_roots: {replica} is the store root itself")
+        try:
+            replica.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"storage.replica_roots: {replica}: cannot create it "
+                             f"({err.strerror})") from None
+    return opts
 
 
 class _Server:
@@ -520,6 +529,9 @@ def launch(
                                                "engines are not all up by then.")] = "120s",
     store: Annotated[Path | None, typer.Option("--store", help="Store directory (default: "
                                                "$XDG_DATA_HOME/dualpath/store).")] = None,
+    replica_root: Annotated[list[Path] | None, typer.Option(
+        "--replica-root", help="A store root for copies of hot blocks (repeatable; another "
+        "3FS directory or NFS export; sets storage.replica_roots).")] = None,
     pd: Annotated[str | None, typer.Option("--pd", help="Prefill/decode nodes, e.g. 1P2D "
                                            "(default: cluster.pd).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Runtime policy (default: "
@@ -580,6 +592,9 @@ def launch(
         overrides = [*(overrides or []), f"cluster.curve={curve}"]
     if role not in ("all", "scheduler", "prefill", "decode"):
         raise UsageError(f"--role {role!r}: expected all, scheduler, prefill or decode")
+    if replica_root:  # as the config key, so --detach passes it on with the other --set
+        overrides = [*(overrides or []), "storage.replica_roots=" + ",".join(
+            str(Path(r).expanduser().resolve()) for r in replica_root)]
     if backend not in ("local", "ray"):
         raise UsageError(f"--backend {backend!r}: expected local or ray")
     if backend == "ray":

@@ -92,6 +92,8 @@ class RuntimeSystem:
         if opts.store_dir is not None:
             self.store = PosixStore(opts.store_dir)
             store_spec: dict[str, Any] = {"kind": "posix", "root": str(opts.store_dir)}
+            if opts.replica_dirs:  # copies of hot blocks (storage/replicas.py)
+                store_spec["replicas"] = [str(r) for r in opts.replica_dirs]
         else:
             if opts.processes:
                 raise UsageError("a process cluster needs a store directory")

@@ -180,6 +180,7 @@ class StorageConfig:
     """Where and how KV blocks are stored."""
 
     root: str
+    replica_roots: tuple[str, ...]
     block_size: int
     layout: str
     codec: str

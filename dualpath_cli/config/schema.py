@@ -171,6 +171,21 @@ BETA = Kind("beta", "tokens | seconds", parse_beta)
 QUOTA = Kind("quota", "seconds | FLOPs", parse_quota)
 
 
+def _paths(value: Any) -> tuple[str, ...]:
+    """Directories as a YAML list or one comma-separated string ("" or [] for none)."""
+    if isinstance(value, str):
+        parts = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        parts = list(value)
+    else:
+        raise UnitError(f"expected a list of directories or a comma-separated string, got "
+                        f"{value!r}")
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+PATHS = Kind("paths", "-", _paths)
+
+
 def _choices(options: tuple[str, ...]) -> Kind:
     return Kind("choice", "-", _choice(options))
 
@@ -288,6 +303,11 @@ KEYS: tuple[Key, ...] = (
     # storage
     Key("storage", "root", TEXT, "~/.local/share/dualpath/kv",
         "Directory (or 3FS/NFS mount) holding KV blocks; ~ is expanded."),
+    Key("storage", "replica_roots", PATHS, "",
+        "Extra store roots for copies of hot blocks (comma-separated or a YAML list; each "
+        "another 3FS directory or NFS export, i.e. other storage targets): blocks are "
+        "written to root only, and reads of a block copied here (diagnose long-tail --fix) "
+        "rotate over its copies. Empty: no replicas."),
     Key("storage", "block_size", TOKENS, 64, "Tokens per full block (the paper's example: 64)."),
     Key("storage", "layout", _choices(LAYOUTS), "layer_major",
         "Byte layout of a full block: layer_major [layer, tokens, bytes] or token_major."),

@@ -424,9 +424,26 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
                                                  f"{total} block reads")
     else:
         floor, basis = HOT_BLOCK_FACTOR * mean, f"{HOT_BLOCK_FACTOR:g}x the mean {mean:.1f}"
+    spread = _copy_spread(ev, reads)
+    # a block with copies is a hot spot only where one copy still takes the hot share: the
+    # storage target holding that copy is what saturates (reads before the readers found
+    # the copies count against the busiest copy: an upper bound)
+    load = {k: spread[k][0] if k in spread else v for k, v in reads.items()}
     hot = sorted(((v, k) for k, v in reads.items()
-                  if v >= HOT_BLOCK_MIN_READS and v >= floor), reverse=True)
+                  if v >= HOT_BLOCK_MIN_READS and load[k] >= floor), reverse=True)
+    cooled = sorted(((v, k) for k, v in reads.items()
+                     if k in spread and v >= floor and load[k] < floor), reverse=True)
+    out: list[Finding] = []
+    for v, k in cooled[:5]:
+        busiest, per_root = spread[k]
+        out.append(Finding(
+            wf, OK, f"block {k[:12]} read {v} times in {ev.window_s:.0f} s, spread over "
+            f"{len(per_root)} copies (at most {busiest} from one root: under the hot "
+            f"share, {basis})", evidence={"block": k, "reads": v, "copy_reads": per_root,
+                                         "busiest_copy_reads": busiest}))
     if not hot:
+        if out:
+            return out
         return [Finding(wf, OK, f"no hot block: the most-read block read "
                         f"{max(reads.values())} times in {ev.window_s:.0f} s (hot: >= "
                         f"{HOT_BLOCK_MIN_READS} and >= {basis})",
@@ -434,15 +451,41 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
     names = [k for _, k in hot[:5]]
     top_v, top_k = hot[0]
     share = f", {_pct(top_v / total)} of the store's block reads" if total else ""
-    return [Finding(
+    # copies that would leave each one under half the hot share (what --fix asks for)
+    needed = {k: max(2, math.ceil(reads[k] / max(floor / 2, 1))) for k in names}
+    have = {k: len(spread[k][1]) for k in names if k in spread}
+    copied = (f"; {have[top_k]} copies, {spread[top_k][0]} reads on the busiest"
+              if top_k in have else "")
+    out.append(Finding(
         wf, WARNING, f"block {top_k[:12]} read {top_v} times in {ev.window_s:.0f} s (hot"
-        f"{share}; {len(hot)} hot blocks)",
+        f"{share}; {len(hot)} hot blocks{copied})",
         subject=f"block {top_k}",
         evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean,
-                  "store_block_reads": total},
+                  "store_block_reads": total, "copies_needed": needed,
+                  "copies": have},
         cause="storage hot spot: many turns (or one reader) hammer these blocks",
-        action=f"replicate the {len(hot)} hot blocks across store roots (this cluster's "
-               "store has one root: dualpath storage inspect <root> --top 20 lists them)")]
+        action=f"dualpath diagnose long-tail --fix   (copies the {len(names)} hot blocks "
+               f"to the store's replica roots, {max(needed.values())} copies each; a store "
+               "without them: launch --replica-root DIR; dualpath storage inspect <root> "
+               "--top 20 lists the hot blocks)"))
+    return out
+
+
+def _copy_spread(ev: Evidence, reads: dict[str, int]) -> dict[str, tuple[int, dict[str,
+                                                                                  int]]]:
+    """For each block with copies serving it in the window: the reads of its busiest copy
+    (the reads not attributed to a copy added to it) and the window's reads per root."""
+    x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for k, per_root in x1.block_copy_reads.items():
+        before = x0.block_copy_reads.get(k, {}) if len(ev.samples) > 1 else {}
+        window = {r: n - before.get(r, 0) for r, n in per_root.items()}
+        counted = sum(max(0, n) for n in window.values())
+        if k not in reads or len(window) < 2 or counted <= 0:
+            continue
+        busiest = max(window.values()) + max(0, reads[k] - counted)
+        out[k] = (busiest, window)
+    return out
 
 
 def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
@@ -770,26 +813,39 @@ def scaling(ev: Evidence) -> list[Finding]:
                            f"{last.fifo_length} ({growth:+d} over {dt:.0f} s)",
                            evidence={"decisions_per_s": rate, "fifo": last.fifo_length,
                                      "fifo_growth": growth}))
-    by_role = {role: _mean([v for eid in ids for v in util.get(eid, ())])
-               for role, ids in _role_engines(ev).items()}
+    by_role, in_batch = role_busy(ev)
     p, d = by_role.get("prefill"), by_role.get("decode")
     view = ev.last
     if p is not None and d is not None:
         n_p = sum(1 for n in ev.nodes.values() if n.role == "prefill")
         n_d = sum(1 for n in ev.nodes.values() if n.role == "decode")
         if p >= PD_BUSY_HIGH and d <= PD_BUSY_LOW:
-            shape, cause = f"{n_p + 1}P{max(1, n_d - 1)}D", "prefill-bound"
+            shape, cause, busy = f"{n_p + 1}P{max(1, n_d - 1)}D", "prefill-bound", "prefill"
         elif d >= PD_BUSY_HIGH and p <= PD_BUSY_LOW:
-            shape, cause = f"{max(1, n_p - 1)}P{n_d + 1}D", "decode-bound"
+            shape, cause, busy = f"{max(1, n_p - 1)}P{n_d + 1}D", "decode-bound", "decode"
         else:
-            shape, cause = "", ""
+            shape, cause, busy = "", "", ""
         if shape:
+            note = (f"; {in_batch} prefill-engine samples inside a batch longer than the "
+                    "window" if in_batch else "")
             out.append(Finding(
                 wf, WARNING, f"{view.pd}: prefill GPUs {_pct(p)} busy, decode {_pct(d)} "
-                f"({cause}); adding nodes of the busy role helps, the other does not",
-                evidence={"pd": view.pd, "prefill_busy": p, "decode_busy": d},
-                cause=f"the P/D ratio is outside the bottleneck-free range ({cause})",
-                action=f"dualpath plan pd-ratio --pd {shape}"))
+                f"({cause}{note}); adding nodes of the busy role helps, the other does not",
+                subject=f"role {busy}",
+                evidence={"pd": view.pd, "prefill_busy": p, "decode_busy": d,
+                          "bottleneck": busy, "suggested_pd": shape,
+                          "prefill_samples_in_long_batch": in_batch},
+                cause=f"the {busy} side is the bottleneck: the P/D ratio {view.pd} is "
+                      f"outside the bottleneck-free range for this load ({cause})",
+                action=f"move a node to {busy}: dualpath plan pd-ratio --pd {shape} (checks "
+                       f"{shape} against the range), then dualpath stop && dualpath launch "
+                       f"--pd {shape}"))
+        elif p >= PD_BUSY_HIGH or d >= PD_BUSY_HIGH:
+            out.append(Finding(
+                wf, OK, f"{view.pd}: prefill GPUs {_pct(p)} busy, decode {_pct(d)}: both "
+                "sides loaded, no P/D bottleneck", evidence={"pd": view.pd,
+                                                             "prefill_busy": p,
+                                                             "decode_busy": d}))
     cutil = {n: _mean(s) for n, s in ev.node_series("cnic_utilization").items()}
     known = {n: v for n, v in cutil.items() if v is not None}
     if len(known) >= 2:
@@ -805,6 +861,38 @@ def scaling(ev: Evidence) -> list[Finding]:
                 cause="cross-node traffic concentrates on one node (topology, placement)",
                 action="dualpath plan pd-ratio --pd " + view.pd))
     return out
+
+
+def role_busy(ev: Evidence) -> tuple[dict[str, float | None], int]:
+    """Mean GPU busy per role over the window, and how many prefill-engine samples were read
+    as busy because the engine was inside a batch longer than the window.
+
+    An engine reports busy time when a batch ends, so while a prefill batch longer than the
+    view's window runs its window reads idle (nothing finished) even though the GPU is
+    computing: a slowed or overloaded PE reads idle for seconds at a time. A prefill engine
+    that in a sample holds unfinished requests, has nothing left to load (its node's read
+    queue is empty: not waiting on storage) and finished nothing in the window is inside
+    such a batch, and counts as busy. Decode steps are one token long, so a decode engine
+    holding requests and running nothing is waiting (on its prefills), not busy.
+    """
+    util = ev.engine_series("gpu_utilization")
+    seq = ev.engine_series("seq")
+    svc = ev.engine_series("service_time_s")
+    rq = ev.engine_series("read_queue_tokens")
+    out: dict[str, float | None] = {}
+    in_batch = 0
+    for role, ids in _role_engines(ev).items():
+        vals: list[float] = []
+        for eid in ids:
+            for i, u in enumerate(util.get(eid, ())):
+                if (role == "prefill" and (u is None or u < PD_BUSY_HIGH)
+                        and svc[eid][i] is None and seq[eid][i] >= 1 and not rq[eid][i]):
+                    u = 1.0
+                    in_batch += 1
+                if u is not None:
+                    vals.append(float(u))
+        out[role] = sum(vals) / len(vals) if vals else None
+    return out, in_batch
 
 
 # --- registry -----------------------------------------------------------------------------------

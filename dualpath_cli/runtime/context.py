@@ -39,13 +39,14 @@ from dualpath_cli.storage import (
     LoadResult,
     MemoryStore,
     PosixStore,
+    ReplicatedStore,
     StorageError,
     StorageLoader,
     TokenBucket,
     encode_block,
 )
 from dualpath_cli.telemetry.frames import frame
-from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 from dualpath_cli.transfer.base import Endpoint
 from dualpath_cli.transfer.shaping import pay
 
@@ -148,16 +149,22 @@ class Counters:
 
 
 def open_store(spec: dict[str, Any], registry: MetricsRegistry | None = None) -> KVStore:
-    """The store described by ``spec`` (``posix`` root, or an in-process ``memory`` object).
+    """The store described by ``spec`` (``posix`` root, optionally with ``replicas``: replica
+    roots; or an in-process ``memory`` object).
 
     A POSIX store opened for one engine records its metrics (store bytes, evictions) into
     that engine's ``registry``, so they travel with the engine's heartbeat snapshots.
     """
     kind = spec.get("kind", "memory")
     if kind == "posix":
-        if registry is None:
-            return PosixStore(str(spec["root"]))
-        return PosixStore(str(spec["root"]), registry=registry)
+        reg = registry if registry is not None else REGISTRY
+        primary = PosixStore(str(spec["root"]), registry=reg)
+        if not spec.get("replicas"):
+            return primary
+        # replica roots hold copies of hot blocks only (diagnose long-tail --fix); reads of
+        # a block with copies rotate among them (storage/replicas.py)
+        roots = [primary, *(PosixStore(str(r), registry=reg) for r in spec["replicas"])]
+        return ReplicatedStore(roots, hot_reads=0, registry=reg, primary_home=True)
     obj = spec.get("obj")
     if isinstance(obj, MemoryStore):
         return obj
@@ -277,14 +284,31 @@ class EngineContext:
         if not rows:
             return metrics
         name = "dualpath_storage_block_reads_total"
+        copies = self.copy_read_rows([r["labels"]["block"] for r in rows])
+        cname = "dualpath_storage_block_copy_reads_total"
         if "layout" in metrics and "values" in metrics:  # a frame
             keys = [r["labels"]["block"] for r in rows]
             node = str(self.spec.node)
+            cl = [[node, c["labels"]["block"], c["labels"]["root"]] for c in copies]
+            lid = hash((tuple(keys), tuple(map(tuple, cl)))) & 0xFFFFFFFF
             return {**metrics,
-                    "lid": f"{metrics['lid']}:hot:{hash(tuple(keys)) & 0xFFFFFFFF:08x}",
-                    "layout": [*metrics["layout"], *([name, [node, k], 1] for k in keys)],
-                    "values": [*metrics["values"], *(r["value"] for r in rows)]}
-        return {**metrics, name: rows}
+                    "lid": f"{metrics['lid']}:hot:{lid:08x}",
+                    "layout": [*metrics["layout"], *([name, [node, k], 1] for k in keys),
+                               *([cname, labels, 1] for labels in cl)],
+                    "values": [*metrics["values"], *(r["value"] for r in rows),
+                               *(c["value"] for c in copies)]}
+        return {**metrics, name: rows, **({cname: copies} if copies else {})}
+
+    def copy_read_rows(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        """Reads of each of ``keys`` that has replicas, per root holding a copy, as
+        snapshot rows of ``dualpath_storage_block_copy_reads_total`` (the evidence that a
+        replicated hot block's reads are spread; none without replica roots)."""
+        copy_reads = getattr(self.store, "copy_reads", None)
+        if copy_reads is None:
+            return []
+        node = str(self.spec.node)
+        return [{"labels": {"node": node, "block": k, "root": root}, "value": float(n)}
+                for k in keys for root, n in copy_reads(BlockKey.from_hex(k)).items()]
 
     def compact_hbm(self) -> int:
         """Defragment the HBM pool (live blocks to the front, data moved); returns how many

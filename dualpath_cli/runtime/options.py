@@ -38,6 +38,8 @@ class RuntimeOptions:
             basic, layerwise, round-robin, dualpath, random, split, seed-select, oracle, or
             one a plugin registered).
         store_dir: block directory (None: in-memory store, in-process cluster only).
+        replica_dirs: replica roots beside ``store_dir`` for copies of hot blocks
+            (``storage.replica_roots``; storage/replicas.py).
         processes: one process per engine over ZeroMQ (False: threads over queues).
         alpha / beta: scheduler thresholds in tokens.
         z_factor: the DE high-token factor Z.
@@ -83,6 +85,7 @@ class RuntimeOptions:
     hbm_blocks: int = 4096
     policy: str = "dualpath"
     store_dir: Path | None = None
+    replica_dirs: tuple[Path, ...] = ()
     processes: bool = False
     alpha: int = 10**9
     beta: int = 10**9
@@ -182,6 +185,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,
         "decision_ring": cfg.scheduler.decision_ring,
+        "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}

@@ -343,6 +343,16 @@ class LiveCluster:
         old, new = self.system.compact_hbm(engine_id)
         return self._audit("compact", old, new, token_id)
 
+    def replicate_blocks(self, blocks: Sequence[str], copies: int | None,
+                         token_id: str) -> AuditEntry:
+        """Copy hot blocks to the store's replica roots (the long-tail remedy,
+        services/replicate.py) and audit it (action ``replicate``)."""
+        from dualpath_cli.services.replicate import replicate_blocks
+
+        o = self.system.opts
+        old, new = replicate_blocks(o.store_dir, o.replica_dirs, blocks, copies)
+        return self._audit("replicate", old, new, token_id)
+
     def _audit(self, action: str, old: dict[str, Any], new: dict[str, Any],
                token_id: str) -> AuditEntry:
         with self._lock:

@@ -81,6 +81,8 @@ class Extras:
             evidence); the runtime reports each engine's most-read blocks only.
         store_block_reads: Full Blocks read from the store since start, all nodes (what a
             block's reads are a share of); ``None`` when not reported.
+        block_copy_reads: reads of a replicated block by the store root that served them
+            (block key -> root -> reads since start, summed over nodes).
         cache_hit_ratio: hits over lookups by ``"<node>/<tier>"`` (the seed's cache_hit_ratio).
         prefetched_blocks: blocks read ahead by node since start (accuracy means nothing
             where it is 0).
@@ -96,6 +98,7 @@ class Extras:
     cache_hit_ratio: dict[str, float] = field(default_factory=dict)
     prefetched_blocks: dict[int, int] = field(default_factory=dict)
     store_block_reads: int | None = None
+    block_copy_reads: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
@@ -119,7 +122,9 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
                          for k, v in (data.get("cache_hit_ratio") or {}).items()},
         prefetched_blocks={int(k): int(v)
                            for k, v in (data.get("prefetched_blocks") or {}).items()},
-        store_block_reads=data.get("store_block_reads"))
+        store_block_reads=data.get("store_block_reads"),
+        block_copy_reads={str(k): {str(r): int(n) for r, n in v.items()}
+                          for k, v in (data.get("block_copy_reads") or {}).items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,6 +500,7 @@ def extras_from_metrics_text(text: str) -> Extras:
     hits: dict[str, float] = {}
     prefetched: dict[int, int] = {}
     store_reads: int | None = None
+    copy_reads: dict[str, dict[str, int]] = {}  # block -> root -> reads
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
             continue
@@ -534,8 +540,13 @@ def extras_from_metrics_text(text: str) -> Extras:
                 blocks[key] = blocks.get(key, 0) + int(value)
         elif name == "dualpath_storage_read_blocks_total":
             store_reads = (store_reads or 0) + int(value)
+        elif name == "dualpath_storage_block_copy_reads_total":
+            lab = _labels(labels)
+            per_root = copy_reads.setdefault(lab.get("block", "?"), {})
+            root = lab.get("root", "?")
+            per_root[root] = per_root.get(root, 0) + int(value)
     return Extras(tuple(sorted(buckets.items())), count, total, errors, drops, prefetch,
-                  blocks, hits, prefetched, store_reads)
+                  blocks, hits, prefetched, store_reads, copy_reads)
 
 
 # --- served turns as a trace -----------------------------------------------------------------

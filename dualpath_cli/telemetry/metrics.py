@@ -137,6 +137,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_storage_block_reads_total", _C, "", ("node", "block"),
                "Reads of one block from the store by a node's engines since start, for each "
                "engine's 8 most-read blocks only (hot-spot evidence with bounded labels)."),
+    MetricSpec("dualpath_storage_block_copy_reads_total", _C, "", ("node", "block", "root"),
+               "Reads of a replicated block served by each store root holding a copy (of "
+               "those 8 blocks, where replica roots are configured): how a hot block's reads "
+               "spread over its copies."),
     # --- compute (seed) ----------------------------------------------------------------------
     MetricSpec("dualpath_gpu_utilization_ratio", _G, "ratio", ("engine", "node", "role"),
                "GPU busy fraction of an engine."),
