@@ -87,6 +87,7 @@ class Driver:
         self.submit_cpu = 0.0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="driver", daemon=True)
+        self.profile: Any = None  # a cProfile.Profile for submit() (--profile)
 
     def _next(self) -> tuple[Trajectory, int, np.ndarray] | None:
         with self.lock:
@@ -104,7 +105,9 @@ class Driver:
         turn = traj.turns[i]
         prompt = np.concatenate([context, append_token_ids(traj, i, 256).astype(np.int64)])
         c0 = time.thread_time()
-        ticket = self.system.submit(TurnRequest(traj.agent_id, i, prompt, turn.gen))
+        req = TurnRequest(traj.agent_id, i, prompt, turn.gen)
+        ticket = (self.profile.runcall(self.system.submit, req) if self.profile is not None
+                  else self.system.submit(req))
         self.submit_cpu += time.thread_time() - c0  # the scheduler's lookup, on this thread
         self.submitted += 1
         self.tokens_submitted += len(prompt)
@@ -134,7 +137,7 @@ class Driver:
             self.stop.wait(0.002)
 
 
-def _count_kinds(system: RuntimeSystem) -> dict[str, list[float]]:
+def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[float]]:
     """Count the scheduler's messages by kind with the thread CPU each took (a wrapper on
     its handler: measurement only, same thread, same order). A fetch that finds nothing to
     do for its group is counted apart (``fetch_idle``): that is the periodic cost, the
@@ -151,7 +154,10 @@ def _count_kinds(system: RuntimeSystem) -> dict[str, list[float]]:
                     else bool(sched.queue) or bool(sched.private.get(group)))
             kind = "fetch" if busy else "fetch_idle"
         t = time.thread_time()
-        handle(raw)
+        if profile is not None:
+            profile.runcall(handle, raw)
+        else:
+            handle(raw)
         row = kinds[kind]
         row[0] += 1
         row[1] += time.thread_time() - t
@@ -182,7 +188,13 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             driver = Driver(system, list(trace.trajectories), args.rate)
             tid = system.scheduler._thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
-            kinds = _count_kinds(system)
+            profile = None
+            if args.profile:
+                import cProfile
+
+                profile = cProfile.Profile(time.thread_time)  # CPU, not waits
+                driver.profile = profile
+            kinds = _count_kinds(system, profile)
             proc = psutil.Process()
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
@@ -199,6 +211,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             q1 = system.scheduler.log.last_seq
             driver.stop.set()
             driver.thread.join(5)
+            if profile is not None:  # diagnosis only: profiling inflates the CPU figures
+                profile.dump_stats(args.profile)
             hosts = [psutil.Process(pid) for pid in system.cluster.host_pids()]  # type: ignore[union-attr]
             host_cpu = sum(h.cpu_times().user + h.cpu_times().system for h in hosts)
             dead = sum(1 for e in system.scheduler.engines.values() if not e.alive)
@@ -397,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="silence before an engine is declared dead (a host process that "
                     "exits is seen at once through its sentinel)")
     ap.add_argument("--fetch", type=float, default=0.1)
+    ap.add_argument("--profile", default="",
+                    help="write a cProfile of the scheduler's handlers and submit() to this "
+                    "file (diagnosis: the CPU figures then include the profiler's cost)")
     ap.add_argument("--agents", type=int, default=0,
                     help="agents of the cpu part, one turn in flight each (0: 4 x --rate, at "
                     "least 200); the rate reached is at most agents / turn latency")

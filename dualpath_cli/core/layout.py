@@ -238,12 +238,17 @@ def chain_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
     step = 4 * size
     raw = parent.raw if parent is not None else _ROOT
     keys: list[BlockKey] = []
+    new, set_raw = object.__new__, object.__setattr__
     for off in range(0, (n - first) * step, step):
         h = base.copy()
         h.update(raw + length)
         h.update(data[off:off + step])
         raw = h.digest()
-        keys.append(BlockKey(raw))
+        # a digest of KEY_BYTES: the constructor's length check cannot fail (and cost more
+        # than the hash)
+        key = new(BlockKey)
+        set_raw(key, "raw", raw)
+        keys.append(key)
     return keys
 
 

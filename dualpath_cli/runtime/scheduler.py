@@ -268,6 +268,34 @@ class _Flight:
     place: dict[str, Any] = field(default_factory=dict)  # DE phase-2 inputs and outcome
 
 
+class _EngineTable(dict[int, EngineState]):
+    """The scheduler's engines by id; ``version`` counts the entries set or removed, so an
+    index built over them (by group, by node) knows when it must be rebuilt, whoever set
+    an entry (``register``, a checkpoint's restore)."""
+
+    version = 0
+
+    def __setitem__(self, key: int, value: EngineState) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key: int) -> None:
+        super().__delitem__(key)
+        self.version += 1
+
+    def pop(self, *args: Any) -> Any:
+        self.version += 1
+        return super().pop(*args)
+
+    def clear(self) -> None:
+        super().clear()
+        self.version += 1
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        super().update(*args, **kw)
+        self.version += 1
+
+
 def _snap(e: EngineSnapshot) -> dict[str, Any]:
     return {"id": e.engine_id, "role": e.role.value, "node": e.node, "group": e.group,
             "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
@@ -322,7 +350,7 @@ class SchedulerService:
         self.hb_timeout = heartbeat_timeout
         self.ep = fabric.endpoint("scheduler")
         self.address = self.ep.address
-        self.engines: dict[int, EngineState] = {}
+        self.engines: dict[int, EngineState] = _EngineTable()
         self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
         self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
             collections.deque)  # DE group -> routed, not yet placed
@@ -366,9 +394,13 @@ class SchedulerService:
         self._seq: dict[int, int] = collections.defaultdict(int)
         self._tok: dict[int, int] = collections.defaultdict(int)
         self._hbm_used: dict[int, int] = collections.defaultdict(int)
+        self._de_group_tok: dict[int, int] = collections.defaultdict(int)  # DE group -> tok
         self._index_n = -1
         self._by_group: dict[str, dict[int, list[EngineState]]] = {}
         self._by_node: dict[int, list[EngineState]] = {}
+        self._live_version = 0  # bumped when an engine says hello, dies or comes back
+        self._live_key: tuple[int, int] = (-1, -1)
+        self._live: dict[str, dict[int, list[EngineState]]] = {}
 
     # -- public API ---------------------------------------------------------------------
     def register(self, engine_id: int, role: str, node: int, group: int) -> None:
@@ -376,7 +408,6 @@ class SchedulerService:
         with self._lock:
             self.engines[engine_id] = EngineState(engine_id, role, node, group,
                                                   last_seen=time.monotonic())
-            self._index_n = -1
             self._count_engines()
 
     def start(self) -> None:
@@ -730,6 +761,7 @@ class SchedulerService:
         e.last_seen = now
         if isinstance(msg, Hello):
             e.address, e.pid = msg.addr, msg.pid
+            self._live_version += 1
             self._count_engines()
             self._registered.notify_all()
         elif isinstance(msg, QueueReport | Heartbeat):
@@ -838,6 +870,7 @@ class SchedulerService:
             return
         e.alive = False
         e.dead_why = why
+        self._live_version += 1
         e.charges.clear()
         self.dead_events.append((engine_id, time.monotonic()))
         for f in [f for f in self.flights.values() if engine_id in (f.pe, f.de)]:
@@ -859,6 +892,7 @@ class SchedulerService:
             self._send(e.address, Cancel(rid))
         e.orphans.clear()
         e.alive, e.dead_why = True, ""
+        self._live_version += 1
         self.revived += 1
         self._count_engines()
 
@@ -898,16 +932,23 @@ class SchedulerService:
             self._seq[f.de] += sign
             self._tok[f.de] += sign * n
             self._hbm_used[f.de] += sign * (n + f.req.gen)
+            self._de_group_tok[self.engines[f.de].group] += sign * n
 
     def _recount_loads(self) -> None:
         """Set the kept loads from the turns in flight (after ``flights`` changed in bulk)."""
         self._seq, self._tok, self._hbm_used = self._loads()
+        self._de_group_tok = collections.defaultdict(int)
+        for eid, tok in self._tok.items():
+            e = self.engines.get(eid)
+            if e is not None and e.role == Role.DECODE.value:
+                self._de_group_tok[e.group] += tok
 
     def _members(self) -> tuple[dict[str, dict[int, list[EngineState]]],
                                 dict[int, list[EngineState]]]:
         """Engines by role and group, and by node, in registration order (rebuilt when an
-        engine is registered): a fetch reads its own group, not all 1,152 engines."""
-        if self._index_n != len(self.engines):
+        engine is set in :attr:`engines`): a fetch reads its own group, not all 1,152."""
+        version = getattr(self.engines, "version", -1)
+        if version < 0 or self._index_n != version:
             by_group: dict[str, dict[int, list[EngineState]]] = {
                 Role.PREFILL.value: {}, Role.DECODE.value: {}}
             by_node: dict[int, list[EngineState]] = {}
@@ -915,8 +956,28 @@ class SchedulerService:
                 by_group.setdefault(e.role, {}).setdefault(e.group, []).append(e)
                 by_node.setdefault(e.node, []).append(e)
             self._by_group, self._by_node = by_group, by_node
-            self._index_n = len(self.engines)
+            self._index_n = version
         return self._by_group, self._by_node
+
+    def _live_members(self, role: str) -> dict[int, list[EngineState]]:
+        """``role``'s groups that have live engines which said hello, with those engines in
+        registration order (cached until an engine registers, says hello, dies or returns).
+
+        A group's ``tok`` is :attr:`_de_group_tok`: an engine that is dead or never said
+        hello holds no turn (its turns are re-queued when it dies), so its live engines'
+        tokens are all of the group's.
+        """
+        key = (self._live_version, getattr(self.engines, "version", -1))
+        if key != self._live_key or key[1] < 0:
+            live: dict[str, dict[int, list[EngineState]]] = {}
+            for r, groups in self._members()[0].items():
+                live[r] = {}
+                for g, members in groups.items():
+                    alive = [e for e in members if e.alive and e.address]
+                    if alive:
+                        live[r][g] = alive
+            self._live, self._live_key = live, key
+        return self._live.get(role, {})
 
     def _node_q(self, node: int) -> int:
         """The node's read queue: its live engines' reported queues plus pending charges."""
@@ -935,8 +996,7 @@ class SchedulerService:
     def _group_snapshots(self, role: str, group: int, node_q: dict[int, int],
                          ) -> list[EngineSnapshot]:
         """Snapshots of the group's live engines that said hello, in registration order."""
-        members = self._members()[0].get(role, {}).get(group, ())
-        return [self._snapshot(e, node_q) for e in members if e.alive and e.address]
+        return [self._snapshot(e, node_q) for e in self._live_members(role).get(group, ())]
 
     def _de_fetch(self, group: int) -> None:
         """A DE group fetch: phase 1 over the global FIFO, phase 2 on this group's queue."""
@@ -949,12 +1009,9 @@ class SchedulerService:
             return
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
-            loads = {}
-            for g, members in self._members()[0].get(de, {}).items():
-                live = [e.engine_id for e in members if e.alive and e.address]
-                if live:
-                    loads[g] = (sum(self._tok.get(eid, 0) for eid in live)
-                                + sum(len(f.req.tokens) for f in self.private[g]))
+            loads = {g: self._de_group_tok.get(g, 0)
+                     + sum(len(f.req.tokens) for f in self.private[g])
+                     for g in self._live_members(de)}
             head = [f.rid for f in list(self.queue)[:_HEAD]]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], GroupLoads(loads))
