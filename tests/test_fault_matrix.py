@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -475,6 +476,94 @@ def _throttle(tmp: Path) -> FaultRow:
                     serving, faults=faults)
 
 
+@contextlib.contextmanager
+def _fuse_eio(backing: Path, mount: Path, control: Path) -> Iterator[Path]:
+    """``tests/fuse_eio.py`` mounting ``backing`` at ``mount`` (unmounted after, its process
+    gone); MountRefused where FUSE cannot mount (no /dev/fuse, no libfuse, not allowed)."""
+    try:
+        import fuse  # noqa: F401 - fusepy, over libfuse2
+    except (ImportError, OSError) as err:
+        raise MountRefused(f"fusepy cannot load libfuse ({err}): pip install fusepy, "
+                           "apt-get install libfuse2") from None
+    fusermount = shutil.which("fusermount") or shutil.which("fusermount3")
+    if not Path("/dev/fuse").exists() or fusermount is None:
+        raise MountRefused("no /dev/fuse or fusermount: FUSE cannot mount here")
+    backing.mkdir(parents=True, exist_ok=True)
+    mount.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fuse_eio.py")),
+                             str(backing), str(mount), str(control)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mount):
+            if proc.poll() is not None:
+                err = proc.stderr.read().strip() if proc.stderr else ""
+                raise MountRefused(f"the FUSE mount failed: {err[-300:]}")
+            if time.monotonic() > deadline:
+                raise MountRefused("the FUSE mount did not appear within 30 s")
+            time.sleep(0.02)
+        yield mount
+    finally:
+        control.unlink(missing_ok=True)
+        for _ in range(100):  # busy while a closing engine still holds a file
+            if not os.path.ismount(mount) or subprocess.run(
+                    [fusermount or "fusermount", "-u", str(mount)],
+                    capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run([fusermount or "fusermount", "-uz", str(mount)],
+                           capture_output=True)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _read_failures(live: LiveCluster) -> float:
+    """Blocks the scheduler's ledger counted as missed because their read failed."""
+    return live.system.scheduler.ledger.m_miss["read_failed"].value
+
+
+def _store_eio(tmp: Path) -> FaultRow:
+    """The store's file system returns EIO (a FUSE passthrough, tests/fuse_eio.py) on every
+    block read and every write while turns 1-2 read their prefix back."""
+    backing, store, control = tmp / "backing", tmp / "store", tmp / "eio-control"
+    t_start = time.monotonic()
+    with _fuse_eio(backing, store, control), _cluster(_opts(store)) as live:
+        s = Sessions(live)
+        s.run(range(0, 1))
+        before = len(_blocks(backing))
+        assert before >= len(AGENTS), "turn 0 stored too few blocks"
+        t0 = time.monotonic()
+        control.write_text("read *.kv\nwrite *\n")
+        threads = s.start(range(1, 3))
+        detected: float | None = None
+        try:
+            with contextlib.suppress(AssertionError):
+                _wait_for(lambda: _read_failures(live) > 0 or _write_errors(live) > 0, 30,
+                          "a failed read or write in the metrics")
+                detected = time.monotonic() - t0
+            join(threads)
+            during = len(_blocks(backing))
+            read_failed, write_errors = _read_failures(live), _write_errors(live)
+            serving_eio = _serving(live)  # recompute-only while the store fails
+        finally:
+            control.unlink(missing_ok=True)
+        n = len(_blocks(backing))
+        serving_back = _serving(live)  # the same prompt again: its blocks are written now
+        grown = len(_blocks(backing)) > n
+        left = verify_store(PosixStore(backing))
+        return _row("store returns EIO (FUSE)", s, live, backing, detected, 5.0, t_start,
+                    serving_eio, blocks_before=before, blocks_during=during,
+                    read_failed=read_failed, write_errors=write_errors,
+                    persisting_again=grown, serving_after_restore=serving_back,
+                    corrupt_left=len(left.corrupt))
+
+
 #: fault name -> (scenario, slow)
 FAULTS: dict[str, tuple[Callable[[Path], FaultRow], bool]] = {
     "kill_pe": (functools.partial(_kill, "prefill"), False),
@@ -486,6 +575,7 @@ FAULTS: dict[str, tuple[Callable[[Path], FaultRow], bool]] = {
     "store_full": (functools.partial(_store_fault, "full"), False),
     "store_readonly": (functools.partial(_store_fault, "readonly"), True),
     "snic_throttle": (_throttle, True),
+    "store_eio": (_store_eio, False),
 }
 
 
@@ -518,6 +608,11 @@ def test_fault(name: str) -> None:
         assert row.requeued >= 1 and row.detail["revived"] >= 1, row
     elif name.endswith("_blocks"):
         assert row.detail["quarantined"] >= 1, row  # reads hit the bad blocks
+    elif name == "store_eio":
+        assert row.detail["read_failed"] >= 1 and row.detail["write_errors"] >= 1, row
+        assert row.detail["blocks_during"] == row.detail["blocks_before"], row
+        assert row.detail["persisting_again"] and row.detail["serving_after_restore"], row
+        assert row.detail["corrupt_left"] == 0, row
     elif name.startswith("store"):
         assert row.detail["write_errors"] >= 1, row
         assert row.detail["blocks_during"] == row.detail["blocks_before"], row
