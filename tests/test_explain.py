@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -153,3 +154,125 @@ def test_side_reason_follows_the_policy_rule() -> None:
     assert side_reason(_decision("pe", 0, 9)).endswith("the PE node's queue is shorter")
     story = explain_request(7, [_decision("de", 500, 0)])
     assert story["hits"] is None and story["read"]["de_read_q"] == 0
+
+
+def test_inflight_endpoint_shows_a_turn_while_it_runs(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]]) -> None:
+    """A long turn is listed with its phase, PE, DE, read side, KV bytes and TTFT while it
+    runs; its story says what is known so far; once done it leaves the list and its story
+    is the whole one."""
+    import time
+
+    live, client, _ = served
+    prompt = [(i * 11) % 250 + 1 for i in range(41)]
+    first = live.submit(prompt, 2, "inflight")  # stores the prefix the next turn reads
+    first.wait(120)
+    live.done(first)
+    agent = client.decisions()[-1].agent  # the session's agent: its decision is the newest
+    ticket = live.submit(prompt + [7] * 16, 120, "inflight")
+    seen: dict[str, dict[str, Any]] = {}
+    row: dict[str, Any] | None = None
+    deadline = time.monotonic() + 120
+    while row is None or row["phase"] != "decode":
+        assert time.monotonic() < deadline, f"never seen decoding; phases seen {list(seen)}"
+        assert not ticket.event.is_set(), f"finished before seen decoding ({list(seen)})"
+        listing = client.requests("inflight", 10)
+        rows = [r for r in listing["requests"] if r["agent"] == agent]
+        row = rows[0] if rows else None
+        if row is not None:
+            seen[row["phase"]] = row
+    assert listing["total"] >= 1
+    d = next(x for x in reversed(client.decisions()) if x.rid == row["rid"])
+    kvb = 4 * live.system.shape.bytes_per_token_layer  # the tiny model's 4 layers
+    assert (row["pe"], row["de"], row["side"]) == (d.pe, d.de, d.side)
+    assert (row["pe_tokens"], row["de_tokens"]) == (d.pe_tokens, d.de_tokens)
+    assert row["cached_tokens"] == d.cached > 0 and row["decision_seq"] == d.seq
+    assert row["bytes_read"] == row["bytes_to_read"] == d.cached * kvb
+    assert row["ttft_s"] > 0 and row["waited_s"] is None and row["pe_class"] == d.pe_class
+    for early in ("queued", "routed", "placed"):
+        if early in seen:  # nothing read before dispatch, no first token either
+            assert seen[early]["bytes_read"] == 0 and seen[early]["ttft_s"] is None
+    story = client.request(row["rid"])
+    assert story["state"] == "in flight: decode" and story["progress"]["rid"] == row["rid"]
+    assert story["read"]["side"] == d.side and story["ttft_s"] == pytest.approx(row["ttft_s"])
+    assert story["nic_bytes"]["de_snic_read"] is None  # the DE reports when the turn ends
+    assert len(story["layer_slack_s"]) == 4 and sum(story["ttft_split"].values()) == \
+        pytest.approx(story["ttft_s"], rel=0.01, abs=1e-3)
+    assert "in flight: first token out, decoding" in "\n".join(render_story(story))
+    ticket.wait(120)
+    live.done(ticket)
+    assert row["rid"] not in {r["rid"] for r in client.requests("inflight")["requests"]}
+    done = client.request(row["rid"])
+    assert done["state"] == "finished" and done["progress"] is None
+    assert done["ttft_s"] == pytest.approx(row["ttft_s"]) and done["tpot_s"] > 0
+    finished = client.requests("finished", 1000)["requests"]
+    assert finished[-1]["rid"] == row["rid"] and finished[-1] == done
+    # a cursor pages forward in finish order
+    before = finished[-2]["rid"]
+    assert [s["rid"] for s in client.requests("finished", 5, after=before)["requests"]] == \
+        [row["rid"]]
+
+
+@pytest.mark.parametrize("query", ["state=bogus", "limit=0", "limit=1001", "after=-1",
+                                   "limit=x", "state="])
+def test_requests_listing_refuses_bad_parameters_in_one_line(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]], query: str) -> None:
+    _, client, _ = served
+    resp = httpx.get(f"{client.url}/api/v1/requests?{query}")
+    assert resp.status_code == 422
+    detail = resp.json()["detail"]
+    assert "\n" not in detail and query.split("=")[0] in detail
+
+
+def test_record_then_explain_from_the_recording_tells_the_same_story(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]],
+        tmp_path: Path) -> None:
+    """``dualpath record`` while turns run keeps the finished requests' stories and the
+    in-flight list; ``explain --from`` then tells each story as the live cluster does."""
+    import threading
+
+    from dualpath_cli.services.recording import read_recording
+
+    live, client, _ = served
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def workload() -> None:
+        prompt = [(i * 5) % 250 + 1 for i in range(33)]
+        try:
+            for turn in range(8):
+                if stop.is_set():
+                    return
+                ticket = live.submit(prompt, 4, "recorded")
+                result = ticket.wait(120)
+                live.done(ticket)
+                prompt = prompt + list(result.tokens) + [turn + 1] * 16
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+
+    rec = tmp_path / "rec.jsonl.gz"
+    worker = threading.Thread(target=workload)
+    worker.start()
+    try:
+        got = CliRunner().invoke(app, ["record", "--url", client.url, "--window", "3s",
+                                       "--interval", "250ms", "-o", str(rec), "--json"])
+    finally:
+        stop.set()
+        worker.join(240)
+    assert not errors and got.exit_code == 0, got.output
+    counts = json.loads(got.stdout)
+    recording = read_recording(rec)
+    assert recording.complete and counts["outcomes"] == len(recording.stories) > 0
+    assert any(s.inflight and s.inflight["requests"] for s in recording.samples)
+    assert all(s.inflight is not None for s in recording.samples)
+    decided = {d.rid for d in recording.decisions}
+    both = sorted(set(recording.stories) & decided)
+    assert both, "no request both decided and finished inside the window"
+    for rid in both:
+        got = CliRunner().invoke(app, ["explain", str(rid), "--from", str(rec), "--json"])
+        assert got.exit_code == 0, got.output
+        recorded = json.loads(got.stdout)
+        assert recorded == client.request(rid)  # the whole story, outcome included
+        assert recorded["state"] == "finished" and recorded["ttft_split"] is not None
+    got = CliRunner().invoke(app, ["explain", str(both[-1]), "--from", str(rec)])
+    assert "TTFT" in got.stdout and "outcome: not available" not in got.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_diagnose_rules import decision, make_view
 
 from dualpath_cli.services.recording import (
@@ -96,3 +97,93 @@ def test_decision_lines_keep_the_decisions_own_kind(tmp_path: Path) -> None:
                     [d])
     (back,) = read_recording(path).decisions
     assert back == d
+
+
+def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: Path) -> None:
+    from dualpath_cli.services.explain import explain_request, story_from_recording
+
+    d = decision(1)
+    outcome = {"submitted": 10.0, "dispatched": 10.1, "first_at": 10.4, "done_at": 10.9,
+               "tokens_out": 6, "rx_from_pe": 0, "pe": {
+                   "arrived": 10.1, "kv_ready": 10.2, "compute": 10.2, "kv_bubble_s": 0.0,
+                   "slack_s": [0.01], "pe_store_blocks": 3, "pe_snic_bytes": 300},
+               "de": {"de_store_blocks": 0, "de_snic_bytes": 0}}
+    story = explain_request(1, [d], outcome)
+    listing = {"at": 1.0, "total": 1, "requests": [{"rid": 2, "phase": "queued"}]}
+    path = tmp_path / "r.jsonl.gz"
+    counts = write_recording(path, {"interval_s": 1.0, "window_s": 0.0},
+                             [Sample(1.0, make_view(0), inflight=listing)], [d], [story])
+    assert counts["outcomes"] == 1
+    rec = read_recording(path)
+    assert rec.stories == {1: story} and rec.samples[0].inflight == listing
+    assert story_from_recording(rec, 1) == story  # the whole story, as served
+    # a recording from before outcomes (or of a request that had not finished): the
+    # decision part only; a line of a kind this reader does not know is skipped
+    old = tmp_path / "old.jsonl"
+    write_recording(old, {"interval_s": 1.0, "window_s": 0.0}, [Sample(1.0, make_view(0))],
+                    [d])
+    text = old.read_text().splitlines()
+    old.write_text("\n".join([*text[:-1], '{"kind":"future","x":1}', text[-1]]) + "\n")
+    rec = read_recording(old)
+    assert rec.stories == {} and rec.samples[0].inflight is None and rec.complete
+    told = story_from_recording(rec, 1)
+    assert told["hits"] is None and told["read"]["side"] == d.side
+
+
+def _collect(client: object, more: dict[int, list[int]], monkeypatch: pytest.MonkeyPatch,
+             keep: int) -> tuple[list[Sample], dict[int, dict[str, object]]]:
+    """Three samples a second apart; before sample ``i`` the requests ``more[i]`` finish."""
+    from dualpath_cli.services import recording
+
+    monkeypatch.setattr(recording, "MAX_OUTCOMES", keep)
+    monkeypatch.setattr(recording, "_PAGE", 3)
+    now = [0.0]
+    taken = [0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        taken[0] += 1
+        for rid in more.get(taken[0], []):
+            client.outcomes[rid] = {"submitted": 1.0}  # type: ignore[attr-defined]
+
+    stories: dict[int, dict[str, object]] = {}
+    samples = list(recording.collect(client, 2.0, 1.0, clock=lambda: now[0], sleep=sleep,
+                                     decisions_out=[], stories_out=stories, inflight=True,
+                                     with_metrics=False))
+    return samples, stories
+
+
+def test_collect_pages_the_finished_stories_and_keeps_the_newest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualpath_cli.api.fake import FakeClient
+
+    def client() -> FakeClient:
+        fake = FakeClient(make_view(0), [decision(s) for s in range(1, 30)],
+                          inflight=[{"rid": 29, "phase": "prefill"}])
+        for rid in range(1, 6):
+            fake.outcomes[rid] = {"submitted": 1.0}
+        return fake
+
+    more = {1: list(range(6, 13)), 2: list(range(13, 21))}
+    samples, stories = _collect(client(), more, monkeypatch, keep=100)
+    # the first sample takes the newest page; later ones page forward from the cursor
+    assert list(stories) == list(range(3, 21))
+    assert all(s.inflight == {"at": make_view(0).at, "total": 1,
+                              "requests": [{"rid": 29, "phase": "prefill"}]} for s in samples)
+    _, stories = _collect(client(), more, monkeypatch, keep=8)
+    assert list(stories) == list(range(13, 21))  # bounded: the newest kept
+
+
+def test_collect_from_a_server_without_the_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualpath_cli.api.errors import Rejected
+    from dualpath_cli.api.fake import FakeClient
+
+    fake = FakeClient(make_view(0), [decision(1)])
+
+    def old_server(*_: object, **__: object) -> dict[str, object]:
+        raise Rejected("http://fake/api/v1/requests: HTTP 404: Not Found", 404)
+
+    fake.requests = old_server  # type: ignore[method-assign]
+    samples, stories = _collect(fake, {}, monkeypatch, keep=10)
+    assert len(samples) == 3 and stories == {}
+    assert all(s.inflight is None for s in samples)

@@ -24,7 +24,7 @@ from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
 from dualpath_cli.errors import UsageError
 from dualpath_cli.services.recording import Recording, Sample, read_recording, write_recording
-from dualpath_cli.telemetry.view import ClusterView
+from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.app import TopApp
 from dualpath_cli.tui.format import engine_rows, nic_quadrants, sparkline
 from dualpath_cli.tui.source import LiveSource, ReplaySource
@@ -40,9 +40,60 @@ def faulted_view(i: int) -> ClusterView:
                      layer_blocks=8)
 
 
+KVB = 64 * 1024  # KV bytes per token (all layers) of the fake cluster
+
+
+def pe_facts() -> dict[str, Any]:
+    """What a PE reports with a first token: 12 of 14 hit blocks from the store."""
+    return {"arrived": 999.6, "kv_ready": 999.7, "compute": 999.72, "kv_bubble_s": 0.01,
+            "slack_s": [0.02, 0.01, -0.005], "pe_tokens": 900, "de_tokens": 0,
+            "pe_dram_misses": {}, "pe_dram_blocks": 2, "pe_store_blocks": 12,
+            "pe_snic_bytes": 12 * 64 * KVB}
+
+
+def raw_flight(rid: int, phase: str, now: float = 1000.0) -> dict[str, Any]:
+    """The scheduler's in-flight row of request ``rid`` in ``phase`` (its decision is
+    test_diagnose_rules' ``decision(rid)``: PE 0, DE 2 + rid % 4)."""
+    placed = phase in ("prefill", "decode")
+    return {"rid": rid, "agent": rid % 7, "turn": 1, "attempt": 0, "submitted": now - 0.5,
+            "phase": phase, "first_at": now - 0.1 if phase == "decode" else None,
+            "prompt_tokens": 1000, "gen": 8, "cached": 900, "pe": 0 if placed else -1,
+            "de": 2 + rid % 4 if placed else -1, "de_group": 2 + rid % 4 if placed else -1,
+            "pe_tokens": 900 if placed else 0, "dispatched": now - 0.4 if placed else None,
+            "pe_facts": pe_facts() if phase == "decode" else None,
+            "lookup": {"prompt_tokens": 1000, "blocks": 15, "hit_blocks": 14,
+                       "misses": {"never_stored": 1}, "evicted_age_s": None}}
+
+
+def inflight_listing(flights: list[tuple[int, str]], decisions: list[Decision],
+                     at: float) -> dict[str, Any]:
+    """``GET /api/v1/requests?state=inflight``'s answer for ``flights`` (rid, phase), made
+    by the service's own :func:`inflight_row`."""
+    from dualpath_cli.services.explain import inflight_row
+
+    by_rid = {d.rid: d for d in decisions}
+    rows = [inflight_row(raw_flight(rid, phase), by_rid.get(rid), 1000.0, at, KVB)
+            for rid, phase in flights]
+    return {"at": at, "total": len(rows), "requests": rows}
+
+
+def outcome(rid: int) -> dict[str, Any]:
+    """A finished request's timeline as the ledger keeps it."""
+    return {"submitted": 999.5, "dispatched": 999.6, "first_at": 999.9, "done_at": 1000.3,
+            "attempts": 1, "cached": 900, "pe_tokens": 900, "rx_from_pe": 4096,
+            "tokens_out": 8, "pe": pe_facts(),
+            "de": {"de_dram_blocks": 0, "de_store_blocks": 0, "de_snic_bytes": 0}}
+
+
 def fake_client(n: int = 12, **kw: Any) -> FakeClient:
-    return FakeClient([faulted_view(i) for i in range(n)],
-                      [decision(s, de=2 + s % 4) for s in range(1, 20)], **kw)
+    decisions = [decision(s, de=2 + s % 4) for s in range(1, 20)]
+    flights = [(17, "decode"), (18, "prefill"), (19, "prefill"), (25, "queued")]
+    kw.setdefault("inflight", inflight_listing(flights, decisions, faulted_view(0).at)[
+        "requests"])
+    client = FakeClient([faulted_view(i) for i in range(n)], decisions, **kw)
+    for rid in range(1, 17):
+        client.outcomes[rid] = outcome(rid)
+    return client
 
 
 def screen_text(app: TopApp) -> str:
@@ -71,6 +122,19 @@ async def wait_text(pilot: Pilot, text: str, timeout: float = 10.0) -> str:
     return screen_text(pilot.app)
 
 
+def detail(app: TopApp) -> str:
+    """The requests screen's detail pane, whole (it scrolls on screen)."""
+    from textual.widgets import Static
+
+    return str(app.screen.query_one("#detail", Static).content)
+
+
+async def wait_detail(pilot: Pilot, text: str, timeout: float = 10.0) -> str:
+    """Wait until the requests screen's detail holds ``text``; returns the detail."""
+    await wait_for(pilot, lambda: text in detail(pilot.app), repr(text), timeout)
+    return detail(pilot.app)
+
+
 def run(app: TopApp, scenario: Callable[[Pilot], Awaitable[None]],
         size: tuple[int, int] = (110, 32)) -> None:
     """Run ``scenario`` against ``app`` after its first frame arrived."""
@@ -89,10 +153,20 @@ def live_app(client: FakeClient | None = None, token_id: str | None = "tok-fake"
 
 
 def recording(tmp_path: Path, n: int = 20) -> Path:
+    """``n`` samples a second; decision ``s`` at half a second each; at sample ``i``,
+    requests 2i-1 (prefill), 2i (decode) and 2i+1 (queued) are in flight and the earlier
+    ones have finished (their stories recorded)."""
+    from dualpath_cli.services.explain import explain_request
+
     path = tmp_path / "incident.jsonl"
-    samples = [Sample(v.at, v) for v in (faulted_view(i) for i in range(n))]
+    decisions = [decision(s, de=2 + s % 4) for s in range(1, 2 * n)]
+    samples = [Sample(v.at, v, inflight=inflight_listing(
+        [(2 * i - 1, "prefill"), (2 * i, "decode"), (2 * i + 1, "queued")][int(i == 0):],
+        [d for d in decisions if d.at <= v.at], v.at))
+        for i, v in ((i, faulted_view(i)) for i in range(n))]
+    stories = [explain_request(rid, decisions, outcome(rid)) for rid in range(1, 2 * n - 3)]
     write_recording(path, {"source": "test", "interval_s": 1.0, "window_s": n - 1}, samples,
-                    [decision(s, de=2 + s % 4) for s in range(1, 2 * n)])
+                    decisions, stories)
     return path
 
 
@@ -200,15 +274,99 @@ def test_heat_map_styles_are_valid_colours() -> None:
         Style.parse(style)  # a bad colour name raises here, not silently at render time
 
 
-def test_requests_screen_selects_a_decision_entry() -> None:
+def test_requests_screen_lists_turns_in_flight_and_tells_their_story() -> None:
+    app, client = live_app()
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("4")
+        text = await wait_text(pilot, "4 turns in flight")
+        rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.split()[:1] in (
+            ["17"], ["18"], ["19"], ["25"])}
+        assert set(rows) == {"17", "18", "19", "25"}
+        # PE, DE, read side, KV bytes read of those to read, TTFT (so far)
+        assert "decode" in rows["17"] and "56.2MiB/56.2MiB" in rows["17"]
+        assert "400ms" in rows["17"]  # TTFT known: first token 0.4 s after arrival
+        assert "prefill" in rows["18"] and "loading/56.2MiB" in rows["18"]
+        assert ">500ms" in rows["18"]  # no first token yet: waited so far
+        assert "queued" in rows["25"] and "0B/56.2MiB" in rows["25"]
+        assert "C2" in rows["18"] and "normal" in rows["18"]
+        # the oldest is highlighted: its story (explain's) and the decision that placed it
+        text = await wait_detail(pilot, "request 17 (agent 3, turn 1): in flight: decode")
+        assert "read side: pe" in text and "PE 0 (class C2" in text
+        assert "decision #17" in text and '"de_engine"' in text
+        await pilot.press("down")
+        text = await wait_detail(pilot, "request 18 (agent 4, turn 1): in flight: prefill")
+        assert "loading its KV and prefilling" in text and "KV read loading of 56.2MiB" in text
+        assert "no first token yet after 500.0 ms" in text and "decision #18" in text
+        await pilot.press("down", "down")
+        text = await wait_detail(pilot, "request 25 (agent 4, turn 1): in flight: queued")
+        assert "not placed yet" in text and "missed blocks: 1 never_stored" in text
+        # the turn finishes: it leaves the list, its story is the whole one
+        client.inflight = client.inflight[1:3]
+        client.outcomes[17] = outcome(17)
+        await pilot.press("up", "up")
+        await wait_detail(pilot, "request 18 (agent 4")
+        app.request_poll()
+        await wait_text(pilot, "2 turns in flight")
+        assert "request 18 (" in await wait_detail(pilot, "request 18 (")  # follows the rid
+    run(app, scenario)
+    assert "requests" in client.calls and "request" in client.calls
+
+
+def test_requests_screen_lists_recent_decisions_on_l() -> None:
     app, _ = live_app()
 
     async def scenario(pilot: Pilot) -> None:
         await pilot.press("4")
-        await wait_text(pilot, "decision #19")  # the newest is highlighted
+        await wait_text(pilot, "turns in flight")
+        await wait_detail(pilot, "request 17 (")
+        await pilot.press("l")  # the selected request stays selected
+        text = await wait_text(pilot, "recent decisions, newest first")
+        assert text.index("\n 19 ") < text.index("\n 18 ") < text.index("\n 17 ")
+        await pilot.press("up", "up")
+        text = await wait_detail(pilot, "request 19 (agent 5, turn 1)")
+        assert "decision #19" in text
         await pilot.press("down", "down")
-        text = await wait_text(pilot, "decision #17")
-        assert '"de_engine"' in text and "read side PE" in text
+        text = await wait_detail(pilot, "request 17 (agent 3, turn 1)")
+        assert "decision #17" in text and '"de_engine"' in text and "read side PE" in text
+        await pilot.press("down")  # request 16 finished: its whole story
+        text = await wait_detail(pilot, "request 16 (agent 2, turn 1): finished")
+        assert "TTFT 400.0 ms = queueing" in text and "load-ahead slack per layer" in text
+        assert "blocks hit: PE side dram 2, store 12" in text
+        await pilot.press("l")
+        await wait_text(pilot, "turns in flight")
+    run(app, scenario)
+
+
+def test_requests_screen_without_an_inflight_listing_shows_decisions() -> None:
+    client = fake_client()
+    client.requests = None  # type: ignore[assignment, method-assign]  # an older client
+    app, _ = live_app(client)
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("4")
+        text = await wait_text(pilot, "serves no in-flight list")
+        assert "decision #19" in (await wait_detail(pilot, "decision #19"))
+        assert "recent decisions" in text
+    run(app, scenario)
+
+
+def test_requests_screen_replays_what_was_in_flight(tmp_path: Path) -> None:
+    app = replay_app(tmp_path)
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("4")
+        text = await wait_text(pilot, "3 turns in flight")
+        assert "request 37 (agent 2, turn 1): in flight: prefill" in (
+            await wait_detail(pilot, "request 37 ("))
+        await pilot.press("left", "left")  # two samples back: 33, 34, 35 were in flight
+        text = await wait_detail(pilot, "request 33 (agent 5, turn 1): in flight: prefill")
+        assert "decision #33" in text
+        await pilot.press("l")  # the decisions up to the cursor, request 33 still selected
+        await wait_text(pilot, "recent decisions, newest first")
+        await pilot.press("down")  # request 32 had finished by then
+        text = await wait_detail(pilot, "request 32 (agent 4, turn 1): finished")
+        assert "TTFT 400.0 ms = queueing" in text  # the story the cluster served, recorded
     run(app, scenario)
 
 
@@ -424,9 +582,10 @@ def test_replay_scrubber_keys(tmp_path: Path) -> None:
         await wait_text(pilot, "20/20 x32 stopped", timeout=10)
         await pilot.press("minus")
         await wait_text(pilot, "x16")
-        await pilot.press("4")  # decisions up to the cursor's time only
-        text = await wait_text(pilot, "decision #")
-        assert "#38" in text and "#39" not in text  # decisions 1..38 are at or before the cursor
+        await pilot.press("4", "l")  # decisions up to the cursor's time only
+        text = await wait_text(pilot, "recent decisions, newest first")
+        seqs = [ln.split()[0] for ln in text.splitlines()[4:] if ln.split()[:1] != []]
+        assert seqs[0] == "38" and "39" not in seqs  # 1..38 are at or before the cursor
     run(app, scenario)
     assert rep.index == rep.total - 1
 

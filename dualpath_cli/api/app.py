@@ -312,6 +312,20 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         return _json({"since": since,
                       "decisions": [decision_dict(d) for d in live.decisions(since)]})
 
+    @r.get("/api/v1/requests", responses=_ERRORS, tags=["read"])
+    def requests_list(
+            state: Annotated[str, Query(pattern="^(inflight|finished)$", description=(
+                "inflight: the turns not finished yet; finished: the stories of finished "
+                "requests (as GET /api/v1/requests/{id} serves them)."))] = "inflight",
+            limit: Annotated[int, Query(ge=1, le=1000, description=(
+                "At most this many (inflight: the oldest; finished: see after)."))] = 100,
+            after: Annotated[int | None, Query(ge=0, description=(
+                "finished only: those that finished after this request did, in finish "
+                "order (a reader's cursor); absent: the newest."))] = None) -> Response:
+        """Requests in flight (phase, PE, DE, read side, KV bytes read, TTFT so far), or
+        the stories of finished ones, from the scheduler's live state and its ledger."""
+        return _json(live.requests(state, limit, after))
+
     @r.get("/api/v1/requests/{rid}", responses=_ERRORS, tags=["read"])
     def request_story(rid: Annotated[int, Path(ge=0, description="The request id (the "
                                                "decision log's rid).")]) -> Response:

@@ -5,6 +5,8 @@ tested by handing them a :class:`FakeClient` holding views (a sequence plays lik
 changing over time: each ``view()`` returns the next one, then the last one again),
 decisions and a metrics page. Control calls are checked like the server checks them (token,
 field names) and recorded, and every failure mode of the real client can be injected.
+In-flight turns are given as ``inflight`` rows in the API's form (services/explain.py's
+``inflight_row`` makes them); finished requests' stories come from ``outcomes``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class FakeClient:
         metrics_text: what ``metrics_text()`` returns (default: rendered from the view).
         token: the cluster's token; ``client_token`` the one this client sends.
         unreachable: every call raises :class:`Unreachable` (a cluster that went away).
+        inflight: the turns in flight, oldest first (``GET /api/v1/requests`` rows).
         ready_s: reported in ``status()``.
         url: shown in error messages.
     """
@@ -40,13 +43,14 @@ class FakeClient:
                  decisions: Iterable[Decision] = (), *, metrics_text: str | None = None,
                  token: str = "fake-token", client_token: str | None = "fake-token",
                  unreachable: bool = False, ready_s: float | None = 0.5,
-                 url: str = "http://fake") -> None:
+                 url: str = "http://fake", inflight: Iterable[dict[str, Any]] = ()) -> None:
         self._views = [views] if isinstance(views, ClusterView) else list(views)
         if not self._views:
             raise ValueError("FakeClient needs at least one view")
         self._i = 0
         self._decisions = list(decisions)
-        self.outcomes: dict[int, dict[str, Any]] = {}  # rid -> outcome, for request()
+        self.outcomes: dict[int, dict[str, Any]] = {}  # rid -> outcome, in finish order
+        self.inflight: list[dict[str, Any]] = [dict(r) for r in inflight]
         self._metrics_text = metrics_text
         self._token = token
         self.client_token = client_token
@@ -122,10 +126,38 @@ class FakeClient:
         from dualpath_cli.services.explain import RequestNotFound, explain_request
 
         self._call("request")
+        row = None if rid in self.outcomes else next(
+            (r for r in self.inflight if r.get("rid") == rid), None)
         try:
-            return explain_request(rid, self._decisions, self.outcomes.get(rid))
+            return explain_request(rid, self._decisions, self.outcomes.get(rid), progress=row)
         except RequestNotFound as err:
             raise Rejected(f"{self.url}: HTTP 404: {err}", 404) from None
+
+    def requests(self, state: str = "inflight", limit: int = 100,
+                 after: int | None = None) -> dict[str, Any]:
+        """``inflight``: the given rows (oldest ``limit``); ``finished``: the stories of
+        ``outcomes`` in their order (the newest ``limit``, or the first after ``after``).
+        Bad parameters are refused like the server refuses them (422)."""
+        from dualpath_cli.services.explain import finished_stories
+
+        self._call("requests")
+        path = f"{self.url}/api/v1/requests"
+        if state not in ("inflight", "finished"):
+            raise Rejected(f"{path}: HTTP 422: state: String should match pattern "
+                           "'^(inflight|finished)$'", 422)
+        if not 1 <= limit <= 1000 or (after is not None and after < 0):
+            raise Rejected(f"{path}: HTTP 422: limit: must be 1..1000, after >= 0", 422)
+        at = self._current().at
+        if state == "inflight":
+            return {"state": state, "at": at, "total": len(self.inflight),
+                    "requests": [dict(r) for r in self.inflight[:limit]]}
+        rids = list(self.outcomes)
+        if after is None:
+            rids = rids[-limit:]
+        else:
+            rids = (rids[rids.index(after) + 1:] if after in rids else rids)[:limit]
+        return {"state": state, "at": at, "requests": finished_stories(
+            [(rid, self.outcomes[rid]) for rid in rids], self._decisions)}
 
     def status(self) -> Status:
         """Status derived from the current view and the audit so far."""

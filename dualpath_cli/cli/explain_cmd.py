@@ -23,11 +23,13 @@ def register(app: typer.Typer) -> None:
 
 def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str, Any]:
     if from_file is not None:
-        from dualpath_cli.services.explain import explain_request
+        from dualpath_cli.services.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
 
-        rec = read_recording(from_file)
-        return explain_request(request_id, rec.decisions)
+        # the story the cluster served when the request finished (whole), else the
+        # decision part; samples are not needed for either
+        rec = read_recording(from_file, max_samples=2)
+        return story_from_recording(rec, request_id)
     from dualpath_cli.cli import source
 
     with source.connect(url, timeout=10.0) as client:

@@ -1,7 +1,8 @@
 """``dualpath record``: write a window of a live cluster to one file (a recording).
 
-A recording holds the ClusterView every ``--interval``, the ``/metrics`` extras, the
-decision log and the served turns as a trace (services/recording.py); every command that
+A recording holds the ClusterView every ``--interval``, the ``/metrics`` extras, the turns in
+flight then, the decision log, the served turns as a trace and the stories of the requests
+that finished (what ``dualpath explain`` tells; services/recording.py); every command that
 takes ``--url`` also takes ``--from`` such a file, so last night's incident can be diagnosed
 in the morning.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -50,6 +51,7 @@ def record(
     if output.name.lower().endswith(".zst"):
         _zstd()  # refused before the window is spent, not after
     decisions: list[Decision] = []
+    stories: dict[int, dict[str, Any]] = {}
     t0 = time.monotonic()
     with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
@@ -61,13 +63,15 @@ def record(
                   "created": time.time()}
         counts = write_recording(output, header,
                                  collect(client, window_s, interval_s,
-                                         decisions_out=decisions), decisions)
+                                         decisions_out=decisions, stories_out=stories,
+                                         inflight=True), decisions, stories.values())
     summary = {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
                "bytes": output.stat().st_size}
     if as_json:
         emit_json(summary)
     else:
         stdout.print(f"recorded {counts['samples']} samples, {counts['decisions']} decisions, "
-                     f"{max(0, counts['trace'] - 1)} agents' turns in "
+                     f"{max(0, counts['trace'] - 1)} agents' turns, {counts['outcomes']} "
+                     f"finished requests' stories in "
                      f"{summary['seconds']} s -> {output} ({summary['bytes']} bytes)",
                      highlight=False, soft_wrap=True)

@@ -175,6 +175,33 @@ class RequestLedger:
             out = self._outcomes.get(rid)
         return dict(out) if out is not None else None
 
+    def progress(self, rids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """What is known so far of requests in flight (a read accessor for the in-flight
+        listing): when each was dispatched and, once its first token is out, the PE's facts
+        (``pe_facts``), with its last lookup (``lookup``)."""
+        with self._lock:
+            out = {}
+            for rid in rids:
+                facts, look = self._first.get(rid), self._lookups.get(rid)
+                out[rid] = {"dispatched": self._dispatched.get(rid),
+                            "pe_facts": dict(facts) if facts is not None else None,
+                            "lookup": look.as_dict() if look is not None else {}}
+            return out
+
+    def finished_after(self, after: int | None, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Kept outcomes in the order the requests finished, oldest first, at most
+        ``limit``: the newest when ``after`` is ``None``; else the first that finished after
+        request ``after`` did (from the oldest kept when it is forgotten), so a reader pages
+        forward. A read accessor (a recorder's cursor)."""
+        with self._lock:
+            newer: list[int] = []
+            for rid in reversed(self._outcomes):
+                if rid == after or (after is None and len(newer) >= limit):
+                    break
+                newer.append(rid)
+            newer.reverse()
+            return [(rid, dict(self._outcomes[rid])) for rid in newer[:limit]]
+
     def summary(self, rid: int) -> dict[str, Any]:
         """The request's last lookup as a decision-log dict (``{}`` if none)."""
         with self._lock:

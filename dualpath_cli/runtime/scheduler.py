@@ -468,6 +468,40 @@ class SchedulerService:
         (``None`` while it runs, or once forgotten)."""
         return self.log.of_request(rid), self.ledger.outcome(rid)
 
+    def in_flight(self, limit: int | None = None, rid: int | None = None
+                  ) -> tuple[float, int, list[dict[str, Any]]]:
+        """Turns not finished yet, oldest first (at most ``limit``; only ``rid`` if given):
+        now (monotonic), how many are in flight, and each one's phase (``queued``,
+        ``routed`` to a DE group, ``placed`` on a DE awaiting a PE, ``prefill``: KV loading
+        and prefilling, ``decode``: first token out), engines, read split and timeline so
+        far (services/explain.py words it). A read accessor on the caller's thread: one
+        pass over the queues under the lock, nothing added to the turns' path."""
+        with self._lock:
+            now = time.monotonic()
+            total = len(self.flights)
+            if rid is not None:
+                one = self.flights.get(rid)
+                flights = [one] if one is not None else []
+            else:  # rids are given in order under this lock: the dict is oldest first
+                flights = list(self.flights.values())[:limit]
+            want = {f.rid for f in flights}
+            queued = {f.rid for f in self.queue if f.rid in want}
+            routed = {f.rid for q in self.private.values() for f in q if f.rid in want}
+            placed = {f.rid for f in self.pe_queue if f.rid in want}
+            rows: list[dict[str, Any]] = [{
+                     "rid": f.rid, "agent": f.req.agent, "turn": f.req.turn,
+                     "attempt": f.att, "submitted": f.submitted,
+                     "phase": ("queued" if f.rid in queued else "routed" if f.rid in routed
+                               else "placed" if f.rid in placed
+                               else "decode" if f.prefilled else "prefill"),
+                     "first_at": f.first_at or None, "prompt_tokens": len(f.req.tokens),
+                     "gen": f.req.gen, "cached": f.cached, "pe": f.pe, "de": f.de,
+                     "de_group": f.de_group, "pe_tokens": f.pe_tokens} for f in flights]
+        progress = self.ledger.progress([fl.rid for fl in flights])
+        for fl, row in zip(flights, rows, strict=True):
+            row.update(progress.get(fl.rid, {}))
+        return now, total, rows
+
     def settings(self) -> Settings:
         """The values a :class:`SchedulerChange` acts on, as in force now."""
         with self._lock:

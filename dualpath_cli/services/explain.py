@@ -7,8 +7,16 @@ force, the prefix lookup and its miss reasons) and, when the request finished on
 cluster, its outcome (the scheduler's timeline and what the PE and DE reported). Plain data
 in, a JSON-ready dict out; :func:`render_story` prints it for people.
 
-A recording holds the decisions only, so a story from one says what was decided and why, and
-marks the outcome (reads by tier, bytes per NIC, slack, the TTFT breakdown) not available.
+A request still in flight is told as far as it is known (``progress``: its phase, age, read
+split, KV bytes to read and read, TTFT so far; once its first token is out, the PE's side of
+the outcome). :func:`inflight_row` words one in-flight turn for ``GET
+/api/v1/requests?state=inflight`` (and the TUI's requests screen).
+
+A recording (``dualpath record``) holds the stories of the requests that finished while it
+ran, exactly as ``GET /api/v1/requests/{id}`` served them, and the in-flight list of every
+sample; :func:`story_from_recording` tells a story from one. A recording without them (an
+older one, or a request that had not finished) gives the decision part only and marks the
+outcome (reads by tier, bytes per NIC, slack, the TTFT breakdown) not available.
 
 TTFT breakdown (seconds, summing to the TTFT on one machine, whose monotonic clock the
 scheduler and engines share): ``queueing`` (the scheduler's queues until dispatch, plus the
@@ -20,13 +28,24 @@ waiting for later layers' KV, streamed or copied while earlier layers ran) and `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dualpath_cli.errors import UsageError
 from dualpath_cli.telemetry.view import NA, Decision
 
-__all__ = ["RequestNotFound", "explain_request", "render_story", "side_reason"]
+__all__ = ["RequestNotFound", "explain_request", "render_story", "side_reason", "PHASES",
+           "inflight_row", "partial_outcome", "decisions_by_rid", "finished_stories",
+           "story_from_recording", "progress_text"]
+
+#: An in-flight turn's phases (the scheduler's ``in_flight``), in order, for people.
+PHASES: dict[str, str] = {
+    "queued": "queued in the scheduler's FIFO",
+    "routed": "routed to a DE group, waiting for a DE",
+    "placed": "placed on a DE, waiting for a PE",
+    "prefill": "dispatched: loading its KV and prefilling",
+    "decode": "first token out, decoding",
+}
 
 
 class RequestNotFound(UsageError):
@@ -86,23 +105,133 @@ def _split(outcome: dict[str, Any]) -> dict[str, float | None]:
             "prefill_s": max(0.0, first - compute - bubble)}
 
 
+def decisions_by_rid(decisions: Iterable[Decision], rids: Iterable[int]
+                     ) -> dict[int, list[Decision]]:
+    """``rids``' turn decisions in one pass over the log (oldest first per request)."""
+    want = set(rids)
+    out: dict[int, list[Decision]] = {}
+    for d in decisions:
+        if d.rid in want and getattr(d, "kind", "turn") == "turn":
+            out.setdefault(d.rid, []).append(d)
+    return out
+
+
+def _side_of(cached: int, pe_tokens: int) -> str:
+    if not cached:
+        return "none"
+    return "pe" if pe_tokens >= cached else "de" if pe_tokens <= 0 else "split"
+
+
+def inflight_row(raw: Mapping[str, Any], decision: Decision | None, now: float, wall: float,
+                 kv_bytes_per_token: int) -> dict[str, Any]:
+    """One in-flight turn (the scheduler's ``in_flight`` row) as the API serves it.
+
+    Args:
+        raw: the scheduler's row (monotonic ``submitted``/``first_at``, the PE's facts once
+            the first token is out).
+        decision: the request's newest decision (``None``: not placed yet); used only when
+            it is of the current attempt.
+        now / wall: the monotonic and wall-clock time of the snapshot.
+        kv_bytes_per_token: KV bytes of one token over all layers.
+
+    ``bytes_read`` is what is known: 0 before dispatch, every cached token's KV once the
+    first token is out (a prefill cannot finish without it), ``None`` while it loads (the
+    engines report a request's reads with its first token, not before).
+    """
+    sub, first = float(raw["submitted"]), raw.get("first_at")
+    phase = str(raw["phase"])
+    d = decision if decision is not None and decision.attempt == raw["attempt"] else None
+    placed = phase in ("prefill", "decode")
+    cached = int(raw["cached"])
+    pe_tokens = int(raw["pe_tokens"]) if placed else None
+    to_read = cached * kv_bytes_per_token
+    facts = raw.get("pe_facts") or {}
+    side = None
+    if placed:
+        side = d.side if d is not None else _side_of(cached, pe_tokens or 0)
+    return {
+        "rid": raw["rid"], "agent": raw["agent"], "turn": raw["turn"],
+        "attempt": raw["attempt"], "phase": phase, "arrived_at": wall - (now - sub),
+        "age_s": max(0.0, now - sub),
+        "pe": raw["pe"] if placed else None,
+        "de": raw["de"] if raw["de"] >= 0 else None,
+        "de_group": raw["de_group"] if raw["de_group"] >= 0 else None,
+        "side": side, "prompt_tokens": raw["prompt_tokens"], "gen": raw.get("gen"),
+        "cached_tokens": cached, "pe_tokens": pe_tokens,
+        "de_tokens": cached - pe_tokens if pe_tokens is not None else None,
+        "bytes_to_read": to_read,
+        "bytes_read": to_read if phase == "decode" else None if phase == "prefill" else 0,
+        "pe_snic_bytes": facts.get("pe_snic_bytes"), "de_to_pe_bytes": facts.get("peer_bytes"),
+        "ttft_s": first - sub if first is not None else None,
+        "waited_s": max(0.0, now - sub) if first is None else None,
+        "decision_seq": d.seq if d is not None else None,
+        "pe_class": d.pe_class if d is not None else None,
+        "de_class": d.de_class if d is not None else None,
+        "lookup": dict(raw.get("lookup") or {}),
+    }
+
+
+def partial_outcome(raw: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An in-flight turn's outcome so far (the PE's side, once its first token is out),
+    in the form :func:`explain_request` reads; ``None`` before that."""
+    if not raw.get("pe_facts") or raw.get("first_at") is None:
+        return None
+    return {"submitted": raw["submitted"], "dispatched": raw.get("dispatched"),
+            "first_at": raw["first_at"], "pe": raw["pe_facts"]}
+
+
+def finished_stories(done: Sequence[tuple[int, dict[str, Any]]],
+                     decisions: Iterable[Decision], block_tokens: int | None = None
+                     ) -> list[dict[str, Any]]:
+    """The stories of finished requests (``(rid, outcome)`` in finish order); a request
+    whose decisions the ring no longer holds is left out."""
+    by_rid = decisions_by_rid(decisions, (rid for rid, _ in done))
+    return [explain_request(rid, by_rid[rid], outcome, block_tokens=block_tokens)
+            for rid, outcome in done if rid in by_rid]
+
+
+def _pending(rid: int, progress: Mapping[str, Any],
+             block_tokens: int | None) -> dict[str, Any]:
+    """The story of a turn not placed yet: what it is waiting for, its lookup."""
+    look = dict(progress.get("lookup") or {})
+    return {
+        "rid": rid, "agent": progress.get("agent"), "turn": progress.get("turn"),
+        "state": f"in flight: {progress.get('phase')}", "attempts": [], "decided_at": None,
+        "prompt_tokens": progress.get("prompt_tokens"),
+        "cached_tokens": progress.get("cached_tokens"), "block_tokens": block_tokens,
+        "pe": None, "de": None, "thresholds": None, "read": None,
+        "lookup": {"blocks": look.get("blocks"), "hit_blocks": look.get("hit_blocks"),
+                   "misses": look.get("misses", {}), "evicted_age_s": look.get("evicted_age_s"),
+                   "misses_all_attempts": look.get("misses", {})},
+        "hits": None, "dram_misses": None, "nic_bytes": None, "layer_slack_s": None,
+        "ttft_s": None, "ttft_split": None, "tpot_s": None,
+        "arrival": progress.get("arrived_at"), "progress": dict(progress),
+    }
+
+
 def explain_request(rid: int, decisions: Sequence[Decision],
                     outcome: dict[str, Any] | None = None, *,
-                    block_tokens: int | None = None) -> dict[str, Any]:
+                    block_tokens: int | None = None,
+                    progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The story of request ``rid`` as a JSON-ready dict.
 
     Args:
         rid: the request id (the decision log's ``rid``).
         decisions: every kept decision (only ``rid``'s turn decisions are used).
         outcome: the scheduler's timeline of the finished request (``None``: running, or a
-            recording).
+            recording); with ``progress``, the in-flight turn's outcome so far
+            (:func:`partial_outcome`: the DE's side is not known yet).
         block_tokens: tokens per block, to turn the lookup's blocks into tokens (default:
             from the decision).
+        progress: the turn's :func:`inflight_row` while it is in flight (``None``: finished,
+            or not known to be running).
 
     Raises:
-        RequestNotFound: no decision of ``rid`` is kept.
+        RequestNotFound: no decision of ``rid`` is kept and it is not in flight.
     """
     mine = [d for d in decisions if d.rid == rid and getattr(d, "kind", "turn") == "turn"]
+    if not mine and progress is not None:
+        return _pending(rid, progress, block_tokens)
     if not mine:
         raise RequestNotFound(f"request {rid}: no decision kept for it (unknown id, or "
                               "older than the decision ring)")
@@ -113,7 +242,8 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     bt = block_tokens or (d.cached // look["hit_blocks"] if look.get("hit_blocks") else None)
     story: dict[str, Any] = {
         "rid": rid, "agent": d.agent, "turn": d.turn,
-        "state": "finished" if outcome is not None else "running or not recorded",
+        "state": (f"in flight: {progress.get('phase')}" if progress is not None
+                  else "finished" if outcome is not None else "running or not recorded"),
         "attempts": [{"seq": x.seq, "attempt": x.attempt, "at": x.at, "pe": x.pe, "de": x.de,
                       "side": x.side, "cached": x.cached,
                       "misses": (x.inputs.get("lookup") or {}).get("misses", {})}
@@ -132,10 +262,13 @@ def explain_request(rid: int, decisions: Sequence[Decision],
                    "evicted_age_s": look.get("evicted_age_s"),
                    "misses_all_attempts": _sum([x.get("misses", {}) for x in lookups])},
         "hits": None, "dram_misses": None, "nic_bytes": None, "layer_slack_s": None, "ttft_s": None,
-        "ttft_split": None, "tpot_s": None, "arrival": None,
+        "ttft_split": None, "tpot_s": None,
+        "arrival": progress.get("arrived_at") if progress is not None else None,
+        "progress": dict(progress) if progress is not None else None,
     }
     if outcome is None:
         return story
+    running = progress is not None  # the DE's side is not reported before the turn ends
     pe = outcome.get("pe") or {}
     de = outcome.get("de") or {}
     sub, first, done = outcome.get("submitted"), outcome.get("first_at"), outcome.get("done_at")
@@ -147,9 +280,9 @@ def explain_request(rid: int, decisions: Sequence[Decision],
                      "de": {"dram": de.get("de_dram_blocks"), "store": de.get("de_store_blocks")},
                      "peer_blocks": peer}
     story["dram_misses"] = {"pe": pe.get("pe_dram_misses") or {},
-                            "de": de.get("de_dram_misses") or {}}
+                            "de": None if running else de.get("de_dram_misses") or {}}
     story["nic_bytes"] = {"pe_snic_read": pe.get("pe_snic_bytes", 0),
-                          "de_snic_read": de.get("de_snic_bytes", 0),
+                          "de_snic_read": None if running else de.get("de_snic_bytes", 0),
                           "de_cnic_tx_to_pe": pe.get("peer_bytes", 0),
                           "pe_cnic_tx_to_de": outcome.get("rx_from_pe")}
     story["layer_slack_s"] = pe.get("slack_s")
@@ -160,6 +293,33 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     if first is not None and done is not None and n > 1:
         story["tpot_s"] = (done - first) / (n - 1)
     return story
+
+
+def story_from_recording(rec: Any, rid: int, at: float | None = None) -> dict[str, Any]:
+    """Request ``rid``'s story from a recording (services/recording.py's ``Recording``).
+
+    ``at``: a replay cursor's time: a request in flight at the sample there is told as it
+    was then (decisions up to ``at``, the sample's in-flight row). Otherwise the story the
+    recording holds for it (served by the cluster when it finished: the whole story), else
+    the decision part only.
+
+    Raises:
+        RequestNotFound: the recording holds nothing of ``rid``.
+    """
+    decisions: Sequence[Decision] = rec.decisions
+    bt = rec.header.get("block_tokens")
+    if at is not None:
+        decisions = [d for d in decisions if d.at <= at]
+        before = [s for s in rec.samples if s.at <= at]
+        inflight = getattr(before[-1], "inflight", None) if before else None
+        row = next((r for r in (inflight or {}).get("requests", ()) if r.get("rid") == rid),
+                   None)
+        if row is not None:
+            return explain_request(rid, decisions, None, block_tokens=bt, progress=row)
+    story = rec.stories.get(rid)
+    if story is not None:
+        return dict(story)
+    return explain_request(rid, decisions, block_tokens=bt)
 
 
 def _sum(maps: list[dict[str, int]]) -> dict[str, int]:
@@ -176,20 +336,49 @@ def _s(value: float | None, unit: str = "s") -> str:
     return f"{value * 1000:.1f} ms" if unit == "s" else f"{value}{unit}"
 
 
+def _b(value: int | None) -> str:
+    from dualpath_cli.units import format_bytes
+
+    return NA if value is None else format_bytes(value)
+
+
+def _na(value: Any) -> str:
+    return NA if value is None else str(value)
+
+
+def progress_text(p: Mapping[str, Any]) -> str:
+    """An in-flight turn's progress in one line (the TUI's detail, ``explain``)."""
+    phase = str(p.get("phase"))
+    ttft = (f"TTFT {_s(p['ttft_s'])}" if p.get("ttft_s") is not None
+            else f"no first token yet after {_s(p.get('waited_s'))}")
+    read = ("loading" if p.get("bytes_read") is None and phase == "prefill"
+            else _b(p.get("bytes_read")))
+    return (f"  in flight: {PHASES.get(phase, phase)} (attempt {p.get('attempt', 0)}, "
+            f"{_s(p.get('age_s'))} since arrival); {ttft}; KV read {read} of "
+            f"{_b(p.get('bytes_to_read'))}")
+
+
 def render_story(story: dict[str, Any]) -> list[str]:
     """The story as lines of plain text, in the order it happened."""
     pe, de, rd, lk, th = (story["pe"], story["de"], story["read"], story["lookup"],
                           story["thresholds"])
-    src = th.get("sources") or {}
+    progress = story.get("progress")
     lines = [f"request {story['rid']} (agent {story['agent']}, turn {story['turn']}): "
-             f"{story['state']}, {len(story['attempts'])} attempt(s)",
+             f"{story['state']}, {len(story['attempts'])} attempt(s) placed",
              f"  prompt {story['prompt_tokens']} tokens, cached {story['cached_tokens']} "
-             f"tokens ({lk.get('hit_blocks', NA)} of {lk.get('blocks', NA)} blocks)"]
+             f"tokens ({_na(lk.get('hit_blocks'))} of {_na(lk.get('blocks'))} blocks)"]
+    if progress:
+        lines.append(progress_text(progress))
     if lk.get("misses"):
         parts = ", ".join(f"{n} {why}" for why, n in sorted(lk["misses"].items()))
         age = lk.get("evicted_age_s")
         parts += f" (oldest evicted {age:.1f} s old)" if age is not None else ""
         lines.append(f"  missed blocks: {parts}")
+    if pe is None or de is None or rd is None or th is None:
+        lines.append("  not placed yet: no decision logged for it (PE, DE and the read side "
+                     "come with its placement)")
+        return lines
+    src = th.get("sources") or {}
     lines += [
         f"  PE {pe['engine']} (class {pe['class'] or NA}; node {pe.get('node', NA)}, "
         f"{pe.get('seq', NA)} requests / {pe.get('tok', NA)} tokens before)",
@@ -204,18 +393,27 @@ def render_story(story: dict[str, Any]) -> list[str]:
     ]
     hits = story.get("hits")
     if hits is None:
-        lines.append("  outcome: not available (still running, or a recording)")
+        if not progress:
+            lines.append("  outcome: not available (still running, or a recording without it)")
+        elif progress.get("phase") == "decode":
+            lines.append("  outcome so far: the PE's report of it is not available here")
+        else:
+            lines.append("  outcome so far: none (reads by tier, bytes per NIC, slack and the "
+                         "TTFT breakdown come with its first token)")
         return lines
+    de_hits = ("pending (the DE reports with the last token)" if progress else
+               f"dram {hits['de']['dram'] or 0}, store {hits['de']['store'] or 0}")
     lines.append(f"  blocks hit: PE side dram {hits['pe']['dram'] or 0}, store "
-                 f"{hits['pe']['store'] or 0}; DE side dram {hits['de']['dram'] or 0}, store "
-                 f"{hits['de']['store'] or 0}; streamed DE->PE {hits['peer_blocks'] or 0}")
+                 f"{hits['pe']['store'] or 0}; DE side {de_hits}; streamed DE->PE "
+                 f"{hits['peer_blocks'] or 0}")
     for side, missed in (story.get("dram_misses") or {}).items():
         if missed:
             lines.append(f"  {side.upper()} DRAM buffer missed: " + ", ".join(
                 f"{n} {why}" for why, n in sorted(missed.items())))
     nb = story["nic_bytes"]
     lines.append(f"  bytes: PE SNIC read {nb['pe_snic_read']}, DE SNIC read "
-                 f"{nb['de_snic_read']}, DE CNIC->PE {nb['de_cnic_tx_to_pe']}, PE CNIC->DE "
+                 f"{NA if nb['de_snic_read'] is None else nb['de_snic_read']}, DE CNIC->PE "
+                 f"{nb['de_cnic_tx_to_pe']}, PE CNIC->DE "
                  f"{nb['pe_cnic_tx_to_de'] if nb['pe_cnic_tx_to_de'] is not None else NA}")
     slack = story.get("layer_slack_s") or []
     if slack:

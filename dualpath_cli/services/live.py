@@ -301,16 +301,48 @@ class LiveCluster:
         return self.system.decisions(since)
 
     def request(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (services/explain.py: ``dualpath explain``).
+        """Request ``rid``'s story (services/explain.py: ``dualpath explain``): the whole
+        story once it finished, what is known so far while it is in flight.
 
         Raises:
-            RequestNotFound: no decision of it is kept.
+            RequestNotFound: not in flight, and no decision of it is kept.
         """
-        from dualpath_cli.services.explain import explain_request
+        from dualpath_cli.services import explain
 
-        decisions, outcome = self.system.scheduler.request(rid)
-        return explain_request(rid, decisions, outcome,
-                               block_tokens=self.system.namespace.shape.block_tokens)
+        sched = self.system.scheduler
+        decisions, outcome = sched.request(rid)
+        progress = None
+        if outcome is None:
+            now, _, rows = sched.in_flight(rid=rid)
+            if rows:
+                progress = explain.inflight_row(rows[0], decisions[-1] if decisions else None,
+                                                now, time.time(), self._kv_bytes_per_token())
+                outcome = explain.partial_outcome(rows[0])
+        return explain.explain_request(rid, decisions, outcome, progress=progress,
+                                       block_tokens=self.system.namespace.shape.block_tokens)
+
+    def requests(self, state: str, limit: int, after: int | None = None) -> dict[str, Any]:
+        """``GET /api/v1/requests``: the turns in flight (``inflight``: oldest first, at
+        most ``limit``, with ``total``) or the stories of finished requests (``finished``:
+        in finish order; the newest ``limit``, or the first after request ``after``)."""
+        from dualpath_cli.services import explain
+
+        sched = self.system.scheduler
+        at = time.time()
+        if state == "inflight":
+            now, total, rows = sched.in_flight(limit)
+            by_rid = explain.decisions_by_rid(sched.decisions(), (r["rid"] for r in rows))
+            kvb = self._kv_bytes_per_token()
+            return {"state": state, "at": at, "total": total, "requests": [
+                explain.inflight_row(r, by_rid[r["rid"]][-1] if r["rid"] in by_rid else None,
+                                     now, at, kvb) for r in rows]}
+        done = sched.ledger.finished_after(after, limit)
+        return {"state": state, "at": at, "requests": explain.finished_stories(
+            done, sched.decisions(), self.system.namespace.shape.block_tokens)}
+
+    def _kv_bytes_per_token(self) -> int:
+        shape = self.system.shape
+        return int(shape.n_layers * shape.bytes_per_token_layer)
 
     def update_scheduler(self, change: SchedulerChange, token_id: str) -> AuditEntry:
         """Apply ``change`` to the running scheduler and audit it."""

@@ -9,14 +9,21 @@ File: JSON Lines, optionally compressed by suffix (``.gz`` gzip; ``.zst`` zstd w
 ``zstandard`` module is importable). Lines, each an object with a ``kind``:
 
 - ``header``: ``{"format": "dualpath-recording", "version": 1, "source", "interval_s", ...}``
-- ``sample``: ``{"at", "view", "extras"}`` every interval; ``view`` is the ClusterView with
+- ``sample``: ``{"at", "view", "extras"[, "inflight"]}`` every interval; ``view`` is the
+  ClusterView with
   its engines and nodes as columns (:func:`encode_view`; ``ClusterView.to_dict``'s form
   reads too);
   ``extras`` holds the facts only ``/metrics`` serves (TTFT histogram, host NIC errors and
-  drops, prefetch accuracy, per-block read counts when the runtime reports them).
+  drops, prefetch accuracy, per-block read counts when the runtime reports them);
+  ``inflight`` is ``GET /api/v1/requests?state=inflight``'s answer then (``total`` and the
+  oldest :data:`INFLIGHT_PER_SAMPLE` turns; absent from older recordings and servers).
 - ``decision``: one logged decision (``Decision`` fields).
 - ``trace``: one line of the served turns as a dualpath trace (header first), see
   :func:`trace_from_decisions`.
+- ``outcome``: ``{"rid", "story"}``, one finished request's story as ``GET
+  /api/v1/requests/{id}`` served it (``dualpath explain --from``); the newest
+  :data:`MAX_OUTCOMES` of the window. Readers that do not know a kind skip it, so older
+  readers read newer files and a file without outcomes still reads.
 - ``end``: counts, written last (a file without it was cut short; it is still readable).
 """
 
@@ -36,7 +43,7 @@ from typing import IO, Any, Protocol
 
 import orjson
 
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.telemetry.view import (
     ClusterView,
     Decision,
@@ -47,7 +54,8 @@ from dualpath_cli.telemetry.view import (
     view_from_dict,
 )
 
-__all__ = ["FORMAT", "VERSION", "Extras", "Sample", "Recording", "RecordingError",
+__all__ = ["FORMAT", "VERSION", "MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "Extras", "Sample",
+           "Recording", "RecordingError",
            "ViewSource", "open_text", "open_binary", "read_recording", "write_recording", "collect",
            "extras_from_metrics_text", "trace_from_decisions", "sample_line", "decision_line",
            "encode_view",
@@ -62,6 +70,10 @@ def _loads(raw: bytes | str) -> Any:
 
 FORMAT = "dualpath-recording"
 VERSION = 1
+#: Finished requests' stories a recording keeps (the newest; the decision ring's default).
+MAX_OUTCOMES = 10_000
+#: In-flight turns kept per sample (the oldest: the ones an incident is about).
+INFLIGHT_PER_SAMPLE = 100
 
 
 class RecordingError(UsageError):
@@ -134,6 +146,7 @@ class Sample:
     at: float
     view: ClusterView
     extras: Extras = Extras()
+    inflight: dict[str, Any] | None = None  # the in-flight listing then (None: not known)
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,7 @@ class Recording:
     decisions: tuple[Decision, ...]
     trace_lines: tuple[dict[str, Any], ...] = ()
     complete: bool = True
+    stories: dict[int, dict[str, Any]] = field(default_factory=dict)  # rid -> finished story
 
     @property
     def window_s(self) -> float:
@@ -274,8 +288,11 @@ def decode_view(data: dict[str, Any]) -> ClusterView:
 
 def sample_line(sample: Sample) -> str:
     """One ``sample`` line of a recording."""
-    return _line({"kind": "sample", "at": sample.at, "view": encode_view(sample.view),
-                  "extras": sample.extras.to_dict()})
+    line = {"kind": "sample", "at": sample.at, "view": encode_view(sample.view),
+            "extras": sample.extras.to_dict()}
+    if sample.inflight is not None:
+        line["inflight"] = sample.inflight
+    return _line(line)
 
 
 def decision_line(d: Decision) -> str:
@@ -289,14 +306,16 @@ def decision_line(d: Decision) -> str:
 
 
 def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
-                    decisions: Sequence[Decision]) -> dict[str, int]:
+                    decisions: Sequence[Decision],
+                    stories: Iterable[dict[str, Any]] = ()) -> dict[str, int]:
     """Write a whole recording to ``path`` (via a temporary file, renamed at the end).
 
     ``samples`` may be a generator (the live sampler): each sample is written as it comes,
-    so a long window never sits in memory. Returns the counts written.
+    so a long window never sits in memory. ``stories``: finished requests' stories (read
+    after the samples, so the sampler may fill them as it goes). Returns the counts written.
     """
     tmp = path.with_name(f".part-{path.name}")  # same suffix: same compression
-    counts = {"samples": 0, "decisions": 0, "trace": 0}
+    counts = {"samples": 0, "decisions": 0, "trace": 0, "outcomes": 0}
     try:
         with open_text(tmp, "w") as out:
             out.write(_line({"kind": "header", "format": FORMAT, "version": VERSION,
@@ -310,6 +329,9 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
             for rec in _trace_records(decisions):
                 out.write(_line({"kind": "trace", "record": rec}))
                 counts["trace"] += 1
+            for story in stories:
+                out.write(_line({"kind": "outcome", "rid": story["rid"], "story": story}))
+                counts["outcomes"] += 1
             out.write(_line({"kind": "end", **counts}))
         tmp.replace(path)
     except BaseException:
@@ -358,6 +380,7 @@ def read_recording(path: str | Path, max_samples: int | None = None,
     samples: list[Sample] = []
     decisions: list[Decision] = []
     trace: list[dict[str, Any]] = []
+    stories: dict[int, dict[str, Any]] = {}
     complete = False
     number = 0
     stride = 1
@@ -402,6 +425,8 @@ def read_recording(path: str | Path, max_samples: int | None = None,
                     decisions.append(_decision(obj))
                 elif kind == "trace":
                     trace.append(obj["record"])
+                elif kind == "outcome":
+                    stories[int(obj["rid"])] = dict(obj["story"])
                 elif kind == "end":
                     complete = True
             if pending is not None:
@@ -417,7 +442,8 @@ def read_recording(path: str | Path, max_samples: int | None = None,
     if header is None:
         raise RecordingError(f"{path}: empty file, not a dualpath recording")
     header = {**header, "samples_in_file": seen, "sample_stride": stride}
-    return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete)
+    return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete,
+                     stories)
 
 
 def _decision(obj: dict[str, Any]) -> Decision:
@@ -430,8 +456,10 @@ def _decision(obj: dict[str, Any]) -> Decision:
 
 
 def _sample(obj: dict[str, Any]) -> Sample:
+    inflight = obj.get("inflight")
     return Sample(float(obj["at"]), decode_view(obj["view"]),
-                  extras_from_dict(obj.get("extras") or {}))
+                  extras_from_dict(obj.get("extras") or {}),
+                  inflight if isinstance(inflight, dict) else None)
 
 
 def _stride(header: dict[str, Any], max_samples: int | None) -> int:
@@ -450,15 +478,22 @@ def _stride(header: dict[str, Any], max_samples: int | None) -> int:
 def collect(client: ViewSource, window_s: float, interval_s: float, *,
             with_metrics: bool = True, clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep,
-            decisions_out: list[Decision] | None = None) -> Iterator[Sample]:
+            decisions_out: list[Decision] | None = None,
+            stories_out: dict[int, dict[str, Any]] | None = None,
+            inflight: bool = False) -> Iterator[Sample]:
     """Sample ``client`` every ``interval_s`` for ``window_s`` (at least two samples).
 
     Yields each :class:`Sample` as taken (so a writer streams it); decisions logged during
     the window are appended to ``decisions_out`` (fetched incrementally by seq, so the
-    server's bounded ring is read before it wraps).
+    server's bounded ring is read before it wraps). With ``stories_out``, the stories of
+    requests that finished are kept there by rid (fetched incrementally in finish order,
+    the newest :data:`MAX_OUTCOMES`); with ``inflight``, each sample holds the in-flight
+    listing. A server without ``GET /api/v1/requests`` (an older one) records neither.
     """
     count = max(2, int(round(window_s / interval_s)) + 1)
     since = -1
+    requests = _requests_of(client) if stories_out is not None or inflight else None
+    after: int | None = None
     start = clock()
     for i in range(count):
         due = start + i * interval_s
@@ -476,7 +511,46 @@ def collect(client: ViewSource, window_s: float, interval_s: float, *,
                 since = max(since, max(d.seq for d in new))
             elif i == 0 and view.scheduler.last_decision_seq is not None:
                 since = view.scheduler.last_decision_seq
-        yield Sample(view.at, view, extras)
+        listing: dict[str, Any] | None = None
+        if requests is not None:
+            try:
+                if inflight:
+                    listing = requests("inflight", INFLIGHT_PER_SAMPLE)
+                    listing.pop("state", None)
+                if stories_out is not None:
+                    after = _more_stories(requests, after, stories_out)
+            except DualPathError as err:  # the client's ApiError, with the HTTP status
+                if getattr(err, "status", None) not in (404, 405, 422):
+                    raise
+                requests = None  # an older server: no listing to record
+                listing = None
+        yield Sample(view.at, view, extras, listing)
+
+
+def _requests_of(client: Any) -> Callable[..., dict[str, Any]] | None:
+    """The client's ``requests`` call (``GET /api/v1/requests``), if it has one."""
+    call = getattr(client, "requests", None)
+    return call if callable(call) else None
+
+
+def _more_stories(requests: Callable[..., dict[str, Any]], after: int | None,
+                  out: dict[int, dict[str, Any]]) -> int | None:
+    """Fetch the stories of requests that finished since ``after`` (the newest page on the
+    first call), a few pages at most per sample; returns the cursor."""
+    for _ in range(10):
+        page = requests("finished", _PAGE, after)
+        stories = page.get("requests") or []
+        for story in stories:
+            out[int(story["rid"])] = story
+            after = int(story["rid"])
+        while len(out) > MAX_OUTCOMES:
+            del out[next(iter(out))]
+        if len(stories) < _PAGE:
+            break
+    return after
+
+
+_PAGE = 1000  # stories per GET /api/v1/requests?state=finished (the API's most)
 
 
 # --- /metrics extras -------------------------------------------------------------------------

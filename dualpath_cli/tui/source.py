@@ -3,9 +3,12 @@
 Why an adapter: the screens render one :class:`Frame` (the newest view, a window of recent
 samples for sparklines and rules, the decision log, the audit trail, the diagnose findings)
 and must not care whether it came from a live cluster, last night's recording or the shipped
-:class:`~dualpath_cli.api.fake.FakeClient`. Both sources are plain Python (no Textual), so
-they are tested and benchmarked without a terminal. Findings come from diagnose/rules.py
-over the window; this module only collects the window and calls them.
+:class:`~dualpath_cli.api.fake.FakeClient`. The requests screen's list is the API's in-flight
+listing (``GET /api/v1/requests?state=inflight``, or the recorded one at the cursor) and a
+request's story is services/explain.py's, fetched by :meth:`Source.story`. Both sources
+are plain Python (no Textual), so they are tested and benchmarked without a terminal.
+Findings come from diagnose/rules.py over the window; this module only collects the window
+and calls them.
 
 A live source never raises on a failed poll: the frame carries the error (the cockpit shows
 a banner) and the next poll connects again, so a cluster that goes away and comes back is a
@@ -26,12 +29,14 @@ from dualpath_cli.services.recording import Extras, Recording, Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
-           "MAX_DECISIONS", "RULES_DUTY", "Predictor", "find_predictor"]
+           "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor", "find_predictor"]
 
 #: Samples kept for sparklines and for the diagnose rules' window.
 WINDOW = 60
 #: Decisions kept for the requests screen (newest last).
 MAX_DECISIONS = 500
+#: In-flight turns the requests screen lists (the oldest).
+MAX_INFLIGHT = 200
 #: The rules take at most this share of a live source's time: at 1,152 engines they cost
 #: a few hundred ms over the window, so they run every few polls there (every poll on a
 #: small cluster, where they take milliseconds).
@@ -65,6 +70,8 @@ class Frame:
         replay: the scrubber's position (``None`` when live).
         token_id: ``tok-xxxxxxxx`` of the token control calls send (``None``: read-only).
         faults: injected faults the cluster reports (live only).
+        inflight: the in-flight listing (``total``, ``requests`` rows; ``None``: the source
+            serves none: an older server or recording).
     """
 
     view: ClusterView | None
@@ -77,6 +84,7 @@ class Frame:
     replay: ReplayPos | None = None
     token_id: str | None = None
     faults: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    inflight: dict[str, Any] | None = None
 
 
 class Source(Protocol):
@@ -94,6 +102,10 @@ class Source(Protocol):
         """Apply a scheduler change (``alpha``, ``beta``, ``quota``) through the API."""
         ...
 
+    def story(self, rid: int) -> dict[str, Any]:
+        """Request ``rid``'s story (services/explain.py's dict; raises DualPathError)."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...
@@ -109,6 +121,20 @@ def _reports(history: Sequence[Sample], decisions: Sequence[Decision]) -> tuple[
     first = history[0].at
     window = [d for d in decisions if d.at >= first]
     return tuple(rules.run_all(Evidence(history, window)))
+
+
+def _inflight(client: Any) -> dict[str, Any] | None:
+    """The in-flight listing, or ``None`` from a server (or client) without it."""
+    call = getattr(client, "requests", None)
+    if call is None:
+        return None
+    try:
+        listing: dict[str, Any] = call("inflight", MAX_INFLIGHT)
+    except DualPathError as err:
+        if getattr(err, "status", None) in (404, 405, 422):  # an older server
+            return None
+        raise
+    return listing
 
 
 class LiveSource:
@@ -138,6 +164,7 @@ class LiveSource:
         self._since = -1
         self._audit: tuple[AuditEntry, ...] = ()
         self._faults: tuple[dict[str, Any], ...] = ()
+        self._inflight: dict[str, Any] | None = None
         self._reports: tuple[Any, ...] = ()
         self._rules_at = -1e18
         self._rules_cost = 0.0
@@ -161,6 +188,7 @@ class LiveSource:
                       else Extras())
             new = client.decisions(self._since)
             status = client.status()
+            self._inflight = _inflight(client)
         except DualPathError as err:
             self._drop_client()
             return self._frame(error=str(err))
@@ -180,7 +208,8 @@ class LiveSource:
     def _frame(self, error: str | None = None) -> Frame:
         return Frame(self._history[-1].view if self._history else None,
                      tuple(self._history), tuple(self._decisions), self._audit,
-                     self._reports, error, self.label, None, self.token_id, self._faults)
+                     self._reports, error, self.label, None, self.token_id, self._faults,
+                     self._inflight)
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
@@ -189,6 +218,11 @@ class LiveSource:
                 client.close()
             except Exception:  # noqa: BLE001 - a broken connection may fail to close
                 pass
+
+    def story(self, rid: int) -> dict[str, Any]:
+        """``GET /api/v1/requests/{rid}`` (errors are one line: DualPathError)."""
+        story: dict[str, Any] = self._get_client().request(rid)
+        return story
 
     def tune(self, **change: str) -> AuditEntry:
         """PATCH the scheduler (the client checks the token; errors are one line)."""
@@ -268,7 +302,13 @@ class ReplaySource:
         pos = ReplayPos(i, self.total, self.playing, self.speed, self._times[0],
                         self._times[-1])
         return Frame(history[-1].view, history, decisions, (), self._cache[i], None,
-                     self.label, pos, None)
+                     self.label, pos, None, (), history[-1].inflight)
+
+    def story(self, rid: int) -> dict[str, Any]:
+        """Request ``rid``'s story as the recording tells it at the cursor."""
+        from dualpath_cli.services.explain import story_from_recording
+
+        return story_from_recording(self.rec, rid, self._times[self.index])
 
     def tune(self, **change: str) -> AuditEntry:
         """A recording cannot be changed."""

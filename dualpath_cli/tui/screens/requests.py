@@ -1,75 +1,183 @@
-"""The requests screen: recent scheduling decisions (the turns in flight and just placed),
-newest first; the highlighted one's decision-log entry, with its inputs, below.
+"""The requests screen: the turns in flight (PE, DE, read side or split, KV bytes read, TTFT so
+far), oldest first; the highlighted one's story below, as ``dualpath explain`` tells it
+(services/explain.py: arrival, PE and DE with their classes and the thresholds, the read
+side and why, blocks hit and missed, bytes per NIC, per-layer slack, the TTFT breakdown;
+what is known so far while it runs), then the decision-log entry that placed it.
 
-The API serves the decision log, not the turns' progress, so the age shown is time since the
-decision (against the view's clock), not time to first token.
+``l`` switches the list to the recent decisions (an idle cluster's last turns) and back. A
+source without an in-flight listing (an older server or recording) shows the decisions.
+The screen only lays out what the source serves: the listing is the API's (``GET
+/api/v1/requests?state=inflight``) and the story is fetched through the source in a worker
+thread, so a slow answer never blocks keys.
 """
 
 from __future__ import annotations
 
-from textual import on
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
+from textual.worker import get_current_worker
 
+from dualpath_cli.errors import DualPathError
+from dualpath_cli.services.explain import render_story
+from dualpath_cli.telemetry.view import NA, Decision
 from dualpath_cli.tui.format import DECISION_COLUMNS, decision_detail, decision_rows
 from dualpath_cli.tui.screens.base import CockpitScreen
 from dualpath_cli.tui.source import Frame
+from dualpath_cli.units import format_bytes, format_duration
 
-__all__ = ["RequestsScreen"]
+__all__ = ["RequestsScreen", "INFLIGHT_COLUMNS", "inflight_cells", "story_text"]
+
+#: Headers of the in-flight list (matching :func:`inflight_cells`).
+INFLIGHT_COLUMNS = ("req", "agent/turn", "phase", "age", "PE", "DE", "read", "KV read",
+                    "TTFT", "PE cls", "DE cls")
+
+_SIDES = {"pe": "PE", "de": "DE", "none": "none"}
+
+
+def _opt(value: Any) -> str:
+    return NA if value is None else str(value)
+
+
+def inflight_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """One in-flight row (the API's) as table cells: the read side with its split in
+    tokens, KV bytes read of those to read (``loading`` while the engines have not
+    reported), and the TTFT once known, else ``>`` the time waited so far."""
+    side = row.get("side")
+    if side == "split":
+        read = f"split {row.get('pe_tokens')}/{row.get('de_tokens')}"
+    else:
+        read = _SIDES.get(side, NA) if side is not None else NA
+    done = row.get("bytes_read")
+    kv = (f"{'loading' if done is None else format_bytes(done)}/"
+          f"{format_bytes(row.get('bytes_to_read') or 0)}")
+    if row.get("ttft_s") is not None:
+        ttft = format_duration(row["ttft_s"])
+    else:
+        ttft = f">{format_duration(row.get('waited_s') or 0.0)}"
+    rid = str(row["rid"]) + (f" (try {row['attempt'] + 1})" if row.get("attempt") else "")
+    return (rid, f"{row.get('agent')}/{row.get('turn')}", str(row.get("phase")),
+            format_duration(row.get("age_s") or 0.0), _opt(row.get("pe")),
+            _opt(row.get("de")), read, kv, ttft, _opt(row.get("pe_class")),
+            _opt(row.get("de_class")))
+
+
+def story_text(story: dict[str, Any], decisions: Sequence[Decision]) -> str:
+    """The story's lines, then the decision-log entry that placed the request (its newest
+    kept decision, with its inputs) when the frame's window still holds it."""
+    lines = render_story(story)
+    rid = story.get("rid")
+    mine = [d for d in decisions if d.rid == rid and getattr(d, "kind", "turn") == "turn"]
+    if mine:
+        lines += ["", "the decision that placed it:", decision_detail(mine[-1])]
+    return "\n".join(lines)
 
 
 class RequestsScreen(CockpitScreen):
-    """Decisions table over the selected decision's entry."""
+    """In-flight turns (or recent decisions) over the selected request's story."""
 
     NAME = "requests"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("l", "toggle_list", "In flight/decisions", show=False),
+    ]
     DEFAULT_CSS = """
-    RequestsScreen #decisions { height: 1fr; }
+    RequestsScreen #req-title { height: 1; }
+    RequestsScreen #requests { height: 1fr; }
     RequestsScreen #detail-box { height: 1fr; border-top: solid $primary; }
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.selected: int | None = None
+        self.selected: int | None = None  # the request (rid) whose story is shown
+        self.decisions_view = False  # ``l``: list the recent decisions instead
+        self._mode = ""  # the columns the table has now
+        self._keys: dict[str, int] = {}  # row key -> rid
 
     def body(self) -> ComposeResult:
-        table: DataTable[str] = DataTable(id="decisions", cursor_type="row")
-        for name in DECISION_COLUMNS:
-            table.add_column(name, key=name)
-        yield table
+        yield Static("", id="req-title", markup=False)
+        yield DataTable(id="requests", cursor_type="row")
         with VerticalScroll(id="detail-box"):
-            yield Static("no decision selected (up/down, enter)", id="detail", markup=False)
+            yield Static("no request selected (up/down, enter)", id="detail", markup=False)
+
+    def _columns(self, mode: str) -> DataTable[str]:
+        table: DataTable[str] = self.query_one("#requests", DataTable)
+        if mode != self._mode:
+            table.clear(columns=True)
+            for name in INFLIGHT_COLUMNS if mode == "inflight" else DECISION_COLUMNS:
+                table.add_column(name, key=name)
+            self._mode = mode
+        else:
+            table.clear()
+        return table
 
     def show_body(self, frame: Frame) -> None:
-        table = self.query_one("#decisions", DataTable)
-        at = frame.view.at if frame.view is not None else None
-        rows = decision_rows(frame.decisions, at)
-        table.clear()
-        where = 0
-        for i, (seq, cells) in enumerate(rows):
-            table.add_row(*cells, key=str(seq))
-            if seq == self.selected:
-                where = i
-        if rows:
-            table.move_cursor(row=where, animate=False)
+        listing = frame.inflight
+        title = self.query_one("#req-title", Static)
+        if listing is None or self.decisions_view:
+            table = self._columns("decisions")
+            at = frame.view.at if frame.view is not None else None
+            rows = decision_rows(frame.decisions, at)
+            rid_of = {d.seq: d.rid for d in frame.decisions}
+            keys = [(str(seq), rid_of[seq], cells) for seq, cells in rows]
+            why = ("this source serves no in-flight list (an older server or recording)"
+                   if listing is None else "l: the turns in flight")
+            title.update(f"recent decisions, newest first ({why})")
         else:
-            self.query_one("#detail", Static).update("no decisions logged yet")
-        self._show_detail(frame)
+            table = self._columns("inflight")
+            reqs = listing.get("requests") or []
+            keys = [(str(r["rid"]), int(r["rid"]), inflight_cells(r)) for r in reqs]
+            total = int(listing.get("total", len(reqs)))
+            shown = f" (the oldest {len(reqs)} shown)" if total > len(reqs) else ""
+            title.update(f"{total} turn{'s' if total != 1 else ''} in flight{shown}, oldest "
+                         "first; l: recent decisions")
+        self._keys = {key: rid for key, rid, _ in keys}
+        where = None
+        for i, (key, rid, cells) in enumerate(keys):
+            table.add_row(*cells, key=key)
+            if where is None and rid == self.selected:
+                where = i
+        if keys:
+            table.move_cursor(row=where or 0, animate=False)
+        if self.selected is None and not keys:
+            self.query_one("#detail", Static).update(
+                "no turn in flight (l: recent decisions)" if self._mode == "inflight"
+                else "no decisions logged yet")
+        if self.selected is not None:
+            self._fetch(self.selected)
 
-    def _show_detail(self, frame: Frame) -> None:
-        if self.selected is None:
-            return
-        d = next((x for x in frame.decisions if x.seq == self.selected), None)
-        text = (decision_detail(d) if d is not None
-                else f"decision #{self.selected} is no longer in the window")
-        self.query_one("#detail", Static).update(text)
+    def action_toggle_list(self) -> None:
+        """Switch the list between the turns in flight and the recent decisions."""
+        self.decisions_view = not self.decisions_view
+        if self.top.frame is not None:
+            self.show_body(self.top.frame)
 
-    @on(DataTable.RowHighlighted, "#decisions")
-    @on(DataTable.RowSelected, "#decisions")
+    @work(thread=True, exclusive=True, group="story", exit_on_error=False)
+    def _fetch(self, rid: int) -> None:
+        """Ask the source for ``rid``'s story (blocking I/O: off the UI thread)."""
+        frame = self.top.frame
+        try:
+            story = self.top.source.story(rid)
+            text = story_text(story, frame.decisions if frame is not None else ())
+        except DualPathError as err:
+            text = f"request {rid}: {err}"
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._show_story, rid, text)
+
+    def _show_story(self, rid: int, text: str) -> None:
+        if rid == self.selected and self.is_mounted:
+            self.query_one("#detail", Static).update(text)
+
+    @on(DataTable.RowHighlighted, "#requests")
+    @on(DataTable.RowSelected, "#requests")
     def _pick(self, event: DataTable.RowHighlighted | DataTable.RowSelected) -> None:
         key = event.row_key.value
-        if key is None:
+        rid = self._keys.get(key) if key is not None else None
+        if rid is None or (rid == self.selected and isinstance(event, DataTable.RowHighlighted)):
             return
-        self.selected = int(key)
-        if self.top.frame is not None:
-            self._show_detail(self.top.frame)
+        self.selected = rid
+        self._fetch(rid)
