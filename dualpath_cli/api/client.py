@@ -209,6 +209,22 @@ class DualPathClient:
         story: dict[str, Any] = self._json("GET", f"/api/v1/requests/{int(rid)}")
         return story
 
+    def requests(self, state: str = "inflight", limit: int = 100,
+                 after: int | None = None) -> dict[str, Any]:
+        """``GET /api/v1/requests``: the turns in flight (``inflight``: ``total`` and the
+        oldest ``limit``, each with phase, PE, DE, read side, KV bytes, TTFT so far) or the
+        stories of finished requests (``finished``: finish order; the newest ``limit``, or
+        the first after request ``after``).
+
+        Raises:
+            Rejected: a bad ``state``/``limit``, or a server without the endpoint (404).
+        """
+        params: dict[str, Any] = {"state": state, "limit": int(limit)}
+        if after is not None:
+            params["after"] = int(after)
+        data: dict[str, Any] = self._json("GET", "/api/v1/requests", params=params)
+        return data
+
     def metrics_text(self) -> str:
         """The Prometheus exposition of ``/metrics``."""
         return self._request("GET", "/metrics").text
