@@ -1,0 +1,173 @@
+"""The scaling workflow (seed 6.3, "adding nodes does not help") end to end.
+
+Units: a prefill engine inside a batch longer than the view's window reads idle (busy time
+is reported when a batch ends); the rule counts it busy when it holds unfinished requests
+with nothing left to load, and not when it waits on storage or holds nothing.
+
+End to end, one launched 1P2D (engine processes over ZeroMQ) serving a workload: healthy,
+``diagnose scaling`` exits 0; with the prefill engine's compute slowed 8x
+(``PATCH /api/v1/faults`` slow_compute) the cluster is prefill-bound and diagnose exits 1
+with a finding that names the prefill side and the P/D change with its exact commands, live
+and from a recording of the same seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dualpath_cli.api.client import DualPathClient
+from dualpath_cli.api.listen import free_port
+from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose.model import Evidence, Severity
+from dualpath_cli.services import statefile
+from dualpath_cli.services.recording import Extras, Sample
+
+CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+
+
+def _pd_window(pe_util: float, pe_seq: int, pe_read_q: int) -> Evidence:
+    """2P4D, ten samples: decode GPUs 10% busy; the PEs as given, finishing nothing."""
+    from test_diagnose_rules import make_view
+
+    def make(i: int) -> Any:
+        v = make_view(i, gpu={0: pe_util, 1: pe_util, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1},
+                      seq={0: pe_seq, 1: pe_seq}, read_q={0: pe_read_q, 1: pe_read_q})
+        from dataclasses import replace
+
+        return replace(v, engines=tuple(
+            replace(e, service_time_s=None) if e.role == "prefill" else e for e in v.engines))
+    return Evidence([Sample(float(i), make(i), Extras()) for i in range(10)], [])
+
+
+def test_a_prefill_engine_inside_a_long_batch_counts_busy() -> None:
+    busy, in_batch = rules.role_busy(_pd_window(0.0, 3, 0))
+    assert busy["prefill"] == 1.0 and in_batch == 20
+    (f,) = [f for f in rules.scaling(_pd_window(0.0, 3, 0)) if f.severity]
+    assert f.severity is Severity.WARNING and f.subject == "role prefill"
+    assert f.evidence["suggested_pd"] == "3P3D" and "prefill-bound" in f.title
+    assert "dualpath launch --pd 3P3D" in (f.action or "")
+    # waiting on storage (blocks still queued on its node) or holding nothing: idle
+    for pe_seq, pe_read_q in ((3, 50_000), (0, 0)):
+        busy, in_batch = rules.role_busy(_pd_window(0.0, pe_seq, pe_read_q))
+        assert busy["prefill"] == 0.0 and in_batch == 0
+        assert not [f for f in rules.scaling(_pd_window(0.0, pe_seq, pe_read_q))
+                    if f.severity]
+
+
+@pytest.fixture()
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
+              "XDG_STATE_HOME": str(tmp_path / "state")}
+    (tmp_path / "run").mkdir(mode=0o700)
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("DUALPATH_URL", raising=False)
+    return dict(os.environ)
+
+
+def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture()
+def cluster(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "launch", "--port", str(port), "--store",
+                             str(tmp_path / "store"), "--drain-timeout", "5s"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] \
+        if proc.poll() is None else []
+    try:
+        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
+                                                      if proc.poll() is not None else "")
+        yield f"http://127.0.0.1:{port}", port
+        assert _run(env, "stop", "--port", str(port)).returncode == 0
+        proc.communicate(timeout=60)
+    finally:
+        for pid in [proc.pid, *family]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        if proc.poll() is None:
+            proc.communicate(timeout=10)
+
+
+def _scaling(env: dict[str, str], *source: str) -> tuple[int, dict[str, Any], list[str]]:
+    done = _run(env, "diagnose", "scaling", *source, "--json")
+    assert done.stdout.strip(), done.stderr
+    doc = json.loads(done.stdout)
+    titles = [f"{f['severity']} {f['title']}" for r in doc["reports"] for f in r["findings"]]
+    return done.returncode, doc, titles
+
+
+def _bound(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for r in doc["reports"] for f in r["findings"]
+            if f["severity"] in ("WARNING", "CRITICAL") and f["subject"] == "role prefill"]
+
+
+def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
+        env: dict[str, str], cluster: tuple[str, int], tmp_path: Path) -> None:
+    url, port = cluster
+    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "6", "--turns", "200",
+                             "--json"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    rec = tmp_path / "prefill-bound.jsonl.gz"
+    try:
+        with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
+            deadline = time.monotonic() + 120
+            while client.view().scheduler.decisions.total < 12:  # turns flow
+                assert work.poll() is None and time.monotonic() < deadline, "no turns"
+                client.decisions(-1)  # a round trip paces the loop, no sleep
+            code, healthy, titles = _scaling(env, "--url", url, "--window", "4s")
+            assert code == 0 and not _bound(healthy), titles
+
+            client.set_faults(["slow_compute:engine=0,factor=8"])
+            # wait (bounded) until the slowed compute shows: the PE's measured service time
+            # per request several times what it was, or a batch running past the window
+            base = None
+            deadline = time.monotonic() + 60
+            while True:
+                pe = next(e for e in client.view().engines if e.role == "prefill")
+                if base is None and pe.service_time_s:
+                    base = pe.service_time_s
+                if base and pe.service_time_s and pe.service_time_s > 4 * base:
+                    break
+                assert time.monotonic() < deadline, "the fault never slowed the PE"
+                client.decisions(-1)
+            recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", "6s",
+                                         "--interval", "1s", "-o", str(rec)], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True)
+            live = _scaling(env, "--url", url, "--window", "6s")
+            _, rec_err = recorder.communicate(timeout=120)
+            assert recorder.returncode == 0, rec_err
+            recorded = _scaling(env, "--from", str(rec))
+            client.clear_faults()
+    finally:
+        work.kill()
+        work.communicate(timeout=60)
+    for code, doc, titles in (live, recorded):
+        assert code in (1, 2), titles
+        (f,) = _bound(doc) or [None]
+        assert f is not None, titles
+        assert f["evidence"]["bottleneck"] == "prefill"
+        assert f["evidence"]["prefill_busy"] >= rules.PD_BUSY_HIGH
+        assert f["evidence"]["decode_busy"] <= rules.PD_BUSY_LOW
+        assert f["evidence"]["suggested_pd"] == "2P1D"
+        assert "dualpath plan pd-ratio --pd 2P1D" in f["action"]
+        assert "dualpath launch --pd 2P1D" in f["action"]
+    print("\n".join(live[2]), "\n--from:", "\n".join(recorded[2]))
