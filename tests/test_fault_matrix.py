@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -564,6 +565,72 @@ def _store_eio(tmp: Path) -> FaultRow:
                     corrupt_left=len(left.corrupt))
 
 
+def _ready_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """A launched node's ``--json`` line (or fail with its stderr)."""
+    out: list[str] = []
+    stream = p.stdout
+    assert stream is not None
+    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not out or not out[0].strip():
+        p.kill()
+        raise AssertionError(f"a node did not join within {timeout:g} s: "
+                             f"{(p.stderr.read() if p.stderr else '')[-1000:]}")
+    data: dict[str, Any] = json.loads(out[0])
+    return data
+
+
+def _kill_node(tmp: Path) -> FaultRow:
+    """A joined node's processes (its ``launch --role decode --join`` and its engines) all
+    killed with SIGKILL while they hold turns; the scheduler runs in this process."""
+    from openai_server import serve
+
+    store = tmp / "store"
+    t_start = time.monotonic()
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp), XDG_STATE_HOME=str(tmp / "state"),
+               DUALPATH_TOKEN="test-token", DUALPATH_URL="")
+    nodes: dict[str, subprocess.Popen[str]] = {}
+    with _cluster(_opts(store, local_engines=False)) as live, serve(live) as served:
+        port = served.url.rsplit(":", 1)[1]
+        try:
+            for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"),
+                               ("d1", "decode")):
+                nodes[name] = subprocess.Popen(
+                    [sys.executable, "-m", "dualpath_cli.cli.app", "launch", "--role", role,
+                     "--node", name, "--join", f"127.0.0.1:{port}", "--json"], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    start_new_session=True)
+            engines = {name: _ready_line(p, 180)["engines"] for name, p in nodes.items()}
+            s = Sessions(live)
+            s.run(range(0, 1))
+            threads = s.start(range(1, 3))
+            victim = _busy_engine(live, "decode")
+            name = next(n for n, eids in engines.items() if victim in eids)
+            t0 = time.monotonic()
+            os.killpg(nodes[name].pid, signal.SIGKILL)  # the node agent and its engines
+            detected = _detected_since(live, victim, t0, HB_TIMEOUT_S + 15)
+            join(threads)
+            nodes[name].wait(10)
+            alive = [n for n, p in nodes.items() if p.poll() is None]
+            return _row("kill -9 a node", s, live, store, detected, HB_TIMEOUT_S + 1.5,
+                        t_start, _serving(live), node=name, engines=engines[name],
+                        nodes_alive=alive)
+        finally:
+            for p in nodes.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in nodes.values():
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+                for stream in (p.stdout, p.stderr):
+                    if stream is not None:
+                        stream.close()
+
+
 #: fault name -> (scenario, slow)
 FAULTS: dict[str, tuple[Callable[[Path], FaultRow], bool]] = {
     "kill_pe": (functools.partial(_kill, "prefill"), False),
@@ -576,6 +643,7 @@ FAULTS: dict[str, tuple[Callable[[Path], FaultRow], bool]] = {
     "store_readonly": (functools.partial(_store_fault, "readonly"), True),
     "snic_throttle": (_throttle, True),
     "store_eio": (_store_eio, False),
+    "kill_node": (_kill_node, False),
 }
 
 
@@ -602,7 +670,9 @@ def test_fault(name: str) -> None:
     except MountRefused as err:
         pytest.skip(str(err))
     _check(row)
-    if name.startswith("kill"):
+    if name == "kill_node":
+        assert row.requeued >= 1 and len(row.detail["nodes_alive"]) == 3, row
+    elif name.startswith("kill"):
         assert row.requeued >= 1 and row.detail["state_after"] == "dead", row
     elif name == "sigstop_de":
         assert row.requeued >= 1 and row.detail["revived"] >= 1, row
