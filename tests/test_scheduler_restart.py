@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from test_fault_matrix import AGENTS, VOCAB, FaultRow, _model, reference
 
-from dualpath_cli.api.listen import free_port
+from dualpath_cli.api.listen import free_port, listen
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime import checkpoint as ckpt
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -186,6 +186,34 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
     assert not saved.exists()
 
 
+def test_node_agent_notices_a_scheduler_that_forgot_it() -> None:
+    """Two checks in a row that find the node unknown (404) or all its engines dead make the
+    agent join again; one such check (a restored engine not heard from yet) does not."""
+    from dualpath_cli.services.node import NodeAgent
+
+    answers: list[httpx.Response] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/join/n0"
+        return answers.pop(0)
+
+    def ok(*states: str) -> httpx.Response:
+        return httpx.Response(200, json={"engines": {str(i): s for i, s in enumerate(states)}})
+
+    agent = NodeAgent("http://sched:1", "tok", "n0", "decode", 2)
+    agent._http = httpx.Client(base_url="http://sched:1", transport=httpx.MockTransport(handler))
+    try:
+        seen = []
+        for resp in [ok("dead", "dead"), ok("ready", "ready"), ok("dead", "ready"),
+                     ok("dead", "dead"), ok("dead", "dead"), httpx.Response(404), ok("ready"),
+                     httpx.Response(404), httpx.Response(404)]:
+            answers.append(resp)
+            seen.append(agent._forgotten_by_scheduler())
+        assert seen == [False, False, False, False, True, False, False, False, True]
+    finally:
+        agent._http.close()
+
+
 # -- end to end: processes on loopback -------------------------------------------------------
 class Procs:
     """``dualpath launch`` processes of one test, each in its own session."""
@@ -322,8 +350,13 @@ def _decision_seq(http: httpx.Client, url: str) -> int:
     return max((int(d["seq"]) for d in got), default=0)
 
 
-def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
-    """kill -9 the scheduler of a joined 1P1D cluster mid-run, restart it; the row."""
+def run_scheduler_kill(tmp: Path, kill_after: int = 3, take_ctl_port: bool = False
+                       ) -> FaultRow:
+    """kill -9 the scheduler of a joined 1P1D cluster mid-run, restart it; the row.
+
+    ``take_ctl_port``: something else holds the control port when the scheduler restarts,
+    so the nodes cannot reconnect and must join again.
+    """
     t_start = time.monotonic()
     run = tmp / "run"
     run.mkdir(mode=0o700)
@@ -335,6 +368,7 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
                   "--json")
     procs = Procs(env)
     clients: Clients | None = None
+    squatter: Any = None
     try:
         sched = procs.start(*sched_args)
         state = _json_line(sched, START_S)
@@ -353,6 +387,11 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
         os.killpg(sched.pid, signal.SIGKILL)  # the scheduler alone: nodes keep running
         sched.wait(30)
         answered_at_kill = len(clients.tokens)
+        if take_ctl_port:
+            saved = ckpt.read(run / "dualpath" / f"checkpoint-{port}.json")
+            assert saved is not None
+            host, _, ctl_port = str(saved["scheduler"]["address"]).rpartition(":")
+            squatter = listen(host.removeprefix("tcp://"), int(ctl_port))
         sched2 = procs.start(*sched_args)
         state2 = _json_line(sched2, START_S)
         t_ready = time.monotonic()
@@ -374,6 +413,7 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
                 replayed += 1
         rerun = _decision_seq(http, url) - seq
         status = http.get(f"{url}/api/v1/status").json()
+        indexes = {n: http.get(f"{url}/api/v1/join/{n}").json().get("node") for n in nodes}
         prompt = append_token_ids(AGENTS[0], 0, VOCAB).tolist()[::-1]
         try:
             after_out = clients.send({"model": "tiny", "prompt": prompt, "max_tokens": 4,
@@ -397,7 +437,8 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
             {"restart_ready_s": round(t_ready - t_kill, 3), "restored": restored,
              "answered_before_kill": answered_at_kill, "client_retries": clients.retries,
              "answered_twice": twice, "replayed_keys": replayed,
-             "decisions_on_replay": rerun, "nodes_rejoined": 0 if alive_nodes else None,
+             "decisions_on_replay": rerun,
+             "nodes_rejoined": sum(1 for n, j in joined.items() if indexes[n] != j["index"]),
              "join_s": {n: j["join_s"] for n, j in joined.items()},
              "errors": dict(list({f"{a}/{i}": e for (a, i), e in
                                   clients.errors.items()}.items())[:3])},
@@ -406,6 +447,18 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3) -> FaultRow:
         if clients is not None:
             clients.http.close()
         procs.close()
+        if squatter is not None:
+            squatter.close()
+
+
+def scheduler_kill_row() -> FaultRow:
+    """The ``scheduler_kill`` row in a temporary directory (removed after)."""
+    with tempfile.TemporaryDirectory(prefix="dualpath-restart-") as tmp:
+        return run_scheduler_kill(Path(tmp))
+
+
+#: bench/reliability.py --faults: fault name -> its row (beside test_fault_matrix.FAULTS)
+SCHEDULER_FAULTS = {"scheduler_kill": scheduler_kill_row}
 
 
 @pytest.fixture
@@ -424,3 +477,14 @@ def test_scheduler_kill_restart_loses_nothing(scratch: Path) -> None:
     assert row.serving_after and row.temp_files == 0, row
     assert row.detail["restored"]["engines"] == 2, row  # the nodes reconnected, not re-joined
     assert row.detail["restored"]["control_port_kept"], row
+    assert row.detail["nodes_rejoined"] == 0, row
+
+
+def test_nodes_join_again_when_the_control_port_is_taken(scratch: Path) -> None:
+    """The restarted scheduler cannot bind its old control port: the nodes' engines are
+    silent to it, each node's agent notices and joins again, and still no turn is lost."""
+    row = run_scheduler_kill(scratch, take_ctl_port=True)
+    assert not row.detail["restored"]["control_port_kept"], row
+    assert row.detail["nodes_rejoined"] == 2, row
+    assert row.lost_turns == 0 and row.tokens_identical, row
+    assert row.detail["answered_twice"] == 0 and row.serving_after, row

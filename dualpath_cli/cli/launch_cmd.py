@@ -304,6 +304,12 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         warm = threading.Thread(target=_import_http_stack, name="import-http", daemon=True)
         warm.start()
         opts = _options(*opts_args)
+        if restoring and not opts.flops_rate:  # the killed launcher's calibration
+            from dataclasses import replace
+
+            from dualpath_cli.services.restart import calibrated_rate
+
+            opts = replace(opts, flops_rate=calibrated_rate(checkpoint) or 0.0)
         opts = dataclasses.replace(opts, curve_key_file=statefile.curve_path(port))
         from dualpath_cli.runtime.model.threads import limit_blas_threads
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from dualpath_cli.services.live import LiveCluster
 
 __all__ = ["KEYS_KEPT", "KeyConflict", "TurnKeys", "LiveCheckpoint", "check_key",
-           "checkpoint_path"]
+           "checkpoint_path", "calibrated_rate"]
 
 #: Idempotency keys remembered (oldest finished first out). Each finished one keeps its
 #: answer's tokens in every checkpoint, so this bounds the checkpoint's size.
@@ -60,6 +61,19 @@ def checkpoint_path(port: int) -> Path:
     from dualpath_cli.services import statefile
 
     return statefile.state_dir() / f"checkpoint-{port}.json"
+
+
+def calibrated_rate(path: Path) -> float | None:
+    """The FLOP/s rate the checkpointed launcher calibrated (``None``: no usable checkpoint).
+
+    Why: a restart reuses it instead of calibrating again (seconds on a loaded host, most of
+    a restarted scheduler's start); :meth:`LiveCheckpoint.restore` judges the file itself.
+    """
+    try:
+        rate = float(ckpt.decode_checkpoint(path.read_bytes())["live"]["flops_rate"])
+    except (OSError, ckpt.CheckpointError, KeyError, TypeError, ValueError):
+        return None
+    return rate if math.isfinite(rate) and rate > 0 else None
 
 
 def _digest(tokens: list[int], gen: int, session: str | None) -> str:
@@ -198,7 +212,7 @@ class LiveCheckpoint:
         joins = getattr(live, "joins", None)
         return {"scheduler": state,
                 "live": {"sessions": sessions, "next_agent": next_agent, "keys": keys,
-                         "written": time.time()},
+                         "flops_rate": live.system.flops_rate, "written": time.time()},
                 "joins": joins.snapshot() if joins is not None else None}
 
     def restore(self) -> dict[str, Any] | None:
