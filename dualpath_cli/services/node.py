@@ -216,7 +216,10 @@ class NodeAgent:
         gone = resp.status_code == 404 or (resp.status_code == 200 and bool(states) and all(
             v == "dead" for v in states.values()))
         self._forgotten = self._forgotten + 1 if gone else 0
-        return self._forgotten >= 2
+        if self._forgotten < 2:
+            return False
+        self._forgotten = 0
+        return True
 
     def _rejoin(self, timeout: float = 60.0) -> None:
         """Stop this node's engines and join again (a new index and engine ids)."""
