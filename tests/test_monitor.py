@@ -33,7 +33,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
 def test_every_short_name_maps_onto_the_metrics_table() -> None:
     assert set(monitor_cmd.MONITOR_METRICS) == {
         "hbm_frag", "cache_hit", "snic_util", "read_queue", "gpu_util", "bubble",
-        "prefetch_accuracy"}
+        "prefetch_accuracy", "warm"}
     for m in monitor_cmd.MONITOR_METRICS.values():
         assert spec(m.metric).name == m.metric  # KeyError if the table lacks it
 

@@ -284,3 +284,29 @@ def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
         assert after.get("store", 0) - before.get("store", 0) == 0
     finally:
         live.drain(10)
+
+
+def test_the_monitor_shows_a_warm_up_in_progress(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from test_diagnose_rules import decision, make_view
+
+    from dualpath_cli.cli import monitor_cmd
+    from dualpath_cli.services.recording import (
+        Extras,
+        Sample,
+        extras_from_metrics_text,
+        write_recording,
+    )
+
+    text = ('dualpath_storage_warm_blocks_remaining{engine="0",node="0"} 3\n'
+            'dualpath_storage_warm_blocks_remaining{engine="1",node="0"} 2\n'
+            'dualpath_storage_warm_blocks_remaining{engine="2",node="1"} 0\n')
+    assert extras_from_metrics_text(text).warm_blocks_remaining == {0: 5, 1: 0}
+    path = tmp_path / "rec.jsonl.gz"
+    samples = [Sample(v.at, v, Extras(warm_blocks_remaining={0: 5 - 2 * i}))
+               for i, v in enumerate(make_view(i) for i in range(3))]
+    write_recording(path, {"source": "test"}, samples, [decision(1)])
+    assert monitor_cmd.main(["--from", str(path), "-m", "warm", "--json"]) == 0
+    objs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    left = [o["metrics"]["warm"]["rows"][0]["value"] for o in objs]
+    assert left == [5, 3, 1]

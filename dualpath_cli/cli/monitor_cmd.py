@@ -94,6 +94,8 @@ MONITOR_METRICS: dict[str, MonitorMetric] = {m.name: m for m in (
                   "view", "seconds the engine's last prefill waited for KV (negative slack)"),
     MonitorMetric("prefetch_accuracy", "dualpath_prefetch_accuracy_ratio", "node", "ratio",
                   "metrics", "prefetched blocks a later request used, per node"),
+    MonitorMetric("warm", "dualpath_storage_warm_blocks_remaining", "node", "blocks",
+                  "metrics", "blocks a warm-up (storage warm) has still to read, per node"),
 )}
 
 
@@ -132,6 +134,10 @@ def _natural_rows(metric: MonitorMetric, sample: Sample) -> list[Row]:
         get = _NODE_GET[metric.name]
         return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,
                     get(n)) for n in view.nodes]
+    if metric.name == "warm":
+        left = sample.extras.warm_blocks_remaining
+        return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,
+                    None if n.node not in left else float(left[n.node])) for n in view.nodes]
     if metric.name == "prefetch_accuracy":
         acc = sample.extras.prefetch_accuracy
         return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,

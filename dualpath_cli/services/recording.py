@@ -98,6 +98,8 @@ class Extras:
         cache_hit_ratio: hits over lookups by ``"<node>/<tier>"`` (the seed's cache_hit_ratio).
         prefetched_blocks: blocks read ahead by node since start (accuracy means nothing
             where it is 0).
+        warm_blocks_remaining: blocks a warm-up has still to read, by node (empty: no
+            engine has run one).
     """
 
     ttft_buckets: tuple[tuple[float, int], ...] = ()
@@ -111,6 +113,7 @@ class Extras:
     prefetched_blocks: dict[int, int] = field(default_factory=dict)
     store_block_reads: int | None = None
     block_copy_reads: dict[str, dict[str, int]] = field(default_factory=dict)
+    warm_blocks_remaining: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
@@ -136,7 +139,9 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
                            for k, v in (data.get("prefetched_blocks") or {}).items()},
         store_block_reads=data.get("store_block_reads"),
         block_copy_reads={str(k): {str(r): int(n) for r, n in v.items()}
-                          for k, v in (data.get("block_copy_reads") or {}).items()})
+                          for k, v in (data.get("block_copy_reads") or {}).items()},
+        warm_blocks_remaining={int(k): int(v) for k, v in
+                               (data.get("warm_blocks_remaining") or {}).items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,6 +580,7 @@ def extras_from_metrics_text(text: str) -> Extras:
     prefetched: dict[int, int] = {}
     store_reads: int | None = None
     copy_reads: dict[str, dict[str, int]] = {}  # block -> root -> reads
+    warm: dict[int, int] = {}  # node -> blocks a warm-up has still to read
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
             continue
@@ -614,13 +620,17 @@ def extras_from_metrics_text(text: str) -> Extras:
                 blocks[key] = blocks.get(key, 0) + int(value)
         elif name == "dualpath_storage_read_blocks_total":
             store_reads = (store_reads or 0) + int(value)
+        elif name == "dualpath_storage_warm_blocks_remaining":
+            node = _labels(labels).get("node")
+            if node is not None and node.lstrip("-").isdigit():
+                warm[int(node)] = warm.get(int(node), 0) + int(value)
         elif name == "dualpath_storage_block_copy_reads_total":
             lab = _labels(labels)
             per_root = copy_reads.setdefault(lab.get("block", "?"), {})
             root = lab.get("root", "?")
             per_root[root] = per_root.get(root, 0) + int(value)
     return Extras(tuple(sorted(buckets.items())), count, total, errors, drops, prefetch,
-                  blocks, hits, prefetched, store_reads, copy_reads)
+                  blocks, hits, prefetched, store_reads, copy_reads, warm)
 
 
 # --- served turns as a trace -----------------------------------------------------------------
