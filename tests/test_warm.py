@@ -310,3 +310,18 @@ def test_the_monitor_shows_a_warm_up_in_progress(tmp_path: Path,
     objs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     left = [o["metrics"]["warm"]["rows"][0]["value"] for o in objs]
     assert left == [5, 3, 1]
+
+
+def test_storage_dram_cache_gives_the_engines_a_cache_to_warm() -> None:
+    from dualpath_cli.config import load_config
+    from dualpath_cli.errors import ConfigError
+    from dualpath_cli.runtime.options import options_from_config
+
+    def opts(*sets: str) -> int:
+        loaded = load_config(overrides=list(sets), environment=False)
+        return options_from_config(loaded, flops_rate=1e9).dram_cache_bytes
+
+    assert opts() == 0  # off by default: every read crosses the storage NIC
+    assert opts("storage.dram_cache=8MiB") == 8 << 20
+    with pytest.raises(ConfigError, match="storage.dram_cache"):
+        opts("storage.dram_cache=lots")

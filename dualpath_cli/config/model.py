@@ -182,6 +182,7 @@ class StorageConfig:
     root: str
     replica_roots: tuple[str, ...]
     block_size: int
+    dram_cache: int
     layout: str
     codec: str
 

@@ -158,6 +158,7 @@ COUNT = Kind("integer", "count", _integer(1))
 NON_NEGATIVE_INT = Kind("integer", "count", _integer(0))
 PD = Kind("P/D spec", "nodes", _pd)
 BYTES = Kind("bytes", "bytes", _positive(parse_bytes))
+BYTES_ANY = Kind("bytes", "bytes", parse_bytes)  # 0 allowed (0: off)
 BANDWIDTH = Kind("bandwidth", "bytes/s", _positive(parse_bandwidth))
 DURATION = Kind("duration", "seconds", _positive(parse_duration))
 FLOP_RATE = Kind("FLOP/s", "FLOP/s", _positive(parse_flops))
@@ -309,6 +310,10 @@ KEYS: tuple[Key, ...] = (
         "written to root only, and reads of a block copied here (diagnose long-tail --fix) "
         "rotate over its copies. Empty: no replicas."),
     Key("storage", "block_size", TOKENS, 64, "Tokens per full block (the paper's example: 64)."),
+    Key("storage", "dram_cache", BYTES_ANY, 0,
+        "DRAM buffer cache of each engine's loader: verified blocks kept for later hits, "
+        "and what storage warm fills (docs/warmup.md). 0: every read crosses the storage "
+        "NIC."),
     Key("storage", "layout", _choices(LAYOUTS), "layer_major",
         "Byte layout of a full block: layer_major [layer, tokens, bytes] or token_major."),
     Key("storage", "codec", _choices(CODECS), "fp16",

@@ -186,6 +186,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "random_seed": cfg.scheduler.random_seed,
         "decision_ring": cfg.scheduler.decision_ring,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
+        "dram_cache_bytes": cfg.storage.dram_cache,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}
