@@ -565,6 +565,42 @@ def _store_eio(tmp: Path) -> FaultRow:
                     corrupt_left=len(left.corrupt))
 
 
+def _requeued(live: LiveCluster, reason: str) -> float:
+    family = live.system.scheduler.registry.family("dualpath_scheduler_requeued_turns_total")
+    return sum(child.value for labels, child in family.samples()
+               if labels.get("reason") == reason)
+
+
+def _fabric_drop(tmp: Path) -> FaultRow:
+    """A PE drops out of the compute fabric (``fabric_drop``: its sockets to the DEs closed,
+    what they queued lost, every KV message it sends lost) just as turns 1-2 start, and comes
+    back once the first lost turn is re-queued. Its heartbeats still reach the scheduler: it
+    is alive, only its KV never arrives."""
+    store = tmp / "store"
+    t_start = time.monotonic()
+    with _cluster(_opts(store)) as live:
+        s = Sessions(live)
+        s.run(range(0, 1))
+        victim = 0  # a PE (engines 0 and 1 are the prefill nodes' engines)
+        t0 = time.monotonic()
+        live.set_faults([parse_fault(f"fabric_drop:engine={victim}")], "test")
+        threads = s.start(range(1, 3))
+        detected: float | None = None
+        try:
+            with contextlib.suppress(AssertionError):
+                _wait_for(lambda: _requeued(live, "read_failed") > 0, 30,
+                          "a turn re-queued after its KV was dropped")
+                detected = time.monotonic() - t0
+        finally:
+            live.clear_faults("test")  # the link is back
+        join(threads)
+        serving = _serving(live)
+        state = next(e.state for e in live.view().engines if e.engine_id == victim)
+        return _row("compute fabric drops a PE", s, live, store, detected, 5.0, t_start,
+                    serving, engine=victim, rerun=_requeued(live, "read_failed"),
+                    state_after=state, dead_events=len(live.system.scheduler.dead_events))
+
+
 def _ready_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     """A launched node's ``--json`` line (or fail with its stderr)."""
     out: list[str] = []
@@ -644,6 +680,7 @@ FAULTS: dict[str, tuple[Callable[[Path], FaultRow], bool]] = {
     "snic_throttle": (_throttle, True),
     "store_eio": (_store_eio, False),
     "kill_node": (_kill_node, False),
+    "fabric_drop": (_fabric_drop, False),
 }
 
 
@@ -670,7 +707,10 @@ def test_fault(name: str) -> None:
     except MountRefused as err:
         pytest.skip(str(err))
     _check(row)
-    if name == "kill_node":
+    if name == "fabric_drop":  # re-run, not declared dead: it never stopped heartbeating
+        assert row.detail["rerun"] >= 1 and row.detail["state_after"] == "ready", row
+        assert row.detail["dead_events"] == 0, row
+    elif name == "kill_node":
         assert row.requeued >= 1 and len(row.detail["nodes_alive"]) == 3, row
     elif name.startswith("kill"):
         assert row.requeued >= 1 and row.detail["state_after"] == "dead", row

@@ -30,6 +30,7 @@ from dualpath_cli.runtime.wire import (
     Layer,
     PrefillDone,
     QueueReport,
+    ReadFailed,
     WireMessage,
     encode,
 )
@@ -205,6 +206,8 @@ class EngineContext:
         self._block_reads: dict[str, int] = {}  # block key hex -> store reads (bounded)
         self._bind_metrics()
         self._out: queue.Queue[tuple[str, Layer | PrefillDone, bool] | None] = queue.Queue()
+        self.fabric_down = False  # a fabric_drop fault: KV sends are lost (fabric_cut)
+        self._dropped_turns: set[tuple[int, int]] = set()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name=f"send-{spec.engine_id}")
         self._sender.start()
@@ -397,7 +400,31 @@ class EngineContext:
                 pay(self.spec.cnic, nbytes)
             self.counters.add(cnic_tx_bytes=nbytes)
             self.m_nic["cnic", "tx"].inc(nbytes)
-            self.ep.send(to, header, buffers)
+            if self.fabric_down or self.ep.send(to, header, buffers) is False:
+                self._kv_dropped(to, msg)
+
+    def fabric_cut(self, down: bool) -> None:
+        """This engine's compute-fabric link down (``fabric_drop`` fault) or back up: while
+        down every KV message it sends is lost, and what its sockets to peers still queue
+        is lost at once (they are closed); control messages still reach the scheduler."""
+        self.fabric_down = down
+        reset = getattr(self.ep, "reset_peers", None)
+        if down and reset is not None:
+            reset({self.spec.ctl})
+
+    def _kv_dropped(self, to: str, msg: Layer | PrefillDone) -> None:
+        """A KV message of a turn did not leave: the peer cannot finish the turn, so the
+        scheduler is told to run it again (once per attempt)."""
+        key = (msg.rid, msg.att)
+        if key in self._dropped_turns:
+            return
+        if len(self._dropped_turns) >= 4096:
+            self._dropped_turns.clear()
+        self._dropped_turns.add(key)
+        log.warning("engine %d: a KV message of request %d to %s was dropped; re-queueing it",
+                    self.spec.engine_id, msg.rid, to)
+        self.to_ctl(ReadFailed(self.spec.engine_id, msg.rid, msg.att, -1,
+                               f"fabric: a KV message to {to} was dropped"))
 
     def h2d(self, nbytes: int, shaped: bool) -> None:
         """A host<->device copy through this engine's compute NIC (loopback RDMA write)."""

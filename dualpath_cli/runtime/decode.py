@@ -103,6 +103,8 @@ class DecodeWorker:
             self._on_layer(job, msg.layer, msg.start, msg.frames)
         else:
             job.first = msg.token
+            if self._pe_rows_missing(job):
+                return
             self._maybe_ready(job)
 
     def _on_decode(self, m: Decode) -> None:
@@ -168,6 +170,23 @@ class DecodeWorker:
         self.ctx.counters.add(kv_rx_from_pe_bytes=nbytes)
         self.ctx.m_nic["cnic", "rx"].inc(nbytes)
         self._maybe_ready(job)
+
+    def _pe_rows_missing(self, job: DecodeJob) -> bool:
+        """After the PE's PrefillDone, which it sends after every Layer of the attempt over
+        the same ordered link: rows still missing were lost on the fabric (a link that
+        dropped what it queued). Tell the scheduler, which runs the turn again."""
+        want = len(job.tokens) - job.cached
+        with self._lock:
+            complete = len(job.heads) >= self.ctx.n_layers and all(
+                f >= want for f in job.filled)
+            if complete or job.started:
+                return False
+            self.jobs.pop(job.rid, None)
+        job.cancelled = True
+        self.ctx.to_ctl(ReadFailed(self.ctx.spec.engine_id, job.rid, job.att, -1,
+                                   f"fabric: KV rows from {job.pe} missing after its "
+                                   "prefill finished"))
+        return True
 
     def _maybe_ready(self, job: DecodeJob) -> None:
         want = len(job.tokens) - job.cached

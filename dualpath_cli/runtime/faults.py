@@ -18,7 +18,11 @@ SPEC text is ``KIND:key=value,...``:
   named blocks (or the first K stored ones, default 4) R times a second each (default 20);
 * ``hbm_frag:engine=E[,stride=S]`` -- engine E pins every S-th free HBM block (default 4),
   scattering its free space (fragmentation score -> 1 - S/free);
-* ``slow_compute:engine=E,factor=X`` -- engine E's forward passes take X times as long.
+* ``slow_compute:engine=E,factor=X`` -- engine E's forward passes take X times as long;
+* ``fabric_drop:engine=E`` -- engine E drops out of the compute fabric: its sockets to peers
+  are closed (what they queue is lost) and every KV message it sends is lost until the fault
+  is cleared; control messages still reach the scheduler. Each turn whose KV was lost is
+  run again (its peer could not finish it).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ FAULT_KINDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "hot_blocks": ("node", (), ("blocks", "count", "rate")),
     "hbm_frag": ("engine", (), ("stride",)),
     "slow_compute": ("engine", ("factor",), ()),
+    "fabric_drop": ("engine", (), ()),
 }
 
 
@@ -121,7 +126,8 @@ class Fault:
                   "hot_blocks": {"blocks": list(self.blocks), "count": self.count,
                                  "rate": self.rate},
                   "hbm_frag": {"stride": self.stride},
-                  "slow_compute": {"factor": self.factor}}
+                  "slow_compute": {"factor": self.factor},
+                  "fabric_drop": {}}
         d.update(table[self.kind])
         return d
 
@@ -231,6 +237,7 @@ _EXAMPLES = {
     "hot_blocks": "hot_blocks:node=0,count=4,rate=20",
     "hbm_frag": "hbm_frag:engine=2,stride=4",
     "slow_compute": "slow_compute:engine=1,factor=4",
+    "fabric_drop": "fabric_drop:engine=0",
 }
 
 
@@ -311,6 +318,8 @@ class FaultInjector:
             ctx.hbm.pin_stride(HBM_FAULT_OWNER, f.stride)
         elif f.kind == "slow_compute":
             ctx.model = _SlowModel(self._base_model, f.factor)
+        elif f.kind == "fabric_drop":
+            ctx.fabric_cut(True)
 
     def _undo(self, kind: str) -> None:
         ctx = self.ctx
@@ -333,6 +342,8 @@ class FaultInjector:
             ctx.hbm.free(HBM_FAULT_OWNER)
         elif kind == "slow_compute":
             ctx.model = self._base_model
+        elif kind == "fabric_drop":
+            ctx.fabric_cut(False)
 
     def _wrap_reads(self) -> None:
         if self._deliver is not None:

@@ -39,8 +39,10 @@ class Endpoint(Protocol):
     address: str
 
     def send(self, to: str, header: dict[str, Any],
-             buffers: list[np.ndarray] | None = None) -> None:
-        """Deliver a message to the endpoint at ``to`` (fire and forget, ordered per pair)."""
+             buffers: list[np.ndarray] | None = None) -> bool | None:
+        """Deliver a message to the endpoint at ``to`` (fire and forget, ordered per pair);
+        False when it was dropped and the sender knows it (ZeroMQ: the peer did not take it
+        within the send timeout)."""
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None = wait forever)."""

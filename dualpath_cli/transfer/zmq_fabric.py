@@ -58,7 +58,9 @@ class ZmqEndpoint:
         self.dropped = 0
 
     def send(self, to: str, header: dict[str, Any],
-             buffers: list[np.ndarray] | None = None) -> None:
+             buffers: list[np.ndarray] | None = None) -> bool:
+        """Queue a message to ``to``; False when it was dropped (closed, or the peer did
+        not take it within the send timeout)."""
         bufs = [np.ascontiguousarray(b) for b in (buffers or [])]
         head = dict(header)
         head["_b"] = buffer_specs(bufs)
@@ -66,7 +68,7 @@ class ZmqEndpoint:
         frames.extend(b.reshape(-1).view(np.uint8).data if b.size else b"" for b in bufs)
         with self._lock:
             if self._closed:
-                return
+                return False
             sock = self._push.get(to)
             if sock is None:
                 sock = self._ctx.socket(zmq.PUSH)
@@ -82,7 +84,19 @@ class ZmqEndpoint:
             try:
                 sock.send_multipart(frames, copy=False)
             except zmq.Again:
-                self.dropped += 1  # peer gone: the scheduler re-queues its work
+                self.dropped += 1  # peer gone or not reading: the caller reports the work
+                return False
+        return True
+
+    def reset_peers(self, keep: set[str]) -> int:
+        """Close the sockets to every peer but ``keep`` at once (linger 0: what they still
+        queue is lost, as over a connection that drops); the next send reconnects.
+        Returns how many were closed."""
+        with self._lock:
+            gone = [to for to in self._push if to not in keep]
+            for to in gone:
+                self._push.pop(to).close(linger=0)
+        return len(gone)
 
     def recv(self, timeout: float | None = None) -> Message | None:
         ms = None if timeout is None else max(0, int(timeout * 1000))
