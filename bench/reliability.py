@@ -200,12 +200,14 @@ def run_faults(names: list[str] | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def run_soak(turns: int) -> dict[str, Any]:
-    """bench/soak.py's figures for ``turns`` turns (a subprocess: it launches a cluster)."""
+def run_soak(turns: int, ring: int | None = None) -> dict[str, Any]:
+    """bench/soak.py's figures for ``turns`` turns (a subprocess: it launches a cluster),
+    with a ``ring``-decision scheduler ring when given (its warm-up then fills it)."""
     import subprocess
 
     soak = Path(__file__).resolve().parent / "soak.py"
-    done = subprocess.run([sys.executable, str(soak), "--turns", str(turns), "--json"],
+    done = subprocess.run([sys.executable, str(soak), "--turns", str(turns), "--json",
+                           *(["--decision-ring", str(ring)] if ring else [])],
                           capture_output=True, text=True)
     if not done.stdout.strip():
         raise SystemExit(f"bench/soak.py failed: {done.stderr.strip()[-500:]}")
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this fault of the matrix (repeatable)")
     parser.add_argument("--soak", type=int, default=0, metavar="TURNS",
                         help="run bench/soak.py for TURNS turns")
+    parser.add_argument("--soak-ring", type=int, default=None, metavar="N",
+                        help="the soak's scheduler.decision_ring (its warm-up fills it)")
     args = parser.parse_args(argv)
     # SIGTERM unwinds (the sandbox temp directory is removed) instead of ending at once
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -253,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.faults or args.fault:
         figures["faults"] = run_faults(args.fault)
     if args.soak:
-        figures.update(run_soak(args.soak))
+        figures.update(run_soak(args.soak, args.soak_ring))
     bad_faults = [r for r in figures.get("faults", []) if not r.get("ok", True)]
     soak_bad = bool(args.soak) and (figures["fd_growth"] > 0
                                     or figures["leftover_temp_files"] > 0)
