@@ -16,9 +16,10 @@ while turns are in flight and then checks the promises:
 
 ``run_fault(name)`` is also what ``bench/reliability.py --faults`` runs and tabulates. The
 slow rows are skipped unless ``DUALPATH_SLOW_TESTS=1``; the rest takes about a minute on
-two cores. Store faults mount a small tmpfs (root only; skipped with the reason otherwise).
-The compute fabric dropping a peer is not here: neither the fabric nor the fault injector
-can drop one peer's messages yet (see docs/reliability.md).
+two cores. Store faults mount a small tmpfs or a FUSE passthrough that returns EIO
+(tests/fuse_eio.py; root, /dev/fuse, fusepy and libfuse2; skipped with the reason
+otherwise). The compute fabric dropping a peer is the ``fabric_drop`` fault; a whole node's
+processes are killed in ``kill_node`` (nodes joined with ``launch --join``).
 """
 
 from __future__ import annotations
