@@ -150,20 +150,25 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
     model = _model()
     p0 = append_token_ids(AGENTS[0], 0, VOCAB).tolist()
     p1 = append_token_ids(AGENTS[1], 0, VOCAB).tolist()
-    saved = tmp_path / "at-the-kill.json"
     first = LiveCluster(_opts(), checkpoint=path)
     first.start()
     try:
         out0 = first.submit(p0, 4, session="a", key="k0").wait(60).tokens
         assert first.submit(p0, 4, session="a", key="k0").result is not None  # same ticket
+        assert first.durable is not None
+        first.durable.writer.stop(final=False)  # this test writes the checkpoint itself
         sched = first.system.scheduler
         with sched._lock:  # the scheduler thread is held: k1 is admitted, not dispatched
             first.submit(p1, 4, session="b", key="k1")
-            sections = first.durable.collect() if first.durable else {}
-        ckpt.write(saved, sections)  # what a kill -9 at this moment leaves behind
+            first.durable.writer.write_now()  # what a kill -9 at this moment leaves behind
+        left = {p: p.read_bytes() for p in tmp_path.glob("checkpoint-3.json*")}
+        assert len(left) == 2  # the checkpoint and its prompt spool
     finally:
         first.close()
-    assert not path.exists()  # a clean close leaves nothing to restore
+    assert not list(tmp_path.glob("checkpoint-3.json*"))  # a clean close leaves nothing
+    for p, data in left.items():
+        p.write_bytes(data)
+    saved = path
 
     second = LiveCluster(_opts(), checkpoint=saved)
     second.start()
@@ -183,7 +188,37 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
             second.submit(p1, 4, session="b", key="k0")
     finally:
         second.close()
-    assert not saved.exists()
+    assert not list(tmp_path.glob("checkpoint-3.json*"))
+
+
+def test_prompt_spool(tmp_path: Path) -> None:
+    """Prompts are written once each; a checkpoint names their places; a damaged prompt is
+    refused; live prompts move to a new generation and the old one goes once named."""
+    path = tmp_path / "checkpoint-4.json"
+    spool = ckpt.PromptSpool(path, compact_bytes=1000)
+    prompts = {rid: _turn(rid, 50 + rid) for rid in range(6)}
+    name = spool.settle(set(prompts))  # as capture does: settle, then the places
+    state: dict[str, Any] = {"spool": name, "flights": [
+        {"rid": rid, "prompt": spool.put(rid, t)} for rid, t in prompts.items()]}
+    size = spool.size
+    assert spool.put(0, prompts[0]) == state["flights"][0]["prompt"] and spool.size == size
+    assert state["spool"] == "checkpoint-4.json.prompts-0" and spool.gen == 0
+    back = ckpt.read_spool(tmp_path, state)
+    assert all(np.array_equal(back[rid], t) for rid, t in prompts.items())
+    # turns 0-4 finish: the spool holds far more than its live prompts -> generation 1
+    name = spool.settle({5})
+    state = {"spool": name, "flights": [{"rid": 5, "prompt": spool.put(5, prompts[5])}]}
+    assert state["spool"] == "checkpoint-4.json.prompts-1"
+    assert np.array_equal(ckpt.read_spool(tmp_path, state)[5], prompts[5])
+    spool.retire()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4.json.prompts-1"]
+    raw = bytearray((tmp_path / state["spool"]).read_bytes())
+    raw[3] ^= 0xFF
+    (tmp_path / state["spool"]).write_bytes(bytes(raw))
+    with pytest.raises(ckpt.CheckpointError, match="turn 5 .* CRC-32 does not match"):
+        ckpt.read_spool(tmp_path, state)
+    spool.close(remove=True)
+    assert not list(tmp_path.iterdir())
 
 
 def test_node_agent_notices_a_scheduler_that_forgot_it() -> None:

@@ -184,10 +184,10 @@ class LiveCheckpoint:
                  min_gap_s: float = 0.05) -> None:
         self.live = live
         self.path = path
-        self._cache: dict[int, str] = {}
+        self.spool = ckpt.PromptSpool(path)
         self.restored: dict[str, Any] | None = None
         self.writer = ckpt.Checkpointer(path, self.collect, self.signature, interval_s,
-                                        min_gap_s)
+                                        min_gap_s, after_write=self.spool.retire)
 
     def signature(self) -> tuple[Any, ...]:
         """Cheap: counters that move whenever something worth a checkpoint happens."""
@@ -204,13 +204,13 @@ class LiveCheckpoint:
         sched = live.system.scheduler
         with live._lock:  # noqa: SLF001 - the live cluster's own state
             with sched._lock:  # noqa: SLF001
-                state = ckpt.capture(sched, self._cache)
+                grabbed = ckpt.grab(sched)
                 rids = {id(f.ticket): rid for rid, f in sched.flights.items()}
             sessions = [[name, s.agent, s.turns] for name, s in live._sessions.items()]  # noqa: SLF001
             keys = live.turn_keys.snapshot(rids)
             next_agent = live._next_agent  # noqa: SLF001
         joins = getattr(live, "joins", None)
-        return {"scheduler": state,
+        return {"scheduler": ckpt.build(grabbed, self.spool),
                 "live": {"sessions": sessions, "next_agent": next_agent, "keys": keys,
                          "flops_rate": live.system.flops_rate, "written": time.time()},
                 "joins": joins.snapshot() if joins is not None else None}
@@ -241,7 +241,10 @@ class LiveCheckpoint:
                                        ) from None
         joined = not live.opts.local_engines
         rebound = ckpt.rebind(sched, str(state.get("address", ""))) if joined else False
-        done = ckpt.restore(sched, state, engines=joined)
+        done = ckpt.restore(sched, state, engines=joined, spool_dir=self.path.parent)
+        old = str(state.get("spool", "")).rpartition("-")[2]
+        if old.isdigit():  # the old generation stays until a checkpoint names the new one
+            self.spool.gen = int(old) + 1
         joins = getattr(live, "joins", None)
         if joins is not None and sections.get("joins"):
             joins.restore(sections["joins"])
@@ -274,6 +277,7 @@ class LiveCheckpoint:
         """Stop writing; ``keep`` False (a clean drain) removes the file: nothing is left
         to restore, and the next launch starts afresh."""
         self.writer.stop(final=keep)
+        self.spool.close(remove=not keep)
         if not keep:
             try:
                 self.path.unlink()
