@@ -127,6 +127,22 @@ def test_settings_the_model_cannot_tell_apart_keep_todays() -> None:
         twin.predict(tr, world, tr.current).jct_s, 9)}
 
 
+def test_a_poor_alpha_under_the_seed_rule_gets_a_lower_one() -> None:
+    """Under seed-select alpha decides the read side (a PE node whose read queue exceeds it
+    is not read from): 10^9 reads every prefix on the PE node, so the best alpha is lower,
+    and it is listed as alpha's best even when another knob wins overall."""
+    tr = twin.traffic_from_decisions(cluster_view("seed-select", alpha=10**9),
+                                     served(agentic_workload(16, turns=12)), "live")
+    world = twin.world_for(tr, measure=stub_measure, host_cores=2)
+    res = twin.suggest(tr, world, workers=1)
+    best = res.best_by_dimension()["alpha"]
+    assert best.setting.alpha < 10**9 and best.setting.read_side == "seed-select"
+    assert res.change(best) < -0.3 and best.snic_max_avg < res.current.snic_max_avg
+    entry = res.to_dict()["by_dimension"]["alpha"]
+    assert entry["command"] == f"dualpath tune set alpha={best.setting.alpha}"
+    assert res.change(res.best) <= res.change(best)
+
+
 def test_proposed_setting_resolves_units_like_the_running_cluster() -> None:
     tr = twin.traffic_from_decisions(cluster_view(), served(agentic_workload(2, 2)), "live")
     world = twin.world_for(tr, measure=stub_measure)

@@ -406,13 +406,29 @@ class Suggestion:
         """Predicted relative JCT change of ``p`` against today's."""
         return (p.jct_s - self.current.jct_s) / self.current.jct_s
 
+    def best_by_dimension(self) -> dict[str, Prediction]:
+        """Per varied dimension (``alpha``, ``beta``, ...), its best replay, today's excluded.
+
+        Why: the overall best may change another knob (a read rule that makes alpha moot);
+        an operator asking "what alpha?" wants the best that varies alpha alone.
+        """
+        out: dict[str, Prediction] = {}
+        for p in self.ranked:  # best first: the first of each dimension is its best
+            if p is not self.current and p.dimension not in out:
+                out[p.dimension] = p
+        return out
+
+    def _entry(self, p: Prediction) -> dict[str, Any]:
+        return {**p.to_dict(), "jct_change": self.change(p),
+                "command": p.setting.command(self.traffic.current)}
+
     def to_dict(self, top: int = 3) -> dict[str, Any]:
         """Plain form (``--json``)."""
         return {"traffic": self.traffic.to_dict(), "world": self.world.to_dict(),
                 "current": self.current.to_dict(),
-                "best": [{**p.to_dict(), "jct_change": self.change(p),
-                          "command": p.setting.command(self.traffic.current)}
-                         for p in self.ranked[:top]],
+                "best": [self._entry(p) for p in self.ranked[:top]],
+                "by_dimension": {d: self._entry(p)
+                                 for d, p in self.best_by_dimension().items()},
                 "searched": len(self.ranked), "skipped": self.skipped, "wall_s": self.wall_s}
 
 
