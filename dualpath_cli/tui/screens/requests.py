@@ -74,6 +74,7 @@ def story_text(story: dict[str, Any], decisions: Sequence[Decision]) -> str:
     rid = story.get("rid")
     mine = [d for d in decisions if d.rid == rid and getattr(d, "kind", "turn") == "turn"]
     if mine:
+        lines.insert(1, f"  placed by decision #{mine[-1].seq} (its entry below)")
         lines += ["", "the decision that placed it:", decision_detail(mine[-1])]
     return "\n".join(lines)
 
@@ -148,7 +149,7 @@ class RequestsScreen(CockpitScreen):
                 "no turn in flight (l: recent decisions)" if self._mode == "inflight"
                 else "no decisions logged yet")
         if self.selected is not None:
-            self._fetch(self.selected)
+            self._story(self.selected)
 
     def action_toggle_list(self) -> None:
         """Switch the list between the turns in flight and the recent decisions."""
@@ -159,12 +160,7 @@ class RequestsScreen(CockpitScreen):
     @work(thread=True, exclusive=True, group="story", exit_on_error=False)
     def _fetch(self, rid: int) -> None:
         """Ask the source for ``rid``'s story (blocking I/O: off the UI thread)."""
-        frame = self.top.frame
-        try:
-            story = self.top.source.story(rid)
-            text = story_text(story, frame.decisions if frame is not None else ())
-        except DualPathError as err:
-            text = f"request {rid}: {err}"
+        text = self._text(rid)
         if not get_current_worker().is_cancelled:
             self.app.call_from_thread(self._show_story, rid, text)
 
@@ -180,4 +176,20 @@ class RequestsScreen(CockpitScreen):
         if rid is None or (rid == self.selected and isinstance(event, DataTable.RowHighlighted)):
             return
         self.selected = rid
-        self._fetch(rid)
+        self._story(rid)
+
+    def _story(self, rid: int) -> None:
+        """Show ``rid``'s story: a recording's at once (no I/O: a replay step shows the
+        story of that step), a live cluster's from a worker thread."""
+        if self.top.replay is not None:
+            self._show_story(rid, self._text(rid))
+        else:
+            self._fetch(rid)
+
+    def _text(self, rid: int) -> str:
+        frame = self.top.frame
+        try:
+            story = self.top.source.story(rid)
+        except DualPathError as err:
+            return f"request {rid}: {err}"
+        return story_text(story, frame.decisions if frame is not None else ())
