@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 from test_fault_matrix import AGENTS, VOCAB, FaultRow, _model, reference
 
@@ -523,3 +524,57 @@ def test_nodes_join_again_when_the_control_port_is_taken(scratch: Path) -> None:
     assert row.detail["nodes_rejoined"] == 2, row
     assert row.lost_turns == 0 and row.tokens_identical, row
     assert row.detail["answered_twice"] == 0 and row.serving_after, row
+
+
+def test_embedded_launch_restarts_from_its_checkpoint(scratch: Path) -> None:
+    """``dualpath launch`` (scheduler and engines in one launcher) killed with -9: its
+    engines die with it; launched again, it restores the checkpoint, runs the turns it owed
+    on new engines, and answers a finished key from the kept answer."""
+    run = scratch / "run"
+    run.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(scratch / "state"),
+               XDG_DATA_HOME=str(scratch / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
+    port = free_port()
+    args = ("--port", str(port), "--store", str(scratch / "store"), "--json")
+    procs = Procs(env)
+    model = _model()
+    prompts = [append_token_ids(AGENTS[i], 0, VOCAB).tolist() for i in range(3)]
+    try:
+        first = procs.start(*args)
+        state = _json_line(first, START_S)
+        url = state["url"]
+        token = Path(state["token_file"]).read_text().strip()
+        clients = Clients(url, token, "embedded")
+        bodies = [({"model": "tiny", "prompt": p, "max_tokens": 4, "temperature": 0,
+                    "return_token_ids": True}, {"Idempotency-Key": f"e-{i}"})
+                  for i, p in enumerate(prompts)]
+        out0 = clients.send(*bodies[0])
+        assert out0 == model.generate(prompts[0], 4)
+        checkpoint = run / "dualpath" / f"checkpoint-{port}.json"
+        deadline = time.monotonic() + 30
+        while (ckpt.read(checkpoint) or {}).get("live", {}).get("keys", [{}])[0].get(
+                "result") is None:  # the answer is in a checkpoint (written within 0.25 s)
+            assert time.monotonic() < deadline, "no checkpoint with the answer"
+            time.sleep(0.05)
+        engines = psutil.Process(first.pid).children(recursive=True)
+        later: list[list[int]] = []
+        sender = threading.Thread(target=lambda: later.append(clients.send(*bodies[1])),
+                                  daemon=True)
+        sender.start()  # in flight (or about to be) when the launcher dies
+        os.kill(first.pid, signal.SIGKILL)  # the launcher only
+        first.wait(30)
+        _, alive = psutil.wait_procs(engines, timeout=30)
+        assert not alive, alive  # the engines died with their launcher (their watchdog)
+        second = procs.start(*args)
+        state2 = _json_line(second, START_S)
+        assert state2["restored"] is not None and state2["restored"]["engines"] == 0
+        sender.join(TURN_DEADLINE_S)
+        assert later == [model.generate(prompts[1], 4)]
+        seq = _decision_seq(clients.http, url)
+        assert clients.send(*bodies[0]) == out0  # the kept answer...
+        assert _decision_seq(clients.http, url) == seq  # ...not a second run
+        assert clients.send(*bodies[2]) == model.generate(prompts[2], 4)  # still serving
+        clients.http.close()
+    finally:
+        procs.close()
+    assert not list((run / "dualpath").glob("checkpoint-*"))  # a clean stop removes it
