@@ -134,9 +134,12 @@ def inflight_row(raw: Mapping[str, Any], decision: Decision | None, now: float, 
         now / wall: the monotonic and wall-clock time of the snapshot.
         kv_bytes_per_token: KV bytes of one token over all layers.
 
+    ``bytes_to_read``/``bytes_read`` count KV bytes (cached tokens x KV bytes per token).
     ``bytes_read`` is what is known: 0 before dispatch, every cached token's KV once the
     first token is out (a prefill cannot finish without it), ``None`` while it loads (the
-    engines report a request's reads with its first token, not before).
+    engines report a request's reads with its first token, not before). Once it is out,
+    ``pe_snic_bytes`` is what the PE's storage NIC read (block files: headers and alignment
+    included) and ``de_to_pe_bytes`` what the DE streamed to it.
     """
     sub, first = float(raw["submitted"]), raw.get("first_at")
     phase = str(raw["phase"])
@@ -161,7 +164,8 @@ def inflight_row(raw: Mapping[str, Any], decision: Decision | None, now: float, 
         "de_tokens": cached - pe_tokens if pe_tokens is not None else None,
         "bytes_to_read": to_read,
         "bytes_read": to_read if phase == "decode" else None if phase == "prefill" else 0,
-        "pe_snic_bytes": facts.get("pe_snic_bytes"), "de_to_pe_bytes": facts.get("peer_bytes"),
+        "pe_snic_bytes": facts.get("pe_snic_bytes"),
+        "de_to_pe_bytes": facts.get("peer_bytes", 0) if facts else None,
         "ttft_s": first - sub if first is not None else None,
         "waited_s": max(0.0, now - sub) if first is None else None,
         "decision_seq": d.seq if d is not None else None,
