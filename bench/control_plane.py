@@ -80,9 +80,13 @@ class Driver:
         self.system = system
         self.rate = rate
         self.fresh = collections.deque(trajectories)
-        self.idle: collections.deque[tuple[Trajectory, int, np.ndarray]] = collections.deque()
+        # (trajectory, its next turn, the last prompt, the ticket that answered it): the
+        # context is extended here, on the driver's thread, not in the done callback (which
+        # runs on the scheduler's thread and would count as its CPU)
+        self.idle: collections.deque[tuple[Trajectory, int, np.ndarray, Ticket | None]] = \
+            collections.deque()
         self.lock = threading.Lock()
-        self.submitted = self.completed = self.behind = 0
+        self.submitted = self.completed = self.behind = self.first_turns = 0
         self.tokens_submitted = 0
         self.submit_cpu = 0.0
         self.stop = threading.Event()
@@ -91,8 +95,12 @@ class Driver:
 
     def _next(self) -> tuple[Trajectory, int, np.ndarray] | None:
         with self.lock:
-            if self.idle:
-                return self.idle.popleft()
+            item = self.idle.popleft() if self.idle else None
+        if item is not None:
+            traj, i, prompt, ticket = item
+            assert ticket is not None and ticket.result is not None
+            out = np.asarray(ticket.result.tokens, dtype=np.int64)
+            return traj, i, np.concatenate([prompt, out])
         if not self.fresh:
             return None
         return self.fresh.popleft(), 0, np.zeros(0, dtype=np.int64)
@@ -110,6 +118,7 @@ class Driver:
                   else self.system.submit(req))
         self.submit_cpu += time.thread_time() - c0  # the scheduler's lookup, on this thread
         self.submitted += 1
+        self.first_turns += i == 0
         self.tokens_submitted += len(prompt)
         ticket.add_done_callback(lambda: self._done(ticket, traj, i, prompt))
         return True
@@ -119,8 +128,7 @@ class Driver:
             self.completed += 1
             if ticket.result is None or i + 1 >= traj.num_turns:
                 return
-            out = np.asarray(ticket.result.tokens, dtype=np.int64)
-            self.idle.append((traj, i + 1, np.concatenate([prompt, out])))
+            self.idle.append((traj, i + 1, prompt, ticket))
 
     def _run(self) -> None:
         t0 = time.monotonic()
@@ -146,21 +154,30 @@ def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[f
     handle = sched._handle  # noqa: SLF001
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
+    def moved() -> tuple[int, int, int, int]:
+        return (sched.log.last_seq or 0, len(sched.queue), len(sched.pe_queue),
+                sum(len(q) for q in sched.private.values()))
+
     def counted(raw: Any) -> None:
         kind = str(raw.header.get("t"))
+        before = None
         if kind == "fetch":
             group = raw.header.get("group")
             busy = (bool(sched.pe_queue) if raw.header.get("role") == "prefill"
                     else bool(sched.queue) or bool(sched.private.get(group)))
             kind = "fetch" if busy else "fetch_idle"
+            before = moved() if busy else None
         t = time.thread_time()
         if profile is not None:
             profile.runcall(handle, raw)
         else:
             handle(raw)
+        spent = time.thread_time() - t
+        if before is not None and moved() == before:
+            kind = "fetch_futile"  # work queued, none of it could move (engines full)
         row = kinds[kind]
         row[0] += 1
-        row[1] += time.thread_time() - t
+        row[1] += spent
 
     sched._handle = counted  # type: ignore[method-assign]  # noqa: SLF001
     return kinds
@@ -183,6 +200,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         try:
             system.start(timeout=300)
             start_s = time.monotonic() - t0
+            # a scheduler that has run a while has a connection to every engine; without
+            # this the window pays for ZeroMQ connects to the engines it first dispatches to
+            system.scheduler.metrics(fresh=True, timeout=120)
             n_agents = args.agents or max(200, int(args.rate * 4))
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate)
@@ -192,8 +212,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             if args.profile:
                 import cProfile
 
-                profile = cProfile.Profile(time.thread_time)  # CPU, not waits
-                driver.profile = profile
+                # CPU, not waits; one profiler per thread (the clock is the thread's)
+                profile = cProfile.Profile(time.thread_time)
+                driver.profile = cProfile.Profile(time.thread_time)
             kinds = _count_kinds(system, profile)
             proc = psutil.Process()
             driver.thread.start()
@@ -203,16 +224,21 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             d0, s0, k0 = driver.completed, driver.submitted, driver.tokens_submitted
             u0 = driver.submit_cpu
             q0 = system.scheduler.log.last_seq
+            f0, r0 = driver.first_turns, system.scheduler.requeued
+            h0 = (system.scheduler._prefix.reused, system.scheduler._prefix.hashed)  # noqa: SLF001
             time.sleep(args.seconds)
             c1, p1, w1 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
             by_kind = {k: (n, cpu) for k, (n, cpu) in kinds.items()}
             d1, s1, k1 = driver.completed, driver.submitted, driver.tokens_submitted
             u1 = driver.submit_cpu
             q1 = system.scheduler.log.last_seq
+            f1, r1 = driver.first_turns, system.scheduler.requeued
+            h1 = (system.scheduler._prefix.reused, system.scheduler._prefix.hashed)  # noqa: SLF001
             driver.stop.set()
             driver.thread.join(5)
             if profile is not None:  # diagnosis only: profiling inflates the CPU figures
                 profile.dump_stats(args.profile)
+                driver.profile.dump_stats(args.profile + ".submit")
             hosts = [psutil.Process(pid) for pid in system.cluster.host_pids()]  # type: ignore[union-attr]
             host_cpu = sum(h.cpu_times().user + h.cpu_times().system for h in hosts)
             dead = sum(1 for e in system.scheduler.engines.values() if not e.alive)
@@ -224,7 +250,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     cpu = thread_cpu + (u1 - u0)  # the scheduler thread plus submit()'s prefix lookups
     done = d1 - d0
     rate = done / wall
-    per_turn = cpu / done if done else float("nan")
+    cpu_per_done = cpu / done if done else float("nan")
     proc_cpu = (p1.user + p1.system) - (p0.user + p0.system)
     reached = rate >= 0.95 * PAPER_RATE
     # the extrapolation, term by term: engine traffic at its own rates (it does not depend
@@ -236,17 +262,32 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     idle_fetch = cpu_of.get("fetch_idle", cpu_of.get("fetch", 0.0))
     periodic = (cpu_of.get("hb", 0.0) * n_engines / args.heartbeat
                 + idle_fetch * groups / args.fetch)
-    # per turn: the turn's own messages, the working fetches' CPU beyond an idle one's,
-    # and submit() (its prefix lookup, on the caller's thread)
-    turn_msgs = {k: c for k, (n, c) in by_kind.items()
-                 if k not in ("hb", "fetch_idle", "fetch", "hello")}
+    # a fetch that found work queued but could move none of it (its engines full): at most
+    # one per group per period whatever the turn rate; its CPU beyond an idle fetch's is
+    # added as measured, not scaled with the turns
+    n_futile, c_futile = by_kind.get("fetch_futile", (0, 0.0))
+    futile = max(0.0, c_futile - n_futile * idle_fetch) / wall
+    periodic += futile
+    # per turn: one submit() (its prefix lookup, on the caller's thread), one ``first`` and
+    # one ``done`` each at its own mean; per decision (a dispatched attempt: a turn has one
+    # unless re-queued) the working fetches' CPU beyond an idle one's and the read-queue
+    # reports and any other kind. Each normalised by its own count, so turns dispatched or
+    # finished outside the window do not skew it (a loaded host finishes few in it).
+    decisions = (q1 or 0) - (q0 or 0)
     n_fetch, c_fetch = by_kind.get("fetch", (0, 0.0))
-    turn_msgs["fetch (beyond idle)"] = max(0.0, c_fetch - n_fetch * idle_fetch)
-    submit_per_turn = (u1 - u0) / max(1, s1 - s0)
-    per_turn_us = {k: round(1e6 * c / done, 1) for k, c in turn_msgs.items()} if done else {}
-    per_turn_us["submit"] = round(1e6 * submit_per_turn, 1)
-    per_turn_msgs = (sum(turn_msgs.values()) / done) if done else float("nan")
-    per_turn_total = per_turn_msgs + submit_per_turn
+    per_turn: dict[str, float] = {"submit": (u1 - u0) / max(1, s1 - s0)}
+    for k in ("first", "done"):
+        if k in cpu_of:
+            per_turn[k] = cpu_of[k]
+    if decisions:
+        per_turn["fetch (beyond idle), per decision"] = max(
+            0.0, c_fetch - n_fetch * idle_fetch) / decisions
+        for k, (_, c) in by_kind.items():
+            if k not in ("hb", "fetch_idle", "fetch", "fetch_futile", "hello", "first",
+                         "done"):
+                per_turn[f"{k}, per decision"] = c / decisions
+    per_turn_us = {k: round(1e6 * v, 1) for k, v in per_turn.items()}
+    per_turn_total = sum(per_turn.values()) if decisions and done else float("nan")
     extrapolated = periodic + per_turn_total * PAPER_RATE
     cores = cpu / wall if reached else extrapolated
     lower_bound = not reached and not done  # no turn completed: the turn term is unknown
@@ -256,26 +297,32 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "value": round(cores, 3), "goal": GOAL_CORES, "met": cores < GOAL_CORES,
         "extrapolated": not reached, "lower_bound": lower_bound,
         "how": ("measured at the paper's rate" if reached else
-                "hb and fetch CPU per message x their rates at this scale + (turn messages' "
-                f"CPU + submit CPU) per completed turn x {PAPER_RATE:g} turns/s (this machine "
-                f"reached {rate:.1f} turns/s)"),
+                "heartbeat and idle-fetch CPU per message x their rates at this scale + CPU "
+                "per turn (submit, first and done at their means; working fetches beyond an "
+                f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s (this "
+                f"machine reached {rate:.1f} turns/s)"),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "target_rate": args.rate, "measured_rate": round(rate, 1),
         "submitted_rate": round((s1 - s0) / wall, 1),
-        "decisions_per_s": round((q1 - q0) / wall, 1),
+        "decisions_per_s": round(decisions / wall, 1),
         "mean_prompt_tokens": round((k1 - k0) / max(1, s1 - s0)),
         "sched_thread_cores": round(thread_cpu / wall, 3),
         "cpu_us_per_message": {k: round(1e6 * v, 1) for k, v in cpu_of.items()},
         "cpu_us_per_turn": per_turn_us,
         "extrapolated_cores_at_paper_rate": round(extrapolated, 3),
         "agents": n_agents,
+        "first_turn_share": round((f1 - f0) / max(1, s1 - s0), 3),
+        "prefix_blocks_reused_share": round((h1[0] - h0[0]) / max(1, (h1[0] - h0[0])
+                                                                 + (h1[1] - h0[1])), 3),
+        "requeued_in_window": r1 - r0,
         "messages_per_s": {k: round(n / wall, 1) for k, (n, _) in by_kind.items()},
         "periodic_cores_at_paper_scale": round(periodic, 3),
+        "futile_fetch_cores": round(futile, 3),
         "cpu_ms_per_turn_at_paper_rate": round(1000 * per_turn_total, 3),
         "submit_cores": round((u1 - u0) / wall, 3),
         "sched_cores_at_measured_rate": round(cpu / wall, 3),
-        "sched_cpu_ms_per_turn": round(1000 * per_turn, 3),
+        "sched_cpu_ms_per_turn": round(1000 * cpu_per_done, 3),
         "launcher_process_cores": round(proc_cpu / wall, 3),
         "emulator_cpu_s_total": round(host_cpu, 1), "behind": driver.behind,
         "dead_engines": dead, "start_s": round(start_s, 1), "window_s": round(wall, 1),

@@ -1043,9 +1043,11 @@ class SchedulerService:
             return
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
-            loads = {g: self._de_group_tok.get(g, 0)
-                     + sum(len(f.req.tokens) for f in self.private[g])
-                     for g in self._live_members(de)}
+            loads = {}
+            for g in self._live_members(de):
+                routed = self.private[g]
+                loads[g] = self._de_group_tok.get(g, 0) + (
+                    sum(len(f.req.tokens) for f in routed) if routed else 0)
             head = [f.rid for f in list(self.queue)[:_HEAD]]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], GroupLoads(loads))
