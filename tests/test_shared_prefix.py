@@ -115,13 +115,17 @@ def test_the_runtime_finds_another_conversations_system_prompt(tmp_path: Path) -
 
     opts = RuntimeOptions(policy="dualpath", block_tokens=8, flops_rate=1e9)
     with RuntimeSystem(opts) as system:
-        hits = system.scheduler.registry.counter("dualpath_kv_hit_tokens_total", tier="store")
+        reg = system.scheduler.registry
+        hits = reg.counter("dualpath_kv_hit_tokens_total", tier="store")
+        cross = reg.counter("dualpath_kv_cross_conversation_hit_tokens_total")
         first = run_agents(system, [_traj(0)], timeout=60)
         assert not first.errors and first.turns[0].cached == 0  # nothing stored yet
+        assert cross.value == 0  # its second turn hit its own context only
         before = hits.value
         second = run_agents(system, [_traj(1)], timeout=60)
         rec = next(t for t in second.turns if t.turn == 0)
         assert rec.cached == 40  # the 5 blocks of the other conversation's system prompt
-        assert hits.value - before >= 40
+        assert hits.value - before >= 40 and cross.value == 40
         third = run_agents(system, [_traj(2, ())], timeout=60)  # no shared prefix: no hit
         assert next(t for t in third.turns if t.turn == 0).cached == 0
+        assert cross.value == 40

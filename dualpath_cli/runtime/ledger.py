@@ -48,6 +48,20 @@ __all__ = ["Lookup", "RequestLedger", "reason_from_why"]
 _FAILURES = frozenset({"quarantined", "read_failed", "timed_out", "evicted", "cancelled"})
 
 
+def _own_prefix(chain: bytes, raw: Sequence[bytes], hits: int) -> int:
+    """How many of the first ``hits`` keys the agent's own stored ``chain`` starts with (one
+    comparison in the common case: a turn hits its own whole context)."""
+    if not hits or not chain:
+        return 0
+    joined = b"".join(raw[:hits])
+    if chain[:len(joined)] == joined:
+        return hits
+    n = 0
+    while n < hits and chain[n * KEY_BYTES:(n + 1) * KEY_BYTES] == raw[n]:
+        n += 1
+    return n
+
+
 def reason_from_why(why: str) -> str:
     """The miss reason an engine's read-failed text starts with (``read_failed`` if none)."""
     word = why.split(":", 1)[0].strip()
@@ -117,6 +131,7 @@ class RequestLedger:
         self.m_miss = {r: registry.counter("dualpath_kv_miss_blocks_total", tier="store",
                                            reason=r) for r in MISS_REASONS}
         self.m_age = registry.histogram("dualpath_kv_evicted_block_age_seconds", tier="store")
+        self.m_cross = registry.counter("dualpath_kv_cross_conversation_hit_tokens_total")
 
     def lookup(self, rid: int, agent: int, keys: Sequence[BlockKey], prompt_tokens: int,
                hits: int, now: float | None = None) -> Lookup:
@@ -130,6 +145,7 @@ class RequestLedger:
             chain, done_at = self._chains.get(agent, (b"", now))
             stored = len(chain) // KEY_BYTES
             failed = self._failed.get(rid)
+            own = _own_prefix(chain, raw, hits)  # the rest of the hits: another's blocks
             for i in range(hits, limit):
                 key = raw[i]
                 if failed is not None and failed[0] <= i < failed[2]:
@@ -150,6 +166,8 @@ class RequestLedger:
         self.m_req["store"].inc(prompt_tokens)
         if hits:
             self.m_hit["store"].inc(hits * self.bt)
+            if hits > own:
+                self.m_cross.inc((hits - own) * self.bt)
         for reason, n in look.misses.items():
             self.m_miss[reason].inc(n)
         if look.evicted_age_s is not None:

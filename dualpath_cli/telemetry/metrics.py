@@ -241,6 +241,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Tokens a KV tier served: store (cached prefix found), dram (served from the "
                "DRAM buffer), hbm (already in HBM: 0, the runtime keeps no KV in HBM "
                "across turns)."),
+    MetricSpec("dualpath_kv_cross_conversation_hit_tokens_total", _C, "tokens", (),
+               "Store hits another conversation stored (a shared system prompt): hit tokens "
+               "beyond the chain the agent's own last turn stored, as a global KV store "
+               "sees them."),
     MetricSpec("dualpath_kv_read_bytes_total", _C, "bytes", ("tier", "side"),
                "Cached-prefix KV bytes read, by tier and the side that read them (pe, de): "
                "store through a storage NIC, dram from a DRAM buffer, hbm written into the "
