@@ -94,6 +94,10 @@ ENGINE_HEADROOM_UTIL = 0.5
 #: Prefill busy against decode busy (GPU utilisation) that says the P/D ratio is off.
 PD_BUSY_HIGH = 0.85
 PD_BUSY_LOW = 0.3
+#: Prefill-bound also needs work waiting on the prefill side: at least this many unfinished
+#: requests per prefill engine on average (one running, one waiting). A lone agent keeps its
+#: PE busy and its DEs idle, yet more prefill nodes would not serve it faster.
+PD_QUEUE_MIN = 2.0
 #: Compute-NIC utilisation Max/Avg across nodes.
 CNIC_MAX_AVG_WARN = 1.5
 
@@ -819,12 +823,23 @@ def scaling(ev: Evidence) -> list[Finding]:
     if p is not None and d is not None:
         n_p = sum(1 for n in ev.nodes.values() if n.role == "prefill")
         n_d = sum(1 for n in ev.nodes.values() if n.role == "decode")
+        seq = ev.engine_series("seq")
+        queue = _mean([v for eid in _role_engines(ev).get("prefill", ())
+                       for v in seq.get(eid, ())]) or 0.0
         if p >= PD_BUSY_HIGH and d <= PD_BUSY_LOW:
             shape, cause, busy = f"{n_p + 1}P{max(1, n_d - 1)}D", "prefill-bound", "prefill"
         elif d >= PD_BUSY_HIGH and p <= PD_BUSY_LOW:
             shape, cause, busy = f"{max(1, n_p - 1)}P{n_d + 1}D", "decode-bound", "decode"
         else:
             shape, cause, busy = "", "", ""
+        if busy == "prefill" and queue < PD_QUEUE_MIN:
+            shape = ""
+            out.append(Finding(
+                wf, OK, f"{view.pd}: prefill GPUs {_pct(p)} busy, decode {_pct(d)}, but "
+                f"{queue:.1f} requests per prefill engine (< {PD_QUEUE_MIN:g}): none wait "
+                "for a prefill, so more prefill nodes would add no throughput",
+                evidence={"pd": view.pd, "prefill_busy": p, "decode_busy": d,
+                          "prefill_requests_per_engine": queue}))
         if shape:
             note = (f"; {in_batch} prefill-engine samples inside a batch longer than the "
                     "window" if in_batch else "")
@@ -834,13 +849,14 @@ def scaling(ev: Evidence) -> list[Finding]:
                 subject=f"role {busy}",
                 evidence={"pd": view.pd, "prefill_busy": p, "decode_busy": d,
                           "bottleneck": busy, "suggested_pd": shape,
-                          "prefill_samples_in_long_batch": in_batch},
+                          "prefill_samples_in_long_batch": in_batch,
+                          "prefill_requests_per_engine": queue},
                 cause=f"the {busy} side is the bottleneck: the P/D ratio {view.pd} is "
                       f"outside the bottleneck-free range for this load ({cause})",
                 action=f"move a node to {busy}: dualpath plan pd-ratio --pd {shape} (checks "
                        f"{shape} against the range), then dualpath stop && dualpath launch "
                        f"--pd {shape}"))
-        elif p >= PD_BUSY_HIGH or d >= PD_BUSY_HIGH:
+        elif not busy and (p >= PD_BUSY_HIGH or d >= PD_BUSY_HIGH):
             out.append(Finding(
                 wf, OK, f"{view.pd}: prefill GPUs {_pct(p)} busy, decode {_pct(d)}: both "
                 "sides loaded, no P/D bottleneck", evidence={"pd": view.pd,
