@@ -276,3 +276,51 @@ def test_record_then_explain_from_the_recording_tells_the_same_story(
         assert recorded["state"] == "finished" and recorded["ttft_split"] is not None
     got = CliRunner().invoke(app, ["explain", str(both[-1]), "--from", str(rec)])
     assert "TTFT" in got.stdout and "outcome: not available" not in got.stdout
+
+
+def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
+        served: tuple[LiveCluster, DualPathClient, dict[str, Decision]]) -> None:
+    """The cockpit on the live API: the running turn is listed, and its story is the API's."""
+    import asyncio
+    import time
+
+    from textual.widgets import Static
+
+    from dualpath_cli.tui.app import TopApp
+    from dualpath_cli.tui.source import LiveSource
+
+    live, client, _ = served
+    prompt = [(i * 13) % 250 + 1 for i in range(41)]
+    warm = live.submit(prompt, 2, "top")
+    warm.wait(120)
+    live.done(warm)
+    ticket = live.submit(prompt + [9] * 16, 120, "top")
+    source = LiveSource(lambda: DualPathClient(client.url, timeout=30), client.url,
+                        with_metrics=False)
+    app = TopApp(source, interval_s=0.5, start="requests")
+
+    async def until(cond: Any, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    async def go() -> None:
+        nonlocal pilot
+        async with app.run_test(size=(120, 40)) as pilot:
+            def decoding() -> bool:
+                frame = app.frame
+                rows = (frame.inflight or {}).get("requests", []) if frame else []
+                return any(r["phase"] == "decode" for r in rows)
+            await until(decoding, "the turn decoding in the listing")
+            detail = app.screen.query_one("#detail", Static)
+            await until(lambda: "in flight: decode" in str(detail.content), "its story")
+            text = str(detail.content)
+            assert "TTFT" in text and "placed by decision #" in text and "read side:" in text
+
+    pilot: Any = None
+    try:
+        asyncio.run(go())
+    finally:
+        ticket.wait(120)
+        live.done(ticket)
