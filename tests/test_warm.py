@@ -325,3 +325,18 @@ def test_storage_dram_cache_gives_the_engines_a_cache_to_warm() -> None:
     assert opts("storage.dram_cache=8MiB") == 8 << 20
     with pytest.raises(ConfigError, match="storage.dram_cache"):
         opts("storage.dram_cache=lots")
+
+
+def test_live_progress_waits_for_every_live_engine_it_warms() -> None:
+    from dualpath_cli.services.warm import live_progress
+
+    def report(left: int | None, nbytes: int = 0, alive: bool = True) -> dict:
+        metrics = {} if left is None else {
+            "dualpath_storage_warm_blocks_remaining": [{"labels": {}, "value": left}],
+            "dualpath_storage_warm_bytes_total": [{"labels": {}, "value": nbytes}]}
+        return {"alive": alive, "metrics": metrics}
+
+    busy = live_progress({0: report(0, 10), 1: report(2, 5)}, [0, 1])
+    assert (busy["done"], busy["blocks_remaining"], busy["bytes"]) == (False, 2, 15)
+    assert not live_progress({0: report(0), 1: report(None)}, [0, 1])["done"]  # not yet
+    assert live_progress({0: report(0), 1: report(3, alive=False)}, [0, 1])["done"]

@@ -354,15 +354,18 @@ def live_progress(metrics: dict[int, dict[str, Any]],
     """Warm-up progress summed over the engines' metrics (``RuntimeSystem.metrics``: each
     engine's ``metrics`` snapshot): bytes read and blocks still to read, by engine too.
 
-    ``done`` needs every engine of ``engines`` (those sent a warm-up) to report its
-    remaining blocks, all 0: an engine reports them from the moment it handles its ``warm``
-    message, and a fresh snapshot (``metrics(fresh=True)``) is taken after that message
-    on the engine's one ordered channel.
+    ``done`` needs every live engine of ``engines`` (those sent a warm-up; a dead one is
+    left out) to report its remaining blocks, all 0: an engine reports them from the
+    moment it handles its ``warm`` message, and a fresh snapshot (``metrics(fresh=True)``)
+    is taken after that message on the engine's one ordered channel.
     """
     total_bytes = 0.0
     remaining = 0.0
     by_engine: dict[str, float] = {}
+    alive = {eid for eid, report in metrics.items() if report.get("alive", True)}
     for eid, report in sorted(metrics.items()):
+        if eid not in alive:  # a dead engine's last report would hold the warm-up open
+            continue
         snap = report.get("metrics") or {}
         rows = snap.get("dualpath_storage_warm_blocks_remaining")
         total_bytes += sum(r["value"] for r in snap.get("dualpath_storage_warm_bytes_total",
@@ -371,6 +374,6 @@ def live_progress(metrics: dict[int, dict[str, Any]],
             left = sum(r["value"] for r in rows)
             remaining += left
             by_engine[str(eid)] = left
-    reported = all(str(e) in by_engine for e in (engines or ()))
+    reported = all(str(e) in by_engine for e in (engines or ()) if e in alive)
     return {"bytes": int(total_bytes), "blocks_remaining": int(remaining),
             "engines": by_engine, "done": reported and remaining == 0}
