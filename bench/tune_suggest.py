@@ -125,12 +125,14 @@ def _exe() -> str:
     return str(path) if path.exists() else shutil.which("dualpath") or "dualpath"
 
 
-def run_suggest(path: Path) -> tuple[float, float, dict[str, Any]]:
-    """(wall s, CPU s, the JSON answer) of one ``tune suggest --from`` process."""
+def run_suggest(path: Path, *extra: str) -> tuple[float, float, dict[str, Any]]:
+    """(wall s, CPU s, the JSON answer) of one ``tune suggest --from`` process (``extra``:
+    more of its flags). bench/twin_check.py runs the twin through this too."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([_exe(), "tune", "suggest", "--from", str(path), "--json",
-                           "--budget", "300s"], capture_output=True, text=True, check=False)
+                           "--budget", "300s", *extra], capture_output=True, text=True,
+                          check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
