@@ -20,7 +20,8 @@ Parts (``--json`` prints one object with these keys):
   On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
   shared) the rate is what the driver reached; the value is then ``cpu_s_per_turn x 2400``
   and ``extrapolated`` says so. Goal: under 1 core (paper: < 10).
-* ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving, and
+* ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
+  engine processes started and imported before the request), and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
   (the scheduler's ``dead_events``), with real engines on loopback. Goal: under 2 s each.
 * ``hier_vs_flat`` (part ``hier``): hierarchical vs flat scheduling in the simulator at
@@ -335,10 +336,12 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
     In this process: a scheduler alone (``launch --role scheduler``'s system, 1 s heartbeat
     timeout) behind its HTTP API, and node agents (what ``launch --role ... --join`` runs)
     joining it with the token; each node's engines are real engine processes. Join: from
-    the join request to every engine of the node ready in the scheduler (the process's own
-    start and imports come before and are not counted). Death: the decode node serving
-    turns is SIGKILLed (its engine processes), and the time until the scheduler declares
-    its engines dead and re-queues their turns is read from its ``dead_events``.
+    the join request to every engine of the node ready in the scheduler; the node agent
+    starts its engine processes and waits for their imports first (``NodeAgent.prepare``,
+    reported apart as ``engine_start_s``, and with the join as ``start_and_join_s``).
+    Death: the decode node serving turns is SIGKILLed (its engine processes), and the time
+    until the scheduler declares its engines dead and re-queues their turns is read from
+    its ``dead_events``.
     """
     from dualpath_cli.api.app import create_app
     from dualpath_cli.api.auth import TokenAuth
@@ -349,6 +352,7 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
     from dualpath_cli.services.runner import run_agents
 
     joins: list[float] = []
+    prepares: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dualpath-cp-") as tmp:
         opts = RuntimeOptions(processes=True, store_dir=Path(tmp) / "store",
                               local_engines=False, heartbeat_timeout=1.0, fetch_s=0.005)
@@ -361,6 +365,7 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
                 for name, role in (("p0", "prefill"), ("d0", "decode"), ("d1", "decode")):
                     agent = NodeAgent(server.url, auth.token, name, role, 1)
                     agents[name] = agent
+                    prepares.append(agent.prepare())  # processes up, imports done
                     joins.append(agent.join(120.0))
                 sched = live.system.scheduler
                 result: list[Any] = []
@@ -398,6 +403,8 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
     run = result[0] if result else None
     return {
         "join_to_serving_s": round(max(joins), 3), "joins_s": [round(j, 3) for j in joins],
+        "engine_start_s": [round(x, 3) for x in prepares],
+        "start_and_join_s": [round(x + j, 3) for x, j in zip(prepares, joins, strict=True)],
         "death_to_requeue_s": death, "requeued_turns": requeued,
         "heartbeat_timeout_s": 1.0,
         "turns_completed": len(run.turns) if run else 0, "turn_errors": len(run.errors)
