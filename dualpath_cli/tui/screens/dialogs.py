@@ -33,7 +33,8 @@ dualpath top: keys
   1  cluster    engines: role, node, state, class, load vs alpha/beta, HBM, NICs
   2  nic        PE/DE x storage/compute NIC: trends and Max/Avg imbalance
   3  layers     per-layer hits by tier (heat map) and load-ahead slack
-  4  requests   recent decisions; up/down selects, the entry shows below
+  4  requests   turns in flight; up/down selects, its story shows below
+                (l: the recent decisions instead)
   5  alerts     diagnose findings over the window with the action (o: show OK)
 
   t  tune alpha/beta/quota (F2 asks the twin's predicted effect; enter applies
