@@ -60,7 +60,7 @@ def checkpoint_path(port: int) -> Path:
     """The scheduler checkpoint of the cluster on ``port``, in the state directory."""
     from dualpath_cli.services import statefile
 
-    return statefile.state_dir() / f"checkpoint-{port}.json"
+    return statefile.checkpoint_path(port)
 
 
 def calibrated_rate(path: Path) -> float | None:

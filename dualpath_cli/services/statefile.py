@@ -20,6 +20,10 @@ It is created with mode 0700. Files in it, for the cluster on port ``P``:
   removes the file.
 - ``token-P``: the API bearer token (mode 0600).
 - ``launch-P.log``: the detached launcher's output.
+- ``checkpoint-P.json`` (and ``checkpoint-P.json.prompts-N``): the scheduler's checkpoint
+  (services/restart.py), left only by a launcher that died uncleanly; a launch on ``P``
+  restores it. While it is there a stale state file is removed without its token: the
+  restarted launcher keeps the token its nodes and clients hold.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from typing import Any
 from dualpath_cli.atomicio import atomic_write_text
 
 __all__ = ["ClusterState", "state_dir", "state_path", "token_path", "log_path",
-           "read_state", "write_state", "remove_state", "pid_alive", "process_start_time",
-           "live_states"]
+           "checkpoint_path", "read_state", "write_state", "remove_state", "pid_alive",
+           "process_start_time", "live_states"]
 
 _NAME = re.compile(r"^cluster-(\d+)\.json$")
 
@@ -66,6 +70,11 @@ def curve_path(port: int) -> Path:
     """The CURVE key file of the cluster on ``port`` (mode 0600; transfer/curve.py): kept
     when its launcher is killed, so a restarted scheduler keeps its nodes' keys."""
     return state_dir() / f"curve-{port}.key"
+
+
+def checkpoint_path(port: int) -> Path:
+    """The scheduler checkpoint of the cluster on ``port`` (services/restart.py)."""
+    return state_dir() / f"checkpoint-{port}.json"
 
 
 def log_path(port: int) -> Path:
@@ -182,6 +191,6 @@ def live_states(port: int | None = None) -> tuple[list[ClusterState], list[Clust
             live.append(state)
         else:
             stale.append(state)
-    for state in stale:
-        remove_state(state.port)
+    for state in stale:  # a killed launcher that left a checkpoint is restarted with its token
+        remove_state(state.port, token=not checkpoint_path(state.port).exists())
     return live, stale
