@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from test_fault_matrix import AGENTS, VOCAB, FaultRow, _model, reference
+from test_fault_matrix import AGENTS, SLOW, VOCAB, FaultRow, _model, reference
 
 from dualpath_cli.api.listen import free_port, listen
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -516,6 +516,7 @@ def test_scheduler_kill_restart_loses_nothing(scratch: Path) -> None:
     assert row.detail["nodes_rejoined"] == 0, row
 
 
+@SLOW
 def test_nodes_join_again_when_the_control_port_is_taken(scratch: Path) -> None:
     """The restarted scheduler cannot bind its old control port: the nodes' engines are
     silent to it, each node's agent notices and joins again, and still no turn is lost."""
@@ -578,3 +579,20 @@ def test_embedded_launch_restarts_from_its_checkpoint(scratch: Path) -> None:
     finally:
         procs.close()
     assert not list((run / "dualpath").glob("checkpoint-*"))  # a clean stop removes it
+
+
+def test_checkpoint_write_failure_is_said_once_and_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A checkpoint that cannot be written (its directory gone) is counted in ``stats`` and
+    warned about (once, not on every try); once the directory is back it writes again."""
+    sig = [0]
+    writer = ckpt.Checkpointer(tmp_path / "gone" / "checkpoint-5.json", lambda: {"live": {}},
+                               lambda: sig[0])
+    with caplog.at_level("WARNING", logger="dualpath_cli.runtime.checkpoint"):
+        assert not writer.write_now() and not writer.write_now()
+    assert writer.stats()["errors"] == 2 and "FileNotFoundError" in writer.stats()[
+        "last_error"]
+    assert len([r for r in caplog.records if "not written" in r.getMessage()]) == 1
+    (tmp_path / "gone").mkdir()
+    assert writer.write_now() and writer.stats()["writes"] == 1
+    assert ckpt.read(tmp_path / "gone" / "checkpoint-5.json") == {"live": {}}

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -53,6 +54,8 @@ from dualpath_cli.runtime.wire import Cancel, encode
 
 if TYPE_CHECKING:
     from dualpath_cli.runtime.scheduler import SchedulerService
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "Restored", "capture", "grab", "build",
            "restore",
@@ -563,6 +566,10 @@ class Checkpointer:
             except (OSError, CheckpointError) as err:
                 self.errors += 1
                 self.last_error = f"{type(err).__name__}: {err}"
+                if self.errors == 1 or self.errors % 100 == 0:  # said, not flooded
+                    log.warning("scheduler checkpoint %s not written (%d failures so far): "
+                                "%s; a restart would restore an older state", self.path,
+                                self.errors, self.last_error)
                 return False
             self._last_sig = sig
             if self._after_write is not None:
