@@ -22,11 +22,13 @@ SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 def test_short_soak_leaks_no_descriptors_and_leaves_no_temp_files() -> None:
     done = subprocess.run([sys.executable, str(SOAK), "--turns", "300", "--first", "32",
                            "--append", "8", "--gen", "2", "--interval", "1", "--policy",
-                           "round-robin", "--json"],
+                           "round-robin", "--decision-ring", "100", "--json"],
                           capture_output=True, text=True, timeout=300)
     assert done.stdout.strip(), done.stderr
     figures = json.loads(done.stdout)
     assert figures["turns"] == 300 and figures["errors"] == 0, figures["first_errors"]
+    # a stated ring, filled before growth is measured (one decision a turn)
+    assert figures["setup"]["decision_ring"] == 100 and figures["warmup_turns"] >= 100
     # An engine opens its connection to a peer on their first message and keeps it, so a
     # short run may still open one after its warm-up: at most one descriptor per peer per
     # engine process (1P2D: two peers each). A leak grows with the turns (150 after warm-up
