@@ -304,7 +304,7 @@ def warm_engine_main(conn: Any, snic_read: SharedTokenBucket, snic_write: Shared
     for name, bucket in (("snic_read", snic_read), ("snic_write", snic_write), ("cnic", cnic)):
         bucket.rate = rates[name] or None
     spec = EngineSpec(**fields, snic_read=snic_read, snic_write=snic_write, cnic=cnic)
-    run_engine(spec, ZmqFabric(), load_model)
+    run_engine(spec, ZmqFabric(curve=spec.curve), load_model)
 
 
 class WarmCluster(LocalCluster):
