@@ -85,12 +85,12 @@ class WarmPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"templates": [vars_of(t) for t in self.templates], "blocks": len(self.keys),
+        return {"templates": [_plan_dict(t) for t in self.templates], "blocks": len(self.keys),
                 "bytes": self.nbytes, "block_bytes": self.block_nbytes,
                 "dropped_over_cache": self.dropped, "notes": list(self.notes)}
 
 
-def vars_of(t: TemplatePlan) -> dict[str, Any]:
+def _plan_dict(t: TemplatePlan) -> dict[str, Any]:
     """A template plan's fields as a dict."""
     return {"name": t.name, "tokens": t.tokens, "blocks": t.blocks, "stored": t.stored,
             "shared": t.shared}
