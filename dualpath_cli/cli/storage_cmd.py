@@ -1,4 +1,4 @@
-"""`dualpath storage`: bench, inspect, verify and gc a KV block store.
+"""`dualpath storage`: bench, inspect, verify, gc and warm a KV block store.
 
 Thin: parse, call dualpath_cli.storage, render, exit code. ``verify`` uses monitoring exit
 codes: 0 clean, 2 corrupt blocks found (and quarantined).
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: storage.engines.ENGINES, kept here for the --engine help (a test checks they agree).
 ENGINES: tuple[str, ...] = ("auto", "preadv", "io_uring")
 
-app = typer.Typer(help="Inspect, verify, clean and benchmark a KV block store.",
+app = typer.Typer(help="Inspect, verify, clean, benchmark and warm a KV block store.",
                   no_args_is_help=True)
 
 _ROOT = typer.Argument(..., help="Store root directory (the storage.root of the config).")
