@@ -294,9 +294,7 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
     server: _Server | None = None
     live: LiveCluster | None = None
     token = statefile.token_path(port)
-    from dualpath_cli.services.restart import checkpoint_path
-
-    checkpoint = checkpoint_path(port)
+    checkpoint = statefile.checkpoint_path(port)  # (services/restart.py: heavy imports)
     restoring = checkpoint.exists()  # a launcher on this port died (kill -9): take it over
     try:
         # the HTTP stack imports (GIL-bound) on a thread while this one reads the config and
@@ -415,11 +413,9 @@ def _claim_port(port: int) -> None:
     A stale launcher that left a scheduler checkpoint (it was killed) keeps its token file:
     the restarted one takes its place, and its nodes and clients hold that token.
     """
-    from dualpath_cli.services.restart import checkpoint_path
-
     token = statefile.token_path(port)
     kept: bytes | None = None
-    if checkpoint_path(port).exists():
+    if statefile.checkpoint_path(port).exists():
         try:
             kept = token.read_bytes()
         except OSError:
