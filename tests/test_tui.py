@@ -613,10 +613,13 @@ def test_every_screen_degrades_at_80x24(key: str) -> None:
 
     async def scenario(pilot: Pilot) -> None:
         await pilot.press(key)
-        await pilot.pause()
+        mode = {"1": "cluster", "2": "nic", "3": "layers", "4": "requests", "5": "alerts"}[key]
+        # the screen's header and footer draw after the switch: wait for both (a deadline)
+        await wait_for(pilot, lambda: screen_text(app).startswith(f"{mode}  2P4D ready")
+                       and "12345 screens" in screen_text(app).splitlines()[-1],
+                       f"the {mode} screen's header and footer")
         lines = screen_text(app).splitlines()
         assert len(lines) == 24 and all(len(ln) <= 80 for ln in lines)
-        mode = {"1": "cluster", "2": "nic", "3": "layers", "4": "requests", "5": "alerts"}[key]
         assert lines[0].startswith(f"{mode}  2P4D ready")
         assert "12345 screens" in lines[-1] and "q Quit" in lines[-1] and "t Tune" in lines[-1]
     run(app, scenario, size=(80, 24))
