@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,6 +94,19 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         assert not left, f"Ray left processes behind: {[p.pid for p in left]}"
 
 
+def _semaphores(pid: int) -> set[str]:
+    """Named multiprocessing semaphores the engines of actor process ``pid`` map (their NIC
+    buckets' locks; the creator maps them under glibc's temporary names)."""
+    found: set[str] = set()
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            maps = Path(f"/proc/{child.pid}/maps").read_text()
+        except OSError:
+            continue
+        found.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
+    return found
+
+
 def _first_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     """The launcher's ``--json`` ready line, or fail with its stderr."""
     out: list[str] = []
@@ -156,6 +170,7 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
         victim = ray.get_actor(placed["decode"]["name"], namespace=NAMESPACE)
         client = DualPathClient(url, token, timeout=10.0)
         killed = threading.Event()
+        victim_sems: set[str] = set()
         lock = threading.Lock()
         done: list[TurnRecord] = []
 
@@ -166,6 +181,7 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
                     return
                 busy = {e.engine_id: e.seq for e in client.engines()}
                 if any(busy.get(eid, 0) for eid in old_decode):  # turns in flight on it
+                    victim_sems.update(_semaphores(placed["decode"]["pid"]))
                     ray.kill(victim, no_restart=False)  # its process dies; Ray restarts it
                     killed.set()
 
@@ -187,10 +203,16 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
         assert again["restarted"] and again["pid"] != placed["decode"]["pid"]
         assert again["node_id"] == ray_cluster["decode"]
         assert all(states[eid] == "ready" for eid in again["engines"])
+        # Ray killed the old worker's children, multiprocessing's resource tracker with
+        # them; the restarted actor unlinked the named semaphores it left
+        assert victim_sems
+        assert not [n for n in victim_sems if Path("/dev/shm", n).exists()]
         client.close()
     finally:
         _stop(launcher)
     assert launcher.returncode == 0, launcher.returncode
+    # the actors' notes of their semaphores went with their clean stop
+    assert not (Path(ray_cluster["root"]) / f"dualpath-ray-{os.getuid()}").exists()
 
 
 def test_resolve_address_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

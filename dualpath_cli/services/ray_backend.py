@@ -23,10 +23,13 @@ functions, so the CLI starts without it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -131,7 +134,6 @@ class NodeActor:
         from dualpath_cli.services.node import NodeAgent
 
         ray = _import_ray()
-
         ctx = ray.get_runtime_context()
         with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
             warnings.simplefilter("ignore")
@@ -141,9 +143,12 @@ class NodeActor:
         bind = "127.0.0.1" if loopback else self.ip
         self.agent = NodeAgent(url, token, name, role, gpus,
                                Path(store) if store is not None else None, bind)
+        self._record = _record_path(name)
         if self.restarted:  # our previous process died: its engines leave now
             self._leave_old(url, token, name)
+            _unlink_recorded(self._record)
         self.join_s = self.agent.join(timeout)
+        _record_semaphores(self._record)
         # as on a --join node: rejoin a restarted scheduler, give up on a vanished one
         self._stop = threading.Event()
         self._serving = threading.Thread(target=self.agent.serve, args=(self._stop,),
@@ -174,6 +179,7 @@ class NodeActor:
         self._stop.set()
         self._serving.join(5.0)
         self.agent.close(leave=False)
+        _remove_record(self._record)
 
 
 @dataclass
@@ -302,6 +308,60 @@ class RayBackend:
             self.actors.clear()
         finally:
             ray.shutdown()
+
+
+# --- named semaphores of a killed actor ----------------------------------------------------
+# The engines' shared NIC buckets are multiprocessing values, each with a named POSIX
+# semaphore (/dev/shm/sem.mp-*). multiprocessing's resource tracker unlinks them when their
+# process dies, but when Ray kills an actor's worker it kills the worker's children too,
+# tracker included, so the names would stay behind. The actor notes the names it has open;
+# its restarted incarnation (on the same node, as a rule) unlinks what is left.
+def _record_path(name: str) -> Path:
+    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    return Path(base) / f"dualpath-ray-{os.getuid()}" / f"{name}.semaphores"
+
+
+def _record_semaphores(record: Path) -> None:
+    """Note the named semaphores this process's engines map (Linux; elsewhere nothing).
+
+    The engines' maps, not ours: the creator maps a semaphore under glibc's temporary name.
+    """
+    import psutil
+
+    names: set[str] = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            maps = Path(f"/proc/{child.pid}/maps").read_text()
+        except OSError:
+            continue
+        names.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
+    if not names:
+        return
+    try:
+        record.parent.mkdir(mode=0o700, exist_ok=True)
+        record.write_text("".join(n + "\n" for n in sorted(names)))
+    except OSError:
+        pass  # best effort: only a leak after a kill depends on it
+
+
+def _unlink_recorded(record: Path) -> None:
+    """Unlink the semaphores a killed previous incarnation noted (see above)."""
+    try:
+        names = record.read_text().split()
+    except OSError:
+        return
+    for n in names:
+        if re.fullmatch(r"sem\.mp-[\w-]+", n):
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{n}")
+    _remove_record(record)
+
+
+def _remove_record(record: Path) -> None:
+    with contextlib.suppress(OSError):
+        record.unlink()
+    with contextlib.suppress(OSError):
+        record.parent.rmdir()  # only when no other actor's record is left
 
 
 def _one_line(err: BaseException) -> str:
