@@ -51,7 +51,6 @@ def test_the_trace_format_carries_shared_prefixes_and_refuses_bad_ones() -> None
         ({"shared": [[42]]}, "expected [seed, tokens]"),
         ({"shared": [[42, 0]]}, "'shared tokens'"),
         ({"shared": [], }, "non-empty list"),
-        ({"shared": [[42, 4]], "prefix_seed": 9}, "augmented"),
     ]:
         record = {"agent_id": 0, "token_seed": 1, "turns": [[60, 4]], **bad}
         with pytest.raises(TraceError, match="t:2: .*" + why.replace("[", r"\[").replace(
@@ -59,10 +58,16 @@ def test_the_trace_format_carries_shared_prefixes_and_refuses_bad_ones() -> None
             decode_lines([head, json.dumps(record)], "t")
 
 
-def test_truncate_keeps_whole_segments_and_augmenting_drops_them() -> None:
+def test_truncate_keeps_whole_segments_and_augmenting_keeps_the_prompt_in_front() -> None:
     t = Trajectory(0, (Turn(60, 4),), shared=((1, 20), (2, 20)))
     assert truncate(t, 30).shared == ((1, 20),)
-    assert all(not x.shared for x in augment([t, _traj(1)], 4, 3, max_len=1000))
+    agents = augment([_traj(0), _traj(1)], 4, 3, max_len=1000)
+    assert all(a.shared == SYSTEM and a.turns[0].append > 40 for a in agents)
+    first = [append_token_ids(a, 0, 256) for a in agents]
+    assert all(np.array_equal(f[:40], first[0][:40]) for f in first)  # the system prompt
+    assert not np.array_equal(first[0][40:48], first[1][40:48])  # then each its own
+    assert decode_lines(list(encode_lines(Trace(TraceHeader(1000), tuple(agents)))),
+                        "t").trajectories == tuple(agents)
 
 
 def test_trace_stats_count_hits_across_conversations() -> None:

@@ -39,8 +39,7 @@ class AgentPlan:
 
 def plans_from_trajectories(trajectories: Sequence[Trajectory]) -> list[AgentPlan]:
     """Replay each trajectory as it is."""
-    plans = [AgentPlan(t.turns, t.shared if t.prefix_seed is None else ())
-             for t in trajectories if t.turns]
+    plans = [AgentPlan(t.turns, t.shared) for t in trajectories if t.turns]
     if not plans:
         raise UsageError("the workload has no trajectory with turns")
     return plans

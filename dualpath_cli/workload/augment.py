@@ -31,7 +31,9 @@ def augment(base: Sequence[Trajectory], agents: int, seed: int, *, max_len: int,
     Base trajectories are sampled in balanced random order (every one is used
     ``agents // len(base)`` or one more times), which keeps the base set's statistics.
     A trajectory pushed past ``max_len`` by the extra round is truncated there, as the paper
-    truncates scaled trajectories at MaxLen.
+    truncates scaled trajectories at MaxLen. A base trajectory's shared prefix (a system
+    prompt other conversations send too) opens the synthetic round instead, which grows by
+    its length: every agent still starts with it, and differs only after it.
 
     Args:
         base: trajectories to sample from.
@@ -62,8 +64,9 @@ def augment(base: Sequence[Trajectory], agents: int, seed: int, *, max_len: int,
     out: list[Trajectory] = []
     for agent in range(agents):
         src = base[int(picks[agent])]
-        turns = (Turn(int(lengths[agent]), 1), *src.turns)
+        turns = (Turn(int(lengths[agent]) + src.shared_tokens, 1), *src.turns)
         traj = Trajectory(agent, turns, token_seed=src.token_seed,
-                          prefix_seed=prefix_seeds[agent], source=src.agent_id)
+                          prefix_seed=prefix_seeds[agent], source=src.agent_id,
+                          shared=src.shared)
         out.append(truncate(traj, max_len))
     return out

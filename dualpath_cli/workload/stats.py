@@ -132,7 +132,7 @@ def shared_hits(trajectories: Sequence[Trajectory]) -> list[int]:
     stored: set[int] = set()
     out: list[int] = []
     for t in trajectories:
-        if not t.shared or t.prefix_seed is not None or not t.turns:
+        if not t.shared or not t.turns:
             out.append(0)
             continue
         chain = shared_chain(t.shared)

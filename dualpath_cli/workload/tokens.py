@@ -14,7 +14,8 @@ that samples from a real model may use the model's tokens instead.
 Shared prefixes: a trajectory's ``shared`` segments ``(seed, tokens)`` open its first turn
 with ids keyed by the segment alone, ``(seed, tokens)`` on a stream of their own, so every
 trajectory that starts with the same segments sends the same ids (a shared system prompt)
-and a content-addressed store finds one conversation's blocks for another.
+and a content-addressed store finds one conversation's blocks for another. An augmented
+agent's synthetic first round opens with its base trajectory's shared prefix.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def shared_prefix_ids(segments: Sequence[tuple[int, int]],
 
 def append_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
     """Ids of the tokens turn ``i`` appends (length ``turns[i].append``); a first turn
-    starts with the trajectory's shared prefix, if it has one (not an augmented one)."""
+    starts with the trajectory's shared prefix, if it has one (an augmented agent's
+    synthetic round too: the rest of it is still its own)."""
     seed, index = _key(traj, i)
-    if i == 0 and traj.shared and traj.prefix_seed is None:
+    if i == 0 and traj.shared:
         head = shared_prefix_ids(traj.shared, vocab_size)
         tail = seeded_ids(seed, index, _APPEND, traj.turns[i].append - len(head), vocab_size)
         return np.concatenate([head, tail])

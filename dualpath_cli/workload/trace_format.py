@@ -161,7 +161,7 @@ def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
     if src is not None:
         src = _bounded(src, "source", where, 0, MAX_SEED)
     turns = _turns(obj["turns"], where)
-    shared = _shared(obj.get("shared"), where, prefix_seed is not None, turns[0].append)
+    shared = _shared(obj.get("shared"), where, turns[0].append)
     traj = Trajectory(agent_id, turns, token_seed=token_seed, prefix_seed=prefix_seed,
                       source=src, shared=shared)
     if traj.total > max_len:
@@ -170,14 +170,10 @@ def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
     return traj
 
 
-def _shared(value: object, where: str, augmented: bool, first_append: int
-            ) -> tuple[tuple[int, int], ...]:
+def _shared(value: object, where: str, first_append: int) -> tuple[tuple[int, int], ...]:
     """The optional shared-prefix segments ``[[seed, tokens], ...]`` of the first turn."""
     if value is None:
         return ()
-    if augmented:
-        raise TraceError(f"{where}: 'shared' with 'prefix_seed': an augmented trajectory's "
-                         "first round is synthetic and has no shared prefix")
     if not isinstance(value, list) or not value:
         raise TraceError(f"{where}: field 'shared' must be a non-empty list of [seed, tokens]")
     out: list[tuple[int, int]] = []
