@@ -239,3 +239,18 @@ def test_unreachable_ray_is_one_line(tmp_path: Path) -> None:
     assert p.returncode == RayBackendError.exit_code
     assert f"the Ray cluster at 127.0.0.1:{port} is unreachable" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--backend", "k8s"], "--backend 'k8s': expected local or ray"),
+    (["--address", "auto"], "--address is for --backend ray"),
+    (["--backend", "ray", "--role", "decode", "--join", "h:1"], "no --role prefill|decode"),
+    (["--backend", "ray", "--engines", "emulated"], "--engines emulated"),
+])
+def test_backend_usage_errors(args: list[str], message: str,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_cli.cli.app import main
+
+    assert main(["launch", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
