@@ -250,6 +250,51 @@ def test_node_agent_notices_a_scheduler_that_forgot_it() -> None:
         agent._http.close()
 
 
+def test_idempotency_key_over_http() -> None:
+    """``Idempotency-Key`` on /v1/completions: the same turn again (streamed or not) is the
+    same answer with no new scheduling decision; the key with another prompt is 422; a key
+    that is not 1-200 printable ASCII characters is 400."""
+    from fastapi.testclient import TestClient
+
+    from dualpath_cli.api.app import create_app
+    from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.telemetry.gpu import UnavailableGpu
+
+    live = LiveCluster(_opts())
+    live.start()
+    try:
+        app = create_app(live, TokenAuth("tok"), gpu=UnavailableGpu("tests"))
+        prompt = append_token_ids(AGENTS[2], 0, VOCAB).tolist()
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                "return_token_ids": True}
+        with TestClient(app, headers={"Authorization": "Bearer tok"}) as http:
+            def post(b: dict[str, Any], key: str) -> httpx.Response:
+                return http.post("/v1/completions", json=b, headers={"Idempotency-Key": key})
+
+            first = post(body, "turn-1")
+            assert first.status_code == 200, first.text
+            ids = first.json()["choices"][0]["token_ids"]
+            assert ids == _model().generate(prompt, 4)
+            seq = live.system.scheduler.log.last_seq
+            again = post(body, "turn-1")
+            streamed = post(dict(body, stream=True), "turn-1")
+            assert again.json()["choices"][0]["token_ids"] == ids
+            # the same turn streamed (a client may switch on its retry): the same answer
+            assert streamed.status_code == 200
+            chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                      if line.startswith("data: {")]
+            assert [c["choices"][0]["token_ids"] for c in chunks
+                    if c["choices"] and c["choices"][0].get("token_ids")] == [ids]
+            assert live.system.scheduler.log.last_seq == seq  # nothing ran again
+            other = post(dict(body, prompt=prompt[:-1]), "turn-1")
+            assert other.status_code == 422
+            assert other.json()["error"]["code"] == "idempotency_key_reused"
+            for bad in ("x" * 201, "tab\there"):
+                assert post(body, bad).status_code == 400, bad
+    finally:
+        live.close()
+
+
 # -- end to end: processes on loopback -------------------------------------------------------
 class Procs:
     """``dualpath launch`` processes of one test, each in its own session."""
