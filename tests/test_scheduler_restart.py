@@ -268,7 +268,7 @@ def test_idempotency_key_over_http() -> None:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0,
                 "return_token_ids": True}
         with TestClient(app, headers={"Authorization": "Bearer tok"}) as http:
-            def post(b: dict[str, Any], key: str) -> httpx.Response:
+            def post(b: dict[str, Any], key: str) -> Any:
                 return http.post("/v1/completions", json=b, headers={"Idempotency-Key": key})
 
             first = post(body, "turn-1")
