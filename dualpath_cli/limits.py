@@ -119,6 +119,8 @@ _LIMITS = (
     Limit("config_bytes", 4 * 2**20, "bytes", "a config file is read whole"),
     Limit("trace_line_bytes", 64 * 2**20, "bytes", "a trace line is read whole"),
     Limit("request_bytes", 16 * 2**20, "bytes", "an HTTP request body is read whole"),
+    Limit("api_rate", 5000.0, "requests per second per client address",
+          "each request holds the API's event loop (cluster.api_rate_limit)"),
     Limit("nesting", 64, "levels", "deeper YAML or JSON nesting is not configuration"),
 )
 

@@ -45,6 +45,7 @@ from dualpath_cli.api.encode import (
     node_dict,
     view_dict,
 )
+from dualpath_cli.api.ratelimit import DEFAULT_RATE, RateLimit, rate_in_force
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.runtime.faults import parse_faults
 from dualpath_cli.services.live import Draining, LiveCluster
@@ -411,7 +412,7 @@ def _optional_module(name: str) -> Any:
 
 
 def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False,
-               gpu: GpuBackend | None = None) -> FastAPI:
+               gpu: GpuBackend | None = None, rate_limit: float | None = None) -> FastAPI:
     """The API of ``live``.
 
     Args:
@@ -420,6 +421,8 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
         allow_remote: the server binds a non-loopback host, so nothing is served without the
             token (``dualpath launch`` refuses such a host unless ``--allow-remote``).
         gpu: GPU facts for ``/metrics`` (default: NVML when present, else "not available").
+        rate_limit: requests/s per client address (default: ``DUALPATH_LIMIT_API_RATE``, else
+            the cluster's ``cluster.api_rate_limit``; 0 none); past it 429 (api/ratelimit.py).
     """
     backend = gpu if gpu is not None else detect_gpu_backend()
     router = _routes(live, backend)
@@ -428,6 +431,9 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
     app.add_middleware(BodyLimit)  # 413 for a body over the limit, before any handler
+    rate = rate_limit if rate_limit is not None else rate_in_force(
+        getattr(getattr(live, "opts", None), "api_rate_limit", DEFAULT_RATE))
+    app.add_middleware(RateLimit, rate=rate)  # outermost: 429 per client address, O(1)
     app.state.live = live
     app.state.auth = auth
     app.state.started = time.time()

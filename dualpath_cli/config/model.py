@@ -94,6 +94,7 @@ class ClusterConfig:
     pd: PDSpec
     gpus_per_node: int
     curve: str
+    api_rate_limit: float
 
     @property
     def prefill_nodes(self) -> int:

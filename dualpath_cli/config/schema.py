@@ -138,6 +138,12 @@ def _real(value: Any) -> float:
     return number
 
 
+def _rate(value: Any) -> float:
+    """A finite number, shown without a ``.0`` when whole (``5000`` requests/s)."""
+    number = _real(value)
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
 def _fraction(value: Any) -> float:
     number = _real(value)
     if not 0 < number <= 1:
@@ -271,6 +277,12 @@ KEYS: tuple[Key, ...] = (
     Key("cluster", "curve", Kind("choice", "-", _curve_mode), "auto",
         "ZeroMQ CURVE (authenticated, encrypted) on the control and KV sockets between "
         "nodes: auto is on when they bind a non-loopback address, off on loopback."),
+    Key("cluster", "api_rate_limit",
+        Kind("number", "requests/s", _at_least(_rate, 0.0, "at least 0 (0: no limit)")), 5000,
+        "Requests per second the HTTP API serves one client address (a token bucket; 429 with "
+        "Retry-After past it). Read-only GETs (status, metrics) have four times this in a "
+        "bucket of their own, so monitoring is never throttled by work. 0: no limit; "
+        "DUALPATH_LIMIT_API_RATE overrides it for one server."),
     # hardware
     Key("hardware", "profile", _choices((*HARDWARE_PROFILES, CUSTOM)), "cpu",
         "Hardware profile the fields below default to ('custom': set them all)."),

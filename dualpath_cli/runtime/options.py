@@ -73,6 +73,8 @@ class RuntimeOptions:
             fabric binds off loopback, ``on``, ``off``; :mod:`dualpath_cli.transfer.curve`).
         curve_key_file: where the cluster's CURVE key pair is kept (0600; ``None``: a
             fresh pair in memory for this run).
+        api_rate_limit: requests per second per client address the HTTP API serves
+            (``cluster.api_rate_limit``; 0: no limit; :mod:`dualpath_cli.api.ratelimit`).
     """
 
     prefill_nodes: int = 1
@@ -112,6 +114,7 @@ class RuntimeOptions:
     emulated_speed: float = 1.0
     local_engines: bool = True
     curve: str = "auto"
+    api_rate_limit: float = 5000.0
     curve_key_file: Path | None = None
 
     def __post_init__(self) -> None:
@@ -181,6 +184,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "policy": ALIASES.get(cfg.scheduler.read_side, cfg.scheduler.read_side),
         "layerwise_prefill": cfg.scheduler.layerwise_prefill,
         "curve": cfg.cluster.curve,
+        "api_rate_limit": cfg.cluster.api_rate_limit,
         "controllers": {name: bool(getattr(cfg.scheduler, key))
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,
