@@ -11,6 +11,7 @@ long-tail --fix`` call this.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,17 @@ def _check_keys(blocks: Sequence[str]) -> list[str]:
         if k not in keys:
             keys.append(k)
     return keys
+
+
+def _escapes(roots: Sequence[Path], paths: Sequence[Path]) -> list[int]:
+    """The indices of the roots whose block path resolves outside them (a symlinked file
+    or directory inside the store that leads out).
+
+    Why: a client names blocks by key and the copy reads one root and writes the others; a
+    link inside a root must not turn that into a read or write elsewhere on the machine.
+    """
+    return [i for i, (root, path) in enumerate(zip(roots, paths, strict=True))
+            if not os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)]
 
 
 def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
@@ -79,6 +91,13 @@ def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
     errors: dict[str, str] = {}
     for k in keys:
         key = BlockKey.from_hex(k)
+        escaped = _escapes(roots, [store.stores[i].path(key) for i in range(len(roots))])
+        if escaped:  # a link planted in a root: never read or write through it
+            errors[k] = (f"block {k}: its path in {names[escaped[0]]} leads outside that "
+                         "root (a symlink); not copied")
+            old[k] = new[k] = [names[i] for i in range(len(roots))
+                               if i not in escaped and store.stores[i].contains(key)]
+            continue
         old[k] = [names[i] for i in store.copies(key) if store.stores[i].contains(key)]
         try:
             held, now = store.replicate(key, min(want, len(roots)))
