@@ -22,7 +22,7 @@ import pytest
 from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.server import ServerThread
-from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
+from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.storage import PosixStore, encode_block
@@ -107,8 +107,8 @@ def test_replicate_refuses_keys_that_are_not_block_keys(served: Served, key: str
     assert _tree(served.root.parent) == before
 
 
-def _stored_block(seed: int) -> tuple[Any, Path]:
-    """A block file written in a scratch store: (its key, its file)."""
+def _stored_block(seed: int) -> tuple[BlockKey, np.ndarray]:
+    """A block's key and contents (not stored yet)."""
     rng = np.random.default_rng(seed)
     key = prefix_keys([seed * 100 + i for i in range(16)], NS)[0]
     block = rng.standard_normal((3, 16, 32)).astype(np.float16)

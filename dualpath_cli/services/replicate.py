@@ -83,7 +83,8 @@ def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
     want = len(roots) if copies is None else copies
     if want < 2:
         raise UsageError(f"copies={copies}: a replica needs at least 2 copies in total")
-    store = ReplicatedStore([PosixStore(r) for r in roots], hot_reads=0, primary_home=True)
+    posix = [PosixStore(r) for r in roots]
+    store = ReplicatedStore(list(posix), hot_reads=0, primary_home=True)
     names = [str(r) for r in roots]
     old: dict[str, list[str]] = {}
     new: dict[str, list[str]] = {}
@@ -91,7 +92,7 @@ def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
     errors: dict[str, str] = {}
     for k in keys:
         key = BlockKey.from_hex(k)
-        escaped = _escapes(roots, [store.stores[i].path(key) for i in range(len(roots))])
+        escaped = _escapes(roots, [p.path(key) for p in posix])
         if escaped:  # a link planted in a root: never read or write through it
             errors[k] = (f"block {k}: its path in {names[escaped[0]]} leads outside that "
                          "root (a symlink); not copied")
