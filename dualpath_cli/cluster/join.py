@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -54,6 +54,9 @@ class JoinPlan:
     #: only in the answer to its join, which needs the cluster's token
     curve_public: str | None = None
     curve_secret: str | None = None
+    #: the cluster's replica roots (storage.replica_roots): POSIX directories every node
+    #: mounts at the same paths, like the store; empty from a scheduler without any
+    replica_roots: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -62,8 +65,9 @@ class JoinPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JoinPlan:
         """Read the API's answer (unknown keys ignored, a missing one is a KeyError; the
-        CURVE keys are absent when the cluster does not use CURVE)."""
-        optional = ("curve_public", "curve_secret")
+        CURVE keys are absent when the cluster does not use CURVE, the replica roots from
+        a scheduler that predates them)."""
+        optional = ("curve_public", "curve_secret", "replica_roots")
         return cls(**{name: data[name] for name in cls.__dataclass_fields__
                       if name not in optional or name in data})
 
@@ -119,7 +123,8 @@ class JoinService:
                 fetch_s=o.fetch_s, snic_bw=o.snic_bw if shaped else 0.0,
                 cnic_bw=o.cnic_bw if shaped else 0.0,
                 curve_public=curve.public if curve is not None else None,
-                curve_secret=curve.secret if curve is not None else None)
+                curve_secret=curve.secret if curve is not None else None,
+                replica_roots=[str(r) for r in o.replica_dirs])
             self._nodes[name] = plan
             self.joined_at[name] = time.monotonic()
             return plan

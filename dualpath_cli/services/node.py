@@ -6,7 +6,8 @@ cluster's bearer token (:mod:`dualpath_cli.api.join_routes`); its answer
 (:class:`~dualpath_cli.cluster.join.JoinPlan`) fixes the engine ids, the node index, the
 scheduler's control endpoint and every engine setting. The engines are this host's processes
 (:class:`~dualpath_cli.cluster.local.LocalCluster`), sharing this node's storage-NIC
-buckets, reading the store at ``--store`` (the same POSIX directory every node mounts). The
+buckets, reading the store at ``--store`` (the same POSIX directory every node mounts) and
+the cluster's replica roots the answer names (mounted at the same paths). The
 scheduler sees them ``hello`` and heartbeat; if this node dies its heartbeats stop and its
 turns are re-queued; if it stops cleanly it leaves first (``DELETE /api/v1/join/NAME``).
 """
@@ -33,6 +34,25 @@ from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket
 from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
 __all__ = ["JoinError", "NodeAgent", "join_url"]
+
+
+def _store_spec(root: Path, replicas: list[str]) -> dict[str, Any]:
+    """The engines' store: the root as mounted here, and the cluster's replica roots (copies
+    of hot blocks, at the same paths on every node) so reads rotate over every copy.
+
+    Raises:
+        JoinError: a replica root is not a directory here (copies the cluster writes there
+            would be invisible to this node: refused, never created).
+    """
+    missing = [r for r in replicas if not Path(r).is_dir()]
+    if missing:
+        raise JoinError(f"replica root {missing[0]} (the cluster's storage.replica_roots) is "
+                        "not a directory here: mount it at the same path on every node, as "
+                        "the store")
+    spec: dict[str, Any] = {"kind": "posix", "root": str(root)}
+    if replicas:
+        spec["replicas"] = list(replicas)
+    return spec
 
 
 class JoinError(DualPathError):
@@ -114,7 +134,11 @@ class NodeAgent:
         if root is None:
             self._drop_warm()
             raise JoinError("the scheduler has no store directory; give --store")
-        specs = self._specs(plan, root)
+        try:
+            specs = self._specs(plan, root)
+        except JoinError:
+            self._drop_warm()
+            raise
         self.cluster, self._warm = self._warm, None
         assert self.cluster is not None
         self.cluster.start(specs)
@@ -171,7 +195,7 @@ class NodeAgent:
             ctl=plan.ctl, snic_read=snic[0], snic_write=snic[1],
             cnic=make_bucket(plan.cnic_bw, True), hbm_blocks=plan.hbm_blocks,
             block_tokens=plan.block_tokens, model=plan.model,
-            store={"kind": "posix", "root": str(root)}, codec=plan.codec,
+            store=_store_spec(root, plan.replica_roots), codec=plan.codec,
             dram_cache_bytes=plan.dram_cache_bytes, quota_s=plan.quota_s,
             flops_rate=plan.flops_rate, heartbeat_s=plan.heartbeat_s, fetch_s=plan.fetch_s,
             curve=curve) for i, eid in enumerate(plan.engine_ids)]
