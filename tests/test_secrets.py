@@ -213,3 +213,21 @@ def test_the_state_file_names_the_token_file_but_never_holds_the_token(
                                    token_file=str(auth.path))
     statefile.write_state(state)
     assert auth.token not in state.path.read_text()
+
+
+def test_a_join_plan_never_shows_the_curve_secret_in_its_repr() -> None:
+    """The join answer carries the CURVE secret to an authenticated node by design; the plan
+    object holding it must not print it (a log line, an error, a traceback's locals)."""
+    from dualpath_cli.cluster.join import JoinPlan
+    from dualpath_cli.transfer.curve import CurveKeys
+
+    keys = CurveKeys.generate()
+    plan = JoinPlan(name="n1", node=1, role="decode", engine_ids=[3], ctl="tcp://h:1",
+                    store=None, model="tiny", block_tokens=8, hbm_blocks=4, codec="fp16",
+                    dram_cache_bytes=0, quota_s=0.3, flops_rate=1e9, heartbeat_s=1.0,
+                    fetch_s=0.1, snic_bw=1e8, cnic_bw=1e8, curve_public=keys.public,
+                    curve_secret=keys.secret)
+    for text in (repr(plan), str(plan), repr(keys), f"{plan}"):
+        assert keys.secret not in text
+    assert plan.to_dict()["curve_secret"] == keys.secret  # the answer still carries it
+    assert JoinPlan.from_dict(plan.to_dict()).curve_secret == keys.secret

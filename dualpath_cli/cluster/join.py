@@ -53,7 +53,7 @@ class JoinPlan:
     #: the cluster's CURVE key pair (Z85) when its sockets use CURVE: handed to a node
     #: only in the answer to its join, which needs the cluster's token
     curve_public: str | None = None
-    curve_secret: str | None = None
+    curve_secret: str | None = field(default=None, repr=False)  # never in a log or traceback
     #: the cluster's replica roots (storage.replica_roots): POSIX directories every node
     #: mounts at the same paths, like the store; empty from a scheduler without any
     replica_roots: list[str] = field(default_factory=list)
