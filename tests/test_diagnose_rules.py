@@ -345,3 +345,89 @@ def test_every_threshold_is_documented_with_its_value() -> None:
     assert len(names) >= 25
     for name in names:
         assert f"`{name}" in doc or f"{name}`" in doc or f"`{name.rsplit('_', 1)[0]}_" in doc, name
+
+
+def _cost_view(i: int, *, cores: float, call_s: float, calls_per_s: int = 50,
+               decided_per_s: int = 40, queued: int = 0) -> ClusterView:
+    """Sample ``i`` with the scheduler thread ``cores`` busy, ``calls_per_s`` pe_fetch calls
+    a second each ``call_s`` long, ``decided_per_s`` decisions a second, ``queued`` waiting."""
+    from dataclasses import replace
+
+    from dualpath_cli.telemetry.metrics import DECISION_BUCKETS
+    from dualpath_cli.telemetry.view import LatencyHistogram
+
+    n = calls_per_s * i
+    hist = LatencyHistogram(n, n * call_s, tuple((le, n if call_s <= le else 0)
+                                                 for le in DECISION_BUCKETS))
+    v = make_view(i, decided=decided_per_s * i, fifo=queued)
+    return replace(v, scheduler=replace(v.scheduler, cpu_s=10.0 + cores * i,
+                                        decision_latency={"pe_fetch": hist}))
+
+
+def test_scheduler_cost_healthy_is_ok_with_its_numbers() -> None:
+    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.05, call_s=2e-4)))
+    assert f.severity is Severity.OK
+    e = f.evidence
+    assert e["scheduler_cpu_cores"] == pytest.approx(0.05)
+    assert e["cpu_s_per_decision"] == pytest.approx(0.05 / 40)
+    assert e["requests_per_s"] == pytest.approx(40.0) and e["decision_calls"] == {
+        "pe_fetch": 450}
+    # p99 inside the 250 us bucket, far below the 25 ms between two requests
+    assert 1e-4 < e["decision_p99_s"]["pe_fetch"] <= 2.5e-4
+    assert e["decision_p99_over_arrival_gap"] < rules.DECISION_P99_WARN
+    assert "0.05 cores busy" in f.title
+    assert not [g for g in rules.scaling(window(lambda i: _cost_view(i, cores=0.05,
+                                                                       call_s=2e-4)))
+                if g.severity]
+
+
+def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> None:
+    # 0.8 of a core: WARNING; 0.95: CRITICAL; each names the numbers and the remedy
+    for cores, severity in ((0.8, Severity.WARNING), (0.95, Severity.CRITICAL)):
+        (f,) = rules.scheduler_cost(window(lambda i, c=cores: _cost_view(i, cores=c,
+                                                                          call_s=2e-4)))
+        assert f.severity is severity and f.subject == "scheduler"
+        assert f.evidence["scheduler_cpu_cores"] == pytest.approx(cores)
+        assert f"{cores:.2f} cores busy" in f.title and "40.0 requests/s" in f.title
+        assert "scheduler.hierarchical" in (f.action or "")
+        assert "dualpath sim run --pd 2P4D --set scheduler.hierarchical=true" in (f.action
+                                                                                 or "")
+        assert "runtime refuses it" in (f.action or "")
+        # the workflow carries it, and its exit code is the finding's
+        assert rules.run_workflow("scaling", window(
+            lambda i, c=cores: _cost_view(i, cores=c, call_s=2e-4))).severity is severity
+
+
+def test_decision_p99_is_judged_against_the_request_rate() -> None:
+    # 20 ms calls: at 40 requests/s (25 ms apart) p99 is ~0.8 of the gap -> WARNING; with
+    # a queue growing 20 a second the arrival rate is 60/s (16.7 ms apart) -> CRITICAL
+    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02)))
+    assert f.severity is Severity.WARNING
+    assert 0.5 <= f.evidence["decision_p99_over_arrival_gap"] < 1.0
+    assert f.evidence["decision_p99_s"]["pe_fetch"] == pytest.approx(0.02, rel=0.3)
+    assert "(pe_fetch)" in f.title and "25 ms between requests" in f.title
+    (g,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02,
+                                                            queued=20 * i)))
+    assert g.severity is Severity.CRITICAL and g.evidence["requests_per_s"] == 60.0
+    # the same calls at 1 request/s are fine: the p99 is a small share of a second
+    (h,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02,
+                                                            decided_per_s=1)))
+    assert h.severity is Severity.OK
+    # too few calls to judge a p99: said so, not guessed
+    (k,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.5,
+                                                            calls_per_s=1)))
+    assert k.severity is Severity.OK and "not judged" in k.title
+
+
+def test_scheduler_cost_not_reported_says_so_and_survives_a_recording(tmp_path: Any) -> None:
+    (f,) = rules.scheduler_cost(healthy())
+    assert f.severity is Severity.OK and "not available" in f.title
+    from dualpath_cli.services.recording import read_recording, write_recording
+
+    ev = window(lambda i: _cost_view(i, cores=0.8, call_s=2e-4))
+    path = tmp_path / "cost.jsonl.gz"
+    write_recording(path, {}, ev.samples, ev.decisions)
+    back = read_recording(path)
+    assert back.samples[-1].view.scheduler == ev.samples[-1].view.scheduler
+    (g,) = rules.scheduler_cost(Evidence(back.samples, back.decisions))
+    assert g.severity is Severity.WARNING and g.evidence == rules.scheduler_cost(ev)[0].evidence

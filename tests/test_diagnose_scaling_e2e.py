@@ -8,7 +8,8 @@ End to end, one launched 1P2D (engine processes over ZeroMQ): healthy (one agent
 ``diagnose scaling`` exits 0; with six agents and the prefill engine's compute slowed 8x
 (``PATCH /api/v1/faults`` slow_compute) the cluster is prefill-bound and diagnose exits 1
 with a finding that names the prefill side and the P/D change with its exact commands, live
-and from a recording of the same seconds.
+and from a recording of the same seconds. What deciding costs (the scheduler thread's CPU,
+the scheduling calls' latency) is measured on the healthy cluster and judged by the rule.
 """
 
 from __future__ import annotations
@@ -122,6 +123,29 @@ def _bound(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if f["severity"] in ("WARNING", "CRITICAL") and f["subject"] == "role prefill"]
 
 
+def _check_scheduler_cost(client: DualPathClient, doc: dict[str, Any]) -> None:
+    """What deciding costs is measured on the live cluster: the scheduler thread's CPU and
+    the timed scheduling calls of both kinds are present and positive in the view and in
+    /metrics, and diagnose scaling judged them with their numbers (no timing asserted)."""
+    sched = client.view().scheduler
+    assert sched.cpu_s is not None and sched.cpu_s > 0
+    for kind in ("de_fetch", "pe_fetch"):
+        hist = sched.decision_latency[kind]
+        assert hist.count > 0 and hist.sum_s > 0 and hist.buckets[-1][1] <= hist.count
+    text = client.metrics_text()
+    cpu = [float(line.split()[-1]) for line in text.splitlines()
+           if line.startswith("dualpath_scheduler_cpu_seconds_total")]
+    assert cpu and cpu[0] > 0, cpu
+    counts = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("dualpath_scheduler_decision_latency_seconds_count")]
+    assert len(counts) == 2 and min(counts) > 0, counts
+    (cost,) = [f for r in doc["reports"] for f in r["findings"]
+               if f["title"].startswith("scheduler thread")]
+    e = cost["evidence"]
+    assert e["scheduler_cpu_cores"] > 0 and e["requests_per_s"] > 0, cost
+    assert e["cpu_s_per_decision"] > 0 and sum(e["decision_calls"].values()) > 0, cost
+
+
 def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
         env: dict[str, str], cluster: tuple[str, int], tmp_path: Path) -> None:
     url, port = cluster
@@ -143,6 +167,7 @@ def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
                 client.decisions(-1)  # a round trip paces the loop, no sleep
             code, healthy, titles = _scaling(env, "--url", url, "--window", "4s")
             assert code == 0 and not _bound(healthy), titles
+            _check_scheduler_cost(client, healthy)
             work.kill()
             work.communicate(timeout=60)
             work = bench(6)

@@ -27,7 +27,8 @@ from dualpath_cli.diagnose.model import (
 from dualpath_cli.telemetry.view import LayerHits
 
 __all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all", "snic_imbalance", "long_tail",
-           "hbm_frag", "cache_hit", "scaling", "histogram_quantile", "kv_waits"]
+           "hbm_frag", "cache_hit", "scaling", "scheduler_cost", "histogram_quantile",
+           "kv_waits"]
 
 OK, WARNING, CRITICAL, UNKNOWN = (Severity.OK, Severity.WARNING, Severity.CRITICAL,
                                   Severity.UNKNOWN)
@@ -100,6 +101,16 @@ PD_BUSY_LOW = 0.3
 PD_QUEUE_MIN = 2.0
 #: Compute-NIC utilisation Max/Avg across nodes.
 CNIC_MAX_AVG_WARN = 1.5
+#: Cores the scheduler's service thread used over the window: every decision runs on that
+#: one thread, so near 1.0 it, not the engines, caps throughput.
+SCHED_CPU_WARN = 0.7
+SCHED_CPU_CRIT = 0.9
+#: A kind of scheduling call's p99 wall time over the mean gap between two arriving requests:
+#: at 1.0 one slow call takes a whole gap, and requests queue behind the scheduler.
+DECISION_P99_WARN = 0.5
+DECISION_P99_CRIT = 1.0
+#: Fewest timed scheduling calls of a kind in the window before its p99 is judged.
+DECISION_MIN_CALLS = 20
 
 
 
@@ -810,13 +821,13 @@ def scaling(ev: Evidence) -> list[Finding]:
             evidence={"fifo_growth": growth, "decisions_per_s": rate,
                       "gpu_utilization": all_util},
             cause="the scheduler, not the engines, limits throughput",
-            action="hierarchical scheduling: dualpath launch --role scheduler (one per "
-                   "group) ... --join"))
+            action=_HIERARCHICAL.format(pd=ev.last.pd)))
     else:
         out.append(Finding(wf, OK, f"scheduler keeps up: {rate or 0:.1f} decisions/s, FIFO "
                            f"{last.fifo_length} ({growth:+d} over {dt:.0f} s)",
                            evidence={"decisions_per_s": rate, "fifo": last.fifo_length,
                                      "fifo_growth": growth}))
+    out.extend(scheduler_cost(ev, wf))
     by_role, in_batch = role_busy(ev)
     p, d = by_role.get("prefill"), by_role.get("decode")
     view = ev.last
@@ -877,6 +888,97 @@ def scaling(ev: Evidence) -> list[Finding]:
                 cause="cross-node traffic concentrates on one node (topology, placement)",
                 action="dualpath plan pd-ratio --pd " + view.pd))
     return out
+
+
+#: What to do when the scheduler itself is the bottleneck (honest about what is built).
+_HIERARCHICAL = (
+    "hierarchical scheduling (scheduler.hierarchical: sub-schedulers each own a share of the "
+    "engine groups) is built in the simulator only, the runtime refuses it; check what it "
+    "gains at this shape: dualpath sim run --pd {pd} --set scheduler.hierarchical=true "
+    "(against dualpath sim run --pd {pd}); until then keep a core free for the scheduler "
+    "on the launcher's host")
+
+
+def _queued(view: Any) -> int:
+    s = view.scheduler
+    return s.fifo_length + sum(s.private_queues.values()) + s.pe_queue_length
+
+
+def _window_buckets(first: Any, last: Any) -> tuple[list[tuple[float, float]], int]:
+    """A latency histogram's cumulative buckets (with +Inf) over the window, and its count;
+    since start when the first sample has no comparable histogram."""
+    base = first if (first is not None and len(first.buckets) == len(last.buckets)) else None
+    out = [(le, float(c - (base.buckets[i][1] if base else 0)))
+           for i, (le, c) in enumerate(last.buckets)]
+    count = last.count - (base.count if base else 0)
+    return out + [(math.inf, float(count))], count
+
+
+def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
+    """What deciding costs against the request rate: the scheduler thread's CPU over the
+    window (cores, and per decision) and each kind of scheduling call's p99 against the
+    mean gap between two arriving requests. One thread makes every decision, so when it
+    saturates, more engines or nodes add nothing: the remedy is hierarchical scheduling."""
+    first, last = ev.samples[0].view, ev.samples[-1].view
+    dt = ev.window_s
+    s0, s1 = first.scheduler, last.scheduler
+    if s1.cpu_s is None and not s1.decision_latency:
+        return [Finding(wf, OK, "scheduler CPU and decision latency not available (the "
+                        "server or recording does not report them)")]
+    if dt <= 0:
+        return [Finding(wf, OK, "scheduler cost not judged: one sample, no window")]
+    decided = s1.decisions.total - s0.decisions.total
+    arrived = max(0, decided + _queued(last) - _queued(first))
+    rate = arrived / dt
+    cores = _rate(s0.cpu_s, s1.cpu_s, dt)
+    cpu_per = (cores * dt / decided if cores is not None and decided > 0 else None)
+    p99: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for kind, hist in sorted(s1.decision_latency.items()):
+        buckets, count = _window_buckets(s0.decision_latency.get(kind), hist)
+        calls[kind] = count
+        q = histogram_quantile(0.99, buckets) if count >= DECISION_MIN_CALLS else None
+        if q is not None:
+            p99[kind] = q
+    worst = max(p99, key=lambda k: p99[k]) if p99 else None
+    load = p99[worst] * rate if worst is not None else None  # p99 over the arrival gap
+    severity = OK
+    if (cores is not None and cores >= SCHED_CPU_CRIT) or (
+            load is not None and load >= DECISION_P99_CRIT):
+        severity = CRITICAL
+    elif (cores is not None and cores >= SCHED_CPU_WARN) or (
+            load is not None and load >= DECISION_P99_WARN):
+        severity = WARNING
+    parts = [f"scheduler thread {'n/a' if cores is None else f'{cores:.2f}'} cores busy"]
+    if cpu_per is not None:
+        parts.append(f"{cpu_per * 1e3:.2f} ms CPU per decision at {decided / dt:.1f} "
+                     f"decisions/s, {rate:.1f} requests/s")
+    else:
+        parts.append(f"{rate:.1f} requests/s, no decision in the window")
+    if worst is not None and load is not None:
+        gap = f"{1e3 / rate:.0f} ms" if rate > 0 else "no arrival"
+        parts.append(f"decision p99 {p99[worst] * 1e3:.2f} ms ({worst}) = {load:.2f} of the "
+                     f"{gap} between requests")
+    else:
+        parts.append(f"decision p99 not judged (< {DECISION_MIN_CALLS} timed calls of a kind)")
+    evidence: dict[str, Any] = {
+        "scheduler_cpu_cores": None if cores is None else round(cores, 4),
+        "cpu_s_per_decision": None if cpu_per is None else round(cpu_per, 6),
+        "decisions_per_s": round(decided / dt, 3), "requests_per_s": round(rate, 3),
+        "decision_p99_s": {k: round(v, 6) for k, v in p99.items()},
+        "decision_calls": calls,
+        "decision_p99_over_arrival_gap": None if load is None else round(load, 4)}
+    if severity is OK:
+        return [Finding(wf, OK, "; ".join(parts), evidence=evidence)]
+    return [Finding(
+        wf, severity, "; ".join(parts) + (" (the scheduler is the bottleneck)"
+                                            if severity is CRITICAL else
+                                            " (the scheduler is nearing its limit)"),
+        subject="scheduler", evidence=evidence,
+        cause="one scheduler thread makes every decision: near one core, or with calls "
+              "as long as the gap between requests, requests wait for the scheduler and "
+              "more engines or nodes add no throughput",
+        action=_HIERARCHICAL.format(pd=last.pd))]
 
 
 def role_busy(ev: Evidence) -> tuple[dict[str, float | None], int]:

@@ -95,10 +95,11 @@ from dualpath_cli.runtime.wire import (
 )
 from dualpath_cli.storage import KVStore
 from dualpath_cli.telemetry.frames import expand_frame, is_frame
-from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.registry import Histogram, MetricsRegistry
 from dualpath_cli.telemetry.view import (
     Decision,
     EngineView,
+    LatencyHistogram,
     NodeView,
     SchedulerView,
     Thresholds,
@@ -296,6 +297,12 @@ class _EngineTable(dict[int, EngineState]):
         self.version += 1
 
 
+def _latency(h: Histogram) -> LatencyHistogram:
+    """A histogram as the view carries it (finite bounds; ``count`` is the +Inf bucket)."""
+    cumulative = h.cumulative()
+    return LatencyHistogram(h.count, h.sum, tuple(zip(h.bounds, cumulative, strict=False)))
+
+
 def _snap(e: EngineSnapshot) -> dict[str, Any]:
     return {"id": e.engine_id, "role": e.role.value, "node": e.node, "group": e.group,
             "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
@@ -367,6 +374,16 @@ class SchedulerService:
         self.bad_messages = 0
         self._m_ttft = self.registry.histogram("dualpath_ttft_seconds")
         self._m_tpot = self.registry.histogram("dualpath_tpot_seconds")
+        # what deciding costs (diagnose scaling): a scheduling call that finds work appends
+        # its wall time (a perf_counter pair and an append on the hot path); the heartbeat
+        # sweep moves the times into the histograms and samples the thread's CPU
+        self._pe_fetch_s: list[float] = []
+        self._de_fetch_s: list[float] = []
+        self._m_decide = {kind: self.registry.histogram(
+            "dualpath_scheduler_decision_latency_seconds", kind=kind)
+            for kind in ("de_fetch", "pe_fetch")}
+        self._m_cpu = self.registry.counter("dualpath_scheduler_cpu_seconds_total")
+        self._cpu_at = 0.0  # the service thread's CPU seconds at the last sample
         self._lock = threading.RLock()
         self._next_rid = 0
         self._ordinal = 0
@@ -724,7 +741,8 @@ class SchedulerService:
                                       self.params.z_factor, self.quota_s, self.read_side,
                                       dict(self.sources), self.controllers.state()),
                 decisions=self.log.counts(), last_decision_seq=self.log.last_seq,
-                requeued_total=self.requeued)
+                requeued_total=self.requeued, cpu_s=self._m_cpu.value,
+                decision_latency={kind: _latency(h) for kind, h in self._m_decide.items()})
             self._count_engines()
         return engines, tuple(nodes), sched
 
@@ -756,6 +774,7 @@ class SchedulerService:
 
     def _loop(self) -> None:
         next_check = 0.0
+        self._cpu_at = time.thread_time()
         while not self._stop.is_set():
             raw = self.ep.recv(timeout=0.05)
             with self._lock:
@@ -764,11 +783,23 @@ class SchedulerService:
                 now = time.monotonic()
                 if now >= next_check:  # a pass over every engine: not once per message
                     self._check_heartbeats()
+                    self._sample_cost()
                     next_check = now + min(0.05, self.hb_timeout / 10)
                 if self.controllers.any_on:
                     now = time.monotonic()
                     if now >= self._ctl_next:
                         self._control(now)
+
+    def _sample_cost(self) -> None:
+        """Move the timed scheduling calls into their histograms and count the service
+        thread's CPU since the last sample (on that thread, once per sweep)."""
+        for kind, times in (("pe_fetch", self._pe_fetch_s), ("de_fetch", self._de_fetch_s)):
+            if times:
+                self._m_decide[kind].observe_many(times)
+                times.clear()
+        cpu = time.thread_time()
+        self._m_cpu.inc(max(0.0, cpu - self._cpu_at))
+        self._cpu_at = cpu
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
@@ -809,11 +840,16 @@ class SchedulerService:
                 e.cnic_rate.update(now, msg.cnic_tx_bytes)
                 e.compute.update(now, msg)
                 self._registered.notify_all()
-        elif isinstance(msg, Fetch):
+        elif isinstance(msg, Fetch):  # a fetch that finds work is a decision: timed
             if e.role == Role.PREFILL.value:
-                self._pe_fetch(e.group)
-            else:
+                if self.pe_queue:
+                    t0 = time.perf_counter()
+                    self._pe_fetch(e.group)
+                    self._pe_fetch_s.append(time.perf_counter() - t0)
+            elif self.queue or self.private.get(e.group):
+                t0 = time.perf_counter()
                 self._de_fetch(e.group)
+                self._de_fetch_s.append(time.perf_counter() - t0)
         elif isinstance(msg, First | Done | ReadFailed):
             f = self.flights.get(msg.rid)
             if f is None or f.att != msg.att:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = ["MetricType", "MetricSpec", "METRICS", "spec", "UNITS", "LATENCY_BUCKETS",
-           "TURN_LATENCY_BUCKETS"]
+           "TURN_LATENCY_BUCKETS", "DECISION_BUCKETS"]
 
 
 class MetricType(str, Enum):
@@ -40,6 +40,12 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 TURN_LATENCY_BUCKETS: tuple[float, ...] = (
     1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
     60.0,
+)
+
+# Scheduling-call buckets: 1 us (an empty-ish fetch) .. 1 s (a scheduler far behind).
+DECISION_BUCKETS: tuple[float, ...] = (
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0,
 )
 
 _NAME = re.compile(r"^dualpath_[a-z][a-z0-9_]*$")
@@ -230,6 +236,13 @@ METRICS: tuple[MetricSpec, ...] = (
                "Turns put back at the head of the FIFO (engine_dead, read_failed)."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
                "Engines by role and state (starting, ready, dead)."),
+    MetricSpec("dualpath_scheduler_decision_latency_seconds", _H, "seconds", ("kind",),
+               "Wall time of one scheduling call that found work, by kind (de_fetch: route "
+               "the FIFO and place on a DE group's engines; pe_fetch: choose PEs and read "
+               "sides and dispatch), on the scheduler thread.", DECISION_BUCKETS),
+    MetricSpec("dualpath_scheduler_cpu_seconds_total", _C, "seconds", (),
+               "CPU time of the scheduler's service thread (sampled about every 50 ms): "
+               "over wall time, the cores the scheduler uses; it needs under one."),
     # --- KV hit rates with a denominator, and why blocks missed (issue 19) -------------------
     # Token-denominated so a hit rate is rate(hit)/rate(requested) in PromQL. Labels stay
     # per tier/side/layer/reason (no engine or node): a few dozen series at any cluster size.

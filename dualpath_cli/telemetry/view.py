@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 __all__ = ["NA", "na", "fmt_na", "LayerHits", "EngineView", "NodeView", "Thresholds",
-           "DecisionCounts", "SchedulerView", "Decision", "AuditEntry", "ClusterView",
-           "view_from_dict",
-           "decision_from_dict"]
+           "DecisionCounts", "LatencyHistogram", "SchedulerView", "Decision", "AuditEntry",
+           "ClusterView", "view_from_dict", "decision_from_dict"]
 
 #: How front-ends print a value that is not available.
 NA = "n/a"
@@ -165,8 +164,25 @@ class DecisionCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencyHistogram:
+    """A latency histogram since start: ``count`` observations summing to ``sum_s`` seconds,
+    and ``buckets`` as ``(upper bound s, cumulative count)`` pairs for the finite bounds (the
+    ``+Inf`` bucket is ``count``; kept finite so the JSON form is plain JSON)."""
+
+    count: int = 0
+    sum_s: float = 0.0
+    buckets: tuple[tuple[float, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerView:
-    """The global scheduler: queues, thresholds, what it decided."""
+    """The global scheduler: queues, thresholds, what it decided, and what deciding costs.
+
+    ``cpu_s`` is the CPU seconds its service thread used since start (``None`` from a server
+    that does not measure it): over a window, the cores the scheduler needs.
+    ``decision_latency`` is the wall time of its scheduling calls that found work, by kind
+    (``de_fetch``, ``pe_fetch``).
+    """
 
     policy: str
     fifo_length: int
@@ -177,6 +193,8 @@ class SchedulerView:
     decisions: DecisionCounts
     last_decision_seq: int | None = None
     requeued_total: int = 0
+    cpu_s: float | None = None
+    decision_latency: dict[str, LatencyHistogram] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +309,10 @@ def view_from_dict(data: dict[str, Any]) -> ClusterView:
     sched = _build(SchedulerView, {
         **s, "private_queues": _int_keys(s.get("private_queues", {})),
         "thresholds": _build(Thresholds, s["thresholds"]),
-        "decisions": _build(DecisionCounts, s.get("decisions", {}))})
+        "decisions": _build(DecisionCounts, s.get("decisions", {})),
+        "decision_latency": {str(k): LatencyHistogram(
+            int(h.get("count", 0)), float(h.get("sum_s", 0.0)),
+            tuple((float(le), int(c)) for le, c in h.get("buckets", ())))
+            for k, h in (s.get("decision_latency") or {}).items()}})
     return _build(ClusterView, {**data, "engines": engines, "nodes": nodes,
                                 "scheduler": sched})
