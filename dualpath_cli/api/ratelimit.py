@@ -76,6 +76,7 @@ class RateLimit:
         # (address, read?) -> [tokens, last refill time]
         self._buckets: dict[tuple[str, bool], list[float]] = {}
         self.refused = 0
+        self._pruned = -math.inf
 
     def _prune(self, now: float) -> None:
         """Drop the buckets that have refilled (their clients are idle): amortised O(1)."""
@@ -92,7 +93,8 @@ class RateLimit:
         key = (client, read)
         bucket = self._buckets.get(key)
         if bucket is None:
-            if len(self._buckets) >= MAX_CLIENTS:
+            if len(self._buckets) >= MAX_CLIENTS and now - self._pruned >= self.burst_s:
+                self._pruned = now  # one scan per burst at most, however many newcomers
                 self._prune(now)
             if len(self._buckets) < MAX_CLIENTS:
                 self._buckets[key] = [most - 1.0, now]
