@@ -141,8 +141,9 @@ def test_config_key_env_override_and_defaults(monkeypatch: pytest.MonkeyPatch) -
     assert options_from_config(loaded, flops_rate=1e9).api_rate_limit == DEFAULT_RATE
     low = load_config(overrides=["cluster.api_rate_limit=3"], environment=False)
     assert options_from_config(low, flops_rate=1e9).api_rate_limit == 3.0
-    with pytest.raises(ConfigError, match="api_rate_limit"):
-        load_config(overrides=["cluster.api_rate_limit=-1"], environment=False)
+    for bad in ("-1", "nan", "1e400", "\u0661\u0662", "lots"):
+        with pytest.raises(ConfigError, match="api_rate_limit"):
+            load_config(overrides=[f"cluster.api_rate_limit={bad}"], environment=False)
     off = RateLimit(_ok, rate=0)
     assert not off.on
     monkeypatch.setenv("DUALPATH_LIMIT_API_RATE", "7")

@@ -139,7 +139,9 @@ def _real(value: Any) -> float:
 
 
 def _rate(value: Any) -> float:
-    """A finite number, shown without a ``.0`` when whole (``5000`` requests/s)."""
+    """A finite number in ASCII digits, shown without a ``.0`` when whole (``5000``)."""
+    if isinstance(value, str) and not value.isascii():  # float() reads "١٢٣" as 123
+        raise UnitError(f"expected a number in ASCII digits, got {value!r}")
     number = _real(value)
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
 
