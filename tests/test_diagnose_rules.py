@@ -399,24 +399,37 @@ def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> No
 
 
 def test_decision_p99_is_judged_against_the_request_rate() -> None:
-    # 20 ms calls: at 40 requests/s (25 ms apart) p99 is ~0.8 of the gap -> WARNING; with
-    # a queue growing 20 a second the arrival rate is 60/s (16.7 ms apart) -> CRITICAL
-    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02)))
-    assert f.severity is Severity.WARNING
+    # five 20 ms calls a second (0.1 s of a second, inside the thread's 0.3 s of CPU): at 40
+    # requests/s (25 ms apart) p99 is ~0.8 of the gap -> WARNING; with a queue growing 20 a
+    # second the arrival rate is 60/s (16.7 ms apart) -> CRITICAL
+    def cost(i: int, **kw: Any) -> ClusterView:
+        return _cost_view(i, cores=0.3, call_s=0.02, calls_per_s=5, **kw)
+
+    (f,) = rules.scheduler_cost(window(cost))
+    assert f.severity is Severity.WARNING and f.subject == "scheduler"
     assert 0.5 <= f.evidence["decision_p99_over_arrival_gap"] < 1.0
     assert f.evidence["decision_p99_s"]["pe_fetch"] == pytest.approx(0.02, rel=0.3)
     assert "(pe_fetch)" in f.title and "25 ms between requests" in f.title
-    (g,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02,
-                                                            queued=20 * i)))
+    assert "dualpath sim run --pd 2P4D --set scheduler.hierarchical=true" in (f.action or "")
+    (g,) = rules.scheduler_cost(window(lambda i: cost(i, queued=20 * i)))
     assert g.severity is Severity.CRITICAL and g.evidence["requests_per_s"] == 60.0
     # the same calls at 1 request/s are fine: the p99 is a small share of a second
-    (h,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02,
-                                                            decided_per_s=1)))
+    (h,) = rules.scheduler_cost(window(lambda i: cost(i, decided_per_s=1)))
     assert h.severity is Severity.OK
     # too few calls to judge a p99: said so, not guessed
     (k,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.5,
                                                             calls_per_s=1)))
     assert k.severity is Severity.OK and "not judged" in k.title
+
+
+def test_slow_calls_on_a_starved_thread_ask_for_a_core_not_a_hierarchy() -> None:
+    # fifty 20 ms calls a second take 1 s of wall a second, the thread ran 0.3 s: the calls
+    # waited for a CPU (a loaded host, the GIL), which sub-schedulers would not fix
+    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02)))
+    assert f.severity is Severity.WARNING and f.subject == "scheduler"
+    assert f.evidence["decision_wall_s"] == pytest.approx(9.0)
+    assert "waited for a CPU" in f.title and "starved" in (f.cause or "")
+    assert "free a core" in (f.action or "") and "hierarchical" not in (f.action or "")
 
 
 def test_scheduler_cost_not_reported_says_so_and_survives_a_recording(tmp_path: Any) -> None:

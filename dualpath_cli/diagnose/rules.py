@@ -111,6 +111,10 @@ DECISION_P99_WARN = 0.5
 DECISION_P99_CRIT = 1.0
 #: Fewest timed scheduling calls of a kind in the window before its p99 is judged.
 DECISION_MIN_CALLS = 20
+#: The timed scheduling calls' wall seconds over the thread's CPU seconds in the window:
+#: above it the calls mostly waited for a CPU (a loaded host, the GIL held by the launcher's
+#: other threads), which hierarchical scheduling would not fix.
+DECISION_WAIT_FACTOR = 1.5
 
 
 
@@ -904,14 +908,15 @@ def _queued(view: Any) -> int:
     return s.fifo_length + sum(s.private_queues.values()) + s.pe_queue_length
 
 
-def _window_buckets(first: Any, last: Any) -> tuple[list[tuple[float, float]], int]:
-    """A latency histogram's cumulative buckets (with +Inf) over the window, and its count;
+def _window_buckets(first: Any, last: Any) -> tuple[list[tuple[float, float]], int, float]:
+    """A latency histogram's cumulative buckets (with +Inf), count and sum over the window;
     since start when the first sample has no comparable histogram."""
     base = first if (first is not None and len(first.buckets) == len(last.buckets)) else None
     out = [(le, float(c - (base.buckets[i][1] if base else 0)))
            for i, (le, c) in enumerate(last.buckets)]
     count = last.count - (base.count if base else 0)
-    return out + [(math.inf, float(count))], count
+    total = last.sum_s - (base.sum_s if base else 0.0)
+    return out + [(math.inf, float(count))], count, total
 
 
 def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
@@ -934,9 +939,11 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
     cpu_per = (cores * dt / decided if cores is not None and decided > 0 else None)
     p99: dict[str, float] = {}
     calls: dict[str, int] = {}
+    wall = 0.0  # seconds the timed calls took in the window
     for kind, hist in sorted(s1.decision_latency.items()):
-        buckets, count = _window_buckets(s0.decision_latency.get(kind), hist)
+        buckets, count, took = _window_buckets(s0.decision_latency.get(kind), hist)
         calls[kind] = count
+        wall += took
         q = histogram_quantile(0.99, buckets) if count >= DECISION_MIN_CALLS else None
         if q is not None:
             p99[kind] = q
@@ -967,9 +974,22 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
         "decisions_per_s": round(decided / dt, 3), "requests_per_s": round(rate, 3),
         "decision_p99_s": {k: round(v, 6) for k, v in p99.items()},
         "decision_calls": calls,
-        "decision_p99_over_arrival_gap": None if load is None else round(load, 4)}
+        "decision_p99_over_arrival_gap": None if load is None else round(load, 4),
+        "decision_wall_s": round(wall, 4)}
     if severity is OK:
         return [Finding(wf, OK, "; ".join(parts), evidence=evidence)]
+    cpu_s = cores * dt if cores is not None else None
+    if cpu_s is not None and wall > DECISION_WAIT_FACTOR * cpu_s:
+        return [Finding(
+            wf, severity, "; ".join(parts) + f" (the calls took {wall:.2f} s, the thread "
+            f"ran {cpu_s:.2f} s: they waited for a CPU)", subject="scheduler",
+            evidence=evidence,
+            cause="the scheduler thread was starved: its calls took far longer than the CPU "
+                  "it got, so it waited for a core (a loaded host, or the launcher's other "
+                  "threads holding the GIL); a hierarchy would not help",
+            action="free a core for the launcher: move other work off its host (uptime; top "
+                   "-H -p <launcher pid> shows its threads), then dualpath diagnose scaling "
+                   "again")]
     return [Finding(
         wf, severity, "; ".join(parts) + (" (the scheduler is the bottleneck)"
                                             if severity is CRITICAL else
