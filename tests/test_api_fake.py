@@ -96,3 +96,19 @@ def test_importing_the_client_does_not_load_the_server_side() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_replicate_checks_token_keys_and_roots_like_the_server() -> None:
+    key = "ab" * 16
+    with pytest.raises(Unauthorized, match="401"):
+        FakeClient(_views(2), client_token=None).replicate_blocks([key])
+    fake = FakeClient(_views(2))
+    with pytest.raises(Rejected, match="no replica roots"):
+        fake.replicate_blocks([key])
+    fake.replica_roots = ["/r1", "/r2"]
+    with pytest.raises(Rejected, match="not a block key"):
+        fake.replicate_blocks(["../etc/passwd"])
+    entry = fake.replicate_blocks([key, key.upper()], copies=2)
+    assert entry.action == "replicate" and fake.audit == [entry]
+    assert entry.new["blocks"] == {key: ["store", "/r1"]}
+    assert entry.old["blocks"] == {key: ["store"]}

@@ -273,18 +273,6 @@ class DualPathClient:
         new hold its fragmentation, largest free run and free blocks around it."""
         return audit_from_dict(self._json("POST", f"/api/v1/engines/{int(engine_id)}/compact"))
 
-    def replicate_blocks(self, blocks: list[str], copies: int | None = None) -> AuditEntry:
-        """Copy hot blocks (hex keys) to the store's replica roots (token required); the
-        entry's new holds the roots holding each block, what was added and what failed.
-
-        Raises:
-            Rejected: a bad key, or a store without replica roots (the reason in one line).
-        """
-        body: dict[str, object] = {"blocks": list(blocks)}
-        if copies is not None:
-            body["copies"] = int(copies)
-        return audit_from_dict(self._json("POST", "/api/v1/store/replicate", json=body))
-
     def warm(self, templates: list[dict[str, Any]], rate: str | None = None,
              role: str = "all") -> dict[str, Any]:
         """Start warming the engines' DRAM caches with ``templates`` (token required): the
@@ -303,6 +291,18 @@ class DualPathClient:
         """The last warm-up's plan and its progress on the engines (``progress``: bytes,
         blocks_remaining, done)."""
         return dict(self._json("GET", "/api/v1/storage/warm"))
+
+    def replicate_blocks(self, blocks: list[str], copies: int | None = None) -> AuditEntry:
+        """Copy hot blocks (hex keys) to the store's replica roots (token required); the
+        entry's new holds the roots holding each block, what was added and what failed.
+
+        Raises:
+            Rejected: a bad key, or a store without replica roots (the reason in one line).
+        """
+        body: dict[str, object] = {"blocks": list(blocks)}
+        if copies is not None:
+            body["copies"] = int(copies)
+        return audit_from_dict(self._json("POST", "/api/v1/store/replicate", json=body))
 
 
 def _reason(err: Exception) -> str:

@@ -65,6 +65,8 @@ class FakeClient:
         self.scheduler_fields: tuple[str, ...] = _THRESHOLD_FIELDS
         #: Values of accepted fields that are not thresholds (controller switches), by name.
         self.switches: dict[str, Any] = {}
+        #: The store's replica roots (none: replicate_blocks is refused, as the server's).
+        self.replica_roots: list[str] = []
 
     def __enter__(self) -> FakeClient:
         return self
@@ -308,6 +310,32 @@ class FakeClient:
         self._views = self._views[:self._i + 1] + after
         entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "compact", old,
                            facts(0.0, free_blocks))
+        self.audit.append(entry)
+        return entry
+
+    def replicate_blocks(self, blocks: list[str], copies: int | None = None) -> AuditEntry:
+        """Check the token and the keys like the server; each block is then held by the
+        root and every replica root (up to ``copies``), recorded as a ``replicate`` entry."""
+        from dualpath_cli.errors import UsageError
+        from dualpath_cli.services.replicate import NoReplicaRoots, check_block_keys
+
+        path = "/api/v1/store/replicate"
+        self._call("replicate_blocks")
+        self._check_token(path)
+        try:
+            keys = check_block_keys(blocks)
+            if not self.replica_roots:
+                raise NoReplicaRoots("this cluster's store has no replica roots")
+            if copies is not None and copies < 2:
+                raise UsageError(f"copies={copies}: a replica needs at least 2 copies")
+        except UsageError as err:
+            raise Rejected(f"{self.url}{path}: HTTP 422: {err}") from None
+        roots = ["store", *self.replica_roots]
+        held = roots[:len(roots) if copies is None else min(copies, len(roots))]
+        old = {"blocks": {k: ["store"] for k in keys}}
+        new = {"blocks": {k: held for k in keys}, "added": {k: held[1:] for k in keys},
+               "roots": roots}
+        entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "replicate", old, new)
         self.audit.append(entry)
         return entry
 

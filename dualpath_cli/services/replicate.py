@@ -29,7 +29,9 @@ class NoReplicaRoots(UsageError):
     """The cluster's store has no replica roots: a copy has nowhere to go."""
 
 
-def _check_keys(blocks: Sequence[str]) -> list[str]:
+def check_block_keys(blocks: Sequence[str]) -> list[str]:
+    """The named blocks as lower-case hex keys, each once (the server and the shipped
+    fake client refuse the same input)."""
     if not blocks:
         raise UsageError("no blocks given; expected block keys (32 hex digits each)")
     if len(blocks) > MAX_BLOCKS:
@@ -74,7 +76,7 @@ def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
     from dualpath_cli.storage import PosixStore, ReplicatedStore
     from dualpath_cli.storage.errors import StorageError
 
-    keys = _check_keys(blocks)
+    keys = check_block_keys(blocks)
     if store_dir is None or not replica_dirs:
         raise NoReplicaRoots("this cluster's store has no replica roots, so a copy has "
                              "nowhere to go: launch it with --replica-root DIR (repeatable; "
