@@ -49,7 +49,7 @@ def make_view(i: int = 0, *, util: dict[int, float] | None = None,
     frag, seq, tokens, slack, gpu = frag or {}, seq or {}, tokens or {}, slack or {}, gpu or {}
     engines = []
     for eid, role in enumerate(ROLES):
-        layers = ()
+        layers: tuple[LayerHits, ...] = ()
         if role == "prefill":
             n = layer_blocks + 10 * i
             layers = tuple(LayerHits(layer, dram=n // 4, store=n // 2, peer=n - n // 4 - n // 2,
@@ -383,9 +383,11 @@ def test_scheduler_cost_healthy_is_ok_with_its_numbers() -> None:
 
 def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> None:
     # 0.8 of a core: WARNING; 0.95: CRITICAL; each names the numbers and the remedy
+    from functools import partial
+
     for cores, severity in ((0.8, Severity.WARNING), (0.95, Severity.CRITICAL)):
-        (f,) = rules.scheduler_cost(window(lambda i, c=cores: _cost_view(i, cores=c,
-                                                                          call_s=2e-4)))
+        ev = window(partial(_cost_view, cores=cores, call_s=2e-4))
+        (f,) = rules.scheduler_cost(ev)
         assert f.severity is severity and f.subject == "scheduler"
         assert f.evidence["scheduler_cpu_cores"] == pytest.approx(cores)
         assert f"{cores:.2f} cores busy" in f.title and "40.0 requests/s" in f.title
@@ -394,8 +396,7 @@ def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> No
                                                                                  or "")
         assert "runtime refuses it" in (f.action or "")
         # the workflow carries it, and its exit code is the finding's
-        assert rules.run_workflow("scaling", window(
-            lambda i, c=cores: _cost_view(i, cores=c, call_s=2e-4))).severity is severity
+        assert rules.run_workflow("scaling", ev).severity is severity
 
 
 def test_decision_p99_is_judged_against_the_request_rate() -> None:

@@ -92,20 +92,24 @@ def cluster(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] \
-        if proc.poll() is None else []
+    # Process objects, not pids: psutil refuses to signal a pid reused since (by another
+    # test's process on a busy host) where a fresh psutil.Process(pid) would kill it
+    family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
     try:
         assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
                                                       if proc.poll() is not None else "")
         yield f"http://127.0.0.1:{port}", port
-        assert _run(env, "stop", "--port", str(port)).returncode == 0
+        stopped = _run(env, "stop", "--port", str(port))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr  # why, if it fails
         proc.communicate(timeout=60)
     finally:
-        for pid in [proc.pid, *family]:
+        for child in family:
             try:
-                psutil.Process(pid).kill()
+                child.kill()
             except psutil.NoSuchProcess:
                 pass
+        if proc.poll() is None:
+            proc.kill()
         if proc.poll() is None:
             proc.communicate(timeout=10)
 
