@@ -60,7 +60,8 @@ COMMANDS = (
      "Generate and inspect agent traces (Table 2 calibrated, or Mooncake)."),
     ("plugins", "plugins_cmd", "app",
      "Inspect plugins (pluggy hooks, entry-point group 'dualpath')."),
-    ("storage", "storage_cmd", "app", "Inspect, verify, clean, benchmark and warm a KV block store."),
+    ("storage", "storage_cmd", "app",
+     "Inspect, verify, clean, benchmark and warm a KV block store."),
     ("sim", "sim_cmd", "app",
      "Simulate a DualPath cluster in simulated time with the core scheduler."),
 )

@@ -233,7 +233,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Scheduling decisions, by the chosen PE's class (C1, C2, C3), the chosen DE's "
                "class (normal, high_token) and the read side (pe, de, split)."),
     MetricSpec("dualpath_scheduler_requeued_turns_total", _C, "", ("reason",),
-               "Turns put back at the head of the FIFO (engine_dead, read_failed, scheduler_restart)."),
+               "Turns put back at the head of the FIFO (engine_dead, read_failed, "
+               "scheduler_restart)."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
                "Engines by role and state (starting, ready, dead)."),
     MetricSpec("dualpath_scheduler_decision_latency_seconds", _H, "seconds", ("kind",),
