@@ -276,18 +276,22 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
         code, fixed = _diagnose(env, "--url", url, "--window", "3s", "--fix")
         (fix,) = [f for f in fixed["fixes"] if f["action"] == "replicate"]
         assert fix["applied"] and block in fix["blocks"], fix
-        assert len(fix["copies"][block]) == 5 and not fix["errors"], fix
+        # as many copies as the finding asked for (from the block's share of the reads in
+        # --fix's own window: the workload's other reads decide it), at most one a root
+        want = len(roots) if fix["requested"] is None else min(fix["requested"], len(roots))
+        held = fix["copies"][block]
+        assert want >= 2 and len(held) == want and not fix["errors"], fix
         with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
             entry = client.status().audit[-1]
         assert entry.action == "replicate" and entry.seq == fix["audit"]
 
-        # the engines find the copies and spread the block's reads over all five roots
+        # the engines find the copies and spread the block's reads over every root holding one
         deadline = time.monotonic() + 60
         first, _ = _copy_reads(url, block)
         while True:
             now, corrupt = _copy_reads(url, block)
-            gained = {r: now.get(r, 0) - first.get(r, 0) for r in map(str, roots)}
-            if len(now) == 5 and min(gained.values()) >= 10:
+            gained = {r: now.get(r, 0) - first.get(r, 0) for r in held}
+            if len(now) == want and min(gained.values()) >= 10:
                 break
             assert time.monotonic() < deadline, (first, now)
             httpx.get(f"{url}/readyz", timeout=10)  # a round trip paces the loop, no sleep
@@ -307,7 +311,7 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
             titles = [f"{f['severity']} {f['title']}" for r in after["reports"]
                       for f in r["findings"]]
             assert f"block {block}" not in {f["subject"] for f in _hot_findings(after)}, titles
-            assert any(f"block {block[:12]} read" in t and "spread over 5 copies" in t
+            assert any(f"block {block[:12]} read" in t and f"spread over {want} copies" in t
                        for t in titles), titles
     finally:
         work.kill()
@@ -315,11 +319,11 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
     # every copy holds the same verified bytes
     key = BlockKey.from_hex(block)
     payloads = []
-    for r in roots:
-        got = read_one(PosixStore(r), key)  # raises on a checksum mismatch
+    for r in held:
+        got = read_one(PosixStore(Path(r)), key)  # raises on a checksum mismatch
         assert got is not None
         payloads.append(got.payload.tobytes())
         got.release()
     assert len(set(payloads)) == 1
-    done = _run(env, "storage", "verify", str(roots[1]))
+    done = _run(env, "storage", "verify", held[1])
     assert done.returncode == 0, done.stdout + done.stderr

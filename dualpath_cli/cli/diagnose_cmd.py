@@ -231,7 +231,7 @@ def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]
                 held = entry.new.get("blocks", {})
                 fixes.append({"action": "replicate", "blocks": blocks,
                               "applied": any(len(held.get(b, ())) > 1 for b in blocks),
-                              "audit": entry.seq, "copies": held,
+                              "audit": entry.seq, "requested": copies, "copies": held,
                               "added": entry.new.get("added", {}),
                               "errors": entry.new.get("errors", {})})
     if not fixes:
