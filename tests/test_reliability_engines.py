@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_runtime import AGENTS
+from test_runtime import AGENTS, _reference
 
 from dualpath_cli.cluster.local import EngineFailed, dead_role, describe_exits
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -59,6 +59,33 @@ def test_losing_the_only_prefill_engine_stops_the_run_at_once(tmp_path: Path) ->
     assert "agents stopped" in errors[0]
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids)
+
+
+def test_a_dead_group_leader_hands_fetching_to_the_next_engine_of_its_node(
+        tmp_path: Path) -> None:
+    """Two PEs on one prefill node: its leader (the only engine that fetches for the
+    group) is killed mid-run; the scheduler promotes the other, which serves the rest of
+    the run with the reference tokens (before, the node's other GPU idled and every later
+    turn waited for its client's timeout)."""
+    first_turn = threading.Event()
+    out: list[RunResult] = []
+    opts = RuntimeOptions(policy="dualpath", block_tokens=8, processes=True, gpus_per_node=2,
+                          store_dir=tmp_path / "store", heartbeat_timeout=3600.0)
+    with RuntimeSystem(opts) as system:
+        leader, heir = system.engine_ids("prefill")
+        runner = threading.Thread(target=lambda: out.append(
+            run_agents(system, AGENTS, on_turn=lambda _rec: first_turn.set(), timeout=120)))
+        runner.start()
+        assert first_turn.wait(120)
+        system.cluster.kill(leader)
+        killed_seq = system.decisions()[-1].seq
+        runner.join(180)
+        assert not runner.is_alive(), "the run never finished: the group lost its fetcher"
+        later = [d for d in system.decisions(killed_seq) if d.kind == "turn"]
+    result = out[0]
+    assert not result.errors, result.errors
+    assert result.tokens_by_turn() == _reference()
+    assert later and {d.pe for d in later} == {heir}, later
 
 
 def test_an_engine_dying_at_start_up_is_one_line_at_once(

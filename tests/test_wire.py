@@ -19,6 +19,7 @@ from dualpath_cli.runtime.wire import (
     Heartbeat,
     Hello,
     Layer,
+    Lead,
     MetricsRequest,
     Prefill,
     PrefillDone,
@@ -54,6 +55,7 @@ SAMPLES: list[WireMessage] = [
     Decode(9, 1, 4, (1, 2, 3, 4), 4, 16, ("ab" * 32,), 8, "inproc://engine0-1", True),
     Prefill(9, 1, 5, (1, 2, 3, 4), 16, ("ab" * 32,), 8, "inproc://engine2-3", True, False),
     SetQuota(0.05),
+    Lead(3),
     Layer(9, 1, 2, 16, (np.arange(12, dtype=np.uint8).reshape(3, 4),
                         np.ones((2, 4), np.uint8))),
     PrefillDone(9, 1, 77),
@@ -65,7 +67,7 @@ SAMPLES: list[WireMessage] = [
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 18
+    assert len(KINDS) == 19
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)

@@ -54,6 +54,7 @@ from dualpath_cli.runtime.wire import (
     Heartbeat,
     Hello,
     Layer,
+    Lead,
     MetricsRequest,
     Prefill,
     PrefillDone,
@@ -171,6 +172,7 @@ class _Engine:
     early_kv: dict[int, int] = field(default_factory=dict)  # rid -> att of a DE's KV
     quota_s: float = 0.3
     stopped: bool = False
+    leads: bool = False  # promoted to its group's fetcher (Lead) after the leader died
 
     @property
     def eid(self) -> int:
@@ -357,6 +359,10 @@ class EmulatedHost:
                 self._report(e)
         elif isinstance(msg, SetQuota):
             e.quota_s = msg.quota_s
+        elif isinstance(msg, Lead):  # the group's leader died: fetch for it from now on
+            if not (e.spec.leader or e.leads):
+                e.leads = True
+                self._fetch(e)
         elif isinstance(msg, MetricsRequest):
             self._heartbeat(e, metrics=True)
         elif isinstance(msg, Compact):

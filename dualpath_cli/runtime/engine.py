@@ -31,6 +31,7 @@ from dualpath_cli.runtime.prefill import PrefillWorker
 from dualpath_cli.runtime.wire import (
     Fetch,
     Hello,
+    Lead,
     MetricsRequest,
     SetQuota,
     Stop,
@@ -86,6 +87,12 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                 break
             if isinstance(msg, MetricsRequest):  # a fresh snapshot on demand (metrics(fresh=True))
                 ctx.heartbeat(worker.jobs_in_hand(), True)
+                continue
+            if isinstance(msg, Lead):  # the group's leader died: fetch for it from now on
+                if not spec.leader:
+                    log.warning("engine %d: leads group %d (its leader died)",
+                                spec.engine_id, msg.group)
+                spec.leader, next_fetch = True, 0.0
                 continue
             if isinstance(msg, SetQuota):
                 spec.quota_s = msg.quota_s  # the PE's batcher reads it before every batch

@@ -81,6 +81,7 @@ from dualpath_cli.runtime.wire import (
     First,
     Heartbeat,
     Hello,
+    Lead,
     MetricsRequest,
     Prefill,
     QueueReport,
@@ -359,6 +360,8 @@ class SchedulerService:
         self.address = self.ep.address
         self.engines: dict[int, EngineState] = _EngineTable()
         self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
+        #: (role, group) -> the engine that fetches for it (the last one seen fetching)
+        self._fetchers: dict[tuple[str, int], int] = {}
         self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
             collections.deque)  # DE group -> routed, not yet placed
         self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
@@ -841,6 +844,7 @@ class SchedulerService:
                 e.compute.update(now, msg)
                 self._registered.notify_all()
         elif isinstance(msg, Fetch):  # a fetch that finds work is a decision: timed
+            self._fetchers[(e.role, e.group)] = e.engine_id
             if e.role == Role.PREFILL.value:
                 if self.pe_queue:
                     t0 = time.perf_counter()
@@ -950,7 +954,27 @@ class SchedulerService:
                 x.alive for x in self.engines.values() if x.group == e.group):
             stranded = self.private.pop(e.group, collections.deque())
             self.queue.extendleft(reversed(stranded))
+        self._promote_fetcher(e)
         self._count_engines()
+
+    def _promote_fetcher(self, dead: EngineState) -> None:
+        """If ``dead`` fetched for its group (or none was seen yet), make the group's next
+        live engine its fetcher (``lead``): fetching is pull-based, so a group whose only
+        fetcher died would never be offered work again while its other GPUs idle."""
+        key = (dead.role, dead.group)
+        if self._fetchers.get(key, dead.engine_id) != dead.engine_id:
+            return
+        heirs = sorted(x.engine_id for x in self.engines.values() if x.alive and x.address
+                       and x.role == dead.role and x.group == dead.group)
+        if not heirs:
+            self._fetchers.pop(key, None)
+            return
+        heir = self.engines[heirs[0]]
+        self._fetchers[key] = heir.engine_id
+        log.warning("scheduler: engine %d now fetches for %s group %d (engine %d, its "
+                    "fetcher, is dead)", heir.engine_id, dead.role, dead.group,
+                    dead.engine_id)
+        self._send(heir.address, Lead(dead.group))
 
     def _revive(self, e: EngineState) -> None:
         """A silent engine reported again: cancel the work it held (re-queued meanwhile)

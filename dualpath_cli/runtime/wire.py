@@ -18,7 +18,7 @@ Kinds (direction):
 * engine -> scheduler: :class:`Hello`, :class:`QueueReport` (``rq``), :class:`Heartbeat`
   (``hb``), :class:`Fetch`, :class:`First`, :class:`Done`, :class:`ReadFailed`;
 * scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
-  :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``),
+  :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``), :class:`Lead`,
   :class:`~dualpath_cli.runtime.faults.Fault` (``fault``: fault injection, one record);
   :class:`~dualpath_cli.runtime.hbm.Compact` (``compact``: defragment the engine's HBM);
   :class:`~dualpath_cli.storage.warm.Warm` (``warm``: warm the loader's DRAM cache);
@@ -43,8 +43,8 @@ from dualpath_cli.transfer.base import Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "Heartbeat", "Fetch", "First", "Done",
            "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill", "SetQuota",
-           "Layer", "PrefillDone", "Fault", "Compact", "Warm", "WireMessage", "KINDS", "TIERS",
-           "encode", "decode", "send", "TokenArray"]
+           "Lead", "Layer", "PrefillDone", "Fault", "Compact", "Warm", "WireMessage", "KINDS",
+           "TIERS", "encode", "decode", "send", "TokenArray"]
 
 #: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
 TIERS: tuple[str, ...] = ("dram", "store", "peer")
@@ -337,6 +337,15 @@ class SetQuota:
     quota_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """Fetch for group ``group`` from now on: its leader died (the scheduler promotes the
+    next live engine of the group, so one dead GPU does not idle its node's others)."""
+
+    KIND: ClassVar[str] = "lead"
+    group: int
+
+
 # -- engine -> engine -------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Layer:
@@ -365,8 +374,8 @@ class PrefillDone:
 
 
 WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
-               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Layer | PrefillDone
-               | Fault | Compact | Warm)
+               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Lead | Layer
+               | PrefillDone | Fault | Compact | Warm)
 
 #: kind -> record class (every member of :data:`WireMessage`)
 KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}
