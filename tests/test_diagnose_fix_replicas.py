@@ -15,7 +15,6 @@ diagnose finds it cooled, and every copy verifies (checksums) with no corrupt re
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -168,17 +167,6 @@ def test_long_tail_judges_a_replicated_block_by_its_busiest_copy() -> None:
 
 # --- end to end -----------------------------------------------------------------------------
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-@pytest.fixture()
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
-              "XDG_STATE_HOME": str(tmp_path / "state")}
-    (tmp_path / "run").mkdir(mode=0o700)
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("DUALPATH_URL", raising=False)
-    return dict(os.environ)
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

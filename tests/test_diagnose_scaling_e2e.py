@@ -15,7 +15,6 @@ the scheduling calls' latency) is measured on the healthy cluster and judged by 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -66,17 +65,6 @@ def test_a_prefill_engine_inside_a_long_batch_counts_busy() -> None:
         assert busy["prefill"] == 0.0 and in_batch == 0
         assert not [f for f in rules.scaling(_pd_window(0.0, pe_seq, pe_read_q))
                     if f.severity]
-
-
-@pytest.fixture()
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
-              "XDG_STATE_HOME": str(tmp_path / "state")}
-    (tmp_path / "run").mkdir(mode=0o700)
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("DUALPATH_URL", raising=False)
-    return dict(os.environ)
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ subprocess, the same verdicts from a recording, and exit 0 once the faults are c
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,17 +21,6 @@ from dualpath_cli.services import statefile
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
-
-
-@pytest.fixture()
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
-              "XDG_STATE_HOME": str(tmp_path / "state")}
-    (tmp_path / "run").mkdir(mode=0o700)
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("DUALPATH_URL", raising=False)
-    return dict(os.environ)
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -39,20 +39,6 @@ def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture()
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Private XDG dirs for this test (in-process calls and subprocesses alike)."""
-    values = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "XDG_DATA_HOME": str(tmp_path / "data"),
-              "XDG_STATE_HOME": str(tmp_path / "state"), "DUALPATH_URL": ""}
-    (tmp_path / "run").mkdir(mode=0o700)
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("DUALPATH_URL")
-    full = dict(os.environ)
-    full.pop("DUALPATH_URL", None)
-    return full
-
-
 def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
