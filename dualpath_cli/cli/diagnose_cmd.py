@@ -223,7 +223,9 @@ def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]
     if blocks:
         with source.connect(url, timeout=60.0) as client:
             try:
-                entry = client.replicate_blocks(blocks, copies)
+                # a copy on every replica root, not only the finding's minimum: that was
+                # sized from one window's mix of reads, and a hot block's share can grow
+                entry = client.replicate_blocks(blocks, None)
             except Rejected as err:  # e.g. no replica roots: nothing was changed
                 fixes.append({"action": "replicate", "blocks": blocks, "applied": False,
                               "why": f"{err}; nothing was changed"})
@@ -231,7 +233,7 @@ def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]
                 held = entry.new.get("blocks", {})
                 fixes.append({"action": "replicate", "blocks": blocks,
                               "applied": any(len(held.get(b, ())) > 1 for b in blocks),
-                              "audit": entry.seq, "requested": copies, "copies": held,
+                              "audit": entry.seq, "needed": copies, "copies": held,
                               "added": entry.new.get("added", {}),
                               "errors": entry.new.get("errors", {})})
     if not fixes:

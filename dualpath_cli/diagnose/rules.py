@@ -484,7 +484,7 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
                   "copies": have},
         cause="storage hot spot: many turns (or one reader) hammer these blocks",
         action=f"dualpath diagnose long-tail --fix   (copies the {len(names)} hot blocks "
-               f"to the store's replica roots, {max(needed.values())} copies each; a store "
+               f"to every replica root, at least {max(needed.values())} copies each; a store "
                "without them: launch --replica-root DIR; dualpath storage inspect <root> "
                "--top 20 lists the hot blocks)"))
     return out
