@@ -179,12 +179,18 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
                 done.append(rec)
                 if killed.is_set() or len(done) < 2:
                     return
-                busy = {e.engine_id: e.seq for e in client.engines()}
-                if any(busy.get(eid, 0) for eid in old_decode):  # turns in flight on it
+                # a turn placed on the decode node and not finished: killing the node now
+                # must re-queue it (its decoding is slowed below, so it stays in flight)
+                rows = client.requests("inflight")["requests"]
+                if any(r["de"] in old_decode and r["phase"] in ("prefill", "decode")
+                       for r in rows):
                     victim_sems.update(_semaphores(placed["decode"]["pid"]))
                     ray.kill(victim, no_restart=False)  # its process dies; Ray restarts it
                     killed.set()
 
+        # the decode engines decode 20x slower until they are killed, so a turn is in
+        # flight on them when on_turn looks (on the tiny model a decode is over in ms)
+        client.set_faults([f"slow_compute:engine={eid},factor=20" for eid in old_decode])
         agents, turns = 4, 4
         result, _ = run_agents_remote(url, agentic_workload(agents, turns=turns),
                                       token=token, on_turn=on_turn, timeout=150)

@@ -274,13 +274,20 @@ class RuntimeSystem:
         """The injected faults in force, in the order they were set."""
         return list(self._faults.values())
 
+    def _engine_nodes(self) -> dict[int, int]:
+        """Engine id -> node of every engine the scheduler knows: its own engines and those
+        of nodes that joined it (a scheduler-only launch has no local specs)."""
+        with self.scheduler._lock:
+            return {eid: e.node for eid, e in self.scheduler.engines.items()}
+
     def _check_fault(self, f: Fault) -> None:
         key, value = f.target
-        known = sorted({s.node for s in self.specs} if key == "node"
-                       else {s.engine_id for s in self.specs})
+        nodes = self._engine_nodes()
+        known = sorted(set(nodes.values()) if key == "node" else set(nodes))
         if value not in known:
+            has = f"{key}s {known[0]}-{known[-1]}" if known else f"no {key}s yet"
             raise FaultError(f"fault {f.kind}: {key} {value} does not exist (this cluster has "
-                             f"{key}s {known[0]}-{known[-1]})")
+                             f"{has})")
         if f.kind == "snic_throttle" and not (self.shaped and self.opts.snic_bw > 0):
             raise FaultError(f"fault {f.kind}: the storage NICs are not shaped (policy "
                              f"{self.opts.policy!r}, snic_bw {self.opts.snic_bw:g}); a "
@@ -291,7 +298,7 @@ class RuntimeSystem:
         node's first engine drives a hot-blocks fault: one read stream per node)."""
         if f.target[0] == "engine":
             return [f.engine]
-        ids = [s.engine_id for s in self.specs if s.node == f.node]
+        ids = sorted(eid for eid, node in self._engine_nodes().items() if node == f.node)
         return ids[:1] if f.kind == "hot_blocks" else ids
 
     def _send_fault(self, f: Fault) -> None:
