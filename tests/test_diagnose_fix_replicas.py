@@ -241,7 +241,9 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
         env: dict[str, str], replicated: tuple[str, int, list[Path]], tmp_path: Path) -> None:
     url, port, roots = replicated
     rec = tmp_path / "cooled.jsonl.gz"
-    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "4", "--turns", "30",
+    # the workload's own reads run through every check (killed below): with the two hot
+    # blocks as the only reads, each of 5 copies takes a tenth, the hot share itself
+    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "4", "--turns", "300",
                              "--json"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
