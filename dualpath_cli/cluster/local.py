@@ -9,6 +9,9 @@ Engines die with their launcher, even when it is SIGKILLed: each child watches t
 closes. (A watchdog rather than ``prctl(PR_SET_PDEATHSIG)``, which fires when the *thread*
 that started the child ends and exists only on Linux.) With no child left, multiprocessing's
 resource tracker then unlinks the launcher's named semaphores (no ``/dev/shm/sem.mp-*``).
+The tracker is no help when it is killed too (a ``SIGKILL`` to the launcher's process
+group), so the shared NIC buckets' semaphore names are unlinked as soon as every engine has
+opened them (:func:`~dualpath_cli.transfer.shaping.unlink_shared`): a kill then leaves none.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
+from dualpath_cli.transfer.shaping import SharedTokenBucket, unlink_shared
 
 __all__ = ["LocalCluster", "EngineFailed", "engine_main", "exit_with_parent", "dead_role",
            "describe_exits"]
@@ -80,8 +84,14 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
-def engine_main(spec: EngineSpec) -> None:
-    """Child-process entry: single-threaded BLAS, ZeroMQ fabric, reference model."""
+def engine_main(spec: EngineSpec, opened: Any = None) -> None:
+    """Child-process entry: single-threaded BLAS, ZeroMQ fabric, reference model.
+
+    ``opened``: a pipe end closed at once, telling the launcher that the arguments (the NIC
+    buckets' semaphores among them) are unpickled and open (:func:`unlink_when_opened`).
+    """
+    if opened is not None:
+        opened.close()
     exit_with_parent()
     from dualpath_cli.runtime.model.threads import limit_blas_threads
 
@@ -92,6 +102,37 @@ def engine_main(spec: EngineSpec) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us
     run_engine(spec, ZmqFabric(curve=spec.curve), load_model)
+
+
+def unlink_when_opened(opened: list[Any], buckets: list[Any]) -> threading.Thread | None:
+    """Unlink the shared buckets' semaphore names once each child has opened them.
+
+    ``opened`` holds, per child, the reading end of a pipe whose writing end the child got
+    as an argument: it reads EOF when the child closed it (its arguments are unpickled, so
+    its semaphores are open) or died (it needs them no more). A daemon thread waits for
+    that; the thread, or None when no bucket is shared (the pipes are closed then).
+    """
+    if not any(isinstance(b, SharedTokenBucket) for b in buckets):
+        for conn in opened:
+            conn.close()
+        return None
+
+    def wait() -> None:
+        pending = list(opened)
+        while pending:
+            for conn in multiprocessing.connection.wait(pending):
+                pending.remove(conn)
+                conn.close()  # type: ignore[union-attr]
+        unlink_shared(buckets)
+
+    th = threading.Thread(target=wait, daemon=True, name="semaphore-unlinker")
+    th.start()
+    return th
+
+
+def spec_buckets(specs: list[EngineSpec]) -> list[Any]:
+    """Every NIC bucket the specs carry (a node's storage NICs repeat: unlinked once)."""
+    return [b for s in specs for b in (s.snic_read, s.snic_write, s.cnic)]
 
 
 @contextlib.contextmanager
@@ -120,6 +161,8 @@ class LocalCluster:
         self._closing = threading.Event()
         self._ctx = mp.get_context("spawn")
         self._watch: threading.Thread | None = None
+        #: unlinks the shared NIC buckets' semaphore names once the engines opened them
+        self.unlinker: threading.Thread | None = None
 
     def start(self, specs: list[EngineSpec]) -> None:
         from dualpath_cli.limits import check
@@ -128,17 +171,25 @@ class LocalCluster:
         env_keep = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        opened: list[Any] = []
         try:
             with _bare_main():
                 for spec in specs:
-                    p = self._ctx.Process(target=engine_main, args=(spec,), daemon=True,
-                                          name=f"dualpath-engine-{spec.engine_id}")
-                    p.start()
+                    ours, theirs = self._ctx.Pipe(duplex=False)
+                    opened.append(ours)
+                    p = self._ctx.Process(target=engine_main, args=(spec, theirs),
+                                          daemon=True, name=f"dualpath-engine-{spec.engine_id}")
+                    try:
+                        p.start()
+                    finally:
+                        theirs.close()
                     self._procs[spec.engine_id] = p
         finally:
             for k, v in env_keep.items():
                 if v is None:
                     os.environ.pop(k, None)
+            # also after a failed spawn: the started engines have (or will have) opened them
+            self.unlinker = unlink_when_opened(opened, spec_buckets(specs))
         self._watch = threading.Thread(target=self._supervise, daemon=True,
                                        name="cluster-supervisor")
         self._watch.start()

@@ -30,7 +30,7 @@ from dualpath_cli.cluster.join import JoinPlan
 from dualpath_cli.cluster.local import LocalCluster, _bare_main, exit_with_parent
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
-from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket
+from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket, unlink_shared
 from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
 __all__ = ["JoinError", "NodeAgent", "join_url"]
@@ -184,7 +184,9 @@ class NodeAgent:
         return time.monotonic() - t0
 
     def _specs(self, plan: JoinPlan, root: Path) -> list[EngineSpec]:
-        snic = (make_bucket(plan.snic_bw, True), make_bucket(plan.snic_bw, True))
+        # plain buckets: only their rates travel (the engines were spawned with shared
+        # ones, WarmCluster); a shared bucket here would be a semaphore nobody opens
+        snic = (make_bucket(plan.snic_bw, False), make_bucket(plan.snic_bw, False))
         from dualpath_cli.transfer.curve import CurveKeys
 
         # the scheduler's CURVE keys, when it uses CURVE: this node's engines must too
@@ -193,7 +195,7 @@ class NodeAgent:
         return [EngineSpec(
             engine_id=eid, role=plan.role, node=plan.node, group=plan.node, leader=i == 0,
             ctl=plan.ctl, snic_read=snic[0], snic_write=snic[1],
-            cnic=make_bucket(plan.cnic_bw, True), hbm_blocks=plan.hbm_blocks,
+            cnic=make_bucket(plan.cnic_bw, False), hbm_blocks=plan.hbm_blocks,
             block_tokens=plan.block_tokens, model=plan.model,
             store=_store_spec(root, plan.replica_roots), codec=plan.codec,
             dram_cache_bytes=plan.dram_cache_bytes, quota_s=plan.quota_s,
@@ -347,7 +349,7 @@ class WarmCluster(LocalCluster):
         check("engines", gpus, f"{gpus} engine processes")  # before any spawn
         self._warm: list[tuple[Any, Any]] = []
         snic = (SharedTokenBucket(None), SharedTokenBucket(None))
-        # kept while the processes live: a bucket's semaphore is unlinked when collected
+        # their semaphores' names are unlinked once every process is ready (wait_ready)
         self._buckets: list[SharedTokenBucket] = list(snic)
         env_keep = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -369,7 +371,12 @@ class WarmCluster(LocalCluster):
                     os.environ.pop(k, None)
 
     def wait_ready(self, timeout: float) -> bool:
-        """Wait until every process has done its imports; False on a timeout or a death."""
+        """Wait until every process has done its imports; False on a timeout or a death.
+
+        Once all are ready they have all opened the NIC buckets' semaphores (they came as
+        arguments), so their names are unlinked: a SIGKILL to the whole node (its resource
+        tracker included) leaves no ``/dev/shm/sem.mp-*`` behind.
+        """
         deadline = time.monotonic() + timeout
         for _, conn in self._warm:
             try:
@@ -377,6 +384,7 @@ class WarmCluster(LocalCluster):
                     return False
             except (EOFError, OSError):
                 return False
+        unlink_shared(self._buckets)
         return True
 
     def start(self, specs: list[EngineSpec]) -> None:

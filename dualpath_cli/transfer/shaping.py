@@ -5,18 +5,27 @@ is the same single-server model as :class:`~dualpath_cli.storage.shaper.TokenBuc
 runtime reuses it instead of keeping its own. Engines of one node may live in different
 processes yet share one storage NIC, so :class:`SharedTokenBucket` keeps the bucket's
 "next free" time in shared memory; the clock is ``time.monotonic``, which is system-wide.
+
+The shared value's lock is a *named* POSIX semaphore (``/dev/shm/sem.mp-*``): a ``spawn``
+child opens it by name when it unpickles the bucket. multiprocessing's resource tracker
+unlinks the name when the creator exits, but a ``SIGKILL`` to the creator's whole process
+group (a node agent killed as a unit, a Ray worker) kills the tracker too and the name stays
+behind. So the creator unlinks it itself (:func:`unlink_shared`) once every process it was
+handed to has opened it: an open semaphore keeps working after its name is gone.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.util
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from dualpath_cli.storage.shaper import TokenBucket
 
-__all__ = ["SharedTokenBucket", "make_bucket", "pay"]
+__all__ = ["SharedTokenBucket", "make_bucket", "pay", "unlink_shared"]
 
 
 class SharedTokenBucket(TokenBucket):
@@ -29,6 +38,36 @@ class SharedTokenBucket(TokenBucket):
         super().__init__(rate, burst_bytes)
         self._shared: Any = mp.get_context("spawn").Value("d", 0.0)
 
+    @property
+    def semaphore(self) -> str | None:
+        """The lock's semaphore name (``/mp-...``); None once unlinked or not named."""
+        if getattr(self, "_unlinked", False):
+            return None
+        name = self._shared.get_lock()._semlock.name
+        return str(name) if name else None
+
+    def unlink(self) -> bool:
+        """Remove the semaphore's name now; True if this process created it and it was named.
+
+        Call it once every process that uses the bucket has opened it (they were spawned
+        with it and have started): the processes keep sharing the semaphore, but no name is
+        left for a kill to leak, and the bucket can no longer be passed to a new process.
+        """
+        lock = self._shared.get_lock()
+        # SemLock registers a finalizer that unlinks the name and tells the resource tracker;
+        # run it now (it runs once, so neither a collection nor the exit repeats it)
+        registry = getattr(multiprocessing.util, "_finalizer_registry", {})
+        for fin in list(registry.values()):
+            ref = getattr(fin, "_weakref", None)
+            if ref is not None and ref() is lock:
+                try:
+                    fin()
+                except FileNotFoundError:
+                    pass  # unlinked already (by hand, or the tracker of a dead parent)
+                self._unlinked = True
+                return True
+        return False
+
     def reserve(self, nbytes: int, since: float) -> float:
         """Book ``nbytes`` for a transfer started at ``since``; returns its deadline."""
         if self.rate is None:
@@ -39,6 +78,9 @@ class SharedTokenBucket(TokenBucket):
             return float(self._shared.value)
 
     def __getstate__(self) -> dict[str, Any]:
+        if getattr(self, "_unlinked", False):
+            raise RuntimeError("this shared NIC bucket's semaphore was unlinked: it can no "
+                               "longer be passed to a new process")
         state = dict(self.__dict__)
         for name in ("_lock", "clock", "sleep"):
             state.pop(name, None)
@@ -55,6 +97,18 @@ def make_bucket(rate: float, shared: bool) -> TokenBucket:
     """A bucket of ``rate`` bytes/s (``<= 0``: unshaped); ``shared`` for multi-process use."""
     bps = rate if rate > 0 else None
     return SharedTokenBucket(bps) if shared else TokenBucket(bps)
+
+
+def unlink_shared(buckets: Iterable[object]) -> int:
+    """Unlink the semaphore names of the :class:`SharedTokenBucket` among ``buckets`` (each
+    once); how many were unlinked. See the module docstring for when."""
+    done: set[int] = set()
+    n = 0
+    for b in buckets:
+        if isinstance(b, SharedTokenBucket) and id(b) not in done:
+            done.add(id(b))
+            n += b.unlink()
+    return n
 
 
 def pay(bucket: TokenBucket, nbytes: int) -> float:

@@ -1,0 +1,133 @@
+"""No ``/dev/shm/sem.mp-*`` left behind by a SIGKILLed node agent or launcher.
+
+The engines' shared NIC buckets lock a named POSIX semaphore. multiprocessing's resource
+tracker would unlink the names when their creator dies, but a SIGKILL to the creator's whole
+process group (how the fault matrix kills a node) kills the tracker too. So the creator
+unlinks each name once every engine has opened it (transfer/shaping.py): these tests kill
+the whole group and look for the names the engines had open.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from test_multinode import START_S, Procs, _free_port, _json_line
+
+from dualpath_cli.transfer.shaping import SharedTokenBucket, unlink_shared
+
+
+def _exists(name: str) -> bool:
+    return Path("/dev/shm", name).exists()
+
+
+def _engine_sems(pid: int) -> set[str]:
+    """The ``sem.mp-*`` names the processes under ``pid`` have mapped (unlinked or not).
+
+    The engines' maps, not the creator's: glibc maps a new semaphore under a temporary name.
+    """
+    names: set[str] = set()
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            maps = Path(f"/proc/{child.pid}/maps").read_text()
+        except OSError:
+            continue
+        names.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
+    return names
+
+
+def _kill_group(p: Any) -> list[psutil.Process]:
+    """SIGKILL the process group of ``p`` (its resource tracker too); wait until it is gone."""
+    family = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(30)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    return list(alive)
+
+
+def _child_books(bucket: SharedTokenBucket, conn: Any) -> None:
+    conn.send("opened")
+    conn.recv()  # the parent unlinks the name meanwhile
+    conn.send(bucket.reserve(1000, 0.0))
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
+def test_an_unlinked_bucket_stays_shared_with_the_processes_that_opened_it() -> None:
+    ctx = mp.get_context("spawn")
+    bucket = SharedTokenBucket(1000.0)  # 1000 B/s
+    name = bucket.semaphore
+    assert name is not None and _exists(f"sem.{name.lstrip('/')}")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_child_books, args=(bucket, theirs), daemon=True)
+    child.start()
+    try:
+        assert ours.poll(START_S) and ours.recv() == "opened"
+        assert unlink_shared([bucket, bucket, object()]) == 1  # once, and only shared ones
+        assert not _exists(f"sem.{name.lstrip('/')}") and bucket.semaphore is None
+        assert bucket.reserve(1000, 0.0) == pytest.approx(1.0)
+        ours.send("go")
+        assert ours.poll(30) and ours.recv() == pytest.approx(2.0)  # the same timeline
+        with pytest.raises(RuntimeError, match="unlinked"):  # no new process can open it
+            ctx.Process(target=_child_books, args=(bucket, theirs)).start()
+    finally:
+        child.join(30)
+        ours.close()
+        theirs.close()
+    assert child.exitcode == 0
+
+
+@pytest.fixture
+def xdg() -> Iterator[tuple[dict[str, str], Path]]:
+    with tempfile.TemporaryDirectory(prefix="dualpath-sem-") as tmp:
+        run = Path(tmp) / "run"
+        run.mkdir(mode=0o700)
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=f"{tmp}/state",
+                   XDG_DATA_HOME=f"{tmp}/data", DUALPATH_URL="", DUALPATH_TOKEN="")
+        yield env, Path(tmp)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
+def test_a_sigkilled_node_leaves_no_semaphores(xdg: tuple[dict[str, str], Path]) -> None:
+    """The ``kill_node`` fault: a joined node agent and its engines, killed as a group."""
+    env, tmp = xdg
+    procs = Procs(env)
+    port = _free_port()
+    try:
+        sched = procs.start("--role", "scheduler", "--port", str(port), "--store",
+                            str(tmp / "store"), "--json")
+        token_file = _json_line(sched, START_S)["token_file"]
+        node = procs.start("--role", "decode", "--node", "d0", "--join", f"127.0.0.1:{port}",
+                           "--token-file", token_file, "--json")
+        _json_line(node, START_S)
+        names = _engine_sems(node.pid)
+        assert names, "the node's engines map no NIC-bucket semaphore"
+        assert not _kill_group(node)
+        assert not [n for n in names if _exists(n)]
+    finally:
+        procs.close()
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
+def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(
+        xdg: tuple[dict[str, str], Path]) -> None:
+    """``dualpath launch`` (scheduler and engine processes) killed with its whole group."""
+    env, tmp = xdg
+    procs = Procs(env)
+    try:
+        launcher = procs.start("--port", str(_free_port()), "--store", str(tmp / "store"),
+                               "--json")
+        _json_line(launcher, START_S)
+        names = _engine_sems(launcher.pid)
+        assert names, "the launcher's engines map no NIC-bucket semaphore"
+        assert not _kill_group(launcher)
+        assert not [n for n in names if _exists(n)]
+    finally:
+        procs.close()
