@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +38,7 @@ __all__ = [
     "block_key",
     "prefix_keys",
     "chain_keys",
+    "PresentPrefixCache",
     "PrefixKeyCache",
     "longest_cached_prefix",
 ]
@@ -315,3 +316,52 @@ def longest_cached_prefix(keys: Iterable[BlockKey], contains: Callable[[BlockKey
             break
         hits += 1
     return hits
+
+
+class PresentPrefixCache:
+    """Per session, how many leading blocks a lookup found present, and at which removal
+    generation, so the next lookup stats only the blocks after them.
+
+    Why: an agent's prompt grows turn by turn, so a lookup used to check again every block
+    it had found last turn (hundreds of ``stat`` calls for a long context) though a block
+    only disappears when a store removes it, and every removal moves the store's removal
+    generation (:class:`~dualpath_cli.storage.store.CountsRemovals`). While the generation
+    is the one the blocks were found present at, they still are; keys are a chain, so the
+    new prompt shares all of them when it shares the last one. :meth:`hits` always equals
+    :func:`longest_cached_prefix` of ``keys[:limit]`` provided blocks only go through the
+    store's removal paths. Bounded to ``sessions`` (least recently used dropped); not
+    thread-safe (the caller's lock guards it).
+    """
+
+    def __init__(self, sessions: int = 65_536) -> None:
+        self.sessions = max(1, sessions)
+        self._kept: OrderedDict[object, tuple[Hashable, int, BlockKey]] = OrderedDict()
+        self.trusted = 0  # blocks taken as present without a check
+        self.checked = 0  # blocks checked with ``contains``
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def hits(self, session: object, keys: Sequence[BlockKey], limit: int,
+             generation: Hashable | None, contains: Callable[[BlockKey], bool]) -> int:
+        """Leading blocks of ``keys[:limit]`` present. ``generation``: the store's removal
+        generation read *before* this call (``None``: unknown, every block is checked)."""
+        limit = max(0, min(limit, len(keys)))
+        start = known = 0
+        kept = self._kept.pop(session, None)
+        if kept is not None and generation is not None and kept[0] == generation:
+            n = kept[1]
+            if n <= len(keys) and keys[n - 1] == kept[2]:  # the same chain up to block n
+                known, start = n, min(n, limit)
+        hits = start
+        while hits < limit and contains(keys[hits]):
+            hits += 1
+        self.trusted += start
+        self.checked += min(limit, hits + 1) - start
+        if generation is not None and max(hits, known):
+            # a lookup cut short (``limit``) keeps what an earlier one found beyond it
+            self._kept[session] = ((generation, hits, keys[hits - 1]) if hits >= known
+                                   else (generation, known, keys[known - 1]))
+            while len(self._kept) > self.sessions:
+                self._kept.popitem(last=False)
+        return hits

@@ -64,7 +64,7 @@ from dualpath_cli.core.de_schedule import (
     de_route,
     placement_classes,
 )
-from dualpath_cli.core.layout import Namespace, PrefixKeyCache, longest_cached_prefix
+from dualpath_cli.core.layout import Namespace, PrefixKeyCache, PresentPrefixCache
 from dualpath_cli.core.pe_fetch import classify_pe, pe_fetch
 from dualpath_cli.core.policies import SchedParams, charge_read, get_policy, read_plan
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
@@ -95,6 +95,7 @@ from dualpath_cli.runtime.wire import (
     encode,
 )
 from dualpath_cli.storage import KVStore
+from dualpath_cli.storage.store import removal_generation
 from dualpath_cli.telemetry.frames import expand_frame, is_frame
 from dualpath_cli.telemetry.registry import Histogram, MetricsRegistry
 from dualpath_cli.telemetry.view import (
@@ -411,6 +412,7 @@ class SchedulerService:
         # hot-path state (see _lookup, _load_delta, _members): the per-agent prefix keys,
         # each engine's load kept as turns move, and the engines indexed by group and node
         self._prefix = PrefixKeyCache(namespace)
+        self._present = PresentPrefixCache()
         self._seq: dict[int, int] = collections.defaultdict(int)
         self._tok: dict[int, int] = collections.defaultdict(int)
         self._hbm_used: dict[int, int] = collections.defaultdict(int)
@@ -765,7 +767,9 @@ class SchedulerService:
         limit = (len(f.req.tokens) - 1) // self.bt  # always leave one token to prefill
         if f.max_hit_blocks is not None:
             limit = min(limit, f.max_hit_blocks)
-        hits = longest_cached_prefix(keys[:limit], self.store.contains)
+        # blocks found present last turn at the same removal generation are not stat'ed again
+        hits = self._present.hits(f.req.agent, keys, limit, removal_generation(self.store),
+                                  self.store.contains)
         f.keys = [k.hex for k in keys[:hits]]
         f.cached = hits * self.bt
         self.ledger.lookup(f.rid, f.req.agent, keys, len(f.req.tokens), hits)

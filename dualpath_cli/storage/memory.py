@@ -51,6 +51,7 @@ class MemoryStore:
         self._quarantine: dict[str, bytes] = {}
         self._access: dict[str, int] = {}
         self.reads = 0  # store reads served (tests check the DRAM cache in front of it)
+        self._removed = 0  # the removal generation: blocks deleted, quarantined or evicted
 
     @property
     def name(self) -> str:
@@ -78,6 +79,7 @@ class MemoryStore:
                 evicted = 0
                 while self._blocks and self._bytes + len(blob) > self.capacity_bytes:
                     self._bytes -= len(self._blocks.popitem(last=False)[1])
+                    self._removed += 1
                     evicted += 1
                 if evicted:
                     self.m_evicted.inc(evicted)
@@ -117,9 +119,16 @@ class MemoryStore:
             blob = self._blocks.pop(key.hex, None)
             if blob is None:
                 return False
+            self._removed += 1
             self._bytes -= len(blob)
             self.m_bytes.set(self._bytes)
         return True
+
+    def removals(self) -> int:
+        """The removal generation (:class:`~dualpath_cli.storage.store.CountsRemovals`):
+        blocks removed so far (deleted, quarantined or evicted)."""
+        with self._lock:
+            return self._removed
 
     def keys(self) -> Iterator[BlockKey]:
         """Stored keys, least recently used first."""
@@ -138,6 +147,7 @@ class MemoryStore:
             blob = self._blocks.pop(key.hex, None)
             if blob is None:
                 return None
+            self._removed += 1
             self._bytes -= len(blob)
             self.m_bytes.set(self._bytes)
             self._quarantine[f"{key.hex}.{reason}"] = blob
@@ -161,6 +171,7 @@ class MemoryStore:
                 while self._blocks and self._bytes > limit:
                     size = len(self._blocks.popitem(last=False)[1])
                     self._bytes -= size
+                    self._removed += 1
                     report.evicted_blocks += 1
                     report.evicted_bytes += size
                 self.m_bytes.set(self._bytes)

@@ -18,11 +18,23 @@ Layout under ``root``::
     blocks/ab/cd/<32 hex>.kv     a block (header + payload)
     quarantine/<hex>.<reason>.<ns>.kv   blocks found corrupt, never read again
     .dualpath/access.json        persisted read counts (hot blocks, ``storage inspect``)
+    .dualpath/removals           the removal generation (one byte appended per removal)
+
+**Removal generation** (:class:`~dualpath_cli.storage.store.CountsRemovals`): every path
+here that removes or moves aside a block file (delete, quarantine, capacity eviction, gc), in
+whatever process, appends a byte to ``.dualpath/removals`` *after* the file is gone, so the
+file's identity, size and times (:meth:`PosixStore.removals`, one ``stat``) change whenever a
+block may have disappeared. A prefix lookup then trusts the blocks it found present at an
+unchanged generation instead of stat-ing every one again. A file removed by hand (``rm``)
+does not move it: a read of such a block fails and the turn's prefill is re-run, as before.
+The file is rewritten (a new inode, which also changes the generation) past 1 MiB. If the
+byte cannot be appended (a full disk), the file is unlinked instead, which also changes it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -43,9 +55,13 @@ from dualpath_cli.storage.reads import EngineReads, PageCacheReads, UringReads
 from dualpath_cli.storage.store import BoundedReads, GcReport, ReadOp, ReadPath, StoreUsage
 from dualpath_cli.telemetry.registry import REGISTRY, Gauge, MetricsRegistry
 
-__all__ = ["PosixStore", "BLOCK_SUFFIX"]
+__all__ = ["PosixStore", "BLOCK_SUFFIX", "REMOVALS_FILE"]
+
+log = logging.getLogger(__name__)
 
 BLOCK_SUFFIX = ".kv"
+REMOVALS_FILE = ".dualpath/removals"  # under the root: the removal generation
+_REMOVALS_ROTATE = 1 << 20  # bytes: the counter file is rewritten past this
 _TMP_SUFFIX = ".tmp"
 _ZERO_PAD = bytes(4096)
 
@@ -81,6 +97,7 @@ class PosixStore:
         self.capacity_bytes = capacity_bytes
         self.engine: ReadEngine = make_engine(engine, queue_depth, direct)
         self._blocks = str(self.root / "blocks")
+        self._removals = str(self.root / REMOVALS_FILE)
         self._lock = threading.Lock()
         # the read paths (storage/reads.py); O_DIRECT needs the platform flag
         self._page_cache = PageCacheReads(self._file, self.quarantine, self._count_hits)
@@ -239,6 +256,7 @@ class PosixStore:
             os.unlink(path)
         except FileNotFoundError:
             return False
+        self._bump_removals()
         self._forget(key.hex, size)
         return True
 
@@ -254,6 +272,7 @@ class PosixStore:
             os.replace(path, dest)
         except FileNotFoundError:
             return None
+        self._bump_removals()
         self._forget(key.hex, size)
         return str(dest)
 
@@ -261,6 +280,52 @@ class PosixStore:
         """Files in quarantine."""
         qdir = self.root / "quarantine"
         return sorted(str(p) for p in qdir.iterdir()) if qdir.is_dir() else []
+
+    # --- removal generation ---------------------------------------------------------------
+    def removals(self) -> tuple[int, int, int, int] | None:
+        """The removal generation (see the module docstring): the counter file's inode,
+        size, mtime and ctime; one ``stat``. Creates the file when missing (a new inode:
+        a new generation); ``None`` when it cannot be read or created (read-only root)."""
+        try:
+            st = os.stat(self._removals)
+        except FileNotFoundError:
+            try:
+                os.makedirs(os.path.dirname(self._removals), exist_ok=True)
+                os.close(os.open(self._removals, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                 0o644))
+                st = os.stat(self._removals)
+            except OSError:
+                return None
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def _bump_removals(self) -> None:
+        """A block file is gone: move the generation (always *after* the removal, so a
+        reader that saw the block present read an older generation)."""
+        try:
+            try:
+                fd = os.open(self._removals, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # no .dualpath yet
+                os.makedirs(os.path.dirname(self._removals), exist_ok=True)
+                fd = os.open(self._removals, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if os.write(fd, b".") != 1:
+                    raise OSError("short write")
+                big = os.fstat(fd).st_size > _REMOVALS_ROTATE
+            finally:
+                os.close(fd)
+            if big:  # a new, empty file under the name: another inode, another generation
+                atomic_write_text(Path(self._removals), "", fsync=False)
+        except OSError as err:
+            try:  # a missing file is a new generation too (readers recreate it)
+                os.unlink(self._removals)
+            except FileNotFoundError:
+                pass
+            except OSError as again:
+                log.warning("%s: a block was removed but the removal generation could not "
+                            "be moved (%s; %s): prefix lookups may trust it until a read "
+                            "fails", self.root, err, again)
 
     def _forget(self, h: str, size: int) -> None:
         """A block file of ``size`` bytes is gone (deleted or quarantined)."""
@@ -328,19 +393,23 @@ class PosixStore:
     def _evict_to(self, limit: int) -> tuple[int, int]:
         index = self._ensure_index()
         blocks = freed = 0
-        while True:
-            with self._lock:
-                if self._index_bytes <= limit or not index:
-                    break
-                h, size = index.popitem(last=False)
-                self._index_bytes -= size
-                self._add_bytes(-size)  # gone either way: evicted now or removed elsewhere
-            try:
-                os.unlink(self.path(BlockKey.from_hex(h)))
-                blocks, freed = blocks + 1, freed + size
-                self.m_evicted.inc()
-            except FileNotFoundError:
-                pass
+        try:
+            while True:
+                with self._lock:
+                    if self._index_bytes <= limit or not index:
+                        break
+                    h, size = index.popitem(last=False)
+                    self._index_bytes -= size
+                    self._add_bytes(-size)  # gone either way: evicted now or removed elsewhere
+                try:
+                    os.unlink(self.path(BlockKey.from_hex(h)))
+                    blocks, freed = blocks + 1, freed + size
+                    self.m_evicted.inc()
+                except FileNotFoundError:
+                    pass
+        finally:
+            if blocks:  # once per batch, after its unlinks (even one that failed midway)
+                self._bump_removals()
         return blocks, freed
 
     def keys(self) -> Iterator[BlockKey]:

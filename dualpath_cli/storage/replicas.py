@@ -28,7 +28,7 @@ hotspots.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from dualpath_cli.storage.store import (
     StoreUsage,
     persists_access_counts,
     read_one,
+    removal_generation,
 )
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
@@ -81,6 +82,7 @@ class ReplicatedStore:
         self._copies: dict[bytes, list[int]] = {}
         self._copy_reads: dict[bytes, list[int]] = {}  # key -> reads per root index
         self._turn: dict[bytes, int] = {}  # key -> reads rotated over its copies
+        self._dropped = 0  # copies this store stopped consulting (part of its removals)
         self._registry = registry
         if primary_home:
             for index in range(1, len(self.stores)):  # replica roots hold copies only
@@ -105,6 +107,14 @@ class ReplicatedStore:
     def contains(self, key: BlockKey) -> bool:
         """True when any copy exists."""
         return any(self.stores[i].contains(key) for i in self._where(key))
+
+    def removals(self) -> tuple[Hashable, ...] | None:
+        """The removal generation (:class:`~dualpath_cli.storage.store.CountsRemovals`):
+        every root's and the copies this store dropped; ``None`` when a root's is unknown."""
+        with self._lock:
+            dropped = self._dropped
+        parts = [removal_generation(s) for s in self.stores]
+        return None if any(p is None for p in parts) else (dropped, *parts)
 
     def put(self, header: BlockHeader, payload: np.ndarray | bytes) -> int:
         """Write to the key's home root."""
@@ -158,6 +168,7 @@ class ReplicatedStore:
             copies = self._copies.get(key.raw)
             if copies is not None and index in copies and index != self.home(key):
                 copies.remove(index)
+                self._dropped += 1
 
     def _count(self, op: ReadOp, root: int, pool: BufferPool) -> None:
         assert op.header is not None and op.buffer is not None

@@ -22,7 +22,7 @@ is trusted only after :func:`verify_block` passed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # types of the optional read capabilities (their implementati
 
 __all__ = ["KVStore", "ReadOp", "StoreUsage", "GcReport", "read_one", "verify_block",
            "ReadPath", "ReadPathStore", "BoundedReads", "SplitReads", "PipelinedReads",
-           "PersistsAccessCounts", "read_path_of", "persists_access_counts"]
+           "PersistsAccessCounts", "read_path_of", "persists_access_counts",
+           "CountsRemovals", "removal_generation"]
 
 
 @dataclass(eq=False, slots=True)
@@ -217,6 +218,35 @@ class PersistsAccessCounts(Protocol):
     def flush_access_counts(self) -> None:
         """Merge this process's read counts into the store's persisted ones."""
         ...
+
+
+@runtime_checkable
+class CountsRemovals(Protocol):
+    """A store that can say whether a block was removed since an earlier moment.
+
+    Why: a prefix lookup stats every leading block of a prompt (hundreds for a long
+    agent context), though blocks only disappear when something removes them. A store
+    whose every removal path (delete, quarantine, eviction, gc; in any process) moves a
+    *removal generation* lets a caller trust blocks it found present at an unchanged
+    generation and stat only the rest.
+    """
+
+    def removals(self) -> Hashable | None:
+        """The removal generation: a value that differs from every earlier one once a
+        block has been removed (compare for equality only), or ``None`` when it cannot be
+        known (then nothing may be trusted). Read it *before* checking blocks: a block
+        found present after the read was present at that generation."""
+        ...
+
+
+def removal_generation(store: object) -> Hashable | None:
+    """The store's removal generation when its own type keeps one (:class:`CountsRemovals`,
+    by type as :func:`read_path_of`), else ``None`` (unknown: check every block)."""
+    return store.removals() if _counts_removals(store) else None
+
+
+def _counts_removals(store: object) -> TypeGuard[CountsRemovals]:
+    return issubclass(type(store), CountsRemovals)
 
 
 def read_path_of(store: object) -> ReadPath | None:
