@@ -75,6 +75,8 @@ class RuntimeOptions:
             fresh pair in memory for this run).
         api_rate_limit: requests per second per client address the HTTP API serves
             (``cluster.api_rate_limit``; 0: no limit; :mod:`dualpath_cli.api.ratelimit`).
+        nodes_per_group: nodes per engine group (``cluster.nodes_per_group``;
+            :mod:`dualpath_cli.core.groups`); nodes that join keep one node per group.
     """
 
     prefill_nodes: int = 1
@@ -116,6 +118,7 @@ class RuntimeOptions:
     curve: str = "auto"
     api_rate_limit: float = 5000.0
     curve_key_file: Path | None = None
+    nodes_per_group: int = 1
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
@@ -129,10 +132,14 @@ class RuntimeOptions:
         if self.curve not in ("auto", "on", "off"):
             raise ConfigError(f"cluster.curve {self.curve!r}: expected auto, on or off")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks", "decision_ring", "emulated_hosts"):
+                     "hbm_blocks", "decision_ring", "emulated_hosts", "nodes_per_group"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
+        if self.nodes_per_group > 1 and not self.local_engines:
+            raise ConfigError(f"cluster.nodes_per_group {self.nodes_per_group}: nodes that "
+                              "join a scheduler-only launch (--join, --backend ray) form one "
+                              "group each; set cluster.nodes_per_group=1")
 
 
 def runtime_model_for(profile: str) -> str:
@@ -191,6 +198,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "decision_ring": cfg.scheduler.decision_ring,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
         "dram_cache_bytes": cfg.storage.dram_cache,
+        "nodes_per_group": cfg.cluster.nodes_per_group,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}
