@@ -155,12 +155,13 @@ def test_dynamic_keys_turn_the_controllers_on() -> None:
         "beta_tokens"]
 
 
-def test_hierarchical_and_a_token_major_layout_are_refused_in_one_line(
+def test_hierarchical_runs_everywhere_and_a_token_major_layout_is_refused_in_one_line(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # the runtime refuses hierarchical scheduling; the simulator runs it (sim/hierarchy.py)
-    with pytest.raises(ConfigError, match="^scheduler.hierarchical: hierarchical scheduling "
-                                          "is built in the simulator only"):
-        _opts("scheduler.hierarchical=true")
+    # the runtime takes hierarchical scheduling (runtime/hierarchy.py), as the simulator
+    # does (sim/hierarchy.py); 1P2D has one sub-scheduler by the core default
+    opts = _opts("scheduler.hierarchical=true")
+    assert opts.hierarchical and opts.subs == 1
+    assert not _opts().hierarchical
     assert knobs_from_config(load_config(preset="large", environment=False).config
                              ).hierarchical
     assert main(["sim", "run", "--agents", "2", "--set", "scheduler.hierarchical=true"]) == 0

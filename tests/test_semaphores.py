@@ -13,8 +13,6 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ import psutil
 import pytest
 from test_multinode import START_S, Procs, _free_port, _json_line
 
-from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
+from dualpath_cli.transfer.shaping import SharedTokenBucket, unlink_shared
 
 
 def _exists(name: str) -> bool:
@@ -84,41 +82,6 @@ def test_an_unlinked_bucket_stays_shared_with_the_processes_that_opened_it() -> 
         ours.close()
         theirs.close()
     assert child.exitcode == 0
-
-
-_CREATOR = """
-import sys
-from dualpath_cli.transfer.shaping import SharedTokenBucket
-bucket = SharedTokenBucket(None)
-print(bucket.semaphore, flush=True)
-sys.stdin.read()  # until killed
-"""
-
-
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_creator_killed_before_unlinking_is_swept_by_the_next() -> None:
-    """Killed (with its resource tracker) before any engine opened its bucket: the name is
-    in its record, and the next creator on the host unlinks it."""
-    p = subprocess.Popen([sys.executable, "-c", _CREATOR], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert p.stdout is not None
-        name = p.stdout.readline().strip()
-        shm = f"sem.{name.lstrip('/')}"
-        assert name.startswith("/mp-") and _exists(shm)
-        records = [r for r in record_dir().glob(f"{p.pid}-*.names")]
-        assert len(records) == 1 and records[0].read_text().split() == [name]
-        assert not _kill_group(p)
-        assert _exists(shm)  # nobody left to unlink it
-        assert sweep_stale() >= 1
-        assert not _exists(shm) and not records[0].exists()
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-        for stream in (p.stdin, p.stdout):
-            if stream is not None:
-                stream.close()
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from dualpath_cli.cluster.emulated import (
 )
 from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
-from dualpath_cli.core.groups import group_start
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.errors import ConfigError, DualPathError, UsageError
@@ -34,6 +33,7 @@ from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
 from dualpath_cli.runtime.faults import Fault, FaultError
 from dualpath_cli.runtime.hbm import Compact
+from dualpath_cli.runtime.hierarchy import HierarchicalScheduler
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import (
@@ -111,14 +111,27 @@ class RuntimeSystem:
                        else InProcFabric())
         params = SchedParams(alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor,
                              block_tokens=opts.block_tokens, seed=opts.random_seed)
-        self.scheduler = SchedulerService(
-            self.fabric, self.store, self.namespace, policy.name, params,
-            opts.hbm_blocks * opts.block_tokens, heartbeat_timeout=opts.heartbeat_timeout,
-            decision_log=opts.decision_log, decision_ring=opts.decision_ring,
-            quota_s=opts.quota_s, sources=opts.sources,
-            layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
-            control_interval_s=opts.control_interval_s,
-            snic_bw=opts.snic_bw if self.shaped else 0.0)
+
+        def make_sub(_k: int = 0, log_file: bool = True) -> SchedulerService:
+            return SchedulerService(
+                self.fabric, self.store, self.namespace, policy.name, params,
+                opts.hbm_blocks * opts.block_tokens, heartbeat_timeout=opts.heartbeat_timeout,
+                decision_log=opts.decision_log if log_file else None,
+                decision_ring=opts.decision_ring, quota_s=opts.quota_s, sources=opts.sources,
+                layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
+                control_interval_s=opts.control_interval_s,
+                snic_bw=opts.snic_bw if self.shaped else 0.0)
+
+        self.scheduler: SchedulerService | HierarchicalScheduler
+        if opts.hierarchical:
+            if not opts.local_engines:
+                raise UsageError("scheduler.hierarchical: nodes that join a scheduler-only "
+                                 "launch (--join, --backend ray) are not supported with "
+                                 "hierarchical scheduling yet; set scheduler.hierarchical="
+                                 "false")
+            self.scheduler = HierarchicalScheduler(make_sub, *opts.groups(), opts.subs)
+        else:
+            self.scheduler = make_sub()
         self.cluster: LocalCluster | InProcCluster | EmulatedCluster = (
             EmulatedCluster(EmulationSetup(
                 opts.emulated_model, opts.emulated_hardware, opts.prefill_nodes,
@@ -146,23 +159,40 @@ class RuntimeSystem:
             shared = o.processes and o.engines == "real"  # emulated: the cost model's NICs
             nics = (make_bucket(snic, shared), make_bucket(snic, shared))
             self.node_nics[node] = nics
-            # a group is cluster.nodes_per_group consecutive nodes of the role, named by its
-            # first node, whose first engine leads it (core/groups.py)
-            first = 0 if role == "prefill" else o.prefill_nodes
-            group = first + group_start(node - first, o.nodes_per_group)
             for gpu in range(o.gpus_per_node):
                 specs.append(EngineSpec(
-                    engine_id=eid, role=role, node=node, group=group,
-                    leader=gpu == 0 and node == group,
-                    ctl=self.scheduler.address, snic_read=nics[0], snic_write=nics[1],
+                    engine_id=eid, role=role, node=node, group=node, leader=gpu == 0,
+                    ctl=self._ctl(role, node), snic_read=nics[0], snic_write=nics[1],
                     cnic=make_bucket(cnic, shared), hbm_blocks=o.hbm_blocks,
                     block_tokens=o.block_tokens, model=o.model, store=store_spec,
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
                     flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s,
                     curve=self.curve))
-                self.scheduler.register(eid, role, node, group)
+                self.scheduler.register(eid, role, node, node)
                 eid += 1
         return specs
+
+    def _ctl(self, role: str, group: int) -> str:
+        """The scheduler endpoint ``role``'s group ``group`` talks to (its sub's, when
+        hierarchical)."""
+        sched = self.scheduler
+        if isinstance(sched, HierarchicalScheduler):
+            return sched.address_for(role, group)
+        return sched.address
+
+    def _owner(self, engine_id: int) -> SchedulerService:
+        """The (sub-)scheduler that serves engine ``engine_id``.
+
+        Raises:
+            UsageError: an engine no sub knows (hierarchical).
+        """
+        sched = self.scheduler
+        return sched.owner(engine_id) if isinstance(sched, HierarchicalScheduler) else sched
+
+    def _flat(self) -> list[SchedulerService]:
+        """Every scheduler that serves engines: the one, or each sub."""
+        sched = self.scheduler
+        return list(sched.subs) if isinstance(sched, HierarchicalScheduler) else [sched]
 
     def __enter__(self) -> RuntimeSystem:
         self.start()
@@ -283,8 +313,11 @@ class RuntimeSystem:
     def _engine_nodes(self) -> dict[int, int]:
         """Engine id -> node of every engine the scheduler knows: its own engines and those
         of nodes that joined it (a scheduler-only launch has no local specs)."""
-        with self.scheduler._lock:
-            return {eid: e.node for eid, e in self.scheduler.engines.items()}
+        out: dict[int, int] = {}
+        for sched in self._flat():
+            with sched._lock:
+                out.update({eid: e.node for eid, e in sched.engines.items()})
+        return out
 
     def _check_fault(self, f: Fault) -> None:
         key, value = f.target
@@ -308,9 +341,9 @@ class RuntimeSystem:
         return ids[:1] if f.kind == "hot_blocks" else ids
 
     def _send_fault(self, f: Fault) -> None:
-        sched = self.scheduler
-        with sched._lock:  # the scheduler's endpoint is used under its lock
-            for eid in self._fault_targets(f):
+        for eid in self._fault_targets(f):
+            sched = self._owner(eid)
+            with sched._lock:  # the scheduler's endpoint is used under its lock
                 e = sched.engines.get(eid)
                 if e is not None and e.alive and e.address:
                     sched._send(e.address, f)
@@ -337,9 +370,11 @@ class RuntimeSystem:
     def _scale_nics(self) -> None:
         """Tell the scheduler which storage NICs a throttle slowed (alpha's controller
         measures utilisation against the rate a NIC runs at)."""
-        with self.scheduler._lock:
-            self.scheduler.snic_scale = {f.node: f.fraction for f in self._faults.values()
-                                         if f.kind == "snic_throttle"}
+        scale = {f.node: f.fraction for f in self._faults.values()
+                 if f.kind == "snic_throttle"}
+        for sched in self._flat():
+            with sched._lock:
+                sched.snic_scale = dict(scale)
 
     # -- remedies ---------------------------------------------------------------------
     def compact_hbm(self, engine_id: int, timeout: float = 10.0) -> tuple[dict[str, Any],
@@ -353,11 +388,14 @@ class RuntimeSystem:
             UsageError: no such engine, or it is not serving (starting, dead).
             DualPathError: the engine did not report the compaction within ``timeout``.
         """
-        sched = self.scheduler
+        ids = sorted(self._engine_nodes())
+        if engine_id not in ids:
+            raise UsageError(f"no engine {engine_id} (this cluster has engines "
+                             f"{ids[0]}-{ids[-1]})")
+        sched = self._owner(engine_id)
         with sched._registered:  # the scheduler's lock; heartbeats notify it
             e = sched.engines.get(engine_id)
             if e is None:
-                ids = sorted(sched.engines)
                 raise UsageError(f"no engine {engine_id} (this cluster has engines "
                                  f"{ids[0]}-{ids[-1]})")
             if not (e.alive and e.address and e.hb is not None):
@@ -406,9 +444,9 @@ class RuntimeSystem:
         for spec in targets:
             per_node[spec.node] = per_node.get(spec.node, 0) + 1
         sent: list[int] = []
-        sched = self.scheduler
-        with sched._lock:  # the scheduler's endpoint is used under its lock
-            for spec in targets:
+        for spec in targets:
+            sched = self._owner(spec.engine_id)
+            with sched._lock:  # the scheduler's endpoint is used under its lock
                 e = sched.engines.get(spec.engine_id)
                 if e is not None and e.alive and e.address:
                     sched._send(e.address, Warm(tuple(keys), rate_bps / per_node[spec.node]))

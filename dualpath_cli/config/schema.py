@@ -276,13 +276,6 @@ KEYS: tuple[Key, ...] = (
     Key("cluster", "gpus_per_node", COUNT, None,
         "GPUs per node; one engine per GPU. Default: from the hardware profile.",
         from_profile=("hardware", "gpus_per_node")),
-    Key("cluster", "nodes_per_group", COUNT, 1,
-        "Nodes per engine group (paper 6.1: a group is all PEs or all DEs, e.g. an "
-        "expert-parallel group spanning nodes; it fetches together through the first engine "
-        "of its first node). Groups are consecutive nodes of one role; when a role's node "
-        "count is not a multiple, its last group is smaller. The PE fetch compares each "
-        "engine's own node's read queue with alpha. Launches whose nodes join "
-        "(--role scheduler) keep one node per group."),
     Key("cluster", "curve", Kind("choice", "-", _curve_mode), "auto",
         "ZeroMQ CURVE (authenticated, encrypted) on the control and KV sockets between "
         "nodes: auto is on when they bind a non-loopback address, off on loopback."),
@@ -370,8 +363,10 @@ KEYS: tuple[Key, ...] = (
     Key("scheduler", "layerwise_prefill", BOOL, True,
         "Stream KV layer by layer while prefilling; false turns it off whatever the policy."),
     Key("scheduler", "hierarchical", BOOL, False,
-        "Hierarchical (group-then-engine) scheduling for large clusters. Not built yet: "
-        "launch, bench and sim refuse true."),
+        "Hierarchical scheduling for large clusters: a root routes each new turn to the "
+        "least-loaded of N sub-schedulers (N = min(prefill, decode groups) / 4, at least 1), "
+        "each running the flat algorithms over its own slice of the groups. Runs in sim, "
+        "bench and launch (not with --join nodes or the Ray backend)."),
     Key("scheduler", "dynamic_alpha", BOOL, False,
         "Alpha follows the busiest storage NIC's utilisation (x0.9 above 80%, x1.1 below "
         "50%), one bounded step per interval."),
@@ -392,20 +387,21 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}
 
 
-UNBUILT: dict[str, str] = {
-    "scheduler.hierarchical": "hierarchical scheduling is built in the simulator only (dualpath "
-                              "sim), not in the runtime yet; set scheduler.hierarchical to "
-                              "false",
-}
-"""Keys that are accepted in a file (presets set them) but refused when switched on."""
+UNBUILT: dict[str, str] = {}
+"""Keys accepted in a file (presets set them) but refused when switched on, with why (none
+now: ``scheduler.hierarchical`` runs in the runtime too, runtime/hierarchy.py)."""
 
 
 def check_built(config: Any, world: str = "runtime") -> None:
     """Refuse a config that switches on something not built yet in ``world``, in one line.
 
     Raises:
-        ConfigError: ``scheduler.hierarchical`` is true for the runtime (the simulator,
-            ``world="sim"``, runs it).
+        ConfigError: a key of :data:`UNBUILT` is on (the simulator, ``world="sim"``, runs
+            them all).
     """
-    if config.scheduler.hierarchical and world != "sim":
-        raise ConfigError(f"scheduler.hierarchical: {UNBUILT['scheduler.hierarchical']}")
+    if world == "sim":
+        return
+    for path, why in UNBUILT.items():
+        section, name = path.split(".", 1)
+        if getattr(getattr(config, section), name):
+            raise ConfigError(f"{path}: {why}")

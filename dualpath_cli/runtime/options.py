@@ -14,6 +14,7 @@ from typing import Any
 from dualpath_cli.config import LoadedConfig
 from dualpath_cli.config.schema import check_built
 from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import ALIASES
 from dualpath_cli.errors import ConfigError
 from dualpath_cli.runtime.model import MODEL_CONFIGS
@@ -75,8 +76,11 @@ class RuntimeOptions:
             fresh pair in memory for this run).
         api_rate_limit: requests per second per client address the HTTP API serves
             (``cluster.api_rate_limit``; 0: no limit; :mod:`dualpath_cli.api.ratelimit`).
-        nodes_per_group: nodes per engine group (``cluster.nodes_per_group``;
-            :mod:`dualpath_cli.core.groups`); nodes that join keep one node per group.
+        hierarchical: a root routes each new turn to one of ``sub_schedulers``
+            sub-schedulers, each over a contiguous slice of the prefill and decode groups
+            (``scheduler.hierarchical``; :mod:`dualpath_cli.runtime.hierarchy`).
+        sub_schedulers: how many (0: :func:`dualpath_cli.core.hierarchy.default_subs` of the
+            group counts); 1 to min(prefill groups, decode groups).
     """
 
     prefill_nodes: int = 1
@@ -118,7 +122,8 @@ class RuntimeOptions:
     curve: str = "auto"
     api_rate_limit: float = 5000.0
     curve_key_file: Path | None = None
-    nodes_per_group: int = 1
+    hierarchical: bool = False
+    sub_schedulers: int = 0
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
@@ -132,14 +137,28 @@ class RuntimeOptions:
         if self.curve not in ("auto", "on", "off"):
             raise ConfigError(f"cluster.curve {self.curve!r}: expected auto, on or off")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks", "decision_ring", "emulated_hosts", "nodes_per_group"):
+                     "hbm_blocks", "decision_ring", "emulated_hosts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
-        if self.nodes_per_group > 1 and not self.local_engines:
-            raise ConfigError(f"cluster.nodes_per_group {self.nodes_per_group}: nodes that "
-                              "join a scheduler-only launch (--join, --backend ray) form one "
-                              "group each; set cluster.nodes_per_group=1")
+        if self.sub_schedulers and not self.hierarchical:
+            raise ConfigError(f"sub_schedulers {self.sub_schedulers}: set only with "
+                              "hierarchical scheduling (scheduler.hierarchical=true)")
+        if self.hierarchical:  # a count that does not fit the groups: one line
+            pre, dec = self.groups()
+            check_subs(self.subs, len(pre), len(dec))
+
+    def groups(self) -> tuple[list[int], list[int]]:
+        """The prefill and the decode group ids (a group is named by its first node)."""
+        pre = list(range(self.prefill_nodes))
+        return pre, list(range(self.prefill_nodes, self.prefill_nodes + self.decode_nodes))
+
+    @property
+    def subs(self) -> int:
+        """Sub-schedulers a hierarchical run starts (the core default of the group counts
+        when not given)."""
+        pre, dec = self.groups()
+        return self.sub_schedulers or default_subs(len(pre), len(dec))
 
 
 def runtime_model_for(profile: str) -> str:
@@ -161,8 +180,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
     seed all come from the config.
 
     Raises:
-        ConfigError: a model the runtime cannot run, a block layout it does not write, or a
-            key switched on that is not built (``scheduler.hierarchical``).
+        ConfigError: a model the runtime cannot run, or a block layout it does not write.
     """
     cfg = loaded.config
     check_built(cfg)
@@ -198,7 +216,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "decision_ring": cfg.scheduler.decision_ring,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
         "dram_cache_bytes": cfg.storage.dram_cache,
-        "nodes_per_group": cfg.cluster.nodes_per_group,
+        "hierarchical": cfg.scheduler.hierarchical,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}

@@ -122,7 +122,9 @@ class LiveCluster:
         self._t0 = time.monotonic()
         self.turn_keys = TurnKeys()  # Idempotency-Key -> the turn admitted under it
         self.joins = None if self.opts.local_engines else JoinService(self.system)
-        self.durable = (LiveCheckpoint(self, self.checkpoint) if self.checkpoint is not None
+        # a hierarchical scheduler is not checkpointed (runtime/hierarchy.py): no restart
+        self.durable = (LiveCheckpoint(self, self.checkpoint)
+                        if self.checkpoint is not None and not self.opts.hierarchical
                         else None)
         cluster = self.system.cluster
         told = getattr(cluster, "on_death", None)

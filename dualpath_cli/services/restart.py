@@ -27,7 +27,7 @@ import numpy as np
 
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime import checkpoint as ckpt
-from dualpath_cli.runtime.scheduler import Ticket, TurnResult
+from dualpath_cli.runtime.scheduler import SchedulerService, Ticket, TurnResult
 
 if TYPE_CHECKING:
     from dualpath_cli.services.live import LiveCluster
@@ -171,6 +171,16 @@ class TurnKeys:
         return n
 
 
+def _flat(live: LiveCluster) -> SchedulerService:
+    """The live cluster's one scheduler (a hierarchical one is not checkpointed: live.py
+    starts it without a checkpoint)."""
+    sched = live.system.scheduler
+    if not isinstance(sched, SchedulerService):
+        raise UsageError("the scheduler checkpoint covers a flat scheduler only; a "
+                         "hierarchical one (scheduler.hierarchical) is not checkpointed")
+    return sched
+
+
 class LiveCheckpoint:
     """The checkpoint of one live cluster (see the module docstring).
 
@@ -191,7 +201,7 @@ class LiveCheckpoint:
 
     def signature(self) -> tuple[Any, ...]:
         """Cheap: counters that move whenever something worth a checkpoint happens."""
-        sched = self.live.system.scheduler
+        sched = _flat(self.live)
         joins = getattr(self.live, "joins", None)
         return (sched._next_rid, len(sched.flights), sched.log.last_seq,  # noqa: SLF001
                 sched.requeued, len(sched.dead_events), sched.revived, len(sched.engines),
@@ -201,7 +211,7 @@ class LiveCheckpoint:
     def collect(self) -> dict[str, Any]:
         """Every section, consistent with each other (the live lock, then the scheduler's)."""
         live = self.live
-        sched = live.system.scheduler
+        sched = _flat(live)
         with live._lock:  # noqa: SLF001 - the live cluster's own state
             with sched._lock:  # noqa: SLF001
                 grabbed = ckpt.grab(sched)
@@ -232,7 +242,7 @@ class LiveCheckpoint:
 
     def _restore(self, sections: dict[str, Any]) -> dict[str, Any]:
         live = self.live
-        sched = live.system.scheduler
+        sched = _flat(live)
         try:
             state = sections["scheduler"]
             own = sections["live"]

@@ -1,0 +1,170 @@
+"""Hierarchical scheduling in the runtime: a root over sub-schedulers (runtime/hierarchy.py).
+
+The agentic workload through the hierarchy answers every turn with the flat runtime's
+tokens (which are the recompute-from-scratch tokens, tests/test_runtime.py), every sub gets
+turns and dispatches only onto its own groups; one sub decides exactly as the flat scheduler
+does on the same messages; the config key reaches the runtime; bad sub counts are one line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dualpath_cli.cli.app import main
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.config import load_config
+from dualpath_cli.core.layout import BlockShape, Namespace
+from dualpath_cli.core.policies import SchedParams
+from dualpath_cli.errors import ConfigError, UsageError
+from dualpath_cli.runtime.hierarchy import HierarchicalScheduler
+from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
+from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
+from dualpath_cli.runtime.wire import Fetch, Hello, encode
+from dualpath_cli.runtime.workloads import agentic_workload
+from dualpath_cli.services.runner import RunResult, run_agents
+from dualpath_cli.storage import MemoryStore
+from dualpath_cli.transfer import InProcFabric
+
+AGENTS = agentic_workload(4, turns=3, first_append=40, append=12, gen=4, seed=1)
+
+
+def _run(**kw: Any) -> tuple[RunResult, RuntimeSystem]:
+    opts = RuntimeOptions(block_tokens=8, prefill_nodes=2, decode_nodes=2, flops_rate=1e9,
+                          **kw)
+    with RuntimeSystem(opts) as system:
+        result = run_agents(system, AGENTS, timeout=60)
+    return result, system
+
+
+def test_the_hierarchy_answers_with_the_flat_runtimes_tokens_and_uses_every_sub() -> None:
+    flat, _ = _run()
+    hier, system = _run(hierarchical=True, sub_schedulers=2)
+    assert not flat.errors and not hier.errors
+    assert hier.tokens_by_turn() == flat.tokens_by_turn()
+    assert len(hier.turns) == sum(len(a.turns) for a in AGENTS)
+    assert all(t.cached > 0 for t in hier.turns if t.turn > 0)  # the store still serves
+    sched = system.scheduler
+    assert isinstance(sched, HierarchicalScheduler)
+    assert all(n > 0 for n in sched.sub_turns) and sum(sched.sub_turns) == len(hier.turns)
+    # each sub dispatched only onto its own groups: prefill node k and decode node 2 + k
+    owner = {eid: k for k, sub in enumerate(sched.subs) for eid in sub.engines}
+    turns = [d for d in system.decisions() if d.kind == "turn"]
+    assert len(turns) == len(hier.turns)
+    for d in turns:
+        assert owner[d.pe] == owner[d.de]
+    # one decision sequence across the subs, and every request id once
+    seqs = [d.seq for d in system.decisions()]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert len({d.rid for d in turns}) == len(turns)
+    view = system.view().scheduler
+    assert view.decisions.total == len(turns) and view.last_decision_seq == seqs[-1]
+    assert view.decision_latency["root_route"].count == len(hier.turns)
+
+
+def _drive(sched: SchedulerService | HierarchicalScheduler, fabric: InProcFabric,
+           ) -> list[tuple[Any, ...]]:
+    """Four engines (PE groups 0, 1; DE groups 2, 3) say hello, six turns arrive, and the
+    groups fetch in a fixed order, each message handled at once on this thread: the
+    decisions, as the scheduler logged them."""
+    roles = {0: ("prefill", 0), 1: ("prefill", 1), 2: ("decode", 2), 3: ("decode", 3)}
+    subs = sched.subs if isinstance(sched, HierarchicalScheduler) else [sched]
+    for eid, (role, group) in roles.items():
+        sched.register(eid, role, group, group)
+    eps = {eid: fabric.endpoint(f"engine{eid}") for eid in roles}
+
+    def say(eid: int, msg: Any) -> None:
+        role, group = roles[eid]
+        owner = next(s for s in subs if eid in s.engines)
+        header, frames = encode(msg)
+        eps[eid].send(owner.address, header, frames)
+        raw = owner.ep.recv(timeout=5)
+        assert raw is not None
+        with owner._lock:
+            owner._handle(raw)
+
+    for eid, (role, group) in roles.items():
+        say(eid, Hello(eid, eps[eid].address, role, group, group, 0))
+    rng = np.random.default_rng(5)
+    for i in range(6):
+        sched.submit(TurnRequest(i % 3, i // 3, rng.integers(0, 256, 30 + 7 * i), 3))
+    for eid in (2, 3, 2, 0, 1, 0, 1):
+        role, group = roles[eid]
+        say(eid, Fetch(eid, group, role))
+    out = [(d.rid, d.pe, d.de, d.de_group, d.side, d.pe_class, d.de_class, d.z)
+           for d in sched.decisions() if d.kind == "turn"]
+    for ep in eps.values():
+        ep.close()
+    for s in subs:
+        s.ep.close()
+    return out
+
+
+def test_one_sub_decides_as_the_flat_scheduler() -> None:
+    ns = Namespace("tiny", "layer_major", BlockShape(2, 8, 8))
+    params = SchedParams(alpha=10**9, beta=10**9, z_factor=1.05, block_tokens=8)
+
+    def make(fabric: InProcFabric) -> Any:
+        def sub(_k: int = 0, _log: bool = True) -> SchedulerService:
+            return SchedulerService(fabric, MemoryStore(), ns, "dualpath", params, 4096 * 8)
+        return sub
+
+    fabric = InProcFabric()
+    flat = _drive(make(fabric)(), fabric)
+    fabric = InProcFabric()
+    hier = _drive(HierarchicalScheduler(make(fabric), [0, 1], [2, 3], 1), fabric)
+    assert len(flat) == 6
+    assert hier == flat
+
+
+def test_the_config_key_starts_the_hierarchy_in_the_runtime() -> None:
+    loaded = load_config(overrides=["scheduler.hierarchical=true", "cluster.pd=8P16D"],
+                         environment=False)
+    opts = options_from_config(loaded, flops_rate=1e9)
+    assert opts.hierarchical and opts.subs == 2  # core default: min(8, 16) // 4
+    system = RuntimeSystem(RuntimeOptions(prefill_nodes=3, decode_nodes=3, flops_rate=1e9,
+                                          hierarchical=True, sub_schedulers=3))
+    try:
+        sched = system.scheduler
+        assert isinstance(sched, HierarchicalScheduler) and len(sched.subs) == 3
+        # engines talk to their own sub: three endpoints, one per prefill/decode pair
+        ctl = {(s.role, s.node): s.ctl for s in system.specs}
+        assert len(set(ctl.values())) == 3
+        assert all(ctl["prefill", k] == ctl["decode", 3 + k] for k in range(3))
+    finally:
+        system.scheduler.stop()
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"sub_schedulers": 3}, r"^sub-schedulers 3: need 1 to 2 \(each owns at least one "),
+    ({"sub_schedulers": -1}, r"^sub-schedulers -1: need 1 to 2"),
+])
+def test_a_sub_count_that_does_not_fit_is_one_line(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(UsageError, match=match) as err:
+        RuntimeOptions(prefill_nodes=2, decode_nodes=4, hierarchical=True, **kw)
+    assert "\n" not in str(err.value)
+
+
+def test_a_sub_count_without_the_hierarchy_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="^sub_schedulers 2: set only with hierarchical"):
+        RuntimeOptions(prefill_nodes=2, decode_nodes=2, sub_schedulers=2)
+
+
+def test_joined_nodes_with_the_hierarchy_are_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match="^scheduler.hierarchical: nodes that join a "
+                                         "scheduler-only launch"):
+        RuntimeSystem(RuntimeOptions(hierarchical=True, local_engines=False, flops_rate=1e9))
+
+
+def test_bench_runs_the_hierarchy_from_the_config_key(
+        capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    code = main(["bench", "--pd", "2P2D", "--agents", "1", "--turns", "2", "--policy",
+                 "dualpath", "--calibrate", "probe", "--store", str(tmp_path / "kv"), "--set",
+                 "scheduler.hierarchical=true", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    row = json.loads(out.out)["policies"][0]
+    assert row["tokens_match"] and row["turns"] == 2 and not row["errors"]
