@@ -14,11 +14,13 @@ Steps (issue 14's twin test, on the embedded runtime):
    bench`` sizes them (Basic's storage time 2.5x its compute, from a probe of this host).
 2. Serve the bench workload (``--agents`` x 12 turns) through ``/v1/completions`` as
    ``dualpath bench --url`` does, while recording the cluster as ``dualpath record`` does
-   (samples and the decision log, services/recording.py); this run's JCT is the first
-   "before".
+   (samples, the decision log and the finished requests' stories, services/recording.py);
+   this run's JCT is the first "before".
 3. ``dualpath tune suggest --from RECORDING --json`` in a fresh process (the twin measures
-   this host's compute itself); ``--apply`` picks what is applied: ``alpha`` (default) the
-   best setting that varies alpha alone, ``best`` the overall best.
+   this host's compute itself, then calibrates its model to the recording: engine busy
+   seconds, per-turn hand-off and client gap; ``calibration`` in the output);
+   ``--apply`` picks what is applied: ``alpha`` (default) the best setting that varies
+   alpha alone, ``best`` the overall best.
 4. Apply it through ``PATCH /api/v1/scheduler`` with the token and serve the workload again
    (new token seeds, so the store holds none of its prefixes): an "after"; roll back and
    serve again: a "before". ``--repeats`` pairs in all, alternating, so drift in the host's
@@ -98,9 +100,11 @@ def serve_recorded(client: DualPathClient, url: str, token: str, agents: int, se
 
     worker = threading.Thread(target=serve, name="twin-check-serve")
     decisions: list[Any] = []
+    stories: dict[int, dict[str, Any]] = {}
     samples = []
     worker.start()
-    for sample in collect(client, 3600.0, interval_s, decisions_out=decisions):
+    for sample in collect(client, 3600.0, interval_s, decisions_out=decisions,
+                          stories_out=stories):
         samples.append(sample)
         if not worker.is_alive():
             break
@@ -109,7 +113,7 @@ def serve_recorded(client: DualPathClient, url: str, token: str, agents: int, se
         raise failed[0]
     header = {"source": url, "interval_s": interval_s,
               "window_s": samples[-1].at - samples[0].at, "created": time.time()}
-    write_recording(path, header, samples, decisions)
+    write_recording(path, header, samples, decisions, stories.values())
     return jct[0]
 
 
@@ -192,6 +196,7 @@ def main() -> int:
                 out["suggest_s"] = round(time.perf_counter() - t0, 2)
                 out["suggest_cpu_s"] = round(cpu, 2)
                 out["today"] = answer["current"]
+                out["calibration"] = answer["world"].get("calibration")
                 out["overall_best"] = {k: answer["best"][0][k] for k in (
                     "command", "jct_change", "varied")}
                 pick = chosen(answer, args.apply)

@@ -21,6 +21,18 @@ Two worlds:
 * **profile** (a model profile such as ``ds660b``): the simulator's model and hardware
   profiles as ``dualpath sim`` uses them (``--hardware``, default hopper).
 
+Calibrated from the recording itself: a recording holds what the cluster measured while it
+served these turns (each engine's busy fraction in every sample; each finished turn's story:
+its arrival, TTFT and time per output token). The twin replays the recorded setting and
+scales its compute model until the replay matches them (:func:`fit_world`): the prefill
+engines' busy seconds fix the prefill speed (per FLOP and per forward), the decode engines'
+the decode step, the turns' median first-to-last-token time a hand-off delay between the
+engines, and the median gap between an agent's last token and its next request the client's
+per-turn time. What the profile leaves out (this host's other processes, the engines' own
+overheads, HTTP and polling) is then in the baseline and in every candidate alike. Only the
+recorded setting is fitted; candidates are predictions. A live view (``--url``) or a
+recording without stories is replayed uncalibrated.
+
 Search: one dimension at a time around the settings in force (alpha, beta, the compute
 quota, the read-side policy; with ``pd`` the P/D splits of the same node count), then the
 best value of each dimension together; ranked by predicted JCT.
@@ -43,12 +55,13 @@ if TYPE_CHECKING:
     from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
     from dualpath_cli.services.recording import Recording
     from dualpath_cli.sim import AgentPlan, SimCalibration
+    from dualpath_cli.sim.measured import TimedSimulation
     from dualpath_cli.telemetry.view import ClusterView, Decision
 
 __all__ = ["Setting", "Traffic", "World", "Prediction", "Suggestion", "traffic_from_recording",
            "traffic_from_decisions", "world_for", "predict", "suggest", "READ_SIDES",
            "BLOCK_HEADER_BYTES", "MIN_GAIN", "proposed_setting", "candidates",
-           "measure_compute"]
+           "measure_compute", "Measured", "Fit", "measured_from_recording", "fit_world"]
 
 #: Read-side policies the search tries (core's policy names; the runtime takes them live).
 READ_SIDES = ("dualpath", "round-robin", "split")
@@ -60,6 +73,13 @@ BLOCK_HEADER_BYTES = 4096
 MIN_GAIN = 0.01
 #: The launch's fetch period (cli/launch_cmd.py _LAUNCH_DEFAULTS), the embedded world's.
 EMBEDDED_FETCH_S = 0.005
+#: Most replays the calibration runs (it stops earlier once a round changes nothing by more
+#: than :data:`FIT_TOLERANCE`).
+FIT_ROUNDS = 8
+#: A calibration round within this fraction of the last (and 1 ms for the delays) ends it.
+FIT_TOLERANCE = 0.01
+#: Bounds of a fitted compute scale: a replay that needs more is not this cluster's traffic.
+FIT_SCALE_BOUNDS = (0.01, 100.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +136,45 @@ class Traffic:
     turns: int
     window_s: float
     snic_bytes_per_s: float | None
+    measured: Measured | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form (no plans)."""
         return {"source": self.source, "model": self.model, "pd": self.pd,
                 "agents": len(self.plans), "turns": self.turns, "window_s": self.window_s,
                 "snic_bytes_per_s": self.snic_bytes_per_s, "z_factor": self.z_factor,
-                "current": self.current.to_dict()}
+                "current": self.current.to_dict(),
+                "measured": None if self.measured is None else self.measured.to_dict()}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a recording measured while the cluster served the turns the twin replays.
+
+    Attributes:
+        turns: finished turns of the window with a story (TTFT, time per output token).
+        busy_s: engine role (``prefill``, ``decode``) -> busy seconds over the window, summed
+            over that role's engines (each sample's busy fraction x the time since the last
+            sample); a role whose engines report no busy fraction is absent.
+        decode_s: median first-to-last-token time of the multi-token turns (``tpot_s x (gen
+            - 1)``); ``None`` when no turn generated more than one token.
+        decode_turns: the turns ``decode_s`` is the median of.
+        gap_s: median time from an agent's last token of a turn to its next request;
+            ``None`` when no agent has two consecutive turns with stories.
+        gaps: the gaps ``gap_s`` is the median of.
+    """
+
+    turns: int
+    busy_s: dict[str, float]
+    decode_s: float | None
+    decode_turns: int
+    gap_s: float | None
+    gaps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form."""
+        return {"turns": self.turns, "busy_s": dict(self.busy_s), "decode_s": self.decode_s,
+                "decode_turns": self.decode_turns, "gap_s": self.gap_s, "gaps": self.gaps}
 
 
 def _mean_positive(values: Sequence[float | None]) -> float | None:
@@ -159,7 +211,8 @@ def _traffic(view: ClusterView, plans: list[AgentPlan], source: str,
 
 def traffic_from_recording(rec: Recording, source: str) -> Traffic:
     """The served turns of a recording (its trace lines, else its decisions), on the
-    cluster its last sample shows.
+    cluster its last sample shows, with what the recording measured of them
+    (:func:`measured_from_recording`; ``None`` without finished requests' stories).
 
     Raises:
         UsageError: a recording without samples or without served turns.
@@ -172,9 +225,56 @@ def traffic_from_recording(rec: Recording, source: str) -> Traffic:
         from dualpath_cli.workload.trace_format import decode_lines
 
         trace = decode_lines((json.dumps(r) for r in rec.trace_lines), f"{source} (trace)")
-        return _traffic(view, plans_from_trajectories(trace.trajectories), source,
-                        rec.window_s)
-    return traffic_from_decisions(view, rec.decisions, source, rec.window_s)
+        traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source,
+                           rec.window_s)
+    else:
+        traffic = traffic_from_decisions(view, rec.decisions, source, rec.window_s)
+    return replace(traffic, measured=measured_from_recording(rec))
+
+
+def _median(values: Sequence[float]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def measured_from_recording(rec: Recording) -> Measured | None:
+    """The calibration evidence in ``rec`` (:class:`Measured`): its engines' busy seconds and
+    the timings of its finished turns (stories of requests decided inside the window).
+
+    ``None`` when the recording holds no story of a turn it served (an older recording, or
+    one taken without them): then there is nothing per turn to fit.
+    """
+    gen: dict[int, int | None] = {d.rid: d.gen for d in rec.decisions
+                                  if getattr(d, "kind", "turn") == "turn"}
+    rows: list[tuple[int, int, float | None, float, float]] = []  # agent, turn, arrival...
+    decode: list[float] = []
+    for rid, story in rec.stories.items():
+        ttft = story.get("ttft_s")
+        if rid not in gen or ttft is None:
+            continue
+        g = gen[rid] or 1
+        tpot = story.get("tpot_s")
+        dec = tpot * (g - 1) if tpot is not None and g > 1 else 0.0
+        if tpot is not None and g > 1:
+            decode.append(dec)
+        arrival = story.get("arrival")
+        rows.append((int(story["agent"]), int(story["turn"]), arrival,
+                     float(ttft), float(dec)))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r[0], r[1]))
+    gaps = []
+    for a, b in zip(rows, rows[1:], strict=False):
+        if a[0] == b[0] and b[1] == a[1] + 1 and a[2] is not None and b[2] is not None:
+            gaps.append(max(0.0, b[2] - (a[2] + a[3] + a[4])))
+    busy: dict[str, float] = {}
+    for prev, cur in zip(rec.samples, rec.samples[1:], strict=False):
+        dt = cur.at - prev.at
+        for e in cur.view.engines:
+            if e.gpu_utilization is not None and dt > 0:
+                busy[e.role] = busy.get(e.role, 0.0) + e.gpu_utilization * dt
+    return Measured(len(rows), busy, _median(decode), len(decode), _median(gaps), len(gaps))
 
 
 # --- the simulated world ---------------------------------------------------------------------
@@ -187,18 +287,78 @@ class World:
     hardware: HardwareProfile
     calibration: SimCalibration
     notes: tuple[str, ...] = ()
+    turn_gap_s: float = 0.0       # client time between an agent's turns (fitted)
+    handoff_s: float = 0.0        # first token to the DE taking the turn, beyond the model
+    fit: Fit | None = None        # what was fitted from the recording (None: not calibrated)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form."""
         c = self.calibration
         return {"kind": self.kind, "model": self.model.name, "hardware": self.hardware.name,
                 "host_cores": c.host_cores, "block_tokens": c.block_tokens,
-                "fetch_period_s": c.fetch_period_s, "notes": list(self.notes)}
+                "fetch_period_s": c.fetch_period_s, "notes": list(self.notes),
+                "calibration": None if self.fit is None else self.fit.to_dict()}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The twin's calibration from a recording (:func:`fit_world`).
+
+    ``prefill_scale`` multiplies the modelled prefill time (FLOPs at the achieved rate and
+    the per-forward overhead), ``decode_scale`` the decode step (``None``: not fitted, with
+    the reason in ``unfitted``); ``handoff_s`` and ``turn_gap_s`` are the delays added per
+    turn; ``replayed_busy_s``/``replayed_jct_s`` what the calibrated replay of the recorded
+    setting gives, beside ``measured``.
+    """
+
+    measured: Measured
+    prefill_scale: float | None
+    decode_scale: float | None
+    handoff_s: float
+    turn_gap_s: float
+    replayed_busy_s: dict[str, float]
+    replayed_jct_s: float
+    rounds: int
+    unfitted: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form."""
+        return {"measured": self.measured.to_dict(), "prefill_scale": self.prefill_scale,
+                "decode_scale": self.decode_scale, "handoff_s": self.handoff_s,
+                "turn_gap_s": self.turn_gap_s, "replayed_busy_s": dict(self.replayed_busy_s),
+                "replayed_jct_s": self.replayed_jct_s, "rounds": self.rounds,
+                "unfitted": list(self.unfitted)}
+
+    def note(self) -> str:
+        """One line for ``tune suggest``: what was fitted, from how many turns."""
+        m = self.measured
+        parts = []
+        busy = self.replayed_busy_s
+        if self.prefill_scale is not None:
+            parts.append(f"prefill x{self.prefill_scale:.3g} (prefill engines busy "
+                         f"{m.busy_s.get('prefill', 0.0):.1f} s measured, "
+                         f"{busy.get('prefill', 0.0):.1f} s replayed)")
+        if self.decode_scale is not None:
+            parts.append(f"decode step x{self.decode_scale:.3g} (decode engines busy "
+                         f"{m.busy_s.get('decode', 0.0):.1f} s measured, "
+                         f"{busy.get('decode', 0.0):.1f} s replayed)")
+        if m.decode_s is not None:
+            parts.append(f"hand-off {self.handoff_s * 1e3:.3g} ms per turn (first to last "
+                         f"token {m.decode_s * 1e3:.3g} ms median of {m.decode_turns} turns)")
+        if m.gap_s is not None:
+            parts.append(f"client gap {self.turn_gap_s * 1e3:.3g} ms between turns (median "
+                         f"of {m.gaps})")
+        line = (f"calibrated from the recording's {m.turns} served turns in {self.rounds} "
+                f"replays: " + "; ".join(parts or ["nothing to fit"]))
+        if self.unfitted:
+            line += "; not fitted: " + "; ".join(self.unfitted)
+        return line + "."
 
 
 def world_for(traffic: Traffic, *, hardware: str | None = None,
               host_cores: int | None = None,
-              measure: Callable[[str, int], dict[str, float]] | None = None) -> World:
+              measure: Callable[[str, int], dict[str, float]] | None = None,
+              calibrate: bool = True) -> World:
     """The simulated world of ``traffic``'s cluster (module docstring).
 
     Args:
@@ -206,7 +366,17 @@ def world_for(traffic: Traffic, *, hardware: str | None = None,
         host_cores: embedded world: cores the engines share (default: this machine's).
         measure: embedded world: ``(model, context) -> {"flops", "prefill_overhead_s",
             "decode_step_s"}`` (default: measured now with the reference model).
+        calibrate: fit the world to what ``traffic`` measured (:func:`fit_world`) when it
+            holds measurements.
     """
+    world = _world(traffic, hardware, host_cores, measure)
+    if calibrate and traffic.measured is not None:
+        world = fit_world(traffic, world)
+    return world
+
+
+def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
+           measure: Callable[[str, int], dict[str, float]] | None) -> World:
     from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
     from dualpath_cli.runtime.model import MODEL_CONFIGS
     from dualpath_cli.sim import SimCalibration
@@ -298,15 +468,11 @@ class Prediction:
                 "wall_s": self.wall_s, "varied": self.dimension}
 
 
-def predict(traffic: Traffic, world: World, setting: Setting,
-            dimension: str = "current") -> Prediction:
-    """Replay ``traffic`` under ``setting`` (offline: every agent starts at t = 0).
-
-    Raises:
-        UsageError: a setting the simulator refuses (e.g. beta below one block), named.
-    """
-    from dualpath_cli.sim import Simulation, make_setup
-    from dualpath_cli.sim.metrics import latency_stats
+def _simulation(traffic: Traffic, world: World, setting: Setting,
+                keep_phases: bool = False) -> TimedSimulation:
+    """The replay of ``traffic`` under ``setting`` in ``world``, built, not run."""
+    from dualpath_cli.sim import make_setup
+    from dualpath_cli.sim.measured import TimedSimulation
 
     if setting.beta < world.calibration.block_tokens:
         raise UsageError(f"beta {setting.beta} tokens is below one block "
@@ -316,7 +482,93 @@ def predict(traffic: Traffic, world: World, setting: Setting,
                        setting.pd, setting.read_side, "hopper", calibration=cal,
                        alpha=setting.alpha, beta=setting.beta)
     setup = replace(setup, model=world.model, hardware=world.hardware)
-    sim = Simulation(setup, list(traffic.plans))
+    return TimedSimulation(setup, list(traffic.plans), turn_gap_s=world.turn_gap_s,
+                           handoff_s=world.handoff_s, keep_phases=keep_phases)
+
+
+def _scaled_world(world: World, prefill: float, decode: float, handoff_s: float,
+            turn_gap_s: float) -> World:
+    """``world`` with its prefill time x ``prefill``, decode step x ``decode`` and the
+    per-turn delays set."""
+    hw = replace(world.hardware, gpu_peak_flops=world.hardware.gpu_peak_flops / prefill)
+    cal = world.calibration
+    cal = replace(cal, prefill_overhead_s=cal.prefill_overhead_s * prefill,
+                  decode_step_s=None if cal.decode_step_s is None
+                  else cal.decode_step_s * decode)
+    return replace(world, hardware=hw, calibration=cal, handoff_s=handoff_s,
+                   turn_gap_s=turn_gap_s)
+
+
+def _bounded(scale: float) -> float:
+    lo, hi = FIT_SCALE_BOUNDS
+    return min(hi, max(lo, scale))
+
+
+def fit_world(traffic: Traffic, world: World) -> World:
+    """``world`` calibrated to what ``traffic`` measured (module docstring), with the
+    :class:`Fit` and its note.
+
+    Each round replays the recorded setting and moves each fitted quantity by what the
+    replay missed: a role's compute scale by measured / replayed busy seconds (busy time is
+    compute, this host's sharing of cores included, so the ratio is the speed the model
+    lacks), the hand-off delay by the measured minus replayed median first-to-last-token
+    time; the client gap is measured directly. Until a round changes nothing by more than
+    :data:`FIT_TOLERANCE`, at most :data:`FIT_ROUNDS` replays.
+    """
+    m = traffic.measured
+    if m is None:
+        return world
+    unfitted = []
+    busy_pe, busy_de = m.busy_s.get("prefill"), m.busy_s.get("decode")
+    if not busy_pe:
+        unfitted.append("prefill speed (the prefill engines report no busy time)")
+    fit_decode = bool(busy_de) and world.calibration.decode_step_s is not None
+    if not fit_decode:
+        unfitted.append("decode step (" + ("the decode engines report no busy time"
+                                          if not busy_de else "a roofline decode model")
+                        + ")")
+    gap = m.gap_s or 0.0
+    prefill = decode = 1.0
+    handoff = 0.0
+    rounds = 0
+    replayed: dict[str, float] = {}
+    jct = math.nan
+    for rounds in range(1, FIT_ROUNDS + 1):  # noqa: B007 - the count is reported
+        sim = _simulation(traffic, _scaled_world(world, prefill, decode, handoff, gap),
+                          traffic.current, keep_phases=True)
+        jct = sim.run_offline().jct
+        replayed = {"prefill": sum(p.busy_time for p in sim.pes),
+                    "decode": sum(d.busy_time for d in sim.des)}
+        new_p = (_bounded(prefill * busy_pe / replayed["prefill"])
+                 if busy_pe and replayed["prefill"] > 0 else prefill)
+        new_d = (_bounded(decode * busy_de / replayed["decode"])
+                 if fit_decode and busy_de and replayed["decode"] > 0 else decode)
+        new_h = handoff
+        sim_decode = _median([p.decode_s for p in sim.phases if p.gen > 1])
+        if m.decode_s is not None and sim_decode is not None:
+            new_h = max(0.0, handoff + m.decode_s - sim_decode)
+        settled = (abs(new_p / prefill - 1) <= FIT_TOLERANCE
+                   and abs(new_d / decode - 1) <= FIT_TOLERANCE
+                   and abs(new_h - handoff) <= 1e-3)
+        prefill, decode, handoff = new_p, new_d, new_h
+        if settled:
+            break
+    fit = Fit(m, prefill if busy_pe else None, decode if fit_decode else None, handoff, gap,
+              replayed, jct, rounds, tuple(unfitted))
+    out = _scaled_world(world, prefill, decode, handoff, gap)
+    return replace(out, fit=fit, notes=(*world.notes, fit.note()))
+
+
+def predict(traffic: Traffic, world: World, setting: Setting,
+            dimension: str = "current") -> Prediction:
+    """Replay ``traffic`` under ``setting`` (offline: every agent starts at t = 0).
+
+    Raises:
+        UsageError: a setting the simulator refuses (e.g. beta below one block), named.
+    """
+    from dualpath_cli.sim.metrics import latency_stats
+
+    sim = _simulation(traffic, world, setting)
     sim.record = True  # TTFT samples of every turn, as an online run keeps them
     t0 = time.perf_counter()
     res = sim.run_offline()

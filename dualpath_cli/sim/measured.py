@@ -1,0 +1,95 @@
+"""A simulation with the client's gap between turns, a hand-off delay, and per-turn phases.
+
+Why: the digital twin (services/twin.py) calibrates the simulator from a recording of the
+cluster's own turns: it replays the recorded setting and compares what the replay did with
+what the recording measured (engine busy seconds, each turn's first-to-last-token time, the
+client's gap between an agent's turns), then scales the compute model until they agree.
+That needs the simulated phases per turn, which the plain
+:class:`~dualpath_cli.sim.cluster.Simulation` does not keep, and two per-turn latencies it
+takes as zero: the time a client takes between a turn's last token and its next request
+(HTTP, tokenizing, the agent's own code), and the time from a turn's first token to its
+decode engine taking it beyond the modelled KV transfer (the runtime's messages and
+polling between engines).
+
+Built as a subclass over the simulation's hooks (a turn starts, a prefill finishes, a DE
+joins a turn, a turn finishes), so the flat simulation's hot paths and its bit-for-bit
+determinism are untouched; with both delays 0 and ``keep_phases`` False it runs as the plain
+simulation does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.state import DEngine, Req
+from dualpath_cli.sim.trace import AgentPlan
+
+__all__ = ["TurnPhases", "TimedSimulation"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPhases:
+    """One simulated turn (``agent`` is the plan's index): its time from first token to last
+    (``decode_s``, what the runtime's ``tpot_s x (gen - 1)`` measures; 0 for one token)."""
+
+    agent: int
+    turn: int
+    decode_s: float
+    gen: int
+
+
+class TimedSimulation(Simulation):
+    """:class:`Simulation` with a client gap between an agent's turns, a hand-off delay
+    before a decode engine takes a turn, and per-turn phases.
+
+    Args:
+        turn_gap_s: seconds from a turn's last token to the agent's next request.
+        handoff_s: seconds from a turn's first token (and its modelled KV transfer) to its
+            decode engine taking it.
+        keep_phases: keep a :class:`TurnPhases` per finished turn in ``phases``.
+    """
+
+    def __init__(self, setup: SimSetup, plans: Sequence[AgentPlan], *,
+                 turn_gap_s: float = 0.0, handoff_s: float = 0.0,
+                 keep_phases: bool = False) -> None:
+        super().__init__(setup, plans)
+        for name, value in (("turn gap", turn_gap_s), ("hand-off", handoff_s)):
+            if not value >= 0:
+                raise ValueError(f"{name} {value!r}: must be >= 0 s")
+        self.turn_gap_s = turn_gap_s
+        self.handoff_s = handoff_s
+        self.keep_phases = keep_phases
+        self.phases: list[TurnPhases] = []
+        self._handed: set[int] = set()  # rids whose hand-off delay has passed
+        self.K_NEXT_TURN = self.loop.register(self._next_turn)
+        self.K_HANDOFF = self.loop.register(self._handed_over)
+
+    # an agent's next turn, after the client's gap
+    def _next_turn(self, agent: int) -> None:
+        Simulation._start_turn(self, agent)
+
+    def _start_turn(self, agent: int) -> None:
+        if self.turn_gap_s > 0 and self.next_turn[agent] > 0:
+            self.loop.at(self.loop.now + self.turn_gap_s, self.K_NEXT_TURN, agent)
+            return
+        super()._start_turn(agent)
+
+    # the decode engine takes the turn after the hand-off delay
+    def _handed_over(self, req: Req) -> None:
+        self._handed.add(req.rid)
+        self._de_join(req)
+
+    def _de_join(self, req: Req) -> None:
+        if self.handoff_s > 0 and req.rid not in self._handed:
+            self.loop.at(self.loop.now + self.handoff_s, self.K_HANDOFF, req)
+            return
+        self._handed.discard(req.rid)
+        super()._de_join(req)
+
+    def _finish(self, req: Req, de: DEngine) -> None:
+        if self.keep_phases:
+            self.phases.append(TurnPhases(req.agent, req.turn, self.loop.now - req.t_first,
+                                          req.gen))
+        super()._finish(req, de)
