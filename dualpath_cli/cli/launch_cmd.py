@@ -259,7 +259,7 @@ def _notify(message: dict[str, Any]) -> None:
 
 def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
            start_timeout: float, opts_args: tuple[Any, ...], as_json: bool,
-           faults: list[Any] | None = None, backend: Any = None) -> int:
+           faults: list[Any] | None = None) -> int:
     """The foreground launcher (also what a ``--detach`` child runs)."""
     t0 = _started_at()
     stop_event = threading.Event()
@@ -274,7 +274,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
-                            as_json, t0, stop_event, faults or [], backend)
+                            as_json, t0, stop_event, faults or [])
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
         _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
                  else f"{type(err).__name__}: {err}",
@@ -287,8 +287,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
 def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                  start_timeout: float, opts_args: tuple[Any, ...], as_json: bool, t0: float,
-                 stop_event: threading.Event, faults: list[Any],
-                 backend: Any = None) -> int:
+                 stop_event: threading.Event, faults: list[Any]) -> int:
     _claim_port(port)
     sock = _bind(host, port)
     server: _Server | None = None
@@ -328,8 +327,6 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         app = create_app(live, auth, allow_remote=allow_remote)
         server = _Server(app, sock)
         server.start()
-        if backend is not None:  # --backend ray: each node joins as a Ray actor
-            backend.place(live.opts, _url(host, port), auth.token, start_timeout)
         live.wait_ready(start_timeout)
         if faults:  # --inject: on before the cluster is announced ready (audited as launch)
             live.set_faults(faults, "launch")
@@ -343,8 +340,7 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                              store=str(opts.store_dir),
                              log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
         statefile.write_state(state)
-        engines_text = backend.describe() if backend is not None else _engines_text(live)
-        line = (f"ready in {ready_s:.1f} s: {engines_text}, API {url}, "
+        line = (f"ready in {ready_s:.1f} s: {_engines_text(live)}, API {url}, "
                 f"token in {_home(token)}")
         if faults:
             line += "; faults injected: " + " ".join(f.spec() for f in faults)
@@ -354,8 +350,6 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
                      f"({restored['requeued']} re-queued), {restored['engines']} engines")
         payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
                    "restored": restored}
-        if backend is not None:
-            payload["ray"] = backend.placed
         _notify({"ok": True, "line": line, "state": payload})
         if as_json:
             emit_json(payload)
@@ -379,8 +373,6 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
     finally:
         if live is not None:
             live.close()
-        if backend is not None:
-            backend.close()
         if server is not None:
             server.stop()
         sock.close()
@@ -575,12 +567,24 @@ def launch(
     emulated_hosts: Annotated[int, typer.Option("--emulated-hosts", min=1, help="Processes "
                                                 "the emulated engines run in.")] = 4,
     backend: Annotated[str, typer.Option("--backend", help="local (this host's processes) "
-                                         "or ray (each node's engines are a Ray actor on a "
-                                         "node with the dualpath_prefill or dualpath_decode "
-                                         "resource; pip install 'dualpath[ray]').")] = "local",
+                                         "or ray (the scheduler and each node's engines are "
+                                         "Ray actors; a node's on a Ray node with the "
+                                         "dualpath_prefill or dualpath_decode resource, or "
+                                         "the label --ray-prefill-label/--ray-decode-label "
+                                         "names; pip install 'dualpath[ray]').")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --backend ray: the "
                                                 "Ray cluster, auto or HOST:PORT (default: "
                                                 "RAY_ADDRESS, else auto).")] = None,
+    ray_scheduler_label: Annotated[str | None, typer.Option(
+        "--ray-scheduler-label", help="With --backend ray: run the scheduler's actor on a "
+        "Ray node with this label, KEY=VALUE[,...] (default: the launcher's node).")] = None,
+    ray_prefill_label: Annotated[str | None, typer.Option(
+        "--ray-prefill-label", help="With --backend ray: place prefill nodes' actors on Ray "
+        "nodes with this label, e.g. dualpath.role=prefill (ray start --labels), instead "
+        "of by the dualpath_prefill resource.")] = None,
+    ray_decode_label: Annotated[str | None, typer.Option(
+        "--ray-decode-label", help="With --backend ray: place decode nodes' actors on Ray "
+        "nodes with this label, instead of by the dualpath_decode resource.")] = None,
 ) -> None:
     """Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM.
 
@@ -599,6 +603,16 @@ def launch(
             str(Path(r).expanduser().resolve()) for r in replica_root)]
     if backend not in ("local", "ray"):
         raise UsageError(f"--backend {backend!r}: expected local or ray")
+    ray_labels: dict[str, dict[str, str]] = {}
+    for role_, flag, text in (("scheduler", "--ray-scheduler-label", ray_scheduler_label),
+                              ("prefill", "--ray-prefill-label", ray_prefill_label),
+                              ("decode", "--ray-decode-label", ray_decode_label)):
+        if text is not None:
+            if backend != "ray":
+                raise UsageError(f"{flag} is for --backend ray (where the actors run)")
+            from dualpath_cli.services.ray_backend import parse_label
+
+            ray_labels[role_] = parse_label(flag, text)
     if backend == "ray":
         if role not in ("all", "scheduler") or engines != "real" or join is not None:
             raise UsageError("--backend ray: this process schedules and the engines run as "
@@ -646,21 +660,25 @@ def launch(
         argv += ["--engines", engines, "--emulated-hosts", str(emulated_hosts),
                  "--role", role, "--backend", backend]
         argv += ["--address", address] if address is not None else []
+        for flag, text in (("--ray-scheduler-label", ray_scheduler_label),
+                           ("--ray-prefill-label", ray_prefill_label),
+                           ("--ray-decode-label", ray_decode_label)):
+            argv += [flag, text] if text is not None else []
         if heartbeat_timeout is not None:
             argv += ["--heartbeat-timeout", heartbeat_timeout]
         for spec in inject or []:
             argv += ["--inject", spec]
         code = _detach(argv, port, as_json, timeout=start_s + 60.0)
         raise typer.Exit(code)
-    ray_backend = None
-    if backend == "ray":  # connect first: an unreachable cluster fails before anything starts
-        from dualpath_cli.services.ray_backend import RayBackend
+    opts_args = (preset, config, list(overrides or []), pd, policy, store, engines,
+                 emulated_hosts, role, hb_timeout)
+    if backend == "ray":  # the scheduler runs as a Ray actor too (cli/ray_launch.py)
+        from dualpath_cli.cli.ray_launch import serve_ray
 
-        ray_backend = RayBackend(address, port, loopback=_is_loopback(host))
-        ray_backend.connect()
-    code = _serve(host, port, allow_remote, drain_s, start_s,
-                  (preset, config, list(overrides or []), pd, policy, store, engines,
-                   emulated_hosts, role, hb_timeout), as_json, faults, ray_backend)
+        code = serve_ray(host, port, allow_remote, drain_s, start_s, opts_args, as_json,
+                         list(inject or []), address, ray_labels)
+        raise typer.Exit(code)
+    code = _serve(host, port, allow_remote, drain_s, start_s, opts_args, as_json, faults)
     raise typer.Exit(code)
 
 

@@ -1,24 +1,33 @@
-"""``dualpath launch --backend ray``: the engines as Ray actors on a Ray cluster's nodes.
+"""``dualpath launch --backend ray``: the scheduler and the engines as Ray actors.
 
 Why: operators who already run a Ray cluster launch with it rather than with Slurm or
 Kubernetes. We do not reimplement placement or supervision; we reuse the per-node join path
-(:mod:`dualpath_cli.services.node`). The launch process runs the scheduler exactly as
-``launch --role scheduler`` does and is the Ray driver; every dualpath node (a group of
-``cluster.gpus_per_node`` engines) is one :class:`NodeActor` that runs what
-``launch --role prefill|decode --join HOST:PORT`` runs on a node. Placement is by custom
-resources: a prefill node's actor needs one unit of :data:`PREFILL_RESOURCE`, a decode
-node's one of :data:`DECODE_RESOURCE` (``ray start --resources='{"dualpath_prefill": 1}'``).
+(:mod:`dualpath_cli.services.node`) and the restartable scheduler
+(:mod:`dualpath_cli.services.restart`). The launch process is only the Ray driver: the
+scheduler and its HTTP API run in a :class:`SchedulerActor` (what ``launch --role
+scheduler`` runs), pinned to one Ray node (the driver's, or a node carrying the label
+``--ray-scheduler-label`` names); every dualpath node (a group of ``cluster.gpus_per_node``
+engines) is one :class:`NodeActor` that runs what ``launch --role prefill|decode --join
+HOST:PORT`` runs on a node. A node actor is placed by a custom resource (a prefill node's
+actor needs one unit of :data:`PREFILL_RESOURCE`, a decode node's one of
+:data:`DECODE_RESOURCE`: ``ray start --resources='{"dualpath_prefill": 1}'``) or by a node
+label (``--ray-prefill-label dualpath.role=prefill`` with ``ray start --labels
+dualpath.role=prefill``: Ray's ``label_selector``).
 
 Two supervisors are in play, on purpose. Our heartbeats detect a dead node first (its engine
 processes die with the actor's process and stop heartbeating; after the heartbeat timeout
 the scheduler re-queues their turns). Ray's actor restarts (``max_restarts``) then bring the
 node back: the restarted actor leaves under its old name (re-queueing at once whatever the
-heartbeat timeout has not yet caught) and joins again as a new node. KV bytes never go
-through Ray's object store: the engines move them over our ZeroMQ transfer fabric as in
+heartbeat timeout has not yet caught) and joins again as a new node. The scheduler's actor
+restarts too, on its node (it is pinned there, so its URL and its checkpoint stay): the new
+incarnation loads the checkpoint the dead one left in the state directory, binds the same
+API and control ports, and the node actors' engines reconnect by themselves. KV bytes never
+go through Ray's object store: the engines move them over our ZeroMQ transfer fabric as in
 every other launch; Ray carries only the actors' small control calls.
 
 Ray is an optional extra (``pip install 'dualpath[ray]'``) and is imported only here, inside
-functions, so the CLI starts without it.
+functions, so the CLI starts without it. The API itself is the front-end's
+(``cli/ray_launch.py`` hands the scheduler actor a factory for it): services import no API.
 """
 
 from __future__ import annotations
@@ -40,8 +49,9 @@ from typing import Any
 
 from dualpath_cli.errors import DualPathError
 
-__all__ = ["RayBackend", "RayBackendError", "NodeActor", "PREFILL_RESOURCE",
-           "DECODE_RESOURCE", "NAMESPACE", "MAX_RESTARTS", "actor_name", "resolve_address"]
+__all__ = ["RayBackend", "RayBackendError", "NodeActor", "SchedulerActor",
+           "PREFILL_RESOURCE", "DECODE_RESOURCE", "NAMESPACE", "MAX_RESTARTS", "actor_name",
+           "scheduler_actor_name", "resolve_address", "parse_label", "label_matches"]
 
 #: Custom resource a prefill node's actor needs one unit of.
 PREFILL_RESOURCE = "dualpath_prefill"
@@ -63,6 +73,66 @@ class RayBackendError(DualPathError):
 def actor_name(port: int, role: str, index: int) -> str:
     """The Ray actor name of ``role`` node ``index`` of the launch on API ``port``."""
     return f"dualpath-{port}-{role}-{index}"
+
+
+def scheduler_actor_name(port: int) -> str:
+    """The Ray actor name of the scheduler of the launch on API ``port``."""
+    return f"dualpath-{port}-scheduler"
+
+
+#: A label key as Ray (and Kubernetes) takes it: an optional DNS prefix and ``/``, a name.
+_LABEL_KEY = re.compile(r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]{0,251}[a-zA-Z0-9])?/)?"
+                        r"[a-zA-Z0-9](?:[a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?$")
+_LABEL_VALUE = r"[a-zA-Z0-9](?:[a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+#: A selector's value: ``VALUE``, ``in(A,B)``, each optionally negated with ``!``.
+_LABEL_EXPR = re.compile(rf"^!?(?:{_LABEL_VALUE}|in\({_LABEL_VALUE}(?:, ?{_LABEL_VALUE})*\))$")
+
+
+def parse_label(flag: str, text: str) -> dict[str, str]:
+    """``KEY=VALUE[,KEY=VALUE...]`` (``--ray-prefill-label``) as Ray's ``label_selector``.
+
+    A value may be ``in(A,B)`` (any of them) and may start with ``!`` (not it), as in Ray.
+
+    Raises:
+        UsageError: not that form, or a key or value Ray would refuse.
+    """
+    from dualpath_cli.errors import UsageError
+
+    pairs: dict[str, str] = {}
+    depth, start, parts = 0, 0, []
+    for i, ch in enumerate(text):  # split on the commas outside in(...)
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    for part in parts:
+        key, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_EXPR.match(value):
+            raise UsageError(f"{flag} {text!r}: expected KEY=VALUE[,KEY=VALUE...], a Ray node "
+                             "label such as dualpath.role=prefill (VALUE may be in(A,B), "
+                             "either may start with !)")
+        pairs[key] = value
+    return pairs
+
+
+def label_matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
+    """Whether a node with ``labels`` satisfies ``selector`` (Ray's rules: see above)."""
+    for key, expr in selector.items():
+        negated = expr.startswith("!")
+        body = expr[1:] if negated else expr
+        if body.startswith("in(") and body.endswith(")"):
+            hit = labels.get(key) in {v.strip() for v in body[3:-1].split(",")}
+        else:
+            hit = labels.get(key) == body
+        if hit == negated:
+            return False
+    return True
+
+
+def format_label(selector: dict[str, str]) -> str:
+    """``KEY=VALUE,...`` (for messages and ``ray start --labels``)."""
+    return ",".join(f"{k}={v}" for k, v in selector.items())
 
 
 def _address_file() -> Path:
@@ -182,6 +252,51 @@ class NodeActor:
         _remove_record(self._record)
 
 
+class SchedulerActor:
+    """The scheduler and its HTTP API as a Ray actor, pinned to one Ray node.
+
+    Why a factory: the API is the front-end's (``cli/ray_launch.py``); services import no
+    API. ``factory(restarted)`` builds the host (bound, serving, engines may join) and is
+    run again by Ray when it restarts the actor: the new incarnation finds the checkpoint
+    the dead one left under the state directory (``env`` carries the launcher's
+    ``XDG_*``/``DUALPATH_*`` variables, so the state directory is the launcher's) and
+    resumes from it. The host offers ``info()``, ``wait_ready(timeout)``,
+    ``drain(timeout)`` and ``close()``, each returning JSON-able data.
+    """
+
+    def __init__(self, factory: Callable[[bool], Any], env: dict[str, str]) -> None:
+        os.environ.update(env)
+        ray = _import_ray()
+        ctx = ray.get_runtime_context()
+        with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
+            warnings.simplefilter("ignore")
+            self.restarted = bool(ctx.was_current_actor_reconstructed)
+        self.node_id = ctx.get_node_id()
+        self.ip = ray.util.get_node_ip_address()
+        self.host = factory(self.restarted)
+
+    def info(self) -> dict[str, Any]:
+        """The host's info plus where this incarnation runs (JSON-able)."""
+        ray = _import_ray()
+        return {**self.host.info(), "name": ray.get_runtime_context().get_actor_name(),
+                "node_id": self.node_id, "ip": self.ip, "pid": os.getpid(),
+                "restarted": self.restarted}
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """Wait until every joined engine said hello; then :meth:`info`."""
+        self.host.wait_ready(timeout)
+        return self.info()
+
+    def drain(self, timeout: float) -> dict[str, Any]:
+        """Stop admitting, answer in-flight turns (up to ``timeout``), stop the API."""
+        result: dict[str, Any] = self.host.drain(timeout)
+        return result
+
+    def close(self) -> None:
+        """Stop at once (turns in flight are answered 503); removes the checkpoint."""
+        self.host.close()
+
+
 @dataclass
 class RayBackend:
     """The launcher's side: connect to Ray, place one :class:`NodeActor` per node, stop them.
@@ -191,16 +306,23 @@ class RayBackend:
         port: the launch's API port (names the actors, so two launches can share a cluster).
         loopback: the scheduler serves on loopback, so its engines must run on this host and
             listen on loopback too; otherwise each node's engines bind their node's IP.
-        max_restarts: Ray restarts of each node's actor.
+        max_restarts: Ray restarts of each node's actor and of the scheduler's.
+        labels: ``role -> label_selector`` (``scheduler``, ``prefill``, ``decode``): place
+            that role's actors on nodes carrying the label (:func:`parse_label`) instead of
+            by custom resource (node roles) or on the driver's node (the scheduler).
     """
 
     address: str | None
     port: int
     loopback: bool = True
     max_restarts: int = MAX_RESTARTS
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
     gcs: str = ""
     actors: dict[str, Any] = field(default_factory=dict)
     placed: list[dict[str, Any]] = field(default_factory=list)
+    scheduler: Any = None
+    scheduler_info: dict[str, Any] = field(default_factory=dict)
+    client: bool = False
 
     def connect(self) -> None:
         """Connect this process to the Ray cluster as its driver.
@@ -247,17 +369,24 @@ class RayBackend:
         """
         ray = _import_ray()
         pd = f"{opts.prefill_nodes}P{opts.decode_nodes}D"
-        self._check_resources({PREFILL_RESOURCE: opts.prefill_nodes,
-                               DECODE_RESOURCE: opts.decode_nodes}, pd)
+        counts = {"prefill": opts.prefill_nodes, "decode": opts.decode_nodes}
+        resources = {"prefill": PREFILL_RESOURCE, "decode": DECODE_RESOURCE}
+        self._check_resources({resources[r]: n for r, n in counts.items()
+                               if r not in self.labels}, pd)
+        for role in counts:
+            if role in self.labels and counts[role]:
+                self._labelled_nodes(role)  # none alive: one line rather than a hang
         remote = ray.remote(NodeActor)
         store = str(opts.store_dir) if opts.store_dir is not None else None
-        for role, count, resource in (("prefill", opts.prefill_nodes, PREFILL_RESOURCE),
-                                      ("decode", opts.decode_nodes, DECODE_RESOURCE)):
+        for role, count in counts.items():
+            where: dict[str, Any] = ({"label_selector": self.labels[role]}
+                                     if role in self.labels
+                                     else {"resources": {resources[role]: 1}})
             for i in range(count):
                 name = actor_name(self.port, role, i)
                 self.actors[name] = remote.options(
-                    name=name, namespace=NAMESPACE, num_cpus=0, resources={resource: 1},
-                    max_restarts=self.max_restarts, max_concurrency=2,
+                    name=name, namespace=NAMESPACE, num_cpus=0,
+                    max_restarts=self.max_restarts, max_concurrency=2, **where,
                 ).remote(url, token, name, role, opts.gpus_per_node, self.loopback, store,
                          timeout)
         refs = {name: a.info.remote() for name, a in self.actors.items()}
@@ -282,32 +411,211 @@ class RayBackend:
         self.placed = [ray.get(refs[n]) for n in self.actors]
         return self.placed
 
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        ray = _import_ray()
+        return [n for n in ray.nodes() if n.get("Alive")]
+
+    def _labelled_nodes(self, role: str) -> list[dict[str, Any]]:
+        """The alive nodes carrying ``role``'s label; none is one line (Ray would wait)."""
+        selector = self.labels[role]
+        nodes = [n for n in self._alive_nodes()
+                 if label_matches(n.get("Labels") or {}, selector)]
+        if not nodes:
+            text = format_label(selector)
+            raise RayBackendError(
+                f"no alive node of the Ray cluster at {self.gcs} carries the label {text} "
+                f"(--ray-{role}-label); start one with ray start --labels={text}")
+        return nodes
+
+    def driver_node(self) -> dict[str, Any] | None:
+        """This driver's Ray node (``None`` through Ray Client: the driver is off-cluster)."""
+        if self.client:
+            return None
+        ray = _import_ray()
+        here = ray.get_runtime_context().get_node_id()
+        return next((n for n in self._alive_nodes() if n["NodeID"] == here), None)
+
+    def scheduler_node(self) -> dict[str, Any]:
+        """The Ray node the scheduler's actor is pinned to.
+
+        The first node carrying ``--ray-scheduler-label`` (the driver's own if it does),
+        else the driver's node (through Ray Client: the head node). With the API on loopback
+        it must be on the launcher's machine, or nobody here could reach it.
+
+        Raises:
+            RayBackendError: no node carries the label, or it is another machine while the
+                API serves on loopback.
+        """
+        driver = self.driver_node()
+        if "scheduler" in self.labels:
+            nodes = self._labelled_nodes("scheduler")
+            node = driver if driver is not None and driver in nodes else nodes[0]
+        elif driver is not None:
+            node = driver
+        else:
+            heads = [n for n in self._alive_nodes()
+                     if "node:__internal_head__" in n.get("Resources", {})]
+            if not heads:
+                raise RayBackendError(f"the Ray cluster at {self.gcs} has no alive head node "
+                                      "to run the scheduler on; name one with "
+                                      "--ray-scheduler-label")
+            node = heads[0]
+        if self.loopback:
+            there = node["NodeManagerAddress"]
+            if driver is not None:
+                here = driver["NodeManagerAddress"] == there
+            else:  # Ray Client: the cluster must be this machine's
+                here = _is_loopback_host(self.gcs.removeprefix("ray://").rpartition(":")[0])
+            if not here:
+                raise RayBackendError(
+                    f"the scheduler's Ray node {node['NodeID'][:12]} is {there}, another "
+                    f"machine, and the API serves on loopback (--host) there: nothing here "
+                    f"could reach it; serve on its address (--host ADDR --allow-remote) or "
+                    f"pick a node of this machine")
+        return node
+
+    def start_scheduler(self, factory: Callable[[bool], Any], env: dict[str, str],
+                        node: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Start the scheduler's actor on ``node``; its :meth:`SchedulerActor.info`.
+
+        Pinned (``NodeAffinitySchedulingStrategy``, not soft): a restart comes back on the
+        same node, where its checkpoint is and where the nodes' engines reach its URL.
+
+        Raises:
+            RayBackendError: it failed to start (its one-line reason) or not in time.
+        """
+        ray = _import_ray()
+        from ray.util.scheduling_strategies import (  # type: ignore[import-not-found,unused-ignore]
+            NodeAffinitySchedulingStrategy,
+        )
+
+        name = scheduler_actor_name(self.port)
+        self.scheduler = ray.remote(SchedulerActor).options(
+            name=name, namespace=NAMESPACE, num_cpus=0, max_restarts=self.max_restarts,
+            max_task_retries=-1, max_concurrency=4,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+        ).remote(factory, env)
+        self.scheduler_info = self._call(self.scheduler.info.remote(), timeout,
+                                         f"Ray actor {name}")
+        return self.scheduler_info
+
+    def scheduler_ready(self, timeout: float) -> dict[str, Any]:
+        """Wait until the scheduler sees every joined engine ready; its fresh info."""
+        self.scheduler_info = self._call(self.scheduler.wait_ready.remote(timeout),
+                                         timeout + 30.0, "the scheduler's Ray actor")
+        return self.scheduler_info
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The scheduler's info now (its turns in flight, say); the last known on failure."""
+        with contextlib.suppress(RayBackendError):
+            self.scheduler_info = self._call(self.scheduler.info.remote(), timeout,
+                                             "the scheduler's Ray actor")
+        return self.scheduler_info
+
+    def drain(self, timeout: float) -> dict[str, Any]:
+        """The scheduler's actor drains (see :meth:`SchedulerActor.drain`)."""
+        return self._call(self.scheduler.drain.remote(timeout), timeout + 30.0,
+                          "the scheduler's Ray actor")
+
+    def _call(self, ref: Any, timeout: float, what: str) -> Any:
+        ray = _import_ray()
+        ready, _ = ray.wait([ref], timeout=timeout)
+        if not ready:
+            raise RayBackendError(f"{what} did not answer within {timeout:g} s")
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as err:
+            raise RayBackendError(f"{what} failed: {_one_line(err)}") from None
+
+    def watch(self) -> Callable[[], str | None]:
+        """A poll for the launcher's loop: a line when the scheduler's actor restarted.
+
+        Each call looks at one outstanding ``info`` call (it waits out a restart, as the
+        actor's calls are retried) without blocking.
+
+        Raises:
+            RayBackendError: the scheduler's actor died for good (restarts used up, node
+                lost).
+        """
+        ray = _import_ray()
+        last = dict(self.scheduler_info)
+        pending = [self.scheduler.info.remote()]
+
+        def poll() -> str | None:
+            ready, _ = ray.wait(pending, timeout=0)
+            if not ready:
+                return None
+            try:
+                info = ray.get(ready[0])
+            except ray.exceptions.RayError as err:
+                raise RayBackendError(f"the scheduler's Ray actor died and Ray will not "
+                                      f"restart it: {_one_line(err)}") from None
+            pending[0] = self.scheduler.info.remote()
+            if info["pid"] == last.get("pid"):
+                return None
+            last.clear()
+            last.update(info)
+            self.scheduler_info = info
+            line = (f"the scheduler's Ray actor restarted (pid {info['pid']} on Ray node "
+                    f"{info['node_id'][:12]})")
+            restored = info.get("restored")
+            if restored:
+                line += (f": restored {restored['flights']} turns ({restored['requeued']} "
+                         f"re-queued), {restored['engines']} engines")
+            return line
+
+        return poll
+
     def describe(self) -> str:
-        """``1P1D on Ray (2 nodes as actors, GCS HOST:PORT)`` for the ready line."""
+        """``1P1D as 2 Ray actors and the scheduler's (Ray cluster HOST:PORT)``."""
         n_pre = sum(1 for p in self.placed if p["role"] == "prefill")
         n_dec = len(self.placed) - n_pre
-        return (f"{n_pre}P{n_dec}D as {len(self.placed)} Ray actors "
+        where = ""
+        if self.scheduler_info:
+            where = f", the scheduler on Ray node {self.scheduler_info['node_id'][:12]}"
+        return (f"{n_pre}P{n_dec}D as {len(self.placed)} Ray actors{where} "
                 f"(Ray cluster {self.gcs})")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every actor's engines, kill the actors, disconnect (the cluster stays up)."""
+        """Stop the scheduler and every node's engines, kill the actors, disconnect.
+
+        The scheduler's actor closes first (it removes its checkpoint: only a scheduler
+        that died leaves one to resume from); the Ray cluster stays up.
+        """
         if not self.gcs:
             return
         ray = _import_ray()
         if not ray.is_initialized():
             return
         try:
+            if self.scheduler is not None:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.wait([self.scheduler.close.remote()], timeout=timeout)
             stops = [a.stop.remote() for a in self.actors.values()]
             if stops:
                 ray.wait(stops, num_returns=len(stops), timeout=timeout)
-            for a in self.actors.values():
+            for a in [*self.actors.values(), self.scheduler]:
+                if a is None:
+                    continue
                 try:
                     ray.kill(a, no_restart=True)
                 except (ValueError, ray.exceptions.RayError):
                     pass
             self.actors.clear()
+            self.scheduler = None
         finally:
             ray.shutdown()
+
+
+def _is_loopback_host(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # --- named semaphores of a killed actor ----------------------------------------------------
