@@ -13,6 +13,8 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +22,9 @@ from typing import Any
 
 import psutil
 import pytest
-from test_multinode import START_S, Procs, _free_port, _json_line
+from test_multinode import START_S, Procs, _free_port, _json_line, launch_env
 
-from dualpath_cli.transfer.shaping import SharedTokenBucket, unlink_shared
+from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
 
 
 def _exists(name: str) -> bool:
@@ -84,28 +86,56 @@ def test_an_unlinked_bucket_stays_shared_with_the_processes_that_opened_it() -> 
     assert child.exitcode == 0
 
 
-@pytest.fixture
-def xdg() -> Iterator[tuple[dict[str, str], Path]]:
-    with tempfile.TemporaryDirectory(prefix="dualpath-sem-") as tmp:
-        run = Path(tmp) / "run"
-        run.mkdir(mode=0o700)
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=f"{tmp}/state",
-                   XDG_DATA_HOME=f"{tmp}/data", DUALPATH_URL="", DUALPATH_TOKEN="")
-        yield env, Path(tmp)
+_CREATOR = """
+import sys
+from dualpath_cli.transfer.shaping import SharedTokenBucket
+bucket = SharedTokenBucket(None)
+print(bucket.semaphore, flush=True)
+sys.stdin.read()  # until killed
+"""
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_node_leaves_no_semaphores(xdg: tuple[dict[str, str], Path]) -> None:
+def test_a_creator_killed_before_unlinking_is_swept_by_the_next() -> None:
+    """Killed (with its resource tracker) before any engine opened its bucket: the name is
+    in its record, and the next creator on the host unlinks it."""
+    p = subprocess.Popen([sys.executable, "-c", _CREATOR], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout is not None
+        name = p.stdout.readline().strip()
+        shm = f"sem.{name.lstrip('/')}"
+        assert name.startswith("/mp-") and _exists(shm)
+        records = [r for r in record_dir().glob(f"{p.pid}-*.names")]
+        assert len(records) == 1 and records[0].read_text().split() == [name]
+        assert not _kill_group(p)
+        assert _exists(shm)  # nobody left to unlink it
+        assert sweep_stale() >= 1
+        assert not _exists(shm) and not records[0].exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        for stream in (p.stdin, p.stdout):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dualpath-sem-") as tmp:
+        yield Path(tmp)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
+def test_a_sigkilled_node_leaves_no_semaphores(scratch: Path) -> None:
     """The ``kill_node`` fault: a joined node agent and its engines, killed as a group."""
-    env, tmp = xdg
-    procs = Procs(env)
+    procs = Procs(launch_env(scratch))
     port = _free_port()
     try:
         sched = procs.start("--role", "scheduler", "--port", str(port), "--store",
-                            str(tmp / "store"), "--json")
-        token_file = _json_line(sched, START_S)["token_file"]
-        node = procs.start("--role", "decode", "--node", "d0", "--join", f"127.0.0.1:{port}",
-                           "--token-file", token_file, "--json")
+                            str(scratch / "store"), "--json")
+        node = procs.join("decode", "d0", port, _json_line(sched, START_S)["token_file"])
         _json_line(node, START_S)
         names = _engine_sems(node.pid)
         assert names, "the node's engines map no NIC-bucket semaphore"
@@ -116,13 +146,11 @@ def test_a_sigkilled_node_leaves_no_semaphores(xdg: tuple[dict[str, str], Path])
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(
-        xdg: tuple[dict[str, str], Path]) -> None:
+def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(scratch: Path) -> None:
     """``dualpath launch`` (scheduler and engine processes) killed with its whole group."""
-    env, tmp = xdg
-    procs = Procs(env)
+    procs = Procs(launch_env(scratch))
     try:
-        launcher = procs.start("--port", str(_free_port()), "--store", str(tmp / "store"),
+        launcher = procs.start("--port", str(_free_port()), "--store", str(scratch / "store"),
                                "--json")
         _json_line(launcher, START_S)
         names = _engine_sems(launcher.pid)

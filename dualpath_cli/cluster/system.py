@@ -26,6 +26,7 @@ from dualpath_cli.cluster.emulated import (
 )
 from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
+from dualpath_cli.core.groups import group_start
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.errors import ConfigError, DualPathError, UsageError
@@ -159,16 +160,21 @@ class RuntimeSystem:
             shared = o.processes and o.engines == "real"  # emulated: the cost model's NICs
             nics = (make_bucket(snic, shared), make_bucket(snic, shared))
             self.node_nics[node] = nics
+            # a group is cluster.nodes_per_group consecutive nodes of the role, named by its
+            # first node, whose first engine leads it (core/groups.py)
+            first = 0 if role == "prefill" else o.prefill_nodes
+            group = first + group_start(node - first, o.nodes_per_group)
             for gpu in range(o.gpus_per_node):
                 specs.append(EngineSpec(
-                    engine_id=eid, role=role, node=node, group=node, leader=gpu == 0,
-                    ctl=self._ctl(role, node), snic_read=nics[0], snic_write=nics[1],
+                    engine_id=eid, role=role, node=node, group=group,
+                    leader=gpu == 0 and node == group,
+                    ctl=self._ctl(role, group), snic_read=nics[0], snic_write=nics[1],
                     cnic=make_bucket(cnic, shared), hbm_blocks=o.hbm_blocks,
                     block_tokens=o.block_tokens, model=o.model, store=store_spec,
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
                     flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s,
                     curve=self.curve))
-                self.scheduler.register(eid, role, node, node)
+                self.scheduler.register(eid, role, node, group)
                 eid += 1
         return specs
 

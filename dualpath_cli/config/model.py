@@ -95,6 +95,7 @@ class ClusterConfig:
     gpus_per_node: int
     curve: str
     api_rate_limit: float
+    nodes_per_group: int = 1
 
     @property
     def prefill_nodes(self) -> int:

@@ -276,6 +276,13 @@ KEYS: tuple[Key, ...] = (
     Key("cluster", "gpus_per_node", COUNT, None,
         "GPUs per node; one engine per GPU. Default: from the hardware profile.",
         from_profile=("hardware", "gpus_per_node")),
+    Key("cluster", "nodes_per_group", COUNT, 1,
+        "Nodes per engine group (paper 6.1: a group is all PEs or all DEs, e.g. an "
+        "expert-parallel group spanning nodes; it fetches together through the first engine "
+        "of its first node). Groups are consecutive nodes of one role; when a role's node "
+        "count is not a multiple, its last group is smaller. The PE fetch compares each "
+        "engine's own node's read queue with alpha. Launches whose nodes join "
+        "(--role scheduler) keep one node per group."),
     Key("cluster", "curve", Kind("choice", "-", _curve_mode), "auto",
         "ZeroMQ CURVE (authenticated, encrypted) on the control and KV sockets between "
         "nodes: auto is on when they bind a non-loopback address, off on loopback."),

@@ -14,6 +14,7 @@ from typing import Any
 from dualpath_cli.config import LoadedConfig
 from dualpath_cli.config.schema import check_built
 from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import ALIASES
 from dualpath_cli.errors import ConfigError
@@ -76,6 +77,8 @@ class RuntimeOptions:
             fresh pair in memory for this run).
         api_rate_limit: requests per second per client address the HTTP API serves
             (``cluster.api_rate_limit``; 0: no limit; :mod:`dualpath_cli.api.ratelimit`).
+        nodes_per_group: nodes per engine group (``cluster.nodes_per_group``;
+            :mod:`dualpath_cli.core.groups`); nodes that join keep one node per group.
         hierarchical: a root routes each new turn to one of ``sub_schedulers``
             sub-schedulers, each over a contiguous slice of the prefill and decode groups
             (``scheduler.hierarchical``; :mod:`dualpath_cli.runtime.hierarchy`).
@@ -122,6 +125,7 @@ class RuntimeOptions:
     curve: str = "auto"
     api_rate_limit: float = 5000.0
     curve_key_file: Path | None = None
+    nodes_per_group: int = 1
     hierarchical: bool = False
     sub_schedulers: int = 0
 
@@ -137,10 +141,14 @@ class RuntimeOptions:
         if self.curve not in ("auto", "on", "off"):
             raise ConfigError(f"cluster.curve {self.curve!r}: expected auto, on or off")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks", "decision_ring", "emulated_hosts"):
+                     "hbm_blocks", "decision_ring", "emulated_hosts", "nodes_per_group"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
+        if self.nodes_per_group > 1 and not self.local_engines:
+            raise ConfigError(f"cluster.nodes_per_group {self.nodes_per_group}: nodes that "
+                              "join a scheduler-only launch (--join, --backend ray) form one "
+                              "group each; set cluster.nodes_per_group=1")
         if self.sub_schedulers and not self.hierarchical:
             raise ConfigError(f"sub_schedulers {self.sub_schedulers}: set only with "
                               "hierarchical scheduling (scheduler.hierarchical=true)")
@@ -150,8 +158,10 @@ class RuntimeOptions:
 
     def groups(self) -> tuple[list[int], list[int]]:
         """The prefill and the decode group ids (a group is named by its first node)."""
-        pre = list(range(self.prefill_nodes))
-        return pre, list(range(self.prefill_nodes, self.prefill_nodes + self.decode_nodes))
+        pre = [g.start for g in node_groups(self.prefill_nodes, self.nodes_per_group)]
+        dec = [self.prefill_nodes + g.start
+               for g in node_groups(self.decode_nodes, self.nodes_per_group)]
+        return pre, dec
 
     @property
     def subs(self) -> int:
@@ -216,6 +226,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "decision_ring": cfg.scheduler.decision_ring,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
         "dram_cache_bytes": cfg.storage.dram_cache,
+        "nodes_per_group": cfg.cluster.nodes_per_group,
         "hierarchical": cfg.scheduler.hierarchical,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",

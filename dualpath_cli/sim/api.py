@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from dualpath_cli.config.model import Config, parse_pd
 from dualpath_cli.config.schema import check_built
 from dualpath_cli.core.controllers import CONFIG_KEYS
+from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.hierarchy import default_subs
 from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
@@ -38,7 +39,8 @@ class SimKnobs:
     """The scheduler keys of a config the simulator honours (flags override each).
 
     ``policy`` is ``scheduler.read_side``; ``controllers`` the dynamic controllers that are
-    on (``alpha``, ``beta``, ``quota``); ``seed`` is ``scheduler.random_seed``.
+    on (``alpha``, ``beta``, ``quota``); ``seed`` is ``scheduler.random_seed``;
+    ``nodes_per_group`` is ``cluster.nodes_per_group``.
     """
 
     policy: str = "dualpath"
@@ -46,6 +48,7 @@ class SimKnobs:
     controllers: tuple[str, ...] = ()
     seed: int = 0
     hierarchical: bool = False
+    nodes_per_group: int = 1
 
 
 def knobs_from_config(config: Config) -> SimKnobs:
@@ -58,19 +61,24 @@ def knobs_from_config(config: Config) -> SimKnobs:
     check_built(config, world="sim")
     s = config.scheduler
     on = tuple(name for name, key in CONFIG_KEYS.items() if getattr(s, key))
-    return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed, s.hierarchical)
+    return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed, s.hierarchical,
+                    config.cluster.nodes_per_group)
 
 
 def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "dualpath",
                hardware: str = "hopper", calibration: SimCalibration | None = None,
                seed: int = 0, alpha: int | None = None, beta: int | None = None, *,
                layerwise_prefill: bool = True, controllers: tuple[str, ...] = (),
-               control_interval_s: float = 2.0, hierarchical: bool = False) -> SimSetup:
+               control_interval_s: float = 2.0, hierarchical: bool = False,
+               nodes_per_group: int = 1) -> SimSetup:
     """A :class:`SimSetup` from profile and policy names (errors name the bad value).
 
-    ``hierarchical`` uses :func:`~dualpath_cli.core.hierarchy.default_subs` sub-schedulers.
+    ``hierarchical`` uses :func:`~dualpath_cli.core.hierarchy.default_subs` sub-schedulers
+    (over the groups ``nodes_per_group`` forms, :mod:`dualpath_cli.core.groups`).
     """
     spec = parse_pd(pd)
+    pe_groups = len(node_groups(spec.prefill_nodes, nodes_per_group))
+    de_groups = len(node_groups(spec.decode_nodes, nodes_per_group))
     return SimSetup(model=get_model_profile(model),
                     hardware=get_hardware_profile(hardware),
                     prefill_nodes=spec.prefill_nodes, decode_nodes=spec.decode_nodes,
@@ -78,8 +86,8 @@ def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "
                     calibration=calibration or SimCalibration(), seed=seed,
                     alpha=alpha, beta=beta, layerwise_prefill=layerwise_prefill,
                     controllers=tuple(controllers), control_interval_s=control_interval_s,
-                    sub_schedulers=default_subs(spec.prefill_nodes, spec.decode_nodes)
-                    if hierarchical else 0)
+                    sub_schedulers=default_subs(pe_groups, de_groups) if hierarchical else 0,
+                    nodes_per_group=nodes_per_group)
 
 
 def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,

@@ -44,6 +44,7 @@ import numpy as np
 
 from dualpath_cli.core.controllers import CONTROLLERS, Controllers, ControlStep, ttft_tail
 from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
+from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.pe_fetch import pe_fetch_in_place
 from dualpath_cli.core.policies import Policy, SchedParams, read_plan
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
@@ -76,7 +77,10 @@ class SimSetup:
     ``scheduler.random_seed``); ``layerwise_prefill`` False turns layerwise prefill off
     whatever the policy; ``controllers`` names the dynamic controllers that run
     (:mod:`dualpath_cli.core.controllers`: ``alpha``, ``beta``, ``quota``), one step every
-    ``control_interval_s`` simulated seconds.
+    ``control_interval_s`` simulated seconds. ``nodes_per_group`` (config
+    ``cluster.nodes_per_group``) forms the engine groups as :mod:`dualpath_cli.core.groups`
+    says: consecutive nodes of one role, the last group smaller when the count is not a
+    multiple.
     """
 
     model: ModelProfile
@@ -93,6 +97,7 @@ class SimSetup:
     controllers: tuple[str, ...] = ()
     control_interval_s: float = 2.0
     sub_schedulers: int = 0  # > 0: hierarchical scheduling (sim/hierarchy.py)
+    nodes_per_group: int = 1  # engine groups span this many nodes (core/groups.py)
 
     @property
     def pd(self) -> str:
@@ -288,28 +293,38 @@ class Simulation:
         self.pes: list[PEngine] = []
         self.des: list[DEngine] = []
         self.engines: list[PEngine | DEngine] = []
-        total = s.prefill_nodes + s.decode_nodes
-        for n in range(total):
-            role = Role.PREFILL if n < s.prefill_nodes else Role.DECODE
-            node = Node(n, role, cost.snic_rate, buf)
-            self.nodes.append(node)
-            grp = Group(n, role, node)
-            (self.pe_groups if role is Role.PREFILL else self.de_groups).append(grp)
-            for _ in range(g):
-                idx = len(self.engines)
-                e: PEngine | DEngine
-                if role is Role.PREFILL:
-                    e = PEngine(idx, node, grp, cost.pe_hbm_tokens, cost.cnic_kv_rate)
-                    self.pes.append(e)
-                else:
-                    e = DEngine(idx, node, grp, cost.de_hbm_tokens, cost.cnic_kv_rate)
-                    self.des.append(e)
-                self.engines.append(e)
-                node.engines.append(e)
-                grp.engines.append(e)
-                grp.snaps.append(e.snap)
-            grp.tok = sum(sn.tok for sn in grp.snaps)
-            grp.hbm_free = sum(sn.hbm_free for sn in grp.snaps if sn.healthy)
+        # groups are numbered in order, PE groups first (one node per group: the node's
+        # index); a group's engines are its nodes' engines, node by node
+        for role, first, count in ((Role.PREFILL, 0, s.prefill_nodes),
+                                   (Role.DECODE, s.prefill_nodes, s.decode_nodes)):
+            for run in node_groups(count, s.nodes_per_group):
+                grp: Group | None = None
+                for pos in run:
+                    node = Node(first + pos, role, cost.snic_rate, buf)
+                    self.nodes.append(node)
+                    if grp is None:
+                        grp = Group(len(self.pe_groups) + len(self.de_groups), role, node)
+                        (self.pe_groups if role is Role.PREFILL else self.de_groups).append(
+                            grp)
+                    node_snaps = []
+                    for _ in range(g):
+                        idx = len(self.engines)
+                        e: PEngine | DEngine
+                        if role is Role.PREFILL:
+                            e = PEngine(idx, node, grp, cost.pe_hbm_tokens, cost.cnic_kv_rate)
+                            self.pes.append(e)
+                        else:
+                            e = DEngine(idx, node, grp, cost.de_hbm_tokens, cost.cnic_kv_rate)
+                            self.des.append(e)
+                        self.engines.append(e)
+                        node.engines.append(e)
+                        grp.engines.append(e)
+                        grp.snaps.append(e.snap)
+                        node_snaps.append(e.snap)
+                    grp.nodes.append((node, node_snaps))
+                assert grp is not None
+                grp.tok = sum(sn.tok for sn in grp.snaps)
+                grp.hbm_free = sum(sn.hbm_free for sn in grp.snaps if sn.healthy)
         self.pe_idle: set[int] = {grp.idx for grp in self.pe_groups}
         for grp in self.pe_groups:
             grp.idle = True
@@ -403,9 +418,10 @@ class Simulation:
             idle.add(grp.idx)
             return
         snaps = grp.snaps
-        read_q = grp.node.read_q  # a group is one node: its engines share the node's queue
-        for sn in snaps:
-            sn.read_q = read_q
+        for node, node_snaps in grp.nodes:  # each engine reports its own node's queue
+            read_q = node.read_q
+            for sn in node_snaps:
+                sn.read_q = read_q
         assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
         if assignments:
             engines = self.engines
@@ -431,10 +447,10 @@ class Simulation:
             return
         loads = {grp.idx: grp.tok + grp.private_tokens for grp in self.de_groups}
         res = de_route([r.core for r in q], loads)
-        groups, first, kind = self.de_groups, self.setup.prefill_nodes, self.K_DE_FETCH
+        groups, first, kind = self.de_groups, len(self.pe_groups), self.K_DE_FETCH
         for _rid, gidx in res.assignments:
             req = q.popleft()
-            grp = groups[gidx - first]  # DE groups are numbered by node, after the PE nodes
+            grp = groups[gidx - first]  # DE groups are numbered in order, after the PE groups
             grp.private.append(req)
             grp.private_tokens += req.length
             req.cum_end = grp.routed = grp.routed + req.length

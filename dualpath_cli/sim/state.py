@@ -133,22 +133,26 @@ class DEngine(_Engine):
 
 
 class Group:
-    """An engine group (one node's engines): fetches together through its leader.
+    """An engine group (the engines of ``nodes``: one node, or several consecutive nodes of
+    one role with ``cluster.nodes_per_group`` > 1): fetches together through its leader.
 
     ``snaps`` are the engines' own snapshots (core's in-place fetches update them), and
     ``tok``/``hbm_free`` are running totals over them (``hbm_free`` over healthy engines),
     kept up to date on every change so a DE drain or fetch never re-sums the group.
     ``routed`` counts every token ever routed to the private queue; each queued request keeps
     the count up to itself (``Req.cum_end``), so any head's total is one subtraction.
+    ``node`` is the leader's (first) node; ``nodes`` pairs each node with its engines'
+    snapshots, so a PE fetch gives every engine its own node's read queue (paper 6.2).
     """
 
-    __slots__ = ("idx", "role", "node", "engines", "snaps", "pending", "private",
+    __slots__ = ("idx", "role", "node", "nodes", "engines", "snaps", "pending", "private",
                  "private_tokens", "idle", "tick_ph", "tok", "hbm_free", "routed")
 
     def __init__(self, idx: int, role: Role, node: Node) -> None:
         self.idx = idx
         self.role = role
         self.node = node
+        self.nodes: list[tuple[Node, list[EngineSnapshot]]] = []
         self.engines: list = []
         self.snaps: list[EngineSnapshot] = []
         self.pending = False

@@ -11,21 +11,145 @@ child opens it by name when it unpickles the bucket. multiprocessing's resource 
 unlinks the name when the creator exits, but a ``SIGKILL`` to the creator's whole process
 group (a node agent killed as a unit, a Ray worker) kills the tracker too and the name stays
 behind. So the creator unlinks it itself (:func:`unlink_shared`) once every process it was
-handed to has opened it: an open semaphore keeps working after its name is gone.
+handed to has opened it: an open semaphore keeps working after its name is gone. Until then
+the name is noted in a per-user record (:func:`record_dir`, one file per creating process);
+the next process on the host that creates a shared bucket unlinks what a dead creator's
+record lists (:func:`sweep_stale`), so a kill during start-up leaks nothing for long either.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing as mp
 import multiprocessing.util
+import os
+import re
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from dualpath_cli.atomicio import atomic_write_text
 from dualpath_cli.storage.shaper import TokenBucket
 
-__all__ = ["SharedTokenBucket", "make_bucket", "pay", "unlink_shared"]
+__all__ = ["SharedTokenBucket", "make_bucket", "pay", "record_dir", "sweep_stale",
+           "unlink_shared"]
+
+_NAME = re.compile(r"/mp-[\w-]+")
+_RECORD = re.compile(r"(\d+)-(\d+\.\d+)\.names")
+_lock = threading.Lock()
+_named: set[str] = set()  # names this process created and has not unlinked
+_swept = False
+
+
+def record_dir() -> Path:
+    """Where creators note their not-yet-unlinked semaphore names (one file per process)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"dualpath-sem-{uid}"
+
+
+def _private_dir() -> Path | None:
+    """:func:`record_dir`, created 0700; None when it is not a directory of ours."""
+    path = record_dir()
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        return None
+    return path
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time as recorded (None: no such process)."""
+    import psutil
+
+    try:
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:
+        return ""  # alive, not ours to read: never swept
+
+
+def _record_path() -> Path | None:
+    base = _private_dir()
+    start = _started(os.getpid())
+    return base / f"{os.getpid()}-{start}.names" if base is not None and start else None
+
+
+def _write_record() -> None:
+    """Rewrite this process's record from ``_named`` (removed when empty); best effort."""
+    path = _record_path()
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        if _named:
+            atomic_write_text(path, "".join(n + "\n" for n in sorted(_named)), mode=0o600,
+                              fsync=False)
+        else:
+            path.unlink(missing_ok=True)
+            path.parent.rmdir()  # only when no other process's record is left
+
+
+def _note(name: str, created: bool) -> None:
+    global _swept
+    with _lock:
+        if not _swept:
+            _swept = True
+            sweep_stale()
+            atexit.register(_forget_all, os.getpid())
+        if created:
+            _named.add(name)
+        else:
+            _named.discard(name)
+        _write_record()
+
+
+def _forget_all(pid: int) -> None:
+    """At a clean exit multiprocessing unlinks what is left: the record goes."""
+    if os.getpid() == pid:
+        with _lock:
+            _named.clear()
+            _write_record()
+
+
+def sweep_stale() -> int:
+    """Unlink the semaphore names that dead creators' records list; how many were there.
+
+    A record whose process still runs (same pid and start time) is left alone.
+    """
+    from _multiprocessing import sem_unlink
+
+    base = _private_dir()
+    if base is None:
+        return 0
+    n = 0
+    for path in base.glob("*.names"):
+        m = _RECORD.fullmatch(path.name)
+        if m is None or _started(int(m.group(1))) in (m.group(2), ""):
+            continue
+        try:
+            names = path.read_text().split()
+        except OSError:
+            continue
+        for name in names:
+            if _NAME.fullmatch(name):
+                try:
+                    sem_unlink(name)
+                    n += 1
+                except OSError:
+                    pass  # unlinked already (its resource tracker did it)
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        base.rmdir()  # only when empty
+    return n
 
 
 class SharedTokenBucket(TokenBucket):
@@ -37,6 +161,9 @@ class SharedTokenBucket(TokenBucket):
     def __init__(self, rate: float | None, burst_bytes: int = 0) -> None:
         super().__init__(rate, burst_bytes)
         self._shared: Any = mp.get_context("spawn").Value("d", 0.0)
+        name = self.semaphore
+        if name is not None:  # named (spawn on POSIX): noted until unlinked
+            _note(name, True)
 
     @property
     def semaphore(self) -> str | None:
@@ -60,11 +187,13 @@ class SharedTokenBucket(TokenBucket):
         for fin in list(registry.values()):
             ref = getattr(fin, "_weakref", None)
             if ref is not None and ref() is lock:
+                name = lock._semlock.name
                 try:
                     fin()
                 except FileNotFoundError:
                     pass  # unlinked already (by hand, or the tracker of a dead parent)
                 self._unlinked = True
+                _note(name, False)
                 return True
         return False
 
