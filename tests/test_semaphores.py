@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_multinode import START_S, Procs, _free_port, _json_line, launch_env
+from test_multinode import START_S, Procs, _free_port, _json_line
 
 from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
 
@@ -122,20 +122,27 @@ def test_a_creator_killed_before_unlinking_is_swept_by_the_next() -> None:
 
 
 @pytest.fixture
-def scratch() -> Iterator[Path]:
+def xdg() -> Iterator[tuple[dict[str, str], Path]]:
     with tempfile.TemporaryDirectory(prefix="dualpath-sem-") as tmp:
-        yield Path(tmp)
+        run = Path(tmp) / "run"
+        run.mkdir(mode=0o700)
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=f"{tmp}/state",
+                   XDG_DATA_HOME=f"{tmp}/data", DUALPATH_URL="", DUALPATH_TOKEN="")
+        yield env, Path(tmp)
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_node_leaves_no_semaphores(scratch: Path) -> None:
+def test_a_sigkilled_node_leaves_no_semaphores(xdg: tuple[dict[str, str], Path]) -> None:
     """The ``kill_node`` fault: a joined node agent and its engines, killed as a group."""
-    procs = Procs(launch_env(scratch))
+    env, tmp = xdg
+    procs = Procs(env)
     port = _free_port()
     try:
         sched = procs.start("--role", "scheduler", "--port", str(port), "--store",
-                            str(scratch / "store"), "--json")
-        node = procs.join("decode", "d0", port, _json_line(sched, START_S)["token_file"])
+                            str(tmp / "store"), "--json")
+        token_file = _json_line(sched, START_S)["token_file"]
+        node = procs.start("--role", "decode", "--node", "d0", "--join", f"127.0.0.1:{port}",
+                           "--token-file", token_file, "--json")
         _json_line(node, START_S)
         names = _engine_sems(node.pid)
         assert names, "the node's engines map no NIC-bucket semaphore"
@@ -146,11 +153,13 @@ def test_a_sigkilled_node_leaves_no_semaphores(scratch: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(scratch: Path) -> None:
+def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(
+        xdg: tuple[dict[str, str], Path]) -> None:
     """``dualpath launch`` (scheduler and engine processes) killed with its whole group."""
-    procs = Procs(launch_env(scratch))
+    env, tmp = xdg
+    procs = Procs(env)
     try:
-        launcher = procs.start("--port", str(_free_port()), "--store", str(scratch / "store"),
+        launcher = procs.start("--port", str(_free_port()), "--store", str(tmp / "store"),
                                "--json")
         _json_line(launcher, START_S)
         names = _engine_sems(launcher.pid)
