@@ -1,19 +1,21 @@
 """``launch --backend ray`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``).
 
-A head node plus one node labelled for prefill and one for decode (custom resources), each
-with little memory so it fits a 2-core CI box. The launcher places one actor per dualpath
-node on the labelled Ray nodes, the agentic workload completes with the embedded run's
-tokens, and the decode node's actor killed mid-run (its process, so Ray restarts it) is
-detected by our heartbeats, its turns re-queued, and the restarted actor joins again.
+One Ray cluster for the module: a head plus a node offering the prefill resource and
+carrying the labels ``dualpath.role=prefill`` and ``dualpath.sched=yes``, and a node with
+the decode resource and ``dualpath.role=decode``; each with little memory so it fits a 2-core
+CI box. The launcher (the Ray driver) starts the scheduler's actor (on its own node, the
+head, or on the node ``--ray-scheduler-label`` names) and one actor per dualpath node, by
+custom resource or by label; the agentic workload completes with the embedded run's tokens;
+the decode node's actor killed mid-run (its process, so Ray restarts it) is detected by our
+heartbeats, its turns re-queued, and the restarted actor joins again; the scheduler's actor
+killed mid-run is restarted by Ray on its node and resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -29,26 +31,33 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dual
 
 import psutil  # noqa: E402
 from ray.cluster_utils import Cluster  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
+from test_fault_matrix import AGENTS as KEYED_AGENTS  # noqa: E402
+from test_fault_matrix import reference  # noqa: E402
+from test_multinode import Procs, _embedded_tokens, _json_line  # noqa: E402
+from test_scheduler_restart import TURN_DEADLINE_S, Clients  # noqa: E402
 
 from dualpath_cli.api.client import DualPathClient  # noqa: E402
 from dualpath_cli.api.listen import free_port  # noqa: E402
-from dualpath_cli.cluster.system import RuntimeSystem  # noqa: E402
-from dualpath_cli.runtime.options import RuntimeOptions  # noqa: E402
+from dualpath_cli.errors import UsageError  # noqa: E402
 from dualpath_cli.runtime.workloads import agentic_workload  # noqa: E402
 from dualpath_cli.services.ray_backend import (  # noqa: E402
     DECODE_RESOURCE,
     NAMESPACE,
     PREFILL_RESOURCE,
     RayBackendError,
+    label_matches,
+    parse_label,
     resolve_address,
+    scheduler_actor_name,
 )
 from dualpath_cli.services.remote_runner import run_agents_remote  # noqa: E402
-from dualpath_cli.services.runner import TurnRecord, run_agents  # noqa: E402
+from dualpath_cli.services.runner import TurnRecord  # noqa: E402
 
 START_S = 180.0  # a loaded 2-core CI box starts raylets, workers and engines slowly
 MB = 1024 * 1024
 #: Each Ray node's object store: Ray's minimum is about 75 MB; we put nothing in it.
 STORE_BYTES = 80 * MB
+AGENTS, TURNS = 4, 4
 
 
 def _ray_processes(root: str) -> list[psutil.Process]:
@@ -63,35 +72,71 @@ def _ray_processes(root: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture
-def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """Head + a prefill-labelled node + a decode-labelled node; shut down without a trace."""
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[dict[str, Any]]:
+    """Head + a prefill node (also labelled for the scheduler) + a decode node, shared by
+    the module's launches (each launch names its actors by its own port); shut down
+    without a trace."""
     root = tempfile.mkdtemp(prefix="dpray")  # short: Ray's unix sockets live under it
-    monkeypatch.setenv("RAY_TMPDIR", root)  # the session files and the address file too
     cluster: Cluster | None = None
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "object_store_memory": STORE_BYTES, "include_dashboard": False})
-        prefill = cluster.add_node(num_cpus=0, object_store_memory=STORE_BYTES,
-                                   resources={PREFILL_RESOURCE: 1})
-        decode = cluster.add_node(num_cpus=0, object_store_memory=STORE_BYTES,
-                                  resources={DECODE_RESOURCE: 1})
-        yield {"address": cluster.address, "prefill": prefill.node_id,
-               "decode": decode.node_id, "root": root}
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        deadline = time.monotonic() + 30
-        left = _ray_processes(root)
-        while left and time.monotonic() < deadline:
-            psutil.wait_procs(left, timeout=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_TMPDIR", root)  # the session files and the address file too
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "object_store_memory": STORE_BYTES,
+                "include_dashboard": False})
+            prefill = cluster.add_node(
+                num_cpus=0, object_store_memory=STORE_BYTES, resources={PREFILL_RESOURCE: 1},
+                labels={"dualpath.role": "prefill", "dualpath.sched": "yes"})
+            decode = cluster.add_node(
+                num_cpus=0, object_store_memory=STORE_BYTES, resources={DECODE_RESOURCE: 1},
+                labels={"dualpath.role": "decode"})
+            head = cluster.head_node
+            assert head is not None
+            yield {"address": cluster.address, "head": head.node_id,
+                   "prefill": prefill.node_id, "decode": decode.node_id, "root": root}
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+            deadline = time.monotonic() + 30
             left = _ray_processes(root)
-        for p in left:  # raylet children Ray forgot (none expected)
-            p.kill()
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"Ray left processes behind: {[p.pid for p in left]}"
+            while left and time.monotonic() < deadline:
+                psutil.wait_procs(left, timeout=1)
+                left = _ray_processes(root)
+            for p in left:  # raylet children Ray forgot (none expected)
+                p.kill()
+            shutil.rmtree(root, ignore_errors=True)
+            assert not left, f"Ray left processes behind: {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def tokens() -> dict[tuple[int, int], tuple[int, ...]]:
+    """The embedded run's tokens of the module's workload (computed once)."""
+    return _embedded_tokens(AGENTS, TURNS)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    return dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp_path / "state"),
+                XDG_DATA_HOME=str(tmp_path / "data"), DUALPATH_URL="", DUALPATH_TOKEN="",
+                RAY_ADDRESS="")
+
+
+def _launch(procs: Procs, ray_cluster: dict[str, Any], tmp_path: Path,
+            *more: str) -> subprocess.Popen[str]:
+    return procs.start("--backend", "ray", "--address", ray_cluster["address"], "--pd",
+                       "1P1D", "--port", str(free_port()), "--store", str(tmp_path / "store"),
+                       "--start-timeout", f"{START_S:g}s", "--json", *more)
+
+
+def _connect(ray_cluster: dict[str, Any]) -> None:
+    """This test process as a second Ray driver (to find and kill the launch's actors)."""
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster["address"], namespace=NAMESPACE,
+                 logging_level="WARNING", log_to_driver=False)
 
 
 def _semaphores(pid: int) -> set[str]:
@@ -107,66 +152,26 @@ def _semaphores(pid: int) -> set[str]:
     return found
 
 
-def _first_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """The launcher's ``--json`` ready line, or fail with its stderr."""
-    out: list[str] = []
-    stream: IO[str] | None = p.stdout
-    assert stream is not None
-    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not out or not out[0].strip():
-        p.kill()
-        err = p.stderr.read() if p.stderr is not None else ""
-        pytest.fail(f"no ready line within {timeout:g} s: {err[-3000:]}")
-    data: dict[str, Any] = json.loads(out[0])
-    return data
-
-
-def _embedded_tokens(agents: int, turns: int) -> dict[tuple[int, int], tuple[int, ...]]:
-    with RuntimeSystem(RuntimeOptions(fetch_s=0.005)) as system:
-        return run_agents(system, agentic_workload(agents, turns=turns)).tokens_by_turn()
-
-
-def _stop(p: subprocess.Popen[str]) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
-    for stream in (p.stdout, p.stderr):
-        if stream is not None:
-            stream.close()
-
-
 def test_ray_backend_places_serves_and_survives_a_killed_actor(
-        ray_cluster: dict[str, Any], tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp_path / "state"),
-               XDG_DATA_HOME=str(tmp_path / "data"), DUALPATH_URL="", DUALPATH_TOKEN="",
-               RAY_ADDRESS="")
-    port = free_port()
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "dualpath_cli.cli.app", "launch", "--backend", "ray",
-         "--address", ray_cluster["address"], "--pd", "1P1D", "--port", str(port),
-         "--store", str(tmp_path / "store"), "--start-timeout", f"{START_S:g}s", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
+        ray_cluster: dict[str, Any], tokens: dict[tuple[int, int], tuple[int, ...]],
+        tmp_path: Path) -> None:
+    procs = Procs(_env(tmp_path))
+    launcher = _launch(procs, ray_cluster, tmp_path)
     try:
-        state = _first_line(launcher, START_S + 30)
+        state = _json_line(launcher, START_S + 30)
         placed = {a["role"]: a for a in state["ray"]}
-        # each dualpath node's actor runs on the Ray node labelled for its role
+        # each dualpath node's actor runs on the Ray node with its role's resource
         assert placed["prefill"]["node_id"] == ray_cluster["prefill"]
         assert placed["decode"]["node_id"] == ray_cluster["decode"]
+        # the scheduler is an actor too, by default on the driver's node (the head here)
+        sched = state["ray_scheduler"]
+        assert sched["node_id"] == state["ray_driver_node"] == ray_cluster["head"]
+        assert sched["pid"] != launcher.pid and state["url"] == sched["url"]
         assert "as 2 Ray actors" in state["line"]
         url, token = state["url"], Path(state["token_file"]).read_text().strip()
         old_decode = placed["decode"]["engines"]
 
-        ray.init(address=ray_cluster["address"], namespace=NAMESPACE,
-                 logging_level="WARNING", log_to_driver=False)
+        _connect(ray_cluster)
         victim = ray.get_actor(placed["decode"]["name"], namespace=NAMESPACE)
         client = DualPathClient(url, token, timeout=10.0)
         killed = threading.Event()
@@ -191,13 +196,12 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
         # the decode engines decode 20x slower until they are killed, so a turn is in
         # flight on them when on_turn looks (on the tiny model a decode is over in ms)
         client.set_faults([f"slow_compute:engine={eid},factor=20" for eid in old_decode])
-        agents, turns = 4, 4
-        result, _ = run_agents_remote(url, agentic_workload(agents, turns=turns),
+        result, _ = run_agents_remote(url, agentic_workload(AGENTS, turns=TURNS),
                                       token=token, on_turn=on_turn, timeout=150)
         assert killed.is_set(), "no turn was ever in flight on the decode node"
         assert not result.errors
-        assert len(result.turns) == agents * turns
-        assert result.tokens_by_turn() == _embedded_tokens(agents, turns)
+        assert len(result.turns) == AGENTS * TURNS
+        assert result.tokens_by_turn() == tokens
 
         # our heartbeats (or the restarted actor's leave) took the old engines out and
         # re-queued their turns; Ray restarted the actor on the decode-labelled node
@@ -215,10 +219,90 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
         assert not [n for n in victim_sems if Path("/dev/shm", n).exists()]
         client.close()
     finally:
-        _stop(launcher)
+        procs.close()
     assert launcher.returncode == 0, launcher.returncode
     # the actors' notes of their semaphores went with their clean stop
     assert not (Path(ray_cluster["root"]) / f"dualpath-ray-{os.getuid()}").exists()
+
+
+def test_labels_place_every_actor_and_the_scheduler_actor_resumes_after_a_kill(
+        ray_cluster: dict[str, Any], tmp_path: Path) -> None:
+    """Placement by node labels (scheduler, prefill and decode); the scheduler's actor
+    killed mid-run is restarted by Ray on its node, resumes from its checkpoint on the same
+    ports, and every turn of clients that resend with their ``Idempotency-Key`` is
+    answered once with the reference model's tokens."""
+    procs = Procs(_env(tmp_path))
+    launcher = _launch(procs, ray_cluster, tmp_path,
+                       "--ray-scheduler-label", "dualpath.sched=yes",
+                       "--ray-prefill-label", "dualpath.role=prefill",
+                       "--ray-decode-label", "dualpath.role=decode")
+    clients: Clients | None = None
+    try:
+        state = _json_line(launcher, START_S + 30)
+        sched = state["ray_scheduler"]
+        # the scheduler's actor on the labelled node (not the driver's), the API its own
+        assert sched["node_id"] == ray_cluster["prefill"] != state["ray_driver_node"]
+        assert state["url"] == sched["url"] and not sched["restarted"]
+        placed = {a["role"]: a for a in state["ray"]}
+        assert placed["prefill"]["node_id"] == ray_cluster["prefill"]
+        assert placed["decode"]["node_id"] == ray_cluster["decode"]
+        url, token = state["url"], Path(state["token_file"]).read_text().strip()
+
+        _connect(ray_cluster)
+        handle = ray.get_actor(scheduler_actor_name(state["port"]), namespace=NAMESPACE)
+        clients = Clients(url, token, "ray")
+        threads = clients.start()
+        wanted = sum(len(t.turns) for t in KEYED_AGENTS)
+        assert clients.wait_answered(3, TURN_DEADLINE_S), "no turn answered"
+        ray.kill(handle, no_restart=False)  # its process dies; Ray restarts it
+        assert clients.wait_answered(wanted, TURN_DEADLINE_S * 2)
+        for th in threads:
+            th.join(TURN_DEADLINE_S)
+        assert not clients.errors
+        assert clients.tokens == reference()
+        assert all(n == 1 for n in clients.answers.values())
+        assert clients.retries >= 1  # the kill cut (or refused) some request
+        again = ray.get(handle.info.remote(), timeout=60)
+        assert again["restarted"] and again["pid"] != sched["pid"]
+        assert again["node_id"] == ray_cluster["prefill"] and again["url"] == url
+        # the node actors' engines reconnected to the restored scheduler: no re-join
+        assert again["restored"]["engines"] == 2
+        assert again["restored"]["control_port_kept"]
+    finally:
+        if clients is not None:
+            clients.http.close()
+        procs.close()
+    assert launcher.returncode == 0, launcher.returncode
+
+
+@pytest.mark.parametrize("flag", ["--ray-decode-label", "--ray-scheduler-label"])
+def test_a_label_no_node_carries_is_one_line(ray_cluster: dict[str, Any], tmp_path: Path,
+                                             flag: str) -> None:
+    procs = Procs(_env(tmp_path))
+    p = _launch(procs, ray_cluster, tmp_path, flag, "dualpath.role=nowhere")
+    try:
+        _, err = p.communicate(timeout=120)  # at once: Ray would wait for ever
+    finally:
+        procs.close()
+    role = flag.split("-")[3]
+    assert p.returncode == RayBackendError.exit_code
+    assert (f"carries the label dualpath.role=nowhere (--ray-{role}-label); start one with "
+            "ray start --labels=dualpath.role=nowhere") in err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
+
+
+def test_parse_and_match_labels() -> None:
+    sel = parse_label("--x", "dualpath.role=prefill, example.com/zone=in(a, b),gpu=!none")
+    assert sel == {"dualpath.role": "prefill", "example.com/zone": "in(a, b)",
+                   "gpu": "!none"}
+    assert label_matches({"dualpath.role": "prefill", "example.com/zone": "b"}, sel)
+    assert not label_matches({"dualpath.role": "prefill", "example.com/zone": "c"}, sel)
+    assert not label_matches({"dualpath.role": "prefill", "example.com/zone": "a",
+                              "gpu": "none"}, sel)
+    assert not label_matches({}, {"dualpath.role": "prefill"})
+    for bad in ("role", "=x", "role=", "role=-x", "a b=c", "role=in()"):
+        with pytest.raises(UsageError, match="expected KEY=VALUE"):
+            parse_label("--ray-prefill-label", bad)
 
 
 def test_resolve_address_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -252,6 +336,8 @@ def test_unreachable_ray_is_one_line(tmp_path: Path) -> None:
     (["--address", "auto"], "--address is for --backend ray"),
     (["--backend", "ray", "--role", "decode", "--join", "h:1"], "no --role prefill|decode"),
     (["--backend", "ray", "--engines", "emulated"], "--engines emulated"),
+    (["--ray-prefill-label", "a=b"], "--ray-prefill-label is for --backend ray"),
+    (["--backend", "ray", "--ray-decode-label", "role"], "expected KEY=VALUE"),
 ])
 def test_backend_usage_errors(args: list[str], message: str,
                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -206,6 +206,7 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
     try:
         opts = _options(*opts_args)
         node = backend.scheduler_node()
+        backend.check_nodes(opts)  # before any actor starts (Ray would wait for ever)
         driver = backend.driver_node()
         # the API binds --host on the launcher's node (or loopback anywhere: the check above
         # put it on this machine), else the scheduler's node's own address

@@ -351,6 +351,23 @@ class RayBackend:
                     f"{n} {resource!r} units --pd {pd} needs (one per node); start those nodes "
                     f"with ray start --resources='{{\"{resource}\": 1}}'")
 
+    def check_nodes(self, opts: Any) -> None:
+        """Refuse, in one line, a cluster that cannot host ``opts``'s nodes.
+
+        Why first: Ray waits forever for an actor no node can take.
+
+        Raises:
+            RayBackendError: too few resource units, or no alive node with a role's label.
+        """
+        pd = f"{opts.prefill_nodes}P{opts.decode_nodes}D"
+        counts = {"prefill": opts.prefill_nodes, "decode": opts.decode_nodes}
+        resources = {"prefill": PREFILL_RESOURCE, "decode": DECODE_RESOURCE}
+        self._check_resources({resources[r]: n for r, n in counts.items()
+                               if r not in self.labels}, pd)
+        for role, n in counts.items():
+            if role in self.labels and n:
+                self._labelled_nodes(role)
+
     def place(self, opts: Any, url: str, token: str, timeout: float,
               on_progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         """Start every node's actor and wait until the scheduler sees all engines ready.
@@ -368,14 +385,9 @@ class RayBackend:
             RayBackendError: too few labelled nodes, or a node not serving in time.
         """
         ray = _import_ray()
-        pd = f"{opts.prefill_nodes}P{opts.decode_nodes}D"
+        self.check_nodes(opts)
         counts = {"prefill": opts.prefill_nodes, "decode": opts.decode_nodes}
         resources = {"prefill": PREFILL_RESOURCE, "decode": DECODE_RESOURCE}
-        self._check_resources({resources[r]: n for r, n in counts.items()
-                               if r not in self.labels}, pd)
-        for role in counts:
-            if role in self.labels and counts[role]:
-                self._labelled_nodes(role)  # none alive: one line rather than a hang
         remote = ray.remote(NodeActor)
         store = str(opts.store_dir) if opts.store_dir is not None else None
         for role, count in counts.items():
