@@ -87,7 +87,7 @@ def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
             for sub in subs:
                 sub._pe_fetch = _timed(sub._pe_fetch, samples["pe_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
                 sub._de_fetch = _timed(sub._de_fetch, samples["de_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
-            hierarchy.route_to_subs = _timed(route, samples["root_route"])  # type: ignore[assignment]
+            hierarchy.route_to_subs = _timed(route, samples["root_route"])
             trace = synthetic_trace(64_000, args.agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate)
             driver.thread.start()

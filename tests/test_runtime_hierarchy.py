@@ -168,3 +168,35 @@ def test_bench_runs_the_hierarchy_from_the_config_key(
     assert code == 0, out.err
     row = json.loads(out.out)["policies"][0]
     assert row["tokens_match"] and row["turns"] == 2 and not row["errors"]
+
+
+def test_a_live_cluster_serves_through_the_hierarchy(tmp_path: Any) -> None:
+    """What ``dualpath launch`` runs: turns through the API's entry points, the request
+    listing and a request's story across the subs, a scheduler change on every sub, and no
+    checkpoint (a hierarchical scheduler is not checkpointed)."""
+    from dualpath_cli.runtime.control import SchedulerChange
+    from dualpath_cli.services.live import LiveCluster
+
+    opts = RuntimeOptions(block_tokens=8, prefill_nodes=2, decode_nodes=2, flops_rate=1e9,
+                          hierarchical=True, sub_schedulers=2)
+    live = LiveCluster(opts, checkpoint=tmp_path / "checkpoint.json")
+    try:
+        assert live.durable is None
+        live.start()
+        rng = np.random.default_rng(2)
+        tickets = [live.submit(rng.integers(0, 256, 40).tolist(), 3, session=f"s{i}")
+                   for i in range(4)]
+        results = [t.wait(60) for t in tickets]
+        assert all(len(r.tokens) == 3 for r in results)
+        sched = live.system.scheduler
+        assert isinstance(sched, HierarchicalScheduler) and all(sched.sub_turns)
+        done = live.requests("finished", 10)["requests"]
+        assert sorted(r["rid"] for r in done) == [0, 1, 2, 3]
+        story = live.request(3)
+        assert story["rid"] == 3
+        live.update_scheduler(SchedulerChange(alpha_tokens=4096), "test")
+        assert {sub.params.alpha for sub in sched.subs} == {4096}
+        assert live.view().scheduler.thresholds.alpha_tokens == 4096
+        assert not (tmp_path / "checkpoint.json").exists()
+    finally:
+        live.close()
