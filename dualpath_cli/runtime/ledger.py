@@ -78,6 +78,14 @@ class Lookup:
         hit_blocks: blocks found, in order from the first.
         misses: missed blocks by reason.
         evicted_age_s: the oldest evicted block's age (``None``: none evicted).
+        cross_blocks: hit blocks another conversation stored (the leading ones past the
+            agent's own stored chain), counted in the cross-conversation hit tokens.
+        lead: the prompt's first block key, 8 bytes in hex (``None``: no full block):
+            conversations opening with the same block share a prefix.
+        cross_key: the last cross-conversation hit block's key, 8 bytes in hex (``None``:
+            none): the shared prefix those blocks are (keys are chained, so equal keys mean
+            equal prefixes). The digital twin links recorded turns into shared-prefix
+            segments by these (services/recording.py ``trace_from_decisions``).
     """
 
     prompt_tokens: int
@@ -86,12 +94,16 @@ class Lookup:
     misses: dict[str, int] = field(default_factory=dict)
     evicted_age_s: float | None = None
     keys: list[bytes] = field(default_factory=list, repr=False)
+    cross_blocks: int = 0
+    lead: str | None = None
+    cross_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The decision-log form (JSON-ready)."""
         return {"prompt_tokens": self.prompt_tokens, "blocks": self.blocks,
                 "hit_blocks": self.hit_blocks, "misses": dict(self.misses),
-                "evicted_age_s": self.evicted_age_s}
+                "evicted_age_s": self.evicted_age_s, "cross_blocks": self.cross_blocks,
+                "lead": self.lead, "cross_key": self.cross_key}
 
 
 class RequestLedger:
@@ -146,6 +158,9 @@ class RequestLedger:
             stored = len(chain) // KEY_BYTES
             failed = self._failed.get(rid)
             own = _own_prefix(chain, raw, hits)  # the rest of the hits: another's blocks
+            look.cross_blocks = max(0, hits - own)
+            look.lead = raw[0][:8].hex() if raw else None
+            look.cross_key = raw[hits - 1][:8].hex() if hits > own else None
             for i in range(hits, limit):
                 key = raw[i]
                 if failed is not None and failed[0] <= i < failed[2]:

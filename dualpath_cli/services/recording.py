@@ -57,8 +57,8 @@ from dualpath_cli.telemetry.view import (
 __all__ = ["FORMAT", "VERSION", "MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "Extras", "Sample",
            "Recording", "RecordingError",
            "ViewSource", "open_text", "open_binary", "read_recording", "write_recording", "collect",
-           "extras_from_metrics_text", "trace_from_decisions", "sample_line", "decision_line",
-           "encode_view",
+           "extras_from_metrics_text", "trace_from_decisions", "shared_links", "sample_line",
+           "decision_line", "encode_view",
            "decode_view"]
 
 
@@ -654,17 +654,25 @@ def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
     ``gen`` gets 1, its generated tokens folded into the next turn's append (prompt lengths
     and chains still replay). Requeued attempts count once; control decisions (a dynamic
     controller's moves) are not turns. ``None`` when no turn was served.
+
+    Shared prefixes (a system prompt other conversations send too) become the trace's
+    ``shared`` segments, linked from the first turns' lookups (:func:`shared_links`), so a
+    replay hits them across conversations as the cluster did.
     """
     from dualpath_cli.workload.trace_format import Trace, TraceHeader
     from dualpath_cli.workload.trajectory import Trajectory, Turn
 
     turns_of: dict[int, dict[int, tuple[int, int | None]]] = {}
+    firsts: dict[int, Decision] = {}
     for d in decisions:
         if getattr(d, "kind", "turn") != "turn":
             continue
         turns_of.setdefault(d.agent, {}).setdefault(d.turn, (d.length, d.gen))
+        if d.turn == 0:
+            firsts.setdefault(d.agent, d)
     if not turns_of:
         return None
+    shared = shared_links(firsts.values())
     trajectories = []
     longest = 1
     folded = False
@@ -678,8 +686,61 @@ def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
             turns.append(Turn(append, gen))
             ctx += append + gen
         longest = max(longest, sum(t.append + t.gen for t in turns))
-        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent))
+        seg = shared.get(agent, ())
+        if seg and seg[0][1] > turns[0].append - 1:
+            seg = ()  # the replayed first turn is shorter than the prefix (a folded gen)
+        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent,
+                                       shared=seg))
     note = ("1 per turn where the server did not record it; those generated tokens folded "
             "into the next turn's append" if folded else "as generated")
     header = TraceHeader(max_len=longest, generator={"from": "dualpath record", "gen": note})
     return Trace(header, tuple(trajectories))
+
+
+def shared_links(firsts: Iterable[Decision]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Agent -> the shared-prefix segment its first turn opens with, from the first turns'
+    decisions (their ``lookup``: ``cross_blocks``, ``cross_key``, ``lead``; the runtime's
+    ledger logs them).
+
+    The linking rule: a first turn that hit ``c`` blocks another conversation stored opens
+    with the segment those blocks are, keyed by the last one's key (block keys are chained:
+    an equal key is an equal prefix) and ``c`` blocks long. A first turn that hit none but
+    opens with the same first block (``lead``) as such a turn stored what they hit, or
+    could have: it opens with that segment too (the one hit most often in its lead group
+    that fits its prompt, leaving one token to prefill). One segment per turn: nested
+    prefixes (a system prompt, then a shared tool list) are linked as the longest prefix
+    each turn hit, not as a chain. Turns from a server that does not log these keys link
+    nothing.
+    """
+    hitters: dict[int, tuple[str, str, int]] = {}  # agent -> (lead, cross key, tokens)
+    others: dict[int, tuple[str, int]] = {}        # agent -> (lead, prompt tokens)
+    for d in firsts:
+        look = d.inputs.get("lookup") or {}
+        lead, key, cross = look.get("lead"), look.get("cross_key"), look.get("cross_blocks")
+        if not isinstance(lead, str):
+            continue
+        hit_blocks = look.get("hit_blocks") or 0
+        if isinstance(key, str) and isinstance(cross, int) and cross > 0 and hit_blocks:
+            block = d.cached // hit_blocks
+            hitters[d.agent] = (lead, key, cross * block)
+        else:
+            others[d.agent] = (lead, d.length)
+    out: dict[int, tuple[tuple[int, int], ...]] = {}
+    by_lead: dict[str, dict[tuple[str, int], int]] = {}
+    for agent, (lead, key, tokens) in hitters.items():
+        out[agent] = ((_segment_seed(key), tokens),)
+        group = by_lead.setdefault(lead, {})
+        group[(key, tokens)] = group.get((key, tokens), 0) + 1
+    for agent, (lead, length) in others.items():
+        fits = [(n, tokens, key) for (key, tokens), n in by_lead.get(lead, {}).items()
+                if tokens < length]
+        if fits:
+            _, tokens, key = max(fits)
+            out[agent] = ((_segment_seed(key), tokens),)
+    return out
+
+
+def _segment_seed(key: str) -> int:
+    """A shared segment's seed from its block key (hex): below the trace format's
+    ``MAX_SEED`` (2**63 - 1)."""
+    return int(key, 16) >> 1

@@ -7,9 +7,12 @@ NIC rates predicts the JCT, TTFT and storage-NIC balance of each setting. ``dual
 suggest`` and ``tune set --dry-run`` on a live cluster both come here; the CLI only renders.
 
 What is replayed: every agent whose turns the decision log holds, each turn's prompt length
-exactly (``recording.trace_from_decisions``), all agents started together (an offline
-replay: the recorded arrival times are not replayed, so the JCT is the time to serve that
-traffic as one job; relative changes are what the ranking uses).
+exactly (``recording.trace_from_decisions``), with the shared prefixes the cluster hit across
+conversations (``recording.shared_links``). A recording with finished requests' stories
+starts each agent when its first turn arrived in the recording (relative to the first: a
+run whose agents all started together replays as one job); otherwise, and from a live
+decision log, all agents start together (an offline replay). The JCT is from the first
+arrival to the last finish; relative changes are what the ranking uses.
 
 Two worlds:
 
@@ -137,6 +140,8 @@ class Traffic:
     window_s: float
     snic_bytes_per_s: float | None
     measured: Measured | None = None
+    starts: tuple[float, ...] | None = None  # per plan: its first arrival (None: all at 0)
+    block_tokens: int | None = None  # the cluster's block size, when its lookups show it
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form (no plans)."""
@@ -196,7 +201,18 @@ def traffic_from_decisions(view: ClusterView, decisions: Sequence[Decision], sou
     if trace is None:
         raise UsageError(f"{source}: no served turns to replay (the decision log is empty; "
                          "record while the cluster serves traffic)")
-    return _traffic(view, plans_from_trajectories(trace.trajectories), source, window_s)
+    traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source, window_s)
+    return replace(traffic, block_tokens=_block_tokens(decisions))
+
+
+def _block_tokens(decisions: Sequence[Decision]) -> int | None:
+    """The cluster's block size as its lookups show it (cached tokens over hit blocks of a
+    turn that hit); ``None`` when no turn hit."""
+    for d in decisions:
+        hit = ((d.inputs or {}).get("lookup") or {}).get("hit_blocks")
+        if isinstance(hit, int) and hit > 0 and d.cached > 0 and d.cached % hit == 0:
+            return d.cached // hit
+    return None
 
 
 def _traffic(view: ClusterView, plans: list[AgentPlan], source: str,
@@ -229,7 +245,34 @@ def traffic_from_recording(rec: Recording, source: str) -> Traffic:
                            rec.window_s)
     else:
         traffic = traffic_from_decisions(view, rec.decisions, source, rec.window_s)
-    return replace(traffic, measured=measured_from_recording(rec))
+    measured = measured_from_recording(rec)
+    starts = None if measured is None else _recorded_starts(rec)
+    if starts is not None and len(starts) != len(traffic.plans):
+        starts = None  # a trace that is not the decisions' own: replay offline
+    return replace(traffic, measured=measured, starts=starts,
+                   block_tokens=traffic.block_tokens or _block_tokens(rec.decisions))
+
+
+def _recorded_starts(rec: Recording) -> tuple[float, ...]:
+    """Per agent of the replay (the trace's order: agent ids sorted), the second its first
+    turn arrived after the first agent's: the story's arrival, else the first turn's
+    decision time; 0 for an agent whose first turn is not in the window."""
+    first: dict[int, float] = {}
+    agents: set[int] = set()
+    rid_of: dict[int, int] = {}
+    for d in rec.decisions:
+        if getattr(d, "kind", "turn") != "turn":
+            continue
+        agents.add(d.agent)
+        if d.turn == 0 and d.agent not in first:
+            first[d.agent] = d.at
+            rid_of[d.agent] = d.rid
+    for agent, rid in rid_of.items():
+        arrival = (rec.stories.get(rid) or {}).get("arrival")
+        if isinstance(arrival, int | float) and math.isfinite(arrival):
+            first[agent] = min(first[agent], float(arrival))
+    t0 = min(first.values(), default=0.0)
+    return tuple(first[a] - t0 if a in first else 0.0 for a in sorted(agents))
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -395,7 +438,7 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
     model = mc.to_profile()
     context = _mean_context(traffic.plans)
     compute = (measure or measure_compute)(traffic.model, context)
-    bt = cfg.storage.block_size
+    bt = traffic.block_tokens or cfg.storage.block_size
     block = mc.n_layers * bt * mc.kv_bytes_per_token_layer
     notes = [f"compute measured here: {compute['flops'] / 1e9:.3g} GFLOP/s prefill, "
              f"{compute['decode_step_s'] * 1e3:.3g} ms per decode step"]
@@ -459,12 +502,14 @@ class Prediction:
     snic_max_avg: float
     wall_s: float
     dimension: str = "current"
+    cross_hit_share: float = 0.0  # hit tokens another conversation's shared prefix gave
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form."""
         return {**self.setting.to_dict(), "jct_s": self.jct_s,
                 "mean_trajectory_s": self.mean_trajectory_s, "ttft_mean_s": self.ttft_mean_s,
                 "ttft_p90_s": self.ttft_p90_s, "snic_max_avg": self.snic_max_avg,
+                "cross_conversation_hit_share": self.cross_hit_share,
                 "wall_s": self.wall_s, "varied": self.dimension}
 
 
@@ -482,8 +527,9 @@ def _simulation(traffic: Traffic, world: World, setting: Setting,
                        setting.pd, setting.read_side, "hopper", calibration=cal,
                        alpha=setting.alpha, beta=setting.beta)
     setup = replace(setup, model=world.model, hardware=world.hardware)
-    return TimedSimulation(setup, list(traffic.plans), turn_gap_s=world.turn_gap_s,
-                           handoff_s=world.handoff_s, keep_phases=keep_phases)
+    return TimedSimulation(setup, list(traffic.plans), starts=traffic.starts,
+                           turn_gap_s=world.turn_gap_s, handoff_s=world.handoff_s,
+                           keep_phases=keep_phases)
 
 
 def _scaled_world(world: World, prefill: float, decode: float, handoff_s: float,
@@ -577,7 +623,7 @@ def predict(traffic: Traffic, world: World, setting: Setting,
     nan = float("nan")
     return Prediction(setting, res.jct, float(res.extra.get("mean_trajectory_s", nan)),
                       ttft.mean if ttft else nan, ttft.p90 if ttft else nan,
-                      res.snic_max_avg, wall, dimension)
+                      res.snic_max_avg, wall, dimension, res.cross_conversation_hit_share)
 
 
 # --- the search ------------------------------------------------------------------------------

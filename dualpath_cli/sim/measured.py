@@ -22,7 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.metrics import SimResult
 from dualpath_cli.sim.state import DEngine, Req
 from dualpath_cli.sim.trace import AgentPlan
 
@@ -45,6 +48,9 @@ class TimedSimulation(Simulation):
     before a decode engine takes a turn, and per-turn phases.
 
     Args:
+        starts: per plan, the second its first turn arrives (``None``: all at t = 0, an
+            offline run); the offline JCT is then from t = 0 (the first arrival) to the
+            last finish, and an agent's trajectory time counts from its own start.
         turn_gap_s: seconds from a turn's last token to the agent's next request.
         handoff_s: seconds from a turn's first token (and its modelled KV transfer) to its
             decode engine taking it.
@@ -52,9 +58,13 @@ class TimedSimulation(Simulation):
     """
 
     def __init__(self, setup: SimSetup, plans: Sequence[AgentPlan], *,
-                 turn_gap_s: float = 0.0, handoff_s: float = 0.0,
-                 keep_phases: bool = False) -> None:
+                 starts: Sequence[float] | None = None, turn_gap_s: float = 0.0,
+                 handoff_s: float = 0.0, keep_phases: bool = False) -> None:
         super().__init__(setup, plans)
+        if starts is not None and (len(starts) != len(self.plans)
+                                   or not all(x >= 0 for x in starts)):
+            raise ValueError("starts: one time >= 0 s per plan")
+        self.starts = list(starts) if starts is not None else None
         for name, value in (("turn gap", turn_gap_s), ("hand-off", handoff_s)):
             if not value >= 0:
                 raise ValueError(f"{name} {value!r}: must be >= 0 s")
@@ -66,15 +76,30 @@ class TimedSimulation(Simulation):
         self.K_NEXT_TURN = self.loop.register(self._next_turn)
         self.K_HANDOFF = self.loop.register(self._handed_over)
 
-    # an agent's next turn, after the client's gap
+    # an agent's first turn at its start, its next ones after the client's gap
     def _next_turn(self, agent: int) -> None:
+        if self.next_turn[agent] == 0:
+            self.agent_start[agent] = self.loop.now
         Simulation._start_turn(self, agent)
 
     def _start_turn(self, agent: int) -> None:
-        if self.turn_gap_s > 0 and self.next_turn[agent] > 0:
-            self.loop.at(self.loop.now + self.turn_gap_s, self.K_NEXT_TURN, agent)
+        if self.next_turn[agent] > 0:
+            if self.turn_gap_s > 0:
+                self.loop.at(self.loop.now + self.turn_gap_s, self.K_NEXT_TURN, agent)
+                return
+        elif self.starts is not None and self.starts[agent] > self.loop.now:
+            self.loop.at(self.starts[agent], self.K_NEXT_TURN, agent)
             return
         super()._start_turn(agent)
+
+    def run_offline(self) -> SimResult:
+        """As :meth:`Simulation.run_offline`; the mean trajectory time counts each agent
+        from its own start."""
+        res = super().run_offline()
+        if self.starts is not None:
+            res.extra["mean_trajectory_s"] = float(np.mean(
+                [e - s for e, s in zip(self.agent_end, self.agent_start, strict=True)]))
+        return res
 
     # the decode engine takes the turn after the hand-off delay
     def _handed_over(self, req: Req) -> None:
