@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from typing import Any
 
 import psutil
 import pytest
+from test_multinode import Procs, _json_line, launch_env
 
 from dualpath_cli.runtime.faults import parse_fault
 from dualpath_cli.runtime.model import load_model
@@ -602,22 +602,6 @@ def _fabric_drop(tmp: Path) -> FaultRow:
                     state_after=state, dead_events=len(live.system.scheduler.dead_events))
 
 
-def _ready_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """A launched node's ``--json`` line (or fail with its stderr)."""
-    out: list[str] = []
-    stream = p.stdout
-    assert stream is not None
-    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not out or not out[0].strip():
-        p.kill()
-        raise AssertionError(f"a node did not join within {timeout:g} s: "
-                             f"{(p.stderr.read() if p.stderr else '')[-1000:]}")
-    data: dict[str, Any] = json.loads(out[0])
-    return data
-
-
 def _kill_node(tmp: Path) -> FaultRow:
     """A joined node's processes (its ``launch --role decode --join`` and its engines) all
     killed with SIGKILL while they hold turns; the scheduler runs in this process."""
@@ -625,20 +609,13 @@ def _kill_node(tmp: Path) -> FaultRow:
 
     store = tmp / "store"
     t_start = time.monotonic()
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp), XDG_STATE_HOME=str(tmp / "state"),
-               DUALPATH_TOKEN="test-token", DUALPATH_URL="")
-    nodes: dict[str, subprocess.Popen[str]] = {}
+    procs = Procs(dict(launch_env(tmp), DUALPATH_TOKEN="test-token"))
     with _cluster(_opts(store, local_engines=False)) as live, serve(live) as served:
         port = served.url.rsplit(":", 1)[1]
         try:
-            for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"),
-                               ("d1", "decode")):
-                nodes[name] = subprocess.Popen(
-                    [sys.executable, "-m", "dualpath_cli.cli.app", "launch", "--role", role,
-                     "--node", name, "--join", f"127.0.0.1:{port}", "--json"], env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    start_new_session=True)
-            engines = {name: _ready_line(p, 180)["engines"] for name, p in nodes.items()}
+            nodes = {name: procs.join(role, name, port) for name, role in (
+                ("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode"))}
+            engines = {name: _json_line(p, 180)["engines"] for name, p in nodes.items()}
             s = Sessions(live)
             s.run(range(0, 1))
             threads = s.start(range(1, 3))
@@ -654,18 +631,7 @@ def _kill_node(tmp: Path) -> FaultRow:
                         t_start, _serving(live), node=name, engines=engines[name],
                         nodes_alive=alive)
         finally:
-            for p in nodes.values():
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in nodes.values():
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
-                for stream in (p.stdout, p.stderr):
-                    if stream is not None:
-                        stream.close()
+            procs.close()
 
 
 #: fault name -> (scenario, slow)

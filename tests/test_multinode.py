@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,8 +33,21 @@ def _free_port() -> int:
     return port
 
 
+def launch_env(tmp: Path) -> dict[str, str]:
+    """The environment of launched processes: private XDG dirs under ``tmp`` (``run``
+    created 0700), no ``DUALPATH_URL``/``DUALPATH_TOKEN`` from the caller's shell.
+
+    A function, not a fixture: bench/reliability.py runs these scenarios outside pytest.
+    """
+    run = tmp / "run"
+    run.mkdir(mode=0o700)
+    return dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp / "state"),
+                XDG_DATA_HOME=str(tmp / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
+
+
 class Procs:
-    """Processes this test started, each in its own session (killed as a group)."""
+    """``dualpath launch`` processes of one test, each in its own session (killed as a
+    group: SIGTERM, then SIGKILL after 30 s)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -46,15 +60,25 @@ class Procs:
         self.procs.append(p)
         return p
 
+    def join(self, role: str, name: str, port: int | str,
+             token_file: str | None = None) -> subprocess.Popen[str]:
+        """A node joining the scheduler on loopback ``port`` (``--json``); without
+        ``token_file`` the token comes from ``DUALPATH_TOKEN``."""
+        token = ("--token-file", token_file) if token_file is not None else ()
+        return self.start("--role", role, "--node", name, "--join", f"127.0.0.1:{port}",
+                          *token, "--json")
+
     def close(self) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
         for p in reversed(self.procs):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
             for stream in (p.stdout, p.stderr):
                 if stream is not None:
@@ -62,7 +86,10 @@ class Procs:
 
 
 def _json_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """The first stdout line (``--json``), or fail with the process's stderr."""
+    """The first stdout line (``--json``), or fail with the process's stderr.
+
+    Fails with AssertionError, not ``pytest.fail``: bench scripts call it too.
+    """
     out: list[str] = []
     stream: IO[str] | None = p.stdout
     assert stream is not None
@@ -72,18 +99,14 @@ def _json_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     if not out or not out[0].strip():
         p.kill()
         err = p.stderr.read() if p.stderr is not None else ""
-        pytest.fail(f"no ready line within {timeout:g} s: {err[-2000:]}")
+        raise AssertionError(f"no ready line within {timeout:g} s: {err[-3000:]}")
     data: dict[str, Any] = json.loads(out[0])
     return data
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp_path / "state"),
-               XDG_DATA_HOME=str(tmp_path / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
-    procs = Procs(env)
+    procs = Procs(launch_env(tmp_path))
     port = _free_port()
     try:
         sched = procs.start("--role", "scheduler", "--port", str(port), "--store",
@@ -96,8 +119,8 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _join(c: dict[str, Any], role: str, name: str, token_file: str) -> subprocess.Popen[str]:
-    return c["procs"].start("--role", role, "--node", name, "--join",
-                            f"127.0.0.1:{c['port']}", "--token-file", token_file, "--json")
+    procs: Procs = c["procs"]
+    return procs.join(role, name, c["port"], token_file)
 
 
 def _embedded_tokens(agents: int, turns: int) -> dict[tuple[int, int], tuple[int, ...]]:

@@ -14,25 +14,23 @@ the tokens of a clean run. :func:`run_scheduler_kill` is also the ``scheduler_ki
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import numpy as np
 import psutil
 import pytest
 from test_fault_matrix import AGENTS, SLOW, VOCAB, FaultRow, _model, reference
+from test_multinode import Procs, _json_line, launch_env
 
 from dualpath_cli.api.listen import free_port, listen
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -296,53 +294,6 @@ def test_idempotency_key_over_http() -> None:
 
 
 # -- end to end: processes on loopback -------------------------------------------------------
-class Procs:
-    """``dualpath launch`` processes of one test, each in its own session."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-m", "dualpath_cli.cli.app", "launch", *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=self.env, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def close(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-            for stream in (p.stdout, p.stderr):
-                if stream is not None:
-                    stream.close()
-
-
-def _json_line(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """The first stdout line (``--json``), or fail with the process's stderr."""
-    out: list[str] = []
-    stream: IO[str] | None = p.stdout
-    assert stream is not None
-    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not out or not out[0].strip():
-        p.kill()
-        err = p.stderr.read() if p.stderr is not None else ""
-        raise AssertionError(f"no ready line within {timeout:g} s: {err[-3000:]}")
-    data: dict[str, Any] = json.loads(out[0])
-    return data
-
-
 class Clients:
     """Agents' sessions over HTTP, each turn with an ``Idempotency-Key``; a turn whose
     request fails (connection cut, 503 while the scheduler restarts) is sent again with
@@ -439,10 +390,8 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3, take_ctl_port: bool = Fal
     so the nodes cannot reconnect and must join again.
     """
     t_start = time.monotonic()
+    env = launch_env(tmp)
     run = tmp / "run"
-    run.mkdir(mode=0o700)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp / "state"),
-               XDG_DATA_HOME=str(tmp / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
     store = tmp / "store"
     port = free_port()
     sched_args = ("--role", "scheduler", "--port", str(port), "--store", str(store),
@@ -455,9 +404,7 @@ def run_scheduler_kill(tmp: Path, kill_after: int = 3, take_ctl_port: bool = Fal
         state = _json_line(sched, START_S)
         url, token_file = state["url"], state["token_file"]
         token = Path(token_file).read_text().strip()
-        nodes = {name: procs.start("--role", role, "--node", name, "--join",
-                                   f"127.0.0.1:{port}", "--token-file", token_file,
-                                   "--json")
+        nodes = {name: procs.join(role, name, port, token_file)
                  for name, role in (("p0", "prefill"), ("d0", "decode"))}
         joined = {name: _json_line(p, START_S) for name, p in nodes.items()}
         clients = Clients(url, token, "restart")
@@ -576,10 +523,8 @@ def test_embedded_launch_restarts_from_its_checkpoint(scratch: Path) -> None:
     """``dualpath launch`` (scheduler and engines in one launcher) killed with -9: its
     engines die with it; launched again, it restores the checkpoint, runs the turns it owed
     on new engines, and answers a finished key from the kept answer."""
+    env = launch_env(scratch)
     run = scratch / "run"
-    run.mkdir(mode=0o700)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(scratch / "state"),
-               XDG_DATA_HOME=str(scratch / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
     port = free_port()
     args = ("--port", str(port), "--store", str(scratch / "store"), "--json")
     procs = Procs(env)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_multinode import START_S, Procs, _free_port, _json_line
+from test_multinode import START_S, Procs, _free_port, _json_line, launch_env
 
 from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
 
@@ -53,6 +53,14 @@ def _kill_group(p: Any) -> list[psutil.Process]:
     p.wait(30)
     _, alive = psutil.wait_procs(family, timeout=30)
     return list(alive)
+
+
+def _kill_and_look(p: Any) -> None:
+    """SIGKILL a serving process group; none of the names its engines mapped is left."""
+    names = _engine_sems(p.pid)
+    assert names, "the engines map no NIC-bucket semaphore"
+    assert not _kill_group(p)
+    assert not [n for n in names if _exists(n)]
 
 
 def _child_books(bucket: SharedTokenBucket, conn: Any) -> None:
@@ -122,49 +130,34 @@ def test_a_creator_killed_before_unlinking_is_swept_by_the_next() -> None:
 
 
 @pytest.fixture
-def xdg() -> Iterator[tuple[dict[str, str], Path]]:
+def scratch() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="dualpath-sem-") as tmp:
-        run = Path(tmp) / "run"
-        run.mkdir(mode=0o700)
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=f"{tmp}/state",
-                   XDG_DATA_HOME=f"{tmp}/data", DUALPATH_URL="", DUALPATH_TOKEN="")
-        yield env, Path(tmp)
+        yield Path(tmp)
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_node_leaves_no_semaphores(xdg: tuple[dict[str, str], Path]) -> None:
+def test_a_sigkilled_node_leaves_no_semaphores(scratch: Path) -> None:
     """The ``kill_node`` fault: a joined node agent and its engines, killed as a group."""
-    env, tmp = xdg
-    procs = Procs(env)
+    procs = Procs(launch_env(scratch))
     port = _free_port()
     try:
         sched = procs.start("--role", "scheduler", "--port", str(port), "--store",
-                            str(tmp / "store"), "--json")
-        token_file = _json_line(sched, START_S)["token_file"]
-        node = procs.start("--role", "decode", "--node", "d0", "--join", f"127.0.0.1:{port}",
-                           "--token-file", token_file, "--json")
+                            str(scratch / "store"), "--json")
+        node = procs.join("decode", "d0", port, _json_line(sched, START_S)["token_file"])
         _json_line(node, START_S)
-        names = _engine_sems(node.pid)
-        assert names, "the node's engines map no NIC-bucket semaphore"
-        assert not _kill_group(node)
-        assert not [n for n in names if _exists(n)]
+        _kill_and_look(node)
     finally:
         procs.close()
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX semaphores live in /dev/shm")
-def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(
-        xdg: tuple[dict[str, str], Path]) -> None:
+def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(scratch: Path) -> None:
     """``dualpath launch`` (scheduler and engine processes) killed with its whole group."""
-    env, tmp = xdg
-    procs = Procs(env)
+    procs = Procs(launch_env(scratch))
     try:
-        launcher = procs.start("--port", str(_free_port()), "--store", str(tmp / "store"),
+        launcher = procs.start("--port", str(_free_port()), "--store", str(scratch / "store"),
                                "--json")
         _json_line(launcher, START_S)
-        names = _engine_sems(launcher.pid)
-        assert names, "the launcher's engines map no NIC-bucket semaphore"
-        assert not _kill_group(launcher)
-        assert not [n for n in names if _exists(n)]
+        _kill_and_look(launcher)
     finally:
         procs.close()
