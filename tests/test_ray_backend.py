@@ -13,6 +13,7 @@ killed mid-run is restarted by Ray on its node and resumes from its checkpoint.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -58,6 +59,9 @@ MB = 1024 * 1024
 #: Each Ray node's object store: Ray's minimum is about 75 MB; we put nothing in it.
 STORE_BYTES = 80 * MB
 AGENTS, TURNS = 4, 4
+#: Ray Client (``ray://``) needs grpcio (``pip install 'ray[client]'``); without it the
+#: labels test drives through the GCS address instead.
+HAS_CLIENT = importlib.util.find_spec("grpc") is not None
 
 
 def _ray_processes(root: str) -> list[psutil.Process]:
@@ -82,9 +86,10 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TMPDIR", root)  # the session files and the address file too
         try:
+            client = {"ray_client_server_port": free_port()} if HAS_CLIENT else {}
             cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 1, "object_store_memory": STORE_BYTES,
-                "include_dashboard": False})
+                "include_dashboard": False, **client})
             prefill = cluster.add_node(
                 num_cpus=0, object_store_memory=STORE_BYTES, resources={PREFILL_RESOURCE: 1},
                 labels={"dualpath.role": "prefill", "dualpath.sched": "yes"})
@@ -94,6 +99,8 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
             head = cluster.head_node
             assert head is not None
             yield {"address": cluster.address, "head": head.node_id,
+                   "client": f"ray://127.0.0.1:{client['ray_client_server_port']}"
+                   if client else None,
                    "prefill": prefill.node_id, "decode": decode.node_id, "root": root}
         finally:
             if ray.is_initialized():
@@ -125,9 +132,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
                 RAY_ADDRESS="")
 
 
-def _launch(procs: Procs, ray_cluster: dict[str, Any], tmp_path: Path,
-            *more: str) -> subprocess.Popen[str]:
-    return procs.start("--backend", "ray", "--address", ray_cluster["address"], "--pd",
+def _launch(procs: Procs, ray_cluster: dict[str, Any], tmp_path: Path, *more: str,
+            address: str | None = None) -> subprocess.Popen[str]:
+    return procs.start("--backend", "ray", "--address", address or ray_cluster["address"],
+                       "--pd",
                        "1P1D", "--port", str(free_port()), "--store", str(tmp_path / "store"),
                        "--start-timeout", f"{START_S:g}s", "--json", *more)
 
@@ -227,21 +235,26 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
 
 def test_labels_place_every_actor_and_the_scheduler_actor_resumes_after_a_kill(
         ray_cluster: dict[str, Any], tmp_path: Path) -> None:
-    """Placement by node labels (scheduler, prefill and decode); the scheduler's actor
-    killed mid-run is restarted by Ray on its node, resumes from its checkpoint on the same
-    ports, and every turn of clients that resend with their ``Idempotency-Key`` is
-    answered once with the reference model's tokens."""
+    """Placement by node labels (scheduler, prefill and decode), the launcher driving
+    through Ray Client (``ray://``) when grpcio is installed; the scheduler's actor killed
+    mid-run is restarted by Ray on its node, resumes from its checkpoint on the same ports,
+    and every turn of clients that resend with their ``Idempotency-Key`` is answered once
+    with the reference model's tokens."""
     procs = Procs(_env(tmp_path))
     launcher = _launch(procs, ray_cluster, tmp_path,
                        "--ray-scheduler-label", "dualpath.sched=yes",
                        "--ray-prefill-label", "dualpath.role=prefill",
-                       "--ray-decode-label", "dualpath.role=decode")
+                       "--ray-decode-label", "dualpath.role=decode",
+                       address=ray_cluster["client"])
     clients: Clients | None = None
     try:
         state = _json_line(launcher, START_S + 30)
         sched = state["ray_scheduler"]
         # the scheduler's actor on the labelled node (not the driver's), the API its own
         assert sched["node_id"] == ray_cluster["prefill"] != state["ray_driver_node"]
+        if ray_cluster["client"]:  # a Ray Client driver is on no node of the cluster
+            assert state["ray_driver_node"] is None
+            assert f"(Ray cluster {ray_cluster['client']})" in state["line"]
         assert state["url"] == sched["url"] and not sched["restarted"]
         placed = {a["role"]: a for a in state["ray"]}
         assert placed["prefill"]["node_id"] == ray_cluster["prefill"]
@@ -315,7 +328,8 @@ def test_resolve_address_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert resolve_address("auto") == "10.0.0.1:6379"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6380")
     assert resolve_address(None) == "10.0.0.2:6380"
-    for bad in ("head", "head:port", "ray://head:10001"):
+    assert resolve_address("ray://head:10001") == "ray://head:10001"  # Ray Client
+    for bad in ("head", "head:port", "ray://head", "ray://:10001", "ray://head:0"):
         with pytest.raises(RayBackendError):
             resolve_address(bad)
 

@@ -143,18 +143,22 @@ def _address_file() -> Path:
 
 
 def resolve_address(address: str | None) -> str:
-    """``HOST:PORT`` of the Ray cluster: ``--address``, else ``RAY_ADDRESS``, else ``auto``.
+    """The Ray cluster: ``--address``, else ``RAY_ADDRESS``, else ``auto``.
 
-    ``auto`` is the cluster started on this machine (``ray start --head``).
+    ``auto`` is the cluster started on this machine (``ray start --head``); ``HOST:PORT`` its
+    GCS; ``ray://HOST:PORT`` its Ray Client server (the launcher then drives from off the
+    cluster: every actor, the scheduler's included, runs on the cluster's nodes).
 
     Raises:
         RayBackendError: no cluster is named or found, or the address is malformed.
     """
     text = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
     if text.startswith("ray://"):
-        raise RayBackendError(f"--address {text}: Ray Client addresses (ray://) are not "
-                              "supported; run the launcher on a cluster node and give the "
-                              "GCS address HOST:PORT (or auto)")
+        host, sep, port = text.removeprefix("ray://").rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RayBackendError(f"--address {text!r}: expected ray://HOST:PORT of the Ray "
+                                  "Client server (ray start --head serves it on port 10001)")
+        return text
     if text == "auto":
         path = _address_file()
         try:
@@ -332,10 +336,19 @@ class RayBackend:
         """
         ray = _import_ray()
         self.gcs = resolve_address(self.address)
-        _probe(self.gcs)
+        self.client = self.gcs.startswith("ray://")
+        _probe(self.gcs.removeprefix("ray://"))
+        if self.client:
+            from ray._private.utils import (  # type: ignore[import-not-found,unused-ignore]
+                get_ray_client_dependency_error,
+            )
+
+            if get_ray_client_dependency_error() is not None:
+                raise RayBackendError(f"--address {self.gcs}: Ray Client needs grpcio: pip "
+                                      "install 'ray[client]'")
         try:
             ray.init(address=self.gcs, namespace=NAMESPACE, logging_level=logging.WARNING,
-                     ignore_reinit_error=True)
+                     **({} if self.client else {"ignore_reinit_error": True}))
         except (ConnectionError, RuntimeError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise RayBackendError(f"cannot connect to the Ray cluster at {self.gcs}: "
