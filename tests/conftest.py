@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+import psutil
 import pytest
+
+from dualpath_cli.api.listen import free_port
+
+#: The CLI as a subprocess (what a user's shell runs).
+CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
 
 @pytest.fixture()
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Private XDG dirs for this test (in-process calls and subprocesses alike), and no
-    ``DUALPATH_URL`` from the caller's shell: the environment a CLI subprocess gets.
+    ``DUALPATH_URL`` or ``DUALPATH_TOKEN`` from the caller's shell: the environment a CLI
+    subprocess gets.
 
     Why: a launched cluster's state file, token and logs land under these dirs, so tests
     that launch in parallel never see each other's cluster (or the developer's own).
@@ -22,4 +33,60 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("DUALPATH_URL", raising=False)
+    monkeypatch.delenv("DUALPATH_TOKEN", raising=False)
     return dict(os.environ)
+
+
+class Launched(NamedTuple):
+    """A cluster :func:`launch_cluster` started: its URL, port and ``ready in`` line."""
+
+    url: str
+    port: int
+    ready_line: str
+
+
+@pytest.fixture()
+def launch_cluster(env: dict[str, str]) -> Iterator[Callable[..., Launched]]:
+    """Start ``dualpath launch --port P ARGS...`` (in ``env``) and wait until it is ready.
+
+    After the test each cluster is stopped with ``dualpath stop`` (which must succeed: a
+    clean stop is part of every end-to-end check), and whatever is left of its processes
+    is killed.
+    """
+    started: list[tuple[subprocess.Popen[str], int, list[psutil.Process], bool]] = []
+
+    def launch(*args: str) -> Launched:
+        port = free_port()
+        proc = subprocess.Popen([*CLI, "launch", "--port", str(port), *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        # Process objects, not pids: psutil refuses to signal a pid reused since (by another
+        # test's process on a busy host) where a fresh psutil.Process(pid) would kill it
+        family = (psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None
+                  else [])
+        ready = line.startswith("ready in ")
+        started.append((proc, port, family, ready))
+        assert ready, line + (proc.stderr.read()  # type: ignore[union-attr]
+                                                      if proc.poll() is not None else "")
+        return Launched(f"http://127.0.0.1:{port}", port, line)
+
+    try:
+        yield launch
+        for proc, port, _, ready in reversed(started):
+            if ready:
+                stop = subprocess.run([*CLI, "stop", "--port", str(port)], env=env,
+                                      capture_output=True, text=True, timeout=120)
+                assert stop.returncode == 0, stop.stdout + stop.stderr  # why, if it fails
+                proc.communicate(timeout=60)
+    finally:
+        for proc, _, family, _ in started:
+            for child in family:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            if proc.poll() is None:
+                proc.kill()
+            if proc.stdout is not None and not proc.stdout.closed:
+                proc.communicate(timeout=10)

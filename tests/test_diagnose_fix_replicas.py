@@ -19,18 +19,16 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 
 from dualpath_cli.api.client import DualPathClient
-from dualpath_cli.api.listen import free_port
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Severity
@@ -46,6 +44,9 @@ from dualpath_cli.storage import (
 )
 from dualpath_cli.storage.replicas import PROBE_EVERY
 from dualpath_cli.telemetry import MetricsRegistry
+
+if TYPE_CHECKING:
+    from conftest import Launched
 
 SHAPE = BlockShape(n_layers=3, block_tokens=16, bytes_per_token_layer=64)
 NS = Namespace("m", "layer_major", SHAPE, "fp16")
@@ -175,34 +176,16 @@ def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Co
 
 
 @pytest.fixture()
-def replicated(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int, list[Path]]]:
+def replicated(launch_cluster: Callable[..., Launched],
+               tmp_path: Path) -> tuple[str, int, list[Path]]:
     """``launch --replica-root`` x4 with node 1 reading two stored blocks 30 times a second."""
-    port = free_port()
     roots = [tmp_path / "store", *(tmp_path / f"replica{i}" for i in range(4))]
-    args = [*CLI, "launch", "--port", str(port), "--store", str(roots[0]), "--policy", "basic",
+    args = ["--store", str(roots[0]), "--policy", "basic",
             "--inject", "hot_blocks:node=1,count=2,rate=30"]
     for r in roots[1:]:
         args += ["--replica-root", str(r)]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] \
-        if proc.poll() is None else []
-    try:
-        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
-                                                      if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{port}", port, roots
-        assert _run(env, "stop", "--port", str(port)).returncode == 0
-        proc.communicate(timeout=60)
-    finally:
-        for pid in [proc.pid, *family]:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.NoSuchProcess:
-                pass
-        if proc.poll() is None:
-            proc.communicate(timeout=10)
+    url, port, _ = launch_cluster(*args)
+    return url, port, roots
 
 
 _ROW = re.compile(r'^(dualpath_storage_block_copy_reads_total|dualpath_storage_corrupt_blocks_'

@@ -9,61 +9,30 @@ reaches the running scheduler and its audit trail.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
 import pytest
 from test_tui import Pilot, run, screen_text, wait_for, wait_text
 from textual.widgets import Input
 
-from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli import top_cmd
 from dualpath_cli.tui.app import TopApp
 
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+if TYPE_CHECKING:
+    from conftest import Launched
+
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
 
 
 @pytest.fixture()
-def faulted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def faulted(launch_cluster: Callable[..., Launched], tmp_path: Path) -> str:
     """A launched 1P2D with the faults on; its URL. Stopped (and its processes gone) after."""
-    (tmp_path / "run").mkdir(mode=0o700)
-    for key, sub in (("XDG_RUNTIME_DIR", "run"), ("XDG_DATA_HOME", "data"),
-                     ("XDG_STATE_HOME", "state")):
-        monkeypatch.setenv(key, str(tmp_path / sub))
-    monkeypatch.delenv("DUALPATH_URL", raising=False)
-    monkeypatch.delenv("DUALPATH_TOKEN", raising=False)
-    env = dict(os.environ)
-    port = free_port()
-    args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store")]
+    args = ["--store", str(tmp_path / "store")]
     for spec in FAULTS:
         args += ["--inject", spec]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    family = ([c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-              if proc.poll() is None else [])
-    try:
-        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
-                                                      if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{port}"
-        stop = subprocess.run([*CLI, "stop", "--port", str(port)], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert stop.returncode == 0, stop.stderr
-        proc.communicate(timeout=60)
-    finally:
-        for pid in [proc.pid, *family]:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.NoSuchProcess:
-                pass
-        if proc.poll() is None:
-            proc.communicate(timeout=10)
+    return launch_cluster(*args).url
 
 
 def test_injected_faults_show_as_alerts_and_tune_reaches_the_cluster(faulted: str) -> None:
