@@ -362,6 +362,7 @@ class Fit:
     replayed_busy_s: dict[str, float]
     replayed_jct_s: float
     rounds: int
+    settled: bool = True
     unfitted: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -370,7 +371,7 @@ class Fit:
                 "decode_scale": self.decode_scale, "handoff_s": self.handoff_s,
                 "turn_gap_s": self.turn_gap_s, "replayed_busy_s": dict(self.replayed_busy_s),
                 "replayed_jct_s": self.replayed_jct_s, "rounds": self.rounds,
-                "unfitted": list(self.unfitted)}
+                "settled": self.settled, "unfitted": list(self.unfitted)}
 
     def note(self) -> str:
         """One line for ``tune suggest``: what was fitted, from how many turns."""
@@ -392,7 +393,8 @@ class Fit:
             parts.append(f"client gap {self.turn_gap_s * 1e3:.3g} ms between turns (median "
                          f"of {m.gaps})")
         line = (f"calibrated from the recording's {m.turns} served turns in {self.rounds} "
-                f"replays: " + "; ".join(parts or ["nothing to fit"]))
+                f"replays{'' if self.settled else ' (not settled: the last is used)'}: "
+                + "; ".join(parts or ["nothing to fit"]))
         if self.unfitted:
             line += "; not fitted: " + "; ".join(self.unfitted)
         return line + "."
@@ -555,11 +557,12 @@ def fit_world(traffic: Traffic, world: World) -> World:
     :class:`Fit` and its note.
 
     Each round replays the recorded setting and moves each fitted quantity by what the
-    replay missed: a role's compute scale by measured / replayed busy seconds (busy time is
-    compute, this host's sharing of cores included, so the ratio is the speed the model
-    lacks), the hand-off delay by the measured minus replayed median first-to-last-token
-    time; the client gap is measured directly. Until a round changes nothing by more than
-    :data:`FIT_TOLERANCE`, at most :data:`FIT_ROUNDS` replays.
+    replay missed, in two stages of at most :data:`FIT_ROUNDS` replays each, until a round
+    changes nothing by more than :data:`FIT_TOLERANCE`: first each role's compute scale by
+    measured / replayed busy seconds (busy time is compute, this host's sharing of cores
+    included, so the ratio is the speed the model lacks), then the hand-off delay by the
+    measured minus replayed median first-to-last-token time; the client gap is measured
+    directly. The replayed figures reported are the last replay's (all fitted values).
     """
     m = traffic.measured
     if m is None:
@@ -577,30 +580,54 @@ def fit_world(traffic: Traffic, world: World) -> World:
     prefill = decode = 1.0
     handoff = 0.0
     rounds = 0
-    replayed: dict[str, float] = {}
+    replayed: dict[str, float] = {"prefill": 0.0, "decode": 0.0}
     jct = math.nan
-    for rounds in range(1, FIT_ROUNDS + 1):  # noqa: B007 - the count is reported
+    settled = True
+
+    def replay() -> TimedSimulation:
+        nonlocal rounds, jct
+        rounds += 1
         sim = _simulation(traffic, _scaled_world(world, prefill, decode, handoff, gap),
                           traffic.current, keep_phases=True)
         jct = sim.run_offline().jct
-        replayed = {"prefill": sum(p.busy_time for p in sim.pes),
-                    "decode": sum(d.busy_time for d in sim.des)}
+        replayed["prefill"] = sum(p.busy_time for p in sim.pes)
+        replayed["decode"] = sum(d.busy_time for d in sim.des)
+        return sim
+
+    # stage 1: the compute scales (busy time), no hand-off: a decode engine's busy time
+    # depends on which turns overlap in its batch, which the hand-off moves
+    for i in range(FIT_ROUNDS):
+        replay()
         new_p = (_bounded(prefill * busy_pe / replayed["prefill"])
                  if busy_pe and replayed["prefill"] > 0 else prefill)
         new_d = (_bounded(decode * busy_de / replayed["decode"])
                  if fit_decode and busy_de and replayed["decode"] > 0 else decode)
-        new_h = handoff
-        sim_decode = _median([p.decode_s for p in sim.phases if p.gen > 1])
-        if m.decode_s is not None and sim_decode is not None:
-            new_h = max(0.0, handoff + m.decode_s - sim_decode)
-        settled = (abs(new_p / prefill - 1) <= FIT_TOLERANCE
-                   and abs(new_d / decode - 1) <= FIT_TOLERANCE
-                   and abs(new_h - handoff) <= 1e-3)
-        prefill, decode, handoff = new_p, new_d, new_h
-        if settled:
+        done = (abs(new_p / prefill - 1) <= FIT_TOLERANCE
+                and abs(new_d / decode - 1) <= FIT_TOLERANCE)
+        if done or i == FIT_ROUNDS - 1:
+            settled = done
             break
-    fit = Fit(m, prefill if busy_pe else None, decode if fit_decode else None, handoff, gap,
-              replayed, jct, rounds, tuple(unfitted))
+        prefill, decode = new_p, new_d
+    # stage 2: the hand-off (first to last token beyond the modelled decode), scales fixed
+    if m.decode_s is not None:
+        for i in range(FIT_ROUNDS):
+            sim_decode = _median([p.decode_s for p in replay().phases if p.gen > 1])
+            if sim_decode is None:
+                break
+            new_h = max(0.0, handoff + m.decode_s - sim_decode)
+            if abs(new_h - handoff) <= 1e-3:
+                break
+            if i == FIT_ROUNDS - 1:
+                settled = False
+                break
+            handoff = new_h
+    for role, name in (("prefill", "prefill speed"), ("decode", "decode step")):
+        if m.busy_s.get(role) and not replayed.get(role):
+            unfitted.append(f"{name} (the replay keeps those engines idle)")
+    fitted_p = bool(busy_pe) and replayed["prefill"] > 0
+    fitted_d = fit_decode and replayed["decode"] > 0
+    fit = Fit(m, prefill if fitted_p else None, decode if fitted_d else None, handoff, gap,
+              replayed, jct, rounds, settled, tuple(unfitted))
     out = _scaled_world(world, prefill, decode, handoff, gap)
     return replace(out, fit=fit, notes=(*world.notes, fit.note()))
 
