@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -76,8 +77,12 @@ GOAL = 0.15
 DEFAULT_POOR = "read_side=seed-select,alpha=1000000000"
 
 
+LOADS: list[float] = []  # the 1-minute load average as each run started
+
+
 def serve_once(url: str, token: str, agents: int, seed: int) -> float:
     """JCT of one run of the bench workload with fresh prefixes (``seed``)."""
+    LOADS.append(round(os.getloadavg()[0], 2))
     traj = agentic_workload(agents, seed=seed)
     run, _ = run_agents_remote(url, traj, token=token)
     if run.errors:
@@ -159,6 +164,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="before/after pairs")
     ap.add_argument("--boost", action="store_true",
                     help="raise this session's CPU priority while measuring")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy the recording of the poor run here (for tune suggest --from)")
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
@@ -191,6 +198,8 @@ def main() -> int:
                 rec = Path(d) / "poor.jsonl.gz"
                 before.append(serve_recorded(client, server.url, auth.token, args.agents,
                                              1, rec))
+                if args.keep is not None:
+                    shutil.copyfile(rec, args.keep)
                 t0 = time.perf_counter()
                 _, cpu, answer = run_suggest(rec, "--top", "30")
                 out["suggest_s"] = round(time.perf_counter() - t0, 2)
@@ -237,6 +246,7 @@ def main() -> int:
     out.update({
         "runs": {"before_s": [round(x, 3) for x in before],
                  "after_s": [round(x, 3) for x in after],
+                 "loadavg_1m": LOADS,  # in run order: before, after, before, after, ...
                  "before": spread(before), "after": spread(after),
                  "pair_changes": [round(x, 4) for x in pairs]},
         "measured_change": measured,
