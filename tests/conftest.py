@@ -37,6 +37,22 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return dict(os.environ)
 
 
+@pytest.fixture()
+def clean_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The CLI, called in this process, sees none of the caller's setup: no ``DUALPATH_*``
+    variable, a private runtime dir (no cluster's state file) and config home, no system
+    config file. Returns the config home (not created).
+    """
+    for var in list(os.environ):
+        if var.startswith("DUALPATH_"):
+            monkeypatch.delenv(var)
+    home = tmp_path / "home"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(home))
+    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+    return home
+
+
 class Launched(NamedTuple):
     """A cluster :func:`launch_cluster` started: its URL, port and ``ready in`` line."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,8 @@ from dualpath_cli.telemetry.view import AuditEntry, ClusterView
 
 
 @pytest.fixture(autouse=True)
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No real cluster: private XDG dirs, the fake's URL and token in the environment."""
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real cluster: nothing of the caller's setup, the fake's URL and token instead."""
     monkeypatch.setenv("DUALPATH_URL", "http://fake")
     monkeypatch.setenv("DUALPATH_TOKEN", "fake-token")
     monkeypatch.setenv("COLUMNS", "200")
