@@ -14,8 +14,9 @@ submitted open-loop at ``--rate`` turns/s (bench/control_plane.py's driver). Ove
 time: each (sub-)scheduler's PE group fetch and DE group fetch, and in the hierarchy the
 root's routing of each new turn (``core.hierarchy.route_to_subs``). ``--json`` prints one
 object, key ``hier_vs_flat_runtime``: per scheduler the calls by kind, decision latency
-p50/p99 over all calls and by kind (us), the scheduling wall time per turn decided, and the
-turns/s reached.
+p50/p99 over all calls and by kind (us; wall time, and the calling thread's CPU time, which
+leaves out waits for a core or for the GIL the subs' threads share), the scheduling time per
+turn decided, and the turns/s reached.
 """
 
 from __future__ import annotations
@@ -44,30 +45,35 @@ from dualpath_cli.runtime.options import RuntimeOptions  # noqa: E402
 from dualpath_cli.workload.build import synthetic_trace  # noqa: E402
 
 
-def _timed(fn: Callable[..., Any], out: list[float]) -> Callable[..., Any]:
-    """``fn`` with each call's wall time appended to ``out`` (measurement only)."""
+def _timed(fn: Callable[..., Any], out: list[tuple[float, float]]) -> Callable[..., Any]:
+    """``fn`` with each call's (wall, thread CPU) seconds appended to ``out`` (measurement
+    only; the CPU leaves out the waits for a core or for the GIL that wall time includes)."""
     def call(*args: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn(*args)
         finally:
-            out.append(time.perf_counter() - t)
+            out.append((time.perf_counter() - t, time.thread_time() - c))
     return call
 
 
-def _quantiles(xs: list[float]) -> dict[str, float]:
+def _quantiles(xs: list[tuple[float, float]]) -> dict[str, Any]:
     if not xs:
-        return {"calls": 0, "p50_us": float("nan"), "p99_us": float("nan")}
+        return {"calls": 0, "p50_us": None, "p99_us": None, "cpu_p50_us": None,
+                "cpu_p99_us": None}
     a = np.asarray(xs) * 1e6
-    return {"calls": len(xs), "p50_us": round(float(np.percentile(a, 50)), 1),
-            "p99_us": round(float(np.percentile(a, 99)), 1)}
+    out: dict[str, Any] = {"calls": len(xs)}
+    for col, name in ((0, ""), (1, "cpu_")):
+        for q in (50, 99):
+            out[f"{name}p{q}_us"] = round(float(np.percentile(a[:, col], q)), 1)
+    return out
 
 
 def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
     """One scheduler's window (flat or hierarchical) on a fresh emulated cluster."""
     spec = parse_pd(args.pd)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    samples: dict[str, list[float]] = defaultdict(list)
+    samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="dualpath-hier-", dir=shm) as tmp:
         opts = RuntimeOptions(
             prefill_nodes=spec.prefill_nodes, decode_nodes=spec.decode_nodes,
@@ -113,7 +119,10 @@ def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
         "scheduler": f"hierarchical ({len(subs)})" if hierarchical else "flat",
         "subs": len(subs) if hierarchical else 0, **_quantiles(every),
         "by_kind": {k: _quantiles(v) for k, v in sorted(window.items())},
-        "sched_us_per_turn": round(1e6 * sum(every) / decided, 1) if decided else None,
+        "sched_us_per_turn": round(1e6 * sum(w for w, _ in every) / decided, 1)
+        if decided else None,
+        "sched_cpu_us_per_turn": round(1e6 * sum(c for _, c in every) / decided, 1)
+        if decided else None,
         "decisions": decided, "turns_per_s": round((d1 - d0) / wall, 1),
         "dead_engines": dead, "start_s": round(start_s, 1), "window_s": round(wall, 1),
     }
@@ -143,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.pd}, {args.agents} agents at {args.rate:g} turns/s offered, "
           f"{args.seconds:g} s window (load average {load:.1f})")
+    print("wall (CPU) microseconds per scheduling call that found work")
     print("| scheduler | calls | p50 us | p99 us | pe_fetch p50/p99 | de_fetch p50/p99 | "
           "root p50/p99 | sched us per turn | turns/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -151,11 +161,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def pq(name: str, k: dict[str, Any] = k) -> str:
             q = k.get(name)
-            return f"{q['p50_us']} / {q['p99_us']}" if q and q["calls"] else "-"
+            if not q or not q["calls"]:
+                return "-"
+            return (f"{q['p50_us']} ({q['cpu_p50_us']}) / {q['p99_us']} "
+                    f"({q['cpu_p99_us']})")
 
-        print(f"| {r['scheduler']} | {r['calls']} | {r['p50_us']} | {r['p99_us']} | "
-              f"{pq('pe_fetch')} | {pq('de_fetch')} | {pq('root_route')} | "
-              f"{r['sched_us_per_turn']} | {r['turns_per_s']} |")
+        print(f"| {r['scheduler']} | {r['calls']} | {r['p50_us']} ({r['cpu_p50_us']}) | "
+              f"{r['p99_us']} ({r['cpu_p99_us']}) | {pq('pe_fetch')} | {pq('de_fetch')} | "
+              f"{pq('root_route')} | {r['sched_us_per_turn']} ({r['sched_cpu_us_per_turn']}) "
+              f"| {r['turns_per_s']} |")
     return 0
 
 
