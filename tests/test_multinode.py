@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
 import pytest
 
 from dualpath_cli.api.listen import listen
@@ -43,6 +45,20 @@ def launch_env(tmp: Path) -> dict[str, str]:
     run.mkdir(mode=0o700)
     return dict(os.environ, XDG_RUNTIME_DIR=str(run), XDG_STATE_HOME=str(tmp / "state"),
                 XDG_DATA_HOME=str(tmp / "data"), DUALPATH_URL="", DUALPATH_TOKEN="")
+
+
+def engine_semaphores(pid: int) -> set[str]:
+    """The ``sem.mp-*`` names (NIC-bucket locks) the processes under ``pid`` map, unlinked
+    or not (Linux). The engines' maps, not the creator's: glibc maps a new semaphore under a
+    temporary name."""
+    names: set[str] = set()
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            maps = Path(f"/proc/{child.pid}/maps").read_text()
+        except OSError:
+            continue
+        names.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
+    return names
 
 
 class Procs:

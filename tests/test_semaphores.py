@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,28 +21,13 @@ from typing import Any
 
 import psutil
 import pytest
-from test_multinode import START_S, Procs, _free_port, _json_line, launch_env
+from test_multinode import START_S, Procs, _free_port, _json_line, engine_semaphores, launch_env
 
 from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
 
 
 def _exists(name: str) -> bool:
     return Path("/dev/shm", name).exists()
-
-
-def _engine_sems(pid: int) -> set[str]:
-    """The ``sem.mp-*`` names the processes under ``pid`` have mapped (unlinked or not).
-
-    The engines' maps, not the creator's: glibc maps a new semaphore under a temporary name.
-    """
-    names: set[str] = set()
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            maps = Path(f"/proc/{child.pid}/maps").read_text()
-        except OSError:
-            continue
-        names.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
-    return names
 
 
 def _kill_group(p: Any) -> list[psutil.Process]:
@@ -57,7 +41,7 @@ def _kill_group(p: Any) -> list[psutil.Process]:
 
 def _kill_and_look(p: Any) -> None:
     """SIGKILL a serving process group; none of the names its engines mapped is left."""
-    names = _engine_sems(p.pid)
+    names = engine_semaphores(p.pid)
     assert names, "the engines map no NIC-bucket semaphore"
     assert not _kill_group(p)
     assert not [n for n in names if _exists(n)]
