@@ -41,7 +41,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_multinode import Procs, _json_line, launch_env
+from test_multinode import Procs, _json_line, engine_semaphores, launch_env
 
 from dualpath_cli.runtime.faults import parse_fault
 from dualpath_cli.runtime.model import load_model
@@ -621,6 +621,7 @@ def _kill_node(tmp: Path) -> FaultRow:
             threads = s.start(range(1, 3))
             victim = _busy_engine(live, "decode")
             name = next(n for n, eids in engines.items() if victim in eids)
+            sems = engine_semaphores(nodes[name].pid)  # its NIC buckets' semaphores
             t0 = time.monotonic()
             os.killpg(nodes[name].pid, signal.SIGKILL)  # the node agent and its engines
             detected = _detected_since(live, victim, t0, HB_TIMEOUT_S + 15)
@@ -629,7 +630,8 @@ def _kill_node(tmp: Path) -> FaultRow:
             alive = [n for n, p in nodes.items() if p.poll() is None]
             return _row("kill -9 a node", s, live, store, detected, HB_TIMEOUT_S + 1.5,
                         t_start, _serving(live), node=name, engines=engines[name],
-                        nodes_alive=alive)
+                        nodes_alive=alive, semaphores=len(sems),
+                        semaphores_left=sum(Path("/dev/shm", n).exists() for n in sems))
         finally:
             procs.close()
 
@@ -679,6 +681,7 @@ def test_fault(name: str) -> None:
         assert row.detail["dead_events"] == 0, row
     elif name == "kill_node":
         assert row.requeued >= 1 and len(row.detail["nodes_alive"]) == 3, row
+        assert row.detail["semaphores"] >= 1 and row.detail["semaphores_left"] == 0, row
     elif name.startswith("kill"):
         assert row.requeued >= 1 and row.detail["state_after"] == "dead", row
     elif name == "sigstop_de":
