@@ -65,10 +65,13 @@ HAS_CLIENT = importlib.util.find_spec("grpc") is not None
 
 
 def _ray_processes(root: str) -> list[psutil.Process]:
-    """Processes whose command line names ``root`` (Ray's session files live under it)."""
+    """Live processes whose command line names ``root`` (Ray's session files live under it;
+    a zombie has exited and holds nothing but its pid until its parent reaps it)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "status"]):
         try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
             if any(root in part for part in p.info["cmdline"] or ()):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -281,11 +284,23 @@ def test_labels_place_every_actor_and_the_scheduler_actor_resumes_after_a_kill(
         # the node actors' engines reconnected to the restored scheduler: no re-join
         assert again["restored"]["engines"] == 2
         assert again["restored"]["control_port_kept"]
+
+        # killed for good (as when its restarts are used up): the launcher says so in one
+        # line, stops the node actors and exits 1
+        ray.kill(handle, no_restart=True)
+        assert launcher.wait(60) == 1
+        assert launcher.stderr is not None
+        err = launcher.stderr.read().strip().splitlines()
+        assert err[-1].startswith("error: the scheduler's Ray actor died and Ray will not "
+                                  "restart it: "), err
+        assert any(line.startswith("the scheduler's Ray actor restarted (pid "
+                                   f"{again['pid']} on Ray node") for line in err), err
+        with pytest.raises(ValueError):  # gone: no actor of this launch is left
+            ray.get_actor(placed["decode"]["name"], namespace=NAMESPACE)
     finally:
         if clients is not None:
             clients.http.close()
         procs.close()
-    assert launcher.returncode == 0, launcher.returncode
 
 
 @pytest.mark.parametrize("flag", ["--ray-decode-label", "--ray-scheduler-label"])
