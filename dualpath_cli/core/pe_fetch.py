@@ -12,8 +12,9 @@ Engine classes (all quantities in tokens):
 * C3 long read queue: ``read_q > alpha`` and ``tok <= beta``.
 
 For each request in FIFO order the engine with minimum ``tok`` in C2 (else C3) takes it and its
-``tok``/``seq`` grow; the fetch stops when C2 and C3 are empty. Ties on ``tok`` go to the lower
-``engine_id`` so results are deterministic.
+``tok``/``seq`` grow; the fetch stops when C2 and C3 are empty. Ties on ``tok`` go to the
+engine whose node has the shorter read queue, then to the lower ``engine_id``, so results are
+deterministic (the paper does not say how ties break).
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ def pick_pe(engines: Sequence[EngineSnapshot], alpha: int,
             beta: int) -> EngineSnapshot | None:
     """The engine the next request goes to: min ``tok`` in C2, else in C3, else ``None``.
 
-    One linear pass; groups are a node's GPUs (8), so this is cheaper than any index.
+    Ties on ``tok`` go to the shorter node read queue, then the lower ``engine_id``. Why the
+    read queue: a group may span nodes (``cluster.nodes_per_group``), and idle engines all
+    have ``tok`` 0, so by id alone the first node would take every turn of a light load and
+    the second node's NIC and GPUs would idle; within one node the queues are equal and the
+    order is the id's, as before. One linear pass; a group is a few nodes' GPUs (8 each),
+    so this is cheaper than any index.
     """
     best: EngineSnapshot | None = None
     best_long = True
@@ -107,7 +113,9 @@ def pick_pe(engines: Sequence[EngineSnapshot], alpha: int,
         if best is None:
             best, best_long, best_tok = e, long_q, tok
         elif long_q < best_long or (long_q == best_long and (
-                tok < best_tok or (tok == best_tok and e.engine_id < best.engine_id))):
+                tok < best_tok or (tok == best_tok and (
+                    e.read_q < best.read_q or (e.read_q == best.read_q
+                                               and e.engine_id < best.engine_id))))):
             best, best_long, best_tok = e, long_q, tok
     return best
 
