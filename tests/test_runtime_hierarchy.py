@@ -65,59 +65,103 @@ def test_the_hierarchy_answers_with_the_flat_runtimes_tokens_and_uses_every_sub(
     assert view.decision_latency["root_route"].count == len(hier.turns)
 
 
-def _drive(sched: SchedulerService | HierarchicalScheduler, fabric: InProcFabric,
-           ) -> list[tuple[Any, ...]]:
-    """Four engines (PE groups 0, 1; DE groups 2, 3) say hello, six turns arrive, and the
-    groups fetch in a fixed order, each message handled at once on this thread: the
-    decisions, as the scheduler logged them."""
-    roles = {0: ("prefill", 0), 1: ("prefill", 1), 2: ("decode", 2), 3: ("decode", 3)}
-    subs = sched.subs if isinstance(sched, HierarchicalScheduler) else [sched]
-    for eid, (role, group) in roles.items():
-        sched.register(eid, role, group, group)
-    eps = {eid: fabric.endpoint(f"engine{eid}") for eid in roles}
+_ROLES = {0: ("prefill", 0), 1: ("prefill", 1), 2: ("decode", 2), 3: ("decode", 3)}
+_NS = Namespace("tiny", "layer_major", BlockShape(2, 8, 8))
+_PARAMS = SchedParams(alpha=10**9, beta=10**9, z_factor=1.05, block_tokens=8)
 
-    def say(eid: int, msg: Any) -> None:
-        role, group = roles[eid]
-        owner = next(s for s in subs if eid in s.engines)
+
+def _maker(fabric: InProcFabric) -> Any:
+    def sub(_k: int = 0, _log: bool = True) -> SchedulerService:
+        return SchedulerService(fabric, MemoryStore(), _NS, "dualpath", _PARAMS, 4096 * 8)
+    return sub
+
+
+class _Harness:
+    """Four engines (PE groups 0, 1; DE groups 2, 3) that said hello to ``sched`` (no
+    service thread: each message is handled at once on this thread, in a fixed order)."""
+
+    def __init__(self, sched: SchedulerService | HierarchicalScheduler,
+                 fabric: InProcFabric) -> None:
+        self.sched = sched
+        self.subs = sched.subs if isinstance(sched, HierarchicalScheduler) else [sched]
+        for eid, (role, group) in _ROLES.items():
+            sched.register(eid, role, group, group)
+        self.eps = {eid: fabric.endpoint(f"engine{eid}") for eid in _ROLES}
+        for eid, (role, group) in _ROLES.items():
+            self.say(eid, Hello(eid, self.eps[eid].address, role, group, group, 0))
+
+    def say(self, eid: int, msg: Any) -> None:
+        owner = next(s for s in self.subs if eid in s.engines)
         header, frames = encode(msg)
-        eps[eid].send(owner.address, header, frames)
+        self.eps[eid].send(owner.address, header, frames)
         raw = owner.ep.recv(timeout=5)
         assert raw is not None
         with owner._lock:
             owner._handle(raw)
 
-    for eid, (role, group) in roles.items():
-        say(eid, Hello(eid, eps[eid].address, role, group, group, 0))
-    rng = np.random.default_rng(5)
-    for i in range(6):
-        sched.submit(TurnRequest(i % 3, i // 3, rng.integers(0, 256, 30 + 7 * i), 3))
-    for eid in (2, 3, 2, 0, 1, 0, 1):
-        role, group = roles[eid]
-        say(eid, Fetch(eid, group, role))
-    out = [(d.rid, d.pe, d.de, d.de_group, d.side, d.pe_class, d.de_class, d.z)
-           for d in sched.decisions() if d.kind == "turn"]
-    for ep in eps.values():
-        ep.close()
-    for s in subs:
-        s.ep.close()
+    def submit(self, n: int) -> None:
+        rng = np.random.default_rng(5)
+        for i in range(n):
+            self.sched.submit(TurnRequest(i % 3, i // 3, rng.integers(0, 256, 30 + 7 * i), 3))
+
+    def fetch(self, *eids: int) -> None:
+        for eid in eids:
+            role, group = _ROLES[eid]
+            self.say(eid, Fetch(eid, group, role))
+
+    def decisions(self) -> list[tuple[Any, ...]]:
+        return [(d.rid, d.pe, d.de, d.de_group, d.side, d.pe_class, d.de_class, d.z)
+                for d in self.sched.decisions() if d.kind == "turn"]
+
+    def close(self) -> None:
+        for ep in self.eps.values():
+            ep.close()
+        for s in self.subs:
+            s.ep.close()
+
+
+def _drive(sched: SchedulerService | HierarchicalScheduler, fabric: InProcFabric,
+           ) -> list[tuple[Any, ...]]:
+    """Six turns arrive and the groups fetch in a fixed order: the decisions logged."""
+    h = _Harness(sched, fabric)
+    h.submit(6)
+    h.fetch(2, 3, 2, 0, 1, 0, 1)
+    out = h.decisions()
+    h.close()
     return out
 
 
 def test_one_sub_decides_as_the_flat_scheduler() -> None:
-    ns = Namespace("tiny", "layer_major", BlockShape(2, 8, 8))
-    params = SchedParams(alpha=10**9, beta=10**9, z_factor=1.05, block_tokens=8)
-
-    def make(fabric: InProcFabric) -> Any:
-        def sub(_k: int = 0, _log: bool = True) -> SchedulerService:
-            return SchedulerService(fabric, MemoryStore(), ns, "dualpath", params, 4096 * 8)
-        return sub
-
     fabric = InProcFabric()
-    flat = _drive(make(fabric)(), fabric)
+    flat = _drive(_maker(fabric)(), fabric)
     fabric = InProcFabric()
-    hier = _drive(HierarchicalScheduler(make(fabric), [0, 1], [2, 3], 1), fabric)
+    hier = _drive(HierarchicalScheduler(_maker(fabric), [0, 1], [2, 3], 1), fabric)
     assert len(flat) == 6
     assert hier == flat
+
+
+def test_a_sub_that_loses_a_role_hands_its_waiting_turns_to_the_others() -> None:
+    fabric = InProcFabric()
+    sched = HierarchicalScheduler(_maker(fabric), [0, 1], [2, 3], 2)
+    h = _Harness(sched, fabric)
+    try:
+        h.submit(6)
+        sub0, sub1 = sched.subs
+        held = sorted(sub1.flights)
+        assert held and sorted(sub0.flights) != list(range(6))
+        h.fetch(3)  # sub 1 places its turns on its DE: they wait for its PE
+        assert len(sub1.pe_queue) == len(held) and sub1._tok[3] > 0
+        sched.mark_dead(1)  # sub 1's only PE exits
+        assert not sub1.flights and not sub1.pe_queue and sub1._tok[3] == 0
+        assert sorted(sub0.flights) == list(range(6)) and sched.moved == len(held)
+        h.fetch(2, 0, 0, 0)  # sub 0 places and dispatches every turn
+        out = h.decisions()
+        assert sorted(d[0] for d in out) == list(range(6))
+        assert {(d[1], d[2]) for d in out} == {(0, 2)}
+        sched.submit(TurnRequest(0, 9, np.arange(20), 2))  # new turns go to sub 0 only
+        assert 6 in sub0.flights and sched.sub_turns[1] == len(held)
+    finally:
+        h.close()
 
 
 def test_the_config_key_starts_the_hierarchy_in_the_runtime() -> None:

@@ -8,7 +8,9 @@ of the decode groups (:func:`~dualpath_cli.core.hierarchy.partition`); an engine
 its own sub only. The root is :meth:`HierarchicalScheduler.submit`: it picks a sub for each
 new turn with :func:`~dualpath_cli.core.hierarchy.route_to_subs` (the DE drain's own rule one
 level up, over the tokens each sub holds: the simulator's root, sim/hierarchy.py), and the
-sub then runs the flat algorithms over its own groups. A re-queued turn stays in its sub.
+sub then runs the flat algorithms over its own groups. A re-queued turn stays in its sub,
+unless the sub lost every engine of a role (their processes exited): then the turns waiting
+in it move to the serving subs, and new turns go only to those.
 
 The facade presents the scheduler interface the rest of the system reads (submit, wait,
 decisions, in-flight listing, settings and updates, reports, metrics, the read model) by
@@ -138,6 +140,9 @@ class HierarchicalScheduler:
         self._lock = threading.Lock()  # the root's: rid order; never held by a sub's thread
         self._load_lock = threading.Lock()  # the subs' token loads only (done callbacks)
         self._sub_tokens = [0] * self.n_subs
+        self._rid_sub: dict[int, int] = {}  # turns not finished -> the sub holding them
+        self.moved = 0
+        """Turns moved off a sub that lost a role (:meth:`_evacuate`)."""
         self.sub_turns = [0] * self.n_subs
         """Turns the root routed to each sub since start."""
         self._next_rid = 0
@@ -208,23 +213,67 @@ class HierarchicalScheduler:
             sub.stop()
 
     def mark_dead(self, engine_id: int) -> None:
-        """Declare an engine dead now (its sub re-queues its turns, within the sub)."""
+        """Declare an engine dead now: its sub re-queues its turns; a sub left without a
+        live engine of a role hands its waiting turns to the serving subs."""
         k = self._engine_sub.get(engine_id)
         if k is None:
             return
         with self._lock:
             self._dead.add(engine_id)
         self.subs[k].mark_dead(engine_id)
+        self._evacuate(k)
+
+    def _evacuate(self, k: int) -> None:
+        """If sub ``k`` lost a role (every engine of it exited), move the turns it holds
+        that wait for a fetch (its FIFO, routed, placed) to the serving subs, routed by the
+        root's rule, under their ids; its turns running on its live engines stay. Why: no
+        other sub would ever fetch them, and a role lost in one sub is not lost to the
+        cluster."""
+        with self._lock:
+            ok = self._serving_subs()
+            if k in ok or not ok:
+                return
+            src = self.subs[k]
+            with src._lock:  # noqa: SLF001
+                moving = [*src.queue, *(f for q in src.private.values() for f in q),
+                          *src.pe_queue]
+                src.queue.clear()
+                src.private.clear()
+                src.pe_queue.clear()
+                for f in moving:
+                    del src.flights[f.rid]
+                    f.de = f.de_group = -1
+                    f.route, f.place = {}, {}
+                src._recount_loads()  # noqa: SLF001 - the placed turns counted on their DEs
+            if not moving:
+                return
+            with self._load_lock:
+                loads = {j: self._sub_tokens[j] for j in ok}
+            res = route_to_subs([Request(f.rid, len(f.req.tokens), 0) for f in moving], loads)
+            for f, (_, j) in zip(moving, res.assignments, strict=True):
+                n = len(f.req.tokens)
+                with self._load_lock:
+                    self._rid_sub[f.rid] = j
+                    self._sub_tokens[k] -= n
+                    self._sub_tokens[j] += n
+                dst = self.subs[j]
+                with dst._lock:  # noqa: SLF001
+                    dst.flights[f.rid] = f
+                    dst.queue.append(f)
+                self.moved += 1
 
     # -- the root -----------------------------------------------------------------------
-    def _serving(self) -> list[int]:
-        """Subs with a prefill and a decode engine not seen dead (all of them if none)."""
+    def _serving_subs(self) -> list[int]:
+        """Subs with a prefill and a decode engine not seen dead."""
         roles: list[set[str]] = [set() for _ in self.subs]
         for eid, k in self._engine_sub.items():
             if eid not in self._dead:
                 roles[k].add(self._engine_role[eid])
-        ok = [k for k, r in enumerate(roles) if len(r) == 2]
-        return ok or list(range(self.n_subs))
+        return [k for k, r in enumerate(roles) if len(r) == 2]
+
+    def _serving(self) -> list[int]:
+        """Subs with a prefill and a decode engine not seen dead (all of them if none)."""
+        return self._serving_subs() or list(range(self.n_subs))
 
     def submit(self, req: TurnRequest) -> Ticket:
         """Root decision: route the turn to the least-loaded sub (tokens it holds), which
@@ -239,17 +288,19 @@ class HierarchicalScheduler:
             k = res.assignments[0][1]
             self._m_root.observe(time.perf_counter() - t0)
             sub = self.subs[k]
+            rid = self._next_rid
+            with self._load_lock:
+                self._rid_sub[rid] = k
+                self._sub_tokens[k] += n
             with sub._lock:  # noqa: SLF001 - the id is the root's, the queue the sub's
-                sub._next_rid = self._next_rid  # noqa: SLF001
+                sub._next_rid = rid  # noqa: SLF001
                 ticket = sub.submit(req)
             self._next_rid += 1
-            with self._load_lock:
-                self._sub_tokens[k] += n
             self.sub_turns[k] += 1
 
         def done() -> None:  # on the sub's thread: the load lock only (never the root's)
             with self._load_lock:
-                self._sub_tokens[k] -= n
+                self._sub_tokens[self._rid_sub.pop(rid)] -= n
 
         ticket.add_done_callback(done)
         return ticket
