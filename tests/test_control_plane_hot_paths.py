@@ -138,7 +138,8 @@ def test_the_ledger_chain_is_the_prompt_and_output_keys() -> None:
 
 def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:
     """After every message the scheduler handles, the loads it keeps per engine and per DE
-    group (the fetches' input) equal the ones counted from every turn in flight."""
+    group, and the tokens routed to each DE group's queue (the fetches' input), equal the
+    ones counted from every turn in flight."""
     opts = RuntimeOptions(prefill_nodes=1, decode_nodes=2, gpus_per_node=2, engines="emulated",
                           emulated_model="ds27b", emulated_hosts=1, emulated_speed=20.0,
                           store_dir=tmp_path, heartbeat_s=0.2, fetch_s=0.01)
@@ -156,10 +157,11 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
                 if sched.engines[eid].role == "decode":
                     by_group[sched.engines[eid].group] = by_group.get(sched.engines[eid].group,
                                                                       0) + tok
-            want = [{k: v for k, v in d.items() if v} for d in (*counted, by_group)]
+            routed = {g: sum(len(f.req.tokens) for f in q) for g, q in sched.private.items()}
+            want = [{k: v for k, v in d.items() if v} for d in (*counted, by_group, routed)]
             got = [{k: v for k, v in d.items() if v}
                    for d in (sched._seq, sched._tok, sched._hbm_used,  # noqa: SLF001
-                             sched._de_group_tok)]  # noqa: SLF001
+                             sched._de_group_tok, sched._routed_tok)]  # noqa: SLF001
             checked[0] += 1
             busy[0] += bool(want[0])
             if got != want and len(bad) < 3:

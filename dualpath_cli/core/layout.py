@@ -271,7 +271,8 @@ class PrefixKeyCache:
         self.ns = namespace
         self.sessions = max(1, sessions)
         self.max_tokens = max(0, max_tokens)
-        self._kept: OrderedDict[object, tuple[np.ndarray, list[BlockKey]]] = OrderedDict()
+        self._kept: OrderedDict[object, tuple[np.ndarray, list[BlockKey], list[str]]] = \
+            OrderedDict()
         self._tokens = 0
         self.reused = 0  # blocks whose key came from the cache
         self.hashed = 0  # blocks hashed
@@ -281,31 +282,40 @@ class PrefixKeyCache:
 
     def keys(self, session: object, tokens: Sequence[int] | np.ndarray) -> list[BlockKey]:
         """:func:`prefix_keys` of ``tokens`` (a new list), reusing ``session``'s last keys."""
+        return self.keys_hex(session, tokens)[0]
+
+    def keys_hex(self, session: object, tokens: Sequence[int] | np.ndarray,
+                 ) -> tuple[list[BlockKey], list[str]]:
+        """:meth:`keys` and their hex forms (new lists): a dispatch names its blocks in
+        hex, and converting only the new keys saves a conversion per block per turn."""
         size = self.ns.shape.block_tokens
         arr = np.asarray(tokens)
         # the uint32 form is what the hash reads; keeping it is what makes a match exact
         u4 = arr.astype("<u4")
         prev = self._kept.pop(session, None)
         reuse: list[BlockKey] = []
+        reuse_hex: list[str] = []
         if prev is not None:
-            old, old_keys = prev
+            old, old_keys, old_hex = prev
             self._tokens -= len(old)
             n = min(len(old), len(u4), len(old_keys) * size)
             diff = np.flatnonzero(old[:n] != u4[:n])
             same = int(diff[0]) if len(diff) else n
             reuse = old_keys[:same // size]
+            reuse_hex = old_hex[:same // size]
         fresh = chain_keys(u4, self.ns, reuse[-1] if reuse else None, len(reuse))
         self.reused += len(reuse)
         self.hashed += len(fresh)
         keys = reuse + fresh
+        hexes = reuse_hex + [k.raw.hex() for k in fresh]
         if len(u4) <= self.max_tokens:
-            self._kept[session] = (u4, keys)
+            self._kept[session] = (u4, keys, hexes)
             self._tokens += len(u4)
             while self._kept and (len(self._kept) > self.sessions
                                   or self._tokens > self.max_tokens):
-                _, (dropped, _) = self._kept.popitem(last=False)
+                _, (dropped, _, _) = self._kept.popitem(last=False)
                 self._tokens -= len(dropped)
-        return list(keys)
+        return list(keys), list(hexes)
 
 
 def longest_cached_prefix(keys: Iterable[BlockKey], contains: Callable[[BlockKey], bool]) -> int:

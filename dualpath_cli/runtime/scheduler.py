@@ -305,8 +305,13 @@ def _latency(h: Histogram) -> LatencyHistogram:
     return LatencyHistogram(h.count, h.sum, tuple(zip(h.bounds, cumulative, strict=False)))
 
 
+#: role name -> Role, and back: an Enum call or ``.value`` costs a microsecond per snapshot
+_ROLES: dict[str, Role] = {r.value: r for r in Role}
+_ROLE_NAMES: dict[Role, str] = {r: r.value for r in Role}
+
+
 def _snap(e: EngineSnapshot) -> dict[str, Any]:
-    return {"id": e.engine_id, "role": e.role.value, "node": e.node, "group": e.group,
+    return {"id": e.engine_id, "role": _ROLE_NAMES[e.role], "node": e.node, "group": e.group,
             "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
 
 
@@ -417,6 +422,8 @@ class SchedulerService:
         self._tok: dict[int, int] = collections.defaultdict(int)
         self._hbm_used: dict[int, int] = collections.defaultdict(int)
         self._de_group_tok: dict[int, int] = collections.defaultdict(int)  # DE group -> tok
+        # DE group -> tokens of the turns routed to it, not placed yet (its private queue)
+        self._routed_tok: dict[int, int] = collections.defaultdict(int)
         self._index_n = -1
         self._by_group: dict[str, dict[int, list[EngineState]]] = {}
         self._by_node: dict[int, list[EngineState]] = {}
@@ -763,14 +770,14 @@ class SchedulerService:
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: _Flight) -> None:
         # the agent's last keys reused up to its first changed token: equal to prefix_keys
-        keys = self._prefix.keys(f.req.agent, f.req.tokens)
+        keys, hexes = self._prefix.keys_hex(f.req.agent, f.req.tokens)
         limit = (len(f.req.tokens) - 1) // self.bt  # always leave one token to prefill
         if f.max_hit_blocks is not None:
             limit = min(limit, f.max_hit_blocks)
         # blocks found present last turn at the same removal generation are not stat'ed again
         hits = self._present.hits(f.req.agent, keys, limit, removal_generation(self.store),
                                   self.store.contains)
-        f.keys = [k.hex for k in keys[:hits]]
+        f.keys = hexes[:hits]
         f.cached = hits * self.bt
         self.ledger.lookup(f.rid, f.req.agent, keys, len(f.req.tokens), hits)
 
@@ -917,9 +924,12 @@ class SchedulerService:
             if e is not None and e.alive and e.address:
                 self._send(e.address, Cancel(f.rid))
         self._drop_charges(f)
-        for q in (self.pe_queue, *self.private.values()):
+        if f in self.pe_queue:
+            self.pe_queue.remove(f)
+        for g, q in self.private.items():
             if f in q:
                 q.remove(f)
+                self._routed_tok[g] -= len(f.req.tokens)
         f.att += 1
         self._load_delta(f, -1)
         f.pe = f.de = f.de_group = -1
@@ -957,6 +967,7 @@ class SchedulerService:
         if e.role == Role.DECODE.value and not any(
                 x.alive for x in self.engines.values() if x.group == e.group):
             stranded = self.private.pop(e.group, collections.deque())
+            self._routed_tok.pop(e.group, None)
             self.queue.extendleft(reversed(stranded))
         self._promote_fetcher(e)
         self._count_engines()
@@ -1036,6 +1047,9 @@ class SchedulerService:
         """Set the kept loads from the turns in flight (after ``flights`` changed in bulk)."""
         self._seq, self._tok, self._hbm_used = self._loads()
         self._de_group_tok = collections.defaultdict(int)
+        self._routed_tok = collections.defaultdict(int)
+        for g, q in self.private.items():
+            self._routed_tok[g] = sum(len(f.req.tokens) for f in q)
         for eid, tok in self._tok.items():
             e = self.engines.get(eid)
             if e is not None and e.role == Role.DECODE.value:
@@ -1087,7 +1101,7 @@ class SchedulerService:
         if q is None:
             q = node_q[e.node] = self._node_q(e.node)
         eid = e.engine_id
-        return EngineSnapshot(eid, e.node, e.group, Role(e.role), self._seq.get(eid, 0),
+        return EngineSnapshot(eid, e.node, e.group, _ROLES[e.role], self._seq.get(eid, 0),
                               self._tok.get(eid, 0), q,
                               self.hbm_tokens - self._hbm_used.get(eid, 0))
 
@@ -1108,10 +1122,10 @@ class SchedulerService:
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
             loads = {}
+            private, routed_tok, group_tok = self.private, self._routed_tok, self._de_group_tok
             for g in self._live_members(de):
-                routed = self.private[g]
-                loads[g] = self._de_group_tok.get(g, 0) + (
-                    sum(len(f.req.tokens) for f in routed) if routed else 0)
+                private[g]  # noqa: B018 - every live group has a queue (the view lists them)
+                loads[g] = group_tok.get(g, 0) + routed_tok.get(g, 0)
             head = [f.rid for f in list(self.queue)[:_HEAD]]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], GroupLoads(loads))
@@ -1121,6 +1135,7 @@ class SchedulerService:
                 f.route = {"queue_head": head, "group_loads": dict(running), "group": g}
                 running[g] += len(f.req.tokens)
                 self.private[g].append(f)
+                self._routed_tok[g] += len(f.req.tokens)
         private = self.private[group]
         if not private:
             return
@@ -1132,6 +1147,7 @@ class SchedulerService:
                                     res.assignments, res.z)
         for (_, de_id), cls in zip(res.assignments, classes, strict=True):
             f = private.popleft()
+            self._routed_tok[group] -= len(f.req.tokens)
             self._load_delta(f, -1)
             f.de, f.de_group = de_id, group
             self._load_delta(f, 1)
