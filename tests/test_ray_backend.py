@@ -38,7 +38,7 @@ from test_multinode import Procs, _embedded_tokens, _json_line  # noqa: E402
 from test_scheduler_restart import TURN_DEADLINE_S, Clients  # noqa: E402
 
 from dualpath_cli.api.client import DualPathClient  # noqa: E402
-from dualpath_cli.api.listen import free_port  # noqa: E402
+from dualpath_cli.api.listen import free_port, listen  # noqa: E402
 from dualpath_cli.errors import UsageError  # noqa: E402
 from dualpath_cli.runtime.workloads import agentic_workload  # noqa: E402
 from dualpath_cli.services.ray_backend import (  # noqa: E402
@@ -316,6 +316,25 @@ def test_a_label_no_node_carries_is_one_line(ray_cluster: dict[str, Any], tmp_pa
     assert p.returncode == RayBackendError.exit_code
     assert (f"carries the label dualpath.role=nowhere (--ray-{role}-label); start one with "
             "ray start --labels=dualpath.role=nowhere") in err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
+
+
+def test_a_taken_api_port_is_one_line(ray_cluster: dict[str, Any], tmp_path: Path) -> None:
+    """The scheduler's actor binds the API on its node: a taken port fails its creation
+    (Ray does not restart an actor whose constructor raised) and the launch says why."""
+    procs = Procs(_env(tmp_path))
+    squatter = listen("127.0.0.1", 0)
+    port = squatter.getsockname()[1]
+    try:
+        p = procs.start("--backend", "ray", "--address", ray_cluster["address"], "--port",
+                        str(port), "--pd", "1P1D", "--store", str(tmp_path / "store"))
+        _, err = p.communicate(timeout=120)
+    finally:
+        procs.close()
+        squatter.close()
+    assert p.returncode == RayBackendError.exit_code
+    assert "the scheduler's Ray actor on Ray node " in err
+    assert f"port {port} on 127.0.0.1 is already in use" in err
     assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
 
 

@@ -265,7 +265,8 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
     except DualPathError:
         raise
     except Exception as err:  # noqa: BLE001 - Ray's own errors as one line
-        raise LaunchError(f"--backend ray: {type(err).__name__}: {err}") from None
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise LaunchError(f"--backend ray: {type(err).__name__}: {first}") from None
     finally:
         backend.close()
         _remove(token)

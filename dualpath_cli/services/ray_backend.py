@@ -277,28 +277,39 @@ class SchedulerActor:
             self.restarted = bool(ctx.was_current_actor_reconstructed)
         self.node_id = ctx.get_node_id()
         self.ip = ray.util.get_node_ip_address()
-        self.host = factory(self.restarted)
+        self.host: Any = None
+        self.error = ""
+        try:
+            self.host = factory(self.restarted)
+        except DualPathError as err:  # (a port taken...) kept for info(): raised here, Ray
+            self.error = str(err)  # would print its traceback on the launcher's terminal
 
     def info(self) -> dict[str, Any]:
-        """The host's info plus where this incarnation runs (JSON-able)."""
+        """The host's info plus where this incarnation runs (JSON-able); ``error``: the
+        one line why the host could not start."""
         ray = _import_ray()
-        return {**self.host.info(), "name": ray.get_runtime_context().get_actor_name(),
+        own = self.host.info() if self.host is not None else {"error": self.error}
+        return {**own, "name": ray.get_runtime_context().get_actor_name(),
                 "node_id": self.node_id, "ip": self.ip, "pid": os.getpid(),
                 "restarted": self.restarted}
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
         """Wait until every joined engine said hello; then :meth:`info`."""
-        self.host.wait_ready(timeout)
+        if self.host is not None:
+            self.host.wait_ready(timeout)
         return self.info()
 
     def drain(self, timeout: float) -> dict[str, Any]:
         """Stop admitting, answer in-flight turns (up to ``timeout``), stop the API."""
+        if self.host is None:
+            return {"drained": 0, "abandoned": 0, "seconds": 0.0}
         result: dict[str, Any] = self.host.drain(timeout)
         return result
 
     def close(self) -> None:
         """Stop at once (turns in flight are answered 503); removes the checkpoint."""
-        self.host.close()
+        if self.host is not None:
+            self.host.close()
 
 
 @dataclass
@@ -522,6 +533,10 @@ class RayBackend:
         ).remote(factory, env)
         self.scheduler_info = self._call(self.scheduler.info.remote(), timeout,
                                          f"Ray actor {name}")
+        if self.scheduler_info.get("error"):
+            raise RayBackendError(f"the scheduler's Ray actor on Ray node {node['NodeID'][:12]}"
+                                  f" ({node['NodeManagerAddress']}): "
+                                  f"{self.scheduler_info['error']}")
         return self.scheduler_info
 
     def scheduler_ready(self, timeout: float) -> dict[str, Any]:
@@ -578,6 +593,9 @@ class RayBackend:
             pending[0] = self.scheduler.info.remote()
             if info["pid"] == last.get("pid"):
                 return None
+            if info.get("error"):
+                raise RayBackendError(f"the scheduler's Ray actor restarted (pid "
+                                      f"{info['pid']}) but cannot serve: {info['error']}")
             last.clear()
             last.update(info)
             self.scheduler_info = info
