@@ -17,6 +17,8 @@ import pytest
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config import load_config
 from dualpath_cli.core.groups import group_start, node_groups
+from dualpath_cli.core.pe_fetch import pick_pe
+from dualpath_cli.core.types import EngineSnapshot, Role
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.runtime.faults import parse_fault
 from dualpath_cli.runtime.options import options_from_config
@@ -42,6 +44,20 @@ def test_groups_are_consecutive_nodes_of_a_role_the_last_smaller() -> None:
     knobs = knobs_from_config(load_config(overrides=["cluster.nodes_per_group=2"],
                                           environment=False).config)
     assert knobs.nodes_per_group == 2
+
+
+def test_a_tok_tie_goes_to_the_shorter_node_queue_then_the_lower_id() -> None:
+    def snap(eid: int, node: int, tok: int, read_q: int) -> EngineSnapshot:
+        return EngineSnapshot(eid, node, 0, Role.PREFILL, tok=tok, read_q=read_q)
+
+    group = [snap(0, 0, 0, 64), snap(1, 0, 0, 64), snap(2, 1, 0, 8), snap(3, 1, 0, 8)]
+    assert pick_pe(group, 10**9, 10**9) is group[2]  # all C2, tok ties: node 1's queue
+    assert pick_pe(group, 10, 10**9) is group[2]     # node 0's engines are C3
+    # equal queues and tok: the lower id
+    assert pick_pe([group[1], group[0]], 10**9, 10**9) is group[0]
+    group[2].tok = group[3].tok = 5  # a strictly lower tok wins whatever the queue
+    assert pick_pe(group, 10**9, 10**9) is group[0]
+    assert pick_pe(group, 10, 10**9) is group[2]  # unless alpha classes its node C3
 
 
 # --- the simulator ---------------------------------------------------------------------------
@@ -176,22 +192,28 @@ def _loaded_node_choices(decisions: list[Any], alpha: int) -> tuple[int, int]:
     return to_loaded, total
 
 
-def test_runtime_low_alpha_sends_fewer_reads_to_the_loaded_node() -> None:
-    # PE-side reads (layerwise), node 0's reads 2 s slow: its queue stays long
-    agents = agentic_workload(16, turns=4, first_append=32, append=16, gen=4, seed=1)
+def test_runtime_pe_fetch_classes_each_engine_by_its_own_nodes_queue() -> None:
+    # PE-side reads (layerwise); every read of node 0 takes 1 s more: its queue stays long
+    agents = agentic_workload(12, turns=3, first_append=32, append=16, gen=4, seed=1)
     sets = ("cluster.pd=2P1D", "cluster.gpus_per_node=4", "cluster.nodes_per_group=2")
     low_alpha = 40
-    fault = ("read_latency:node=0,latency=2s",)
+    fault = ("read_latency:node=0,latency=1s",)
     _, low, node = _decisions(_opts(*sets, alpha=low_alpha, policy="layerwise"), agents, fault)
     _, high, _ = _decisions(_opts(*sets, alpha=10**9, policy="layerwise"), agents, fault)
-    # the rule itself, from each decision's inputs: a low alpha never gave node 0 a turn
-    # while node 1 had a C2 engine; alpha = 10^9 did, in the same situation
+    # each decision's inputs hold both nodes' engines, each with its own node's queue
+    assert any(len({e["read_q"] for e in d.inputs["pe_engines"]}) > 1 for d in low)
+    # a low alpha never gave node 0 a turn while node 0's queue was over alpha and node 1
+    # had a C2 engine (the situation arose: node 0's engines were C3 then)
     to_loaded, total = _loaded_node_choices(low, low_alpha)
     assert total > 0 and to_loaded == 0, (to_loaded, total)
-    to_loaded, total = _loaded_node_choices(high, low_alpha)
-    assert to_loaded > 0, (to_loaded, total)
-    assert all(d.pe_class == "C2" for d in high)
-    assert {d.pe_class for d in low} >= {"C2"}
+    # alpha = 10^9: every engine under beta is C2, so the turn went to the least tok, ties
+    # to the shorter node queue, then the lower id, whatever node 0's queue was
+    assert _loaded_node_choices(high, low_alpha)[1] > 0
+    for d in high:
+        assert d.pe_class == "C2"
+        ok = [e for e in d.inputs["pe_engines"] if e["tok"] <= d.inputs["beta"]]
+        best = min(ok, key=lambda e: (e["tok"], e["read_q"], e["id"]))
+        assert d.pe == best["id"], (d.pe, ok)
     reads: dict[str, Counter[int]] = {"low": Counter(), "high": Counter()}
     for name, ds in (("low", low), ("high", high)):
         for d in ds:
