@@ -7,12 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dualpath_cli.runtime.context import Counters
 from dualpath_cli.runtime.wire import (
     KINDS,
     Cancel,
     Compact,
     Decode,
     Done,
+    EngineCounters,
     Fault,
     Fetch,
     First,
@@ -111,6 +113,26 @@ def test_heartbeat_derived_facts() -> None:
     hb = next(m for m in SAMPLES if isinstance(m, Heartbeat))
     assert hb.hbm_free_blocks == 48 and hb.busy_fraction == 0.5
     assert Heartbeat(0, 1, -1, 0).busy_fraction is None  # not measured yet
+
+
+def test_the_engines_counters_are_the_heartbeats_counter_fields() -> None:
+    """One definition: Counters totals EngineCounters' fields and a heartbeat carries them
+    flat, so a counter added to EngineCounters reaches the scheduler without a second edit."""
+    counters = Counters()
+    counters.add(busy_s=0.5, batches=2)
+    counters.add(busy_s=0.25, compactions=1)
+    snap = counters.snapshot()
+    assert list(snap) == [f.name for f in dataclasses.fields(EngineCounters)]
+    assert counters.total("busy_s") == 0.75
+    header, _ = encode(Heartbeat(1, 2, 3, 4, **snap))
+    back = decode(header)
+    assert isinstance(back, Heartbeat)
+    assert {name: getattr(back, name) for name in snap} == snap
+    assert back.batches == 2 and isinstance(back.batches, int)
+    with pytest.raises(KeyError):
+        counters.add(no_such_counter=1)
+    # decoding reads fields by name: the header's key order does not matter
+    assert decode(dict(reversed(list(header.items())))) == back
 
 
 def test_bad_headers_are_refused_with_a_reason() -> None:

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.wire import (
     TIERS,
+    EngineCounters,
     Heartbeat,
     Layer,
     PrefillDone,
@@ -115,38 +116,32 @@ class EngineSpec:
     curve: Any = None
 
 
-@dataclass
 class Counters:
-    """Engine-local counters, reported with every heartbeat (the bench summarises them)."""
+    """Engine-local running totals of the :class:`~.wire.EngineCounters` fields (defined
+    there once), reported with every heartbeat; ``lock`` also guards the engine's hit tables."""
 
-    busy_s: float = 0.0
-    bubble_s: float = 0.0
-    load_wait_s: float = 0.0
-    snic_read_bytes: int = 0
-    snic_write_bytes: int = 0
-    cnic_tx_bytes: int = 0
-    kv_rx_from_pe_bytes: int = 0
-    kv_rx_from_de_bytes: int = 0
-    blocks_persisted: int = 0
-    corrupt_blocks: int = 0
-    batches: int = 0
-    batched_items: int = 0
-    chunks: int = 0
-    kv_wait_s: float = 0.0  # prefills' wait for their cached KV before compute
-    kv_waits: int = 0
-    compactions: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    __slots__ = ("lock", "_totals")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._totals: dict[str, float] = asdict(EngineCounters())
 
     def add(self, **deltas: float) -> None:
-        """Add to named counters atomically."""
+        """Add to named counters atomically (a name that is no counter raises KeyError)."""
         with self.lock:
+            totals = self._totals
             for name, value in deltas.items():
-                setattr(self, name, getattr(self, name) + value)
+                totals[name] += value
+
+    def total(self, name: str) -> float:
+        """One counter's total so far."""
+        with self.lock:
+            return self._totals[name]
 
     def snapshot(self) -> dict[str, float]:
-        """Plain copy for a heartbeat."""
+        """Plain copy for a heartbeat (``Heartbeat(..., **snapshot)``)."""
         with self.lock:
-            return {k: v for k, v in self.__dict__.items() if k != "lock"}
+            return dict(self._totals)
 
 
 def open_store(spec: dict[str, Any], registry: MetricsRegistry | None = None) -> KVStore:
@@ -328,7 +323,7 @@ class EngineContext:
         self.m_frag.set(st.fragmentation)
         wall = time.monotonic() - self.started
         if wall > 0:
-            self.m_util.set(min(1.0, self.counters.busy_s / wall))
+            self.m_util.set(min(1.0, self.counters.total("busy_s") / wall))
 
     # -- reports ------------------------------------------------------------------------
     def report_queue(self) -> None:

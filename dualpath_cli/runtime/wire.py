@@ -41,10 +41,10 @@ from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.storage.warm import Warm
 from dualpath_cli.transfer.base import Endpoint
 
-__all__ = ["WireError", "Hello", "QueueReport", "Heartbeat", "Fetch", "First", "Done",
-           "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill", "SetQuota",
-           "Lead", "Layer", "PrefillDone", "Fault", "Compact", "Warm", "WireMessage", "KINDS",
-           "TIERS", "encode", "decode", "send", "TokenArray"]
+__all__ = ["WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
+           "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
+           "SetQuota", "Lead", "Layer", "PrefillDone", "Fault", "Compact", "Warm", "WireMessage",
+           "KINDS", "TIERS", "encode", "decode", "send", "TokenArray"]
 
 #: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
 TIERS: tuple[str, ...] = ("dram", "store", "peer")
@@ -144,29 +144,17 @@ class QueueReport:
     rq: int
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """A periodic report: the queue report plus everything the read model shows of an engine.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineCounters:
+    """Totals an engine counts itself since it started (the bench summarises them).
 
-    Counters are totals since the engine started. ``layer_hits[l]`` is ``(dram, store, peer)``
-    Layer Blocks served for layer ``l``; ``layer_slack_s[l]`` the load-ahead slack of layer
-    ``l`` in the PE's last prefill of a cached prefix (negative: a bubble; ``None``: none
-    yet, and always on a DE). ``kv_wait_s``/``kv_waits``: seconds the PE's prefills of a
-    cached prefix waited from their arrival until their KV let them queue for compute, and
-    how many; ``compactions``: HBM compactions done on request. ``metrics`` is the engine's
-    whole registry as a frame (telemetry/frames.py: layout and values) every ``metrics_s``
-    (``None`` in between).
+    Defined once, here: the engine's running :class:`~dualpath_cli.runtime.context.Counters`
+    hold these fields, and every :class:`Heartbeat` carries them flat, as header fields of
+    their own. ``kv_wait_s``/``kv_waits``: seconds the PE's prefills of a cached prefix
+    waited from their arrival until their KV let them queue for compute, and how many;
+    ``compactions``: HBM compactions done on request.
     """
 
-    KIND: ClassVar[str] = "hb"
-    eid: int
-    n: int
-    seen: int
-    rq: int
-    rq_bytes: int = 0
-    rq_blocks: int = 0
-    dram_cache_bytes: int = 0
-    uptime_s: float = 0.0
     busy_s: float = 0.0
     bubble_s: float = 0.0
     load_wait_s: float = 0.0
@@ -183,6 +171,29 @@ class Heartbeat:
     kv_wait_s: float = 0.0
     kv_waits: int = 0
     compactions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(EngineCounters):
+    """A periodic report: the queue report, the engine's :class:`EngineCounters` (keyword
+    fields, first in the header) and everything else the read model shows of an engine.
+
+    ``layer_hits[l]`` is ``(dram, store, peer)`` Layer Blocks served for layer ``l``;
+    ``layer_slack_s[l]`` the load-ahead slack of layer ``l`` in the PE's last prefill of a
+    cached prefix (negative: a bubble; ``None``: none yet, and always on a DE). ``metrics``
+    is the engine's whole registry as a frame (telemetry/frames.py: layout and values) every
+    ``metrics_s`` (``None`` in between).
+    """
+
+    KIND: ClassVar[str] = "hb"
+    eid: int
+    n: int
+    seen: int
+    rq: int
+    rq_bytes: int = 0
+    rq_blocks: int = 0
+    dram_cache_bytes: int = 0
+    uptime_s: float = 0.0
     jobs: int = 0
     quota_s: float = 0.0
     hbm_capacity_blocks: int = 0
