@@ -18,8 +18,12 @@ Parts (``--json`` prints one object with these keys):
   scheduler *thread*'s CPU (psutil, user + system) plus the CPU of ``submit()`` (its prefix
   lookup runs on the caller's thread) over wall time, i.e. cores, and per turn completed.
   On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
-  shared) the rate is what the driver reached; the value is then ``cpu_s_per_turn x 2400``
-  and ``extrapolated`` says so. Goal: under 1 core (paper: < 10).
+  shared) the rate is what the driver reached; the value is then extrapolated term by term
+  and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
+  CPU per turn (``submit()``, ``first``, ``done``; working fetches and ``rq`` per decision)
+  x 2400, and the loop around the handlers (a message's receive and the loop's overhead,
+  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured). Goal:
+  under 1 core (paper: < 10).
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
   engine processes started and imported before the request), and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
@@ -50,7 +54,7 @@ import psutil
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService, Ticket, TurnRequest
 from dualpath_cli.workload.build import synthetic_trace
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
@@ -146,12 +150,21 @@ class Driver:
             self.stop.wait(0.002)
 
 
+def _flat(system: RuntimeSystem) -> SchedulerService:
+    """The system's one scheduler (these parts run it flat, the default)."""
+    sched = system.scheduler
+    if not isinstance(sched, SchedulerService):
+        raise SystemExit("bench/control_plane.py measures a flat scheduler "
+                         "(scheduler.hierarchical is on)")
+    return sched
+
+
 def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[float]]:
     """Count the scheduler's messages by kind with the thread CPU each took (a wrapper on
     its handler: measurement only, same thread, same order). A fetch that finds nothing to
     do for its group is counted apart (``fetch_idle``): that is the periodic cost, the
     rest of a working fetch scales with the turns."""
-    sched = system.scheduler
+    sched = _flat(system)
     handle = sched._handle  # noqa: SLF001
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
@@ -184,6 +197,39 @@ def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[f
     return kinds
 
 
+def _count_loop(system: RuntimeSystem) -> dict[str, list[float]]:
+    """Count the scheduler loop's CPU outside the handlers (measurement only, same thread):
+    ``recv`` (a message taken off the socket: poll, frames, msgpack), ``recv_idle`` (a poll
+    that timed out: gone at the paper's rate, where a message is always waiting) and
+    ``sweep`` (the heartbeat check and cost sample every 50 ms)."""
+    sched = _flat(system)
+    rows: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    recv = sched.ep.recv
+
+    def timed_recv(timeout: float | None = None) -> Any:
+        t = time.thread_time()
+        raw = recv(timeout)
+        row = rows["recv" if raw is not None else "recv_idle"]
+        row[0] += 1
+        row[1] += time.thread_time() - t
+        return raw
+
+    def timed(name: str, fn: Any) -> Any:
+        def call() -> Any:
+            t = time.thread_time()
+            out = fn()
+            row = rows[name]
+            row[0] += 1
+            row[1] += time.thread_time() - t
+            return out
+        return call
+
+    sched.ep.recv = timed_recv  # type: ignore[method-assign]
+    sched._check_heartbeats = timed("sweep", sched._check_heartbeats)  # type: ignore[method-assign]  # noqa: SLF001
+    sched._sample_cost = timed("sweep", sched._sample_cost)  # type: ignore[method-assign]  # noqa: SLF001
+    return rows
+
+
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """Part ``cpu``: the scheduler thread's cores with emulated engines over real sockets."""
     spec = parse_pd(args.pd)
@@ -203,11 +249,12 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             start_s = time.monotonic() - t0
             # a scheduler that has run a while has a connection to every engine; without
             # this the window pays for ZeroMQ connects to the engines it first dispatches to
-            system.scheduler.metrics(fresh=True, timeout=120)
+            sched = _flat(system)
+            sched.metrics(fresh=True, timeout=120)
             n_agents = args.agents or max(200, int(args.rate * 4))
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate)
-            tid = system.scheduler._thread.native_id  # noqa: SLF001 - the thread we measure
+            tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
             profile = None
             if args.profile:
@@ -217,24 +264,27 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 profile = cProfile.Profile(time.thread_time)
                 driver.profile = cProfile.Profile(time.thread_time)
             kinds = _count_kinds(system, profile)
+            loop = _count_loop(system)
             proc = psutil.Process()
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
             kinds.clear()
+            loop.clear()
             c0, p0, w0 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
             d0, s0, k0 = driver.completed, driver.submitted, driver.tokens_submitted
             u0 = driver.submit_cpu
-            q0 = system.scheduler.log.last_seq
-            f0, r0 = driver.first_turns, system.scheduler.requeued
-            h0 = (system.scheduler._prefix.reused, system.scheduler._prefix.hashed)  # noqa: SLF001
+            q0 = sched.log.last_seq
+            f0, r0 = driver.first_turns, sched.requeued
+            h0 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
             time.sleep(args.seconds)
             c1, p1, w1 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
             by_kind = {k: (n, cpu) for k, (n, cpu) in kinds.items()}
+            by_loop = {k: (n, cpu) for k, (n, cpu) in loop.items()}
             d1, s1, k1 = driver.completed, driver.submitted, driver.tokens_submitted
             u1 = driver.submit_cpu
-            q1 = system.scheduler.log.last_seq
-            f1, r1 = driver.first_turns, system.scheduler.requeued
-            h1 = (system.scheduler._prefix.reused, system.scheduler._prefix.hashed)  # noqa: SLF001
+            q1 = sched.log.last_seq
+            f1, r1 = driver.first_turns, sched.requeued
+            h1 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
             driver.stop.set()
             driver.thread.join(5)
             if profile is not None:  # diagnosis only: profiling inflates the CPU figures
@@ -242,7 +292,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 driver.profile.dump_stats(args.profile + ".submit")
             hosts = [psutil.Process(pid) for pid in system.cluster.host_pids()]  # type: ignore[union-attr]
             host_cpu = sum(h.cpu_times().user + h.cpu_times().system for h in hosts)
-            dead = sum(1 for e in system.scheduler.engines.values() if not e.alive)
+            dead = sum(1 for e in sched.engines.values() if not e.alive)
             view = system.view()
         finally:
             system.close()
@@ -269,6 +319,26 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     n_futile, c_futile = by_kind.get("fetch_futile", (0, 0.0))
     futile = max(0.0, c_futile - n_futile * idle_fetch) / wall
     periodic += futile
+    # the loop around the handlers: every message is received (poll, frames, msgpack) and
+    # passes the loop (the lock, a clock read); the sweeps run every 50 ms whatever the
+    # rate. What the thread spent beyond handlers, receives and sweeps is loop overhead,
+    # charged per message received (an upper bound: part of it is idle polling)
+    n_recv, c_recv = by_loop.get("recv", (0, 0.0))
+    _, c_idle = by_loop.get("recv_idle", (0, 0.0))
+    _, c_sweep = by_loop.get("sweep", (0, 0.0))
+    handled = sum(c for _, c in by_kind.values())
+    rest = max(0.0, thread_cpu - handled - c_recv - c_idle - c_sweep)
+    per_msg = (c_recv + rest) / n_recv if n_recv else 0.0
+    sweeps = c_sweep / wall
+    n_msgs = sum(n for n, _ in by_kind.values())
+    n_periodic = sum(by_kind.get(k, (0, 0.0))[0]
+                     for k in ("hb", "fetch_idle", "fetch", "fetch_futile"))
+    turn_msgs = (n_msgs - n_periodic) / done if done else 0.0  # first, done, rq...
+    # at the paper's rate: every engine's heartbeat, every group's fetch (a group fetches
+    # once per period, working or idle) and each turn's own messages
+    msgs_at_paper = (n_engines / args.heartbeat + groups / args.fetch
+                     + turn_msgs * PAPER_RATE)
+    loop_cores = sweeps + per_msg * msgs_at_paper
     # per turn: one submit() (its prefix lookup, on the caller's thread), one ``first`` and
     # one ``done`` each at its own mean; per decision (a dispatched attempt: a turn has one
     # unless re-queued) the working fetches' CPU beyond an idle one's and the read-queue
@@ -289,7 +359,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 per_turn[f"{k}, per decision"] = c / decisions
     per_turn_us = {k: round(1e6 * v, 1) for k, v in per_turn.items()}
     per_turn_total = sum(per_turn.values()) if decisions and done else float("nan")
-    extrapolated = periodic + per_turn_total * PAPER_RATE
+    extrapolated = periodic + per_turn_total * PAPER_RATE + loop_cores
     cores = cpu / wall if reached else extrapolated
     lower_bound = not reached and not done  # no turn completed: the turn term is unknown
     if lower_bound:
@@ -300,8 +370,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "how": ("measured at the paper's rate" if reached else
                 "heartbeat and idle-fetch CPU per message x their rates at this scale + CPU "
                 "per turn (submit, first and done at their means; working fetches beyond an "
-                f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s (this "
-                f"machine reached {rate:.1f} turns/s)"),
+                f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s + the "
+                "loop's receive and overhead per message x the messages at that rate + the "
+                f"sweeps as measured (this machine reached {rate:.1f} turns/s)"),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "target_rate": args.rate, "measured_rate": round(rate, 1),
@@ -319,6 +390,12 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "requeued_in_window": r1 - r0,
         "messages_per_s": {k: round(n / wall, 1) for k, (n, _) in by_kind.items()},
         "periodic_cores_at_paper_scale": round(periodic, 3),
+        "loop_cores_at_paper_rate": round(loop_cores, 3),
+        "loop_us_per_message": {"recv": round(1e6 * c_recv / max(1, n_recv), 1),
+                                "other": round(1e6 * rest / max(1, n_recv), 1)},
+        "sweep_cores": round(sweeps, 4),
+        "idle_poll_cores": round(c_idle / wall, 4),
+        "messages_per_s_at_paper_rate": round(msgs_at_paper),
         "futile_fetch_cores": round(futile, 3),
         "cpu_ms_per_turn_at_paper_rate": round(1000 * per_turn_total, 3),
         "submit_cores": round((u1 - u0) / wall, 3),
@@ -327,6 +404,197 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "launcher_process_cores": round(proc_cpu / wall, 3),
         "emulator_cpu_s_total": round(host_cpu, 1), "behind": driver.behind,
         "dead_engines": dead, "start_s": round(start_s, 1), "window_s": round(wall, 1),
+    }
+
+
+def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
+    """Part ``inproc``: the scheduler's handlers at the paper's arrival pattern, in process.
+
+    The machine cannot drive 2,400 turns/s over sockets, so at its rate each working fetch
+    carries about one turn and pays its fixed costs alone. Here the bench thread plays the
+    engines and calls the scheduler's handler itself (the scheduler's own thread is not
+    started), so the pattern of the paper's rate is reproduced without its wall-clock
+    rate: per ``--fetch`` period, ``--rate`` x period turns are submitted, interleaved with
+    one fetch from every group (each DE group's and PE group's leader, in a fixed shuffled
+    order), each dispatched turn's ``rq`` reports (PE and DE) and ``first`` one period
+    later and its ``done`` ``--inproc-latency`` periods later (its blocks then stored, as an
+    emulated DE does); agents from the Table 2 64K trace (one turn in flight each). Real
+    ZeroMQ sends to sink endpoints; messages are encoded and decoded as on the wire but not
+    received from a socket (the ``cpu`` part measures a receive per message). Measured:
+    thread CPU of each handler over ``--inproc-rounds`` periods after
+    ``--inproc-warmup`` (every agent has had its first turns by then), per turn.
+    """
+    from dualpath_cli.core.layout import BlockShape, Namespace, chain_keys
+    from dualpath_cli.core.policies import SchedParams
+    from dualpath_cli.runtime.wire import Done, Fetch, First, Hello, QueueReport, encode
+    from dualpath_cli.storage import PosixStore
+    from dualpath_cli.telemetry.registry import MetricsRegistry
+    from dualpath_cli.transfer import ZmqFabric
+    from dualpath_cli.transfer.base import Message
+
+    spec = parse_pd(args.pd)
+    p, d, gpus = spec.prefill_nodes, spec.decode_nodes, 8
+    opts = RuntimeOptions(prefill_nodes=p, decode_nodes=d, gpus_per_node=gpus,
+                          block_tokens=64, decision_ring=1000)
+    latency = max(2, args.inproc_latency)
+    fabric = ZmqFabric()
+    sinks = [fabric.endpoint("sink") for _ in range(4)]
+    stop = threading.Event()
+
+    def drain(ep: Any) -> None:
+        while not stop.is_set():
+            ep.recv(timeout=0.05)
+
+    drains = [threading.Thread(target=drain, args=(s,), daemon=True) for s in sinks]
+    for t in drains:
+        t.start()
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    tmp = tempfile.TemporaryDirectory(prefix="dualpath-cp-", dir=shm)
+    try:
+        # the cpu part's scheduler: same thresholds, HBM and block size (64 tokens)
+        ns = Namespace("emulated-ds660b", "layer_major", BlockShape(61, 64, 1152))
+        store = PosixStore(tmp.name, registry=MetricsRegistry())
+        sched = SchedulerService(fabric, store, ns, opts.policy, SchedParams(
+            alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor, block_tokens=64),
+            opts.hbm_blocks * 64, heartbeat_timeout=1e9, decision_ring=1000)
+        roles: dict[int, tuple[str, int]] = {}
+        eid = 0
+        for role, nodes in (("prefill", range(p)), ("decode", range(p, p + d))):
+            for node in nodes:
+                for _ in range(gpus):
+                    sched.register(eid, role, node, node)
+                    roles[eid] = (role, node)
+                    eid += 1
+
+        def message(m: Any) -> Message:
+            header, frames = encode(m)
+            return Message(header, frames)
+
+        with sched._lock:  # noqa: SLF001
+            for e, (role, node) in roles.items():
+                sched._handle(message(Hello(  # noqa: SLF001
+                    e, sinks[e % len(sinks)].address, role, node, node, os.getpid())))
+        leader = {(role, node): e for e, (role, node) in sorted(roles.items(), reverse=True)}
+        per_period = args.rate * args.fetch
+        trace = synthetic_trace(64_000, int(per_period * (latency + 2) * 1.1), seed=1)
+        fresh = collections.deque(trace.trajectories)
+        idle: collections.deque[tuple[Trajectory, int, np.ndarray]] = collections.deque()
+        cpu: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+        counts = {"turns": 0, "first_turns": 0, "tokens": 0}
+        measuring = False
+        events: dict[int, list[tuple[str, Any]]] = collections.defaultdict(list)
+        turns: dict[int, tuple[Trajectory, int, np.ndarray]] = {}
+        stored: dict[int, tuple[int, Any]] = {}  # agent -> (blocks stored, last key)
+        dispatched: set[int] = set()
+        rq_n: collections.Counter[int] = collections.Counter()
+
+        def timed(kind: str, fn: Any, *a: Any) -> None:
+            t = time.thread_time()
+            fn(*a)
+            if measuring:
+                row = cpu[kind]
+                row[0] += 1
+                row[1] += time.thread_time() - t
+
+        def store_blocks(keys: list[Any]) -> None:  # marker files, as an emulated DE writes
+            for k in keys:
+                path = store.path(k)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+
+        def submit() -> None:
+            if idle:
+                traj, i, ctx = idle.popleft()
+            elif fresh:
+                traj, i, ctx = fresh.popleft(), 0, np.zeros(0, dtype=np.int64)
+            else:
+                return
+            prompt = np.concatenate([ctx, append_token_ids(traj, i, 256).astype(np.int64)])
+            rid = sched._next_rid  # noqa: SLF001
+            timed("submit", sched.submit, TurnRequest(traj.agent_id, i, prompt,
+                                                      traj.turns[i].gen))
+            turns[rid] = (traj, i, prompt)
+            if measuring:
+                counts["turns"] += 1
+                counts["first_turns"] += i == 0
+                counts["tokens"] += len(prompt)
+
+        def deliver(kind: str, m: Any) -> None:
+            raw = message(m)
+            with sched._lock:  # noqa: SLF001
+                timed(kind, sched._handle, raw)  # noqa: SLF001
+            if kind == "done":  # the DE stored the turn's blocks; the agent's next turn
+                traj, i, prompt = turns.pop(m.rid)
+                full = np.concatenate([prompt, np.asarray(m.tokens, dtype=np.int64)])
+                n, last = stored.get(traj.agent_id, (0, None))
+                new = chain_keys(full[:-1], ns, last, n)
+                store_blocks(new)
+                if new:
+                    stored[traj.agent_id] = (n + len(new), new[-1])
+                if i + 1 < traj.num_turns:
+                    idle.append((traj, i + 1, full))
+
+        def after_fetch(period: int) -> None:
+            for f in list(sched.flights.values()):
+                if f.pe >= 0 and f.rid not in dispatched:
+                    dispatched.add(f.rid)
+                    for e in (f.pe, f.de):
+                        events[period + 1].append(
+                            ("rq", (e, sched.engines[e].next_seq - 1)))
+                    events[period + 1].append(("first", First(f.pe, f.rid, f.att, 7, 0.0)))
+                    out = tuple(range(1000, 1000 + f.req.gen))
+                    events[period + latency].append(
+                        ("done", Done(f.de, f.rid, f.att, out, 0, 0.0)))
+
+        fetchers = ([("decode", n) for n in range(p, p + d)]
+                    + [("prefill", n) for n in range(p)])
+        order = [fetchers[i] for i in np.random.default_rng(0).permutation(len(fetchers))]
+        for period in range(args.inproc_warmup + args.inproc_rounds):
+            measuring = period >= args.inproc_warmup
+            due = events.pop(period, [])
+            owed, k = 0.0, 0
+            for slot, (role, node) in enumerate(order):
+                owed += per_period / len(order)
+                while owed >= 1:
+                    submit()
+                    owed -= 1
+                while k < len(due) and k < (slot + 1) * len(due) / len(order):
+                    kind, m = due[k]
+                    k += 1
+                    if kind == "rq":
+                        e, seen = m
+                        rq_n[e] += 1
+                        m = QueueReport(e, rq_n[e], seen, 0)
+                    deliver(kind, m)
+                deliver("fetch_" + role, Fetch(leader[(role, node)], node, role))
+                after_fetch(period)
+        in_flight = len(sched.flights)
+        present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
+        sched.ep.close()
+    finally:
+        stop.set()
+        for t in drains:
+            t.join(5)
+        for s in sinks:
+            s.close()
+        tmp.cleanup()
+    n = counts["turns"]
+    per_turn = {k: c / max(1, n) for k, (_, c) in cpu.items()}
+    total = sum(per_turn.values())
+    return {
+        "rate_pattern": args.rate, "periods": args.inproc_rounds, "turns": n,
+        "cpu_us_per_turn": {k: round(1e6 * v, 1) for k, v in sorted(per_turn.items())},
+        "cpu_us_per_message": {k: round(1e6 * c / max(1, m), 1)
+                               for k, (m, c) in sorted(cpu.items())},
+        "messages_per_turn": {k: round(m / max(1, n), 2) for k, (m, _) in sorted(cpu.items())},
+        "handler_us_per_turn": round(1e6 * total, 1),
+        "handler_cores_at_paper_rate": round(total * PAPER_RATE, 3),
+        "first_turn_share": round(counts["first_turns"] / max(1, n), 3),
+        "mean_prompt_tokens": round(counts["tokens"] / max(1, n)),
+        "in_flight_at_end": in_flight, "blocks_trusted_checked": list(present),
+        "how": ("thread CPU of submit() and of every handler per turn at the paper's arrival "
+                "pattern (all groups fetching once per period), in process; receives not "
+                "included"),
     }
 
 
@@ -367,7 +635,7 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
                     agents[name] = agent
                     prepares.append(agent.prepare())  # processes up, imports done
                     joins.append(agent.join(120.0))
-                sched = live.system.scheduler
+                sched = _flat(live.system)
                 result: list[Any] = []
                 runner = threading.Thread(target=lambda: result.append(run_agents(
                     live.system, agentic_workload(8, turns=6), timeout=120)))
@@ -471,6 +739,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agents", type=int, default=0,
                     help="agents of the cpu part, one turn in flight each (0: 4 x --rate, at "
                     "least 200); the rate reached is at most agents / turn latency")
+    ap.add_argument("--inproc-rounds", type=int, default=20,
+                    help="periods (--fetch each) measured by the inproc part")
+    ap.add_argument("--inproc-warmup", type=int, default=30,
+                    help="periods before the inproc part measures (agents past their "
+                    "first turns)")
+    ap.add_argument("--inproc-latency", type=int, default=3,
+                    help="periods from a turn's dispatch to its done in the inproc part")
     ap.add_argument("--hier-agents", type=int, default=1024,
                     help="agents of the hierarchical-vs-flat run at --pd")
     ap.add_argument("--big-pd", default="480P960D")
@@ -480,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count()}
     if "cpu" in parts:
         out["sched_cpu_cores_48p96d"] = run_cpu(args)
+    if "inproc" in parts:
+        out["sched_cpu_inproc_48p96d"] = run_inproc(args)
     if "join" in parts:
         out["join_s"] = run_join(args)
     if "hier" in parts:
