@@ -9,6 +9,7 @@ does on the same messages; the config key reaches the runtime; bad sub counts ar
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -244,3 +245,28 @@ def test_a_live_cluster_serves_through_the_hierarchy(tmp_path: Any) -> None:
         assert not (tmp_path / "checkpoint.json").exists()
     finally:
         live.close()
+
+
+def test_faults_and_compaction_reach_an_engine_through_its_sub() -> None:
+    from dualpath_cli.runtime.faults import parse_fault
+
+    opts = RuntimeOptions(block_tokens=8, prefill_nodes=2, decode_nodes=2, flops_rate=1e9,
+                          hierarchical=True, sub_schedulers=2, heartbeat_s=0.02)
+    with RuntimeSystem(opts) as system:
+        sched = system.scheduler
+        assert isinstance(sched, HierarchicalScheduler)
+        assert sched.owner(3) is sched.subs[1]  # decode node 3 is sub 1's
+        system.set_faults([parse_fault("hbm_frag:engine=3,stride=4")])
+
+        def frag(eid: int) -> float:
+            return next(e.hbm_fragmentation or 0.0 for e in system.view().engines
+                        if e.engine_id == eid)
+
+        deadline = time.monotonic() + 10
+        while frag(3) < 0.3 and time.monotonic() < deadline:
+            sched.subs[1].fresh_reports(time.monotonic(), timeout=1)
+        assert frag(3) >= 0.3 and frag(2) < 0.05
+        before, after = system.compact_hbm(3)
+        assert before["hbm_fragmentation"] >= 0.3 and after["hbm_fragmentation"] < 0.05
+        with pytest.raises(UsageError, match="^no engine 9 "):
+            system.compact_hbm(9)
