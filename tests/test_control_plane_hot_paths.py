@@ -136,6 +136,24 @@ def test_the_ledger_chain_is_the_prompt_and_output_keys() -> None:
     assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 99), min_size=1, max_size=40),
+       st.lists(st.integers(0, 99), max_size=12), st.integers(0, 30))
+def test_the_ledger_chain_hashes_only_the_tail(prompt: list[int], output: list[int],
+                                               extra: int) -> None:
+    """The chain a finished turn leaves equals its keys then the keys of prompt + output
+    (all but the last output token) from there, however many keys the lookup had."""
+    everything = prefix_keys(prompt + output, NS)
+    least = (len(prompt) - 1) // NS.shape.block_tokens
+    keys = everything[:least + min(extra, max(0, len(everything) - least))]
+    ledger = RequestLedger(MetricsRegistry(), NS)
+    ledger.lookup(1, 5, keys, len(prompt), hits=least)
+    ledger.finished(1, 5, output, np.asarray(prompt), {})
+    seq = prompt + output[:-1]
+    want = keys + chain_keys(seq, NS, keys[-1] if keys else None, len(keys))
+    assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
+
+
 def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:
     """After every message the scheduler handles, the loads it keeps per engine and per DE
     group, and the tokens routed to each DE group's queue (the fetches' input), equal the

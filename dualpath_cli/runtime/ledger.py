@@ -274,11 +274,14 @@ class RequestLedger:
         if look is None:
             return
         chain = list(look.keys)
-        # arrays, not lists: the prompt has ~12K tokens and only its last blocks are hashed
-        seq = np.concatenate([np.asarray(tokens, dtype=np.int64).reshape(-1),
-                              np.asarray(output, dtype=np.int64).reshape(-1)[:-1]])
+        # only the tokens after the prompt's keyed blocks are hashed, so only they are
+        # joined with the output (the prompt has ~12K tokens; copying it cost more)
+        start = len(chain) * self.bt
+        prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        out = np.asarray(output, dtype=np.int64).reshape(-1)[:-1]
+        seq = np.concatenate([prompt[start:], out[max(0, start - len(prompt)):]])
         last = BlockKey(chain[-1]) if chain else None
-        chain.extend(k.raw for k in chain_keys(seq, self.ns, last, len(chain)))
+        chain.extend(k.raw for k in chain_keys(seq, self.ns, last))
         with self._lock:
             self._chains[agent] = (b"".join(chain), now)
             self._chains.move_to_end(agent)

@@ -895,7 +895,7 @@ class SchedulerService:
         self._load_delta(f, -1)
         del self.flights[f.rid]
         self._drop_charges(f)
-        tokens = [int(t) for t in m.tokens]
+        tokens = list(map(int, m.tokens))
         self.ledger.finished(f.rid, f.req.agent, tokens, f.req.tokens, {
             "submitted": f.submitted, "first_at": f.first_at or None, "done_at": m.at,
             "second_at": m.second_at or None, "attempts": f.att + 1, "cached": f.cached,
@@ -1122,9 +1122,9 @@ class SchedulerService:
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
             loads = {}
-            private, routed_tok, group_tok = self.private, self._routed_tok, self._de_group_tok
+            queues, routed_tok, group_tok = self.private, self._routed_tok, self._de_group_tok
             for g in self._live_members(de):
-                private[g]  # noqa: B018 - every live group has a queue (the view lists them)
+                queues[g]  # noqa: B018 - every live group has a queue (the view lists them)
                 loads[g] = group_tok.get(g, 0) + routed_tok.get(g, 0)
             head = [f.rid for f in list(self.queue)[:_HEAD]]
             flights = list(self.queue)
