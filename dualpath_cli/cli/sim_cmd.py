@@ -56,7 +56,8 @@ _FULL_HORIZON = typer.Option(False, "--full-horizon", help="Online: run the whol
                              "past the paper's stop rule.")
 _CONFIG = typer.Option(None, "--config", "-c", help="Config file whose scheduler keys apply "
                        "(read_side as the default policy, layerwise_prefill, dynamic_alpha, "
-                       "dynamic_beta, dynamic_quota, random_seed); flags win.")
+                       "dynamic_beta, dynamic_quota, random_seed), and "
+                       "cluster.nodes_per_group; flags win.")
 _SET = typer.Option(None, "--set", help="Override one config key, e.g. --set "
                     "scheduler.dynamic_alpha=true.")
 _DYNAMIC = typer.Option(None, "--dynamic", help="Dynamic controllers to run: comma-separated "

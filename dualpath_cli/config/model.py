@@ -89,13 +89,13 @@ class Threshold:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """How many nodes of each role, and GPUs (engines) per node."""
+    """How many nodes of each role, GPUs (engines) per node, nodes per engine group."""
 
     pd: PDSpec
     gpus_per_node: int
+    nodes_per_group: int
     curve: str
     api_rate_limit: float
-    nodes_per_group: int = 1
 
     @property
     def prefill_nodes(self) -> int:
