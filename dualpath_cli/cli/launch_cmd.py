@@ -571,9 +571,11 @@ def launch(
                                          "Ray actors; a node's on a Ray node with the "
                                          "dualpath_prefill or dualpath_decode resource, or "
                                          "the label --ray-prefill-label/--ray-decode-label "
-                                         "names; pip install 'dualpath[ray]').")] = "local",
+                                         "names; needs Ray: dualpath's ray extra)."
+                                         )] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --backend ray: the "
-                                                "Ray cluster, auto or HOST:PORT (default: "
+                                                "Ray cluster, auto, HOST:PORT of its GCS or "
+                                                "ray://HOST:PORT (Ray Client; default: "
                                                 "RAY_ADDRESS, else auto).")] = None,
     ray_scheduler_label: Annotated[str | None, typer.Option(
         "--ray-scheduler-label", help="With --backend ray: run the scheduler's actor on a "
