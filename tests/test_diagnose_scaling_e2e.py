@@ -18,19 +18,20 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 
 from dualpath_cli.api.client import DualPathClient
-from dualpath_cli.api.listen import free_port
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Severity
 from dualpath_cli.services import statefile
 from dualpath_cli.services.recording import Extras, Sample
+
+if TYPE_CHECKING:
+    from conftest import Launched
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
@@ -73,33 +74,10 @@ def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Co
 
 
 @pytest.fixture()
-def cluster(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    proc = subprocess.Popen([*CLI, "launch", "--port", str(port), "--store",
-                             str(tmp_path / "store"), "--drain-timeout", "5s"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    # Process objects, not pids: psutil refuses to signal a pid reused since (by another
-    # test's process on a busy host) where a fresh psutil.Process(pid) would kill it
-    family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    try:
-        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
-                                                      if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{port}", port
-        stopped = _run(env, "stop", "--port", str(port))
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr  # why, if it fails
-        proc.communicate(timeout=60)
-    finally:
-        for child in family:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        if proc.poll() is None:
-            proc.kill()
-        if proc.poll() is None:
-            proc.communicate(timeout=10)
+def cluster(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tuple[str, int]:
+    """A launched 1P2D: its URL and port (stopped after the test)."""
+    url, port, _ = launch_cluster("--store", str(tmp_path / "store"), "--drain-timeout", "5s")
+    return url, port
 
 
 def _scaling(env: dict[str, str], *source: str) -> tuple[int, dict[str, Any], list[str]]:

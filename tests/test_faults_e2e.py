@@ -8,16 +8,18 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
+
+if TYPE_CHECKING:
+    from conftest import Launched
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
@@ -28,42 +30,20 @@ def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.Com
                           timeout=timeout)
 
 
-def _launch(env: dict[str, str], tmp_path: Path, faults: list[str],
-            extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    args = [*CLI, "launch", "--port", str(port), "--store", str(tmp_path / "store"), *extra]
+def _launch(launch_cluster: Callable[..., Launched], tmp_path: Path, faults: list[str],
+            *extra: str) -> tuple[str, int]:
+    """A launched 1P2D with ``faults`` injected: its URL and port (stopped after the test)."""
+    args = ["--store", str(tmp_path / "store"), *extra]
     for spec in faults:
         args += ["--inject", spec]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    # Process objects, not pids: psutil refuses to signal a pid reused since (by another
-    # test's process on a busy host) where a fresh psutil.Process(pid) would kill it
-    family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    try:
-        assert line.startswith("ready in "), line + (proc.stderr.read()  # type: ignore[union-attr]
-                                                      if proc.poll() is not None else "")
-        assert "faults injected: " + " ".join(faults) in line
-        yield f"http://127.0.0.1:{port}", port
-        stopped = _run(env, "stop", "--port", str(port))
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr  # why, if it fails
-        proc.communicate(timeout=60)
-    finally:
-        for child in family:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        if proc.poll() is None:
-            proc.kill()
-        if proc.poll() is None:
-            proc.communicate(timeout=10)
+    url, port, line = launch_cluster(*args)
+    assert "faults injected: " + " ".join(faults) in line
+    return url, port
 
 
 @pytest.fixture()
-def faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
-    yield from _launch(env, tmp_path, FAULTS)
+def faulted(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tuple[str, int]:
+    return _launch(launch_cluster, tmp_path, FAULTS)
 
 
 #: The long-tail and cache-hit faults. ``basic`` reads every hit on the PE's node, so read
@@ -73,8 +53,8 @@ TAIL_FAULTS = ["read_latency:node=0,latency=100ms", "slow_compute:engine=2,facto
 
 
 @pytest.fixture()
-def tail_faulted(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
-    yield from _launch(env, tmp_path, TAIL_FAULTS, ("--policy", "basic"))
+def tail_faulted(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tuple[str, int]:
+    return _launch(launch_cluster, tmp_path, TAIL_FAULTS, "--policy", "basic")
 
 
 def _diagnose(env: dict[str, str], workflow: str, *source: str) -> tuple[int, dict[str, Any]]:
