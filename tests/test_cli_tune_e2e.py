@@ -4,7 +4,6 @@ the server's audit units, its controller switches and its decision log, not the 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,13 +35,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveClust
 
 
 @pytest.fixture(autouse=True)
-def env(served: tuple[LiveCluster, str, str], tmp_path: Path,
+def env(served: tuple[LiveCluster, str, str], clean_config: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
+    """Nothing of the caller's setup (conftest.clean_config); the served cluster's URL and
+    token instead."""
     monkeypatch.setenv("DUALPATH_URL", served[1])
     monkeypatch.setenv("DUALPATH_TOKEN", served[2])
     monkeypatch.setenv("COLUMNS", "200")

@@ -13,18 +13,10 @@ from dualpath_cli.core.thresholds import tokens_readable
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No real user/system file and no stray DUALPATH_* variables."""
-    import os
-
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    home = tmp_path / "home"
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(home))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def isolated(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No real user/system file and no stray DUALPATH_* variables (conftest.clean_config)."""
     monkeypatch.setenv("COLUMNS", "200")
-    return home
+    return clean_config
 
 
 def test_show_json_has_values_sources_and_both_threshold_forms(

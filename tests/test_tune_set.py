@@ -30,16 +30,11 @@ storage:
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated user config dir, no system file, no stray DUALPATH_* variables."""
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    folder = tmp_path / "home"
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(folder))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def home(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated user config dir, no system file, no stray DUALPATH_* variables
+    (conftest.clean_config)."""
     monkeypatch.setenv("COLUMNS", "200")
-    return folder
+    return clean_config
 
 
 def user_file(home: Path, text: str = USER_TEXT) -> Path:
