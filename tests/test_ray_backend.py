@@ -232,6 +232,10 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
     finally:
         procs.close()
     assert launcher.returncode == 0, launcher.returncode
+    # the clean stop killed every actor of the launch, the scheduler's too
+    for name in (sched["name"], placed["prefill"]["name"], placed["decode"]["name"]):
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace=NAMESPACE)
     # the actors' notes of their semaphores went with their clean stop
     assert not (Path(ray_cluster["root"]) / f"dualpath-ray-{os.getuid()}").exists()
 

@@ -485,7 +485,8 @@ class RayBackend:
         driver = self.driver_node()
         if "scheduler" in self.labels:
             nodes = self._labelled_nodes("scheduler")
-            node = driver if driver is not None and driver in nodes else nodes[0]
+            mine = [n for n in nodes if driver is not None and n["NodeID"] == driver["NodeID"]]
+            node = (mine or nodes)[0]
         elif driver is not None:
             node = driver
         else:
