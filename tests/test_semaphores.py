@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,45 @@ def test_a_sigkilled_embedded_launcher_leaves_no_semaphores(scratch: Path) -> No
         _kill_and_look(launcher)
     finally:
         procs.close()
+
+
+_CALIBRATOR = """
+from dualpath_cli.runtime.calibrate import measure_flops_rate
+measure_flops_rate("tiny", 600.0, new=16, cached=32)  # probes until killed
+"""
+
+
+def _computing(pid: int) -> bool:
+    """A process under ``pid`` has numpy loaded: the FLOP-rate probe is running."""
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "_multiarray_umath" in Path(f"/proc/{child.pid}/maps").read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps (Linux)")
+def test_a_sigkilled_flops_probe_leaves_no_semaphores() -> None:
+    """The bench's FLOP-rate probe (runtime/calibrate.py) killed with its group mid-probe:
+    its probe process maps no ``sem.mp-*`` name (a plain subprocess, not a pool whose
+    queues lock named semaphores), so the kill has nothing to leak."""
+    p = subprocess.Popen([sys.executable, "-c", _CALIBRATOR], stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_S
+        while not _computing(p.pid):
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "the probe never started computing"
+            time.sleep(0.05)  # polling /proc for a state, bounded by the deadline
+        names = engine_semaphores(p.pid)
+        assert not names, names
+        assert not _kill_group(p)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        if p.stderr is not None:
+            p.stderr.close()
+
