@@ -41,11 +41,19 @@ def _run(**kw: Any) -> tuple[RunResult, RuntimeSystem]:
     return result, system
 
 
-def test_the_hierarchy_answers_with_the_flat_runtimes_tokens_and_uses_every_sub() -> None:
-    flat, _ = _run()
+@pytest.fixture(scope="module")
+def flat_tokens() -> dict[tuple[int, int], tuple[int, ...]]:
+    """The flat runtime's answers (threads, in-memory store)."""
+    result, _ = _run()
+    assert not result.errors
+    return result.tokens_by_turn()
+
+
+def test_the_hierarchy_answers_with_the_flat_runtimes_tokens_and_uses_every_sub(
+        flat_tokens: dict[tuple[int, int], tuple[int, ...]]) -> None:
     hier, system = _run(hierarchical=True, sub_schedulers=2)
-    assert not flat.errors and not hier.errors
-    assert hier.tokens_by_turn() == flat.tokens_by_turn()
+    assert not hier.errors
+    assert hier.tokens_by_turn() == flat_tokens
     assert len(hier.turns) == sum(len(a.turns) for a in AGENTS)
     assert all(t.cached > 0 for t in hier.turns if t.turn > 0)  # the store still serves
     sched = system.scheduler
@@ -119,6 +127,18 @@ class _Harness:
             ep.close()
         for s in self.subs:
             s.ep.close()
+
+
+def test_engine_processes_over_zeromq_talk_to_their_subs(
+        flat_tokens: dict[tuple[int, int], tuple[int, ...]], tmp_path: Any) -> None:
+    """One process per engine, each on its own sub's socket: the same answers."""
+    hier, system = _run(hierarchical=True, sub_schedulers=2, processes=True,
+                        store_dir=tmp_path / "kv")
+    assert not hier.errors
+    assert hier.tokens_by_turn() == flat_tokens
+    sched = system.scheduler
+    assert isinstance(sched, HierarchicalScheduler) and all(sched.sub_turns)
+    assert len({s.ctl for s in system.specs}) == 2
 
 
 def _drive(sched: SchedulerService | HierarchicalScheduler, fabric: InProcFabric,
