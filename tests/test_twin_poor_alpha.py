@@ -13,8 +13,9 @@ storage NICs (lower SNIC Max/Avg), and applied live the alpha is in force and de
 read (a PE node whose queue exceeds it is not read from; whether a queue builds on this host
 is timing, so no count of decode-side reads is asserted).
 
-The twin's compute is stubbed (as in tests/test_twin.py) so its ranking does not depend on
-this host's speed; the served run, the recording, the CLI and the simulator are real.
+The twin's measured compute is stubbed (as in tests/test_twin.py), then calibrated to the
+recording (the engines' busy time, the turns' stories: services/twin.py ``fit_world``); the
+served run, the recording, the CLI and the simulator are real.
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ def serve_recorded(url: str, token: str, path: Path, seed: int) -> None:
     worker = threading.Thread(target=serve)
     samples = []
     decisions: list[Decision] = []
+    stories: dict[int, dict[str, Any]] = {}
     with DualPathClient(url, token) as client:
-        for sample in collect(client, 300.0, 0.25, decisions_out=decisions):
+        for sample in collect(client, 300.0, 0.25, decisions_out=decisions,
+                              stories_out=stories):
             samples.append(sample)
             if len(samples) == 1:
                 worker.start()  # after the first sample: every decision is in the window
@@ -100,7 +103,8 @@ def serve_recorded(url: str, token: str, path: Path, seed: int) -> None:
     worker.join(120)
     assert not errors, errors
     write_recording(path, {"source": url, "interval_s": 0.25,
-                           "window_s": samples[-1].at - samples[0].at}, samples, decisions)
+                           "window_s": samples[-1].at - samples[0].at}, samples, decisions,
+                    stories.values())
 
 
 def suggest_json(capsys: pytest.CaptureFixture[str], path: Path) -> dict[str, Any]:
@@ -122,6 +126,8 @@ def test_a_recorded_poor_alpha_is_suggested_away_and_the_suggestion_applies(
     assert {d.side for d in served} == {"pe"}  # alpha 10^9: the PE node reads everything
 
     data = suggest_json(capsys, path)
+    fit = data["world"]["calibration"]  # calibrated from the run's own stories and views
+    assert fit["measured"]["turns"] == 20 and fit["prefill_scale"] is not None
     today = data["current"]
     assert (today["read_side"], today["alpha_tokens"]) == ("seed-select", POOR_ALPHA)
     alpha = data["by_dimension"]["alpha"]
