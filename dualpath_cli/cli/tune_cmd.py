@@ -841,7 +841,9 @@ def suggest(
     Searches alpha, beta, the compute quota and the read-side policy (with --pd also the
     P/D split) one at a time around today's, then the best of each together; prints the
     predicted JCT, TTFT and SNIC Max/Avg of the best few beside today's and the command
-    that applies the best.
+    that applies the best. A recording with finished requests' stories (dualpath record
+    keeps them) first calibrates the simulator to itself: the engines' busy time, the
+    turns' hand-off and the client's gap between turns; a note says what was fitted.
     """
     from dualpath_cli.services import twin
 
