@@ -278,8 +278,8 @@ class RequestLedger:
         # joined with the output (the prompt has ~12K tokens; copying it cost more)
         start = len(chain) * self.bt
         prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        out = np.asarray(output, dtype=np.int64).reshape(-1)[:-1]
-        seq = np.concatenate([prompt[start:], out[max(0, start - len(prompt)):]])
+        made = np.asarray(output, dtype=np.int64).reshape(-1)[:-1]
+        seq = np.concatenate([prompt[start:], made[max(0, start - len(prompt)):]])
         last = BlockKey(chain[-1]) if chain else None
         chain.extend(k.raw for k in chain_keys(seq, self.ns, last))
         with self._lock:
