@@ -17,7 +17,7 @@ from dualpath_cli.config import load_config
 from dualpath_cli.config.resolve import resolve_scheduler
 from dualpath_cli.config.schema import KEYS, SECTIONS
 from dualpath_cli.core.policies import random_side
-from dualpath_cli.errors import ConfigError
+from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.runtime.options import options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import run_agents
@@ -165,6 +165,22 @@ def test_hierarchical_runs_everywhere_and_a_token_major_layout_is_refused_in_one
     assert knobs_from_config(load_config(preset="large", environment=False).config
                              ).hierarchical
     assert main(["sim", "run", "--agents", "2", "--set", "scheduler.hierarchical=true"]) == 0
+    capsys.readouterr()
+    # scheduler.sub_schedulers picks the count (0: the core default), only with the hierarchy
+    opts = _opts("scheduler.hierarchical=true", "scheduler.sub_schedulers=2",
+                 "cluster.pd=2P2D")
+    assert opts.subs == 2
+    with pytest.raises(ConfigError, match="sub_schedulers 2: set only with hierarchical"):
+        _opts("scheduler.sub_schedulers=2")
+    with pytest.raises(UsageError, match="sub-schedulers 3: need 1 to 2"):
+        _opts("scheduler.hierarchical=true", "scheduler.sub_schedulers=3", "cluster.pd=2P2D")
+    knobs = knobs_from_config(load_config(overrides=[
+        "scheduler.hierarchical=true", "scheduler.sub_schedulers=2"], environment=False).config)
+    assert make_setup("ds27b", "2P2D", hierarchical=knobs.hierarchical,
+                      sub_schedulers=knobs.sub_schedulers).sub_schedulers == 2
+    assert make_setup("ds27b", "8P8D", hierarchical=True).sub_schedulers == 2  # default
+    assert main(["sim", "run", "--agents", "2", "--pd", "2P2D", "--set",
+                 "scheduler.hierarchical=true", "--set", "scheduler.sub_schedulers=2"]) == 0
     capsys.readouterr()
     with pytest.raises(ConfigError, match="storage.layout 'token_major'"):
         _opts("storage.layout=token_major")

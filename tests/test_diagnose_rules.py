@@ -348,7 +348,8 @@ def test_every_threshold_is_documented_with_its_value() -> None:
 
 
 def _cost_view(i: int, *, cores: float, call_s: float, calls_per_s: int = 50,
-               decided_per_s: int = 40, queued: int = 0) -> ClusterView:
+               decided_per_s: int = 40, queued: int = 0, kinds: tuple[str, ...] = ("pe_fetch",)
+               ) -> ClusterView:
     """Sample ``i`` with the scheduler thread ``cores`` busy, ``calls_per_s`` pe_fetch calls
     a second each ``call_s`` long, ``decided_per_s`` decisions a second, ``queued`` waiting."""
     from dataclasses import replace
@@ -361,7 +362,7 @@ def _cost_view(i: int, *, cores: float, call_s: float, calls_per_s: int = 50,
                                                  for le in DECISION_BUCKETS))
     v = make_view(i, decided=decided_per_s * i, fifo=queued)
     return replace(v, scheduler=replace(v.scheduler, cpu_s=10.0 + cores * i,
-                                        decision_latency={"pe_fetch": hist}))
+                                        decision_latency={k: hist for k in kinds}))
 
 
 def test_scheduler_cost_healthy_is_ok_with_its_numbers() -> None:
@@ -394,9 +395,22 @@ def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> No
         assert "scheduler.hierarchical" in (f.action or "")
         assert "dualpath sim run --pd 2P4D --set scheduler.hierarchical=true" in (f.action
                                                                                  or "")
-        assert "runtime refuses it" in (f.action or "")
+        assert "launch with --set scheduler.hierarchical=true" in (f.action or "")
         # the workflow carries it, and its exit code is the finding's
         assert rules.run_workflow("scaling", ev).severity is severity
+
+
+def test_a_saturated_hierarchy_is_told_to_add_sub_schedulers() -> None:
+    # the root's routing is timed (root_route) only when the hierarchy is on: the remedy is
+    # more subs, not the hierarchy it already runs
+    from functools import partial
+
+    ev = window(partial(_cost_view, cores=0.95, call_s=2e-4, kinds=("pe_fetch", "root_route")))
+    (f,) = rules.scheduler_cost(ev)
+    assert f.severity is Severity.CRITICAL
+    assert "hierarchical scheduling is on" in (f.action or "")
+    assert "--set scheduler.sub_schedulers=N" in (f.action or "")
+    assert "launch with --set scheduler.hierarchical=true" not in (f.action or "")
 
 
 def test_decision_p99_is_judged_against_the_request_rate() -> None:

@@ -97,7 +97,8 @@ def _setup(model: str, pd: str, policy: str | None, hardware: str, knobs: Any) -
     return make_setup(model, pd, policy or knobs.policy, hardware, seed=knobs.seed,
                       layerwise_prefill=knobs.layerwise_prefill,
                       controllers=knobs.controllers, hierarchical=knobs.hierarchical,
-                      nodes_per_group=knobs.nodes_per_group)
+                      nodes_per_group=knobs.nodes_per_group,
+                      sub_schedulers=knobs.sub_schedulers)
 
 
 def resolve_agents(value: int | None, workload: Workload, default: int) -> int:

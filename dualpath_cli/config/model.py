@@ -208,6 +208,7 @@ class SchedulerConfig:
     reference_append: int
     layerwise_prefill: bool
     hierarchical: bool
+    sub_schedulers: int
     dynamic_alpha: bool
     dynamic_beta: bool
     dynamic_quota: bool

@@ -374,6 +374,9 @@ KEYS: tuple[Key, ...] = (
         "least-loaded of N sub-schedulers (N = min(prefill, decode groups) / 4, at least 1), "
         "each running the flat algorithms over its own slice of the groups. Runs in sim, "
         "bench and launch (not with --join nodes or the Ray backend)."),
+    Key("scheduler", "sub_schedulers", Kind("integer", "count", _integer(0)), 0,
+        "Sub-schedulers of hierarchical scheduling (0: the default above); each owns at "
+        "least one prefill and one decode group. Set only with scheduler.hierarchical."),
     Key("scheduler", "dynamic_alpha", BOOL, False,
         "Alpha follows the busiest storage NIC's utilisation (x0.9 above 80%, x1.1 below "
         "50%), one bounded step per interval."),

@@ -825,7 +825,7 @@ def scaling(ev: Evidence) -> list[Finding]:
             evidence={"fifo_growth": growth, "decisions_per_s": rate,
                       "gpu_utilization": all_util},
             cause="the scheduler, not the engines, limits throughput",
-            action=_HIERARCHICAL.format(pd=ev.last.pd)))
+            action=_scale_scheduler(last, ev.last.pd)))
     else:
         out.append(Finding(wf, OK, f"scheduler keeps up: {rate or 0:.1f} decisions/s, FIFO "
                            f"{last.fifo_length} ({growth:+d} over {dt:.0f} s)",
@@ -897,10 +897,24 @@ def scaling(ev: Evidence) -> list[Finding]:
 #: What to do when the scheduler itself is the bottleneck (honest about what is built).
 _HIERARCHICAL = (
     "hierarchical scheduling (scheduler.hierarchical: sub-schedulers each own a share of the "
-    "engine groups) is built in the simulator only, the runtime refuses it; check what it "
-    "gains at this shape: dualpath sim run --pd {pd} --set scheduler.hierarchical=true "
-    "(against dualpath sim run --pd {pd}); until then keep a core free for the scheduler "
-    "on the launcher's host")
+    "engine groups, so a decision scans fewer groups; it runs for a launch's own engines, "
+    "not with --join or Ray nodes); check what it gains at this shape first: dualpath sim "
+    "run --pd {pd} --set scheduler.hierarchical=true (against dualpath sim run --pd {pd}), "
+    "then launch with --set scheduler.hierarchical=true; keep a core free for the "
+    "scheduler on the launcher's host")
+#: The same when the hierarchy is already on (the root's routing is timed: ``root_route``).
+_MORE_SUBS = (
+    "hierarchical scheduling is on: give it more sub-schedulers (scheduler.sub_schedulers, "
+    "each must keep one prefill and one decode group; check the gain first: dualpath sim "
+    "run --pd {pd} --set scheduler.hierarchical=true --set scheduler.sub_schedulers=N); "
+    "the subs are threads of one launcher and share its interpreter lock, so keep a core "
+    "free for it on the launcher's host")
+
+
+def _scale_scheduler(scheduler: Any, pd: str) -> str:
+    """The remedy for a saturated scheduler: the hierarchy, or more subs when it is on."""
+    on = "root_route" in (getattr(scheduler, "decision_latency", None) or {})
+    return (_MORE_SUBS if on else _HIERARCHICAL).format(pd=pd)
 
 
 def _queued(view: Any) -> int:
@@ -998,7 +1012,7 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
         cause="one scheduler thread makes every decision: near one core, or with calls "
               "as long as the gap between requests, requests wait for the scheduler and "
               "more engines or nodes add no throughput",
-        action=_HIERARCHICAL.format(pd=last.pd))]
+        action=_scale_scheduler(s1, last.pd))]
 
 
 def role_busy(ev: Evidence) -> tuple[dict[str, float | None], int]:

@@ -150,7 +150,7 @@ class RuntimeOptions:
                               "join a scheduler-only launch (--join, --backend ray) form one "
                               "group each; set cluster.nodes_per_group=1")
         if self.sub_schedulers and not self.hierarchical:
-            raise ConfigError(f"sub_schedulers {self.sub_schedulers}: set only with "
+            raise ConfigError(f"scheduler.sub_schedulers {self.sub_schedulers}: set only with "
                               "hierarchical scheduling (scheduler.hierarchical=true)")
         if self.hierarchical:  # a count that does not fit the groups: one line
             pre, dec = self.groups()
@@ -228,6 +228,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "dram_cache_bytes": cfg.storage.dram_cache,
         "nodes_per_group": cfg.cluster.nodes_per_group,
         "hierarchical": cfg.scheduler.hierarchical,
+        "sub_schedulers": cfg.scheduler.sub_schedulers,
     }
     keys = {"alpha": "scheduler.alpha", "beta": "scheduler.beta",
             "z_factor": "scheduler.z_factor", "quota": "scheduler.compute_quota"}

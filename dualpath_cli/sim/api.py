@@ -12,9 +12,10 @@ from dualpath_cli.config.model import Config, parse_pd
 from dualpath_cli.config.schema import check_built
 from dualpath_cli.core.controllers import CONFIG_KEYS
 from dualpath_cli.core.groups import node_groups
-from dualpath_cli.core.hierarchy import default_subs
+from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
+from dualpath_cli.errors import ConfigError
 from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
@@ -49,6 +50,7 @@ class SimKnobs:
     seed: int = 0
     hierarchical: bool = False
     nodes_per_group: int = 1
+    sub_schedulers: int = 0
 
 
 def knobs_from_config(config: Config) -> SimKnobs:
@@ -60,9 +62,12 @@ def knobs_from_config(config: Config) -> SimKnobs:
     """
     check_built(config, world="sim")
     s = config.scheduler
+    if s.sub_schedulers and not s.hierarchical:
+        raise ConfigError(f"scheduler.sub_schedulers {s.sub_schedulers}: set only with "
+                          "hierarchical scheduling (scheduler.hierarchical=true)")
     on = tuple(name for name, key in CONFIG_KEYS.items() if getattr(s, key))
     return SimKnobs(s.read_side, s.layerwise_prefill, on, s.random_seed, s.hierarchical,
-                    config.cluster.nodes_per_group)
+                    config.cluster.nodes_per_group, s.sub_schedulers)
 
 
 def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "dualpath",
@@ -70,10 +75,11 @@ def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "
                seed: int = 0, alpha: int | None = None, beta: int | None = None, *,
                layerwise_prefill: bool = True, controllers: tuple[str, ...] = (),
                control_interval_s: float = 2.0, hierarchical: bool = False,
-               nodes_per_group: int = 1) -> SimSetup:
+               nodes_per_group: int = 1, sub_schedulers: int = 0) -> SimSetup:
     """A :class:`SimSetup` from profile and policy names (errors name the bad value).
 
-    ``hierarchical`` uses :func:`~dualpath_cli.core.hierarchy.default_subs` sub-schedulers
+    ``hierarchical`` uses ``sub_schedulers`` sub-schedulers (0:
+    :func:`~dualpath_cli.core.hierarchy.default_subs`)
     (over the groups ``nodes_per_group`` forms, :mod:`dualpath_cli.core.groups`).
     """
     spec = parse_pd(pd)
@@ -86,7 +92,8 @@ def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "
                     calibration=calibration or SimCalibration(), seed=seed,
                     alpha=alpha, beta=beta, layerwise_prefill=layerwise_prefill,
                     controllers=tuple(controllers), control_interval_s=control_interval_s,
-                    sub_schedulers=default_subs(pe_groups, de_groups) if hierarchical else 0,
+                    sub_schedulers=(check_subs(sub_schedulers or default_subs(
+                        pe_groups, de_groups), pe_groups, de_groups) if hierarchical else 0),
                     nodes_per_group=nodes_per_group)
 
 
