@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -16,6 +17,19 @@ from dualpath_cli.api.listen import free_port
 
 #: The CLI as a subprocess (what a user's shell runs).
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``cond`` until it is true; after ``timeout`` seconds fail naming ``what``.
+
+    Why: a test waits on a condition with a deadline, never on a bare sleep
+    (``from conftest import wait_until``).
+    """
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
 
 
 @pytest.fixture()

@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.api.app import _status
 from dualpath_cli.api.control import SystemUnits, parse_scheduler_change
@@ -102,19 +103,13 @@ def test_the_simulator_runs_the_same_controllers_bounded() -> None:
     assert "controller_moves" not in off.extra  # controllers off: the run is as before
 
 
-def _wait(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_the_running_scheduler_steps_logs_and_shows_its_controllers() -> None:
     opts = RuntimeOptions(policy="dualpath", block_tokens=8, flops_rate=1e9, snic_bw=2e6,
                           controllers={"alpha": True}, control_interval_s=0.2)
     with RuntimeSystem(opts, MemoryStore()) as system:
         result = run_agents(system, AGENTS, timeout=60)
-        _wait(lambda: any(d.kind == "control" for d in system.decisions()))
+        wait_until(lambda: any(d.kind == "control" for d in system.decisions()), 20,
+                   "a controller step in the decision log")
         moves = [d for d in system.decisions() if d.kind == "control"]
         view = system.view()
         live = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [])
@@ -148,8 +143,9 @@ def test_controllers_switch_live_and_the_quota_reaches_the_engines() -> None:
             [step] = sched._control(time.monotonic())
         assert step.name == "quota" and step.new == pytest.approx(0.27)
         pes = system.engine_ids("prefill")
-        _wait(lambda: all((sched.heartbeats()[e] or SimpleNamespace(quota_s=0)).quota_s
-                          == pytest.approx(0.27) for e in pes))
+        wait_until(lambda: all((sched.heartbeats()[e] or SimpleNamespace(quota_s=0)).quota_s
+                               == pytest.approx(0.27) for e in pes), 20,
+                   "every PE's heartbeat to carry the new quota")
         assert sched.sources["quota"] == "controller"
         system.update_scheduler(SchedulerChange(quota_s=0.5))  # an operator's value rebases
         assert sched.controllers.bounds("quota").ceiling == pytest.approx(2.0)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import msgpack
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
@@ -30,14 +31,6 @@ from dualpath_cli.telemetry.view import ClusterView
 FRAG_WARN = 0.5
 SLOW_HOST_S = 30.0
 PROMPT = [(i * 7) % 250 + 1 for i in range(48)]  # 6 full blocks of 8 tokens
-
-
-def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- the SPEC parser and the wire record -----------------------------------------------------
@@ -202,7 +195,7 @@ def test_hbm_frag_shows_in_the_view_is_listed_audited_and_cleared(
     assert entry.old == {"faults": []}
     assert entry.new["faults"] == [{"spec": "hbm_frag:engine=1,stride=4", "kind": "hbm_frag",
                                     "engine": 1, "stride": 4}]
-    _wait_for(lambda: frag(1) > FRAG_WARN, 10, "engine 1's fragmentation in the view")
+    wait_until(lambda: frag(1) > FRAG_WARN, 10, "engine 1's fragmentation in the view")
     assert frag(0) < 0.05
     st = client.status()
     assert [f["spec"] for f in st.faults] == ["hbm_frag:engine=1,stride=4"]
@@ -211,7 +204,7 @@ def test_hbm_frag_shows_in_the_view_is_listed_audited_and_cleared(
     assert _turn(live, gen=3)[2] == 1
     cleared = client.clear_faults()
     assert cleared.old["faults"][0]["engine"] == 1 and cleared.new == {"faults": []}
-    _wait_for(lambda: frag(1) < 0.05, 10, "engine 1's fragmentation to go")
+    wait_until(lambda: frag(1) < 0.05, 10, "engine 1's fragmentation to go")
     assert client.status().faults == ()
 
 
@@ -226,7 +219,7 @@ def test_slow_compute_raises_the_engines_busy_time_per_batch(
         for _ in range(turns):
             _turn(live)
         n0 = before.n
-        _wait_for(lambda: (hbs()[0] or before).n > n0 + 2, 5, "fresh heartbeats")
+        wait_until(lambda: (hbs()[0] or before).n > n0 + 2, 5, "fresh heartbeats")
         after = hbs()[0]
         assert after is not None and after.batches > before.batches
         return (after.busy_s - before.busy_s) / (after.batches - before.batches)
@@ -289,7 +282,7 @@ def test_hot_blocks_read_through_the_nodes_storage_nic(
 
     idle = read_bytes()
     client.set_faults(["hot_blocks:node=0,count=2,rate=20"])
-    _wait_for(lambda: read_bytes() > idle + 20 * 8192, 10, "hot reads on node 0")
+    wait_until(lambda: read_bytes() > idle + 20 * 8192, 10, "hot reads on node 0")
     client.clear_faults()
     # the loop stops: within a deadline, ten heartbeats in a row report no new reads
     deadline = time.monotonic() + 10
@@ -297,7 +290,7 @@ def test_hot_blocks_read_through_the_nodes_storage_nic(
         hb = hbs()[0]
         assert hb is not None
         n0, bytes0 = hb.n, hb.snic_read_bytes
-        _wait_for(lambda hb=hb, n0=n0: (hbs()[0] or hb).n >= n0 + 10, 5, "ten heartbeats")
+        wait_until(lambda hb=hb, n0=n0: (hbs()[0] or hb).n >= n0 + 10, 5, "ten heartbeats")
         if read_bytes() == bytes0:
             break
         assert time.monotonic() < deadline, "hot reads went on after the fault was cleared"
@@ -314,10 +307,10 @@ def test_faults_reach_engine_processes_over_zeromq(tmp_path: Path) -> None:
                         if e.engine_id == 1)
 
         live.set_faults([parse_fault("hbm_frag:engine=1,stride=4")], "test")
-        _wait_for(lambda: frag() > FRAG_WARN, 20, "a process engine's fragmentation")
+        wait_until(lambda: frag() > FRAG_WARN, 20, "a process engine's fragmentation")
         assert live.view().engines[1].pid is not None
         live.clear_faults("test")
-        _wait_for(lambda: frag() < 0.05, 20, "it to clear")
+        wait_until(lambda: frag() < 0.05, 20, "it to clear")
         assert [a.action for a in live.audit] == ["faults", "faults"]
     finally:
         live.drain(10)

@@ -15,12 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli.app import main
@@ -29,14 +30,6 @@ from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -219,7 +212,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
 
     # an engine that dies makes the cluster unhealthy (exit 2); stop still drains and exits
     os.kill(engines[-1], signal.SIGKILL)
-    _wait_for(lambda: _run(env, "status").returncode == 2, 60, "status to say unhealthy")
+    wait_until(lambda: _run(env, "status").returncode == 2, 60, "status to say unhealthy")
     assert "2/3 engines healthy" in _run(env, "status").stdout
 
     stopped = _run(env, "stop", "--timeout", "60s")
@@ -227,7 +220,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
     code, _, err = launched.finish()
     assert code == 0, err
-    _wait_for(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+    wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
               "the launcher and its engines to exit")
     assert not state_file.exists() and not token_file.exists()
     assert _run(env, "status").returncode == 3
@@ -253,7 +246,7 @@ def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
         # killed outright, the launcher takes its engines with it and leaves a stale state
         # file, which the next status reports as "none" (exit 3) and removes
         os.kill(pid, signal.SIGKILL)
-        _wait_for(lambda: _no_process_left(family), 15, "the launcher and its engines")
+        wait_until(lambda: _no_process_left(family), 15, "the launcher and its engines")
         done = _run(env, "status")
         assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
         assert not statefile.state_path(port).exists()
@@ -294,10 +287,10 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
         w.start()
     status = _http(f"{launched.url}/api/v1/status")
     assert status[0] == 200
-    _wait_for(lambda: launched.proc.poll() is not None or _in_flight(launched) > 0, 30,
+    wait_until(lambda: launched.proc.poll() is not None or _in_flight(launched) > 0, 30,
               "turns to be in flight")
     launched.proc.send_signal(signal.SIGTERM)
-    _wait_for(lambda: _http(f"{launched.url}/readyz", timeout=30)[0] != 200, 30,
+    wait_until(lambda: _http(f"{launched.url}/readyz", timeout=30)[0] != 200, 30,
               "the cluster to stop being ready")
     late = _http(url, {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2})
     if late[0] != 0:  # the listener may already be closed: then nothing was admitted
@@ -314,7 +307,7 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
     assert code == 0, err
     drained = re.search(r"drained (\d+) turns", err)
     assert drained and int(drained.group(1)) >= 1, err
-    _wait_for(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+    wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
               "the launcher and its engines to exit")
     store = tmp_path / "store"
     assert not list(store.rglob("*.tmp"))
@@ -356,7 +349,7 @@ def test_stop_force_kills_a_launcher_that_does_not_exit(env: dict[str, str]) -> 
         hard = _run(env, "stop", "--timeout", "0.3s", "--force")
         assert hard.returncode == 0 and "killed" in hard.stdout, hard.stderr
         proc.wait(10)
-        _wait_for(lambda: _no_process_left([child]), 10, "the child to be killed")
+        wait_until(lambda: _no_process_left([child]), 10, "the child to be killed")
         assert not statefile.state_path(port).exists()
     finally:
         for pid in (proc.pid, child):

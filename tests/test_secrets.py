@@ -23,25 +23,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
 
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _http(method: str, url: str, body: Any = None, token: str | None = None
@@ -155,7 +147,7 @@ def test_no_secret_in_logs_outputs_recordings_or_command_lines(tmp_path: Path) -
 
         stopped = run("stop", "--timeout", "60s")
         assert stopped.returncode == 0, stopped.stderr
-        _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
                                   != psutil.STATUS_ZOMBIE for p in family), 60,
                   "the cluster's processes to exit")
     finally:

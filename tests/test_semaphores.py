@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_until
 from test_multinode import START_S, Procs, _free_port, _json_line, engine_semaphores, launch_env
 
 from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
@@ -173,11 +173,9 @@ def test_a_sigkilled_flops_probe_leaves_no_semaphores() -> None:
     p = subprocess.Popen([sys.executable, "-c", _CALIBRATOR], stderr=subprocess.PIPE,
                          start_new_session=True)
     try:
-        deadline = time.monotonic() + START_S
-        while not _computing(p.pid):
-            assert p.poll() is None, p.communicate()[1]
-            assert time.monotonic() < deadline, "the probe never started computing"
-            time.sleep(0.05)  # polling /proc for a state, bounded by the deadline
+        wait_until(lambda: p.poll() is not None or _computing(p.pid), START_S,
+                   "the probe to compute")
+        assert p.poll() is None, p.communicate()[1]
         names = engine_semaphores(p.pid)
         assert not names, names
         assert not _kill_group(p)
