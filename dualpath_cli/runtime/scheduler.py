@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -1126,7 +1127,7 @@ class SchedulerService:
             for g in self._live_members(de):
                 queues[g]  # noqa: B018 - every live group has a queue (the view lists them)
                 loads[g] = group_tok.get(g, 0) + routed_tok.get(g, 0)
-            head = [f.rid for f in list(self.queue)[:_HEAD]]
+            head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], GroupLoads(loads))
             self.queue.clear()
@@ -1140,7 +1141,7 @@ class SchedulerService:
         if not private:
             return
         before = [_snap(e) for e in engines]
-        head = [f.rid for f in list(private)[:_HEAD]]
+        head = [f.rid for f in itertools.islice(private, _HEAD)]
         queue = [self._request(f) for f in private]
         res = de_place(queue, engines, self.params.z_factor)
         classes = placement_classes(queue, [e for e in engines if e.healthy],
@@ -1180,7 +1181,7 @@ class SchedulerService:
                 de_by_id[eid] = snap
             return de_by_id[eid]
 
-        head = [f.rid for f in list(self.pe_queue)[:_HEAD]]
+        head = [f.rid for f in itertools.islice(self.pe_queue, _HEAD)]
         params = self.params
         while self.pe_queue:
             f = self.pe_queue[0]
