@@ -113,8 +113,8 @@ def validate(
 def init(
     preset: Annotated[str, typer.Option("--preset", help=_PRESET_HELP)] = "embedded",
     output: Annotated[str | None, typer.Option(
-        "--output", "-o", help="File to write ('-' for stdout) [default: the user config file, "
-        "$XDG_CONFIG_HOME/dualpath/config.yaml].")] = None,
+        "--output", "-o", help="File to write ('-' for stdout) (default: the user config file, "
+        "$XDG_CONFIG_HOME/dualpath/config.yaml).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:

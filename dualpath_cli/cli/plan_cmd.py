@@ -57,18 +57,18 @@ def _bandwidth(value: str | None, fallback: float) -> float:
 @app.command("pd-ratio")
 def pd_ratio(
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node, g [default: from --hardware]."),
+        None, "--gpus-per-node", help="GPUs per node, g (default: from --hardware)."),
     snics_per_node: int | None = typer.Option(
-        None, "--snics-per-node", help="Storage NICs per node [default: from --hardware]."),
+        None, "--snics-per-node", help="Storage NICs per node (default: from --hardware)."),
     nic_bandwidth: str | None = typer.Option(
         None, "--nic-bandwidth", help="Compute-NIC bandwidth per GPU, B, e.g. 400Gbps; also "
-        "the storage-NIC bandwidth unless --snic-bandwidth is given [default: from --hardware]."),
+        "the storage-NIC bandwidth unless --snic-bandwidth is given (default: from --hardware)."),
     snic_bandwidth: str | None = typer.Option(
-        None, "--snic-bandwidth", help="Bandwidth of one storage NIC [default: --nic-bandwidth, "
-        "else from --hardware]."),
+        None, "--snic-bandwidth", help="Bandwidth of one storage NIC (default: --nic-bandwidth, "
+        "else from --hardware)."),
     dram_bandwidth: str | None = typer.Option(
         None, "--dram-bandwidth", help="DRAM bandwidth per node, M, e.g. 500GB/s "
-        "[default: from --hardware]."),
+        "(default: from --hardware)."),
     hardware: str = typer.Option(
         "hopper", "--hardware", help="Hardware profile supplying every fact not given."),
     pd: str | None = typer.Option(

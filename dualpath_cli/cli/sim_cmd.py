@@ -42,7 +42,7 @@ _MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, q
 _PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
 _HW = typer.Option("hopper", "--hardware", help="Hardware profile.")
 _MAXLEN = typer.Option(None, "--max-len", help="Max length of the synthetic workload (32K, "
-                       "48K, 64K) [default: 64K]; a --trace has its own.")
+                       "48K, 64K; default: 64K); a --trace has its own.")
 _SEED = typer.Option(1, "--seed", help="Seed of the synthetic workload, and of the "
                      "augmentation of a --trace.")
 _TRACE = typer.Option(None, "--trace", help="Replay this dualpath trace file (docs/"
@@ -61,8 +61,8 @@ _CONFIG = typer.Option(None, "--config", "-c", help="Config file whose scheduler
 _SET = typer.Option(None, "--set", help="Override one config key, e.g. --set "
                     "scheduler.dynamic_alpha=true.")
 _DYNAMIC = typer.Option(None, "--dynamic", help="Dynamic controllers to run: comma-separated "
-                        "alpha, beta, quota, or 'none' [default: the config's "
-                        "scheduler.dynamic_* keys].")
+                        "alpha, beta, quota, or 'none' (default: the config's "
+                        "scheduler.dynamic_* keys).")
 
 
 def _knobs(config: Path | None, sets: list[str] | None, dynamic: str | None) -> Any:
@@ -164,11 +164,11 @@ def run(
     model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
     trace: Path | None = _TRACE,
     agents: int | None = typer.Option(
-        None, "--agents", help="Agents, all starting at t=0 (offline) [default: 2048, or "
-        "every trajectory of a --trace]."),
+        None, "--agents", help="Agents, all starting at t=0 (offline) (default: 2048, or "
+        "every trajectory of a --trace)."),
     policy: str | None = typer.Option(
         None, "--policy", help=f"One of: {', '.join(SIM_POLICY_NAMES)}, or a plugin's "
-        "[default: the config's scheduler.read_side, dualpath]."),
+        "(default: the config's scheduler.read_side, dualpath)."),
     aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
     horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
     plot: Path | None = typer.Option(
@@ -233,8 +233,8 @@ def compare(
     model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
     trace: Path | None = _TRACE,
     agents: int | None = typer.Option(
-        None, "--agents", help="Agents starting at t=0 [default: 1024, or every trajectory "
-        "of a --trace]."),
+        None, "--agents", help="Agents starting at t=0 (default: 1024, or every trajectory "
+        "of a --trace)."),
     policies: str = typer.Option(",".join(COMPARE_DEFAULT), "--policies",
                                  help="Comma-separated policies."),
     aps: float | None = typer.Option(
@@ -341,8 +341,8 @@ def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callabl
 def capacity(
     model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
     trace: Path | None = _TRACE,
-    policy: str | None = typer.Option(None, "--policy", help="Policy to size [default: the "
-                                      "config's scheduler.read_side, dualpath]."),
+    policy: str | None = typer.Option(None, "--policy", help="Policy to size (default: the "
+                                      "config's scheduler.read_side, dualpath)."),
     lo: float = typer.Option(0.05, "--lo", help="Lowest APS to probe."),
     hi: float = typer.Option(2.0, "--hi", help="Highest APS to probe."),
     horizon: float = typer.Option(2400.0, "--horizon", help="Seconds simulated per probe."),

@@ -249,12 +249,12 @@ def warm(
                                    "docs/warmup.md): named prompts by tokens, text or shared."),
     rate: str | None = typer.Option(
         None, "--rate", help="The warm-up's cap per node: a share of its storage NIC or a "
-        "bandwidth (200MB/s, 1Gbps). [default: 10%]"),
+        "bandwidth (200MB/s, 1Gbps). (default: 10%)"),
     role: str = typer.Option("all", "--role", help="Engines to warm (live): all, prefill "
                              "or decode."),
     cache: str | None = typer.Option(
         None, "--cache", help="Offline: the DRAM cache to fill (the plan is cut to it) "
-        "[default: the whole plan]."),
+        "(default: the whole plan)."),
     wait: bool = typer.Option(False, "--wait", help="Live: wait until the engines are done, "
                               "showing progress."),
     timeout: str = typer.Option("10m", "--timeout", help="Live, with --wait: give up after "

@@ -89,7 +89,7 @@ def gen(
 def stats(
     path: Path = typer.Argument(..., help="Trace file (dualpath JSONL or Mooncake JSONL)."),
     fmt: str | None = typer.Option(
-        None, "--format", help="dualpath or mooncake [default: detected from the first line]."),
+        None, "--format", help="dualpath or mooncake (default: detected from the first line)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Table 2 means of a dualpath trace, or request statistics of a Mooncake trace."""

@@ -118,7 +118,7 @@ def alpha(
         "tokens the storage NICs read in that time)."),
     snic: str | None = typer.Option(
         None, "--snic", help="Storage-NIC bandwidth of one node, e.g. 400Gbps "
-        "[default: from --hardware, else 400Gbps]."),
+        "(default: from --hardware, else 400Gbps)."),
     bytes_per_token: str | None = typer.Option(
         None, "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068."),
     model: str | None = typer.Option(
@@ -410,8 +410,8 @@ def set_thresholds(
         ..., metavar="KEY=VALUE", help="Thresholds to set: alpha, beta, compute_quota, "
         "z_factor (optionally scheduler.-prefixed), e.g. alpha=2s beta=300K."),
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="Config file to update [default: the user config file, "
-        "$XDG_CONFIG_HOME/dualpath/config.yaml]; created if missing."),
+        None, "--config", "-c", help="Config file to update (default: the user config file, "
+        "$XDG_CONFIG_HOME/dualpath/config.yaml); created if missing."),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Write nothing: simulate the scenario below with the current "
         "and the proposed thresholds and print the predicted difference."),
@@ -419,14 +419,14 @@ def set_thresholds(
     pd: str = typer.Option("2P4D", "--pd", help="Dry run: prefill and decode nodes."),
     hardware: str = typer.Option("hopper", "--hardware", help="Dry run: hardware profile."),
     max_len: str | None = typer.Option(
-        None, "--max-len", help="Dry run: max length of the synthetic workload [default: "
-        "32K]; a --trace has its own."),
+        None, "--max-len", help="Dry run: max length of the synthetic workload (default: "
+        "32K); a --trace has its own."),
     trace: Path | None = typer.Option(
         None, "--trace", help="Dry run: replay this dualpath trace file instead of the "
         "synthetic workload (augmented as the paper does past its size)."),
     agents: int | None = typer.Option(
-        None, "--agents", help="Dry run: agents starting at t=0 [default: 512, or every "
-        "trajectory of a --trace]."),
+        None, "--agents", help="Dry run: agents starting at t=0 (default: 512, or every "
+        "trajectory of a --trace)."),
     policy: str = typer.Option("dualpath", "--policy", help="Dry run: simulator policy."),
     aps: float | None = typer.Option(
         None, "--aps", help="Dry run: online mode at this many agents/s (TTFT, TPOT)."),
@@ -830,7 +830,7 @@ def suggest(
     pd: bool = typer.Option(False, "--pd", help="Also try the other P/D splits of the same "
                             "node count (applied by relaunching)."),
     hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile for a "
-                                        "cluster of a model profile [default: hopper]."),
+                                        "cluster of a model profile (default: hopper)."),
     top: int = typer.Option(3, "--top", help="Best settings to print."),
     budget: str = typer.Option("50s", "--budget", help="Stop searching after about this "
                                "long (the rest is listed as skipped)."),
