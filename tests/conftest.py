@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,6 +18,32 @@ from dualpath_cli.api.listen import free_port
 
 #: The CLI as a subprocess (what a user's shell runs).
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
+
+
+def run_cli(env: dict[str, str], *args: str,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``dualpath ARGS...`` as a subprocess in ``env`` (a user's shell), output captured."""
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@contextlib.contextmanager
+def recording(env: dict[str, str], url: str, window: str, out: Path,
+              interval: str = "1s") -> Iterator[None]:
+    """``dualpath record`` of the cluster at ``url`` for ``window`` into ``out`` while the
+    block runs (a live diagnose of the same seconds); after it the recording must be written.
+    """
+    recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", window,
+                                 "--interval", interval, "-o", str(out)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        yield
+    except BaseException:
+        recorder.kill()
+        recorder.communicate(timeout=30)
+        raise
+    _, err = recorder.communicate(timeout=120)
+    assert recorder.returncode == 0, err
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 import pytest
+from conftest import CLI, recording, run_cli
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
@@ -167,12 +167,6 @@ def test_long_tail_judges_a_replicated_block_by_its_busiest_copy() -> None:
 
 
 # --- end to end -----------------------------------------------------------------------------
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture()
@@ -209,7 +203,7 @@ def _copy_reads(url: str, block: str) -> tuple[dict[str, float], float]:
 
 
 def _diagnose(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    done = _run(env, "diagnose", "long-tail", *args, "--json")
+    done = run_cli(env, "diagnose", "long-tail", *args, "--json")
     assert done.stdout.strip(), done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -273,13 +267,8 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
 
         # the hot spot has cooled: no copy takes the hot share any more, live and from a
         # recording of the same seconds
-        recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", "4s",
-                                     "--interval", "1s", "-o", str(rec)], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True)
-        live = _diagnose(env, "--url", url, "--window", "4s")
-        _, rec_err = recorder.communicate(timeout=120)
-        assert recorder.returncode == 0, rec_err
+        with recording(env, url, "4s", rec):
+            live = _diagnose(env, "--url", url, "--window", "4s")
         for _code, after in (live, _diagnose(env, "--from", str(rec))):
             titles = [f"{f['severity']} {f['title']}" for r in after["reports"]
                       for f in r["findings"]]
@@ -298,5 +287,5 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
         payloads.append(got.payload.tobytes())
         got.release()
     assert len(set(payloads)) == 1
-    done = _run(env, "storage", "verify", held[1])
+    done = run_cli(env, "storage", "verify", held[1])
     assert done.returncode == 0, done.stdout + done.stderr

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import CLI, recording, run_cli
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.diagnose import rules
@@ -33,7 +33,6 @@ from dualpath_cli.services.recording import Extras, Sample
 if TYPE_CHECKING:
     from conftest import Launched
 
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
 
 def _pd_window(pe_util: float, pe_seq: int, pe_read_q: int) -> Evidence:
@@ -68,11 +67,6 @@ def test_a_prefill_engine_inside_a_long_batch_counts_busy() -> None:
                     if f.severity]
 
 
-def _run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture()
 def cluster(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tuple[str, int]:
     """A launched 1P2D: its URL and port (stopped after the test)."""
@@ -81,7 +75,7 @@ def cluster(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tuple[st
 
 
 def _scaling(env: dict[str, str], *source: str) -> tuple[int, dict[str, Any], list[str]]:
-    done = _run(env, "diagnose", "scaling", *source, "--json")
+    done = run_cli(env, "diagnose", "scaling", *source, "--json")
     assert done.stdout.strip(), done.stderr
     doc = json.loads(done.stdout)
     titles = [f"{f['severity']} {f['title']}" for r in doc["reports"] for f in r["findings"]]
@@ -155,13 +149,8 @@ def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
                     break
                 assert time.monotonic() < deadline, "the fault never slowed the PE"
                 client.decisions(-1)
-            recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", "6s",
-                                         "--interval", "1s", "-o", str(rec)], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True)
-            live = _scaling(env, "--url", url, "--window", "6s")
-            _, rec_err = recorder.communicate(timeout=120)
-            assert recorder.returncode == 0, rec_err
+            with recording(env, url, "6s", rec):
+                live = _scaling(env, "--url", url, "--window", "6s")
             recorded = _scaling(env, "--from", str(rec))
             client.clear_faults()
     finally:

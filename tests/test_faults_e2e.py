@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import CLI, recording, run_cli
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.listen import free_port
@@ -21,13 +21,7 @@ from dualpath_cli.services import statefile
 if TYPE_CHECKING:
     from conftest import Launched
 
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 FAULTS = ["hbm_frag:engine=1,stride=4", "snic_throttle:node=1,fraction=0.25"]
-
-
-def _run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _launch(launch_cluster: Callable[..., Launched], tmp_path: Path, faults: list[str],
@@ -58,7 +52,7 @@ def tail_faulted(launch_cluster: Callable[..., Launched], tmp_path: Path) -> tup
 
 
 def _diagnose(env: dict[str, str], workflow: str, *source: str) -> tuple[int, dict[str, Any]]:
-    done = _run(env, "diagnose", workflow, *source, "--json")
+    done = run_cli(env, "diagnose", workflow, *source, "--json")
     assert done.stdout.strip(), done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -83,7 +77,7 @@ def test_injected_faults_are_found_live_and_from_a_recording_then_cleared(
         assert code in (1, 2) and "node D1" in _subjects(out, "snic-imbalance"), out
 
         rec = tmp_path / "faulted.jsonl"
-        done = _run(env, "record", "--url", url, "--window", "2s", "--interval", "500ms",
+        done = run_cli(env, "record", "--url", url, "--window", "2s", "--interval", "500ms",
                     "-o", str(rec))
         assert done.returncode == 0, done.stderr
         for workflow, subject in (("hbm-frag", "engine 1"), ("snic-imbalance", "node D1")):
@@ -125,13 +119,8 @@ def test_tail_faults_are_found_live_and_from_a_recording(
             while client.view().scheduler.decisions.total < 8:
                 assert work.poll() is None and time.monotonic() < deadline, "no turns"
                 client.decisions(-1)  # a round trip paces the loop, no sleep
-        recorder = subprocess.Popen([*CLI, "record", "--url", url, "--window", "5s",
-                                     "--interval", "1s", "-o", str(rec)], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True)
-        live_code, live_out = _diagnose(env, "all", "--url", url, "--window", "5s")
-        _, rec_err = recorder.communicate(timeout=120)
-        assert recorder.returncode == 0, rec_err
+        with recording(env, url, "5s", rec):
+            live_code, live_out = _diagnose(env, "all", "--url", url, "--window", "5s")
     finally:
         _, err = work.communicate(timeout=300)
     assert work.returncode == 0, err
@@ -149,10 +138,10 @@ def test_tail_faults_are_found_live_and_from_a_recording(
     # the trace in the recording replays the real turns: every turn generated what it asked
     from dualpath_cli.services.recording import read_recording
 
-    recording = read_recording(rec)
-    gens = {(d.agent, d.turn): d.gen for d in recording.decisions
+    recorded = read_recording(rec)
+    gens = {(d.agent, d.turn): d.gen for d in recorded.decisions
             if getattr(d, "kind", "turn") == "turn"}
-    traced = [t[1] for r in recording.trace_lines[1:] for t in r["turns"]]
+    traced = [t[1] for r in recorded.trace_lines[1:] for t in r["turns"]]
     assert gens and None not in gens.values() and max(traced) > 1
     assert sorted(traced) == sorted(gens.values())
 
@@ -170,7 +159,7 @@ def test_tail_faults_are_found_live_and_from_a_recording(
 
 
 def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:
-    done = _run(env, "launch", "--port", str(free_port()), "--inject", "warp:node=1")
+    done = run_cli(env, "launch", "--port", str(free_port()), "--inject", "warp:node=1")
     assert done.returncode == 2
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "unknown fault kind 'warp'" in lines[0], lines

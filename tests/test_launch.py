@@ -21,20 +21,13 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_until
+from conftest import CLI, run_cli, wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli.app import main
 from dualpath_cli.services import statefile
 from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
-
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
-
-
-def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 # --- no cluster, stale files, bad flags (fast: in-process) -----------------------------------
@@ -193,17 +186,17 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
                if "spawn_main" in " ".join(psutil.Process(c).cmdline())]
     assert len(engines) >= 3
 
-    done = _run(env, "status")
+    done = run_cli(env, "status")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("running  1P2D  3/3 engines healthy  queue 0")
-    js = _run(env, "status", "--json")
+    js = run_cli(env, "status", "--json")
     assert js.returncode == 0 and json.loads(js.stdout)["healthy"] == 3
-    by_url = _run({**env, "DUALPATH_URL": launched.url}, "status", "--url", launched.url)
+    by_url = run_cli({**env, "DUALPATH_URL": launched.url}, "status", "--url", launched.url)
     assert by_url.returncode == 0
 
     # a second launch on the same port fails fast, in one line, and leaves the first alone
     t0 = time.monotonic()
-    second = _run(env, "launch", "--port", str(launched.port), "--store",
+    second = run_cli(env, "launch", "--port", str(launched.port), "--store",
                   str(tmp_path / "store2"))
     assert second.returncode == 1 and time.monotonic() - t0 < 30
     assert "already running" in second.stderr and "Traceback" not in second.stderr
@@ -212,10 +205,10 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
 
     # an engine that dies makes the cluster unhealthy (exit 2); stop still drains and exits
     os.kill(engines[-1], signal.SIGKILL)
-    wait_until(lambda: _run(env, "status").returncode == 2, 60, "status to say unhealthy")
-    assert "2/3 engines healthy" in _run(env, "status").stdout
+    wait_until(lambda: run_cli(env, "status").returncode == 2, 60, "status to say unhealthy")
+    assert "2/3 engines healthy" in run_cli(env, "status").stdout
 
-    stopped = _run(env, "stop", "--timeout", "60s")
+    stopped = run_cli(env, "stop", "--timeout", "60s")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
     code, _, err = launched.finish()
@@ -223,14 +216,14 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
               "the launcher and its engines to exit")
     assert not state_file.exists() and not token_file.exists()
-    assert _run(env, "status").returncode == 3
-    assert _run(env, "stop").returncode == 3
+    assert run_cli(env, "status").returncode == 3
+    assert run_cli(env, "stop").returncode == 3
 
 
 def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
                                                         tmp_path: Path) -> None:
     port = free_port()
-    up = _run(env, "launch", "--detach", "--port", str(port), "--store",
+    up = run_cli(env, "launch", "--detach", "--port", str(port), "--store",
               str(tmp_path / "store"), timeout=300)
     family: list[int] = []
     try:
@@ -242,12 +235,12 @@ def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
         assert psutil.Process(pid).ppid() != os.getpid()  # re-parented: it runs on its own
         log = Path(state["log_file"])
         assert log.parent == statefile.state_dir() and "ready in" in log.read_text()
-        assert _run(env, "status").returncode == 0
+        assert run_cli(env, "status").returncode == 0
         # killed outright, the launcher takes its engines with it and leaves a stale state
         # file, which the next status reports as "none" (exit 3) and removes
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: _no_process_left(family), 15, "the launcher and its engines")
-        done = _run(env, "status")
+        done = run_cli(env, "status")
         assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
         assert not statefile.state_path(port).exists()
         # the killed launcher left its scheduler checkpoint: the token stays for the
@@ -343,10 +336,10 @@ def test_stop_force_kills_a_launcher_that_does_not_exit(env: dict[str, str]) -> 
             pid=proc.pid, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
             started_at=time.time(), token_file=str(statefile.token_path(port)),
             pid_start=statefile.process_start_time(proc.pid)))
-        soft = _run(env, "stop", "--timeout", "0.3s")
+        soft = run_cli(env, "stop", "--timeout", "0.3s")
         assert soft.returncode == 1 and "--force" in soft.stderr
         assert proc.poll() is None
-        hard = _run(env, "stop", "--timeout", "0.3s", "--force")
+        hard = run_cli(env, "stop", "--timeout", "0.3s", "--force")
         assert hard.returncode == 0 and "killed" in hard.stdout, hard.stderr
         proc.wait(10)
         wait_until(lambda: _no_process_left([child]), 10, "the child to be killed")
