@@ -19,7 +19,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,12 +27,10 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_until
+from conftest import CLI, wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
-
-CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
 
 def _http(method: str, url: str, body: Any = None, token: str | None = None
