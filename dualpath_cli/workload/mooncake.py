@@ -18,13 +18,12 @@ Prefix-hit ratio (``prefix_hit_ratio``) of an unbounded cache, defined exactly:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeGuard
 
 from dualpath_cli.errors import TraceError
+from dualpath_cli.workload.trace_format import is_int, load_object
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "MooncakeRequest", "MooncakeStats", "decode_mooncake",
            "prefix_hits", "mooncake_stats"]
@@ -77,16 +76,7 @@ def decode_mooncake(lines: Iterable[str], source: str) -> list[MooncakeRequest]:
 
 
 def _request(raw: str, where: str) -> MooncakeRequest:
-    try:
-        obj: Any = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise TraceError(f"{where}: invalid JSON: {err.msg} at column {err.colno}") from None
-    except ValueError:  # an integer of more than 4,300 digits
-        raise TraceError(f"{where}: invalid JSON: a number too long to read") from None
-    except RecursionError:
-        raise TraceError(f"{where}: invalid JSON: nested too deeply") from None
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    obj = load_object(raw, where)
     for key in ("timestamp", "input_length", "output_length", "hash_ids"):
         if key not in obj:
             raise TraceError(f"{where}: missing field {key!r}")
@@ -98,7 +88,7 @@ def _request(raw: str, where: str) -> MooncakeRequest:
     length = _count(obj["input_length"], "input_length", where, 1)
     output = _count(obj["output_length"], "output_length", where, 0)
     ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all(_is_int(h) and h >= 0 for h in ids):
+    if not isinstance(ids, list) or not all(is_int(h) and h >= 0 for h in ids):
         raise TraceError(f"{where}: 'hash_ids' must be a list of non-negative integers")
     blocks = -(-length // MOONCAKE_BLOCK_TOKENS)
     if len(ids) > blocks:
@@ -107,12 +97,8 @@ def _request(raw: str, where: str) -> MooncakeRequest:
     return MooncakeRequest(float(stamp), length, output, tuple(ids))
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _count(value: object, name: str, where: str, low: int) -> int:
-    if not _is_int(value) or value < low:
+    if not is_int(value) or value < low:
         kind = "a positive" if low else "a non-negative"
         raise TraceError(f"{where}: {name!r} must be {kind} integer, got {value!r}")
     return int(value)

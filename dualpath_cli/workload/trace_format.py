@@ -29,6 +29,8 @@ __all__ = [
     "Trace",
     "encode_lines",
     "decode_lines",
+    "load_object",
+    "is_int",
 ]
 
 FORMAT_NAME = "dualpath-trace"
@@ -87,7 +89,7 @@ def decode_lines(lines: Iterable[str], source: str) -> Trace:
         if not raw.strip():
             continue
         where = f"{source}:{number}"
-        obj = _load_object(raw, where)
+        obj = load_object(raw, where)
         if header is None:
             header = _header(obj, where)
             continue
@@ -102,7 +104,9 @@ def decode_lines(lines: Iterable[str], source: str) -> Trace:
     return Trace(header, tuple(trajectories))
 
 
-def _load_object(raw: str, where: str) -> dict[str, Any]:
+def load_object(raw: str, where: str) -> dict[str, Any]:
+    """One JSON-object line of a trace (ours or Mooncake's), or a one-line TraceError
+    naming ``where``: bad JSON, a number too long or nested too deep, not an object."""
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -116,7 +120,8 @@ def _load_object(raw: str, where: str) -> dict[str, Any]:
     return obj
 
 
-def _is_int(value: object) -> TypeGuard[int]:
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (JSON's true is not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -129,13 +134,13 @@ def _header(obj: dict[str, Any], where: str) -> TraceHeader:
         raise TraceError(f"{where}: unknown header field {unknown[0]!r}; expected "
                          f"{', '.join(sorted(_HEADER_KEYS))}")
     version = obj.get("version")
-    if not _is_int(version):
+    if not is_int(version):
         raise TraceError(f"{where}: header field 'version' must be an integer")
     if version != FORMAT_VERSION:
         raise TraceError(f"{where}: unsupported trace version {version}; this reader "
                          f"supports version {FORMAT_VERSION}")
     max_len = obj.get("max_len")
-    if not _is_int(max_len) or max_len < 1:
+    if not is_int(max_len) or max_len < 1:
         raise TraceError(f"{where}: header field 'max_len' must be a positive integer, "
                          f"got {max_len!r}")
     generator = obj.get("generator", {})
@@ -192,7 +197,7 @@ def _shared(value: object, where: str, first_append: int) -> tuple[tuple[int, in
 
 
 def _bounded(value: object, name: str, where: str, low: int, high: int) -> int:
-    if not _is_int(value) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise TraceError(f"{where}: field {name!r} must be an integer in [{low}, {high}], "
                          f"got {value!r}")
     return int(value)
@@ -207,7 +212,7 @@ def _turns(value: object, where: str) -> tuple[Turn, ...]:
             raise TraceError(f"{where}: turn {i}: expected [append, gen], got {pair!r}")
         append, gen = pair
         for name, amount in (("append", append), ("gen", gen)):
-            if not _is_int(amount) or amount < 1:
+            if not is_int(amount) or amount < 1:
                 raise TraceError(f"{where}: turn {i}: {name} must be a positive integer, "
                                  f"got {amount!r}")
         turns.append(Turn(append, gen))
