@@ -78,7 +78,7 @@ def test_injected_faults_are_found_live_and_from_a_recording_then_cleared(
 
         rec = tmp_path / "faulted.jsonl"
         done = run_cli(env, "record", "--url", url, "--window", "2s", "--interval", "500ms",
-                    "-o", str(rec))
+                       "-o", str(rec))
         assert done.returncode == 0, done.stderr
         for workflow, subject in (("hbm-frag", "engine 1"), ("snic-imbalance", "node D1")):
             code, out = _diagnose(env, workflow, "--from", str(rec))

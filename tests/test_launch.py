@@ -197,7 +197,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     # a second launch on the same port fails fast, in one line, and leaves the first alone
     t0 = time.monotonic()
     second = run_cli(env, "launch", "--port", str(launched.port), "--store",
-                  str(tmp_path / "store2"))
+                     str(tmp_path / "store2"))
     assert second.returncode == 1 and time.monotonic() - t0 < 30
     assert "already running" in second.stderr and "Traceback" not in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
@@ -214,7 +214,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     code, _, err = launched.finish()
     assert code == 0, err
     wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
-              "the launcher and its engines to exit")
+               "the launcher and its engines to exit")
     assert not state_file.exists() and not token_file.exists()
     assert run_cli(env, "status").returncode == 3
     assert run_cli(env, "stop").returncode == 3
@@ -224,7 +224,7 @@ def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
                                                         tmp_path: Path) -> None:
     port = free_port()
     up = run_cli(env, "launch", "--detach", "--port", str(port), "--store",
-              str(tmp_path / "store"), timeout=300)
+                 str(tmp_path / "store"), timeout=300)
     family: list[int] = []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -281,10 +281,10 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
     status = _http(f"{launched.url}/api/v1/status")
     assert status[0] == 200
     wait_until(lambda: launched.proc.poll() is not None or _in_flight(launched) > 0, 30,
-              "turns to be in flight")
+               "turns to be in flight")
     launched.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: _http(f"{launched.url}/readyz", timeout=30)[0] != 200, 30,
-              "the cluster to stop being ready")
+               "the cluster to stop being ready")
     late = _http(url, {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2})
     if late[0] != 0:  # the listener may already be closed: then nothing was admitted
         assert late[0] == 503 and "retry-after" in {k.lower() for k in late[1]}
@@ -301,7 +301,7 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
     drained = re.search(r"drained (\d+) turns", err)
     assert drained and int(drained.group(1)) >= 1, err
     wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
-              "the launcher and its engines to exit")
+               "the launcher and its engines to exit")
     store = tmp_path / "store"
     assert not list(store.rglob("*.tmp"))
     report = verify_store(PosixStore(store))

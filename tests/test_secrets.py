@@ -145,8 +145,8 @@ def test_no_secret_in_logs_outputs_recordings_or_command_lines(tmp_path: Path) -
         stopped = run("stop", "--timeout", "60s")
         assert stopped.returncode == 0, stopped.stderr
         wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
-                                  != psutil.STATUS_ZOMBIE for p in family), 60,
-                  "the cluster's processes to exit")
+                                   != psutil.STATUS_ZOMBIE for p in family), 60,
+                   "the cluster's processes to exit")
     finally:
         for pid in family:
             try:
