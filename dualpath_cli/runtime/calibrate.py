@@ -116,8 +116,8 @@ def measure_flops_rate(model: str = "tiny", seconds: float = 1.0, *, new: int = 
             str(cached)]
     limit_s = 120.0 + 2 * seconds
     try:
-        child = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=limit_s,
-                               check=False)
+        child = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=limit_s, check=False)
     except subprocess.TimeoutExpired as err:
         raise DualPathError(f"the FLOP-rate probe of {model!r} ran past {limit_s:.0f} s") from err
     last = (child.stderr.strip().splitlines() or ["no output"])[-1]
