@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.server import ServerThread
+from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import UnavailableGpu
 
@@ -29,3 +30,16 @@ def serve(live: LiveCluster) -> Iterator[Served]:
     app = create_app(live, TokenAuth("test-token"), gpu=UnavailableGpu("tests"))
     with ServerThread(app) as server:
         yield Served(server.url, live)
+
+
+@contextmanager
+def serve_new(opts: RuntimeOptions) -> Iterator[Served]:
+    """Start a :class:`LiveCluster` of ``opts`` and serve it until the block exits; then
+    close it (its engine processes with it)."""
+    live = LiveCluster(opts)
+    live.start()
+    try:
+        with serve(live) as s:
+            yield s
+    finally:
+        live.close()

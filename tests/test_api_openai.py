@@ -14,7 +14,7 @@ import numpy as np
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from openai_server import Served, serve
+from openai_server import Served, serve, serve_new
 
 from dualpath_cli.api.openai_routes import ChatMessage, render_chat
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -34,14 +34,8 @@ def _opts(**kw: Any) -> RuntimeOptions:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    store = tmp_path_factory.mktemp("store")
-    live = LiveCluster(_opts(processes=True, store_dir=store))
-    live.start()
-    try:
-        with serve(live) as s:
-            yield s
-    finally:
-        live.close()
+    with serve_new(_opts(processes=True, store_dir=tmp_path_factory.mktemp("store"))) as s:
+        yield s
 
 
 def _client(s: Served, **kw: Any) -> openai.OpenAI:

@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai_server import Served, serve
+from openai_server import Served, serve_new
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.services.runner import run_agents
 
@@ -29,13 +28,8 @@ def _opts(**kw: Any) -> RuntimeOptions:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    live = LiveCluster(_opts(processes=True, store_dir=tmp_path_factory.mktemp("store")))
-    live.start()
-    try:
-        with serve(live) as s:
-            yield s
-    finally:
-        live.close()
+    with serve_new(_opts(processes=True, store_dir=tmp_path_factory.mktemp("store"))) as s:
+        yield s
 
 
 def test_remote_run_hits_each_agents_chain_and_matches_in_process(served: Served) -> None:
