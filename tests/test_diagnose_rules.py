@@ -175,6 +175,25 @@ def test_nic_throttled_to_a_quarter_on_one_node_is_critical_and_names_it() -> No
                 if f.subject and f.subject != "node D3" and f.severity]
 
 
+def test_a_throttled_nic_that_reads_already_avoid_is_a_warning_without_another_step() -> None:
+    """The walk: after `tune set alpha=` the CRITICAL asked to halve alpha again, forever."""
+    def make(i: int) -> ClusterView:
+        return make_view(i, bw={3: 0.1 * SNIC_BW})
+    steered = window(make, decisions=[decision(s, de=2 + s % 2 * 2, side="de")
+                                      for s in range(1, 20)])  # DEs 2 and 4 only
+    report = rules.run_workflow("snic-imbalance", steered)
+    (f,) = named(report.findings, "node D3")
+    assert f.severity is Severity.WARNING and report.severity is Severity.WARNING
+    assert "still at 10% of expected" in f.title and "reads to D3 0% (0/19)" in f.title
+    assert f.action and "tune set" not in f.action and f.evidence["reads_sent"] == 0
+    # the same link while reads still go there stays CRITICAL and says how many
+    hot = window(make, decisions=[decision(s, de=2 + s % 4, side="de") for s in range(1, 20)])
+    (g,) = [f for f in named(rules.run_workflow("snic-imbalance", hot).findings, "node D3")
+            if "of expected" in f.title]
+    assert g.severity is Severity.CRITICAL and "of reads (5/19) still sent to D3" in g.title
+    assert g.action and "tune set alpha=" in g.action
+
+
 def test_hbm_fragmented_engine_is_critical_and_named() -> None:
     report = rules.run_workflow("hbm-frag", hbm_fragmented())
     assert report.severity is Severity.CRITICAL

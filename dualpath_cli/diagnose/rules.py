@@ -204,6 +204,7 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     bw = ev.node_series("snic_bandwidth_bytes_per_s")
     rq = ev.node_series("read_queue_tokens")
     alpha = ev.alpha_series
+    all_bw = {n: m for n, m in ((n, _mean(s)) for n, s in bw.items()) if m}
     for role, ids in sorted(_role_nodes(ev).items()):
         means = {n: _mean(util.get(n, ())) for n in ids}
         known = {n: m for n, m in means.items() if m is not None}
@@ -234,18 +235,7 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
                 med = statistics.median(v for m, v in known_bw.items() if m != n)
                 frac = b / med if med else 1.0
                 if frac < SNIC_BW_WARN:
-                    name = node_name(n, role)
-                    out.append(Finding(
-                        wf, CRITICAL if frac < SNIC_BW_CRIT else WARNING,
-                        f"node {name} storage NIC at {_pct(frac)} of expected "
-                        f"({_gbs(b)} vs {_gbs(med)}, the other {role} nodes' median)",
-                        subject=f"node {name}",
-                        evidence={"node": name, "bandwidth_bytes_per_s": b,
-                                  "expected_bytes_per_s": med, "fraction": round(frac, 3)},
-                        cause=f"a degraded or throttled storage link on {name}",
-                        action=f"check the storage NIC of {name} (ethtool -S, dmesg); "
-                               "meanwhile steer reads away: dualpath tune set alpha="
-                               f"{_tok(max(1, min(alpha) // 2))}"))
+                    out.append(_degraded_link(ev, n, role, b, med, frac, all_bw, alpha))
         for n in ids:
             name = node_name(n, role)
             if _share(util.get(n, ()), lambda v: v >= SNIC_SATURATED) >= PERSIST_FRACTION:
@@ -282,6 +272,43 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
                                              " (utilisation not available: unshaped NICs)"),
                            evidence={"nodes": len(ev.nodes)}))
     return out
+
+
+def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: float,
+                   all_bw: dict[int, float], alpha: Sequence[int]) -> Finding:
+    """A node's storage NIC below its peers' bandwidth. Lowering alpha cannot mend the link,
+    only steer reads away, so once the node takes no more than its share of the cluster's
+    storage bandwidth in reads the finding is a WARNING that asks for no further step (the
+    operator who applied the CRITICAL's ``tune set`` was told to halve alpha again forever)."""
+    name = node_name(n, role)
+    sent = _reads_to_node(ev, n)
+    reads = sum(1 for d in ev.decisions if d.side in ("pe", "de", "split"))
+    fair = b / sum(all_bw.values()) if all_bw else 0.0
+    steered = reads > 0 and sent / reads <= fair
+    title = (f"node {name} storage NIC at {_pct(frac)} of expected ({_gbs(b)} vs "
+             f"{_gbs(med)}, the other {role} nodes' median)")
+    evidence: dict[str, Any] = {"node": name, "bandwidth_bytes_per_s": b,
+                                "expected_bytes_per_s": med, "fraction": round(frac, 3),
+                                "reads_sent": sent, "decisions": reads,
+                                "bandwidth_share": round(fair, 3)}
+    check = f"check the storage NIC of {name} (ethtool -S, dmesg)"
+    if steered:
+        return Finding(
+            "snic-imbalance", WARNING, f"node {name} storage NIC still at {_pct(frac)} of expected "
+            f"({_gbs(b)} vs {_gbs(med)}); reads to {name} {_pct(sent / reads)} ({sent}/"
+            f"{reads}), within its {_pct(fair)} share of the storage bandwidth",
+            subject=f"node {name}", evidence=evidence,
+            cause=f"a degraded or throttled storage link on {name}; reads already avoid it",
+            action=check)
+    if reads:
+        title += f"; {_pct(sent / reads)} of reads ({sent}/{reads}) still sent to {name}"
+    return Finding(
+        "snic-imbalance", CRITICAL if frac < SNIC_BW_CRIT else WARNING, title,
+        subject=f"node {name}", evidence=evidence,
+        cause=f"a degraded or throttled storage link on {name}",
+        action=f"{check}; meanwhile steer reads away: dualpath tune set alpha="
+               f"{_tok(max(1, min(alpha) // 2))}")
+
 
 
 def _gbs(bps: float) -> str:
