@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,6 +44,20 @@ def recording(env: dict[str, str], url: str, window: str, out: Path,
         raise
     _, err = recorder.communicate(timeout=120)
     assert recorder.returncode == 0, err
+
+
+def all_gone(pids: Iterable[int]) -> bool:
+    """No process of ``pids`` is left running (a zombie counts as gone: its parent reaps it).
+
+    A process that exits between the two looks is gone too (no NoSuchProcess race).
+    """
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import CLI, run_cli, wait_until
+from conftest import CLI, all_gone, run_cli, wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli.app import main
@@ -137,16 +137,6 @@ def launched(env: dict[str, str], tmp_path: Path) -> Iterator[Launched]:
             cluster.kill()
 
 
-def _no_process_left(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
-
-
 def _http(url: str, body: dict[str, Any] | None = None, token: str | None = None,
           timeout: float = 60) -> tuple[int, dict[str, str], Any]:
     data = json.dumps(body).encode() if body is not None else None
@@ -213,7 +203,7 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     assert stopped.stdout.startswith("drained 0 turns in ") and "stopped" in stopped.stdout
     code, _, err = launched.finish()
     assert code == 0, err
-    wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+    wait_until(lambda: all_gone([launched.proc.pid, *launched.family]), 10,
                "the launcher and its engines to exit")
     assert not state_file.exists() and not token_file.exists()
     assert run_cli(env, "status").returncode == 3
@@ -239,7 +229,7 @@ def test_detach_status_then_sigkill_leaves_a_stale_file(env: dict[str, str],
         # killed outright, the launcher takes its engines with it and leaves a stale state
         # file, which the next status reports as "none" (exit 3) and removes
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: _no_process_left(family), 15, "the launcher and its engines")
+        wait_until(lambda: all_gone(family), 15, "the launcher and its engines")
         done = run_cli(env, "status")
         assert done.returncode == 3 and "stale" in done.stdout, done.stdout + done.stderr
         assert not statefile.state_path(port).exists()
@@ -300,7 +290,7 @@ def test_sigterm_with_turns_in_flight(launched: Launched, tmp_path: Path) -> Non
     assert code == 0, err
     drained = re.search(r"drained (\d+) turns", err)
     assert drained and int(drained.group(1)) >= 1, err
-    wait_until(lambda: _no_process_left([launched.proc.pid, *launched.family]), 10,
+    wait_until(lambda: all_gone([launched.proc.pid, *launched.family]), 10,
                "the launcher and its engines to exit")
     store = tmp_path / "store"
     assert not list(store.rglob("*.tmp"))
@@ -342,7 +332,7 @@ def test_stop_force_kills_a_launcher_that_does_not_exit(env: dict[str, str]) -> 
         hard = run_cli(env, "stop", "--timeout", "0.3s", "--force")
         assert hard.returncode == 0 and "killed" in hard.stdout, hard.stderr
         proc.wait(10)
-        wait_until(lambda: _no_process_left([child]), 10, "the child to be killed")
+        wait_until(lambda: all_gone([child]), 10, "the child to be killed")
         assert not statefile.state_path(port).exists()
     finally:
         for pid in (proc.pid, child):

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from conftest import all_gone
 from test_runtime import AGENTS, _reference
 
 from dualpath_cli.cluster.local import EngineFailed, dead_role, describe_exits
@@ -57,8 +57,7 @@ def test_losing_the_only_prefill_engine_stops_the_run_at_once(tmp_path: Path) ->
     errors = out[0].errors
     assert len(errors) == 1 and errors[0].startswith("every prefill engine has died"), errors
     assert "agents stopped" in errors[0]
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                   for p in pids)
+    assert all_gone(pids)
 
 
 def test_a_dead_group_leader_hands_fetching_to_the_next_engine_of_its_node(

@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import CLI, wait_until
+from conftest import CLI, all_gone, wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
@@ -144,9 +144,7 @@ def test_no_secret_in_logs_outputs_recordings_or_command_lines(tmp_path: Path) -
 
         stopped = run("stop", "--timeout", "60s")
         assert stopped.returncode == 0, stopped.stderr
-        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
-                                   != psutil.STATUS_ZOMBIE for p in family), 60,
-                   "the cluster's processes to exit")
+        wait_until(lambda: all_gone(family), 60, "the cluster's processes to exit")
     finally:
         for pid in family:
             try:
