@@ -226,12 +226,15 @@ def test_models_lists_the_one_served_model(served: Served) -> None:
 def test_a_draining_cluster_answers_503_with_retry_after(tmp_path: Path) -> None:
     live = LiveCluster(_opts())
     live.start()
-    with serve(live) as s:
-        live.drain(timeout=5)
-        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "x"})
-        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
-        assert r.json()["error"]["code"] == "draining"
-        with pytest.raises(openai.InternalServerError) as info:
-            _client(s, max_retries=0).completions.create(model=MODEL, prompt="x",
-                                                          max_tokens=1)
-        assert info.value.status_code == 503
+    try:
+        with serve(live) as s:
+            live.drain(timeout=5)
+            r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "x"})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+            assert r.json()["error"]["code"] == "draining"
+            with pytest.raises(openai.InternalServerError) as info:
+                _client(s, max_retries=0).completions.create(model=MODEL, prompt="x",
+                                                              max_tokens=1)
+            assert info.value.status_code == 503
+    finally:
+        live.close()
