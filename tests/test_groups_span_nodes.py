@@ -9,13 +9,12 @@ to the other node's. Checked in the simulator (deterministic) and on the embedde
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_runtime import AGENTS, _reference
+from test_reliability_engines import assert_leader_hand_over
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config import load_config
@@ -26,7 +25,7 @@ from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.runtime.faults import parse_fault
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.services.runner import RunResult, run_agents
+from dualpath_cli.services.runner import run_agents
 from dualpath_cli.sim import Simulation, make_setup, synthetic_plans
 from dualpath_cli.sim.api import knobs_from_config
 from dualpath_cli.sim.links import SharedLink
@@ -229,25 +228,10 @@ def test_a_dead_leader_hands_its_multi_node_group_to_an_engine_of_the_next_node(
     """PE group over nodes 0 and 1, one engine each: the leader (node 0) is killed mid-run;
     the scheduler promotes node 1's engine, which fetches for the group and serves the rest
     of the run with the reference tokens."""
-    first_turn = threading.Event()
-    out: list[RunResult] = []
-    opts = RuntimeOptions(policy="dualpath", block_tokens=8, processes=True, prefill_nodes=2,
-                          decode_nodes=1, nodes_per_group=2, store_dir=tmp_path / "store",
-                          heartbeat_timeout=3600.0)
-    with RuntimeSystem(opts) as system:
+    def groups(system: RuntimeSystem) -> None:
         assert [(s.node, s.group, s.leader) for s in system.specs] == [
             (0, 0, True), (1, 0, False), (2, 2, True)]
-        leader, heir = system.engine_ids("prefill")
-        runner = threading.Thread(target=lambda: out.append(
-            run_agents(system, AGENTS, on_turn=lambda _rec: first_turn.set(), timeout=120)))
-        runner.start()
-        assert first_turn.wait(120)
-        system.cluster.kill(leader)
-        killed_seq = system.decisions()[-1].seq
-        runner.join(180)
-        assert not runner.is_alive(), "the run never finished: the group lost its fetcher"
-        later = [d for d in system.decisions(killed_seq) if d.kind == "turn"]
-    result = out[0]
-    assert not result.errors, result.errors
-    assert result.tokens_by_turn() == _reference()
-    assert later and {d.pe for d in later} == {heir}, later
+
+    assert_leader_hand_over(RuntimeOptions(
+        policy="dualpath", block_tokens=8, processes=True, prefill_nodes=2, decode_nodes=1,
+        nodes_per_group=2, store_dir=tmp_path / "store", heartbeat_timeout=3600.0), groups)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,20 @@ def test_a_dead_group_leader_hands_fetching_to_the_next_engine_of_its_node(
     group) is killed mid-run; the scheduler promotes the other, which serves the rest of
     the run with the reference tokens (before, the node's other GPU idled and every later
     turn waited for its client's timeout)."""
+    assert_leader_hand_over(RuntimeOptions(
+        policy="dualpath", block_tokens=8, processes=True, gpus_per_node=2,
+        store_dir=tmp_path / "store", heartbeat_timeout=3600.0))
+
+
+def assert_leader_hand_over(opts: RuntimeOptions,
+                            check: Callable[[RuntimeSystem], None] = lambda _s: None) -> None:
+    """Kill the first prefill engine (its group's leader) once a turn is done: the run
+    finishes with the reference tokens and every later turn prefills on the second (the
+    heir the scheduler promoted). ``check`` sees the started system first."""
     first_turn = threading.Event()
     out: list[RunResult] = []
-    opts = RuntimeOptions(policy="dualpath", block_tokens=8, processes=True, gpus_per_node=2,
-                          store_dir=tmp_path / "store", heartbeat_timeout=3600.0)
     with RuntimeSystem(opts) as system:
+        check(system)
         leader, heir = system.engine_ids("prefill")
         runner = threading.Thread(target=lambda: out.append(
             run_agents(system, AGENTS, on_turn=lambda _rec: first_turn.set(), timeout=120)))
