@@ -257,6 +257,12 @@ def _notify(message: dict[str, Any]) -> None:
         pass
 
 
+def _notify_failure(err: BaseException) -> None:
+    """Tell a waiting ``--detach`` parent why the start failed, in one line with its code."""
+    _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
+             else f"{type(err).__name__}: {err}", "code": getattr(err, "exit_code", 1)})
+
+
 def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
            start_timeout: float, opts_args: tuple[Any, ...], as_json: bool,
            faults: list[Any] | None = None) -> int:
@@ -276,9 +282,7 @@ def _serve(host: str, port: int, allow_remote: bool, drain_timeout: float,
         return _serve_inner(host, port, allow_remote, drain_timeout, start_timeout, opts_args,
                             as_json, t0, stop_event, faults or [])
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
-        _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
-                 else f"{type(err).__name__}: {err}",
-                 "code": getattr(err, "exit_code", 1)})
+        _notify_failure(err)
         raise
     finally:
         for s, handler in previous.items():

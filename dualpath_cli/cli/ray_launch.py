@@ -30,6 +30,7 @@ from dualpath_cli.cli.launch_cmd import (
     _import_http_stack,
     _is_loopback,
     _notify,
+    _notify_failure,
     _options,
     _remove,
     _remove_own_state,
@@ -187,9 +188,7 @@ def serve_ray(host: str, port: int, allow_remote: bool, drain_timeout: float,
         return _drive(backend, host, port, allow_remote, drain_timeout, start_timeout,
                       opts_args, as_json, inject, t0, stop_event)
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
-        _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
-                 else f"{type(err).__name__}: {err}",
-                 "code": getattr(err, "exit_code", 1)})
+        _notify_failure(err)
         raise
     finally:
         for s, handler in previous.items():
