@@ -630,6 +630,10 @@ def launch(
     if role in ("prefill", "decode"):
         if join is None:
             raise UsageError(f"--role {role} needs --join HOST:PORT (the scheduler's API)")
+        if detach:  # it was ignored: a script's `launch --role decode --detach` never returned
+            raise UsageError(f"--detach is for the scheduler (--role all|scheduler); a "
+                             f"--role {role} node runs in the foreground until SIGTERM (run "
+                             "it under systemd, or with & and nohup)")
         _serve_node(role, node or socket.gethostname(), join, token_file, gpus, store, host,
                     _duration("--start-timeout", start_timeout), as_json)
         raise typer.Exit(0)
