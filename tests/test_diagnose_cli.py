@@ -227,3 +227,19 @@ def test_fix_without_a_token_changes_nothing(monkeypatch: pytest.MonkeyPatch,
                         "250ms"], capsys)
     assert rc == 3 and "needs its bearer token" in err and out == ""
     assert "compact_hbm" not in fake.calls
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["diagnose", "all", "--url", "http://127.0.0.1:9"], "cannot reach the dualpath API"),
+    (["diagnose", "bogus"], "unknown workflow"),
+    (["diagnose", "all", "--window", "soon"], "invalid"),
+    (["diagnose", "all", "--nope"], "No such option"),
+])
+def test_no_verdict_with_json_is_still_one_object_on_stdout(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Story 4's cron line appends --json to a log: an UNKNOWN left nothing there."""
+    rc, out, err = run([*argv, "--json"], capsys)
+    assert rc == 3, err
+    doc = json.loads(out)  # exactly one JSON document
+    assert doc["severity"] == "UNKNOWN" and doc["exit_code"] == 3 and doc["reports"] == []
+    assert message in doc["error"] and len(err.strip().splitlines()) == 1, err

@@ -59,6 +59,8 @@ class _DiagnoseCommand(typer.core.TyperCommand):
             return super().parse_args(ctx, args)
         except _click().exceptions.UsageError as err:
             err.exit_code = EXIT_UNKNOWN
+            if "--json" in args:
+                _emit_unknown(err.format_message())
             raise
 
 
@@ -115,11 +117,22 @@ def diagnose(
     """Troubleshooting workflows (seed section 6). Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
     try:
         code = _diagnose(workflow, window, interval, url, from_file, by_layer, fix, as_json)
-    except Unknown:
-        raise
     except DualPathError as err:  # usage, recording, unreachable: no verdict
+        if as_json:
+            _emit_unknown(str(err))
+        if isinstance(err, Unknown):
+            raise
         raise Unknown(str(err)) from None
     raise typer.Exit(code)
+
+
+def _emit_unknown(message: str) -> None:
+    """``--json`` always prints one object: a cron line appending it to a log keeps the
+    UNKNOWN verdict and its reason there (the error line still goes to stderr)."""
+    from dualpath_cli.cli.output import emit_json
+
+    emit_json({"severity": "UNKNOWN", "exit_code": EXIT_UNKNOWN, "error": message,
+               "reports": []})
 
 
 def _diagnose(workflow: str, window: str, interval: str, url: str | None,
