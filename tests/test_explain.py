@@ -7,6 +7,7 @@ queues that chose it, exactly as the decision log has them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,3 +325,10 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
     finally:
         ticket.wait(120)
         live.done(ticket)
+
+
+def test_the_story_prints_z_to_two_places() -> None:
+    """The walk printed 'Z 906.1500000000001' (the float's repr)."""
+    d = dataclasses.replace(_decision("pe", 0, 0), z=906.1500000000001)
+    line = next(s for s in render_story(explain_request(7, [d])) if s.startswith("  DE "))
+    assert "Z 906.15;" in line

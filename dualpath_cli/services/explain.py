@@ -383,11 +383,12 @@ def render_story(story: dict[str, Any]) -> list[str]:
                      "come with its placement)")
         return lines
     src = th.get("sources") or {}
+    z_text = NA if de["z"] is None else f"{de['z']:.2f}"  # not 906.1500000000001
     lines += [
         f"  PE {pe['engine']} (class {pe['class'] or NA}; node {pe.get('node', NA)}, "
         f"{pe.get('seq', NA)} requests / {pe.get('tok', NA)} tokens before)",
         f"  DE {de['engine']} in group {de['group']} (class {de['class'] or NA}, "
-        f"Z {de['z'] if de['z'] is not None else NA}; {de.get('seq', NA)} requests / "
+        f"Z {z_text}; {de.get('seq', NA)} requests / "
         f"{de.get('tok', NA)} tokens, {de.get('hbm_free', NA)} HBM tokens free before)",
         f"  thresholds: alpha {th.get('alpha', NA)} ({src.get('alpha', NA)}), beta "
         f"{th.get('beta', NA)} ({src.get('beta', NA)}), Z {th.get('z_factor', NA)}, quota "
