@@ -18,6 +18,9 @@ world, the synthetic Table 2 workload at 32K) instead.
 ``suggest_s``: wall seconds of ``dualpath tune suggest --from FILE --json`` in a fresh
 process (CLI start, reading the file, measuring this host's compute for the embedded world,
 every replay of the search). Goal: under 60 s. ``suggest_cpu_s`` is the child's CPU time.
+``--stories`` also writes each turn's story, as ``dualpath record`` keeps them, so the twin
+first calibrates to the recording (``calibration_replays`` replays of the recorded setting,
+in ``suggest_s``).
 """
 
 from __future__ import annotations
@@ -106,7 +109,14 @@ def agents_for_window(model: str, snic: float) -> int:
     return max(64, round(len(probe) * WINDOW_S / p.mean_trajectory_s))
 
 
-def write(path: Path, model: str, snic: float) -> dict[str, Any]:
+def stories_for(decisions: list[Decision]) -> list[dict[str, Any]]:
+    """A finished request's story per turn, as ``dualpath record`` keeps them (the fields
+    the twin's calibration reads: arrival just before its decision, a TTFT, no decode)."""
+    return [{"rid": d.rid, "agent": d.agent, "turn": d.turn, "arrival": d.at - 0.001,
+             "ttft_s": 0.1, "tpot_s": None} for d in decisions]
+
+
+def write(path: Path, model: str, snic: float, stories: bool = False) -> dict[str, Any]:
     agents = agents_for_window(model, snic)
     traj = workload(model, agents)
     decisions = decisions_for(traj, WINDOW_S)
@@ -115,9 +125,10 @@ def write(path: Path, model: str, snic: float) -> dict[str, Any]:
                for i in range(WINDOW_S + 1)]
     header = {"source": "bench/tune_suggest.py", "interval_s": 1.0, "window_s": WINDOW_S,
               "created": time.time()}
-    counts = write_recording(path, header, samples, decisions)
+    counts = write_recording(path, header, samples, decisions,
+                             stories_for(decisions) if stories else ())
     return {"agents": agents, "turns": len(decisions), "samples": counts["samples"],
-            "bytes": path.stat().st_size}
+            "stories": counts["outcomes"], "bytes": path.stat().st_size}
 
 
 def _exe() -> str:
@@ -141,11 +152,12 @@ def run_suggest(path: Path, *extra: str) -> tuple[float, float, dict[str, Any]]:
     return wall, cpu, json.loads(proc.stdout)
 
 
-def bench_suggest(model: str = "tiny", snic: float = 4e6) -> dict[str, Any]:
+def bench_suggest(model: str = "tiny", snic: float = 4e6,
+                  stories: bool = False) -> dict[str, Any]:
     """The ``suggest`` part: ``suggest_s`` and what the run saw (bench/tuning.py uses it)."""
     with tempfile.TemporaryDirectory(prefix="dualpath-bench-suggest-") as d:
         path = Path(d) / "2p4d-10min.jsonl.gz"
-        facts = write(path, model, snic)
+        facts = write(path, model, snic, stories)
         load0 = os.getloadavg()[0]
         wall, cpu, answer = run_suggest(path)
     best = answer["best"][0]
@@ -154,7 +166,8 @@ def bench_suggest(model: str = "tiny", snic: float = 4e6) -> dict[str, Any]:
             "recording": {"pd": "2P4D", "model": model, "window_s": WINDOW_S, **facts},
             "settings_searched": answer["searched"], "skipped": len(answer["skipped"]),
             "best_jct_change": best["jct_change"], "best_command": best["command"],
-            "twin_wall_s": answer["wall_s"], "loadavg_1m": round(load0, 2)}
+            "twin_wall_s": answer["wall_s"], "loadavg_1m": round(load0, 2),
+            "calibration_replays": (answer["world"].get("calibration") or {}).get("rounds")}
 
 
 def main() -> int:
@@ -163,8 +176,11 @@ def main() -> int:
     ap.add_argument("--model", default="tiny", help="tiny (embedded) or a model profile")
     ap.add_argument("--snic", type=float, default=4e6,
                     help="storage-NIC bytes/s per node of the recorded cluster")
+    ap.add_argument("--stories", action="store_true",
+                    help="write each turn's story as dualpath record does, so tune suggest "
+                         "calibrates to the recording first (timed in suggest_s)")
     args = ap.parse_args()
-    result = bench_suggest(args.model, args.snic)
+    result = bench_suggest(args.model, args.snic, args.stories)
     if args.json:
         print(json.dumps(result))
     else:
