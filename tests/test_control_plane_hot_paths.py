@@ -92,7 +92,7 @@ def test_a_prompt_travels_as_one_int32_frame(fabric_cls: type) -> None:
     try:
         for msg in _dispatches(prompt):
             header, frames = encode(msg)
-            assert "tokens" not in header and len(frames) == 1
+            assert "tokens" not in header and len(frames) == 2  # the prompt, the block keys
             assert frames[0].dtype == np.int32 and frames[0].nbytes == 4 * len(prompt)
             a.send(b.address, header, frames)
             raw = b.recv(timeout=5)
@@ -117,12 +117,12 @@ def test_token_arrays_never_alias_the_callers_array() -> None:
 
 def test_a_dispatch_without_its_frame_is_refused() -> None:
     header, frames = encode(_dispatches((1, 2, 3))[0])
-    with pytest.raises(WireError, match="carries 0 buffer frames; expected 1"):
+    with pytest.raises(WireError, match="carries 0 buffer frames; expected 2"):
         decode(header, [])
     with pytest.raises(WireError, match="not a 1-D integer array"):
-        decode(header, [np.zeros((2, 2), np.int32)])
+        decode(header, [np.zeros((2, 2), np.int32), frames[1]])
     with pytest.raises(WireError, match="not a 1-D integer array"):
-        decode(header, [np.zeros(3, np.float32)])
+        decode(header, [np.zeros(3, np.float32), frames[1]])
 
 
 def test_the_ledger_chain_is_the_prompt_and_output_keys() -> None:

@@ -20,6 +20,7 @@ from dualpath_cli.runtime.wire import (
     First,
     Heartbeat,
     Hello,
+    KeyArray,
     Layer,
     Lead,
     MetricsRequest,
@@ -142,3 +143,47 @@ def test_bad_headers_are_refused_with_a_reason() -> None:
         decode({"rid": 1})
     with pytest.raises(WireError, match="first message lacks at, token"):
         decode({"t": "first", "eid": 0, "rid": 1, "att": 0})
+
+
+KEYS = tuple(f"{i:032x}" for i in range(200))  # 200 16-byte block keys, as a dispatch carries
+
+
+@pytest.mark.parametrize("fabric_cls", [InProcFabric, ZmqFabric])
+def test_dispatch_keys_travel_as_one_binary_frame(fabric_cls: type) -> None:
+    """A dispatch's block keys are one frame of raw digests, not a msgpack list of hex
+    strings in the header; the engine gets the same hex keys back, in order."""
+    msg = Decode(9, 1, 4, (1, 2, 3), 4, 200 * 64, KEYS, 64 * 64, "inproc://e", False)
+    header, frames = encode(msg)
+    assert "keys" not in header
+    assert len(frames) == 2 and frames[1].dtype == np.uint8 and frames[1].shape == (200, 16)
+    assert frames[1].tobytes() == b"".join(bytes.fromhex(k) for k in KEYS)
+    fabric = fabric_cls()
+    a, b = fabric.endpoint("a"), fabric.endpoint("b")
+    try:
+        a.send(b.address, header, frames)
+        raw = b.recv(timeout=5)
+        assert raw is not None
+        back = decode(raw.header, raw.buffers)
+    finally:
+        a.close()
+        b.close()
+    assert isinstance(back, Decode) and isinstance(back.keys, KeyArray)
+    assert list(back.keys) == list(KEYS) and back.keys == KEYS and back == msg
+    assert back.keys[0] == KEYS[0] and back.keys[-1] == KEYS[-1]
+    assert list(back.keys[3:7]) == list(KEYS[3:7]) and len(back.keys[:64]) == 64
+    empty = Prefill(9, 1, 5, (1, 2), 0, (), 0, "inproc://e", True, False)
+    assert decode(*encode(empty)) == empty and len(decode(*encode(empty)).keys) == 0
+
+
+def test_bad_key_frames_are_refused_with_a_reason() -> None:
+    with pytest.raises(WireError, match="hex strings"):
+        KeyArray(("zz" * 16,))
+    with pytest.raises(WireError, match="one even length"):
+        KeyArray(("ab" * 16, "ab" * 8))
+    with pytest.raises(WireError, match="hex strings"):
+        KeyArray(("abc",))
+    header, frames = encode(Decode(9, 1, 4, (1, 2), 4, 64, KEYS[:1], 0, "inproc://e", False))
+    with pytest.raises(WireError, match="keys frame is not a 2-D byte array"):
+        decode(header, [frames[0], np.zeros(16, np.uint8)])
+    with pytest.raises(WireError, match="keys frame is not a 2-D byte array"):
+        decode(header, [frames[0], np.zeros((1, 4), np.int32)])

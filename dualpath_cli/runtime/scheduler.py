@@ -82,6 +82,7 @@ from dualpath_cli.runtime.wire import (
     First,
     Heartbeat,
     Hello,
+    KeyArray,
     Lead,
     MetricsRequest,
     Prefill,
@@ -1236,7 +1237,7 @@ class SchedulerService:
                 state.charges[seq] = tokens
                 f.charges.append((state.engine_id, seq))
         prompt = TokenArray(f.req.tokens)  # one int32 frame, shared by both messages
-        keys = tuple(f.keys)
+        keys = KeyArray(f.keys)  # one frame of raw digests, shared by both messages
         self._send(de_state.address, Decode(
             f.rid, f.att, seqs[de], prompt, f.req.gen, f.cached, keys, pe_tokens,
             pe_state.address, self.shaped))

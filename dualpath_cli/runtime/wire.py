@@ -11,7 +11,8 @@ KV of a :class:`Layer` travels as raw buffer frames beside it, never serialised,
 back as the same (zero-copy) arrays in :attr:`Layer.frames`. Sequence fields are tuples in
 records; they are restored from msgpack's lists on decode. A prompt (:class:`Decode` and
 :class:`Prefill` ``tokens``) is a :class:`TokenArray` and travels as one int32 buffer frame
-too: packing 12K tokens as a msgpack list cost the scheduler ~0.4 ms per message.
+too: packing 12K tokens as a msgpack list cost the scheduler ~0.4 ms per message. Their
+block ``keys`` are a :class:`KeyArray`, one frame of raw 16-byte digests (hex only where read).
 
 Kinds (direction):
 
@@ -113,6 +114,82 @@ class TokenArray(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"TokenArray({self.array.tolist()!r})"
+
+
+class KeyArray(Sequence[str]):
+    """Block keys (hex strings of one width) as one read-only 2-D uint8 array of raw
+    digests, one row per key (16 bytes for the store's keys): a message field sent as a
+    frame.
+
+    Why: a dispatch carries every hit block's key (~200 per turn at 48p96d); as a msgpack
+    list of hex strings that cost the scheduler and each engine tens of microseconds per
+    message. The digests are packed once (``bytes.fromhex`` of the joined hex) and turned
+    back into hex only where read, one key at a time. Compares equal to any sequence of
+    the same hex strings.
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, keys: Sequence[str] | np.ndarray) -> None:
+        if isinstance(keys, np.ndarray):
+            if keys.ndim != 2 or keys.dtype != np.uint8:
+                raise WireError(f"wire: a keys frame must be a 2-D uint8 array, got "
+                                f"{keys.dtype} of shape {keys.shape}")
+            arr = np.ascontiguousarray(keys)
+        else:
+            width = len(keys[0]) // 2 if len(keys) else 16
+            try:
+                raw = bytes.fromhex("".join(keys))
+            except (TypeError, ValueError):
+                raise WireError(f"wire: block keys must be hex strings, got {keys!r}") from None
+            # the total and the first key's width (a per-key check costs as much as the
+            # packing; keys come from core.layout, one width per store)
+            if not width or len(raw) != width * len(keys):
+                raise WireError(f"wire: block keys must be hex strings of one even length, "
+                                f"got {keys!r}")
+            arr = np.frombuffer(raw, dtype=np.uint8).reshape(len(keys), width)
+        if arr.flags.writeable:
+            arr = arr.copy() if arr is keys else arr
+            arr.flags.writeable = False
+        self.array: np.ndarray = arr
+
+    @classmethod
+    def of(cls, keys: Sequence[str] | np.ndarray) -> KeyArray:
+        """``keys`` as a :class:`KeyArray` (itself when it already is one)."""
+        return keys if isinstance(keys, KeyArray) else cls(keys)
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    @typing.overload
+    def __getitem__(self, i: int) -> str:
+        ...
+
+    @typing.overload
+    def __getitem__(self, i: slice) -> KeyArray:
+        ...
+
+    def __getitem__(self, i: int | slice) -> str | KeyArray:
+        if isinstance(i, slice):
+            return KeyArray(self.array[i])
+        return self.array[i].tobytes().hex()
+
+    def __iter__(self) -> typing.Iterator[str]:
+        raw, width = self.array.tobytes(), self.array.shape[1]
+        return (raw[j:j + width].hex() for j in range(0, len(raw), width))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeyArray):
+            return bool(np.array_equal(self.array, other.array))
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.array.tobytes())
+
+    def __repr__(self) -> str:
+        return f"KeyArray({list(self)!r})"
 
 
 # -- engine -> scheduler ----------------------------------------------------------------------
@@ -308,13 +385,14 @@ class Decode:
     tokens: TokenArray
     gen: int
     cached: int
-    keys: tuple[str, ...]
+    keys: KeyArray
     pe_tokens: int
     pe: str
     shaped: bool
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", TokenArray.of(self.tokens))
+        object.__setattr__(self, "keys", KeyArray.of(self.keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +408,7 @@ class Prefill:
     seq: int
     tokens: TokenArray
     cached: int
-    keys: tuple[str, ...]
+    keys: KeyArray
     pe_tokens: int
     de: str
     layerwise: bool
@@ -338,6 +416,7 @@ class Prefill:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", TokenArray.of(self.tokens))
+        object.__setattr__(self, "keys", KeyArray.of(self.keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,19 +478,27 @@ class _Codec:
     required: frozenset[str]
     tuples: tuple[str, ...]  # fields that are tuples in the record (lists after msgpack)
     nested: tuple[str, ...]  # fields that are tuples of tuples
-    arrays: tuple[str, ...]  # TokenArray fields: buffer frames, in this order
+    arrays: tuple[str, ...]  # TokenArray/KeyArray fields: buffer frames, in this order
+    array_types: tuple[tuple[type[Any], str], ...]  # their classes and dtype kinds
+
+
+#: field types sent as buffer frames: type name -> (class, dtype kinds accepted)
+_ARRAY_TYPES: dict[str, tuple[type[Any], str]] = {"TokenArray": (TokenArray, "iu"),
+                                                  "KeyArray": (KeyArray, "u")}
 
 
 def _codec(cls: type[Any]) -> _Codec:
     fields = [f for f in dataclasses.fields(cls) if f.name != "frames"]
-    arrays = tuple(f.name for f in fields if str(f.type) == "TokenArray")
+    arrays = tuple(f.name for f in fields if str(f.type) in _ARRAY_TYPES)
     fields = [f for f in fields if f.name not in arrays]
     required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)
     tuples = tuple(f.name for f in fields if str(f.type).startswith("tuple["))
     nested = tuple(f.name for f in fields if str(f.type).startswith("tuple[tuple["))
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     return _Codec(cls, tuple(f.name for f in fields), required,
-                  tuple(n for n in tuples if n not in nested), nested, arrays)
+                  tuple(n for n in tuples if n not in nested), nested, arrays,
+                  tuple(_ARRAY_TYPES[types[n]] for n in arrays))
 
 
 _CODECS: dict[str, _Codec] = {kind: _codec(cls) for kind, cls in KINDS.items()}
@@ -456,11 +543,15 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
         if len(buffers) != len(codec.arrays):
             raise WireError(f"wire: {kind} message carries {len(buffers)} buffer frames; "
                             f"expected {len(codec.arrays)} ({', '.join(codec.arrays)})")
-        for name, buf in zip(codec.arrays, buffers, strict=True):
-            if buf.ndim != 1 or buf.dtype.kind not in "iu":
-                raise WireError(f"wire: {kind} {name} frame is not a 1-D integer array "
+        for name, buf, (array_cls, kinds) in zip(codec.arrays, buffers, codec.array_types,
+                                                 strict=True):
+            if buf.ndim != (2 if array_cls is KeyArray else 1) or (
+                    buf.dtype.kind not in kinds) or (
+                    array_cls is KeyArray and buf.dtype.itemsize != 1):
+                raise WireError(f"wire: {kind} {name} frame is not a "
+                                f"{'2-D byte' if array_cls is KeyArray else '1-D integer'} array "
                                 f"({buf.dtype}, shape {buf.shape})")
-            values[name] = TokenArray(buf)
+            values[name] = array_cls(buf)
     msg: WireMessage = codec.cls(**values)
     return msg
 
