@@ -187,3 +187,21 @@ def test_collect_from_a_server_without_the_listing(monkeypatch: pytest.MonkeyPat
     samples, stories = _collect(fake, {}, monkeypatch, keep=10)
     assert len(samples) == 3 and stories == {}
     assert all(s.inflight is None for s in samples)
+
+
+def test_the_first_page_of_stories_keeps_only_turns_that_arrived_in_the_window() -> None:
+    # the first call takes the newest page, which reaches back before the window: a turn
+    # that arrived before the window start is not this window's evidence (an operator's
+    # 20 s recording kept 97 stories, about 6 of them from inside the window)
+    from dualpath_cli.services.recording import _more_stories
+
+    stories = [{"rid": rid, "arrival": 10.0 * rid} for rid in range(1, 6)]
+
+    def requests(_state: str, _limit: int, after: int | None) -> dict[str, object]:
+        return {"requests": [s for s in stories if after is None or s["rid"] > after]}
+
+    out: dict[int, dict[str, object]] = {}
+    cursor = _more_stories(requests, None, out, since=30.0)
+    assert list(out) == [3, 4, 5] and cursor == 5
+    stories.append({"rid": 6, "arrival": 5.0})  # later calls page on, whatever the arrival
+    assert _more_stories(requests, cursor, out) == 6 and list(out) == [3, 4, 5, 6]

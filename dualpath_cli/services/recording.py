@@ -523,7 +523,8 @@ def collect(client: ViewSource, window_s: float, interval_s: float, *,
                     listing = requests("inflight", INFLIGHT_PER_SAMPLE)
                     listing.pop("state", None)
                 if stories_out is not None:
-                    after = _more_stories(requests, after, stories_out)
+                    after = _more_stories(requests, after, stories_out,
+                                          view.at - interval_s if i == 0 else None)
             except DualPathError as err:  # the client's ApiError, with the HTTP status
                 if getattr(err, "status", None) not in (404, 405, 422):
                     raise
@@ -539,15 +540,20 @@ def _requests_of(client: Any) -> Callable[..., dict[str, Any]] | None:
 
 
 def _more_stories(requests: Callable[..., dict[str, Any]], after: int | None,
-                  out: dict[int, dict[str, Any]]) -> int | None:
+                  out: dict[int, dict[str, Any]], since: float | None = None) -> int | None:
     """Fetch the stories of requests that finished since ``after`` (the newest page on the
-    first call), a few pages at most per sample; returns the cursor."""
+    first call), a few pages at most per sample; returns the cursor. ``since`` (the first
+    call's window start, the decisions' clock): a story of a turn that arrived before it
+    is not this window's evidence and is left out (the cursor still moves past it)."""
     for _ in range(10):
         page = requests("finished", _PAGE, after)
         stories = page.get("requests") or []
         for story in stories:
-            out[int(story["rid"])] = story
             after = int(story["rid"])
+            arrival = story.get("arrival")
+            if since is not None and arrival is not None and arrival < since:
+                continue
+            out[after] = story
         while len(out) > MAX_OUTCOMES:
             del out[next(iter(out))]
         if len(stories) < _PAGE:
