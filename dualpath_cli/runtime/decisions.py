@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.registry import Counter, MetricsRegistry
 from dualpath_cli.telemetry.view import Decision, DecisionCounts
 
 __all__ = ["PE_CLASSES", "DE_CLASSES", "SIDES", "DecisionLog"]
@@ -49,6 +49,9 @@ class DecisionLog:
         self._de = dict.fromkeys(DE_CLASSES, 0)
         self._side = dict.fromkeys(SIDES, 0)
         self._registry = registry
+        # (pe_class, de_class, side) -> its decisions counter: the registry's labelled
+        # lookup (label check, key tuple, dict) cost a decision more than the record itself
+        self._counters: dict[tuple[str, str, str], Counter] = {}
         self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path else None
 
     def record(self, **fields: Any) -> Decision:
@@ -65,9 +68,13 @@ class DecisionLog:
             if self._file is not None:
                 self._file.write(json.dumps(dataclasses.asdict(d)) + "\n")
                 self._file.flush()
-        self._registry.counter("dualpath_scheduler_decisions_total",
-                               pe_class=d.pe_class or "", de_class=d.de_class or "",
-                               side=d.side).inc()
+        key = (d.pe_class or "", d.de_class or "", d.side)
+        counter = self._counters.get(key)
+        if counter is None:  # the registry never drops a child: the same one every time
+            counter = self._counters[key] = self._registry.counter(
+                "dualpath_scheduler_decisions_total", pe_class=key[0], de_class=key[1],
+                side=key[2])
+        counter.inc()
         return d
 
     def record_control(self, *, at: float, name: str, inputs: dict[str, Any]) -> Decision:
