@@ -223,8 +223,9 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
     th = s.thresholds
     return {
         "state": view.state, "pd": view.pd, "model": view.model, "policy": s.policy,
+        # engines of a node that left on purpose are not this cluster's any more
         "engines": {"healthy": sum(1 for e in view.engines if e.state == "ready"),
-                    "total": len(view.engines)},
+                    "total": sum(1 for e in view.engines if e.state != "left")},
         "queue": {"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                   "pe": s.pe_queue_length, "in_flight": s.in_flight},
         "thresholds": {"alpha_tokens": th.alpha_tokens, "beta_tokens": th.beta_tokens,

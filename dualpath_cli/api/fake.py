@@ -169,7 +169,7 @@ class FakeClient:
         return Status(
             state=v.state, pd=v.pd, model=v.model, policy=s.policy,
             engines_healthy=sum(1 for e in v.engines if e.state == "ready"),
-            engines_total=len(v.engines),
+            engines_total=sum(1 for e in v.engines if e.state != "left"),
             queue={"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                    "pe": s.pe_queue_length, "in_flight": s.in_flight},
             thresholds=s.thresholds, decisions=s.decisions.total, ready_s=self.ready_s,

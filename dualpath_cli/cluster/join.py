@@ -160,7 +160,7 @@ class JoinService:
         if plan is None:
             raise UsageError(f"no node {name!r} joined this cluster")
         for eid in plan.engine_ids:
-            self.system.scheduler.mark_dead(eid)
+            self.system.scheduler.mark_dead(eid, "left")
         return len(plan.engine_ids)
 
     def status(self, name: str) -> dict[str, Any]:

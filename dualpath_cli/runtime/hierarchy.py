@@ -212,15 +212,17 @@ class HierarchicalScheduler:
         for sub in self.subs:
             sub.stop()
 
-    def mark_dead(self, engine_id: int) -> None:
-        """Declare an engine dead now: its sub re-queues its turns; a sub left without a
+    def mark_dead(self, engine_id: int, why: str = "exited") -> None:
+        """Declare an engine dead now (``why`` as the flat scheduler's
+        :meth:`~dualpath_cli.runtime.scheduler.SchedulerService.mark_dead`): its sub
+        re-queues its turns; a sub left without a
         live engine of a role hands its waiting turns to the serving subs."""
         k = self._engine_sub.get(engine_id)
         if k is None:
             return
         with self._lock:
             self._dead.add(engine_id)
-        self.subs[k].mark_dead(engine_id)
+        self.subs[k].mark_dead(engine_id, why)
         self._evacuate(k)
 
     def _evacuate(self, k: int) -> None:

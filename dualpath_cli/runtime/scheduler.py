@@ -118,7 +118,7 @@ log = logging.getLogger(__name__)
 _HEAD = 8  # queue-head request ids kept in a decision's inputs
 
 #: States an engine is in, as the scheduler sees it.
-ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "dead")
+ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "dead", "left")
 
 
 @dataclass
@@ -213,7 +213,7 @@ class EngineState:
     pid: int = 0
     last_seen: float = 0.0
     alive: bool = True
-    dead_why: str = ""  # "exited" (the cluster saw it go) or "silent" (heartbeat timeout)
+    dead_why: str = ""  # "exited" (the cluster saw it go), "silent" (heartbeat timeout), "left"
     orphans: set[int] = field(default_factory=set)  # requests re-queued away from it
     hb: Heartbeat | None = None  # the last heartbeat
     hb_at: float = 0.0  # when it arrived (monotonic)
@@ -236,9 +236,9 @@ class EngineState:
 
     @property
     def state(self) -> str:
-        """``starting`` (no hello yet), ``ready`` or ``dead``."""
+        """``starting`` (no hello yet), ``ready``, ``dead``, or ``left`` (its node left)."""
         if not self.alive:
-            return "dead"
+            return "left" if self.dead_why == "left" else "dead"
         return "ready" if self.address else "starting"
 
     @property
@@ -473,10 +473,12 @@ class SchedulerService:
             self.queue.append(flight)
         return ticket
 
-    def mark_dead(self, engine_id: int) -> None:
-        """Declare an engine dead now (process exit seen by the cluster): for good."""
+    def mark_dead(self, engine_id: int, why: str = "exited") -> None:
+        """Declare an engine dead now, for good: ``exited`` (process exit seen by the
+        cluster) or ``left`` (its node left on purpose: state ``left``, not counted as an
+        unhealthy engine)."""
         with self._lock:
-            self._dead(engine_id, "exited")
+            self._dead(engine_id, why)
 
     def stop(self) -> None:
         """Tell engines to stop and end the service thread."""
@@ -955,7 +957,7 @@ class SchedulerService:
         if e is None:
             return
         if not e.alive:
-            if why == "exited":
+            if why in ("exited", "left"):
                 e.dead_why = why  # a silent engine that then exited never comes back
             return
         e.alive = False

@@ -240,7 +240,7 @@ class NodeAgent:
             except (ValueError, AttributeError, TypeError):
                 return False
         gone = resp.status_code == 404 or (resp.status_code == 200 and bool(states) and all(
-            v == "dead" for v in states.values()))
+            v in ("dead", "left") for v in states.values()))
         self._forgotten = self._forgotten + 1 if gone else 0
         if self._forgotten < 2:
             return False
