@@ -209,3 +209,24 @@ def test_pd_search_stays_in_the_bottleneck_free_range_of_a_profile() -> None:
     assert world.kind == "profile"
     pds = {s.pd for d, s in twin.candidates(tr, world, pd=True) if d == "pd"}
     assert pds == {"1P5D", "3P3D", "4P2D"}  # 5P1D (ratio 5) would bottleneck
+
+
+def test_live_suggest_replays_only_the_window(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    # story 2: `tune suggest --window 10m` replays the turns decided in that last stretch
+    decisions = served(agentic_workload(16, turns=12))
+    last = max(d.at for d in decisions)
+    view = dataclasses.replace(cluster_view("round-robin"), at=last)
+    fake = FakeClient(view, decisions, metrics_text="")
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setenv("DUALPATH_URL", "http://fake")
+    whole = run_json(capsys, "tune", "suggest", "--budget", "5s")
+    inside = [d for d in decisions if d.at >= last - 0.5]
+    part = run_json(capsys, "tune", "suggest", "--budget", "5s", "--window", "500ms")
+    assert whole["traffic"]["turns"] == len(decisions)
+    assert part["traffic"]["turns"] == len(inside) < len(decisions)
+    assert part["traffic"]["window_s"] == 0.5
+    assert main(["tune", "suggest", "--window", "0s"]) == 2
+    assert main(["tune", "suggest", "--from", str(tmp_path / "r"), "--window", "1m"]) == 2
+    assert "a recording replays its own window" in capsys.readouterr().err

@@ -834,6 +834,9 @@ def suggest(
     top: int = typer.Option(3, "--top", help="Best settings to print."),
     budget: str = typer.Option("50s", "--budget", help="Stop searching after about this "
                                "long (the rest is listed as skipped)."),
+    window: str | None = typer.Option(None, "--window", help="Live cluster: replay only the "
+                                      "turns decided in this last stretch, e.g. 10m (default: "
+                                      "every decision the scheduler still keeps)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay the cluster's served turns in the simulator and suggest better settings.
@@ -852,6 +855,12 @@ def suggest(
     if top < 1:
         raise UsageError(f"--top {top}: must be at least 1")
     budget_s = parse_duration(budget)
+    window_s = parse_duration(window) if window is not None else None
+    if window_s is not None and from_file is not None:
+        raise UsageError("--window is for the live cluster: a recording replays its own "
+                         "window (dualpath record --window)")
+    if window_s is not None and window_s <= 0:
+        raise UsageError(f"--window {window}: must be longer than 0 s")
     if from_file is not None:
         from dualpath_cli.services.recording import read_recording
 
@@ -859,8 +868,11 @@ def suggest(
     else:
         with _client(url) as client:
             target = getattr(client, "url", url or "")
-            traffic = twin.traffic_from_decisions(client.view(), client.decisions(-1),
-                                                  target)
+            view = client.view()
+            decisions = client.decisions(-1)
+            if window_s is not None:  # the decisions' clock is the view's (recording.py)
+                decisions = [d for d in decisions if d.at >= view.at - window_s]
+            traffic = twin.traffic_from_decisions(view, decisions, target, window_s or 0.0)
     if not as_json:
         stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
                      f"{traffic.source} on {traffic.pd} {traffic.model} ...", highlight=False)
