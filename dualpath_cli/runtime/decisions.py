@@ -68,12 +68,12 @@ class DecisionLog:
             if self._file is not None:
                 self._file.write(json.dumps(dataclasses.asdict(d)) + "\n")
                 self._file.flush()
-        key = (d.pe_class or "", d.de_class or "", d.side)
-        counter = self._counters.get(key)
+        labels = (d.pe_class or "", d.de_class or "", d.side)
+        counter = self._counters.get(labels)
         if counter is None:  # the registry never drops a child: the same one every time
-            counter = self._counters[key] = self._registry.counter(
-                "dualpath_scheduler_decisions_total", pe_class=key[0], de_class=key[1],
-                side=key[2])
+            counter = self._counters[labels] = self._registry.counter(
+                "dualpath_scheduler_decisions_total", pe_class=labels[0], de_class=labels[1],
+                side=labels[2])
         counter.inc()
         return d
 
