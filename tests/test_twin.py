@@ -230,3 +230,23 @@ def test_live_suggest_replays_only_the_window(
     assert main(["tune", "suggest", "--window", "0s"]) == 2
     assert main(["tune", "suggest", "--from", str(tmp_path / "r"), "--window", "1m"]) == 2
     assert "a recording replays its own window" in capsys.readouterr().err
+
+
+def test_pd_lists_the_splits_to_try(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # story 5: `tune suggest --from REC --pd 4P8D,3P9D,6P6D` tries exactly those splits
+    tr = twin.traffic_from_decisions(cluster_view(pd="2P4D"),
+                                     served(agentic_workload(8, 4)), "live")
+    world = twin.world_for(tr, measure=stub_measure, host_cores=2)
+    pds = [s.pd for d, s in twin.candidates(tr, world, pd=["3P3D", "2P4D", "4P8D"])
+           if d == "pd"]
+    assert pds == ["3P3D", "4P8D"]  # today's is not a candidate
+    path = record(tmp_path / "r.jsonl.gz", cluster_view("round-robin", pd="1P2D"),
+                  served(agentic_workload(8, turns=4)))
+    data = run_json(capsys, "tune", "suggest", "--from", str(path), "--pd", "2P1D, 1P3D",
+                    "--budget", "20s")
+    plain = run_json(capsys, "tune", "suggest", "--from", str(path), "--budget", "20s")
+    assert data["current"]["pd"] == "1P2D" and not data["skipped"] and not plain["skipped"]
+    assert data["searched"] >= plain["searched"] + 2  # the two listed splits (+ combined)
+    assert {p["pd"] for p in data["best"]} <= {"1P2D", "2P1D", "1P3D"}
+    assert main(["tune", "suggest", "--from", str(path), "--pd", "4P8X"]) == 2
+    assert "--pd 4P8X: invalid P/D spec" in capsys.readouterr().err

@@ -41,7 +41,7 @@ from dualpath_cli.core.thresholds import (
     tokens_processable,
     tokens_readable,
 )
-from dualpath_cli.errors import ConfigError, UsageError, pick
+from dualpath_cli.errors import ConfigError, DualPathError, UsageError, pick
 from dualpath_cli.units import (
     format_bandwidth,
     format_bytes,
@@ -821,14 +821,35 @@ def auto(
         raise typer.Exit(1)
 
 
+def _pd_choice(value: str | None) -> bool | list[str]:
+    """``--pd``: none (False), ``auto`` (True) or the listed splits, each checked."""
+    from dualpath_cli.config.model import parse_pd
+
+    if value is None:
+        return False
+    if value.strip().lower() == "auto":
+        return True
+    out: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        try:
+            spec = parse_pd(part)
+        except DualPathError as err:
+            raise UsageError(f"--pd {value}: {err}") from None
+        name = f"{spec.prefill_nodes}P{spec.decode_nodes}D"
+        if name not in out:
+            out.append(name)
+    return out
+
+
 @app.command("suggest")
 def suggest(
     url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
                                    "DUALPATH_URL, else the running cluster's state file)."),
     from_file: Path | None = typer.Option(None, "--from", help="A recording (dualpath "
                                           "record) instead of the live cluster."),
-    pd: bool = typer.Option(False, "--pd", help="Also try the other P/D splits of the same "
-                            "node count (applied by relaunching)."),
+    pd: str | None = typer.Option(None, "--pd", help="Also try other P/D splits (applied by "
+                                  "relaunching): auto (those of the same node count in the "
+                                  "bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D."),
     hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile for a "
                                         "cluster of a model profile (default: hopper)."),
     top: int = typer.Option(3, "--top", help="Best settings to print."),
@@ -855,6 +876,7 @@ def suggest(
     if top < 1:
         raise UsageError(f"--top {top}: must be at least 1")
     budget_s = parse_duration(budget)
+    splits = _pd_choice(pd)
     window_s = parse_duration(window) if window is not None else None
     if window_s is not None and from_file is not None:
         raise UsageError("--window is for the live cluster: a recording replays its own "
@@ -877,7 +899,7 @@ def suggest(
         stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
                      f"{traffic.source} on {traffic.pd} {traffic.model} ...", highlight=False)
     world = twin.world_for(traffic, hardware=hardware)
-    res = twin.suggest(traffic, world, pd=pd, budget_s=budget_s)
+    res = twin.suggest(traffic, world, pd=splits, budget_s=budget_s)
     if as_json:
         emit_json(res.to_dict(top))
         return

@@ -683,9 +683,12 @@ def _pd_splits(pd: str, hw: HardwareProfile | None = None) -> list[str]:
     return [f"{p}P{d}D" for p, d in splits]
 
 
-def candidates(traffic: Traffic, world: World, *, pd: bool = False
+def candidates(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False
                ) -> list[tuple[str, Setting]]:
     """Settings tried one dimension at a time around the current one, with the varied name.
+
+    ``pd``: True tries the other splits of the same node count (:func:`_pd_splits`); a list
+    of P/D strings tries exactly those (today's left out).
 
     Alpha also tries the paper's window rule for this world (tokens the storage NIC reads
     in 3 s), which a cluster launched with a poor alpha may be far from.
@@ -706,8 +709,9 @@ def candidates(traffic: Traffic, world: World, *, pd: bool = False
     out += [("quota", replace(cur, quota_s=cur.quota_s * f)) for f in (0.5, 2.0)]
     out += [("read_side", replace(cur, read_side=r)) for r in READ_SIDES if r != cur.read_side]
     if pd:
-        out += [("pd", replace(cur, pd=x)) for x in _pd_splits(
-            cur.pd, world.hardware if world.kind == "profile" else None)]
+        splits = (_pd_splits(cur.pd, world.hardware if world.kind == "profile" else None)
+                  if pd is True else [x for x in pd if x != cur.pd])
+        out += [("pd", replace(cur, pd=x)) for x in splits]
     return out
 
 
@@ -765,7 +769,8 @@ def _predict_job(args: tuple[Traffic, World, Setting, str]) -> Prediction | str:
         return str(err)
 
 
-def suggest(traffic: Traffic, world: World, *, pd: bool = False, budget_s: float = 50.0,
+def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
+            budget_s: float = 50.0,
             workers: int | None = None,
             on_result: Callable[[Prediction], None] | None = None) -> Suggestion:
     """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
