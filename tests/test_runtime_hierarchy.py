@@ -214,7 +214,8 @@ def test_a_sub_count_that_does_not_fit_is_one_line(kw: dict[str, Any], match: st
 
 
 def test_a_sub_count_without_the_hierarchy_is_one_line() -> None:
-    with pytest.raises(ConfigError, match="^scheduler.sub_schedulers 2: set only with hierarchical"):
+    with pytest.raises(ConfigError,
+                       match="^scheduler.sub_schedulers 2: set only with hierarchical"):
         RuntimeOptions(prefill_nodes=2, decode_nodes=2, sub_schedulers=2)
 
 

@@ -236,7 +236,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Turns put back at the head of the FIFO (engine_dead, read_failed, "
                "scheduler_restart)."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
-               "Engines by role and state (starting, ready, dead, left: its node left on purpose)."),
+               "Engines by role and state (starting, ready, dead, left: its node left on "
+               "purpose)."),
     MetricSpec("dualpath_scheduler_decision_latency_seconds", _H, "seconds", ("kind",),
                "Wall time of one scheduling call that found work, by kind (de_fetch: route "
                "the FIFO and place on a DE group's engines; pe_fetch: choose PEs and read "
