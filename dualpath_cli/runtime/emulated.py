@@ -147,7 +147,7 @@ class _Job:
     peer: str  # the DE (on a PE) or the PE (on a DE)
     layerwise: bool = True
     gen: int = 0
-    keys: tuple[str, ...] = ()
+    keys: Sequence[str] = ()
     read_done: bool = False
     peer_kv: bool = True  # PE: the DE's part of the hit arrived (or there is none)
     first: int = -1  # DE: the first token (from PrefillDone)
