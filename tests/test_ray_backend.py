@@ -218,7 +218,9 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
         # re-queued their turns; Ray restarted the actor on the decode-labelled node
         view = client.view()
         states = {e.engine_id: e.state for e in view.engines}
-        assert all(states[eid] == "dead" for eid in old_decode)
+        # (dead when the heartbeat timeout caught them first and nothing else yet; left
+        # once the restarted actor's leave took its old name out of the cluster)
+        assert all(states[eid] in ("dead", "left") for eid in old_decode)
         assert view.scheduler.requeued_total >= 1
         again = ray.get(victim.info.remote(), timeout=60)
         assert again["restarted"] and again["pid"] != placed["decode"]["pid"]

@@ -257,6 +257,36 @@ def _notify(message: dict[str, Any]) -> None:
         pass
 
 
+def _announce_ready(opts: Any, url: str, host: str, port: int, token: Path, t0: float,
+                    engines: str, faults: list[str], restored: dict[str, Any] | None,
+                    as_json: bool, **extra: Any) -> None:
+    """The cluster serves: write its state file, tell a ``--detach`` parent, print the ready
+    line (or ``--json``'s object, with ``extra`` fields)."""
+    ready_s = time.time() - t0
+    state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
+                         started_at=time.time(), token_file=str(token),
+                         pid_start=statefile.process_start_time(os.getpid()),
+                         ready_s=round(ready_s, 3),
+                         pd=f"{opts.prefill_nodes}P{opts.decode_nodes}D",
+                         store=str(opts.store_dir),
+                         log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
+    statefile.write_state(state)
+    line = f"ready in {ready_s:.1f} s: {engines}, API {url}, token in {_home(token)}"
+    if faults:
+        line += "; faults injected: " + " ".join(faults)
+    if restored is not None:
+        line += (f"; restored from {_home(statefile.checkpoint_path(port))}: "
+                 f"{restored['flights']} turns ({restored['requeued']} re-queued), "
+                 f"{restored['engines']} engines")
+    payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
+               "restored": restored, **extra}
+    _notify({"ok": True, "line": line, "state": payload})
+    if as_json:
+        emit_json(payload)
+    else:
+        stdout.print(line, highlight=False, soft_wrap=True)
+
+
 def _notify_failure(err: BaseException) -> None:
     """Tell a waiting ``--detach`` parent why the start failed, in one line with its code."""
     _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
@@ -334,31 +364,10 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
         live.wait_ready(start_timeout)
         if faults:  # --inject: on before the cluster is announced ready (audited as launch)
             live.set_faults(faults, "launch")
-        ready_s = time.time() - t0
-        url = _url(host, port)
-        state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
-                             started_at=time.time(), token_file=str(token),
-                             pid_start=statefile.process_start_time(os.getpid()),
-                             ready_s=round(ready_s, 3),
-                             pd=f"{opts.prefill_nodes}P{opts.decode_nodes}D",
-                             store=str(opts.store_dir),
-                             log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
-        statefile.write_state(state)
-        line = (f"ready in {ready_s:.1f} s: {_engines_text(live)}, API {url}, "
-                f"token in {_home(token)}")
-        if faults:
-            line += "; faults injected: " + " ".join(f.spec() for f in faults)
-        restored = live.durable.restored if live.durable is not None else None
-        if restored is not None:
-            line += (f"; restored from {_home(checkpoint)}: {restored['flights']} turns "
-                     f"({restored['requeued']} re-queued), {restored['engines']} engines")
-        payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
-                   "restored": restored}
-        _notify({"ok": True, "line": line, "state": payload})
-        if as_json:
-            emit_json(payload)
-        else:
-            stdout.print(line, highlight=False, soft_wrap=True)
+        _announce_ready(opts, _url(host, port), host, port, token, t0, _engines_text(live),
+                        [f.spec() for f in faults],
+                        live.durable.restored if live.durable is not None else None,
+                        as_json)
         while not stop_event.wait(0.5):
             if not server.thread.is_alive():
                 raise LaunchError(f"the HTTP server stopped unexpectedly ({server.error!r})")

@@ -16,20 +16,18 @@ import functools
 import os
 import signal
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.cli.launch_cmd import (
     _NOTIFY_FD,
     _T0,
     LaunchError,
+    _announce_ready,
     _bind,
     _claim_port,
     _finish_state,
-    _home,
     _import_http_stack,
     _is_loopback,
-    _notify,
     _notify_failure,
     _options,
     _remove,
@@ -39,10 +37,9 @@ from dualpath_cli.cli.launch_cmd import (
     _state_kept,
     _url,
 )
-from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.cli.output import stderr
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services import statefile
-from dualpath_cli.services.statefile import ClusterState
 
 if TYPE_CHECKING:
     from dualpath_cli.runtime.options import RuntimeOptions
@@ -220,32 +217,10 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
         url = sched["url"]
         backend.place(opts, url, auth.token, start_timeout)
         sched = backend.scheduler_ready(start_timeout)
-        ready_s = time.time() - t0
-        state = ClusterState(pid=os.getpid(), url=url, host=bind, port=port,
-                             started_at=time.time(), token_file=str(token),
-                             pid_start=statefile.process_start_time(os.getpid()),
-                             ready_s=round(ready_s, 3),
-                             pd=f"{opts.prefill_nodes}P{opts.decode_nodes}D",
-                             store=str(opts.store_dir),
-                             log_file=os.environ.get("DUALPATH_LAUNCH_LOG"))
-        statefile.write_state(state)
-        line = (f"ready in {ready_s:.1f} s: {backend.describe()}, API {url}, "
-                f"token in {_home(token)}")
-        if inject:
-            line += "; faults injected: " + " ".join(inject)
-        restored = sched.get("restored")
-        if restored is not None:
-            line += (f"; restored from {_home(statefile.checkpoint_path(port))}: "
-                     f"{restored['flights']} turns ({restored['requeued']} re-queued), "
-                     f"{restored['engines']} engines")
-        payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
-                   "restored": restored, "ray": backend.placed, "ray_scheduler": sched,
-                   "ray_driver_node": driver["NodeID"] if driver is not None else None}
-        _notify({"ok": True, "line": line, "state": payload})
-        if as_json:
-            emit_json(payload)
-        else:
-            stdout.print(line, highlight=False, soft_wrap=True)
+        _announce_ready(opts, url, bind, port, token, t0, backend.describe(), list(inject),
+                        sched.get("restored"), as_json, ray=backend.placed,
+                        ray_scheduler=sched,
+                        ray_driver_node=driver["NodeID"] if driver is not None else None)
         poll = backend.watch()
         while not stop_event.wait(0.5):
             news = poll()  # the scheduler's actor restarted (or died: RayBackendError)
