@@ -21,14 +21,14 @@ sweep_app = typer.Typer(help="Sweep deployments (plugin dualpath-pd-sweep).", no
 def pd(
     nodes: int = typer.Option(..., "--nodes", help="Total node budget to split into xPyD."),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node, g [default: from --hardware]."),
+        None, "--gpus-per-node", help="GPUs per node, g (default: from --hardware)."),
     snics_per_node: int | None = typer.Option(
-        None, "--snics-per-node", help="Storage NICs per node [default: from --hardware]."),
+        None, "--snics-per-node", help="Storage NICs per node (default: from --hardware)."),
     nic_bandwidth: str | None = typer.Option(
         None, "--nic-bandwidth", help="Compute-NIC bandwidth per GPU, B (also the storage-NIC "
-        "bandwidth) [default: from --hardware]."),
+        "bandwidth) (default: from --hardware)."),
     dram_bandwidth: str | None = typer.Option(
-        None, "--dram-bandwidth", help="DRAM bandwidth per node, M [default: from --hardware]."),
+        None, "--dram-bandwidth", help="DRAM bandwidth per node, M (default: from --hardware)."),
     hardware: str = typer.Option(
         "hopper", "--hardware", help="Hardware profile supplying every fact not given."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
