@@ -84,7 +84,10 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
         [sys.executable, "-m", "dualpath_cli.cli.app", "storage", "bench", "--root", str(root),
          "--block-size", "64KiB", "--queue-depth", "1", "--size", "32MiB", "--seconds",
          "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1"})
+        env={**os.environ, "NO_COLOR": "1"},
+        # as from a terminal: a runner started under nohup hands its children an ignored
+        # SIGHUP, which the CLI rightly leaves alone (it only replaces default handlers)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not any(root.iterdir()):  # its temp directory exists: the work has begun
