@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,12 @@ import psutil  # noqa: E402
 from ray.cluster_utils import Cluster  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 from test_fault_matrix import AGENTS as KEYED_AGENTS  # noqa: E402
 from test_fault_matrix import reference  # noqa: E402
-from test_multinode import Procs, _embedded_tokens, _json_line  # noqa: E402
+from test_multinode import (  # noqa: E402
+    Procs,
+    _embedded_tokens,
+    _json_line,
+    engine_semaphores,
+)
 from test_scheduler_restart import TURN_DEADLINE_S, Clients  # noqa: E402
 
 from dualpath_cli.api.client import DualPathClient  # noqa: E402
@@ -150,19 +154,6 @@ def _connect(ray_cluster: dict[str, Any]) -> None:
                  logging_level="WARNING", log_to_driver=False)
 
 
-def _semaphores(pid: int) -> set[str]:
-    """Named multiprocessing semaphores the engines of actor process ``pid`` map (their NIC
-    buckets' locks; the creator maps them under glibc's temporary names)."""
-    found: set[str] = set()
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            maps = Path(f"/proc/{child.pid}/maps").read_text()
-        except OSError:
-            continue
-        found.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
-    return found
-
-
 def test_ray_backend_places_serves_and_survives_a_killed_actor(
         ray_cluster: dict[str, Any], tokens: dict[tuple[int, int], tuple[int, ...]],
         tmp_path: Path) -> None:
@@ -200,7 +191,7 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
                 rows = client.requests("inflight")["requests"]
                 if any(r["de"] in old_decode and r["phase"] in ("prefill", "decode")
                        for r in rows):
-                    victim_sems.update(_semaphores(placed["decode"]["pid"]))
+                    victim_sems.update(engine_semaphores(placed["decode"]["pid"]))
                     ray.kill(victim, no_restart=False)  # its process dies; Ray restarts it
                     killed.set()
 

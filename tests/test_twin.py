@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,18 @@ def cluster_view(read_side: str = "dualpath", alpha: int = 10**9, beta: int = 10
         v.scheduler, thresholds=th, policy=read_side))
 
 
-def served(trajectories: list[Trajectory]) -> list[Decision]:
-    """The decision log of serving ``trajectories`` (prompt lengths as the runtime logs)."""
+def served(trajectories: list[Trajectory], with_gen: bool = False) -> list[Decision]:
+    """The decision log of serving ``trajectories`` (prompt lengths as the runtime logs;
+    ``with_gen``: each turn's generated tokens too)."""
     out: list[Decision] = []
     for t in trajectories:
         ctx = 0
         for i, turn in enumerate(t.turns):
             length = ctx + turn.append
             seq = len(out) + 1
+            extra = {"gen": turn.gen} if with_gen else {}
             out.append(Decision(seq, T0 + seq * 0.01, seq, 0, t.agent_id, i, length, ctx,
-                                0, 1, 1, "pe", 0, 0, 0, 0))
+                                0, 1, 1, "pe", 0, 0, 0, 0, **extra))
             ctx = length + turn.gen
     return out
 
@@ -64,13 +65,7 @@ def record(path: Path, view: ClusterView, decisions: list[Decision]) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "220")
     monkeypatch.setattr(twin, "measure_compute", stub_measure)
 

@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 
 import pytest
-from test_diagnose_rules import T0
 from test_twin import cluster_view, env, stub_measure  # noqa: F401 - env: autouse
+from test_twin import served as served_turns
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.workloads import agentic_workload
@@ -27,16 +27,7 @@ from dualpath_cli.workload.trajectory import Trajectory, Turn
 
 def served(trajectories: list[Trajectory]) -> list[Decision]:
     """The decision log of serving ``trajectories``, with each turn's generated tokens."""
-    out: list[Decision] = []
-    for t in trajectories:
-        ctx = 0
-        for i, turn in enumerate(t.turns):
-            length = ctx + turn.append
-            seq = len(out) + 1
-            out.append(Decision(seq, T0 + seq * 0.01, seq, 0, t.agent_id, i, length, ctx,
-                                0, 1, 1, "pe", 0, 0, 0, 0, gen=turn.gen))
-            ctx = length + turn.gen
-    return out
+    return served_turns(trajectories, with_gen=True)
 
 
 def _traffic(measured: twin.Measured | None = None) -> twin.Traffic:

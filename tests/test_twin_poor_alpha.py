@@ -21,7 +21,6 @@ served run, the recording, the CLI and the simulator are real.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,13 +49,7 @@ COMPUTE = {"flops": 3.3e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.008}
 
 
 @pytest.fixture(autouse=True)
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(twin, "measure_compute", lambda model, context: dict(COMPUTE))
 
 

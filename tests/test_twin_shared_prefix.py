@@ -14,7 +14,6 @@ The replay starts each agent when it arrived in the recording (the stories' arri
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,12 +39,8 @@ SYSTEM_PROMPT = ((42, 40),)  # 5 blocks of 8 tokens every conversation opens wit
 
 
 @pytest.fixture(autouse=True)
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("DUALPATH_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
+def env(clean_config: Path) -> None:
+    """No caller's setup (conftest.clean_config) in any test here."""
 
 
 def _agents(n: int, shared: tuple[tuple[int, int], ...]) -> list[Trajectory]:
