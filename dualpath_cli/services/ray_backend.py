@@ -194,6 +194,16 @@ def _import_ray() -> Any:
     return ray
 
 
+def _actor_identity() -> tuple[bool, str, str]:
+    """Inside an actor: whether Ray restarted it, its node's id and its node's address."""
+    ray = _import_ray()
+    ctx = ray.get_runtime_context()
+    with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
+        warnings.simplefilter("ignore")
+        restarted = bool(ctx.was_current_actor_reconstructed)
+    return restarted, ctx.get_node_id(), ray.util.get_node_ip_address()
+
+
 class NodeActor:
     """One dualpath node as a Ray actor: joins the scheduler and runs its engines.
 
@@ -207,13 +217,7 @@ class NodeActor:
                  loopback: bool, store: str | None, timeout: float) -> None:
         from dualpath_cli.services.node import NodeAgent
 
-        ray = _import_ray()
-        ctx = ray.get_runtime_context()
-        with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
-            warnings.simplefilter("ignore")
-            self.restarted = bool(ctx.was_current_actor_reconstructed)
-        self.node_id = ctx.get_node_id()
-        self.ip = ray.util.get_node_ip_address()
+        self.restarted, self.node_id, self.ip = _actor_identity()
         bind = "127.0.0.1" if loopback else self.ip
         self.agent = NodeAgent(url, token, name, role, gpus,
                                Path(store) if store is not None else None, bind)
@@ -270,13 +274,7 @@ class SchedulerActor:
 
     def __init__(self, factory: Callable[[bool], Any], env: dict[str, str]) -> None:
         os.environ.update(env)
-        ray = _import_ray()
-        ctx = ray.get_runtime_context()
-        with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
-            warnings.simplefilter("ignore")
-            self.restarted = bool(ctx.was_current_actor_reconstructed)
-        self.node_id = ctx.get_node_id()
-        self.ip = ray.util.get_node_ip_address()
+        self.restarted, self.node_id, self.ip = _actor_identity()
         self.host: Any = None
         self.error = ""
         try:
