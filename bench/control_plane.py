@@ -488,9 +488,18 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         dispatched: set[int] = set()
         rq_n: collections.Counter[int] = collections.Counter()
 
+        profile = None
+        if args.profile:  # diagnosis only: the measured calls under cProfile (thread CPU)
+            import cProfile
+
+            profile = cProfile.Profile(time.thread_time)
+
         def timed(kind: str, fn: Any, *a: Any) -> None:
             t = time.thread_time()
-            fn(*a)
+            if measuring and profile is not None:
+                profile.runcall(fn, *a)
+            else:
+                fn(*a)
             if measuring:
                 row = cpu[kind]
                 row[0] += 1
@@ -568,6 +577,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                     deliver(kind, m)
                 deliver("fetch_" + role, Fetch(leader[(role, node)], node, role))
                 after_fetch(period)
+        if profile is not None:
+            profile.dump_stats(args.profile)
         in_flight = len(sched.flights)
         present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
         sched.ep.close()
