@@ -34,7 +34,12 @@ from dualpath_cli.services.runner import run_agents
 from dualpath_cli.telemetry.view import Decision
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-COMPUTE = {"flops": 1e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.004}
+# the twin's compute model (a stub for a measurement of this host): a prefill as quick as the
+# runtime's real one. The replay starts the second wave when it arrived in the recording, a
+# few ms after the first agent's last turn on a fast host (the native block reader); a model
+# slower than the runtime (1 GFLOP/s: 150 ms for the first prompt) stores the system prompt
+# after they all arrived and replays no cross hit at all, whatever the scheduler does.
+COMPUTE = {"flops": 1e11, "prefill_overhead_s": 0.002, "decode_step_s": 0.004}
 SYSTEM_PROMPT = ((42, 40),)  # 5 blocks of 8 tokens every conversation opens with
 
 
