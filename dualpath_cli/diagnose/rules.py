@@ -477,8 +477,13 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
     load = {k: spread[k][0] if k in spread else v for k, v in reads.items()}
     hot = sorted(((v, k) for k, v in reads.items()
                   if v >= HOT_BLOCK_MIN_READS and load[k] >= floor), reverse=True)
+    # a copied block read often enough to have been hot says how its reads spread, whatever
+    # share of the window's reads it still takes (a workload's contexts grow: the hot block's
+    # share of all reads falls while it is read as often, and the operator asks "did my
+    # copies take the reads?")
     cooled = sorted(((v, k) for k, v in reads.items()
-                     if k in spread and v >= floor and load[k] < floor), reverse=True)
+                     if k in spread and v >= HOT_BLOCK_MIN_READS and load[k] < floor),
+                    reverse=True)
     out: list[Finding] = []
     for v, k in cooled[:5]:
         busiest, per_root = spread[k]
