@@ -83,6 +83,9 @@ def test_health_ready_and_status(cluster: tuple[LiveCluster, TokenAuth, str],
     assert set(st.queue) == {"fifo", "private", "pe", "in_flight"}
     assert st.thresholds.alpha_tokens == live.opts.alpha
     assert st.thresholds.source["alpha"] in ("config", "api")
+    # storage NICs without a rate (snic_bw 0): nothing turns alpha into seconds of reading
+    assert live.opts.snic_bw == 0 and st.thresholds.alpha_s is None
+    assert st.scheduling == {"hierarchical": False, "sub_schedulers": 1, "nodes_per_group": 1}
     assert st.ready_s == live.ready_s and st.ready_s is not None and st.uptime_s > 0
     assert st.faults == ()
 

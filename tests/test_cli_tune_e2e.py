@@ -61,6 +61,8 @@ def test_set_then_rollback_through_the_real_api(
     assert th.source["alpha"] == "api"
     shown = run_json(capsys, "tune", "show")
     assert shown["thresholds"]["alpha"] == {"value": 5_000, "source": "api"}
+    assert shown["scheduling"] == {"hierarchical": False, "sub_schedulers": 1,
+                                   "nodes_per_group": 1}
     undo = run_json(capsys, "tune", "rollback", "--yes")  # the server's scheduler units
     assert undo["restore"]["alpha"] == before.alpha_tokens
     th = live.view().scheduler.thresholds

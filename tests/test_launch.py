@@ -181,6 +181,14 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     assert done.stdout.startswith("running  1P2D  3/3 engines healthy  queue 0")
     js = run_cli(env, "status", "--json")
     assert js.returncode == 0 and json.loads(js.stdout)["healthy"] == 3
+    # alpha as the config gives it (scheduler.alpha's default, 3 s of reading at a node's
+    # storage NICs), its tokens beside; a flat scheduler, one node per group: no more words
+    summary = json.loads(js.stdout)
+    assert summary["alpha_s"] == pytest.approx(3.0, rel=1e-3) and summary["alpha"] == "3s"
+    assert summary["alpha_tokens"] > 0 and summary["alpha_source"] == "default"
+    assert "  alpha 3s (default)  beta " in done.stdout
+    assert (summary["hierarchical"], summary["sub_schedulers"], summary["nodes_per_group"]) == (
+        False, 1, 1) and "hierarchy" not in done.stdout and "groups of" not in done.stdout
     by_url = run_cli({**env, "DUALPATH_URL": launched.url}, "status", "--url", launched.url)
     assert by_url.returncode == 0
 

@@ -263,6 +263,17 @@ def test_a_live_cluster_serves_through_the_hierarchy(tmp_path: Any) -> None:
         live.update_scheduler(SchedulerChange(alpha_tokens=4096), "test")
         assert {sub.params.alpha for sub in sched.subs} == {4096}
         assert live.view().scheduler.thresholds.alpha_tokens == 4096
+        # the API's status says how scheduling is laid out (dualpath status, tune show)
+        from dualpath_cli.api.app import create_app
+        from dualpath_cli.api.auth import TokenAuth
+        from dualpath_cli.api.client import DualPathClient
+        from dualpath_cli.api.server import ServerThread
+
+        auth = TokenAuth.generate(tmp_path / "token")
+        with ServerThread(create_app(live, auth)) as server, DualPathClient(
+                server.url, auth.token) as client:
+            assert client.status().scheduling == {"hierarchical": True, "sub_schedulers": 2,
+                                                  "nodes_per_group": 1}
         assert not (tmp_path / "checkpoint.json").exists()
     finally:
         live.close()

@@ -158,6 +158,7 @@ class Status(BaseModel):
     audit: list[dict[str, Any]]
     faults: list[dict[str, Any]]
     version: str
+    scheduling: dict[str, Any] = {}
 
 
 class ChangeResult(BaseModel):
@@ -218,6 +219,22 @@ def _units(live: LiveCluster) -> SystemUnits:
                        flops_per_s=float(getattr(system, "flops_rate", 0.0) or 0.0))
 
 
+def _alpha_seconds(alpha_tokens: int, units: SystemUnits) -> float | None:
+    """Alpha as seconds of reading at one node's storage NICs (how the config gives it,
+    ``scheduler.alpha = 3s``); None where the NICs are unshaped (no rate to divide by)."""
+    if units.snic_bytes_per_s <= 0:
+        return None
+    return alpha_tokens * units.kv_bytes_per_token / units.snic_bytes_per_s
+
+
+def _scheduling(live: LiveCluster) -> dict[str, Any]:
+    """How scheduling is laid out: flat or hierarchical (with its sub count), and how many
+    nodes an engine group spans (cluster.nodes_per_group)."""
+    subs = getattr(live.system.scheduler, "subs", None)  # a HierarchicalScheduler's
+    return {"hierarchical": subs is not None, "sub_schedulers": len(subs) if subs else 1,
+            "nodes_per_group": int(getattr(live.system.opts, "nodes_per_group", 1) or 1)}
+
+
 def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
     s = view.scheduler
     th = s.thresholds
@@ -228,13 +245,15 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
                     "total": sum(1 for e in view.engines if e.state != "left")},
         "queue": {"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                   "pe": s.pe_queue_length, "in_flight": s.in_flight},
-        "thresholds": {"alpha_tokens": th.alpha_tokens, "beta_tokens": th.beta_tokens,
+        "thresholds": {"alpha_tokens": th.alpha_tokens,
+                       "alpha_s": _alpha_seconds(th.alpha_tokens, _units(live)),
+                       "beta_tokens": th.beta_tokens,
                        "z_factor": th.z_factor, "quota_s": th.quota_s,
                        "read_side": th.read_side, "source": dict(th.source),
                        "controllers": dict(th.controllers)},
         "decisions": s.decisions.total, "ready_s": live.ready_s, "uptime_s": view.uptime_s,
         "audit": [_audit_dict(a) for a in list(live.audit)], "faults": live.faults(),
-        "version": __version__,
+        "version": __version__, "scheduling": _scheduling(live),
     }
 
 

@@ -62,6 +62,8 @@ class Status:
     audit: tuple[AuditEntry, ...] = ()
     faults: tuple[dict[str, Any], ...] = ()
     version: str = ""
+    #: flat or hierarchical (``sub_schedulers``), ``nodes_per_group``; empty from an older API
+    scheduling: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,6 +90,7 @@ def status_from_dict(data: dict[str, Any]) -> Status:
         uptime_s=float(data.get("uptime_s", 0.0)),
         audit=tuple(audit_from_dict(a) for a in data.get("audit", ())),
         faults=tuple(data.get("faults", ())), version=str(data.get("version", "")),
+        scheduling=dict(data.get("scheduling") or {}),
         extra={k: v for k, v in data.items() if k not in known})
 
 

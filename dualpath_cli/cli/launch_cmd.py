@@ -762,17 +762,25 @@ def _target(url: str | None, port: int | None) -> tuple[str, str | None, Cluster
 
 def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
     """The fields of the status line from a typed ``/api/v1/status``."""
-    from dualpath_cli.units import format_tokens
+    from dualpath_cli.units import format_duration, format_tokens
 
     th = st.thresholds
     ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
+    alpha_s = getattr(th, "alpha_s", None)
+    sched = dict(getattr(st, "scheduling", None) or {})
     return {
         "running": ok, "state": st.state, "pd": st.pd, "policy": st.policy,
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
-        "alpha": f"{format_tokens(th.alpha_tokens)} tok", "alpha_source": th.source.get("alpha"),
+        # alpha as the config gives it (seconds of reading), its tokens beside
+        "alpha": (f"{format_duration(float(f'{alpha_s:.3g}'))}" if alpha_s is not None
+                  else f"{format_tokens(th.alpha_tokens)} tok"),
+        "alpha_tokens": th.alpha_tokens, "alpha_s": alpha_s,
+        "alpha_source": th.source.get("alpha"),
         "beta": f"{format_tokens(th.beta_tokens)} tok", "beta_source": th.source.get("beta"),
         "ready_s": st.ready_s, "uptime_s": st.uptime_s, "url": url, "pid": pid,
+        "hierarchical": sched.get("hierarchical"), "sub_schedulers": sched.get("sub_schedulers"),
+        "nodes_per_group": sched.get("nodes_per_group"),
     }
 
 
@@ -816,6 +824,10 @@ def status(
         for key in ("alpha", "beta"):
             source = s[key + "_source"]
             parts.append(f"{key} {s[key]}" + (f" ({source})" if source else ""))
+        if s["hierarchical"]:
+            parts.append(f"hierarchy {s['sub_schedulers']} sub-schedulers")
+        if (s["nodes_per_group"] or 1) > 1:
+            parts.append(f"groups of {s['nodes_per_group']} nodes")
         if s["state"] not in ("ready", "starting"):
             parts.append(f"state {s['state']}")
         stdout.print("  ".join(parts), highlight=False, soft_wrap=True)

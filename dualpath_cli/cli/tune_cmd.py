@@ -688,10 +688,13 @@ def show(
     controllers: dict[str, Any] = dict(getattr(th, "controllers", None) or {})
     values = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
               "read_side": th.read_side, "z_factor": th.z_factor}
+    alpha_s = getattr(th, "alpha_s", None)
+    scheduling = dict(getattr(st, "scheduling", None) or {})
     if as_json:
         emit_json({"url": target, "pd": st.pd, "model": st.model, "policy": st.policy,
                    "thresholds": {k: {"value": v, "source": th.source.get(k, "launch")}
                                   for k, v in values.items()},
+                   "alpha_s": alpha_s, "scheduling": scheduling,
                    "controllers": controllers,
                    "changes": [{"seq": a.seq, "at": a.at, "token_id": a.token_id,
                                 "old": a.old, "new": a.new} for a in changes]})
@@ -699,9 +702,18 @@ def show(
     table = Table("threshold", "value", "source", title=f"tune show: {target} ({st.pd} "
                   f"{st.model}, {st.state})", title_justify="left")
     for k, v in values.items():
-        table.add_row(k, _value_text(k, v) if k != "z_factor" else f"{v:g}",
-                      th.source.get(k, "launch"))
+        text = _value_text(k, v) if k != "z_factor" else f"{v:g}"
+        if k == "alpha" and alpha_s is not None:  # as the config gives it, tokens beside
+            text = f"{format_duration(float(f'{alpha_s:.3g}'))} ({text})"
+        table.add_row(k, text, th.source.get(k, "launch"))
     stdout.print(table)
+    if scheduling:
+        subs = scheduling.get("sub_schedulers") or 1
+        npg = scheduling.get("nodes_per_group") or 1
+        stdout.print(("scheduling: hierarchical, " + f"{subs} sub-schedulers"
+                      if scheduling.get("hierarchical") else "scheduling: flat (one scheduler)")
+                     + f"; {npg} node{'s' if npg != 1 else ''} per engine group",
+                     highlight=False)
     if controllers:
         ctl = Table("controller", "on", "bounds", "last step", title="dynamic controllers",
                     title_justify="left")

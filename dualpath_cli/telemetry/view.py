@@ -146,6 +146,9 @@ class Thresholds:
     read_side: str
     source: dict[str, str] = field(default_factory=dict)
     controllers: dict[str, Any] = field(default_factory=dict)
+    #: alpha as seconds of reading at one node's storage NICs (the config's unit), where the
+    #: API knows the NIC rate (``/api/v1/status``); None in views that do not carry it
+    alpha_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
