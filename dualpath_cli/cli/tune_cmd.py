@@ -908,8 +908,11 @@ def suggest(
                 decisions = [d for d in decisions if d.at >= view.at - window_s]
             traffic = twin.traffic_from_decisions(view, decisions, target, window_s or 0.0)
     if not as_json:
+        groups = (f" (engine groups of {traffic.nodes_per_group} nodes)"
+                  if traffic.nodes_per_group > 1 else "")
         stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
-                     f"{traffic.source} on {traffic.pd} {traffic.model} ...", highlight=False)
+                     f"{traffic.source} on {traffic.pd} {traffic.model}{groups} ...",
+                     highlight=False)
     world = twin.world_for(traffic, hardware=hardware)
     res = twin.suggest(traffic, world, pd=splits, budget_s=budget_s)
     if as_json:

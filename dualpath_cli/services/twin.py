@@ -39,6 +39,11 @@ recording without stories is replayed uncalibrated.
 Search: one dimension at a time around the settings in force (alpha, beta, the compute
 quota, the read-side policy; with ``pd`` the P/D splits of the same node count), then the
 best value of each dimension together; ranked by predicted JCT.
+
+Engine groups: a cluster whose groups span ``cluster.nodes_per_group`` nodes (its view's
+engines name their group by its first node, core/groups.py) replays with groups of that
+many nodes (:func:`nodes_per_group_of`); a view whose groups are single nodes, as an older
+recording's always are, replays with one node per group.
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ if TYPE_CHECKING:
 __all__ = ["Setting", "Traffic", "World", "Prediction", "Suggestion", "traffic_from_recording",
            "traffic_from_decisions", "world_for", "predict", "suggest", "READ_SIDES",
            "BLOCK_HEADER_BYTES", "MIN_GAIN", "proposed_setting", "candidates",
-           "measure_compute", "Measured", "Fit", "measured_from_recording", "fit_world"]
+           "measure_compute", "Measured", "Fit", "measured_from_recording", "fit_world",
+           "nodes_per_group_of"]
 
 #: Read-side policies the search tries (core's policy names; the runtime takes them live).
 READ_SIDES = ("dualpath", "round-robin", "split")
@@ -142,10 +148,12 @@ class Traffic:
     measured: Measured | None = None
     starts: tuple[float, ...] | None = None  # per plan: its first arrival (None: all at 0)
     block_tokens: int | None = None  # the cluster's block size, when its lookups show it
+    nodes_per_group: int = 1  # nodes an engine group spans (cluster.nodes_per_group)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form (no plans)."""
         return {"source": self.source, "model": self.model, "pd": self.pd,
+                "nodes_per_group": self.nodes_per_group,
                 "agents": len(self.plans), "turns": self.turns, "window_s": self.window_s,
                 "snic_bytes_per_s": self.snic_bytes_per_s, "z_factor": self.z_factor,
                 "current": self.current.to_dict(),
@@ -222,7 +230,19 @@ def _traffic(view: ClusterView, plans: list[AgentPlan], source: str,
                       th.read_side or view.scheduler.policy, view.pd)
     snic = _mean_positive([n.snic_bandwidth_bytes_per_s for n in view.nodes])
     return Traffic(source, view.model, view.pd, current, float(th.z_factor), tuple(plans),
-                   sum(p.num_turns for p in plans), window_s, snic)
+                   sum(p.num_turns for p in plans), window_s, snic,
+                   nodes_per_group=nodes_per_group_of(view))
+
+
+def nodes_per_group_of(view: ClusterView) -> int:
+    """The nodes an engine group of ``view``'s cluster spans (``cluster.nodes_per_group``):
+    the most distinct nodes whose engines name one group of one role (a group is named by
+    its first node, core/groups.py; the last group of a role may be shorter); 1 for a view
+    without engines."""
+    nodes: dict[tuple[str, int], set[int]] = {}
+    for e in view.engines:
+        nodes.setdefault((e.role, e.group), set()).add(e.node)
+    return max((len(n) for n in nodes.values()), default=1)
 
 
 def traffic_from_recording(rec: Recording, source: str) -> Traffic:
@@ -527,7 +547,8 @@ def _simulation(traffic: Traffic, world: World, setting: Setting,
     cal = replace(world.calibration, quota_s=setting.quota_s)
     setup = make_setup(world.model.name if world.kind == "profile" else "ds660b",
                        setting.pd, setting.read_side, "hopper", calibration=cal,
-                       alpha=setting.alpha, beta=setting.beta)
+                       alpha=setting.alpha, beta=setting.beta,
+                       nodes_per_group=traffic.nodes_per_group)
     setup = replace(setup, model=world.model, hardware=world.hardware)
     return TimedSimulation(setup, list(traffic.plans), starts=traffic.starts,
                            turn_gap_s=world.turn_gap_s, handoff_s=world.handoff_s,
