@@ -658,14 +658,23 @@ def _setting_text(s: Any) -> str:
             f"{format_duration(s.quota_s)}, {s.read_side}, {s.pd}")
 
 
-def _predictions_table(title: str, current: Any, others: list[Any]) -> None:
-    table = Table("setting", "varied", "JCT", "change", "mean traj.", "TTFT mean", "TTFT p90",
+def _predictions_table(title: str, current: Any, others: list[Any],
+                       ranked_by: str = "jct") -> None:
+    """Today's prediction and ``others``; ranked by the mean trajectory time (the twin's
+    ``ranked_by``), its change has a column too."""
+    by_traj = ranked_by == "mean_trajectory"
+    table = Table("setting", "varied", "JCT", "change", "mean traj.",
+                  *(("traj. change",) if by_traj else ()), "TTFT mean", "TTFT p90",
                   "SNIC Max/Avg", title=title, title_justify="left")
     for p in [current, *others]:
         change = "" if p is current else f"{(p.jct_s - current.jct_s) / current.jct_s:+.1%}"
+        now = current.mean_trajectory_s
+        traj = "" if p is current or not by_traj else _fmt(
+            (p.mean_trajectory_s - now) / now if now > 0 else math.nan, "+.1%")
         table.add_row(_setting_text(p.setting), "today" if p is current else p.dimension,
                       _fmt(p.jct_s, "duration"), change,
-                      _fmt(p.mean_trajectory_s, "duration"), _fmt(p.ttft_mean_s, "duration"),
+                      _fmt(p.mean_trajectory_s, "duration"), *((traj,) if by_traj else ()),
+                      _fmt(p.ttft_mean_s, "duration"),
                       _fmt(p.ttft_p90_s, "duration"), _fmt(p.snic_max_avg, ".2f"))
     stdout.print(table)
 
@@ -880,6 +889,8 @@ def suggest(
     that applies the best. A recording with finished requests' stories (dualpath record
     keeps them) first calibrates the simulator to itself: the engines' busy time, the
     turns' hand-off and the client's gap between turns; a note says what was fitted.
+    Ranked by predicted JCT; when the recorded arrivals set the JCT (no setting moves it
+    by more than 1%), by the mean trajectory time, and the output says which.
     """
     from dualpath_cli.services import twin
 
@@ -920,17 +931,21 @@ def suggest(
         return
     best = [p for p in res.ranked if p is not res.current][:top]
     _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
-                       f"{len(res.ranked)} settings in {res.wall_s:.1f} s)", res.current,
-                       best)
+                       f"{len(res.ranked)} settings in {res.wall_s:.1f} s; {res.ranking})",
+                       res.current, best, res.ranked_by)
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
     if res.skipped:
         stderr.print(f"note: {len(res.skipped)} settings skipped: " + "; ".join(res.skipped),
                      highlight=False, soft_wrap=True)
+    measure = "JCT" if res.ranked_by == "jct" else "mean trajectory time"
     if res.best is res.current:
         stdout.print(f"keep today's settings: nothing predicted more than "
-                     f"{twin.MIN_GAIN:.0%} better", highlight=False)
+                     f"{twin.MIN_GAIN:.0%} better ({res.ranking})", highlight=False,
+                     soft_wrap=True)
     else:
-        stdout.print(f"best: {res.change(res.best):+.1%} JCT; apply with: "
+        jct = "" if res.ranked_by == "jct" else (
+            f" ({res.change(res.best):+.1%} JCT: arrivals set it)")
+        stdout.print(f"best: {res.gain(res.best):+.1%} {measure}{jct}; apply with: "
                      f"{res.best.setting.command(traffic.current)}", highlight=False,
                      soft_wrap=True)

@@ -38,7 +38,9 @@ recording without stories is replayed uncalibrated.
 
 Search: one dimension at a time around the settings in force (alpha, beta, the compute
 quota, the read-side policy; with ``pd`` the P/D splits of the same node count), then the
-best value of each dimension together; ranked by predicted JCT.
+best value of each dimension together; ranked by predicted JCT, unless the JCT cannot tell
+the settings apart because the recorded arrivals set it (:func:`ranking_measure`): then by
+the mean trajectory time (each agent from its own first arrival to its last token).
 
 Engine groups: a cluster whose groups span ``cluster.nodes_per_group`` nodes (its view's
 engines name their group by its first node, core/groups.py) replays with groups of that
@@ -70,16 +72,21 @@ __all__ = ["Setting", "Traffic", "World", "Prediction", "Suggestion", "traffic_f
            "traffic_from_decisions", "world_for", "predict", "suggest", "READ_SIDES",
            "BLOCK_HEADER_BYTES", "MIN_GAIN", "proposed_setting", "candidates",
            "measure_compute", "Measured", "Fit", "measured_from_recording", "fit_world",
-           "nodes_per_group_of"]
+           "RANKINGS", "ranking_measure", "nodes_per_group_of"]
 
 #: Read-side policies the search tries (core's policy names; the runtime takes them live).
 READ_SIDES = ("dualpath", "round-robin", "split")
 #: Bytes of header in front of each stored block (storage/header.py): NIC bytes that are not
 #: KV, so the embedded world's effective KV rate is the shaped rate x payload share.
 BLOCK_HEADER_BYTES = 4096
-#: A setting must beat today's predicted JCT by this fraction to be suggested (smaller
-#: differences are below what the simulator resolves).
+#: A setting must beat today's predicted JCT (or mean trajectory time, when that ranks) by
+#: this fraction to be suggested (smaller differences are below what the simulator
+#: resolves); a JCT that moves by less under every candidate does not tell them apart.
 MIN_GAIN = 0.01
+#: The measures :func:`suggest` ranks by (:func:`ranking_measure`) and how the table and the
+#: JSON say which ranked.
+RANKINGS = {"jct": "ranked by JCT",
+            "mean_trajectory": "ranked by mean trajectory time: arrivals set the JCT"}
 #: The launch's fetch period (cli/launch_cmd.py _LAUNCH_DEFAULTS), the embedded world's.
 EMBEDDED_FETCH_S = 0.005
 #: Most replays the calibration runs (it stops earlier once a round changes nothing by more
@@ -736,9 +743,44 @@ def candidates(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = Fal
     return out
 
 
+def _score(p: Prediction, ranked_by: str) -> float:
+    """``p``'s value of the ranking measure (lower is better; not finite: last)."""
+    v = p.jct_s if ranked_by == "jct" else p.mean_trajectory_s
+    return v if math.isfinite(v) else math.inf
+
+
+def ranking_measure(traffic: Traffic, current: Prediction,
+                    predictions: Sequence[Prediction]) -> str:
+    """The measure that ranks ``predictions`` against today's (a key of :data:`RANKINGS`).
+
+    ``"jct"``, unless the JCT cannot tell the settings apart because the recorded arrivals
+    set it: the replay starts agents at their recorded first arrivals, and no candidate's
+    predicted JCT differs from today's by more than :data:`MIN_GAIN` (the last agent arrives
+    late in the window and the job ends a trajectory after it, whatever the setting). Then
+    ``"mean_trajectory"``: each agent's time from its own first arrival to its last token,
+    which the settings still move. A candidate whose JCT moves beyond the noise, better or
+    worse, says the JCT discriminates (a recording whose work outlasts its arrivals); an
+    offline replay (all agents at t = 0) is one job, ranked by its JCT.
+    """
+    if (not traffic.starts or max(traffic.starts) <= 0
+            or not math.isfinite(current.mean_trajectory_s)
+            or not math.isfinite(current.jct_s) or current.jct_s <= 0):
+        return "jct"
+    for p in predictions:
+        if p is not current and math.isfinite(p.jct_s) and (
+                abs(p.jct_s - current.jct_s) > MIN_GAIN * current.jct_s):
+            return "jct"
+    return "mean_trajectory"
+
+
 @dataclass
 class Suggestion:
-    """The ranked predictions (best first), today's, and what was searched."""
+    """The ranked predictions (best first), today's, and what was searched.
+
+    ``ranked_by``: the measure that ranked them (a key of :data:`RANKINGS`,
+    :func:`ranking_measure`); the best beats today's on it by :data:`MIN_GAIN`, else it is
+    today's.
+    """
 
     traffic: Traffic
     world: World
@@ -746,15 +788,31 @@ class Suggestion:
     ranked: list[Prediction]
     wall_s: float
     skipped: list[str] = field(default_factory=list)
+    ranked_by: str = "jct"
 
     @property
     def best(self) -> Prediction:
         """The best setting found (may be the current one)."""
         return self.ranked[0]
 
+    @property
+    def ranking(self) -> str:
+        """Which measure ranked, in words (``ranked by JCT``, ...)."""
+        return RANKINGS[self.ranked_by]
+
     def change(self, p: Prediction) -> float:
         """Predicted relative JCT change of ``p`` against today's."""
         return (p.jct_s - self.current.jct_s) / self.current.jct_s
+
+    def trajectory_change(self, p: Prediction) -> float:
+        """Predicted relative change of ``p``'s mean trajectory time against today's (NaN
+        when today's is not known)."""
+        now = self.current.mean_trajectory_s
+        return (p.mean_trajectory_s - now) / now if now > 0 else math.nan
+
+    def gain(self, p: Prediction) -> float:
+        """Predicted relative change of the ranking measure (``ranked_by``) of ``p``."""
+        return self.change(p) if self.ranked_by == "jct" else self.trajectory_change(p)
 
     def best_by_dimension(self) -> dict[str, Prediction]:
         """Per varied dimension (``alpha``, ``beta``, ...), its best replay, today's excluded.
@@ -770,11 +828,13 @@ class Suggestion:
 
     def _entry(self, p: Prediction) -> dict[str, Any]:
         return {**p.to_dict(), "jct_change": self.change(p),
+                "mean_trajectory_change": self.trajectory_change(p),
                 "command": p.setting.command(self.traffic.current)}
 
     def to_dict(self, top: int = 3) -> dict[str, Any]:
         """Plain form (``--json``)."""
         return {"traffic": self.traffic.to_dict(), "world": self.world.to_dict(),
+                "ranked_by": self.ranked_by, "ranking": self.ranking,
                 "current": self.current.to_dict(),
                 "best": [self._entry(p) for p in self.ranked[:top]],
                 "by_dimension": {d: self._entry(p)
@@ -800,7 +860,9 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
     ``workers`` processes (default: this machine's cores; 1, or a caller with other threads
     running, runs them here); then the
     combination of each dimension's best. Once ``budget_s`` is spent, replays not yet
-    started are skipped and listed.
+    started are skipped and listed. Ranked by the measure :func:`ranking_measure` picks
+    from the one-dimension replays (the JCT, or the mean trajectory time when arrivals set
+    the JCT); the best must beat today's on it by :data:`MIN_GAIN`.
     """
     t0 = time.perf_counter()
     done: dict[tuple[Any, ...], Prediction] = {}
@@ -851,10 +913,15 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
             return
         keep(dim, st, _predict_job((traffic, world, st, dim)))
 
+    ranked_by = ranking_measure(traffic, current, list(done.values()))
+
+    def score(p: Prediction) -> float:
+        return _score(p, ranked_by)
+
     best_by_dim: dict[str, Prediction] = {}
     for p in done.values():
-        if p.dimension != "current" and p.jct_s < current.jct_s and (
-                p.dimension not in best_by_dim or p.jct_s < best_by_dim[p.dimension].jct_s):
+        if p.dimension != "current" and score(p) < score(current) and (
+                p.dimension not in best_by_dim or score(p) < score(best_by_dim[p.dimension])):
             best_by_dim[p.dimension] = p
     if len(best_by_dim) > 1:
         combo = traffic.current
@@ -862,12 +929,13 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
             attr = "quota_s" if dim == "quota" else dim
             combo = replace(combo, **{attr: getattr(p.setting, attr)})
         run("combined", combo)
-    ranked = sorted(done.values(), key=lambda p: (p.jct_s, p.ttft_mean_s
+    ranked = sorted(done.values(), key=lambda p: (score(p), p.ttft_mean_s
                                                   if math.isfinite(p.ttft_mean_s) else 0.0))
-    if ranked[0] is not current and ranked[0].jct_s > current.jct_s * (1 - MIN_GAIN):
+    if ranked[0] is not current and score(ranked[0]) > score(current) * (1 - MIN_GAIN):
         ranked.remove(current)  # within the noise of the model: keep what is in force
         ranked.insert(0, current)
-    return Suggestion(traffic, world, current, ranked, time.perf_counter() - t0, skipped)
+    return Suggestion(traffic, world, current, ranked, time.perf_counter() - t0, skipped,
+                      ranked_by)
 
 
 def proposed_setting(traffic: Traffic, world: World, body: dict[str, Any]) -> Setting:
