@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 from test_diagnose_rules import (
+    ALPHA,
+    T0,
+    _after_tune_set,
+    _recorded_change,
     healthy,
     hot_block,
     make_view,
@@ -92,6 +96,47 @@ def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
     doc = json.loads(out)
     assert doc["samples"] == 5 and fake.calls.count("view") == 5
     assert any(f["subject"] == "node D3" for f in doc["reports"][0]["findings"])
+
+
+def test_live_recheck_after_tune_set_compares_reads_before_and_after_the_audited_change(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Story 2: `tune set alpha=` (audit #17, just before the window), then the re-check:
+    the reads before the change come from the cluster's decision log before the window."""
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    ev = _after_tune_set(1)
+    fake = FakeClient(list(ev.views)[:5], [*ev.earlier, *ev.decisions])
+    fake.audit.append(AuditEntry(17, T0 - 3.0, "tok-1", "scheduler", {"alpha_tokens": ALPHA},
+                                 {"alpha_tokens": ALPHA // 2}))
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms",
+                      "--json"], capsys)
+    doc = json.loads(out)
+    (f,) = [f for f in doc["reports"][0]["findings"]
+            if f["subject"] == "node D3" and "storage NIC" in f["title"]]
+    assert f["title"] == ("node D3 storage NIC still slow; reads to D3 down from 40% to 4% "
+                          "since alpha 100K -> 50K (audit #17)")
+    assert rc == 1 and f["severity"] == "WARNING"
+    e = f["evidence"]
+    assert (e["share_before"], e["share_after"], e["audit_seq"]) == (0.4, 0.04, 17)
+    assert doc["decisions"] == 25  # the window's own; the earlier ones only judge the change
+    # no change in the audit log: one status call, no extra fetch of older decisions
+    fake2 = FakeClient(list(ev.views)[:5], [*ev.earlier, *ev.decisions])
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake2)
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms"],
+                     capsys)
+    assert "still slow" not in out and "storage NIC still at 25% of expected" in out
+    assert fake2.calls.count("decisions") == 5
+
+
+def test_recheck_from_a_recording_that_covers_the_change(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = record(_recorded_change(), tmp_path / "w.jsonl.gz")
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path)], capsys)
+    assert rc == 1
+    assert ("WARNING  snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
+            "to 0% since alpha 100K -> 50K (set by api, seen in the samples +5 s into the "
+            "window)") in out
 
 
 @pytest.mark.parametrize("argv,message", [

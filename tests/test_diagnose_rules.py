@@ -194,6 +194,115 @@ def test_a_throttled_nic_that_reads_already_avoid_is_a_warning_without_another_s
     assert g.action and "tune set alpha=" in g.action
 
 
+def reads(first_seq: int, start: float, n: int, to_d3: int, *, alpha: int = ALPHA,
+          step: float = 0.4) -> list[Decision]:
+    """``n`` DE reads ``step`` s apart from ``start``, the first ``to_d3`` of them to D3 (the
+    rest to D2, D4, D5), logged under ``alpha``."""
+    out = []
+    for k in range(n):
+        d = decision(first_seq + k, de=3 if k < to_d3 else (2, 4, 5)[k % 3], side="de")
+        out.append(dataclass_replace(d, at=start + k * step,
+                                     inputs={**d.inputs, "alpha": alpha}))
+    return out
+
+
+def _d3_slow(i: int) -> ClusterView:
+    return make_view(i, bw={3: 0.25 * SNIC_BW})
+
+
+def _after_tune_set(to_d3_after: int, *, change_at: float = T0 - 3.0) -> Evidence:
+    """The re-check after `tune set alpha=1s` (audit #17, 3 s before the window): 10 of the
+    25 reads before the change went to the slow D3, ``to_d3_after`` of 25 in the window."""
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    audit = [AuditEntry(16, T0 - 600, "launch", "faults", {}, {}),
+             AuditEntry(17, change_at, "tok-1", "scheduler", {"alpha_tokens": ALPHA},
+                        {"alpha_tokens": ALPHA // 2})]
+    earlier = reads(1, change_at - 11.0, 25, 10)
+    ds = reads(26, T0 + 0.1, 25, to_d3_after, alpha=ALPHA // 2, step=0.35)
+    return Evidence([Sample(T0 + i, _d3_slow(i), ttft_extras(i)) for i in range(10)], ds,
+                    audit=audit, earlier=earlier, alpha_s_per_token=2.0 / ALPHA)
+
+
+def test_after_a_live_alpha_change_the_recheck_says_how_reads_to_the_slow_node_moved() -> None:
+    """Story 2's re-check: reads to the slow node before the change against after it."""
+    report = rules.run_workflow("snic-imbalance", _after_tune_set(1))
+    (f,) = [f for f in named(report.findings, "node D3") if "storage NIC" in f.title]
+    assert f.title == ("node D3 storage NIC still slow; reads to D3 down from 40% to 4% since "
+                       "alpha 2s -> 1s (audit #17)")
+    # the share fell within its share of the storage bandwidth: the rule's WARNING, no step
+    assert f.severity is Severity.WARNING and f.action and "tune set" not in f.action
+    assert f.cause and "25% of expected" in f.cause
+    e = f.evidence
+    assert (e["share_before"], e["share_after"], e["audit_seq"]) == (0.4, 0.04, 17)
+    assert e["reads_before"] == {"sent": 10, "reads": 25}
+    assert e["reads_after"] == {"sent": 1, "reads": 25}
+    assert e["change"]["by"] == "audit" and e["change"]["old"] == ALPHA
+    # reads that did not fall: said so, and still CRITICAL with the step to take
+    report = rules.run_workflow("snic-imbalance", _after_tune_set(10))
+    (g,) = [f for f in named(report.findings, "node D3") if "storage NIC" in f.title]
+    assert g.title == ("node D3 storage NIC still slow; reads to D3 not down (40% before, 40% "
+                       "after) since alpha 2s -> 1s (audit #17)")
+    assert g.severity is Severity.CRITICAL and g.action and "tune set alpha=" in g.action
+    assert g.evidence["share_after"] == 0.4
+
+
+def test_a_change_out_of_reach_or_without_enough_reads_leaves_the_finding_as_today() -> None:
+    long_ago = _after_tune_set(1, change_at=T0 - 200)
+    (f,) = [f for f in named(rules.run_workflow("snic-imbalance", long_ago).findings,
+                             "node D3") if "storage NIC" in f.title]
+    assert "still slow" not in f.title and "change" not in f.evidence
+    assert f.title.startswith("node D3 storage NIC still at 25% of expected")
+    # in reach, but no reads logged before it (a recording that starts after it)
+    ev = _after_tune_set(1)
+    ev = Evidence(ev.samples, ev.decisions, audit=ev.audit)
+    (g,) = [f for f in named(rules.run_workflow("snic-imbalance", ev).findings, "node D3")
+            if "storage NIC" in f.title]
+    assert "still slow" not in g.title and g.evidence["compared"] is False
+    assert g.evidence["reads_before"] == {"sent": 0, "reads": 0} and g.evidence["audit_seq"] == 17
+
+
+def _recorded_change() -> Evidence:
+    """A recording: no audit log; alpha halves between samples 4 and 5 (by the API)."""
+    def make(i: int) -> ClusterView:
+        v = _d3_slow(i)
+        if i < 5:
+            return v
+        th = dataclass_replace(v.scheduler.thresholds, alpha_tokens=ALPHA // 2,
+                               source={"alpha": "api", "beta": "config"})
+        return dataclass_replace(v, scheduler=dataclass_replace(v.scheduler, thresholds=th))
+    ds = (reads(1, T0 + 0.5, 12, 6, step=0.35)
+          + reads(13, T0 + 4.6, 12, 0, alpha=ALPHA // 2, step=0.35))
+    return Evidence([Sample(T0 + i, make(i), ttft_extras(i)) for i in range(10)], ds)
+
+
+def test_a_change_inside_a_recording_is_read_off_its_samples_and_decisions() -> None:
+    ev = _recorded_change()
+    (c,) = ev.changes
+    assert (c.what, c.old, c.new, c.by, c.source) == ("alpha", ALPHA, ALPHA // 2, "samples",
+                                                      "api")
+    assert c.at == T0 + 4.6  # the first decision logged under the new alpha
+    (f,) = [f for f in named(rules.run_workflow("snic-imbalance", ev).findings, "node D3")
+            if "storage NIC" in f.title]
+    assert f.title == ("node D3 storage NIC still slow; reads to D3 down from 50% to 0% since "
+                       "alpha 100K -> 50K (set by api, seen in the samples +5 s into the "
+                       "window)")
+    assert f.evidence["audit_seq"] is None and f.evidence["share_before"] == 0.5
+
+
+def test_a_controller_step_is_a_change_and_not_seen_twice_in_the_samples() -> None:
+    ev = _recorded_change()
+    step = Decision(99, T0 + 4.5, -1, 0, -1, -1, 0, 0, -1, -1, -1, "alpha", 0, 0, 0, 0,
+                    inputs={"controller": "alpha", "old": float(ALPHA),
+                            "new": float(ALPHA // 2)}, kind="control")
+    ev = Evidence(ev.samples, (*ev.decisions, step))
+    (c,) = ev.changes
+    assert (c.by, c.seq, c.at) == ("controller", 99, T0 + 4.5)
+    (f,) = [f for f in named(rules.run_workflow("snic-imbalance", ev).findings, "node D3")
+            if "storage NIC" in f.title]
+    assert f.title.endswith("since alpha 100K -> 50K (controller step, decision #99)")
+
+
 def test_hbm_fragmented_engine_is_critical_and_named() -> None:
     report = rules.run_workflow("hbm-frag", hbm_fragmented())
     assert report.severity is Severity.CRITICAL

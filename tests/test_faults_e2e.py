@@ -158,6 +158,69 @@ def test_tail_faults_are_found_live_and_from_a_recording(
     assert not (_subjects(out, "long-tail") | _subjects(out, "cache-hit")), out
 
 
+def _d1_finding(report: dict[str, Any]) -> dict[str, Any]:
+    (f,) = [f for r in report["reports"] for f in r["findings"]
+            if f["subject"] == "node D1" and "storage NIC still slow" in f["title"]]
+    return f
+
+
+def _judged_shares(f: dict[str, Any]) -> None:
+    """Both sides of the change held enough reads; the title says which way they went."""
+    e = f["evidence"]
+    assert e["compared"] and e["reads_before"]["reads"] >= 10 and e["reads_after"]["reads"] >= 10
+    before, after = e["share_before"], e["share_after"]
+    assert 0 <= before <= 1 and 0 <= after <= 1
+    assert ("down from" in f["title"]) == (round(after * 100) < round(before * 100)), f
+    assert ("not down" in f["title"]) != ("down from" in f["title"]), f
+
+
+def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
+        env: dict[str, str], launch_cluster: Callable[..., Launched], tmp_path: Path) -> None:
+    """Story 2's re-check on a launched 1P2D with D1's storage NIC at 25%, turns flowing:
+    after `tune set alpha=1s --yes` (audited) `diagnose snic-imbalance` says D1 is still slow
+    and how its share of reads moved since the change, naming the audit entry; a recording
+    that covers the change says the same from its samples and decisions."""
+    url, _ = _launch(launch_cluster, tmp_path, ["snic_throttle:node=1,fraction=0.25"])
+    work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "6", "--turns", "60",
+                             "--json"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    rec = tmp_path / "change.jsonl"
+    try:
+        with DualPathClient(url, None) as client:
+            def decided(more: int) -> None:
+                """Wait (bounded) until ``more`` turns more were placed."""
+                target = client.view().scheduler.decisions.total + more
+                deadline = time.monotonic() + 120
+                while client.view().scheduler.decisions.total < target:
+                    assert work.poll() is None and time.monotonic() < deadline, "no turns"
+                    client.decisions(-1)  # a round trip paces the loop, no sleep
+
+            decided(30)
+            with recording(env, url, "10s", rec, interval="500ms"):
+                deadline = time.monotonic() + 60  # the recorder samples once its file exists
+                while not (tmp_path / f".part-{rec.name}").exists():
+                    assert time.monotonic() < deadline, "the recorder never started"
+                    client.decisions(-1)
+                decided(20)
+                done = run_cli(env, "tune", "set", "alpha=1s", "--yes", "--url", url, "--json")
+                assert done.returncode == 0, done.stderr
+                seq = json.loads(done.stdout)["audit"]["seq"]
+                decided(20)
+            code, live = _diagnose(env, "snic-imbalance", "--url", url, "--window", "2s")
+    finally:
+        work.terminate()
+        work.communicate(timeout=60)
+    f = _d1_finding(live)
+    assert code in (1, 2) and f["severity"] in ("WARNING", "CRITICAL"), f
+    assert f"-> 1s (audit #{seq})" in f["title"] and f["evidence"]["audit_seq"] == seq, f
+    _judged_shares(f)
+    code, recorded = _diagnose(env, "snic-imbalance", "--from", str(rec))
+    f = _d1_finding(recorded)
+    assert code in (1, 2) and "(set by api, seen in the samples" in f["title"], f
+    assert f["evidence"]["change"]["by"] == "samples" and f["evidence"]["audit_seq"] is None
+    _judged_shares(f)
+
+
 def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:
     done = run_cli(env, "launch", "--port", str(free_port()), "--inject", "warp:node=1")
     assert done.returncode == 2

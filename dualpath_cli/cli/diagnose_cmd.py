@@ -8,6 +8,7 @@ dualpath_cli/diagnose/rules.py; this module only collects samples and renders.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -93,7 +94,48 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
     with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
-    return Evidence(samples, decisions), target, len(samples)
+        th = (status := client.status()).thresholds  # the audit log, as of the window's end
+        alpha_s = getattr(th, "alpha_s", None)
+        earlier = _earlier_decisions(client, samples, decisions, status.audit, th)
+    return (Evidence(samples, decisions, audit=status.audit, earlier=earlier,
+                     alpha_s_per_token=alpha_s / th.alpha_tokens
+                     if alpha_s and th.alpha_tokens else None),
+            target, len(samples))
+
+
+def _earlier_decisions(client: Any, samples: list[Any], decisions: list[Any],
+                       audit: Sequence[Any], th: Any) -> list[Any]:
+    """Decisions the cluster logged before the window, back to where the snic-imbalance
+    rule needs them: a change of alpha or the read side made shortly before (or in) the
+    window is judged against the reads before it (as long before it as has passed since).
+    Nothing is fetched when no such change can be in reach (no scheduler change in the audit
+    log near the window, no alpha controller on). The server's ring bounds how far back."""
+    from dualpath_cli.diagnose.model import Evidence
+    from dualpath_cli.diagnose.rules import change_reach_s
+
+    if not samples:
+        return []
+    start, end = samples[0].at, samples[-1].at
+    reach = change_reach_s(end - start)
+    changes = Evidence([], audit=audit).changes
+    need = [c.at - (end - c.at) for c in changes if start - reach <= c.at <= end]
+    ctl = (th.controllers or {}).get("alpha") or {}
+    if (isinstance(ctl, dict) and ctl.get("on")) or th.source.get("alpha") == "controller":
+        need.append(start - reach - (end - start + reach))  # a step at the reach's edge
+    if not need or min(need) >= start:
+        return []
+    first = min((d.seq for d in decisions), default=None)
+    if first is None:
+        last = samples[-1].view.scheduler.last_decision_seq
+        first = (last + 1) if last is not None else None
+    back = 256
+    while True:
+        since = -1 if first is None else max(-1, first - 1 - back)
+        got = [d for d in client.decisions(since) if first is None or d.seq < first]
+        # far enough back, all the ring keeps, or nothing older kept (the ring wrapped)
+        if since == -1 or not got or got[0].at <= min(need) or got[0].seq > since + 1:
+            return got
+        back *= 4
 
 
 def diagnose(

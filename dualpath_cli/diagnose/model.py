@@ -15,9 +15,9 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from dualpath_cli.services.recording import Sample
-from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
+from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
 
-__all__ = ["Severity", "Finding", "Report", "Evidence", "node_name", "engine_name",
+__all__ = ["Severity", "Finding", "Report", "Evidence", "Change", "node_name", "engine_name",
            "ENGINE_SERIES"]
 
 T = TypeVar("T")
@@ -101,17 +101,68 @@ def engine_name(engine: EngineView) -> str:
     return f"engine {engine.engine_id} ({engine.role}, node {node_name(engine)})"
 
 
+@dataclass(frozen=True)
+class Change:
+    """A change of a threshold that steers reads (alpha or the read side).
+
+    Args:
+        at: when it took effect (wall clock).
+        what: ``alpha`` (tokens) or ``read_side``.
+        old: the value before (``None``: not recorded).
+        new: the value after.
+        by: ``audit`` (a PATCH: ``tune set``, ``tune rollback``, the TUI), ``controller`` (a
+            dynamic controller's step, from the decision log) or ``samples`` (seen only as
+            the thresholds of two samples differing: a recording holds no audit log).
+        seq: the audit entry's seq (``by`` audit) or the control decision's (controller).
+        source: for ``samples``, the thresholds' own source then (``api``, ``controller``).
+    """
+
+    at: float
+    what: str
+    old: Any
+    new: Any
+    by: str
+    seq: int | None = None
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"at": self.at, "what": self.what, "old": self.old, "new": self.new,
+                "by": self.by, "seq": self.seq, "source": self.source}
+
+
+#: Audit ``old``/``new`` keys that change how reads are steered (the server writes scheduler
+#: units, ``alpha_tokens``; the API's fake the PATCH field names) -> Change.what.
+_STEERING_KEYS = {"alpha_tokens": "alpha", "alpha": "alpha", "read_side": "read_side"}
+
+
 class Evidence:
     """A window of samples and decisions, with series extracted once.
 
     Args:
         samples: oldest first (at least one for any verdict).
         decisions: the decisions logged in the window.
+        audit: the cluster's audit log (``/api/v1/status``), where known: live, not from a
+            recording (there threshold changes are read off the samples' thresholds).
+        earlier: decisions logged before the window (the server's ring), so a change made
+            shortly before it can be judged against the reads before the change.
+        alpha_s_per_token: seconds of reading per alpha token (status' ``alpha_s`` over
+            ``alpha_tokens``), to write alpha as the config gives it; None: as tokens.
     """
 
-    def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = ()) -> None:
+    def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = (), *,
+                 audit: Sequence[AuditEntry] | None = None, earlier: Sequence[Decision] = (),
+                 alpha_s_per_token: float | None = None) -> None:
         self.samples = tuple(samples)
         self.decisions = tuple(d for d in decisions if d.kind == "turn")  # not controller moves
+        first = min((d.seq for d in decisions), default=None)
+        before = tuple(d for d in earlier if first is None or d.seq < first)
+        #: turn decisions logged before the window, oldest first
+        self.earlier = tuple(d for d in before if d.kind == "turn")
+        #: controller moves (``kind`` control) before and in the window, oldest first
+        self.controls = tuple(d for d in (*before, *decisions) if d.kind == "control")
+        self.audit = None if audit is None else tuple(audit)
+        self.alpha_s_per_token = alpha_s_per_token
 
     @classmethod
     def from_views(cls, views: Sequence[ClusterView],
@@ -192,6 +243,46 @@ class Evidence:
                     out.setdefault(n.node, []).append(getattr(n, attr))
             cache[attr] = out
         return cache[attr]
+
+    @cached_property
+    def changes(self) -> tuple[Change, ...]:
+        """Changes of alpha or the read side, oldest first: the audit log's scheduler
+        entries and the controllers' moves; without an audit log (a recording), also the
+        samples whose thresholds differ from the sample before (at the first decision made
+        under the new alpha between the two, else the later sample), unless a controller
+        move logged between them explains it."""
+        out: list[Change] = []
+        for a in self.audit or ():
+            if a.action != "scheduler":
+                continue
+            seen: set[str] = set()
+            for key, what in _STEERING_KEYS.items():
+                if key in a.new and what not in seen and a.new[key] != a.old.get(key):
+                    seen.add(what)
+                    out.append(Change(a.at, what, a.old.get(key), a.new[key], "audit", a.seq))
+        for d in self.controls:
+            if d.side == "alpha" and d.inputs.get("new") != d.inputs.get("old"):
+                out.append(Change(d.at, "alpha", d.inputs.get("old"), d.inputs.get("new"),
+                                  "controller", d.seq))
+        if self.audit is None:
+            out.extend(self._sample_changes())
+        out.sort(key=lambda c: c.at)
+        return tuple(out)
+
+    def _sample_changes(self) -> list[Change]:
+        out: list[Change] = []
+        for prev, cur in zip(self.samples, self.samples[1:], strict=False):
+            p, c = prev.view.scheduler.thresholds, cur.view.scheduler.thresholds
+            for what, was, now in (("alpha", p.alpha_tokens, c.alpha_tokens),
+                                   ("read_side", p.read_side, c.read_side)):
+                if now == was or (what == "alpha" and any(
+                        prev.at < d.at <= cur.at and d.side == "alpha" for d in self.controls)):
+                    continue  # unchanged, or a controller's move (logged with its time)
+                # decisions log the thresholds they were made under: the first under the new
+                at = next((d.at for d in self.decisions if prev.at < d.at <= cur.at
+                           and d.inputs.get(what) == now), cur.at)
+                out.append(Change(at, what, was, now, "samples", source=c.source.get(what)))
+        return out
 
     @cached_property
     def alpha_series(self) -> list[int]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dualpath_cli.diagnose.model import (
+    Change,
     Evidence,
     Finding,
     Report,
@@ -24,11 +25,11 @@ from dualpath_cli.diagnose.model import (
     engine_name,
     node_name,
 )
-from dualpath_cli.telemetry.view import LayerHits
+from dualpath_cli.telemetry.view import Decision, LayerHits
 
 __all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all", "snic_imbalance", "long_tail",
            "hbm_frag", "cache_hit", "scaling", "scheduler_cost", "histogram_quantile",
-           "kv_waits"]
+           "kv_waits", "change_reach_s"]
 
 OK, WARNING, CRITICAL, UNKNOWN = (Severity.OK, Severity.WARNING, Severity.CRITICAL,
                                   Severity.UNKNOWN)
@@ -47,6 +48,12 @@ SNIC_BW_WARN = 0.75
 SNIC_BW_CRIT = 0.5
 #: A node whose storage NIC is this busy in most samples is saturated.
 SNIC_SATURATED = 0.95
+#: A change of alpha or the read side (audit log, controller step) is judged, reads to a slow
+#: node before it against after it, when it happened inside the window or at most one window
+#: length, and at least this many seconds, before its start (a re-check right after a fix).
+CHANGE_REACH_MIN_S = 60.0
+#: Fewest reads on each side of such a change for its before/after shares to be compared.
+CHANGE_MIN_READS = 10
 #: Share of an engine's decisions whose recorded class contradicts its inputs or the read
 #: queue its node reported at the time.
 MISCLASS_WARN = 0.1
@@ -279,19 +286,50 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     """A node's storage NIC below its peers' bandwidth. Lowering alpha cannot mend the link,
     only steer reads away, so once the node takes no more than its share of the cluster's
     storage bandwidth in reads the finding is a WARNING that asks for no further step (the
-    operator who applied the CRITICAL's ``tune set`` was told to halve alpha again forever)."""
+    operator who applied the CRITICAL's ``tune set`` was told to halve alpha again forever).
+
+    After a change of alpha or the read side in reach (:func:`change_reach_s`), the reads
+    since it are judged, and the finding says how the node's share of reads moved: before
+    the change (over as long before it as has passed since) against after it."""
     name = node_name(n, role)
     sent = _reads_to_node(ev, n)
     reads = sum(1 for d in ev.decisions if d.side in ("pe", "de", "split"))
     fair = b / sum(all_bw.values()) if all_bw else 0.0
-    steered = reads > 0 and sent / reads <= fair
-    title = (f"node {name} storage NIC at {_pct(frac)} of expected ({_gbs(b)} vs "
-             f"{_gbs(med)}, the other {role} nodes' median)")
     evidence: dict[str, Any] = {"node": name, "bandwidth_bytes_per_s": b,
                                 "expected_bytes_per_s": med, "fraction": round(frac, 3),
                                 "reads_sent": sent, "decisions": reads,
                                 "bandwidth_share": round(fair, 3)}
+    moved = _reads_since_change(ev, n)
+    if moved is not None:
+        evidence.update(moved["evidence"])
+    if moved is not None and moved["compared"]:
+        sent, reads = moved["after"]  # what the change left is what counts now
+    steered = reads > 0 and sent / reads <= fair
+    link = f"{_gbs(b)} vs {_gbs(med)}, the other {role} nodes' median"
     check = f"check the storage NIC of {name} (ethtool -S, dmesg)"
+    severe = CRITICAL if frac < SNIC_BW_CRIT else WARNING
+    steer = (f"{check}; meanwhile steer reads away: dualpath tune set alpha="
+             f"{_tok(max(1, min(alpha) // 2))}")
+    if moved is not None and moved["compared"]:
+        (b_sent, b_reads), share = moved["before"], sent / reads
+        before = b_sent / b_reads
+        trend = (f"down from {_pct(before)} to {_pct(share)}"
+                 if round(share * 100) < round(before * 100) else
+                 f"not down ({_pct(before)} before, {_pct(share)} after)")
+        title = (f"node {name} storage NIC still slow; reads to {name} {trend} since "
+                 f"{moved['since']}")
+        if steered:
+            return Finding(
+                "snic-imbalance", WARNING, title, subject=f"node {name}", evidence=evidence,
+                cause=f"a degraded or throttled storage link on {name} (at {_pct(frac)} of "
+                      f"expected: {link}); reads to it ({sent}/{reads}) are within its "
+                      f"{_pct(fair)} share of the storage bandwidth", action=check)
+        return Finding(
+            "snic-imbalance", severe, title, subject=f"node {name}", evidence=evidence,
+            cause=f"a degraded or throttled storage link on {name} (at {_pct(frac)} of "
+                  f"expected: {link}); reads to it ({sent}/{reads}) still over its "
+                  f"{_pct(fair)} share of the storage bandwidth", action=steer)
+    title = f"node {name} storage NIC at {_pct(frac)} of expected ({link})"
     if steered:
         return Finding(
             "snic-imbalance", WARNING, f"node {name} storage NIC still at {_pct(frac)} of expected "
@@ -303,12 +341,91 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     if reads:
         title += f"; {_pct(sent / reads)} of reads ({sent}/{reads}) still sent to {name}"
     return Finding(
-        "snic-imbalance", CRITICAL if frac < SNIC_BW_CRIT else WARNING, title,
+        "snic-imbalance", severe, title,
         subject=f"node {name}", evidence=evidence,
         cause=f"a degraded or throttled storage link on {name}",
-        action=f"{check}; meanwhile steer reads away: dualpath tune set alpha="
-               f"{_tok(max(1, min(alpha) // 2))}")
+        action=steer)
 
+
+def change_reach_s(window_s: float) -> float:
+    """How long before a window's start a change of alpha or the read side still counts:
+    one window length, at least :data:`CHANGE_REACH_MIN_S`."""
+    return max(window_s, CHANGE_REACH_MIN_S)
+
+
+def _is_read(d: Decision) -> bool:
+    return d.side in ("pe", "de", "split")
+
+
+def _recent_change(ev: Evidence) -> tuple[Change, list[Decision], list[Decision]] | None:
+    """The change of alpha or the read side in reach, with the reads before and after it.
+
+    The latest change with at least :data:`CHANGE_MIN_READS` reads after it (controller
+    steps can come every few seconds), else the latest; after: every read from it on;
+    before: the reads in as long before it (the window's, and those the cluster logged
+    before the window: ``Evidence.earlier``). ``None``: no change in reach.
+    """
+    start, end = ev.samples[0].at, ev.samples[-1].at
+    reach = change_reach_s(ev.window_s)
+    near = [c for c in ev.changes if start - reach <= c.at <= end]
+    if not near:
+        return None
+    reads = [d for d in (*ev.earlier, *ev.decisions) if _is_read(d)]
+    change = next((c for c in reversed(near)
+                   if sum(1 for d in reads if d.at >= c.at) >= CHANGE_MIN_READS), near[-1])
+    after = [d for d in reads if d.at >= change.at]
+    span = max(end, *(d.at for d in after)) - change.at if after else end - change.at
+    before = [d for d in reads if change.at - span <= d.at < change.at]
+    return change, before, after
+
+
+def _value_text(ev: Evidence, what: str, value: Any) -> str:
+    """A changed threshold as the operator gave it: alpha in seconds of reading where the
+    cluster said how many seconds a token is, else in tokens; the read side by name."""
+    if what != "alpha" or isinstance(value, bool) or not isinstance(value, int | float):
+        return "?" if value is None else str(value)
+    per = ev.alpha_s_per_token
+    if per is None:
+        th = ev.last.scheduler.thresholds
+        per = th.alpha_s / th.alpha_tokens if th.alpha_s and th.alpha_tokens else None
+    if per:
+        from dualpath_cli.units import format_duration
+
+        return format_duration(float(f"{value * per:.3g}"))
+    return _tok(value)
+
+
+def _change_text(ev: Evidence, c: Change) -> str:
+    """``alpha 2s -> 1s (audit #17)``."""
+    what = "alpha" if c.what == "alpha" else "read side"
+    ref = (f"audit #{c.seq}" if c.by == "audit" else
+           f"controller step, decision #{c.seq}" if c.by == "controller" else
+           f"set by {c.source or 'an unknown source'}, seen in the samples "
+           f"{c.at - ev.samples[0].at:+.0f} s into the window")
+    return (f"{what} {_value_text(ev, c.what, c.old)} -> {_value_text(ev, c.what, c.new)} "
+            f"({ref})")
+
+
+def _reads_since_change(ev: Evidence, node: int) -> dict[str, Any] | None:
+    """Reads to ``node`` before and after the change in reach: ``before``/``after`` as
+    (sent to the node, reads), ``compared`` when both sides hold :data:`CHANGE_MIN_READS`
+    reads, ``since`` the change in words, ``evidence`` the numbers for ``--json``."""
+    found = ev.memo("recent_change", lambda: _recent_change(ev))
+    if found is None:
+        return None
+    change, before, after = found
+    b = (_reads_to_node(ev, node, before), len(before))
+    a = (_reads_to_node(ev, node, after), len(after))
+    compared = b[1] >= CHANGE_MIN_READS and a[1] >= CHANGE_MIN_READS
+    return {"before": b, "after": a, "compared": compared, "since": _change_text(ev, change),
+            "evidence": {
+                "change": change.to_dict(),
+                "audit_seq": change.seq if change.by == "audit" else None,
+                "reads_before": {"sent": b[0], "reads": b[1]},
+                "reads_after": {"sent": a[0], "reads": a[1]},
+                "share_before": round(b[0] / b[1], 3) if b[1] else None,
+                "share_after": round(a[0] / a[1], 3) if a[1] else None,
+                "compared": compared}}
 
 
 def _gbs(bps: float) -> str:
@@ -317,11 +434,12 @@ def _gbs(bps: float) -> str:
     return format_bandwidth(bps)
 
 
-def _reads_to_node(ev: Evidence, node: int) -> int:
-    """Decisions whose read side is an engine on ``node``."""
+def _reads_to_node(ev: Evidence, node: int,
+                   decisions: Sequence[Decision] | None = None) -> int:
+    """Decisions (the window's, or ``decisions``) whose read side is an engine on ``node``."""
     engines = ev.engines
     count = 0
-    for d in ev.decisions:
+    for d in ev.decisions if decisions is None else decisions:
         target = d.pe if d.side == "pe" else d.de if d.side == "de" else None
         if d.side == "split":
             if (engines.get(d.pe) and engines[d.pe].node == node) or (
