@@ -486,7 +486,8 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
                             fetch_period_s=EMBEDDED_FETCH_S, quota_s=cur.quota_s,
                             block_tokens=bt, z_factor=traffic.z_factor,
                             prefill_overhead_s=compute["prefill_overhead_s"],
-                            full_blocks_only=True, host_cores=cores))
+                            full_blocks_only=True, host_cores=cores,
+                            overhead_per_request=True))
     return World("embedded", model, hw, cal, tuple(notes))
 
 

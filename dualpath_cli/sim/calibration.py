@@ -84,6 +84,11 @@ class SimCalibration:
             sharing; a prefill batch's share is fixed when it starts, decode steps are
             re-timed whenever the count changes). None (the default): each engine has its own
             GPU and there is no such contention.
+        overhead_per_request: ``prefill_overhead_s`` is paid by every request of a prefill
+            batch, not once per batch: the embedded runtime runs each request of a batch as
+            its own forward (runtime/prefill.py, a loop over the batch per layer), so its
+            fixed cost per forward does not shrink as turns are batched; a GPU batch (the
+            default, False) launches its kernels once.
         full_blocks_only: a turn's cache hit is its context rounded down to whole blocks
             (the tail of a partial block is recomputed), as the embedded runtime's store
             does; False (the paper-scale default) counts the whole context as a hit.
@@ -103,6 +108,7 @@ class SimCalibration:
     decode_step_s: float | None = None
     full_blocks_only: bool = False
     host_cores: int | None = None
+    overhead_per_request: bool = False
 
     def cnic_kv_rate(self, cnic_bandwidth: float) -> float:
         """Bytes/s a compute NIC gives KV traffic."""

@@ -212,6 +212,8 @@ class Simulation:
         self._period = cal.fetch_period_s
         self._quota = cal.quota_s
         self._host_cores = cal.host_cores   # None: no CPU contention between engines
+        # the fixed cost of a forward again for each further request of a batch (embedded)
+        self._overhead_each = cal.prefill_overhead_s if cal.overhead_per_request else 0.0
         self._computing = 0                 # busy PEs + DEs with a batch (host_cores only)
         self._z_factor = cal.z_factor
         self._full_blocks = cal.full_blocks_only
@@ -660,6 +662,8 @@ class Simulation:
         for w in items:
             compute += prefill_s(w.cached, w.bsz)
             cached += w.cached
+        if self._overhead_each and len(items) > 1:  # batch_s adds the first one
+            compute += self._overhead_each * (len(items) - 1)
         load = cached * self._kvpt if self._io else 0.0
         if self._host_cores is not None:
             self._computing += 1
