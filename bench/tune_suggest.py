@@ -166,6 +166,8 @@ def bench_suggest(model: str = "tiny", snic: float = 4e6,
             "recording": {"pd": "2P4D", "model": model, "window_s": WINDOW_S, **facts},
             "settings_searched": answer["searched"], "skipped": len(answer["skipped"]),
             "best_jct_change": best["jct_change"], "best_command": best["command"],
+            "ranked_by": answer.get("ranked_by"),
+            "best_mean_trajectory_change": best.get("mean_trajectory_change"),
             "twin_wall_s": answer["wall_s"], "loadavg_1m": round(load0, 2),
             "calibration_replays": (answer["world"].get("calibration") or {}).get("rounds")}
 
