@@ -176,6 +176,13 @@ def test_suggest_from_a_recording(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["tune", "suggest", "--from", str(path)]) == 0
     out = capsys.readouterr().out
     assert "apply with: dualpath tune set" in out and "SNIC Max/Avg" in out
+    # today's setting in full on its own line, each other row by what it changes: no row
+    # repeats today's read side or its P/D (the search varies neither here but the side)
+    today = [ln for ln in out.splitlines() if ln.startswith("today: alpha ")]
+    assert len(today) == 1 and "round-robin" in today[0] and "quota " in today[0]
+    rows = [ln for ln in out.splitlines() if ln.startswith("│ ")]
+    assert rows[0].startswith("│ today ") and len(rows) > 1
+    assert not any("round-robin" in ln or "1P2D" in ln for ln in rows), out
 
 
 def test_suggest_refuses_both_sources(capsys: pytest.CaptureFixture[str],

@@ -648,22 +648,39 @@ def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | N
                    "jct_change": (after.jct_s - before.jct_s) / before.jct_s})
         return
     _predictions_table(f"tune set --dry-run: {url} (nothing applied; {len(traffic.plans)} "
-                       f"agents, {traffic.turns} served turns replayed)", before, [after])
+                       f"agents, {traffic.turns} served turns replayed)", before, [after],
+                       per_token_s=_alpha_per_token_s(traffic, world))
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
 
 
-def _setting_text(s: Any) -> str:
-    return (f"alpha {format_tokens(s.alpha)}, beta {format_tokens(s.beta)}, quota "
-            f"{format_duration(s.quota_s)}, {s.read_side}, {s.pd}")
+def _alpha_per_token_s(traffic: Any, world: Any) -> float | None:
+    """Seconds one token of alpha stands for (its KV read at the node's storage NICs), so
+    alpha reads as the config gives it; None where the cluster's NICs have no rate."""
+    snic = getattr(traffic, "snic_bytes_per_s", None)
+    return world.model.kv_bytes_per_token / snic if snic else None
+
+
+def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -> str:
+    """A setting's fields (alpha in seconds of reading where ``per_token_s`` is known); with
+    ``today``, only the fields that differ from it (a narrow terminal keeps one line)."""
+    alpha = (format_duration(float(f"{s.alpha * per_token_s:.3g}")) if per_token_s
+             else format_tokens(s.alpha))
+    fields = [("alpha", s.alpha, f"alpha {alpha}"),
+              ("beta", s.beta, f"beta {format_tokens(s.beta)}"),
+              ("quota_s", s.quota_s, f"quota {format_duration(s.quota_s)}"),
+              ("read_side", s.read_side, s.read_side), ("pd", s.pd, s.pd)]
+    if today is not None:
+        fields = [f for f in fields if getattr(today, f[0]) != f[1]] or [("", 0, "as today")]
+    return ", ".join(text for _, _, text in fields)
 
 
 def _predictions_table(title: str, current: Any, others: list[Any],
-                       ranked_by: str = "jct") -> None:
-    """Today's prediction and ``others``; ranked by the mean trajectory time (the twin's
-    ``ranked_by``), its change has a column too."""
+                       ranked_by: str = "jct", per_token_s: float | None = None) -> None:
+    """Today's prediction and ``others`` (each by what it changes); ranked by the mean
+    trajectory time (the twin's ``ranked_by``), its change has a column too."""
     by_traj = ranked_by == "mean_trajectory"
-    table = Table("setting", "varied", "JCT", "change", "mean traj.",
+    table = Table("setting", "JCT", "change", "mean traj.",
                   *(("traj. change",) if by_traj else ()), "TTFT mean", "TTFT p90",
                   "SNIC Max/Avg", title=title, title_justify="left")
     for p in [current, *others]:
@@ -671,12 +688,15 @@ def _predictions_table(title: str, current: Any, others: list[Any],
         now = current.mean_trajectory_s
         traj = "" if p is current or not by_traj else _fmt(
             (p.mean_trajectory_s - now) / now if now > 0 else math.nan, "+.1%")
-        table.add_row(_setting_text(p.setting), "today" if p is current else p.dimension,
+        table.add_row("today" if p is current
+                      else _setting_text(p.setting, current.setting, per_token_s),
                       _fmt(p.jct_s, "duration"), change,
                       _fmt(p.mean_trajectory_s, "duration"), *((traj,) if by_traj else ()),
                       _fmt(p.ttft_mean_s, "duration"),
                       _fmt(p.ttft_p90_s, "duration"), _fmt(p.snic_max_avg, ".2f"))
     stdout.print(table)
+    stdout.print(f"today: {_setting_text(current.setting, None, per_token_s)}",
+                 highlight=False, soft_wrap=True)
 
 
 @app.command("show")
@@ -932,7 +952,8 @@ def suggest(
     best = [p for p in res.ranked if p is not res.current][:top]
     _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
                        f"{len(res.ranked)} settings in {res.wall_s:.1f} s; {res.ranking})",
-                       res.current, best, res.ranked_by)
+                       res.current, best, res.ranked_by,
+                       _alpha_per_token_s(traffic, world))
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
     if res.skipped:
