@@ -48,6 +48,10 @@ def test_status_counts_only_the_clusters_engines() -> None:
             thresholds=SimpleNamespace(alpha_tokens=1, beta_tokens=1, z_factor=1.05,
                                        quota_s=0.3, read_side="dualpath", source={},
                                        controllers={})))
-    live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [])
+    system = SimpleNamespace(  # what the status reads of the runtime: units, scheduling
+        opts=SimpleNamespace(snic_bw=0.0, nodes_per_group=1), scheduler=object(),
+        shape=SimpleNamespace(n_layers=2, bytes_per_token_layer=64, block_tokens=8),
+        shaped=True, flops_rate=0.0)
+    live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system)
     out = _status(live, view)
     assert out["engines"] == {"healthy": 2, "total": 3}
