@@ -139,6 +139,46 @@ def test_recheck_from_a_recording_that_covers_the_change(
             "window)") in out
 
 
+def test_a_recording_keeps_the_audit_log_and_its_recheck_names_the_audit_entry(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`dualpath record` keeps the audit entries in reach of its window (not one made long
+    before it, nor one after it) and alpha's seconds per token from the status; diagnose
+    --from then names the change as the live path does, in the config's units."""
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    ev = _recorded_change()  # alpha halved between samples 4 and 5 (T0+4, T0+5)
+    fake = FakeClient([s.view for s in ev.samples], ev.decisions)
+    change = AuditEntry(17, T0 + 4.55, "tok-1", "scheduler", {"alpha_tokens": ALPHA},
+                        {"alpha_tokens": ALPHA // 2})
+    fake.audit.extend([AuditEntry(16, T0 - 600, "launch", "faults", {}, {}), change,
+                       AuditEntry(18, T0 + 30, "tok-1", "compact", {}, {})])
+    served = fake.status
+
+    def status() -> object:  # the API's thresholds carry alpha in seconds (1s: ALPHA // 2)
+        st = served()
+        return dataclasses.replace(st, thresholds=dataclasses.replace(st.thresholds,
+                                                                      alpha_s=1.0))
+    monkeypatch.setattr(fake, "status", status)
+    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    path = tmp_path / "change.jsonl.gz"
+    rc, out, _ = run(["record", "--window", "2250ms", "--interval", "250ms", "-o", str(path),
+                      "--json"], capsys)
+    assert rc == 0 and json.loads(out)["audit"] == 1
+    rec = read_recording(path)
+    assert len(rec.samples) == 10 and rec.audit == (change,)
+    assert rec.alpha_s_per_token == pytest.approx(2.0 / ALPHA)
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path)], capsys)
+    assert rc == 1
+    assert ("WARNING  snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
+            "to 0% since alpha 2s -> 1s (audit #17)") in out
+    rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path), "--json"], capsys)
+    (f,) = [f for f in json.loads(out)["reports"][0]["findings"]
+            if f["subject"] == "node D3" and "still slow" in f["title"]]
+    assert f["evidence"]["audit_seq"] == 17 and f["evidence"]["change"]["by"] == "audit"
+    assert (f["evidence"]["share_before"], f["evidence"]["share_after"]) == (0.5, 0.0)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["diagnose", "disk-full"], "unknown workflow 'disk-full'"),
     (["diagnose", "all", "--bogus"], "No such option: --bogus"),

@@ -179,7 +179,7 @@ def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
     """Story 2's re-check on a launched 1P2D with D1's storage NIC at 25%, turns flowing:
     after `tune set alpha=1s --yes` (audited) `diagnose snic-imbalance` says D1 is still slow
     and how its share of reads moved since the change, naming the audit entry; a recording
-    that covers the change says the same from its samples and decisions."""
+    that covers the change says the same from its decisions and the audit entries it kept."""
     url, _ = _launch(launch_cluster, tmp_path, ["snic_throttle:node=1,fraction=0.25"])
     work = subprocess.Popen([*CLI, "bench", "--url", url, "--agents", "6", "--turns", "60",
                              "--json"], env=env, stdout=subprocess.DEVNULL,
@@ -216,8 +216,8 @@ def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
     _judged_shares(f)
     code, recorded = _diagnose(env, "snic-imbalance", "--from", str(rec))
     f = _d1_finding(recorded)
-    assert code in (1, 2) and "(set by api, seen in the samples" in f["title"], f
-    assert f["evidence"]["change"]["by"] == "samples" and f["evidence"]["audit_seq"] is None
+    assert code in (1, 2) and f"-> 1s (audit #{seq})" in f["title"], f
+    assert f["evidence"]["change"]["by"] == "audit" and f["evidence"]["audit_seq"] == seq
     _judged_shares(f)
 
 

@@ -130,6 +130,45 @@ def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: P
     assert told["hits"] is None and told["read"]["side"] == d.side
 
 
+def test_the_audit_line_round_trips_and_files_without_it_read_as_unknown(
+        tmp_path: Path) -> None:
+    """The audit entries in reach of the window and alpha's seconds per token come back as
+    written; given as a call, it gets the first and the last sample's time after the
+    samples; a file without the line (an older recorder) says ``None``, not ``()``."""
+    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    entries = (AuditEntry(3, 0.5, "tok-1", "faults", {"faults": []}, {"faults": [{"n": 1}]}),
+               AuditEntry(4, 2.5, "tok-1", "scheduler", {"alpha_tokens": 2000},
+                          {"alpha_tokens": 1000}))
+    samples = [Sample(v.at, v) for v in (make_view(i) for i in range(4))]
+    path = tmp_path / "a.jsonl.gz"
+    asked: list[tuple[float, float]] = []
+
+    def audit(first: float, last: float) -> RecordedAudit:
+        asked.append((first, last))
+        return RecordedAudit(entries, 0.001)
+
+    counts = write_recording(path, {"interval_s": 1.0, "window_s": 3.0}, iter(samples),
+                             [decision(1)], (), audit)
+    assert asked == [(samples[0].at, samples[-1].at)] and counts["audit"] == 2
+    rec = read_recording(path)
+    assert rec.audit == entries and rec.alpha_s_per_token == 0.001 and rec.complete
+    assert len(rec.samples) == 4 and len(rec.decisions) == 1  # the rest as before
+    # known, and nothing in reach: an empty log, still written
+    empty = tmp_path / "e.jsonl"
+    write_recording(empty, {}, samples, [], (), RecordedAudit(()))
+    rec = read_recording(empty)
+    assert rec.audit == () and rec.alpha_s_per_token is None
+    # an older recording (no audit line), or a recorder that could not read the status
+    for made in (None, lambda first, last: None):
+        old = tmp_path / "old.jsonl"
+        counts = write_recording(old, {}, samples, [], (), made)
+        assert "audit" not in counts and '"kind":"audit"' not in old.read_text()
+        rec = read_recording(old)
+        assert rec.audit is None and rec.alpha_s_per_token is None and len(rec.samples) == 4
+
+
 def _collect(client: object, more: dict[int, list[int]], monkeypatch: pytest.MonkeyPatch,
              keep: int) -> tuple[list[Sample], dict[int, dict[str, object]]]:
     """Three samples a second apart; before sample ``i`` the requests ``more[i]`` finish."""

@@ -81,7 +81,11 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
         rec = read_recording(from_file, max_samples=MAX_SAMPLES,
                              max_engine_samples=MAX_ENGINE_SAMPLES)
         in_file = int(rec.header.get("samples_in_file", len(rec.samples)))
-        return Evidence(rec.samples, rec.decisions), str(from_file), in_file
+        # a recording with an ``audit`` line names a change by its audit entry; an older
+        # one (audit None) has its changes read off the samples' thresholds
+        return (Evidence(rec.samples, rec.decisions, audit=rec.audit,
+                         alpha_s_per_token=rec.alpha_s_per_token),
+                str(from_file), in_file)
     from dualpath_cli.cli import source
     from dualpath_cli.cli.monitor_cmd import parse_interval
     from dualpath_cli.services.recording import collect

@@ -1,23 +1,46 @@
 """``dualpath record``: write a window of a live cluster to one file (a recording).
 
 A recording holds the ClusterView every ``--interval``, the ``/metrics`` extras, the turns in
-flight then, the decision log, the served turns as a trace and the stories of the requests
-that finished (what ``dualpath explain`` tells; services/recording.py); every command that
-takes ``--url`` also takes ``--from`` such a file, so last night's incident can be diagnosed
-in the morning.
+flight then, the decision log, the served turns as a trace, the stories of the requests
+that finished (what ``dualpath explain`` tells; services/recording.py) and the audit log's
+entries in reach of the window (diagnose names a change by its audit entry); every command
+that takes ``--url`` also takes ``--from`` such a file, so last night's incident can be
+diagnosed in the morning.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import DualPathError, UsageError
 
-__all__ = ["record"]
+if TYPE_CHECKING:
+    from dualpath_cli.services.recording import RecordedAudit
+
+__all__ = ["record", "audit_in_reach"]
+
+
+def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | None:
+    """The cluster's audit log (``/api/v1/status``, read after the window) from the reach of
+    a change before ``first`` (diagnose's rule: one window length, at least
+    ``CHANGE_REACH_MIN_S``) to ``last``, with alpha's seconds of reading per token.
+    ``None`` when the status cannot be read (the recording is kept, without the line)."""
+    from dualpath_cli.diagnose.rules import change_reach_s
+    from dualpath_cli.services.recording import RecordedAudit
+
+    try:
+        status = client.status()
+    except DualPathError:
+        return None
+    reach = change_reach_s(last - first)
+    th = status.thresholds
+    alpha_s = getattr(th, "alpha_s", None)
+    return RecordedAudit(tuple(a for a in status.audit if first - reach <= a.at <= last),
+                         alpha_s / th.alpha_tokens if alpha_s and th.alpha_tokens else None)
 
 
 def record(
@@ -64,7 +87,8 @@ def record(
         counts = write_recording(output, header,
                                  collect(client, window_s, interval_s,
                                          decisions_out=decisions, stories_out=stories,
-                                         inflight=True), decisions, stories.values())
+                                         inflight=True), decisions, stories.values(),
+                                 lambda first, last: audit_in_reach(client, first, last))
     summary = {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
                "bytes": output.stat().st_size}
     if as_json:

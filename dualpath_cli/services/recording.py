@@ -24,6 +24,14 @@ File: JSON Lines, optionally compressed by suffix (``.gz`` gzip; ``.zst`` zstd w
   /api/v1/requests/{id}`` served it (``dualpath explain --from``); the newest
   :data:`MAX_OUTCOMES` of the window. Readers that do not know a kind skip it, so older
   readers read newer files and a file without outcomes still reads.
+- ``audit``: ``{"entries": [{"seq", "at", "token_id", "action", "old", "new"}, ...],
+  "alpha_s_per_token"}``, once, after the window: the cluster's audit log
+  (``/api/v1/status``) from the reach of a change before the first sample (one window
+  length, at least ``diagnose.rules.CHANGE_REACH_MIN_S``) to the last sample, and alpha's
+  seconds of reading per token then (status' ``alpha_s`` over ``alpha_tokens``; ``null``
+  where the NICs have no rate), so a recorded change of alpha is named by its audit entry
+  in the config's units. Absent from older recordings (and where the status could not be
+  read): changes are then read off the samples' thresholds.
 - ``end``: counts, written last (a file without it was cut short; it is still readable).
 """
 
@@ -45,6 +53,7 @@ import orjson
 
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.telemetry.view import (
+    AuditEntry,
     ClusterView,
     Decision,
     EngineView,
@@ -55,7 +64,7 @@ from dualpath_cli.telemetry.view import (
 )
 
 __all__ = ["FORMAT", "VERSION", "MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "Extras", "Sample",
-           "Recording", "RecordingError",
+           "Recording", "RecordedAudit", "RecordingError",
            "ViewSource", "open_text", "open_binary", "read_recording", "write_recording", "collect",
            "extras_from_metrics_text", "trace_from_decisions", "shared_links", "sample_line",
            "decision_line", "encode_view",
@@ -164,11 +173,43 @@ class Recording:
     trace_lines: tuple[dict[str, Any], ...] = ()
     complete: bool = True
     stories: dict[int, dict[str, Any]] = field(default_factory=dict)  # rid -> finished story
+    #: the audit entries in reach of the window (None: not recorded, an older recording)
+    audit: tuple[AuditEntry, ...] | None = None
+    #: alpha's seconds of reading per token (None: not recorded, or the NICs have no rate)
+    alpha_s_per_token: float | None = None
 
     @property
     def window_s(self) -> float:
         """Seconds from the first to the last sample (0 with fewer than two)."""
         return self.samples[-1].at - self.samples[0].at if len(self.samples) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class RecordedAudit:
+    """What a recording keeps of the cluster's audit log (the ``audit`` line).
+
+    Args:
+        entries: the audit entries in reach of the window, oldest first.
+        alpha_s_per_token: seconds of reading per alpha token (``None``: unknown).
+    """
+
+    entries: tuple[AuditEntry, ...]
+    alpha_s_per_token: float | None = None
+
+    def to_line(self) -> dict[str, Any]:
+        """The ``audit`` line's object."""
+        return {"kind": "audit", "entries": [dataclasses.asdict(a) for a in self.entries],
+                "alpha_s_per_token": self.alpha_s_per_token}
+
+    @classmethod
+    def from_line(cls, obj: dict[str, Any]) -> RecordedAudit:
+        """From an ``audit`` line's object."""
+        per = obj.get("alpha_s_per_token")
+        return cls(tuple(AuditEntry(int(a["seq"]), float(a["at"]), str(a.get("token_id", "")),
+                                    str(a["action"]), dict(a.get("old") or {}),
+                                    dict(a.get("new") or {}))
+                         for a in obj.get("entries") or ()),
+                   float(per) if isinstance(per, int | float) and per > 0 else None)
 
 
 class ViewSource(Protocol):
@@ -312,15 +353,22 @@ def decision_line(d: Decision) -> str:
 
 def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
                     decisions: Sequence[Decision],
-                    stories: Iterable[dict[str, Any]] = ()) -> dict[str, int]:
+                    stories: Iterable[dict[str, Any]] = (),
+                    audit: RecordedAudit | Callable[[float, float], RecordedAudit | None]
+                    | None = None) -> dict[str, int]:
     """Write a whole recording to ``path`` (via a temporary file, renamed at the end).
 
     ``samples`` may be a generator (the live sampler): each sample is written as it comes,
     so a long window never sits in memory. ``stories``: finished requests' stories (read
-    after the samples, so the sampler may fill them as it goes). Returns the counts written.
+    after the samples, so the sampler may fill them as it goes). ``audit``: the ``audit``
+    line, or a call made after the samples with the first and the last sample's time that
+    returns it (the live recorder reads the audit log then; ``None``: none is written).
+    Returns the counts written (``audit``: the entries written, absent without the line).
     """
     tmp = path.with_name(f".part-{path.name}")  # same suffix: same compression
     counts = {"samples": 0, "decisions": 0, "trace": 0, "outcomes": 0}
+    first: float | None = None
+    last: float | None = None
     try:
         with open_text(tmp, "w") as out:
             out.write(_line({"kind": "header", "format": FORMAT, "version": VERSION,
@@ -328,9 +376,17 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
             for sample in samples:
                 out.write(sample_line(sample))
                 counts["samples"] += 1
+                first = sample.at if first is None else first
+                last = sample.at
             for d in decisions:
                 out.write(decision_line(d))
                 counts["decisions"] += 1
+            kept = audit
+            if callable(audit):
+                kept = audit(first, last) if first is not None and last is not None else None
+            if isinstance(kept, RecordedAudit):
+                out.write(_line(kept.to_line()))
+                counts["audit"] = len(kept.entries)
             for rec in _trace_records(decisions):
                 out.write(_line({"kind": "trace", "record": rec}))
                 counts["trace"] += 1
@@ -386,6 +442,7 @@ def read_recording(path: str | Path, max_samples: int | None = None,
     decisions: list[Decision] = []
     trace: list[dict[str, Any]] = []
     stories: dict[int, dict[str, Any]] = {}
+    audit: RecordedAudit | None = None
     complete = False
     number = 0
     stride = 1
@@ -432,6 +489,8 @@ def read_recording(path: str | Path, max_samples: int | None = None,
                     trace.append(obj["record"])
                 elif kind == "outcome":
                     stories[int(obj["rid"])] = dict(obj["story"])
+                elif kind == "audit":
+                    audit = RecordedAudit.from_line(obj)
                 elif kind == "end":
                     complete = True
             if pending is not None:
@@ -448,7 +507,8 @@ def read_recording(path: str | Path, max_samples: int | None = None,
         raise RecordingError(f"{path}: empty file, not a dualpath recording")
     header = {**header, "samples_in_file": seen, "sample_stride": stride}
     return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete,
-                     stories)
+                     stories, None if audit is None else audit.entries,
+                     None if audit is None else audit.alpha_s_per_token)
 
 
 def _decision(obj: dict[str, Any]) -> Decision:
