@@ -606,6 +606,71 @@ def test_replay_source_steps_and_windows(tmp_path: Path) -> None:
         ReplaySource(Recording({}, (), ()), "empty")
 
 
+def _snic_title(reports: tuple[Any, ...], node: str = "node D3") -> str:
+    """The title of the cockpit's storage-NIC finding on ``node``."""
+    (title,) = {f.title for r in reports for f in r.findings
+                if f.subject == node and "storage NIC" in f.title}
+    return title
+
+
+def test_live_findings_name_a_change_by_its_audit_entry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cockpit's rules get the audit log it polls (and alpha's seconds per token from
+    the status), and its decisions from before the window as the reads before the change:
+    the snic finding on a slow node is the re-check diagnose prints live."""
+    from test_diagnose_rules import _after_tune_set
+
+    from dualpath_cli.tui import source as tui_source
+
+    monkeypatch.setattr(tui_source, "RULES_DUTY", 1e12)  # the rules on every poll
+    ev = _after_tune_set(1)  # audit #17 3 s before the window; 10/25 reads to D3 before it
+    client = FakeClient([s.view for s in ev.samples], [*ev.earlier, *ev.decisions])
+    client.audit.extend(ev.audit or ())
+    served = client.status
+
+    def status() -> Any:  # the API's thresholds carry alpha in seconds (2s: ALPHA)
+        st = served()
+        return dataclasses.replace(st, thresholds=dataclasses.replace(st.thresholds,
+                                                                      alpha_s=2.0))
+    monkeypatch.setattr(client, "status", status)
+    src = LiveSource(lambda: client, "http://fake", "tok-fake")
+    for _ in ev.samples:
+        frame = src.poll()
+    assert frame.error is None and len(frame.history) == len(ev.samples)
+    assert frame.audit == tuple(ev.audit or ())
+    assert _snic_title(frame.reports) == ("node D3 storage NIC still slow; reads to D3 down "
+                                          "from 40% to 4% since alpha 2s -> 1s (audit #17)")
+
+
+def test_a_replayed_recording_names_its_audited_change_and_an_older_one_its_samples(
+        tmp_path: Path) -> None:
+    from test_diagnose_rules import T0, _recorded_change
+
+    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    ev = _recorded_change()  # alpha halved between samples 4 and 5
+    change = AuditEntry(17, T0 + 4.55, "tok-1", "scheduler", {"alpha_tokens": ALPHA},
+                        {"alpha_tokens": ALPHA // 2})
+    path = tmp_path / "audited.jsonl"
+    write_recording(path, {"interval_s": 1.0}, ev.samples, ev.decisions, (),
+                    RecordedAudit((change,), 2.0 / ALPHA))
+    src = ReplaySource(read_recording(path), str(path))
+    frame = src.poll()  # the last sample
+    assert frame.audit == (change,)
+    assert _snic_title(frame.reports) == ("node D3 storage NIC still slow; reads to D3 down "
+                                          "from 50% to 0% since alpha 2s -> 1s (audit #17)")
+    src.seek(3)  # before the change: not in the trail yet
+    assert src.poll().audit == ()
+    # a recording without the audit line reads the change off its samples, as before
+    old = tmp_path / "old.jsonl"
+    write_recording(old, {"interval_s": 1.0}, ev.samples, ev.decisions)
+    frame = ReplaySource(read_recording(old), str(old)).poll()
+    assert frame.audit == ()
+    assert _snic_title(frame.reports).endswith(
+        "since alpha 100K -> 50K (set by api, seen in the samples +5 s into the window)")
+
+
 # --- terminal conditions ---------------------------------------------------------------------
 @pytest.mark.parametrize("key", list("12345"))
 def test_every_screen_degrades_at_80x24(key: str) -> None:

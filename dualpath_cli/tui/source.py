@@ -63,7 +63,8 @@ class Frame:
         view: the newest view (``None`` before the first answer).
         history: recent samples, oldest first (sparklines, the rules' window).
         decisions: recent logged decisions, oldest first.
-        audit: accepted control changes (live only).
+        audit: accepted control changes (live; a recording's up to the cursor, where it
+            recorded them).
         reports: the diagnose workflows' reports over ``history``.
         error: why the last poll failed (the cluster went away), else ``None``.
         source: the URL or the recording's path.
@@ -111,8 +112,16 @@ class Source(Protocol):
         ...
 
 
-def _reports(history: Sequence[Sample], decisions: Sequence[Decision]) -> tuple[Any, ...]:
-    """The diagnose workflows over the window (diagnose/rules.py does all the judging)."""
+def _reports(history: Sequence[Sample], decisions: Sequence[Decision],
+             audit: Sequence[AuditEntry] | None = None,
+             alpha_s_per_token: float | None = None) -> tuple[Any, ...]:
+    """The diagnose workflows over the window (diagnose/rules.py does all the judging).
+
+    ``decisions`` before the window are the rules' earlier reads (a change of alpha made
+    shortly before the window is judged against the reads before it); ``audit``: the audit
+    log (``None``: not known, an older recording: changes are read off the samples), so a
+    change is named by its audit entry, alpha in seconds with ``alpha_s_per_token``.
+    """
     if not history:
         return ()
     from dualpath_cli.diagnose import rules
@@ -120,7 +129,26 @@ def _reports(history: Sequence[Sample], decisions: Sequence[Decision]) -> tuple[
 
     first = history[0].at
     window = [d for d in decisions if d.at >= first]
-    return tuple(rules.run_all(Evidence(history, window)))
+    back = _earliest_needed(history)
+    earlier = [d for d in decisions if back <= d.at < first]
+    return tuple(rules.run_all(Evidence(history, window, audit=audit, earlier=earlier,
+                                        alpha_s_per_token=alpha_s_per_token)))
+
+
+def _earliest_needed(history: Sequence[Sample]) -> float:
+    """How far before the window the rules look at reads: a change in reach before it
+    (``change_reach_s``) is judged over as long before the change as has passed since."""
+    from dualpath_cli.diagnose.rules import change_reach_s
+
+    window_s = history[-1].at - history[0].at
+    return history[0].at - window_s - 2 * change_reach_s(window_s)
+
+
+def _alpha_s_per_token(status: Any) -> float | None:
+    """Seconds of reading per alpha token from a status' thresholds (``None``: unknown)."""
+    th = status.thresholds
+    alpha_s = getattr(th, "alpha_s", None)
+    return alpha_s / th.alpha_tokens if alpha_s and th.alpha_tokens else None
 
 
 def _inflight(client: Any) -> dict[str, Any] | None:
@@ -163,6 +191,7 @@ class LiveSource:
         self._decisions: deque[Decision] = deque(maxlen=MAX_DECISIONS)
         self._since = -1
         self._audit: tuple[AuditEntry, ...] = ()
+        self._alpha_s_per_token: float | None = None
         self._faults: tuple[dict[str, Any], ...] = ()
         self._inflight: dict[str, Any] | None = None
         self._reports: tuple[Any, ...] = ()
@@ -196,11 +225,13 @@ class LiveSource:
             self._since = max(d.seq for d in new)
             self._decisions.extend(new)
         self._audit = tuple(status.audit)
+        self._alpha_s_per_token = _alpha_s_per_token(status)
         self._faults = tuple(status.faults)
         self._history.append(Sample(view.at, view, extras))
         now = time.monotonic()
         if now - self._rules_at >= self._rules_cost / RULES_DUTY:
-            self._reports = _reports(tuple(self._history), tuple(self._decisions))
+            self._reports = _reports(tuple(self._history), tuple(self._decisions),
+                                     self._audit, self._alpha_s_per_token)
             self._rules_at = now
             self._rules_cost = time.monotonic() - now
         return self._frame()
@@ -239,7 +270,8 @@ class ReplaySource:
     """Plays a recording: a cursor over its samples that the scrubber keys move.
 
     The decisions shown are those logged up to the cursor's time; the findings are the
-    rules over the :data:`WINDOW` samples ending at the cursor (cached per position).
+    rules over the :data:`WINDOW` samples ending at the cursor (cached per position), with
+    the recording's audit entries where it has them (so far as the cursor).
     """
 
     read_only = True
@@ -255,6 +287,7 @@ class ReplaySource:
         self.speed = 1.0
         self._times = [s.at for s in recording.samples]
         self._dtimes = [d.at for d in recording.decisions]
+        self._audit = recording.audit
         self._cache: dict[int, tuple[Any, ...]] = {}
 
     @property
@@ -295,13 +328,17 @@ class ReplaySource:
         at = self._times[i]
         hi = bisect.bisect_right(self._dtimes, at)
         decisions = self.rec.decisions[max(0, hi - MAX_DECISIONS):hi]
+        audit = (None if self._audit is None else
+                 tuple(a for a in self._audit if a.at <= at))
         if i not in self._cache:
             if len(self._cache) > 256:
                 self._cache.clear()
-            self._cache[i] = _reports(history, self.rec.decisions[:hi])
+            back = bisect.bisect_left(self._dtimes, _earliest_needed(history))
+            self._cache[i] = _reports(history, self.rec.decisions[back:hi], audit,
+                                      self.rec.alpha_s_per_token)
         pos = ReplayPos(i, self.total, self.playing, self.speed, self._times[0],
                         self._times[-1])
-        return Frame(history[-1].view, history, decisions, (), self._cache[i], None,
+        return Frame(history[-1].view, history, decisions, audit or (), self._cache[i], None,
                      self.label, pos, None, (), history[-1].inflight)
 
     def story(self, rid: int) -> dict[str, Any]:
