@@ -287,6 +287,7 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
 
     from textual.widgets import Static
 
+    from dualpath_cli.runtime.faults import parse_fault
     from dualpath_cli.tui.app import TopApp
     from dualpath_cli.tui.source import LiveSource
 
@@ -295,6 +296,11 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
     warm = live.submit(prompt, 2, "top")
     warm.wait(120)
     live.done(warm)
+    # the decode engines compute 20x slower while the cockpit looks: on a fast host 120
+    # tokens took less than the cockpit's first frames, and the turn was gone before it
+    # could be listed decoding
+    live.set_faults([parse_fault(f"slow_compute:engine={e.engine_id},factor=20")
+                     for e in live.view().engines if e.role == "decode"], "test")
     ticket = live.submit(prompt + [9] * 16, 120, "top")
     source = LiveSource(lambda: DualPathClient(client.url, timeout=30), client.url,
                         with_metrics=False)
@@ -323,6 +329,7 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
     try:
         asyncio.run(go())
     finally:
+        live.clear_faults("test")
         ticket.wait(120)
         live.done(ticket)
 
