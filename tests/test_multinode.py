@@ -182,6 +182,22 @@ def test_nodes_join_serve_and_survive_a_dead_node(cluster: dict[str, Any],
     assert cluster["sched"].poll() is None and nodes["d0"].poll() is None
 
 
+def test_a_node_on_the_schedulers_host_joins_without_being_given_the_token(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """OPERATOR-STORIES story 6 on one host: no --token-file and no DUALPATH_TOKEN (the
+    launch environment clears it); the node reads the scheduler's token from the state file
+    its launch wrote, as ``dualpath status`` does. A scheduler elsewhere (no state file for
+    that port here) still needs the token, in one line."""
+    procs: Procs = cluster["procs"]
+    node = procs.join("decode", "d-local", cluster["port"])
+    line = _json_line(node, START_S)
+    assert line["node"] == "d-local" and line["role"] == "decode"
+    other = procs.join("decode", "d-far", _free_port())
+    _, err = other.communicate(timeout=START_S)
+    assert other.returncode != 0
+    assert "joining needs the cluster's token" in err and len(err.strip().splitlines()) == 1
+
+
 def test_join_url() -> None:
     assert join_url("10.0.0.5:8470") == "http://10.0.0.5:8470"
     assert join_url("http://sched:8470/") == "http://sched:8470"

@@ -701,8 +701,29 @@ def launch(
     raise typer.Exit(code)
 
 
-def _token_for_join(token_file: Path | None) -> str:
-    """The cluster's token for ``--join``: ``--token-file``, else ``DUALPATH_TOKEN``."""
+def _local_token(url: str) -> str | None:
+    """The token of a scheduler launched on this host by this user at ``url``'s port, from
+    its state file (as ``dualpath status`` finds it); None when there is none to read."""
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(url)
+    local = {"localhost", "127.0.0.1", "::1", socket.gethostname(),
+             socket.getfqdn()}
+    if parsed.port is None or (parsed.hostname or "") not in local:
+        return None
+    for state in statefile.live_states(parsed.port)[0]:
+        try:
+            text = Path(state.token_file or "").read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
+
+
+def _token_for_join(token_file: Path | None, url: str = "") -> str:
+    """The cluster's token for ``--join``: ``--token-file``, else ``DUALPATH_TOKEN``, else
+    (a scheduler on this host) its state file's token."""
     if token_file is not None:
         try:
             text = token_file.expanduser().read_text().strip()
@@ -713,10 +734,15 @@ def _token_for_join(token_file: Path | None) -> str:
             raise UsageError(f"--token-file {token_file}: it is empty")
         return text
     env = os.environ.get("DUALPATH_TOKEN", "").strip()
-    if not env:
+    if env:
+        return env
+    local = _local_token(url) if url else None
+    if local is None:
         raise UsageError("joining needs the cluster's token: --token-file FILE (the "
-                         "scheduler's token file) or DUALPATH_TOKEN")
-    return env
+                         "scheduler's token file) or DUALPATH_TOKEN (a scheduler launched "
+                         "on this host is found by its port)")
+    stderr.print("token: the scheduler's state file on this host", highlight=False)
+    return local
 
 
 def _serve_node(role: str, name: str, join: str, token_file: Path | None, gpus: int,
@@ -725,7 +751,7 @@ def _serve_node(role: str, name: str, join: str, token_file: Path | None, gpus: 
     from dualpath_cli.services.node import NodeAgent, join_url
 
     url = join_url(join)
-    agent = NodeAgent(url, _token_for_join(token_file), name, role, gpus,
+    agent = NodeAgent(url, _token_for_join(token_file, url), name, role, gpus,
                       store.expanduser() if store is not None else None, host,
                       on_event=lambda line: stderr.print(line, highlight=False,
                                                          soft_wrap=True))
