@@ -236,6 +236,13 @@ def format_duration(seconds: float) -> str:
     return f"{_trim(s / 3600)}h"
 
 
+def format_duration_rounded(seconds: float) -> str:
+    """:func:`format_duration` of ``seconds`` first rounded to the 3 significant digits it
+    prints, so a value just under a unit converted back from another unit (alpha 1 s ->
+    tokens -> 0.99999 s) reads in the larger unit ("1s", not "1000ms")."""
+    return format_duration(float(f"{seconds:.3g}"))
+
+
 def format_bandwidth(bytes_per_s: float, *, bits: bool = False) -> str:
     """Format bytes/s as "50GB/s", or as bits ("400Gbps") with ``bits=True``."""
     if bits:

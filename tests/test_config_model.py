@@ -21,7 +21,12 @@ from dualpath_cli.config import (
 from dualpath_cli.config.model import Threshold
 from dualpath_cli.config.resolve import ThresholdError
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
-from dualpath_cli.core.thresholds import bytes_to_tokens, tokens_processable, tokens_readable
+from dualpath_cli.core.thresholds import (
+    bytes_to_tokens,
+    read_seconds,
+    tokens_processable,
+    tokens_readable,
+)
 from dualpath_cli.errors import UnitError, UsageError
 
 HOPPER = HARDWARE_PROFILES["hopper"]
@@ -91,6 +96,10 @@ def test_paper_alpha_is_tokens_readable_in_three_seconds() -> None:
     assert DS660B.kv_bytes_per_token == 48068
     assert resolved.value == tokens_readable(50e9, 48068, 3)
     assert resolved.unit == "tokens"
+    # and back, as status shows it: the whole tokens read in just under 3 s
+    back = read_seconds(resolved.value, 48068, 50e9)
+    assert back is not None and 3 - 48068 / 50e9 < back <= 3
+    assert read_seconds(resolved.value, 48068, 0.0) is None  # no rate: no seconds
 
 
 def test_seed_alpha_bytes_convert_to_tokens() -> None:

@@ -46,6 +46,7 @@ from dualpath_cli.api.encode import (
     view_dict,
 )
 from dualpath_cli.api.ratelimit import DEFAULT_RATE, RateLimit, rate_in_force
+from dualpath_cli.core.thresholds import read_seconds
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.runtime.faults import parse_faults
 from dualpath_cli.services.live import Draining, LiveCluster
@@ -219,14 +220,6 @@ def _units(live: LiveCluster) -> SystemUnits:
                        flops_per_s=float(getattr(system, "flops_rate", 0.0) or 0.0))
 
 
-def _alpha_seconds(alpha_tokens: int, units: SystemUnits) -> float | None:
-    """Alpha as seconds of reading at one node's storage NICs (how the config gives it,
-    ``scheduler.alpha = 3s``); None where the NICs are unshaped (no rate to divide by)."""
-    if units.snic_bytes_per_s <= 0:
-        return None
-    return alpha_tokens * units.kv_bytes_per_token / units.snic_bytes_per_s
-
-
 def _scheduling(live: LiveCluster) -> dict[str, Any]:
     """How scheduling is laid out: flat or hierarchical (with its sub count), and how many
     nodes an engine group spans (cluster.nodes_per_group)."""
@@ -238,6 +231,7 @@ def _scheduling(live: LiveCluster) -> dict[str, Any]:
 def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
     s = view.scheduler
     th = s.thresholds
+    units = _units(live)
     return {
         "state": view.state, "pd": view.pd, "model": view.model, "policy": s.policy,
         # engines of a node that left on purpose are not this cluster's any more
@@ -246,7 +240,9 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
         "queue": {"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                   "pe": s.pe_queue_length, "in_flight": s.in_flight},
         "thresholds": {"alpha_tokens": th.alpha_tokens,
-                       "alpha_s": _alpha_seconds(th.alpha_tokens, _units(live)),
+                       # as the config gives it (3s); None where the NICs have no rate
+                       "alpha_s": read_seconds(th.alpha_tokens, units.kv_bytes_per_token,
+                                               units.snic_bytes_per_s),
                        "beta_tokens": th.beta_tokens,
                        "z_factor": th.z_factor, "quota_s": th.quota_s,
                        "read_side": th.read_side, "source": dict(th.source),

@@ -99,11 +99,9 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
         target = getattr(client, "url", url or "")
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
         th = (status := client.status()).thresholds  # the audit log, as of the window's end
-        alpha_s = getattr(th, "alpha_s", None)
         earlier = _earlier_decisions(client, samples, decisions, status.audit, th)
     return (Evidence(samples, decisions, audit=status.audit, earlier=earlier,
-                     alpha_s_per_token=alpha_s / th.alpha_tokens
-                     if alpha_s and th.alpha_tokens else None),
+                     alpha_s_per_token=th.alpha_s_per_token),
             target, len(samples))
 
 

@@ -788,7 +788,7 @@ def _target(url: str | None, port: int | None) -> tuple[str, str | None, Cluster
 
 def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
     """The fields of the status line from a typed ``/api/v1/status``."""
-    from dualpath_cli.units import format_duration, format_tokens
+    from dualpath_cli.units import format_duration_rounded, format_tokens
 
     th = st.thresholds
     ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
@@ -799,7 +799,7 @@ def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
         # alpha as the config gives it (seconds of reading), its tokens beside
-        "alpha": (f"{format_duration(float(f'{alpha_s:.3g}'))}" if alpha_s is not None
+        "alpha": (format_duration_rounded(alpha_s) if alpha_s is not None
                   else f"{format_tokens(th.alpha_tokens)} tok"),
         "alpha_tokens": th.alpha_tokens, "alpha_s": alpha_s,
         "alpha_source": th.source.get("alpha"),

@@ -37,10 +37,8 @@ def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | No
     except DualPathError:
         return None
     reach = change_reach_s(last - first)
-    th = status.thresholds
-    alpha_s = getattr(th, "alpha_s", None)
     return RecordedAudit(tuple(a for a in status.audit if first - reach <= a.at <= last),
-                         alpha_s / th.alpha_tokens if alpha_s and th.alpha_tokens else None)
+                         status.thresholds.alpha_s_per_token)
 
 
 def record(

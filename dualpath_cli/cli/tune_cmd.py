@@ -46,6 +46,7 @@ from dualpath_cli.units import (
     format_bandwidth,
     format_bytes,
     format_duration,
+    format_duration_rounded,
     format_tokens,
     parse_bandwidth,
     parse_bytes,
@@ -657,14 +658,16 @@ def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | N
 def _alpha_per_token_s(traffic: Any, world: Any) -> float | None:
     """Seconds one token of alpha stands for (its KV read at the node's storage NICs), so
     alpha reads as the config gives it; None where the cluster's NICs have no rate."""
-    snic = getattr(traffic, "snic_bytes_per_s", None)
-    return world.model.kv_bytes_per_token / snic if snic else None
+    from dualpath_cli.core.thresholds import read_seconds
+
+    return read_seconds(1, world.model.kv_bytes_per_token,
+                        getattr(traffic, "snic_bytes_per_s", None) or 0.0)
 
 
 def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -> str:
     """A setting's fields (alpha in seconds of reading where ``per_token_s`` is known); with
     ``today``, only the fields that differ from it (a narrow terminal keeps one line)."""
-    alpha = (format_duration(float(f"{s.alpha * per_token_s:.3g}")) if per_token_s
+    alpha = (format_duration_rounded(s.alpha * per_token_s) if per_token_s
              else format_tokens(s.alpha))
     fields = [("alpha", s.alpha, f"alpha {alpha}"),
               ("beta", s.beta, f"beta {format_tokens(s.beta)}"),
@@ -733,7 +736,7 @@ def show(
     for k, v in values.items():
         text = _value_text(k, v) if k != "z_factor" else f"{v:g}"
         if k == "alpha" and alpha_s is not None:  # as the config gives it, tokens beside
-            text = f"{format_duration(float(f'{alpha_s:.3g}'))} ({text})"
+            text = f"{format_duration_rounded(alpha_s)} ({text})"
         table.add_row(k, text, th.source.get(k, "launch"))
     stdout.print(table)
     if scheduling:

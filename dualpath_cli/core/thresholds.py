@@ -34,6 +34,7 @@ __all__ = [
     "alpha_bytes_from_bdp",
     "bytes_to_tokens",
     "tokens_readable",
+    "read_seconds",
     "tokens_processable",
     "dynamic_alpha",
     "dynamic_beta",
@@ -57,6 +58,12 @@ def bytes_to_tokens(amount: float, bytes_per_token: int) -> int:
 def tokens_readable(bandwidth: float, bytes_per_token: int, window: float) -> int:
     """The paper's alpha: tokens of KV a ``bandwidth`` B/s storage NIC reads in ``window`` s."""
     return bytes_to_tokens(bandwidth * window, bytes_per_token)
+
+
+def read_seconds(tokens: float, bytes_per_token: int, bandwidth: float) -> float | None:
+    """Seconds a ``bandwidth`` B/s storage NIC takes to read ``tokens`` tokens of KV (the
+    inverse of :func:`tokens_readable`: alpha as the config gives it); None without a rate."""
+    return tokens * bytes_per_token / bandwidth if bandwidth > 0 else None
 
 
 def tokens_processable(tokens_per_s: float, window: float) -> int:

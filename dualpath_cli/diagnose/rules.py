@@ -293,7 +293,7 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     the change (over as long before it as has passed since) against after it."""
     name = node_name(n, role)
     sent = _reads_to_node(ev, n)
-    reads = sum(1 for d in ev.decisions if d.side in ("pe", "de", "split"))
+    reads = sum(1 for d in ev.decisions if _is_read(d))
     fair = b / sum(all_bw.values()) if all_bw else 0.0
     evidence: dict[str, Any] = {"node": name, "bandwidth_bytes_per_s": b,
                                 "expected_bytes_per_s": med, "fraction": round(frac, 3),
@@ -384,14 +384,11 @@ def _value_text(ev: Evidence, what: str, value: Any) -> str:
     cluster said how many seconds a token is, else in tokens; the read side by name."""
     if what != "alpha" or isinstance(value, bool) or not isinstance(value, int | float):
         return "?" if value is None else str(value)
-    per = ev.alpha_s_per_token
-    if per is None:
-        th = ev.last.scheduler.thresholds
-        per = th.alpha_s / th.alpha_tokens if th.alpha_s and th.alpha_tokens else None
+    per = ev.alpha_s_per_token or ev.last.scheduler.thresholds.alpha_s_per_token
     if per:
-        from dualpath_cli.units import format_duration
+        from dualpath_cli.units import format_duration_rounded
 
-        return format_duration(float(f"{value * per:.3g}"))
+        return format_duration_rounded(value * per)
     return _tok(value)
 
 

@@ -150,6 +150,13 @@ class Thresholds:
     #: API knows the NIC rate (``/api/v1/status``); None in views that do not carry it
     alpha_s: float | None = None
 
+    @property
+    def alpha_s_per_token(self) -> float | None:
+        """Seconds of reading one alpha token stands for (``alpha_s / alpha_tokens``), to
+        write any alpha as the config gives it; None where ``alpha_s`` is not known."""
+        return (self.alpha_s / self.alpha_tokens if self.alpha_s and self.alpha_tokens
+                else None)
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionCounts:

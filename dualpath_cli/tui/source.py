@@ -144,13 +144,6 @@ def _earliest_needed(history: Sequence[Sample]) -> float:
     return history[0].at - window_s - 2 * change_reach_s(window_s)
 
 
-def _alpha_s_per_token(status: Any) -> float | None:
-    """Seconds of reading per alpha token from a status' thresholds (``None``: unknown)."""
-    th = status.thresholds
-    alpha_s = getattr(th, "alpha_s", None)
-    return alpha_s / th.alpha_tokens if alpha_s and th.alpha_tokens else None
-
-
 def _inflight(client: Any) -> dict[str, Any] | None:
     """The in-flight listing, or ``None`` from a server (or client) without it."""
     call = getattr(client, "requests", None)
@@ -225,7 +218,7 @@ class LiveSource:
             self._since = max(d.seq for d in new)
             self._decisions.extend(new)
         self._audit = tuple(status.audit)
-        self._alpha_s_per_token = _alpha_s_per_token(status)
+        self._alpha_s_per_token = status.thresholds.alpha_s_per_token
         self._faults = tuple(status.faults)
         self._history.append(Sample(view.at, view, extras))
         now = time.monotonic()
