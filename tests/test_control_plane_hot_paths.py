@@ -3,6 +3,7 @@ buffer frames, kept engine loads, the ledger's chains, engine processes started 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from dualpath_cli.core.layout import (
 )
 from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.scheduler import Latch, Ticket
 from dualpath_cli.runtime.wire import Decode, Prefill, TokenArray, WireError, decode, encode
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import run_agents
@@ -65,7 +67,11 @@ def test_incremental_prefix_keys_equal_the_keys_from_scratch(
         else:
             prompt = tokens * 3
         prompts[session] = prompt
-        assert cache.keys(session, np.asarray(prompt, dtype=np.int64)) == prefix_keys(prompt, NS)
+        ref = prefix_keys(prompt, NS)
+        assert cache.keys(session, np.asarray(prompt, dtype=np.int64)) == ref
+        got = cache.prompt(session, prompt)  # the kept form: digests joined, uint32 tokens
+        assert got.raw == b"".join(k.raw for k in ref) and got.keys == ref
+        assert got.tokens.tolist() == prompt and not got.tokens.flags.writeable
         assert len(cache) <= sessions
     assert cache.hashed + cache.reused >= 0
 
@@ -77,6 +83,26 @@ def test_a_grown_prompt_hashes_only_its_new_blocks() -> None:
     assert (cache.reused, cache.hashed) == (0, 10)
     cache.keys(7, np.concatenate([prompt, np.arange(9)]))
     assert (cache.reused, cache.hashed) == (10, 12)
+
+
+def test_a_latch_is_a_one_shot_event() -> None:
+    """Tickets wait on Latch (one lock, no Condition): set before or after the wait, once
+    or twice, from another thread; a wait that times out says so."""
+    latch = Latch()
+    assert not latch.is_set() and latch.wait(0) is False and latch.wait(0.01) is False
+    waiting = threading.Thread(target=lambda: results.append(latch.wait(30)))
+    results: list[bool] = []
+    waiting.start()
+    threading.Thread(target=latch.set).start()
+    waiting.join(30)
+    latch.set()  # a second set is a no-op
+    assert results == [True] and latch.is_set() and latch.wait() and latch.wait(0)
+    ticket = Ticket()
+    with pytest.raises(TimeoutError):
+        ticket.wait(0.01)
+    ticket.fail(RuntimeError("cut off"))
+    with pytest.raises(RuntimeError, match="cut off"):
+        ticket.wait(0)
 
 
 def _dispatches(tokens: Any) -> list[Decode | Prefill]:

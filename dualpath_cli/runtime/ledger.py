@@ -48,16 +48,18 @@ __all__ = ["Lookup", "RequestLedger", "reason_from_why"]
 _FAILURES = frozenset({"quarantined", "read_failed", "timed_out", "evicted", "cancelled"})
 
 
-def _own_prefix(chain: bytes, raw: Sequence[bytes], hits: int) -> int:
-    """How many of the first ``hits`` keys the agent's own stored ``chain`` starts with (one
-    comparison in the common case: a turn hits its own whole context)."""
+def _own_prefix(chain: bytes, raw: bytes, hits: int) -> int:
+    """How many of the first ``hits`` keys (``raw``: joined digests) the agent's own stored
+    ``chain`` starts with (one comparison in the common case: a turn hits its own whole
+    context)."""
     if not hits or not chain:
         return 0
-    joined = b"".join(raw[:hits])
-    if chain[:len(joined)] == joined:
+    end = hits * KEY_BYTES
+    if chain[:end] == raw[:end]:
         return hits
     n = 0
-    while n < hits and chain[n * KEY_BYTES:(n + 1) * KEY_BYTES] == raw[n]:
+    while n < hits and chain[n * KEY_BYTES:(n + 1) * KEY_BYTES] == \
+            raw[n * KEY_BYTES:(n + 1) * KEY_BYTES]:
         n += 1
     return n
 
@@ -93,7 +95,7 @@ class Lookup:
     hit_blocks: int
     misses: dict[str, int] = field(default_factory=dict)
     evicted_age_s: float | None = None
-    keys: list[bytes] = field(default_factory=list, repr=False)
+    keys: bytes = field(default=b"", repr=False)  # the prompt's keys, digests joined
     cross_blocks: int = 0
     lead: str | None = None
     cross_key: str | None = None
@@ -145,13 +147,14 @@ class RequestLedger:
         self.m_age = registry.histogram("dualpath_kv_evicted_block_age_seconds", tier="store")
         self.m_cross = registry.counter("dualpath_kv_cross_conversation_hit_tokens_total")
 
-    def lookup(self, rid: int, agent: int, keys: Sequence[BlockKey], prompt_tokens: int,
-               hits: int, now: float | None = None) -> Lookup:
+    def lookup(self, rid: int, agent: int, keys: Sequence[BlockKey] | bytes,
+               prompt_tokens: int, hits: int, now: float | None = None) -> Lookup:
         """Attribute the blocks after the first ``hits`` of ``keys`` (the lookup's limit:
-        the prompt's full blocks less the one holding its last token) and count them."""
+        the prompt's full blocks less the one holding its last token) and count them.
+        ``keys``: the prompt's keys, or their digests joined (``PromptKeys.raw``)."""
         now = time.monotonic() if now is None else now
         limit = max(0, (prompt_tokens - 1) // self.bt)
-        raw = [k.raw for k in keys]
+        raw = keys if isinstance(keys, bytes) else b"".join([k.raw for k in keys])
         look = Lookup(prompt_tokens, limit, hits, keys=raw)
         with self._lock:
             chain, done_at = self._chains.get(agent, (b"", now))
@@ -159,10 +162,11 @@ class RequestLedger:
             failed = self._failed.get(rid)
             own = _own_prefix(chain, raw, hits)  # the rest of the hits: another's blocks
             look.cross_blocks = max(0, hits - own)
-            look.lead = raw[0][:8].hex() if raw else None
-            look.cross_key = raw[hits - 1][:8].hex() if hits > own else None
+            look.lead = raw[:8].hex() if raw else None
+            look.cross_key = (raw[(hits - 1) * KEY_BYTES:(hits - 1) * KEY_BYTES + 8].hex()
+                              if hits > own else None)
             for i in range(hits, limit):
-                key = raw[i]
+                key = raw[i * KEY_BYTES:(i + 1) * KEY_BYTES]
                 if failed is not None and failed[0] <= i < failed[2]:
                     reason = failed[1]
                 elif key in self._quarantined:
@@ -273,17 +277,22 @@ class RequestLedger:
                 self._outcomes.popitem(last=False)
         if look is None:
             return
-        chain = list(look.keys)
         # only the tokens after the prompt's keyed blocks are hashed, so only they are
         # joined with the output (the prompt has ~12K tokens; copying it cost more)
-        start = len(chain) * self.bt
-        prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        made = np.asarray(output, dtype=np.int64).reshape(-1)[:-1]
-        seq = np.concatenate([prompt[start:], made[max(0, start - len(prompt)):]])
-        last = BlockKey(chain[-1]) if chain else None
-        chain.extend(k.raw for k in chain_keys(seq, self.ns, last))
+        start = len(look.keys) // KEY_BYTES * self.bt
+        prompt = np.asarray(tokens).reshape(-1)
+        made = np.asarray(output).reshape(-1)[:-1]
+        tail = prompt[start:]
+        if len(tail) + len(made) >= self.bt:  # else no new full block: nothing to hash
+            seq = np.concatenate([tail.astype(np.int64, copy=False),
+                                  made[max(0, start - len(prompt)):].astype(np.int64,
+                                                                              copy=False)])
+            last = BlockKey(look.keys[-KEY_BYTES:]) if look.keys else None
+            chain = look.keys + b"".join([k.raw for k in chain_keys(seq, self.ns, last)])
+        else:
+            chain = look.keys
         with self._lock:
-            self._chains[agent] = (b"".join(chain), now)
+            self._chains[agent] = (chain, now)
             self._chains.move_to_end(agent)
             if len(self._chains) > self._agents_max:
                 self._chains.popitem(last=False)
