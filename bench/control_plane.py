@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -407,6 +409,21 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _drain_sinks(conn: Any, n: int) -> None:
+    """The inproc part's engine mailboxes: ``n`` endpoints, their addresses sent on
+    ``conn``, drained until ``conn`` says stop (a process of their own)."""
+    from dualpath_cli.transfer import ZmqFabric
+
+    sinks = [ZmqFabric().endpoint("sink") for _ in range(n)]
+    conn.send([s.address for s in sinks])
+    while not conn.poll(0):
+        for s in sinks:
+            while s.recv(timeout=0.01) is not None:
+                pass
+    for s in sinks:
+        s.close()
+
+
 def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     """Part ``inproc``: the scheduler's handlers at the paper's arrival pattern, in process.
 
@@ -426,7 +443,15 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     """
     from dualpath_cli.core.layout import BlockShape, Namespace, chain_keys
     from dualpath_cli.core.policies import SchedParams
-    from dualpath_cli.runtime.wire import Done, Fetch, First, Hello, QueueReport, encode
+    from dualpath_cli.runtime.wire import (
+        Done,
+        Fetch,
+        First,
+        Heartbeat,
+        Hello,
+        QueueReport,
+        encode,
+    )
     from dualpath_cli.storage import PosixStore
     from dualpath_cli.telemetry.registry import MetricsRegistry
     from dualpath_cli.transfer import ZmqFabric
@@ -438,16 +463,15 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                           block_tokens=64, decision_ring=1000)
     latency = max(2, args.inproc_latency)
     fabric = ZmqFabric()
-    sinks = [fabric.endpoint("sink") for _ in range(4)]
-    stop = threading.Event()
-
-    def drain(ep: Any) -> None:
-        while not stop.is_set():
-            ep.recv(timeout=0.05)
-
-    drains = [threading.Thread(target=drain, args=(s,), daemon=True) for s in sinks]
-    for t in drains:
-        t.start()
+    # the engines' mailboxes drain in another process, as engines do: threads of this
+    # one would take the GIL and the cache from the measured thread (sends cost 2x)
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    sink_proc = ctx.Process(target=_drain_sinks, args=(child, 4), daemon=True)
+    sink_proc.start()
+    if not parent.poll(60):
+        raise RuntimeError("the sink process did not start within 60 s")
+    sink_addresses: list[str] = parent.recv()
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tmp = tempfile.TemporaryDirectory(prefix="dualpath-cp-", dir=shm)
     try:
@@ -473,7 +497,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         with sched._lock:  # noqa: SLF001
             for e, (role, node) in roles.items():
                 sched._handle(message(Hello(  # noqa: SLF001
-                    e, sinks[e % len(sinks)].address, role, node, node, os.getpid())))
+                    e, sink_addresses[e % len(sink_addresses)], role, node, node,
+                    os.getpid())))
         leader = {(role, node): e for e, (role, node) in sorted(roles.items(), reverse=True)}
         per_period = args.rate * args.fetch
         trace = synthetic_trace(64_000, int(per_period * (latency + 2) * 1.1), seed=1)
@@ -528,20 +553,44 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 counts["first_turns"] += i == 0
                 counts["tokens"] += len(prompt)
 
+        engines_ep = fabric.endpoint("engines")  # the engines' side: sends to the scheduler
+
+        def receive_and_handle() -> None:
+            raw = sched.ep.recv(timeout=30)  # a wait is not CPU: only the receive counts
+            if raw is None:
+                raise RuntimeError("a message to the scheduler did not arrive in 30 s")
+            sched._handle(raw)  # noqa: SLF001
+
+        pending: list[tuple[str, Any]] = []
+
         def deliver(kind: str, m: Any) -> None:
-            raw = message(m)
-            with sched._lock:  # noqa: SLF001
-                timed(kind, sched._handle, raw)  # noqa: SLF001
-            if kind == "done":  # the DE stored the turn's blocks; the agent's next turn
-                traj, i, prompt = turns.pop(m.rid)
+            """An engine sends ``m`` (not timed); :func:`flush` receives and handles it."""
+            if kind == "done":  # the DE stored the turn's blocks before it said done
+                traj, i, prompt = turns[m.rid]
                 full = np.concatenate([prompt, np.asarray(m.tokens, dtype=np.int64)])
                 n, last = stored.get(traj.agent_id, (0, None))
                 new = chain_keys(full[:-1], ns, last, n)
                 store_blocks(new)
                 if new:
                     stored[traj.agent_id] = (n + len(new), new[-1])
-                if i + 1 < traj.num_turns:
-                    idle.append((traj, i + 1, full))
+            header, frames = encode(m)
+            engines_ep.send(sched.ep.address, header, frames)
+            pending.append((kind, m))
+
+        def flush() -> None:
+            """The scheduler's thread takes what the engines sent since the last flush, in
+            order, from its real socket: the receive, msgpack and frames are counted with
+            each handler, as on that thread (messages that queued up meanwhile are there at
+            once, as at the paper's rate)."""
+            for kind, m in pending:
+                with sched._lock:  # noqa: SLF001
+                    timed(kind, receive_and_handle)
+                if kind == "done":  # the agent's next turn
+                    traj, i, prompt = turns.pop(m.rid)
+                    if i + 1 < traj.num_turns:
+                        idle.append((traj, i + 1, np.concatenate(
+                            [prompt, np.asarray(m.tokens, dtype=np.int64)])))
+            pending.clear()
 
         def after_fetch(period: int) -> None:
             for f in list(sched.flights.values()):
@@ -558,6 +607,9 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         fetchers = ([("decode", n) for n in range(p, p + d)]
                     + [("prefill", n) for n in range(p)])
         order = [fetchers[i] for i in np.random.default_rng(0).permutation(len(fetchers))]
+        hb_owed = 0.0
+        hb_cycle = itertools.cycle(sorted(roles))
+        hb_hits = ((0, 64, 0),) * ns.shape.n_layers  # a PE's per-layer hits, as a real one sends
         for period in range(args.inproc_warmup + args.inproc_rounds):
             measuring = period >= args.inproc_warmup
             due = events.pop(period, [])
@@ -575,7 +627,18 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                         rq_n[e] += 1
                         m = QueueReport(e, rq_n[e], seen, 0)
                     deliver(kind, m)
+                hb_owed += len(roles) * args.fetch / args.inproc_heartbeat / len(order)
+                while hb_owed >= 1:  # every engine's heartbeat, spread over the period
+                    e = next(hb_cycle)
+                    rq_n[e] += 1
+                    engine = sched.engines[e]
+                    deliver("heartbeat", Heartbeat(
+                        e, rq_n[e], engine.seen, 0, uptime_s=period * args.fetch,
+                        jobs=1, hbm_capacity_blocks=opts.hbm_blocks,
+                        layer_hits=hb_hits if engine.role == "prefill" else ()))
+                    hb_owed -= 1
                 deliver("fetch_" + role, Fetch(leader[(role, node)], node, role))
+                flush()
                 after_fetch(period)
         if profile is not None:
             profile.dump_stats(args.profile)
@@ -583,11 +646,10 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
         sched.ep.close()
     finally:
-        stop.set()
-        for t in drains:
-            t.join(5)
-        for s in sinks:
-            s.close()
+        parent.send("stop")
+        sink_proc.join(10)
+        if sink_proc.is_alive():
+            sink_proc.kill()
         tmp.cleanup()
     n = counts["turns"]
     per_turn = {k: c / max(1, n) for k, (_, c) in cpu.items()}
@@ -603,9 +665,10 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         "first_turn_share": round(counts["first_turns"] / max(1, n), 3),
         "mean_prompt_tokens": round(counts["tokens"] / max(1, n)),
         "in_flight_at_end": in_flight, "blocks_trusted_checked": list(present),
-        "how": ("thread CPU of submit() and of every handler per turn at the paper's arrival "
-                "pattern (all groups fetching once per period), in process; receives not "
-                "included"),
+        "how": ("thread CPU of submit() and of every message's receive from the "
+                "scheduler's socket and handling, per turn, at the paper's arrival pattern "
+                "(all groups fetching once per period, every engine's heartbeat once per "
+                "--inproc-heartbeat), the engines' mailboxes drained in another process"),
     }
 
 
@@ -755,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inproc-warmup", type=int, default=30,
                     help="periods before the inproc part measures (agents past their "
                     "first turns)")
+    ap.add_argument("--inproc-heartbeat", type=float, default=1.0,
+                    help="seconds between an engine's heartbeats in the inproc part")
     ap.add_argument("--inproc-latency", type=int, default=3,
                     help="periods from a turn's dispatch to its done in the inproc part")
     ap.add_argument("--hier-agents", type=int, default=1024,

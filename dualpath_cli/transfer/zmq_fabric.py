@@ -99,10 +99,13 @@ class ZmqEndpoint:
         return len(gone)
 
     def recv(self, timeout: float | None = None) -> Message | None:
-        ms = None if timeout is None else max(0, int(timeout * 1000))
-        if not self._poller.poll(ms):
-            return None
-        frames = self._pull.recv_multipart(copy=False)
+        try:  # a busy mailbox has the next message queued: no poll (a system call) first
+            frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            ms = None if timeout is None else max(0, int(timeout * 1000))
+            if not self._poller.poll(ms):
+                return None
+            frames = self._pull.recv_multipart(copy=False)
         head = msgpack.unpackb(frames[0].bytes, raw=False)
         specs = head.pop("_b", [])
         return Message(head, restore_buffers(specs, [f.buffer for f in frames[1:]]))
