@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -573,6 +574,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 store_blocks(new)
                 if new:
                     stored[traj.agent_id] = (n + len(new), new[-1])
+                # as an emulated DE says: the turn's full blocks are stored from the first
+                m = dataclasses.replace(m, stored=stored[traj.agent_id][0])
             header, frames = encode(m)
             engines_ep.send(sched.ep.address, header, frames)
             pending.append((kind, m))

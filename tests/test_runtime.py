@@ -65,6 +65,17 @@ def test_tokens_identical_across_policies_and_to_recompute(
         assert "split" in sides
 
 
+def test_a_lookup_checks_one_block_past_what_the_last_turn_stored(
+        reference: dict[tuple[int, int], tuple[int, ...]]) -> None:
+    """The real DE's done says how many of the turn's blocks it stored (``Done.stored``),
+    so each lookup takes those as present and checks one block, the first miss."""
+    result, system = _run("dualpath")
+    assert not result.errors and result.tokens_by_turn() == reference
+    present = system.scheduler._present  # noqa: SLF001
+    lookups = len(result.turns) + system.scheduler.requeued
+    assert present.trusted > 0 and present.checked <= lookups
+
+
 def test_de_path_returns_only_miss_kv() -> None:
     result, _ = _run("round-robin")
     cfg = load_model("tiny").config

@@ -26,6 +26,7 @@ from dualpath_cli.core.layout import (
 )
 from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
+from dualpath_cli.runtime.wire import Done, encode
 from dualpath_cli.storage import (
     HEADER_SIZE,
     BufferPool,
@@ -40,6 +41,7 @@ from dualpath_cli.storage import posix as posix_mod
 from dualpath_cli.storage.store import removal_generation
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.transfer import InProcFabric
+from dualpath_cli.transfer.base import Message
 
 NS = Namespace("m", "layer_major", BlockShape(2, 4, 16), "fp16")
 
@@ -194,7 +196,8 @@ def test_a_root_where_the_counter_cannot_be_made_has_no_generation(tmp_path: Pat
 
 # -- the lookup ---------------------------------------------------------------------------
 
-ACTIONS = st.lists(st.tuples(st.sampled_from(["grow", "remove", "add", "other", "cut"]),
+ACTIONS = st.lists(st.tuples(st.sampled_from(["grow", "remove", "add", "other", "cut",
+                                              "written", "written_late"]),
                              st.integers(0, 2), st.integers(0, 40), st.integers(0, 30)),
                    max_size=30)
 
@@ -229,6 +232,16 @@ def test_the_lookup_equals_a_full_walk(actions: list[tuple[str, int, int, int]])
             generation += 1
         elif kind == "add" and keys:
             present.update(keys[:n % (len(keys) + 1)])
+        elif kind.startswith("written") and keys:
+            # a turn's engine wrote its first m blocks and says so as it answers; the
+            # generation was read at the turn's lookup, before the writes ("late": a
+            # block was removed between that read and the note)
+            seen, m = generation, 1 + n % len(keys)
+            if kind == "written_late":
+                present.discard(keys[limit % len(keys)])
+                generation += 1
+            present.update(keys[:m])
+            cache.note(session, seen, m, keys[m - 1])
         prompts[session] = prompt
         checked.clear()
         before = cache.checked
@@ -298,6 +311,57 @@ def test_the_scheduler_lookup_after_a_removal_is_exact(tmp_path: Path) -> None:
         assert cached(grown, 4) == 55 and len(stats) == 1
         _posix(tmp_path).delete(keys[40])
         assert cached(grown, 5) == 0  # the generation moved: every block checked again
+    finally:
+        sched.ep.close()
+
+
+def test_blocks_a_turn_stored_need_no_stat_at_the_next_lookup(tmp_path: Path) -> None:
+    """A DE's done says how many of the turn's blocks are stored (``Done.stored``): the
+    agent's next lookup takes those as present without a stat, checks from the first one
+    a write failed on, and walks everything once the store has removed a block since."""
+    store = _posix(tmp_path)
+    prompt = np.arange(1, 202, dtype=np.int64)  # 201 tokens: 50 full blocks looked up
+    out = tuple(range(600, 640))
+    chain = prefix_keys(prompt.tolist() + list(out[:-1]), NS)  # 60 blocks: what a DE keeps
+    stats: list[BlockKey] = []
+    real = store.contains
+
+    def counted(key: BlockKey) -> bool:
+        stats.append(key)
+        return real(key)
+
+    store.contains = counted  # type: ignore[method-assign]
+    sched = _scheduler(store)
+    sched.register(0, "decode", 0, 0)
+    grown = np.concatenate([prompt, np.asarray(out), np.arange(700, 720)])  # 65 blocks
+    try:
+        def turn(tokens: np.ndarray, n: int, stored: int | None = None) -> int:
+            """Submit turn ``n``; answer it as a DE that stored ``stored`` blocks."""
+            stats.clear()
+            sched.submit(TurnRequest(7, n, tokens, len(out)))
+            f = sched.queue.pop()
+            if stored is not None:
+                header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=stored))
+                sched._handle(Message(header, frames))  # noqa: SLF001
+            return f.cached // NS.shape.block_tokens
+
+        for key in chain[:50]:
+            _put(store, key)
+        assert turn(prompt, 0) == 50 and len(stats) == 50
+        for key in chain[50:]:
+            _put(store, key)
+        assert turn(prompt, 1, stored=60) == 50  # the DE wrote blocks 50-59
+        assert turn(grown, 2) == 60 and stats == [prefix_keys(grown.tolist(), NS)[60]]
+        # a write failed at block 55: from there on each block is checked again
+        assert turn(prompt, 3, stored=55) == 50
+        assert turn(grown, 4) == 60 and len(stats) == 6
+        # a removal after the turn's lookup (before its blocks were written): no trust
+        sched.submit(TurnRequest(7, 6, prompt, len(out)))
+        f = sched.queue.pop()
+        _posix(tmp_path).delete(chain[10])
+        header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=60))
+        sched._handle(Message(header, frames))  # noqa: SLF001
+        assert turn(grown, 7) == 10 and len(stats) == 11
     finally:
         sched.ep.close()
 

@@ -406,3 +406,20 @@ class PresentPrefixCache:
             while len(self._kept) > self.sessions:
                 self._kept.popitem(last=False)
         return hits
+
+    def note(self, session: object, generation: Hashable | None, blocks: int,
+             last: BlockKey) -> None:
+        """``session``'s first ``blocks`` blocks, the chain ending in ``last``, are in the
+        store as of ``generation``, read *before* they were written (a turn's blocks,
+        which its engine reports written as it answers; read at the turn's lookup): the
+        next :meth:`hits` at that generation takes them as present without a ``stat``.
+
+        Sound for the reason :meth:`hits` is: a block written after the read is still
+        there while no removal has moved the generation since.
+        """
+        if generation is None or blocks <= 0:
+            return
+        self._kept.pop(session, None)
+        self._kept[session] = (generation, blocks, last)
+        while len(self._kept) > self.sessions:
+            self._kept.popitem(last=False)

@@ -450,8 +450,9 @@ class EngineContext:
         """Layer ``layer`` of a loaded Full Block as packed rows ``uint8 [tokens, bytes]``."""
         return block.array()[layer].view(np.uint8)
 
-    def write_block(self, key: BlockKey, block: np.ndarray, shaped: bool) -> None:
-        """Persist one Full Block (``uint8 [L, tokens, bytes]``) through the storage NIC."""
+    def write_block(self, key: BlockKey, block: np.ndarray, shaped: bool) -> bool:
+        """Persist one Full Block (``uint8 [L, tokens, bytes]``) through the storage NIC;
+        False when the store could not take it (counted and logged, not raised)."""
         header, payload = encode_block(key, block.view(KV_DTYPE), self.namespace)
         if shaped:
             pay(self.spec.snic_write, header.file_nbytes)
@@ -462,9 +463,10 @@ class EngineContext:
             self.m_write_errors.inc()
             log.warning("engine %d: could not persist block %s: %s", self.spec.engine_id,
                         key.hex, err)
-            return
+            return False
         self.counters.add(snic_write_bytes=header.file_nbytes, blocks_persisted=1)
         self.m_nic["snic", "write"].inc(header.file_nbytes)
+        return True
 
     # -- HBM ----------------------------------------------------------------------------
     def hbm_write(self, owner: int, layer: int, start: int, kv: np.ndarray) -> None:

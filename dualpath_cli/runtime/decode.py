@@ -59,6 +59,7 @@ class DecodeJob:
     out: list[int] = field(default_factory=list)
     n_kv: int = 0  # tokens whose KV is in HBM
     persisted: int = 0  # blocks known to be in the store
+    stored: int = 0  # of those, the leading ones no write failed before (Done.stored)
     last_key: BlockKey | None = None
     rx_from_pe: int = 0
     second_at: float = 0.0
@@ -113,7 +114,7 @@ class DecodeWorker:
         job = DecodeJob(m.rid, m.att, tokens, m.gen, m.cached, list(m.keys), m.pe_tokens,
                         m.pe, m.shaped, np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
                         filled=[0] * ctx.n_layers)
-        job.persisted = len(job.keys)
+        job.persisted = job.stored = len(job.keys)
         if job.keys:
             job.last_key = BlockKey.from_hex(job.keys[-1])
         with self._lock:
@@ -233,7 +234,8 @@ class DecodeWorker:
             key = block_key(job.last_key, seq[i * bt:(i + 1) * bt].tolist(), self.ns)
             block = ctx.hbm.copy_block(job.rid, i)
             ctx.h2d(block.nbytes, job.shaped)  # D2H through the compute NIC
-            ctx.write_block(key, block, job.shaped)
+            if ctx.write_block(key, block, job.shaped) and job.stored == i:
+                job.stored = i + 1
             job.last_key = key
             job.persisted += 1
 
@@ -261,7 +263,8 @@ class DecodeWorker:
                 del self.jobs[job.rid]
         if not job.cancelled:
             self.ctx.to_ctl(Done(self.ctx.spec.engine_id, job.rid, job.att, tuple(job.out),
-                                 job.rx_from_pe, time.monotonic(), job.second_at, job.facts))
+                                 job.rx_from_pe, time.monotonic(), job.second_at, job.facts,
+                                 job.stored))
 
     def _decode_loop(self) -> None:
         active: list[DecodeJob] = []

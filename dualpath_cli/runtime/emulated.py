@@ -25,6 +25,7 @@ faults are not emulated (a ``fault`` is acknowledged and ignored, a ``compact`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -515,26 +516,38 @@ class EmulatedHost:
                 return
             last, seq, first, to, done = item
             try:
-                self._write(last, seq, first)
+                stored = self._write(last, seq, first)
             except OSError as err:  # a full or read-only store: the turns just miss
                 log.warning("emulated engines: marker block not written: %s", err)
+            else:
+                done = dataclasses.replace(done, stored=stored)
             self._send(None, to, done)
 
-    def _write(self, last: str | None, seq: np.ndarray, first: int) -> None:
+    def _write(self, last: str | None, seq: np.ndarray, first: int) -> int:
+        """Marker files for the full blocks of ``seq`` from block ``first`` on; returns the
+        full blocks then in the store from the first (``Done.stored``)."""
         assert self.store is not None
+        n = first
         parent = BlockKey.from_hex(last) if last is not None else None
         for key in chain_keys(seq, self.ns, parent, first):
             path = str(self.store.path(key))
-            d = os.path.dirname(path)
+            if self._create(path):
+                self.persisted += 1
+            n += 1
+        return n
+
+    @staticmethod
+    def _create(path: str) -> bool:
+        """An empty marker file at ``path``; False when one is there already."""
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                continue
-            except FileNotFoundError:
-                os.makedirs(d, exist_ok=True)
-                try:
-                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                except FileExistsError:
-                    continue
-            os.close(fd)
-            self.persisted += 1
+                return False
+        os.close(fd)
+        return True

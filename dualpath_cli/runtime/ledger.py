@@ -262,10 +262,11 @@ class RequestLedger:
 
     def finished(self, rid: int, agent: int, output: Sequence[int],
                  tokens: Sequence[int] | np.ndarray,
-                 timeline: dict[str, Any], now: float | None = None) -> None:
+                 timeline: dict[str, Any], now: float | None = None) -> bytes:
         """The turn ended: keep its outcome (``timeline``: submitted, first_at, done_at,
         attempts, rx_from_pe, the DE's facts) and remember the chain its DE stored (prompt
-        and output full blocks, all but the last output token, whose KV is never computed)."""
+        and output full blocks, all but the last output token, whose KV is never computed).
+        Returns that chain (digests joined; empty when the request's lookup is unknown)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             look = self._lookups.pop(rid, None)
@@ -276,7 +277,7 @@ class RequestLedger:
             if len(self._outcomes) > self._outcomes_max:
                 self._outcomes.popitem(last=False)
         if look is None:
-            return
+            return b""
         # only the tokens after the prompt's keyed blocks are hashed, so only they are
         # joined with the output (the prompt has ~12K tokens; copying it cost more)
         start = len(look.keys) // KEY_BYTES * self.bt
@@ -296,6 +297,7 @@ class RequestLedger:
             self._chains.move_to_end(agent)
             if len(self._chains) > self._agents_max:
                 self._chains.popitem(last=False)
+        return chain
 
     def forget(self, rid: int) -> None:
         """Drop what is kept for a request that will not finish (failed or cut off)."""

@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,13 +60,13 @@ from dualpath_cli.core.controllers import (
     ttft_tail,
 )
 from dualpath_cli.core.de_schedule import (
-    GroupLoads,
     de_place,
     de_route,
     placement_classes,
 )
 from dualpath_cli.core.layout import (
     KEY_BYTES,
+    BlockKey,
     Namespace,
     PrefixKeyCache,
     PresentPrefixCache,
@@ -309,6 +309,7 @@ class _Flight:
     cached: int = 0
     keys: KeyArray = field(default_factory=lambda: _NO_KEYS)  # the hit blocks' keys
     prompt: TokenArray | None = None  # the prompt as sent (int32), made by the lookup
+    generation: Hashable | None = None  # the store's removal generation at the lookup
     max_hit_blocks: int | None = None
     pe: int = -1
     de: int = -1
@@ -418,6 +419,7 @@ class SchedulerService:
         self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
         #: (role, group) -> the engine that fetches for it (the last one seen fetching)
         self._fetchers: dict[tuple[str, int], int] = {}
+        self._queues_for: object = None  # the live DE groups given a private queue
         self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
             collections.deque)  # DE group -> routed, not yet placed
         self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
@@ -827,8 +829,9 @@ class SchedulerService:
         if f.max_hit_blocks is not None:
             limit = min(limit, f.max_hit_blocks)
         # blocks found present last turn at the same removal generation are not stat'ed again
-        hits = self._present.hits(f.req.agent, got.keys, limit,
-                                  removal_generation(self.store), self.store.contains)
+        f.generation = removal_generation(self.store)
+        hits = self._present.hits(f.req.agent, got.keys, limit, f.generation,
+                                  self.store.contains)
         # the dispatch's frames, made once from what the lookup has: the uint32 tokens are
         # the int32 ones (token ids are under 2**31) and the hit keys a slice of the digests
         f.keys = KeyArray(np.frombuffer(got.raw, np.uint8, hits * KEY_BYTES)
@@ -952,10 +955,16 @@ class SchedulerService:
         del self.flights[f.rid]
         self._drop_charges(f)
         tokens: list[int] = np.asarray(m.tokens, dtype=np.int64).tolist()
-        self.ledger.finished(f.rid, f.req.agent, tokens, f.req.tokens, {
+        chain = self.ledger.finished(f.rid, f.req.agent, tokens, f.req.tokens, {
             "submitted": f.submitted, "first_at": f.first_at or None, "done_at": m.at,
             "second_at": m.second_at or None, "attempts": f.att + 1, "cached": f.cached,
             "pe_tokens": f.pe_tokens, "rx_from_pe": m.rx_from_pe, "de": m.facts})
+        # the blocks the DE says are stored need no stat at the agent's next lookup, while
+        # the store removes nothing (the generation read before they were written)
+        stored = min(m.stored, len(chain) // KEY_BYTES)
+        if stored > 0:
+            self._present.note(f.req.agent, f.generation, stored,
+                               BlockKey(chain[(stored - 1) * KEY_BYTES:stored * KEY_BYTES]))
         f.ticket.result = TurnResult(tokens, f.submitted, f.first_at, m.at, f.cached,
                                      f.att + 1, f.pe, f.de, f.pe_tokens, m.rx_from_pe,
                                      m.second_at)
@@ -1177,14 +1186,17 @@ class SchedulerService:
             return
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
-            loads = {}
-            queues, routed_tok, group_tok = self.private, self._routed_tok, self._de_group_tok
-            for g in self._live_members(de):
-                queues[g]  # noqa: B018 - every live group has a queue (the view lists them)
-                loads[g] = group_tok.get(g, 0) + routed_tok.get(g, 0)
+            routed_tok, group_tok = self._routed_tok, self._de_group_tok
+            live = self._live_members(de)
+            loads = {g: group_tok.get(g, 0) + routed_tok.get(g, 0) for g in live}
+            if self._queues_for is not live:  # live groups changed (a new cached dict)
+                for g in live:  # every live group has a queue: the view lists them
+                    self.private[g]  # noqa: B018
+                self._queues_for = live
             head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
-            route = de_route([self._request(f) for f in flights], GroupLoads(loads))
+            # the loads as a plain dict: de_route makes its one GroupLoads of it
+            route = de_route([self._request(f) for f in flights], loads)
             self.queue.clear()
             running = dict(loads)  # each request's inputs: the loads just before its routing
             for f, (_, g) in zip(flights, route.assignments, strict=True):

@@ -333,6 +333,10 @@ class Done:
     at: float
     second_at: float = 0.0
     facts: dict[str, Any] | None = None  # the DE's side of the story (its reads by tier)
+    # full blocks of prompt + output, from the first, the DE knows are in the store as it
+    # answers (its hits and every block it wrote, up to one it could not; -1: unknown):
+    # the scheduler then need not stat them at the agent's next lookup
+    stored: int = -1
 
 
 @dataclass(frozen=True, slots=True)
