@@ -134,6 +134,23 @@ def test_a_prompt_travels_as_one_int32_frame(fabric_cls: type) -> None:
         b.close()
 
 
+def test_a_dispatch_carries_the_prompt_after_its_hit() -> None:
+    """The scheduler sends the tokens from ``start`` (the hit's end) on; an engine's
+    ``prompt()`` has the whole length, the hit's tokens (never computed) as zeros."""
+    tail = np.arange(50, 58)
+    for msg in (Decode(9, 1, 4, tail, 4, 16, ("ab" * 16,), 8, "tcp://x:1", True, 16),
+                Prefill(9, 1, 5, tail, 16, ("ab" * 16,), 8, "tcp://x:2", True, False, 16)):
+        header, frames = encode(msg)
+        back = decode(header, frames)
+        assert back == msg and back.start == 16 and len(back.tokens) == 8
+        full = back.prompt()
+        assert full.dtype == np.int64 and len(full) == 24
+        assert full[16:].tolist() == tail.tolist() and not full[:16].any()
+    assert _dispatches(tail)[0].prompt().tolist() == tail.tolist()  # start 0: all of it
+    with pytest.raises(WireError, match="start 17 is outside 0..cached"):
+        Decode(9, 1, 4, tail, 4, 16, ("ab" * 16,), 8, "tcp://x:1", True, 17)
+
+
 def test_token_arrays_never_alias_the_callers_array() -> None:
     mine = np.arange(5, dtype=np.int32)
     msg = _dispatches(mine)[0]

@@ -110,7 +110,7 @@ class DecodeWorker:
 
     def _on_decode(self, m: Decode) -> None:
         ctx = self.ctx
-        tokens = np.asarray(m.tokens, dtype=np.int64)
+        tokens = m.prompt()
         job = DecodeJob(m.rid, m.att, tokens, m.gen, m.cached, list(m.keys), m.pe_tokens,
                         m.pe, m.shaped, np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
                         filled=[0] * ctx.n_layers)

@@ -62,10 +62,12 @@ from dualpath_cli.runtime.wire import (
     QueueReport,
     SetQuota,
     Stop,
+    TokenArray,
     WireError,
     WireMessage,
     decode,
     encode,
+    full_prompt,
 )
 from dualpath_cli.storage import PosixStore
 from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint
@@ -120,13 +122,18 @@ class EmulatedSpec:
     metrics_s: float = 5.0
 
 
-def emulated_tokens(prompt: Sequence[int], gen: int, vocab: int = 256) -> tuple[int, ...]:
-    """The tokens an emulated DE "generates": a fixed function of the prompt (and ``gen``).
+def emulated_tokens(prompt: Sequence[int], gen: int, vocab: int = 256, *,
+                    length: int | None = None) -> tuple[int, ...]:
+    """The tokens an emulated DE "generates": a fixed function of the prompt's length and
+    last token (and ``gen``); ``prompt`` may be its tail, then ``length`` is the whole's.
 
     Deterministic, so two runs of one workload give identical tokens and the next turn's
-    prompt (context + these) repeats the same prefix keys.
+    prompt (context + these) repeats the same prefix keys; the last token is always in a
+    dispatch's tokens (one is always left to prefill), so the answer does not depend on
+    how much of the prompt was a hit.
     """
-    seed = (len(prompt) * 2654435761 + sum(int(t) for t in prompt[-8:])) % vocab
+    n = len(prompt) if length is None else length
+    seed = (n * 2654435761 + (int(prompt[-1]) if len(prompt) else 0)) % vocab
     return tuple((seed + 7 * i) % vocab for i in range(gen))
 
 
@@ -142,7 +149,7 @@ class _Read:
 class _Job:
     rid: int
     att: int
-    prompt: Sequence[int]  # a TokenArray off the wire
+    prompt: TokenArray  # off the wire: the prompt from token ``start`` on
     cached: int
     pe_tokens: int
     peer: str  # the DE (on a PE) or the PE (on a DE)
@@ -153,6 +160,12 @@ class _Job:
     peer_kv: bool = True  # PE: the DE's part of the hit arrived (or there is none)
     first: int = -1  # DE: the first token (from PrefillDone)
     received: float = 0.0
+    start: int = 0
+
+    @property
+    def length(self) -> int:
+        """The whole prompt's tokens."""
+        return self.start + len(self.prompt)
 
 
 @dataclass
@@ -406,7 +419,7 @@ class EmulatedHost:
     # PE ---------------------------------------------------------------------------------
     def _on_prefill(self, e: _Engine, m: Prefill) -> None:
         job = _Job(m.rid, m.att, m.tokens, m.cached, m.pe_tokens, m.de, m.layerwise,
-                   peer_kv=m.cached <= m.pe_tokens, received=self.clock())
+                   peer_kv=m.cached <= m.pe_tokens, received=self.clock(), start=m.start)
         e.jobs[m.rid] = job
         if e.early_kv.pop(m.rid, -1) == m.att:
             job.peer_kv = True
@@ -421,7 +434,7 @@ class EmulatedHost:
         if not (job.read_done and job.peer_kv):
             return
         c = self.costs
-        new = len(job.prompt) - job.cached
+        new = job.length - job.cached
         compute = c.batch_s(c.prefill_s(job.cached, new),
                             job.cached * c.kv_bytes_per_token, job.layerwise)
         seconds = self._scaled(compute)
@@ -429,7 +442,7 @@ class EmulatedHost:
         end = start + seconds
         e.gpu_free = end
         e.busy_s += seconds
-        token = emulated_tokens(job.prompt, 1)[0]
+        token = emulated_tokens(job.prompt, 1, length=job.length)[0]
         kv_s = self._scaled(new * c.kv_bytes_per_token / c.cnic_kv_rate) if c.cnic_kv_rate else 0
 
         def first() -> None:
@@ -449,7 +462,7 @@ class EmulatedHost:
     # DE ---------------------------------------------------------------------------------
     def _on_decode(self, e: _Engine, m: Decode) -> None:
         job = _Job(m.rid, m.att, m.tokens, m.cached, m.pe_tokens, m.pe, gen=m.gen,
-                   keys=m.keys, received=self.clock())
+                   keys=m.keys, received=self.clock(), start=m.start)
         e.jobs[m.rid] = job
         early = e.early.pop(m.rid, None)
         if early is not None and early[0] == m.att:
@@ -475,7 +488,7 @@ class EmulatedHost:
     def _maybe_decode(self, e: _Engine, job: _Job) -> None:
         c = self.costs
         e.active += 1
-        context = len(job.prompt) + job.gen // 2
+        context = job.length + job.gen // 2
         step = self._scaled(c.decode_step_s(e.active, e.active * c.attended(context)))
         now = self.clock()
         second_at = now + step
@@ -487,9 +500,10 @@ class EmulatedHost:
             if e.jobs.get(job.rid) is not job:
                 return
             del e.jobs[job.rid]
-            tokens = (job.first, *emulated_tokens(job.prompt, job.gen)[1:])[:job.gen]
+            tokens = (job.first, *emulated_tokens(job.prompt, job.gen,
+                                                  length=job.length)[1:])[:job.gen]
             done = Done(e.eid, job.rid, job.att, tokens,
-                        (len(job.prompt) - job.pe_tokens) * c.kv_bytes_per_token,
+                        (job.length - job.pe_tokens) * c.kv_bytes_per_token,
                         self.clock(), second_at if job.gen > 1 else 0.0)
             self._persist(e, job, tokens, done)
 
@@ -504,7 +518,7 @@ class EmulatedHost:
         if self.store is None:
             self._send(e, e.spec.ctl, done)
         else:
-            seq = np.concatenate([np.asarray(job.prompt, dtype=np.int64),
+            seq = np.concatenate([full_prompt(job.prompt, job.start),
                                   np.asarray(out, dtype=np.int64)])
             self._writes.put((job.keys[-1] if job.keys else None, seq,
                               len(job.keys), e.spec.ctl, done))

@@ -160,7 +160,7 @@ class PrefillWorker:
 
     def _on_prefill(self, m: Prefill) -> None:
         job = self._job(m.rid, m.att)
-        job.tokens = np.asarray(m.tokens, dtype=np.int64)
+        job.tokens = m.prompt()
         job.cached = m.cached
         job.keys = list(m.keys)
         job.pe_tokens = m.pe_tokens

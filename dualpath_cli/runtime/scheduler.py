@@ -1302,15 +1302,19 @@ class SchedulerService:
             if tokens:
                 state.charges[seq] = tokens
                 f.charges.append((state.engine_id, seq))
-        # one int32 frame and one frame of raw digests, shared by both messages
+        # the prompt after the hit (engines compute only those tokens; the hit's KV is
+        # read) as one int32 frame and the keys as one frame of raw digests, shared by both
+        # messages
         prompt = f.prompt if f.prompt is not None else TokenArray(f.req.tokens)
+        start = f.cached
+        tail = TokenArray(prompt.array[start:])
         keys = f.keys
         self._send(de_state.address, Decode(
-            f.rid, f.att, seqs[de], prompt, f.req.gen, f.cached, keys, pe_tokens,
-            pe_state.address, self.shaped))
+            f.rid, f.att, seqs[de], tail, f.req.gen, f.cached, keys, pe_tokens,
+            pe_state.address, self.shaped, start))
         self._send(pe_state.address, Prefill(
-            f.rid, f.att, seqs[pe], prompt, f.cached, keys[:pe_tokens // self.bt], pe_tokens,
-            de_state.address, self.layerwise, self.shaped))
+            f.rid, f.att, seqs[pe], tail, f.cached, keys[:pe_tokens // self.bt], pe_tokens,
+            de_state.address, self.layerwise, self.shaped, start))
 
     def _record(self, f: _Flight, side: str, pe_q: int, de_q: int, pe_class: str,
                 inputs: dict[str, Any]) -> None:
