@@ -61,11 +61,16 @@ class ZmqEndpoint:
              buffers: list[np.ndarray] | None = None) -> bool:
         """Queue a message to ``to``; False when it was dropped (closed, or the peer did
         not take it within the send timeout)."""
-        bufs = [np.ascontiguousarray(b) for b in (buffers or [])]
         head = dict(header)
-        head["_b"] = buffer_specs(bufs)
-        frames: list[Any] = [msgpack.packb(head, use_bin_type=True)]
-        frames.extend(b.reshape(-1).view(np.uint8).data if b.size else b"" for b in bufs)
+        if buffers:
+            bufs = [b if b.flags.c_contiguous else np.ascontiguousarray(b) for b in buffers]
+            head["_b"] = buffer_specs(bufs)
+            frames: list[Any] = [msgpack.packb(head, use_bin_type=True)]
+            # an array is a buffer ZeroMQ sends as its bytes (no view to make)
+            frames.extend(b if b.size else b"" for b in bufs)
+        else:
+            head["_b"] = []
+            frames = [msgpack.packb(head, use_bin_type=True)]
         with self._lock:
             if self._closed:
                 return False
@@ -99,16 +104,22 @@ class ZmqEndpoint:
         return len(gone)
 
     def recv(self, timeout: float | None = None) -> Message | None:
+        sock = self._pull
         try:  # a busy mailbox has the next message queued: no poll (a system call) first
-            frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            first = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             ms = None if timeout is None else max(0, int(timeout * 1000))
             if not self._poller.poll(ms):
                 return None
-            frames = self._pull.recv_multipart(copy=False)
-        head = msgpack.unpackb(frames[0].bytes, raw=False)
+            first = sock.recv()
+        # the header is small: copied as bytes (a zero-copy frame costs more); the buffers
+        # (a prompt, KV layers) zero-copy; the parts of a message arrive together
+        frames = []
+        while sock.getsockopt(zmq.RCVMORE):
+            frames.append(sock.recv(copy=False).buffer)
+        head = msgpack.unpackb(first, raw=False)
         specs = head.pop("_b", [])
-        return Message(head, restore_buffers(specs, [f.buffer for f in frames[1:]]))
+        return Message(head, restore_buffers(specs, frames) if specs or frames else [])
 
     @property
     def socket(self) -> zmq.Socket[Any]:
