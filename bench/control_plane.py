@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import zmq
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
@@ -410,6 +411,11 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _threads_cpu(ids: set[int]) -> float:
+    """User + system CPU seconds of this process's threads ``ids`` (those still running)."""
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
 def _drain_sinks(conn: Any, n: int) -> None:
     """The inproc part's engine mailboxes: ``n`` endpoints, their addresses sent on
     ``conn``, drained until ``conn`` says stop (a process of their own)."""
@@ -457,6 +463,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     from dualpath_cli.telemetry.registry import MetricsRegistry
     from dualpath_cli.transfer import ZmqFabric
     from dualpath_cli.transfer.base import Message
+    from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint
 
     spec = parse_pd(args.pd)
     p, d, gpus = spec.prefill_nodes, spec.decode_nodes, 8
@@ -464,6 +471,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                           block_tokens=64, decision_ring=1000)
     latency = max(2, args.inproc_latency)
     fabric = ZmqFabric()
+    fabric._ctx = zmq.Context()  # noqa: SLF001 - the scheduler's own: its I/O thread is measured
     # the engines' mailboxes drain in another process, as engines do: threads of this
     # one would take the GIL and the cache from the measured thread (sends cost 2x)
     ctx = multiprocessing.get_context("spawn")
@@ -479,6 +487,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         # the cpu part's scheduler: same thresholds, HBM and block size (64 tokens)
         ns = Namespace("emulated-ds660b", "layer_major", BlockShape(61, 64, 1152))
         store = PosixStore(tmp.name, registry=MetricsRegistry())
+        threads_before = {t.id for t in psutil.Process().threads()}
         sched = SchedulerService(fabric, store, ns, opts.policy, SchedParams(
             alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor, block_tokens=64),
             opts.hbm_blocks * 64, heartbeat_timeout=1e9, decision_ring=1000)
@@ -554,7 +563,11 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 counts["first_turns"] += i == 0
                 counts["tokens"] += len(prompt)
 
-        engines_ep = fabric.endpoint("engines")  # the engines' side: sends to the scheduler
+        # ZeroMQ's threads of the scheduler's context (its sockets' TCP work: the I/O thread;
+        # the reaper), started with its first socket: the scheduler's CPU too
+        io_threads = {t.id for t in psutil.Process().threads()} - threads_before
+        # the engines' side, sending to the scheduler, on a context (I/O thread) of its own
+        engines_ep = ZmqEndpoint(zmq.Context())
 
         def receive_and_handle() -> None:
             raw = sched.ep.recv(timeout=30)  # a wait is not CPU: only the receive counts
@@ -613,8 +626,11 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         hb_owed = 0.0
         hb_cycle = itertools.cycle(sorted(roles))
         hb_hits = ((0, 64, 0),) * ns.shape.n_layers  # a PE's per-layer hits, as a real one sends
+        io_cpu = 0.0
         for period in range(args.inproc_warmup + args.inproc_rounds):
             measuring = period >= args.inproc_warmup
+            if period == args.inproc_warmup:
+                io_cpu = -_threads_cpu(io_threads)
             due = events.pop(period, [])
             owed, k = 0.0, 0
             for slot, (role, node) in enumerate(order):
@@ -643,6 +659,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 deliver("fetch_" + role, Fetch(leader[(role, node)], node, role))
                 flush()
                 after_fetch(period)
+        io_cpu += _threads_cpu(io_threads)
         if profile is not None:
             profile.dump_stats(args.profile)
         in_flight = len(sched.flights)
@@ -665,6 +682,9 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         "messages_per_turn": {k: round(m / max(1, n), 2) for k, (m, _) in sorted(cpu.items())},
         "handler_us_per_turn": round(1e6 * total, 1),
         "handler_cores_at_paper_rate": round(total * PAPER_RATE, 3),
+        "zmq_io_us_per_turn": round(1e6 * io_cpu / max(1, n), 1),
+        "zmq_io_threads": len(io_threads),
+        "total_cores_at_paper_rate": round((total + io_cpu / max(1, n)) * PAPER_RATE, 3),
         "first_turn_share": round(counts["first_turns"] / max(1, n), 3),
         "mean_prompt_tokens": round(counts["tokens"] / max(1, n)),
         "in_flight_at_end": in_flight, "blocks_trusted_checked": list(present),
