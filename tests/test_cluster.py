@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_runtime import AGENTS, _reference
+from test_runtime import AGENTS, _reference, check_group_loads
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -15,8 +15,9 @@ from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
 
 @pytest.mark.parametrize("victim_role", ["decode", "prefill"])
-def test_killed_engine_work_is_requeued_and_tokens_unchanged(tmp_path: Path,
-                                                             victim_role: str) -> None:
+def test_killed_engine_work_is_requeued_and_tokens_unchanged(
+        tmp_path: Path, victim_role: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    checked = check_group_loads(monkeypatch)
     opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
                           store_dir=tmp_path / "store",
                           prefill_nodes=2 if victim_role == "prefill" else 1,
@@ -41,6 +42,7 @@ def test_killed_engine_work_is_requeued_and_tokens_unchanged(tmp_path: Path,
         assert not runner.is_alive()
         dead = [engine for engine, _ in system.scheduler.dead_events]
     assert dead == [victim]  # seen through the process exit (no heartbeat timed out)
+    assert checked  # the kept DE group loads matched at every fetch, the death's too
     result = out[0]
     assert not result.errors
     assert result.tokens_by_turn() == _reference()

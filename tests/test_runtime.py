@@ -13,7 +13,7 @@ from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
 from dualpath_cli.runtime.context import open_store
 from dualpath_cli.runtime.model import load_model
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import RunResult, run_agents
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore, encode_block
@@ -74,6 +74,33 @@ def test_a_lookup_checks_one_block_past_what_the_last_turn_stored(
     present = system.scheduler._present  # noqa: SLF001
     lookups = len(result.turns) + system.scheduler.requeued
     assert present.trusted > 0 and present.checked <= lookups
+
+
+def check_group_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make every DE fetch first check that the scheduler's kept phase-1 loads equal the
+    sum over the live groups (their engines' tokens plus what is routed to them) it replaced;
+    returns the groups whose fetch checked them."""
+    checked: list[int] = []
+    fetch = SchedulerService._de_fetch
+
+    def de_fetch(self: SchedulerService, group: int) -> None:
+        live = self._live_members("decode")  # noqa: SLF001
+        kept = self._group_loads  # noqa: SLF001
+        if kept is not None and self._group_loads_for is live:  # noqa: SLF001
+            assert kept.as_dict() == {g: self._de_group_tok.get(g, 0)  # noqa: SLF001
+                                      + self._routed_tok.get(g, 0) for g in live}  # noqa: SLF001
+            checked.append(group)
+        fetch(self, group)
+
+    monkeypatch.setattr(SchedulerService, "_de_fetch", de_fetch)
+    return checked
+
+
+def test_kept_group_loads_equal_the_sum_at_every_fetch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    checked = check_group_loads(monkeypatch)
+    result, _ = _run("dualpath", decode_nodes=3)
+    assert not result.errors and checked
 
 
 def test_de_path_returns_only_miss_kv() -> None:

@@ -60,6 +60,7 @@ from dualpath_cli.core.controllers import (
     ttft_tail,
 )
 from dualpath_cli.core.de_schedule import (
+    GroupLoads,
     de_place,
     de_route,
     placement_classes,
@@ -476,6 +477,10 @@ class SchedulerService:
         self._de_group_tok: dict[int, int] = collections.defaultdict(int)  # DE group -> tok
         # DE group -> tokens of the turns routed to it, not placed yet (its private queue)
         self._routed_tok: dict[int, int] = collections.defaultdict(int)
+        # phase 1's input, kept: every live DE group's tok plus routed tok (None: rebuilt
+        # at the next DE fetch, as when the live groups change)
+        self._group_loads: GroupLoads | None = None
+        self._group_loads_for: object = None
         self._index_n = -1
         self._by_group: dict[str, dict[int, list[EngineState]]] = {}
         self._by_node: dict[int, list[EngineState]] = {}
@@ -995,6 +1000,7 @@ class SchedulerService:
             if f in q:
                 q.remove(f)
                 self._routed_tok[g] -= len(f.req.tokens)
+                self._group_load_add(g, -len(f.req.tokens))
         f.att += 1
         self._load_delta(f, -1)
         f.pe = f.de = f.de_group = -1
@@ -1033,6 +1039,7 @@ class SchedulerService:
                 x.alive for x in self.engines.values() if x.group == e.group):
             stranded = self.private.pop(e.group, collections.deque())
             self._routed_tok.pop(e.group, None)
+            self._group_loads = None
             self.queue.extendleft(reversed(stranded))
         self._promote_fetcher(e)
         self._count_engines()
@@ -1106,10 +1113,24 @@ class SchedulerService:
             self._seq[f.de] += sign
             self._tok[f.de] += sign * n
             self._hbm_used[f.de] += sign * (n + f.req.gen)
-            self._de_group_tok[self.engines[f.de].group] += sign * n
+            group = self.engines[f.de].group
+            self._de_group_tok[group] += sign * n
+            self._group_load_add(group, sign * n)
+
+    def _group_load_add(self, group: int, delta: int) -> None:
+        """Move DE group ``group``'s kept phase-1 load by ``delta`` (what its ``tok`` or
+        routed tokens moved by): every change of either goes through here or drops the
+        kept loads, so they always equal the sum a fetch used to make over every group."""
+        loads = self._group_loads
+        if loads is not None and delta:
+            try:
+                loads.add(group, delta)
+            except KeyError:  # not a live group: the loads are rebuilt when it is one
+                pass
 
     def _recount_loads(self) -> None:
         """Set the kept loads from the turns in flight (after ``flights`` changed in bulk)."""
+        self._group_loads = None
         self._seq, self._tok, self._hbm_used = self._loads()
         self._de_group_tok = collections.defaultdict(int)
         self._routed_tok = collections.defaultdict(int)
@@ -1186,24 +1207,30 @@ class SchedulerService:
             return
         if self.queue:
             # every live DE group's load: its engines' tokens plus what is routed to it
-            routed_tok, group_tok = self._routed_tok, self._de_group_tok
             live = self._live_members(de)
-            loads = {g: group_tok.get(g, 0) + routed_tok.get(g, 0) for g in live}
-            if self._queues_for is not live:  # live groups changed (a new cached dict)
+            group_loads = self._group_loads
+            if group_loads is None or self._group_loads_for is not live:
+                # live groups changed (a new cached dict) or the loads were dropped
+                routed_tok, group_tok = self._routed_tok, self._de_group_tok
+                group_loads = self._group_loads = GroupLoads(
+                    {g: group_tok.get(g, 0) + routed_tok.get(g, 0) for g in live})
+                self._group_loads_for = live
+            if self._queues_for is not live:
                 for g in live:  # every live group has a queue: the view lists them
                     self.private[g]  # noqa: B018
                 self._queues_for = live
             head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
-            # the loads as a plain dict: de_route makes its one GroupLoads of it
-            route = de_route([self._request(f) for f in flights], loads)
+            route = de_route([self._request(f) for f in flights], group_loads)
             self.queue.clear()
-            running = dict(loads)  # each request's inputs: the loads just before its routing
+            # each request's inputs: the loads just before its routing
+            running = group_loads.as_dict()
             for f, (_, g) in zip(flights, route.assignments, strict=True):
                 f.route = {"queue_head": head, "group_loads": dict(running), "group": g}
                 running[g] += len(f.req.tokens)
                 self.private[g].append(f)
                 self._routed_tok[g] += len(f.req.tokens)
+                self._group_load_add(g, len(f.req.tokens))
         private = self.private[group]
         if not private:
             return
@@ -1216,6 +1243,7 @@ class SchedulerService:
         for (_, de_id), cls in zip(res.assignments, classes, strict=True):
             f = private.popleft()
             self._routed_tok[group] -= len(f.req.tokens)
+            self._group_load_add(group, -len(f.req.tokens))
             self._load_delta(f, -1)
             f.de, f.de_group = de_id, group
             self._load_delta(f, 1)
