@@ -72,7 +72,7 @@ from dualpath_cli.core.layout import (
     PrefixKeyCache,
     PresentPrefixCache,
 )
-from dualpath_cli.core.pe_fetch import classify_pe, pe_fetch
+from dualpath_cli.core.pe_fetch import classify_pe, pick_pe
 from dualpath_cli.core.policies import SchedParams, charge_read, get_policy, read_plan
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
 from dualpath_cli.errors import NoAvailableEngine, UsageError
@@ -934,9 +934,8 @@ class SchedulerService:
             if f is None or f.att != msg.att:
                 return  # a stale attempt
             if isinstance(msg, First):
-                self._load_delta(f, -1)
+                self._load_delta(f, -1, de=False)  # its PE's part ends; its DE's stays
                 f.prefilled = True
-                self._load_delta(f, 1)
                 f.first_at = msg.at
                 self.ledger.first(f.rid, msg.facts)
                 f.ticket.first_event.set()
@@ -1097,7 +1096,7 @@ class SchedulerService:
                 hbm_used[f.de] += len(f.req.tokens) + f.req.gen
         return seq, tok, hbm_used
 
-    def _load_delta(self, f: _Flight, sign: int) -> None:
+    def _load_delta(self, f: _Flight, sign: int, de: bool = True) -> None:
         """Add (``sign`` 1) or take away (-1) turn ``f``'s share of its engines' loads.
 
         Why: a fetch used to count every turn in flight (thousands at the paper's rate);
@@ -1109,7 +1108,7 @@ class SchedulerService:
         if f.pe >= 0 and not f.prefilled:
             self._seq[f.pe] += sign
             self._tok[f.pe] += sign * n
-        if f.de >= 0:
+        if de and f.de >= 0:  # (``de`` False: a caller changing only the PE's part)
             self._seq[f.de] += sign
             self._tok[f.de] += sign * n
             self._hbm_used[f.de] += sign * (n + f.req.gen)
@@ -1244,7 +1243,8 @@ class SchedulerService:
             f = private.popleft()
             self._routed_tok[group] -= len(f.req.tokens)
             self._group_load_add(group, -len(f.req.tokens))
-            self._load_delta(f, -1)
+            if f.pe >= 0 or f.de >= 0:  # (a routed turn has neither yet)
+                self._load_delta(f, -1)
             f.de, f.de_group = de_id, group
             self._load_delta(f, 1)
             f.place = {"queue_head": head, "engines": before, "z": res.z,
@@ -1285,22 +1285,25 @@ class SchedulerService:
                 self._requeue(f, "engine_dead")
                 continue
             request = self._request(f)
-            pes_before = [_snap(e) for e in pes]
-            res = pe_fetch((request,), pes, params.alpha, params.beta)
-            if not res.assignments:
+            # Algorithm 1 for the head request (pe_fetch of one request, whose copies of the
+            # group cost more than the pick): the PE, then its load as assigned, adopted
+            # once the read side is settled
+            chosen = pick_pe(pes, params.alpha, params.beta)
+            if chosen is None:
                 return
-            pe_id = res.assignments[0][1]
-            chosen = next(e for e in pes if e.engine_id == pe_id)
+            pe_id = chosen.engine_id
             pe_class = classify_pe(chosen, params.alpha, params.beta).label
-            new_pes = list(res.engines)
-            pe = next(e for e in new_pes if e.engine_id == pe_id)
+            pe = chosen.copy()
+            pe.tok += request.length
+            pe.seq += 1
             de_before = _snap(de)
             try:
                 plan = read_plan(self.policy, request, pe, de, params, self._ordinal)
             except NoAvailableEngine:
                 return  # seed-select found neither side healthy: wait for the next fetch
+            pes_before = [_snap(e) for e in pes]
             self.pe_queue.popleft()
-            pes = new_pes
+            chosen.tok, chosen.seq = pe.tok, pe.seq
             pe_q, de_q = pe.read_q, de.read_q
             pe_tokens = plan.pe_tokens if self.shaped else f.cached
             de_tokens = f.cached - pe_tokens
@@ -1318,9 +1321,10 @@ class SchedulerService:
                 "sources": dict(self.sources), "lookup": self.ledger.summary(f.rid)})
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
-        self._load_delta(f, -1)
+        whole = f.de != de  # the turn's DE is the one it was placed on: only the PE's part
+        self._load_delta(f, -1, de=whole)
         f.pe, f.de, f.pe_tokens = pe, de, pe_tokens
-        self._load_delta(f, 1)
+        self._load_delta(f, 1, de=whole)
         self.ledger.dispatched(f.rid, len(f.req.tokens))
         pe_state, de_state = self.engines[pe], self.engines[de]
         seqs = {}
