@@ -260,7 +260,7 @@ class RequestLedger:
                     self._quarantined.popitem(last=False)
         return reason
 
-    def finished(self, rid: int, agent: int, output: Sequence[int],
+    def finished(self, rid: int, agent: int, output: Sequence[int] | np.ndarray,
                  tokens: Sequence[int] | np.ndarray,
                  timeline: dict[str, Any], now: float | None = None) -> bytes:
         """The turn ended: keep its outcome (``timeline``: submitted, first_at, done_at,

@@ -958,8 +958,9 @@ class SchedulerService:
         self._load_delta(f, -1)
         del self.flights[f.rid]
         self._drop_charges(f)
-        tokens: list[int] = np.asarray(m.tokens, dtype=np.int64).tolist()
-        chain = self.ledger.finished(f.rid, f.req.agent, tokens, f.req.tokens, {
+        out = np.asarray(m.tokens, dtype=np.int64)
+        tokens: list[int] = out.tolist()
+        chain = self.ledger.finished(f.rid, f.req.agent, out, f.req.tokens, {
             "submitted": f.submitted, "first_at": f.first_at or None, "done_at": m.at,
             "second_at": m.second_at or None, "attempts": f.att + 1, "cached": f.cached,
             "pe_tokens": f.pe_tokens, "rx_from_pe": m.rx_from_pe, "de": m.facts})
