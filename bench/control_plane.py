@@ -24,6 +24,9 @@ Parts (``--json`` prints one object with these keys):
   x 2400, and the loop around the handlers (a message's receive and the loop's overhead,
   per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured). Goal:
   under 1 core (paper: < 10).
+* ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
+  pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
+  receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
   engine processes started and imported before the request), and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
@@ -442,11 +445,14 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     one fetch from every group (each DE group's and PE group's leader, in a fixed shuffled
     order), each dispatched turn's ``rq`` reports (PE and DE) and ``first`` one period
     later and its ``done`` ``--inproc-latency`` periods later (its blocks then stored, as an
-    emulated DE does); agents from the Table 2 64K trace (one turn in flight each). Real
-    ZeroMQ sends to sink endpoints; messages are encoded and decoded as on the wire but not
-    received from a socket (the ``cpu`` part measures a receive per message). Measured:
-    thread CPU of each handler over ``--inproc-rounds`` periods after
-    ``--inproc-warmup`` (every agent has had its first turns by then), per turn.
+    emulated DE does, which its ``done`` says), and every engine's heartbeat once per
+    ``--inproc-heartbeat``; agents from the Table 2 64K trace (one turn in flight each).
+    The engines' messages are sent to the scheduler's real socket and received from it
+    (each slot's in order, after the slot: the first receive may wait for the I/O thread);
+    the scheduler's sends go to sink endpoints drained in another process. Measured: thread
+    CPU of each receive and handler over ``--inproc-rounds`` periods after
+    ``--inproc-warmup`` (every agent has had its first turns by then), per turn, plus the
+    CPU of the scheduler's ZeroMQ context threads over the same window.
     """
     from dualpath_cli.core.layout import BlockShape, Namespace, chain_keys
     from dualpath_cli.core.policies import SchedParams
