@@ -294,12 +294,6 @@ class PrefixKeyCache:
         """:func:`prefix_keys` of ``tokens`` (a new list), reusing ``session``'s last keys."""
         return list(self.prompt(session, tokens).keys)
 
-    def keys_hex(self, session: object, tokens: Sequence[int] | np.ndarray,
-                 ) -> tuple[list[BlockKey], list[str]]:
-        """:meth:`keys` and their hex forms (new lists)."""
-        got = self.prompt(session, tokens)
-        return list(got.keys), [k.raw.hex() for k in got.keys]
-
     def prompt(self, session: object, tokens: Sequence[int] | np.ndarray) -> PromptKeys:
         """``tokens`` as :class:`PromptKeys`: its uint32 form and :func:`prefix_keys`, the
         keys also as one bytes object of raw digests; ``session``'s last keys reused.

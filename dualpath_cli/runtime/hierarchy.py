@@ -241,7 +241,6 @@ class HierarchicalScheduler:
                           *src.pe_queue]
                 src.queue.clear()
                 src.private.clear()
-                src._queues_for = None  # noqa: SLF001 - its next fetch gives each a queue
                 src.pe_queue.clear()
                 for f in moving:
                     del src.flights[f.rid]

@@ -420,7 +420,6 @@ class SchedulerService:
         self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
         #: (role, group) -> the engine that fetches for it (the last one seen fetching)
         self._fetchers: dict[tuple[str, int], int] = {}
-        self._queues_for: object = None  # the live DE groups given a private queue
         self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
             collections.deque)  # DE group -> routed, not yet placed
         self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
@@ -1210,15 +1209,15 @@ class SchedulerService:
             live = self._live_members(de)
             group_loads = self._group_loads
             if group_loads is None or self._group_loads_for is not live:
-                # live groups changed (a new cached dict) or the loads were dropped
+                # live groups changed (a new cached dict) or the loads were dropped (a
+                # recount, a group gone): rebuilt, and every live group has a queue (the
+                # view lists them)
                 routed_tok, group_tok = self._routed_tok, self._de_group_tok
                 group_loads = self._group_loads = GroupLoads(
                     {g: group_tok.get(g, 0) + routed_tok.get(g, 0) for g in live})
                 self._group_loads_for = live
-            if self._queues_for is not live:
-                for g in live:  # every live group has a queue: the view lists them
+                for g in live:
                     self.private[g]  # noqa: B018
-                self._queues_for = live
             head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
             route = de_route([self._request(f) for f in flights], group_loads)
