@@ -61,16 +61,12 @@ class ZmqEndpoint:
              buffers: list[np.ndarray] | None = None) -> bool:
         """Queue a message to ``to``; False when it was dropped (closed, or the peer did
         not take it within the send timeout)."""
+        bufs = [b if b.flags.c_contiguous else np.ascontiguousarray(b) for b in buffers or ()]
         head = dict(header)
-        if buffers:
-            bufs = [b if b.flags.c_contiguous else np.ascontiguousarray(b) for b in buffers]
-            head["_b"] = buffer_specs(bufs)
-            frames: list[Any] = [msgpack.packb(head, use_bin_type=True)]
-            # an array is a buffer ZeroMQ sends as its bytes (no view to make)
-            frames.extend(b if b.size else b"" for b in bufs)
-        else:
-            head["_b"] = []
-            frames = [msgpack.packb(head, use_bin_type=True)]
+        head["_b"] = buffer_specs(bufs)
+        # an array is a buffer ZeroMQ sends as its bytes (no view to make)
+        frames: list[Any] = [msgpack.packb(head, use_bin_type=True),
+                             *(b if b.size else b"" for b in bufs)]
         with self._lock:
             if self._closed:
                 return False
@@ -119,7 +115,7 @@ class ZmqEndpoint:
             frames.append(sock.recv(copy=False).buffer)
         head = msgpack.unpackb(first, raw=False)
         specs = head.pop("_b", [])
-        return Message(head, restore_buffers(specs, frames) if specs or frames else [])
+        return Message(head, restore_buffers(specs, frames))
 
     @property
     def socket(self) -> zmq.Socket[Any]:
