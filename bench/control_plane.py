@@ -582,12 +582,14 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             sched._handle(raw)  # noqa: SLF001
 
         pending: list[tuple[str, Any]] = []
+        grown: dict[int, np.ndarray] = {}  # rid -> its prompt and output: the next context
 
         def deliver(kind: str, m: Any) -> None:
             """An engine sends ``m`` (not timed); :func:`flush` receives and handles it."""
             if kind == "done":  # the DE stored the turn's blocks before it said done
                 traj, i, prompt = turns[m.rid]
-                full = np.concatenate([prompt, np.asarray(m.tokens, dtype=np.int64)])
+                full = grown[m.rid] = np.concatenate(
+                    [prompt, np.asarray(m.tokens, dtype=np.int64)])
                 n, last = stored.get(traj.agent_id, (0, None))
                 new = chain_keys(full[:-1], ns, last, n)
                 store_blocks(new)
@@ -608,10 +610,10 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 with sched._lock:  # noqa: SLF001
                     timed(kind, receive_and_handle)
                 if kind == "done":  # the agent's next turn
-                    traj, i, prompt = turns.pop(m.rid)
+                    traj, i, _ = turns.pop(m.rid)
+                    full = grown.pop(m.rid)
                     if i + 1 < traj.num_turns:
-                        idle.append((traj, i + 1, np.concatenate(
-                            [prompt, np.asarray(m.tokens, dtype=np.int64)])))
+                        idle.append((traj, i + 1, full))
             pending.clear()
 
         def after_fetch(period: int) -> None:
@@ -671,6 +673,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         in_flight = len(sched.flights)
         present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
         sched.ep.close()
+        engines_ep.close()
     finally:
         parent.send("stop")
         sink_proc.join(10)
