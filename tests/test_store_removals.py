@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -271,6 +272,19 @@ def test_a_grown_prompt_checks_only_its_new_blocks() -> None:
     assert cache.hits(1, keys, 89, "moved", contains) == 89 and len(calls) == 89
 
 
+def _count_contains(store: PosixStore) -> list[BlockKey]:
+    """Make ``store.contains`` record each key it is asked about; returns that record."""
+    stats: list[BlockKey] = []
+    real = store.contains
+
+    def counted(key: BlockKey) -> bool:
+        stats.append(key)
+        return real(key)
+
+    store.contains = counted  # type: ignore[method-assign]
+    return stats
+
+
 def _scheduler(store: KVStore) -> SchedulerService:
     params = SchedParams(alpha=1 << 20, beta=1 << 20, block_tokens=NS.shape.block_tokens)
     return SchedulerService(InProcFabric(), store, NS, "dualpath", params, 4096)
@@ -284,14 +298,7 @@ def test_the_scheduler_lookup_after_a_removal_is_exact(tmp_path: Path) -> None:
     keys = prefix_keys(prompt.tolist() + list(range(500, 540)), NS)
     for key in keys[:55]:
         _put(store, key)
-    stats: list[BlockKey] = []
-    real = store.contains
-
-    def counted(key: BlockKey) -> bool:
-        stats.append(key)
-        return real(key)
-
-    store.contains = counted  # type: ignore[method-assign]
+    stats = _count_contains(store)
     sched = _scheduler(store)
     try:
         def cached(tokens: np.ndarray, turn: int) -> int:
@@ -323,26 +330,22 @@ def test_blocks_a_turn_stored_need_no_stat_at_the_next_lookup(tmp_path: Path) ->
     prompt = np.arange(1, 202, dtype=np.int64)  # 201 tokens: 50 full blocks looked up
     out = tuple(range(600, 640))
     chain = prefix_keys(prompt.tolist() + list(out[:-1]), NS)  # 60 blocks: what a DE keeps
-    stats: list[BlockKey] = []
-    real = store.contains
-
-    def counted(key: BlockKey) -> bool:
-        stats.append(key)
-        return real(key)
-
-    store.contains = counted  # type: ignore[method-assign]
+    stats = _count_contains(store)
     sched = _scheduler(store)
     sched.register(0, "decode", 0, 0)
     grown = np.concatenate([prompt, np.asarray(out), np.arange(700, 720)])  # 65 blocks
     try:
+        def done(f: Any, stored: int) -> None:  # as a DE that stored ``stored`` blocks
+            header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=stored))
+            sched._handle(Message(header, frames))  # noqa: SLF001
+
         def turn(tokens: np.ndarray, n: int, stored: int | None = None) -> int:
-            """Submit turn ``n``; answer it as a DE that stored ``stored`` blocks."""
+            """Submit turn ``n``; answer it with ``done(stored)`` if given."""
             stats.clear()
             sched.submit(TurnRequest(7, n, tokens, len(out)))
             f = sched.queue.pop()
             if stored is not None:
-                header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=stored))
-                sched._handle(Message(header, frames))  # noqa: SLF001
+                done(f, stored)
             return f.cached // NS.shape.block_tokens
 
         for key in chain[:50]:
@@ -359,8 +362,7 @@ def test_blocks_a_turn_stored_need_no_stat_at_the_next_lookup(tmp_path: Path) ->
         sched.submit(TurnRequest(7, 6, prompt, len(out)))
         f = sched.queue.pop()
         _posix(tmp_path).delete(chain[10])
-        header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=60))
-        sched._handle(Message(header, frames))  # noqa: SLF001
+        done(f, 60)
         assert turn(grown, 7) == 10 and len(stats) == 11
     finally:
         sched.ep.close()
