@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dualpath_cli.core.layout import BlockKey, block_key
+from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
 from dualpath_cli.runtime.wire import (
@@ -76,6 +77,7 @@ class DecodeWorker:
         self.ns = ctx.namespace
         self.jobs: dict[int, DecodeJob] = {}
         self._early: dict[int, list[Layer | PrefillDone]] = {}
+        self._ended = EndedAttempts()
         self._lock = threading.Lock()
         self._ready: queue.Queue[DecodeJob | None] = queue.Queue()
         threading.Thread(target=self._decode_loop, daemon=True, name="de-decode").start()
@@ -90,6 +92,8 @@ class DecodeWorker:
             with self._lock:
                 job = self.jobs.pop(msg.rid, None)
                 self._early.pop(msg.rid, None)
+                if job is not None:
+                    self._ended.end(msg.rid, job.att)
             if job is not None:
                 job.cancelled = True
             return
@@ -98,7 +102,11 @@ class DecodeWorker:
         with self._lock:
             job = self.jobs.get(msg.rid)
             if job is None or job.att != msg.att:
-                self._early.setdefault(msg.rid, []).append(msg)
+                # a cancelled or replaced attempt's late message is dropped; a newer
+                # attempt's that overtook its Decode waits for it
+                if not (self._ended.stale(msg.rid, msg.att)
+                        or (job is not None and msg.att < job.att)):
+                    self._early.setdefault(msg.rid, []).append(msg)
                 return
         if isinstance(msg, Layer):
             self._on_layer(job, msg.layer, msg.start, msg.frames)

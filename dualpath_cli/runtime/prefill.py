@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dualpath_cli.core.quota import PrefillWork, pack_batch
+from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
 from dualpath_cli.runtime.model import model_config
@@ -125,6 +126,7 @@ class PrefillWorker:
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
         self.jobs: dict[int, PrefillJob] = {}
+        self._ended = EndedAttempts()
         self._lock = threading.Lock()
         self._compute: queue.Queue[PrefillJob | None] = queue.Queue()
         profile = model_config(ctx.spec.model).to_profile()
@@ -143,14 +145,23 @@ class PrefillWorker:
         elif isinstance(msg, Cancel):
             with self._lock:
                 job = self.jobs.pop(msg.rid, None)
+                if job is not None:
+                    self._ended.end(msg.rid, job.att)
             if job is not None:
                 job.cancelled = True
                 for ev in job.ready:
                     ev.set()
 
-    def _job(self, rid: int, att: int) -> PrefillJob:
+    def _job(self, rid: int, att: int) -> PrefillJob | None:
+        """Attempt ``att``'s job, made by its first message (the Prefill, or a DE's Layer
+        that overtook it); ``None`` for a late message of an attempt that was replaced or
+        cancelled. Why: a DE's Layers travel on another socket than the scheduler's
+        messages, so a dead DE's last Layer can land after the next attempt's Prefill;
+        taking it would replace that attempt's job and strand the turn."""
         with self._lock:
             job = self.jobs.get(rid)
+            if self._ended.stale(rid, att) or (job is not None and att < job.att):
+                return None
             if job is None or job.att != att:
                 job = PrefillJob(rid, att,
                                  ready=[threading.Event() for _ in range(self.ctx.n_layers)],
@@ -160,6 +171,8 @@ class PrefillWorker:
 
     def _on_prefill(self, m: Prefill) -> None:
         job = self._job(m.rid, m.att)
+        if job is None:
+            return
         job.tokens = m.prompt()
         job.cached = m.cached
         job.keys = list(m.keys)
@@ -205,6 +218,8 @@ class PrefillWorker:
 
     def _on_layer(self, m: Layer) -> None:
         job = self._job(m.rid, m.att)
+        if job is None:
+            return
         layer = m.layer
         kv = m.frames[0]
         job.hit[layer] = kv
