@@ -92,6 +92,9 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
     cluster: Cluster | None = None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TMPDIR", root)  # the session files and the address file too
+        # the head's Ray Client proxy starts one server process per driver and waits 30 s
+        # for it by default: a loaded 2-core CI box can take longer to import Ray there
+        mp.setenv("RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S", "120")
         try:
             client = {"ray_client_server_port": free_port()} if HAS_CLIENT else {}
             cluster = Cluster(initialize_head=True, head_node_args={

@@ -64,6 +64,12 @@ MAX_RESTARTS = 3
 #: Seconds to wait for a TCP connection to the Ray GCS before giving up (Ray itself
 #: retries an unreachable address for minutes, printing warnings).
 PROBE_S = 5.0
+#: Tries of a Ray Client connect whose server side failed to start this driver's server
+#: (the head's proxy starts one process per client and gives it
+#: ``RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S``, 30 s by default, which a busy head misses).
+CLIENT_INIT_TRIES = 3
+
+log = logging.getLogger(__name__)
 
 
 class RayBackendError(DualPathError):
@@ -184,6 +190,20 @@ def _probe(address: str, timeout: float = PROBE_S) -> None:
         why = err.strerror or type(err).__name__
         raise RayBackendError(f"the Ray cluster at {address} is unreachable ({why}); check "
                               "--address, or start it with 'ray start --head'") from None
+
+
+def _reason(err: BaseException) -> str:
+    """One line saying why ``ray.init`` failed.
+
+    Ray Client's init failure is a heading line followed by the server's traceback, whose
+    last line names the cause (for example its specific server not starting in time).
+    """
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
 
 
 def _import_ray() -> Any:
@@ -355,13 +375,21 @@ class RayBackend:
             if get_ray_client_dependency_error() is not None:
                 raise RayBackendError(f"--address {self.gcs}: Ray Client needs grpcio: pip "
                                       "install 'ray[client]'")
-        try:
-            ray.init(address=self.gcs, namespace=NAMESPACE, logging_level=logging.WARNING,
-                     **({} if self.client else {"ignore_reinit_error": True}))
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RayBackendError(f"cannot connect to the Ray cluster at {self.gcs}: "
-                                  f"{first}") from None
+        for attempt in range(1, CLIENT_INIT_TRIES + 1):
+            try:
+                ray.init(address=self.gcs, namespace=NAMESPACE, logging_level=logging.WARNING,
+                         **({} if self.client else {"ignore_reinit_error": True}))
+                return
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                why = _reason(err)
+                if (self.client and isinstance(err, ConnectionAbortedError)
+                        and attempt < CLIENT_INIT_TRIES):
+                    log.warning("ray backend: Ray Client at %s failed to start this driver's "
+                                "server (%s); trying again (%d of %d)", self.gcs, why,
+                                attempt + 1, CLIENT_INIT_TRIES)
+                    continue
+                raise RayBackendError(f"cannot connect to the Ray cluster at {self.gcs}: "
+                                      f"{why}") from None
 
     def _check_resources(self, needs: dict[str, int], pd: str) -> None:
         ray = _import_ray()
