@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import (
     BlockShape,
+    DigestKeys,
     Namespace,
     PrefixKeyCache,
+    chain_digests,
     chain_keys,
     prefix_keys,
 )
@@ -41,6 +43,24 @@ def test_chain_keys_equal_the_reference_chain(tokens: list[int], first: int, spa
     first = min(first, len(ref))
     parent = ref[first - 1] if first else None
     assert chain_keys(tokens, NS, parent, first, first + span) == ref[first:first + span]
+    assert chain_digests(tokens, NS, parent.raw if parent else None, first, first + span) == (
+        b"".join(k.raw for k in ref[first:first + span]))
+
+
+@given(TOKENS, st.integers(-20, 20), st.integers(-20, 20))
+def test_digest_keys_read_as_the_list_of_their_keys(tokens: list[int], i: int, j: int) -> None:
+    """What the scheduler keeps per session instead of key objects reads as the list."""
+    ref = prefix_keys(tokens, NS)
+    keys = DigestKeys(b"".join(k.raw for k in ref))
+    assert len(keys) == len(ref) and list(keys) == ref and keys == ref and ref == keys
+    assert keys[i:j] == ref[i:j] and keys == DigestKeys(keys.raw)
+    if -len(ref) <= i < len(ref):
+        assert keys[i] == ref[i]
+    else:
+        with pytest.raises(IndexError):
+            keys[i]
+    if ref:
+        assert keys != ref[:-1] and keys != [*ref[:-1], ref[0] if len(ref) > 1 else None]
 
 
 EDITS = st.lists(st.tuples(

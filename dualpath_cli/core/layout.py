@@ -20,7 +20,7 @@ import functools
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -40,6 +40,8 @@ __all__ = [
     "block_key",
     "prefix_keys",
     "chain_keys",
+    "chain_digests",
+    "DigestKeys",
     "PresentPrefixCache",
     "PrefixKeyCache",
     "PromptKeys",
@@ -228,6 +230,42 @@ def _seeded_hash(namespace: Namespace) -> Any:
     return base
 
 
+def chain_digests(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
+                  parent: bytes | None = None, first: int = 0, stop: int | None = None,
+                  ) -> bytes:
+    """The digests of :func:`chain_keys` joined (``KEY_BYTES`` each), with no key objects.
+
+    ``parent``: the digest of block ``first - 1`` (``None`` with ``first == 0``). Why: a
+    scheduler keeps each session's keys as joined digests; a key object per block (~200 a
+    session) cost its allocation and, kept, the garbage collector's every pass.
+    """
+    size = namespace.shape.block_tokens
+    n = len(tokens) // size if stop is None else min(stop, len(tokens) // size)
+    if n <= first:
+        return b""
+    data = memoryview(_token_bytes(np.asarray(tokens)[first * size:n * size]))
+    base = _seeded_hash(namespace)
+    length = struct.pack("<I", size)
+    step = 4 * size
+    raw = parent if parent is not None else _ROOT
+    digests: list[bytes] = []
+    for off in range(0, (n - first) * step, step):
+        h = base.copy()
+        h.update(raw + length)
+        h.update(data[off:off + step])
+        raw = h.digest()
+        digests.append(raw)
+    return b"".join(digests)
+
+
+def _key(raw: bytes) -> BlockKey:
+    """A key from a digest known to be ``KEY_BYTES`` long (the constructor's length check
+    cannot fail, and cost more than the hash)."""
+    key = object.__new__(BlockKey)
+    object.__setattr__(key, "raw", raw)
+    return key
+
+
 def chain_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
                parent: BlockKey | None = None, first: int = 0, stop: int | None = None,
                ) -> list[BlockKey]:
@@ -240,28 +278,54 @@ def chain_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
     (``prefix_keys(t)[first:stop] == chain_keys(t, ns, prefix_keys(t)[first - 1], first,
     stop)``).
     """
-    size = namespace.shape.block_tokens
-    n = len(tokens) // size if stop is None else min(stop, len(tokens) // size)
-    if n <= first:
-        return []
-    data = memoryview(_token_bytes(np.asarray(tokens)[first * size:n * size]))
-    base = _seeded_hash(namespace)
-    length = struct.pack("<I", size)
-    step = 4 * size
-    raw = parent.raw if parent is not None else _ROOT
-    keys: list[BlockKey] = []
-    new, set_raw = object.__new__, object.__setattr__
-    for off in range(0, (n - first) * step, step):
-        h = base.copy()
-        h.update(raw + length)
-        h.update(data[off:off + step])
-        raw = h.digest()
-        # a digest of KEY_BYTES: the constructor's length check cannot fail (and cost more
-        # than the hash)
-        key = new(BlockKey)
-        set_raw(key, "raw", raw)
-        keys.append(key)
-    return keys
+    joined = chain_digests(tokens, namespace, parent.raw if parent is not None else None,
+                           first, stop)
+    return [_key(joined[i:i + KEY_BYTES]) for i in range(0, len(joined), KEY_BYTES)]
+
+
+class DigestKeys(Sequence[BlockKey]):
+    """Block keys held as their digests joined: a key object is made only when one is read.
+
+    Why: :class:`PrefixKeyCache` keeps every session's keys (~200 a session, thousands of
+    sessions); as key objects they were most of the scheduler's objects, which every full
+    pass of Python's garbage collector walks. Equal to any sequence of the same keys.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw) // KEY_BYTES
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("key index out of range")
+        return _key(self.raw[i * KEY_BYTES:(i + 1) * KEY_BYTES])
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        raw = self.raw
+        return (_key(raw[i:i + KEY_BYTES]) for i in range(0, len(raw), KEY_BYTES))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DigestKeys):
+            return self.raw == other.raw
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(other) == len(self) and all(
+                isinstance(k, BlockKey) and k.raw == self.raw[i * KEY_BYTES:(i + 1) * KEY_BYTES]
+                for i, k in enumerate(other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which do not hash
+
+    def __repr__(self) -> str:
+        return f"DigestKeys({len(self)} keys)"
 
 
 class PrefixKeyCache:
@@ -308,19 +372,19 @@ class PrefixKeyCache:
         u4 = arr.astype("<u4")
         u4.flags.writeable = False  # kept, and handed out as the prompt's frame
         prev = self._kept.pop(session, None)
-        reuse: list[BlockKey] = []
+        same = 0
         joined = b""
         if prev is not None:
             self._tokens -= len(prev.tokens)
-            n = min(len(prev.tokens), len(u4), len(prev.keys) * size)
+            n = min(len(prev.tokens), len(u4), len(prev.raw) // KEY_BYTES * size)
             diff = np.flatnonzero(prev.tokens[:n] != u4[:n])
             same = (int(diff[0]) if len(diff) else n) // size
-            reuse = prev.keys[:same]
             joined = prev.raw[:same * KEY_BYTES]
-        fresh = chain_keys(u4, self.ns, reuse[-1] if reuse else None, len(reuse))
-        self.reused += len(reuse)
-        self.hashed += len(fresh)
-        got = PromptKeys(u4, reuse + fresh, joined + b"".join([k.raw for k in fresh]))
+        fresh = chain_digests(u4, self.ns, joined[-KEY_BYTES:] if same else None, same)
+        self.reused += same
+        self.hashed += len(fresh) // KEY_BYTES
+        raw = joined + fresh
+        got = PromptKeys(u4, DigestKeys(raw), raw)
         if len(u4) <= self.max_tokens:
             self._kept[session] = got
             self._tokens += len(u4)
@@ -339,7 +403,7 @@ class PromptKeys(NamedTuple):
     """
 
     tokens: np.ndarray
-    keys: list[BlockKey]
+    keys: DigestKeys
     raw: bytes
 
 

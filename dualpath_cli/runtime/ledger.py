@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, chain_keys
+from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, chain_digests
 from dualpath_cli.storage.loader import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
@@ -288,8 +288,7 @@ class RequestLedger:
             seq = np.concatenate([tail.astype(np.int64, copy=False),
                                   made[max(0, start - len(prompt)):].astype(np.int64,
                                                                               copy=False)])
-            last = BlockKey(look.keys[-KEY_BYTES:]) if look.keys else None
-            chain = look.keys + b"".join([k.raw for k in chain_keys(seq, self.ns, last)])
+            chain = look.keys + chain_digests(seq, self.ns, look.keys[-KEY_BYTES:] or None)
         else:
             chain = look.keys
         with self._lock:
