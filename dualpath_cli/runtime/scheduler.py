@@ -78,6 +78,7 @@ from dualpath_cli.core.types import EngineSnapshot, Request, Role
 from dualpath_cli.errors import NoAvailableEngine, UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
 from dualpath_cli.runtime.decisions import DecisionLog
+from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
 from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
@@ -398,6 +399,7 @@ class SchedulerService:
                  quota_s: float = 0.3, sources: Mapping[str, str] | None = None,
                  layerwise_prefill: bool = True, controllers: Mapping[str, bool] | None = None,
                  control_interval_s: float = 1.0, snic_bw: float = 0.0) -> None:
+        pace_gc_for_scheduler()  # its process allocates per turn: collect in fewer passes
         row = get_policy(policy)
         self.layerwise = row.layerwise and layerwise_prefill
         self.shaped = row.shaped
