@@ -335,9 +335,10 @@ class PrefixKeyCache:
     keys of every block up to the first token that differs are the ones computed last turn.
     :meth:`keys` compares the new prompt with the kept one (one vectorised comparison),
     keeps the keys of the blocks before the first difference and hashes the rest with
-    :func:`chain_keys`: the result always equals :func:`prefix_keys` of the prompt, whatever
-    the prompt (a changed prefix only costs more hashing). Bounded: at most ``sessions``
-    sessions and ``max_tokens`` kept tokens (4 bytes each), least recently used dropped.
+    :func:`chain_digests`: the result always equals :func:`prefix_keys` of the prompt,
+    whatever the prompt (a changed prefix only costs more hashing). Keys are kept as joined
+    digests (:class:`DigestKeys`). Bounded: at most ``sessions`` sessions and
+    ``max_tokens`` kept tokens (4 bytes each), least recently used dropped.
     Not thread-safe (the caller's lock guards it).
     """
 
