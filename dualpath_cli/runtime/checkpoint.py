@@ -65,6 +65,11 @@ __all__ = ["FORMAT", "VERSION", "CheckpointError", "Restored", "capture", "grab"
 FORMAT = "dualpath-scheduler-checkpoint"
 VERSION = 1
 _MAX_BYTES = 1 << 30  # a checkpoint larger than this is not one of ours
+#: Request ids one scheduler incarnation issues at most. A restored scheduler starts at the
+#: next multiple of it after the checkpoint's ``next_rid``: turns its predecessor admitted
+#: after the last checkpoint may still run on the engines, which kept running, and a new
+#: turn given one of their ids got its KV mixed with theirs (wrong tokens served).
+RID_EPOCH = 1 << 32
 
 
 class CheckpointError(DualPathError):
@@ -211,7 +216,8 @@ def _restore(sched: SchedulerService, state: dict[str, Any], with_engines: bool,
                 sched._ctl_values[name] = float(value)  # noqa: SLF001
                 if sched.sources.get("quota" if name == "quota" else name) == "api":
                     sched.controllers.rebase(name, float(value))
-        sched._next_rid = max(sched._next_rid, int(state["next_rid"]))  # noqa: SLF001
+        sched._next_rid = max(sched._next_rid,  # noqa: SLF001
+                              (int(state["next_rid"]) // RID_EPOCH + 1) * RID_EPOCH)
         sched._ordinal = max(sched._ordinal, int(state["ordinal"]))  # noqa: SLF001
         sched.log._seq = max(sched.log._seq, int(state["decision_seq"]))  # noqa: SLF001
         sched.requeued = int(state["requeued"])
