@@ -33,9 +33,11 @@ class EndedAttempts:
         while len(self._last) > self.kept:
             self._last.popitem(last=False)
 
-    def stale(self, rid: int, att: int) -> bool:
-        """Whether a message of attempt ``att`` of ``rid`` belongs to a cancelled attempt."""
-        return att <= self._last.get(rid, -1)
+    def stale(self, rid: int, att: int, holding: int = -1) -> bool:
+        """Whether a message of attempt ``att`` of ``rid`` is late: of an attempt cancelled
+        here, or older than ``holding``, the attempt of the job this engine holds for
+        ``rid`` (-1: none)."""
+        return att <= self._last.get(rid, -1) or att < holding
 
     def __len__(self) -> int:
         return len(self._last)

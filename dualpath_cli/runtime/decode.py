@@ -104,8 +104,8 @@ class DecodeWorker:
             if job is None or job.att != msg.att:
                 # a cancelled or replaced attempt's late message is dropped; a newer
                 # attempt's that overtook its Decode waits for it
-                if not (self._ended.stale(msg.rid, msg.att)
-                        or (job is not None and msg.att < job.att)):
+                if not self._ended.stale(msg.rid, msg.att,
+                                         job.att if job is not None else -1):
                     self._early.setdefault(msg.rid, []).append(msg)
                 return
         if isinstance(msg, Layer):

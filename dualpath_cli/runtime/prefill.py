@@ -160,7 +160,7 @@ class PrefillWorker:
         taking it would replace that attempt's job and strand the turn."""
         with self._lock:
             job = self.jobs.get(rid)
-            if self._ended.stale(rid, att) or (job is not None and att < job.att):
+            if self._ended.stale(rid, att, job.att if job is not None else -1):
                 return None
             if job is None or job.att != att:
                 job = PrefillJob(rid, att,
