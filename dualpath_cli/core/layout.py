@@ -384,8 +384,7 @@ class PrefixKeyCache:
         fresh = chain_digests(u4, self.ns, joined[-KEY_BYTES:] if same else None, same)
         self.reused += same
         self.hashed += len(fresh) // KEY_BYTES
-        raw = joined + fresh
-        got = PromptKeys(u4, DigestKeys(raw), raw)
+        got = PromptKeys(u4, DigestKeys(joined + fresh))
         if len(u4) <= self.max_tokens:
             self._kept[session] = got
             self._tokens += len(u4)
@@ -400,12 +399,16 @@ class PromptKeys(NamedTuple):
     """A prompt as :class:`PrefixKeyCache` keeps it (read-only by convention).
 
     ``tokens``: the prompt as little-endian uint32 (what the hash reads); ``keys``: its
-    :func:`prefix_keys`; ``raw``: the same keys' digests joined (``KEY_BYTES`` each).
+    :func:`prefix_keys`, held as their digests joined (:attr:`raw`).
     """
 
     tokens: np.ndarray
     keys: DigestKeys
-    raw: bytes
+
+    @property
+    def raw(self) -> bytes:
+        """The keys' digests joined (``KEY_BYTES`` each)."""
+        return self.keys.raw
 
 
 def longest_cached_prefix(keys: Iterable[BlockKey], contains: Callable[[BlockKey], bool]) -> int:
@@ -460,10 +463,8 @@ class PresentPrefixCache:
         self.checked += min(limit, hits + 1) - start
         if generation is not None and max(hits, known):
             # a lookup cut short (``limit``) keeps what an earlier one found beyond it
-            self._kept[session] = ((generation, hits, keys[hits - 1]) if hits >= known
-                                   else (generation, known, keys[known - 1]))
-            while len(self._kept) > self.sessions:
-                self._kept.popitem(last=False)
+            self._keep(session, (generation, hits, keys[hits - 1]) if hits >= known
+                       else (generation, known, keys[known - 1]))
         return hits
 
     def note(self, session: object, generation: Hashable | None, blocks: int,
@@ -479,6 +480,11 @@ class PresentPrefixCache:
         if generation is None or blocks <= 0:
             return
         self._kept.pop(session, None)
-        self._kept[session] = (generation, blocks, last)
+        self._keep(session, (generation, blocks, last))
+
+    def _keep(self, session: object, entry: tuple[Hashable, int, BlockKey]) -> None:
+        """Keep ``session``'s entry as the most recent (popped by the caller), dropping the
+        least recently used beyond ``sessions``."""
+        self._kept[session] = entry
         while len(self._kept) > self.sessions:
             self._kept.popitem(last=False)

@@ -123,6 +123,7 @@ __all__ = ["ENGINE_STATES", "SchedulerChange", "TurnRequest", "TurnResult",
 log = logging.getLogger(__name__)
 
 _NO_KEYS = KeyArray([])  # a turn's keys before its lookup (read-only: shared)
+_NO_PROMPT = TokenArray([])  # a turn's prompt frame before its lookup (read-only: shared)
 _HEAD = 8  # queue-head request ids kept in a decision's inputs
 
 #: States an engine is in, as the scheduler sees it.
@@ -310,7 +311,7 @@ class _Flight:
     att: int = 0
     cached: int = 0
     keys: KeyArray = field(default_factory=lambda: _NO_KEYS)  # the hit blocks' keys
-    prompt: TokenArray | None = None  # the prompt as sent (int32), made by the lookup
+    prompt: TokenArray = field(default_factory=lambda: _NO_PROMPT)  # int32, by the lookup
     generation: Hashable | None = None  # the store's removal generation at the lookup
     max_hit_blocks: int | None = None
     pe: int = -1
@@ -1339,9 +1340,8 @@ class SchedulerService:
         # the prompt after the hit (engines compute only those tokens; the hit's KV is
         # read) as one int32 frame and the keys as one frame of raw digests, shared by both
         # messages
-        prompt = f.prompt if f.prompt is not None else TokenArray(f.req.tokens)
         start = f.cached
-        tail = TokenArray(prompt.array[start:])
+        tail = TokenArray(f.prompt.array[start:])
         keys = f.keys
         self._send(de_state.address, Decode(
             f.rid, f.att, seqs[de], tail, f.req.gen, f.cached, keys, pe_tokens,
