@@ -263,3 +263,24 @@ def test_warm_engine_processes_end_when_no_join_comes() -> None:
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     cluster.shutdown(timeout=30)
     assert all(p.exitcode is not None for p in procs)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.integers(0, 7), st.integers(0, 10_000), min_size=1),
+       st.lists(st.integers(1, 5_000), max_size=20))
+def test_a_routing_pass_shows_each_turn_the_loads_just_before_it(
+        base: dict[int, int], lengths: list[int]) -> None:
+    """A decision's ``de_route`` loads, made when read, are what a copy taken at each
+    turn's routing held (what the scheduler used to keep per turn)."""
+    from dualpath_cli.core.de_schedule import GroupLoads
+    from dualpath_cli.runtime.scheduler import _RoutePass
+
+    loads = GroupLoads(base)
+    routing = _RoutePass([1, 2], loads.as_dict())
+    copies = []
+    for n in lengths:
+        copies.append(loads.as_dict())
+        routing.steps.append((loads.assign(n), n))
+    for i, (copy, (group, _)) in enumerate(zip(copies, routing.steps, strict=True)):
+        assert routing.route(i) == {"queue_head": [1, 2], "group_loads": copy,
+                                    "group": group}

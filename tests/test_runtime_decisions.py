@@ -26,9 +26,9 @@ def test_ring_keeps_the_last_n_and_counts_everything(tmp_path: Path) -> None:
     log = DecisionLog(3, registry, tmp_path / "decisions.jsonl")
     assert log.since(-1) == [] and log.last_seq is None
     for rid in range(7):
-        d = log.record(**_fields(rid, side="de" if rid % 2 else "pe",
-                                 de_class="high_token" if rid == 6 else "normal"))
-        assert d.seq == rid + 1
+        seq = log.record(**_fields(rid, side="de" if rid % 2 else "pe",
+                                   de_class="high_token" if rid == 6 else "normal"))
+        assert seq == rid + 1
     log.close()
     assert len(log) == 3 and log.last_seq == 7
     assert [d.seq for d in log.since(-1)] == [5, 6, 7]
@@ -64,3 +64,30 @@ def test_rate_waits_for_a_full_window() -> None:
     assert r.rate == pytest.approx(4000.0)
     r.update(11.1, 600)
     assert r.rate == pytest.approx(1000.0)
+
+
+def test_deferred_inputs_are_built_once_when_first_read() -> None:
+    log = DecisionLog(4, MetricsRegistry())
+    calls: list[int] = []
+
+    def inputs() -> dict[str, Any]:
+        calls.append(1)
+        return {"alpha": 7}
+
+    fields = _fields(1)
+    fields["inputs"] = inputs
+    seq = log.record(**fields)
+    assert calls == []  # recording does not build them
+    assert [d.inputs for d in log.since(-1)] == [{"alpha": 7}]
+    assert [d.inputs for d in log.of_request(1)] == [{"alpha": 7}]
+    assert calls == [1] and seq == 1
+
+
+def test_deferred_inputs_are_written_at_once_to_the_file(tmp_path: Path) -> None:
+    log = DecisionLog(4, MetricsRegistry(), tmp_path / "d.jsonl")
+    fields = _fields(3)
+    fields["inputs"] = lambda: {"beta": 2}
+    log.record(**fields)
+    log.close()
+    row = json.loads((tmp_path / "d.jsonl").read_text())
+    assert row["inputs"] == {"beta": 2} and row["rid"] == 3

@@ -245,7 +245,7 @@ class HierarchicalScheduler:
                 for f in moving:
                     del src.flights[f.rid]
                     f.de = f.de_group = -1
-                    f.route, f.place = {}, {}
+                    f.route, f.place = None, {}
                 src._recount_loads()  # noqa: SLF001 - the placed turns counted on their DEs
             if not moving:
                 return

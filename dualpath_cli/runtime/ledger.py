@@ -239,6 +239,13 @@ class RequestLedger:
             newer.reverse()
             return [(rid, dict(self._outcomes[rid])) for rid in newer[:limit]]
 
+    def last_lookup(self, rid: int) -> Lookup | None:
+        """The request's last lookup (``None`` if none). What :meth:`Lookup.as_dict`
+        shows of it is not changed once made, so a decision may keep it and read it later
+        (its ``keys`` are dropped when the request finishes)."""
+        with self._lock:
+            return self._lookups.get(rid)
+
     def summary(self, rid: int) -> dict[str, Any]:
         """The request's last lookup as a decision-log dict (``{}`` if none)."""
         with self._lock:
@@ -291,6 +298,7 @@ class RequestLedger:
             chain = look.keys + chain_digests(seq, self.ns, look.keys[-KEY_BYTES:] or None)
         else:
             chain = look.keys
+        look.keys = b""  # a decision may keep the lookup as evidence; the keys are not
         with self._lock:
             self._chains[agent] = (chain, now)
             self._chains.move_to_end(agent)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -48,7 +49,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -79,7 +80,7 @@ from dualpath_cli.errors import NoAvailableEngine, UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
 from dualpath_cli.runtime.decisions import DecisionLog
 from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
-from dualpath_cli.runtime.ledger import RequestLedger
+from dualpath_cli.runtime.ledger import Lookup, RequestLedger
 from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
     Cancel,
@@ -302,6 +303,38 @@ class EngineState:
         return out
 
 
+class _RoutePass:
+    """One DE phase-1 routing pass, shared by the turns it routed: the queue's head, every
+    live group's load before the pass and each turn's (group, tokens) in routing order.
+    Why: a turn's decision shows the loads just before its routing; a copy of every
+    group's load per turn (96 groups at 48P96D) cost more than the routing, so it is made
+    only when the decision is read."""
+
+    __slots__ = ("head", "base", "steps")
+
+    def __init__(self, head: list[int], base: dict[int, int]) -> None:
+        self.head = head
+        self.base = base
+        self.steps: list[tuple[int, int]] = []
+
+    def route(self, i: int) -> dict[str, Any]:
+        """The ``i``-th routed turn's phase-1 inputs and outcome (``de_route``)."""
+        loads = dict(self.base)
+        for g, tokens in itertools.islice(self.steps, i):
+            loads[g] += tokens
+        return {"queue_head": self.head, "group_loads": loads, "group": self.steps[i][0]}
+
+
+class _Routed(NamedTuple):
+    """A turn's place in a :class:`_RoutePass`."""
+
+    routing: _RoutePass
+    at: int  # its index in the pass's steps
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.routing.route(self.at)
+
+
 @dataclass
 class _Flight:
     rid: int
@@ -321,7 +354,7 @@ class _Flight:
     charges: list[tuple[int, int]] = field(default_factory=list)  # (engine, dispatch seq)
     prefilled: bool = False
     first_at: float = 0.0
-    route: dict[str, Any] = field(default_factory=dict)  # DE phase-1 inputs and outcome
+    route: _Routed | None = None  # DE phase-1 inputs and outcome
     place: dict[str, Any] = field(default_factory=dict)  # DE phase-2 inputs and outcome
 
 
@@ -367,6 +400,31 @@ _ROLE_NAMES: dict[Role, str] = {r: r.value for r in Role}
 def _snap(e: EngineSnapshot) -> dict[str, Any]:
     return {"id": e.engine_id, "role": _ROLE_NAMES[e.role], "node": e.node, "group": e.group,
             "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
+
+
+#: an engine snapshot's values at a decision, kept until the decision is read
+_SnapRow = tuple[int, Role, int, int, int, int, int, int]
+
+
+def _snap_row(e: EngineSnapshot) -> _SnapRow:
+    return (e.engine_id, e.role, e.node, e.group, e.seq, e.tok, e.read_q, e.hbm_free)
+
+
+def _row_dict(r: _SnapRow) -> dict[str, Any]:
+    """:func:`_snap`'s form of a kept row."""
+    return {"id": r[0], "role": _ROLE_NAMES[r[1]], "node": r[2], "group": r[3], "seq": r[4],
+            "tok": r[5], "read_q": r[6], "hbm_free": r[7]}
+
+
+def _pe_fetch_inputs(head: list[int], pes: list[_SnapRow], de: _SnapRow,
+                     flight: dict[str, Any], look: Lookup | None) -> dict[str, Any]:
+    """A PE fetch decision's inputs, built when the decision is first read (``flight``:
+    its route, placement, ordinal, thresholds and their sources, as they were)."""
+    route = flight["de_route"]
+    return {"pe_queue_head": head, "pe_engines": [_row_dict(r) for r in pes],
+            "de_engine": _row_dict(de), **flight,
+            "de_route": route.as_dict() if route is not None else {},
+            "lookup": look.as_dict() if look is not None else {}}
 
 
 class SchedulerService:
@@ -1007,7 +1065,7 @@ class SchedulerService:
         self._load_delta(f, -1)
         f.pe = f.de = f.de_group = -1
         f.prefilled = False
-        f.route, f.place = {}, {}
+        f.route, f.place = None, {}
         if max_hit is not None:
             f.max_hit_blocks = max_hit
         self._lookup(f)
@@ -1226,10 +1284,10 @@ class SchedulerService:
             route = de_route([self._request(f) for f in flights], group_loads)
             self.queue.clear()
             # each request's inputs: the loads just before its routing
-            running = group_loads.as_dict()
-            for f, (_, g) in zip(flights, route.assignments, strict=True):
-                f.route = {"queue_head": head, "group_loads": dict(running), "group": g}
-                running[g] += len(f.req.tokens)
+            routing = _RoutePass(head, group_loads.as_dict())
+            for i, (f, (_, g)) in enumerate(zip(flights, route.assignments, strict=True)):
+                f.route = _Routed(routing, i)
+                routing.steps.append((g, len(f.req.tokens)))
                 self.private[g].append(f)
                 self._routed_tok[g] += len(f.req.tokens)
                 self._group_load_add(g, len(f.req.tokens))
@@ -1299,12 +1357,12 @@ class SchedulerService:
             pe = chosen.copy()
             pe.tok += request.length
             pe.seq += 1
-            de_before = _snap(de)
+            de_before = _snap_row(de)
             try:
                 plan = read_plan(self.policy, request, pe, de, params, self._ordinal)
             except NoAvailableEngine:
                 return  # seed-select found neither side healthy: wait for the next fetch
-            pes_before = [_snap(e) for e in pes]
+            pes_before = [_snap_row(e) for e in pes]
             self.pe_queue.popleft()
             chosen.tok, chosen.seq = pe.tok, pe.seq
             pe_q, de_q = pe.read_q, de.read_q
@@ -1316,12 +1374,13 @@ class SchedulerService:
             self._ordinal += 1
             self._dispatch(f, pe_id, de.engine_id, pe_tokens)
             side = plan.side.value if plan.side is not None else "split"
-            self._record(f, side, pe_q, de_q, pe_class, {
-                "pe_queue_head": head, "pe_engines": pes_before, "de_engine": de_before,
-                "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
-                "alpha": params.alpha, "beta": params.beta, "z_factor": params.z_factor,
-                "quota_s": self.quota_s, "read_side": self.read_side,
-                "sources": dict(self.sources), "lookup": self.ledger.summary(f.rid)})
+            self._record(f, side, pe_q, de_q, pe_class, functools.partial(
+                _pe_fetch_inputs, head, pes_before, de_before, {
+                    "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
+                    "alpha": params.alpha, "beta": params.beta,
+                    "z_factor": params.z_factor, "quota_s": self.quota_s,
+                    "read_side": self.read_side, "sources": dict(self.sources)},
+                self.ledger.last_lookup(f.rid)))
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
         whole = f.de != de  # the turn's DE is the one it was placed on: only the PE's part
@@ -1351,7 +1410,7 @@ class SchedulerService:
             de_state.address, self.layerwise, self.shaped, start))
 
     def _record(self, f: _Flight, side: str, pe_q: int, de_q: int, pe_class: str,
-                inputs: dict[str, Any]) -> None:
+                inputs: Callable[[], dict[str, Any]]) -> None:
         self.log.record(
             at=time.time(), rid=f.rid, attempt=f.att, agent=f.req.agent, turn=f.req.turn,
             length=len(f.req.tokens), gen=f.req.gen, cached=f.cached, pe=f.pe, de=f.de,
