@@ -494,6 +494,11 @@ class SchedulerService:
         self.requeued = 0
         self.revived = 0
         self.bad_messages = 0
+        # each kind an engine sends the scheduler -> its handler (other kinds: seen only)
+        self._handlers: dict[type, Callable[[EngineState, Any, float], None]] = {
+            Hello: self._on_hello, QueueReport: self._on_report, Heartbeat: self._on_heartbeat,
+            Fetch: self._on_fetch, First: self._on_first, Done: self._on_done,
+            ReadFailed: self._on_read_failed}
         self._m_ttft = self.registry.histogram("dualpath_ttft_seconds")
         self._m_tpot = self.registry.histogram("dualpath_tpot_seconds")
         # what deciding costs (diagnose scaling): a scheduling call that finds work appends
@@ -957,55 +962,73 @@ class SchedulerService:
         if e is None:
             return
         if not e.alive:
-            if e.dead_why != "silent" or not isinstance(msg, Heartbeat | QueueReport):
+            if e.dead_why != "silent" or type(msg) not in (Heartbeat, QueueReport):
                 return
             self._revive(e)
         now = time.monotonic()
         e.last_seen = now
-        if isinstance(msg, Hello):
-            e.address, e.pid = msg.addr, msg.pid
-            self._live_version += 1
-            self._count_engines()
-            self._registered.notify_all()
-        elif isinstance(msg, QueueReport | Heartbeat):
-            self._on_queue_report(e, msg)
-            if isinstance(msg, Heartbeat):
-                if msg.metrics is not None:
-                    e.metrics, e.metrics_at = msg.metrics, now
-                e.hb, e.hb_at = msg, now
-                e.snic_rate.update(now, msg.snic_read_bytes)
-                e.gpu_rate.update(now, msg.busy_s)
-                e.cnic_rate.update(now, msg.cnic_tx_bytes)
-                e.compute.update(now, msg)
-                self._registered.notify_all()
-        elif isinstance(msg, Fetch):  # a fetch that finds work is a decision: timed
-            self._fetchers[(e.role, e.group)] = e.engine_id
-            if e.role == Role.PREFILL.value:
-                if self.pe_queue:
-                    t0 = time.perf_counter()
-                    self._pe_fetch(e.group)
-                    self._pe_fetch_s.append(time.perf_counter() - t0)
-            elif self.queue or self.private.get(e.group):
+        handler = self._handlers.get(type(msg))  # by kind: one lookup, not a chain of tests
+        if handler is not None:
+            handler(e, msg, now)
+
+    def _on_hello(self, e: EngineState, msg: Hello, now: float) -> None:
+        e.address, e.pid = msg.addr, msg.pid
+        self._live_version += 1
+        self._count_engines()
+        self._registered.notify_all()
+
+    def _on_report(self, e: EngineState, msg: QueueReport, now: float) -> None:
+        self._on_queue_report(e, msg)
+
+    def _on_heartbeat(self, e: EngineState, msg: Heartbeat, now: float) -> None:
+        self._on_queue_report(e, msg)
+        if msg.metrics is not None:
+            e.metrics, e.metrics_at = msg.metrics, now
+        e.hb, e.hb_at = msg, now
+        e.snic_rate.update(now, msg.snic_read_bytes)
+        e.gpu_rate.update(now, msg.busy_s)
+        e.cnic_rate.update(now, msg.cnic_tx_bytes)
+        e.compute.update(now, msg)
+        self._registered.notify_all()
+
+    def _on_fetch(self, e: EngineState, msg: Fetch, now: float) -> None:
+        """A fetch that finds work is a decision: timed."""
+        self._fetchers[(e.role, e.group)] = e.engine_id
+        if e.role == Role.PREFILL.value:
+            if self.pe_queue:
                 t0 = time.perf_counter()
-                self._de_fetch(e.group)
-                self._de_fetch_s.append(time.perf_counter() - t0)
-        elif isinstance(msg, First | Done | ReadFailed):
-            f = self.flights.get(msg.rid)
-            if f is None or f.att != msg.att:
-                return  # a stale attempt
-            if isinstance(msg, First):
-                self._load_delta(f, -1, de=False)  # its PE's part ends; its DE's stays
-                f.prefilled = True
-                f.first_at = msg.at
-                self.ledger.first(f.rid, msg.facts)
-                f.ticket.first_event.set()
-            elif isinstance(msg, Done):
-                self._finish(f, msg)
-            else:
-                if msg.block >= 0:
-                    self.ledger.failed(f.rid, msg.block, msg.why, f.keys)
-                self._requeue(f, "read_failed",
-                              max_hit=msg.block if msg.block >= 0 else None)
+                self._pe_fetch(e.group)
+                self._pe_fetch_s.append(time.perf_counter() - t0)
+        elif self.queue or self.private.get(e.group):
+            t0 = time.perf_counter()
+            self._de_fetch(e.group)
+            self._de_fetch_s.append(time.perf_counter() - t0)
+
+    def _flight_of(self, msg: First | Done | ReadFailed) -> _Flight | None:
+        """The flight ``msg`` reports on (``None``: gone, or a stale attempt)."""
+        f = self.flights.get(msg.rid)
+        return f if f is not None and f.att == msg.att else None
+
+    def _on_first(self, e: EngineState, msg: First, now: float) -> None:
+        f = self._flight_of(msg)
+        if f is not None:
+            self._load_delta(f, -1, de=False)  # its PE's part ends; its DE's stays
+            f.prefilled = True
+            f.first_at = msg.at
+            self.ledger.first(f.rid, msg.facts)
+            f.ticket.first_event.set()
+
+    def _on_done(self, e: EngineState, msg: Done, now: float) -> None:
+        f = self._flight_of(msg)
+        if f is not None:
+            self._finish(f, msg)
+
+    def _on_read_failed(self, e: EngineState, msg: ReadFailed, now: float) -> None:
+        f = self._flight_of(msg)
+        if f is not None:
+            if msg.block >= 0:
+                self.ledger.failed(f.rid, msg.block, msg.why, f.keys)
+            self._requeue(f, "read_failed", max_hit=msg.block if msg.block >= 0 else None)
 
     def _on_queue_report(self, e: EngineState, m: QueueReport | Heartbeat) -> None:
         if m.n <= e.rq_n:

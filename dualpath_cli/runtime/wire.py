@@ -567,8 +567,8 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
     if codec is None:
         raise WireError(f"wire: unknown message kind {kind!r}; expected one of "
                         f"{', '.join(KINDS)}")
-    missing = codec.required.difference(header)
-    if missing:
+    if not codec.required <= header.keys():  # a set's test against the keys: no new set
+        missing = codec.required.difference(header)
         raise WireError(f"wire: {kind} message lacks {', '.join(sorted(missing))}")
     values = {name: header[name] for name in codec.names if name in header}
     for name in codec.tuples:  # tuple() of a tuple is the same object: free in process

@@ -142,7 +142,7 @@ class PosixStore:
     # --- writes -----------------------------------------------------------------------------
     def contains(self, key: BlockKey) -> bool:
         """True when the block file exists (not verified; reads verify)."""
-        return os.path.exists(self._file(key))
+        return os.access(self._file(key), os.F_OK)  # no exception raised for a miss
 
     def put(self, header: BlockHeader, payload: np.ndarray | bytes) -> int:
         """Write a block atomically; 0 when the key is already stored (keys are content)."""

@@ -70,8 +70,11 @@ class ZmqEndpoint:
         """Queue a message to ``to``; False when it was dropped (closed, or the peer did
         not take it within the send timeout)."""
         bufs = [b if b.flags.c_contiguous else np.ascontiguousarray(b) for b in buffers or ()]
-        head = dict(header)
-        head["_b"] = buffer_specs(bufs)
+        if bufs:
+            head = dict(header)
+            head["_b"] = buffer_specs(bufs)
+        else:  # no buffers, no specs: the receiver reads a missing "_b" as none
+            head = header
         packed = msgpack.packb(head, use_bin_type=True)
         with self._lock:
             if self._closed:
@@ -127,8 +130,10 @@ class ZmqEndpoint:
         while sock.get(_RCVMORE):
             frames.append(sock.recv(copy=False).buffer)
         head = msgpack.unpackb(first, raw=False)
-        specs = head.pop("_b", [])
-        return Message(head, restore_buffers(specs, frames))
+        specs = head.pop("_b", None)
+        if not specs and not frames:  # most control messages: no buffers
+            return Message(head, [])
+        return Message(head, restore_buffers(specs or [], frames))
 
     @property
     def socket(self) -> zmq.Socket[Any]:
