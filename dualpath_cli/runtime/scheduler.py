@@ -252,6 +252,39 @@ class Ticket:
         self.finish()
 
 
+class _Charges:
+    """An engine's pending read charges (dispatch seq -> tokens) and their sum.
+
+    Why the sum is kept: every snapshot of every engine of a node reads it (a node's read
+    queue), several per dispatch; adding and retiring charges are one per dispatch."""
+
+    __slots__ = ("_by_seq", "total")
+
+    def __init__(self) -> None:
+        self._by_seq: dict[int, int] = {}
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
+
+    def add(self, seq: int, tokens: int) -> None:
+        self._by_seq[seq] = tokens
+        self.total += tokens
+
+    def drop(self, seq: int) -> None:
+        self.total -= self._by_seq.pop(seq, 0)
+
+    def retire_through(self, seen: int) -> None:
+        """Drop the charges of dispatches up to ``seen`` (a report counted them)."""
+        if self._by_seq:
+            for seq in [s for s in self._by_seq if s <= seen]:
+                self.total -= self._by_seq.pop(seq)
+
+    def clear(self) -> None:
+        self._by_seq.clear()
+        self.total = 0
+
+
 @dataclass
 class EngineState:
     """What the service knows about one engine."""
@@ -274,7 +307,7 @@ class EngineState:
     rq_n: int = 0  # order of that report
     seen: int = -1  # last dispatch sequence that report counted
     next_seq: int = 0
-    charges: dict[int, int] = field(default_factory=dict)  # dispatch seq -> tokens pending
+    charges: _Charges = field(default_factory=_Charges)  # reads dispatched, not yet reported
     snic_rate: Rate = field(default_factory=Rate)  # storage-NIC read bytes/s
     cnic_rate: Rate = field(default_factory=Rate)  # compute-NIC transmit bytes/s
     compute: EngineWindow = field(default_factory=EngineWindow)  # busy, service time, KV wait
@@ -283,7 +316,7 @@ class EngineState:
     @property
     def read_q(self) -> int:
         """Reported queue plus the reads dispatched since (the scheduler's view)."""
-        return self.rq + sum(self.charges.values())
+        return self.rq + self.charges.total
 
     @property
     def state(self) -> str:
@@ -1034,8 +1067,7 @@ class SchedulerService:
         if m.n <= e.rq_n:
             return  # an older report overtaken by a newer one
         e.rq_n, e.rq, e.seen = m.n, m.rq, m.seen
-        for seq in [s for s in e.charges if s <= e.seen]:
-            del e.charges[seq]
+        e.charges.retire_through(e.seen)
 
     def _finish(self, f: _Flight, m: Done) -> None:
         self._load_delta(f, -1)
@@ -1068,7 +1100,7 @@ class SchedulerService:
         for eid, seq in f.charges:
             e = self.engines.get(eid)
             if e is not None:
-                e.charges.pop(seq, None)
+                e.charges.drop(seq)
         f.charges.clear()
 
     def _requeue(self, f: _Flight, reason: str, max_hit: int | None = None) -> None:
@@ -1417,7 +1449,7 @@ class SchedulerService:
             seq = seqs[state.engine_id] = state.next_seq
             state.next_seq += 1
             if tokens:
-                state.charges[seq] = tokens
+                state.charges.add(seq, tokens)
                 f.charges.append((state.engine_id, seq))
         # the prompt after the hit (engines compute only those tokens; the hit's KV is
         # read) as one int32 frame and the keys as one frame of raw digests, shared by both
