@@ -217,6 +217,29 @@ def test_the_ledger_chain_hashes_only_the_tail(prompt: list[int], output: list[i
     assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=60),
+       st.lists(st.integers(0, 3), min_size=2, max_size=60), st.integers(0, 20),
+       st.integers(0, 20))
+def test_misses_counted_at_once_equal_the_walk(first: list[int], second: list[int],
+                                               hit1: int, hit2: int) -> None:
+    """Blocks past the agent's stored chain are counted ``never_stored`` without a walk;
+    a ledger with a quarantined key (it must walk) attributes every miss the same."""
+    quick = RequestLedger(MetricsRegistry(), NS)
+    walked = RequestLedger(MetricsRegistry(), NS)
+    walked._quarantined[b"\xff" * 16] = 0.0  # noqa: SLF001 - a key no prompt has
+    looks = []
+    for ledger in (quick, walked):
+        keys = prefix_keys(first, NS)
+        ledger.lookup(1, 5, keys, len(first), hits=min(hit1, (len(first) - 1) // 4),
+                      now=1.0)
+        ledger.finished(1, 5, [7, 7, 7, 7, 7], np.asarray(first), {}, now=2.0)
+        keys = prefix_keys(second, NS)
+        looks.append(ledger.lookup(2, 5, keys, len(second),
+                                   hits=min(hit2, (len(second) - 1) // 4), now=3.0).as_dict())
+    assert looks[0] == looks[1]
+
+
 def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:
     """After every message the scheduler handles, the loads it keeps per engine and per DE
     group, and the tokens routed to each DE group's queue (the fetches' input), equal the

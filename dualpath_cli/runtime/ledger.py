@@ -165,7 +165,12 @@ class RequestLedger:
             look.lead = raw[:8].hex() if raw else None
             look.cross_key = (raw[(hits - 1) * KEY_BYTES:(hits - 1) * KEY_BYTES + 8].hex()
                               if hits > own else None)
-            for i in range(hits, limit):
+            # past the agent's stored chain a block was never stored, unless it failed or
+            # is quarantined: with neither to check, those are counted at once, not walked
+            walk = limit if failed is not None or self._quarantined else min(limit, stored)
+            if limit > max(hits, walk):
+                look.misses["never_stored"] = limit - max(hits, walk)
+            for i in range(hits, walk):
                 key = raw[i * KEY_BYTES:(i + 1) * KEY_BYTES]
                 if failed is not None and failed[0] <= i < failed[2]:
                     reason = failed[1]
