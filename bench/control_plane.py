@@ -22,11 +22,18 @@ Parts (``--json`` prints one object with these keys):
   and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
   CPU per turn (``submit()``, ``first``, ``done``; working fetches and ``rq`` per decision)
   x 2400, and the loop around the handlers (a message's receive and the loop's overhead,
-  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured). Goal:
-  under 1 core (paper: < 10).
+  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured). At this
+  machine's rate a fetch every ``--fetch`` carries about one turn, so the fetch term
+  charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
+  period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
+  (the extrapolation still counts a fetch per group every ``--fetch``). Goal: under 1 core
+  (paper: < 10).
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
+  ``--inproc-start steady`` starts each agent at a turn drawn uniformly from its
+  trajectory (the paper's steady state, prompts ~33K tokens on average) instead of its
+  first (early turns, ~14K).
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
   engine processes started and imported before the request), and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
@@ -241,13 +248,18 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """Part ``cpu``: the scheduler thread's cores with emulated engines over real sockets."""
     spec = parse_pd(args.pd)
     p, d = spec.prefill_nodes, spec.decode_nodes
+    # --paper-batches: a longer period at a lower rate, the same turns per fetch as the
+    # paper's rate at --fetch (at this machine's rate a fetch at --fetch carries about one
+    # turn and pays its fixed costs alone; the paper's carry 2.5-5)
+    batched = args.paper_batches and args.rate < PAPER_RATE
+    fetch_s = args.fetch * PAPER_RATE / args.rate if batched else args.fetch
     # the store on tmpfs when there is one: marker files cost ~60 us there, ms on a busy disk
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="dualpath-cp-", dir=shm) as tmp:
         opts = RuntimeOptions(
             prefill_nodes=p, decode_nodes=d, gpus_per_node=8, engines="emulated",
             emulated_hosts=args.hosts, emulated_speed=args.speed, store_dir=Path(tmp),
-            block_tokens=64, heartbeat_s=args.heartbeat, fetch_s=args.fetch,
+            block_tokens=64, heartbeat_s=args.heartbeat, fetch_s=fetch_s,
             heartbeat_timeout=args.heartbeat_timeout, decision_ring=1000)
         t0 = time.monotonic()
         system = RuntimeSystem(opts)
@@ -324,7 +336,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     # one per group per period whatever the turn rate; its CPU beyond an idle fetch's is
     # added as measured, not scaled with the turns
     n_futile, c_futile = by_kind.get("fetch_futile", (0, 0.0))
-    futile = max(0.0, c_futile - n_futile * idle_fetch) / wall
+    # (per period: the paper's periods are fetch_s / --fetch times as many as this run's)
+    futile = max(0.0, c_futile - n_futile * idle_fetch) / wall * fetch_s / args.fetch
     periodic += futile
     # the loop around the handlers: every message is received (poll, frames, msgpack) and
     # passes the loop (the lock, a clock read); the sweeps run every 50 ms whatever the
@@ -382,6 +395,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 f"sweeps as measured (this machine reached {rate:.1f} turns/s)"),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
+        "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,
+        "decisions_per_working_fetch": round(decisions / max(1, n_fetch), 2),
         "target_rate": args.rate, "measured_rate": round(rate, 1),
         "submitted_rate": round((s1 - s0) / wall, 1),
         "decisions_per_s": round(decisions / wall, 1),
@@ -432,6 +447,16 @@ def _drain_sinks(conn: Any, n: int) -> None:
                 pass
     for s in sinks:
         s.close()
+
+
+def _context_before(traj: Trajectory, i: int) -> np.ndarray:
+    """Turn ``i``'s context as the inproc part's turns grow it: every earlier turn's
+    appended tokens and its output (``gen`` tokens from 1000, what its ``done`` carries)."""
+    parts = [np.zeros(0, dtype=np.int64)]
+    for j in range(i):
+        parts.append(append_token_ids(traj, j, 256).astype(np.int64))
+        parts.append(np.arange(1000, 1000 + traj.turns[j].gen, dtype=np.int64))
+    return np.concatenate(parts)
 
 
 def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
@@ -519,6 +544,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         per_period = args.rate * args.fetch
         trace = synthetic_trace(64_000, int(per_period * (latency + 2) * 1.1), seed=1)
         fresh = collections.deque(trace.trajectories)
+        start_rng = np.random.default_rng(2)
         idle: collections.deque[tuple[Trajectory, int, np.ndarray]] = collections.deque()
         cpu: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
         counts = {"turns": 0, "first_turns": 0, "tokens": 0}
@@ -556,7 +582,10 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             if idle:
                 traj, i, ctx = idle.popleft()
             elif fresh:
-                traj, i, ctx = fresh.popleft(), 0, np.zeros(0, dtype=np.int64)
+                traj = fresh.popleft()
+                i = int(start_rng.integers(traj.num_turns)) if args.inproc_start == "steady" \
+                    else 0
+                ctx = _context_before(traj, i)
             else:
                 return
             prompt = np.concatenate([ctx, append_token_ids(traj, i, 256).astype(np.int64)])
@@ -635,10 +664,12 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         hb_cycle = itertools.cycle(sorted(roles))
         hb_hits = ((0, 64, 0),) * ns.shape.n_layers  # a PE's per-layer hits, as a real one sends
         io_cpu = 0.0
+        hashed0 = 0
         for period in range(args.inproc_warmup + args.inproc_rounds):
             measuring = period >= args.inproc_warmup
             if period == args.inproc_warmup:
                 io_cpu = -_threads_cpu(io_threads)
+                hashed0 = sched._prefix.hashed  # noqa: SLF001
             due = events.pop(period, [])
             owed, k = 0.0, 0
             for slot, (role, node) in enumerate(order):
@@ -672,6 +703,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             profile.dump_stats(args.profile)
         in_flight = len(sched.flights)
         present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
+        hashed = sched._prefix.hashed - hashed0  # noqa: SLF001
         sched.ep.close()
         engines_ep.close()
     finally:
@@ -697,6 +729,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         "first_turn_share": round(counts["first_turns"] / max(1, n), 3),
         "mean_prompt_tokens": round(counts["tokens"] / max(1, n)),
         "in_flight_at_end": in_flight, "blocks_trusted_checked": list(present),
+        "start": args.inproc_start, "prefix_blocks_hashed_per_turn": round(hashed / max(1, n), 1),
         "how": ("thread CPU of submit() and of every message's receive from the "
                 "scheduler's socket and handling, per turn, at the paper's arrival pattern "
                 "(all groups fetching once per period, every engine's heartbeat once per "
@@ -838,7 +871,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-timeout", type=float, default=30.0,
                     help="silence before an engine is declared dead (a host process that "
                     "exits is seen at once through its sentinel)")
-    ap.add_argument("--fetch", type=float, default=0.1)
+    ap.add_argument("--fetch", type=float, default=0.1,
+                    help="seconds between a group's fetches at the paper's scale")
+    ap.add_argument("--paper-batches", action="store_true",
+                    help="cpu part below the paper's rate: groups fetch every --fetch x "
+                    "2400 / --rate s, so each fetch carries the turns it would at 2,400 "
+                    "turns/s (the extrapolation counts the paper's fetches, every --fetch s)")
     ap.add_argument("--profile", default="",
                     help="write a cProfile of the scheduler's handlers and submit() to this "
                     "file (diagnosis: the CPU figures then include the profiler's cost)")
@@ -852,6 +890,11 @@ def main(argv: list[str] | None = None) -> int:
                     "first turns)")
     ap.add_argument("--inproc-heartbeat", type=float, default=1.0,
                     help="seconds between an engine's heartbeats in the inproc part")
+    ap.add_argument("--inproc-start", choices=("first", "steady"), default="first",
+                    help="where the inproc part's agents start their trajectories: at their "
+                    "first turn (the window holds early turns: short prompts), or at a "
+                    "turn drawn uniformly (the paper's steady state: agents at every stage, "
+                    "mean prompt ~33K tokens on the 64K trace)")
     ap.add_argument("--inproc-latency", type=int, default=3,
                     help="periods from a turn's dispatch to its done in the inproc part")
     ap.add_argument("--hier-agents", type=int, default=1024,
