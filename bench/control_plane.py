@@ -31,9 +31,9 @@ Parts (``--json`` prints one object with these keys):
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
-  ``--inproc-start steady`` starts each agent at a turn drawn uniformly from its
-  trajectory (the paper's steady state, prompts ~33K tokens on average) instead of its
-  first (early turns, ~14K).
+  ``--inproc-start steady`` starts the agents drawn before the window at a turn drawn
+  uniformly from their trajectories (the paper's steady state, prompts ~33K tokens on
+  average) instead of their first (early turns, ~14K).
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
   engine processes started and imported before the request), and
   from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
@@ -260,7 +260,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             prefill_nodes=p, decode_nodes=d, gpus_per_node=8, engines="emulated",
             emulated_hosts=args.hosts, emulated_speed=args.speed, store_dir=Path(tmp),
             block_tokens=64, heartbeat_s=args.heartbeat, fetch_s=fetch_s,
-            heartbeat_timeout=args.heartbeat_timeout, decision_ring=1000)
+            heartbeat_timeout=args.heartbeat_timeout, decision_ring=1000,
+            prefix_cache_tokens=args.prefix_cache_tokens)
         t0 = time.monotonic()
         system = RuntimeSystem(opts)
         try:
@@ -521,7 +522,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         threads_before = {t.id for t in psutil.Process().threads()}
         sched = SchedulerService(fabric, store, ns, opts.policy, SchedParams(
             alpha=opts.alpha, beta=opts.beta, z_factor=opts.z_factor, block_tokens=64),
-            opts.hbm_blocks * 64, heartbeat_timeout=1e9, decision_ring=1000)
+            opts.hbm_blocks * 64, heartbeat_timeout=1e9, decision_ring=1000,
+            prefix_cache_tokens=args.prefix_cache_tokens)
         roles: dict[int, tuple[str, int]] = {}
         eid = 0
         for role, nodes in (("prefill", range(p)), ("decode", range(p, p + d))):
@@ -583,8 +585,10 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 traj, i, ctx = idle.popleft()
             elif fresh:
                 traj = fresh.popleft()
-                i = int(start_rng.integers(traj.num_turns)) if args.inproc_start == "steady" \
-                    else 0
+                # the steady state's population is there from the start; an agent that
+                # arrives later (one finished its trajectory) starts at its first turn
+                i = int(start_rng.integers(traj.num_turns)) if (
+                    args.inproc_start == "steady" and not measuring) else 0
                 ctx = _context_before(traj, i)
             else:
                 return
@@ -877,6 +881,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu part below the paper's rate: groups fetch every --fetch x "
                     "2400 / --rate s, so each fetch carries the turns it would at 2,400 "
                     "turns/s (the extrapolation counts the paper's fetches, every --fetch s)")
+    ap.add_argument("--prefix-cache-tokens", type=int, default=64 << 20,
+                    help="the scheduler's scheduler.prefix_cache_tokens: at the paper's "
+                    "scale ~1,000 agents are in flight with ~33K-token contexts, over the "
+                    "default's 32M (LRU drops, whole prompts hashed again)")
     ap.add_argument("--profile", default="",
                     help="write a cProfile of the scheduler's handlers and submit() to this "
                     "file (diagnosis: the CPU figures then include the profiler's cost)")
@@ -892,9 +900,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between an engine's heartbeats in the inproc part")
     ap.add_argument("--inproc-start", choices=("first", "steady"), default="first",
                     help="where the inproc part's agents start their trajectories: at their "
-                    "first turn (the window holds early turns: short prompts), or at a "
-                    "turn drawn uniformly (the paper's steady state: agents at every stage, "
-                    "mean prompt ~33K tokens on the 64K trace)")
+                    "first turn (the window holds early turns: short prompts), or, for "
+                    "those drawn before the window, at a turn drawn uniformly (the paper's "
+                    "steady state: agents at every stage, mean prompt ~33K tokens on the 64K "
+                    "trace; an agent arriving in the window starts at its first turn)")
     ap.add_argument("--inproc-latency", type=int, default=3,
                     help="periods from a turn's dispatch to its done in the inproc part")
     ap.add_argument("--hier-agents", type=int, default=1024,

@@ -199,3 +199,14 @@ def test_decision_ring_bounds_the_decisions_a_running_scheduler_keeps() -> None:
     decisions, system = _run(opts)  # AGENTS serve more than three turns
     assert len(system.decisions()) == 3
     assert len({d.seq for d in system.decisions()}) == 3
+
+
+def test_prefix_cache_tokens_bounds_the_prompts_a_running_scheduler_keeps() -> None:
+    assert _opts().prefix_cache_tokens == 32 << 20
+    opts = _opts("scheduler.prefix_cache_tokens=0")
+    assert opts.prefix_cache_tokens == 0
+    _, system = _run(opts)
+    prefix = system.scheduler._prefix  # noqa: SLF001 - the cache the key sizes
+    assert len(prefix) == 0 and prefix.reused == 0  # nothing kept: every prompt hashed whole
+    _, kept = _run(_opts())
+    assert kept.scheduler._prefix.reused > 0  # noqa: SLF001 - the default reuses keys

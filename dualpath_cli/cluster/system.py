@@ -119,6 +119,7 @@ class RuntimeSystem:
                 opts.hbm_blocks * opts.block_tokens, heartbeat_timeout=opts.heartbeat_timeout,
                 decision_log=opts.decision_log if log_file else None,
                 decision_ring=opts.decision_ring, quota_s=opts.quota_s, sources=opts.sources,
+                prefix_cache_tokens=opts.prefix_cache_tokens,
                 layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
                 control_interval_s=opts.control_interval_s,
                 snic_bw=opts.snic_bw if self.shaped else 0.0)

@@ -214,6 +214,7 @@ class SchedulerConfig:
     dynamic_quota: bool
     random_seed: int
     decision_ring: int
+    prefix_cache_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

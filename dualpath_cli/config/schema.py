@@ -392,6 +392,11 @@ KEYS: tuple[Key, ...] = (
         "Decisions the running scheduler keeps in memory for the read model, the API and "
         "recordings (a ring: the oldest go first). Each costs about 5 KB of the launcher's "
         "memory with its inputs."),
+    Key("scheduler", "prefix_cache_tokens", Kind("integer", "count", _integer(0)), 32 << 20,
+        "Prompt tokens the scheduler keeps (4 bytes each) so an agent's next turn hashes "
+        "only its new blocks. Beyond it the least recently used agents are dropped and "
+        "their next prompt is hashed whole: size it to the agents in flight times their "
+        "context (about 64M at the paper's 48P96D, 256 MiB)."),
 )
 
 KEY_BY_PATH: dict[str, Key] = {key.path: key for key in KEYS}

@@ -58,6 +58,8 @@ class RuntimeOptions:
         decision_log: JSONL file for scheduler decisions.
         decision_ring: decisions the scheduler keeps in memory for the read model (a ring;
             older ones are dropped, counts by class are kept apart).
+        prefix_cache_tokens: prompt tokens the scheduler keeps to reuse agents' prefix keys
+            (least recently used agents dropped beyond it).
         sources: where alpha, beta, z_factor, the quota and the read side came from
             (``config``, ``flag``, ``default``; keys ``alpha``, ``beta``, ``z_factor``,
             ``quota``, ``read_side``); a key not given reads ``config``.
@@ -110,6 +112,7 @@ class RuntimeOptions:
     heartbeat_timeout: float = 5.0
     decision_log: Path | None = None
     decision_ring: int = 10_000
+    prefix_cache_tokens: int = 32 << 20
     sources: dict[str, str] = field(default_factory=dict)
     layerwise_prefill: bool = True
     controllers: dict[str, bool] = field(default_factory=dict)
@@ -145,6 +148,9 @@ class RuntimeOptions:
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(f"runtime option prefix_cache_tokens must be >= 0, got "
+                              f"{self.prefix_cache_tokens}")
         if self.nodes_per_group > 1 and not self.local_engines:
             raise ConfigError(f"cluster.nodes_per_group {self.nodes_per_group}: nodes that "
                               "join a scheduler-only launch (--join, --backend ray) form one "
@@ -224,6 +230,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,
         "decision_ring": cfg.scheduler.decision_ring,
+        "prefix_cache_tokens": cfg.scheduler.prefix_cache_tokens,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
         "dram_cache_bytes": cfg.storage.dram_cache,
         "nodes_per_group": cfg.cluster.nodes_per_group,

@@ -474,6 +474,8 @@ class SchedulerService:
         heartbeat_timeout: seconds without a heartbeat before an engine is declared dead.
         decision_log: JSONL path for decisions (None: keep them in memory only).
         decision_ring: how many decisions the in-memory ring keeps (default 10,000).
+        prefix_cache_tokens: prompt tokens kept to reuse agents' prefix keys (the
+            :class:`~dualpath_cli.core.layout.PrefixKeyCache` bound).
         quota_s: the PE compute quota the engines start with (seconds).
         sources: where each threshold came from (keys ``alpha``, ``beta``, ``z_factor``,
             ``quota``, ``read_side``; values ``config``, ``flag``, ``default``...); a key not
@@ -488,6 +490,7 @@ class SchedulerService:
     def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
                  params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 5.0,
                  decision_log: Path | None = None, decision_ring: int = 10_000,
+                 prefix_cache_tokens: int = 32 << 20,
                  quota_s: float = 0.3, sources: Mapping[str, str] | None = None,
                  layerwise_prefill: bool = True, controllers: Mapping[str, bool] | None = None,
                  control_interval_s: float = 1.0, snic_bw: float = 0.0) -> None:
@@ -567,7 +570,7 @@ class SchedulerService:
         self._ttfts: list[float] = []
         # hot-path state (see _lookup, _load_delta, _members): the per-agent prefix keys,
         # each engine's load kept as turns move, and the engines indexed by group and node
-        self._prefix = PrefixKeyCache(namespace)
+        self._prefix = PrefixKeyCache(namespace, max_tokens=prefix_cache_tokens)
         self._present = PresentPrefixCache()
         self._seq: dict[int, int] = collections.defaultdict(int)
         self._tok: dict[int, int] = collections.defaultdict(int)
