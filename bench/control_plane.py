@@ -469,8 +469,9 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     started), so the pattern of the paper's rate is reproduced without its wall-clock
     rate: per ``--fetch`` period, ``--rate`` x period turns are submitted, interleaved with
     one fetch from every group (each DE group's and PE group's leader, in a fixed shuffled
-    order), each dispatched turn's ``rq`` reports (PE and DE) and ``first`` one period
-    later and its ``done`` ``--inproc-latency`` periods later (its blocks then stored, as an
+    order), each dispatched turn's ``rq`` reports (one per engine it charged with a read,
+    as the read ends) and ``first`` one period later and its ``done`` ``--inproc-latency``
+    periods later (its blocks then stored, as an
     emulated DE does, which its ``done`` says), and every engine's heartbeat once per
     ``--inproc-heartbeat``; agents from the Table 2 64K trace (one turn in flight each).
     The engines' messages are sent to the scheduler's real socket and received from it
@@ -653,7 +654,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             for f in list(sched.flights.values()):
                 if f.pe >= 0 and f.rid not in dispatched:
                     dispatched.add(f.rid)
-                    for e in (f.pe, f.de):
+                    # an engine charged with a read reports its queue when the read ends
+                    for e in dict.fromkeys(eid for eid, _ in f.charges):
                         events[period + 1].append(
                             ("rq", (e, sched.engines[e].next_seq - 1)))
                     events[period + 1].append(("first", First(f.pe, f.rid, f.att, 7, 0.0)))

@@ -307,3 +307,25 @@ def test_a_routing_pass_shows_each_turn_the_loads_just_before_it(
     for i, (copy, (group, _)) in enumerate(zip(copies, routing.steps, strict=True)):
         assert routing.route(i) == {"queue_head": [1, 2], "group_loads": copy,
                                     "group": group}
+
+
+def test_a_dispatch_is_reported_only_when_a_report_raced_its_reads() -> None:
+    """An engine counts a dispatch ``seen`` without a report (the scheduler charged its
+    reads); a report sent by another thread while its reads were submitted may have
+    counted them in ``rq`` but not in ``seen``, so one more goes out at once."""
+    import types
+
+    from dualpath_cli.runtime.context import EngineContext
+
+    reports: list[int] = []
+    ctx = types.SimpleNamespace(_report_lock=threading.Lock(), _report_n=0, seen=-1)
+    ctx.report_queue = lambda: reports.append(ctx.seen)
+    EngineContext.dispatched(ctx, 4, lambda: None)  # type: ignore[arg-type]
+    EngineContext.dispatched(ctx, 5)  # type: ignore[arg-type]
+    assert ctx.seen == 5 and reports == []
+
+    def submit_while_a_loader_reports() -> None:
+        ctx._report_n += 1  # what EngineContext._report does, under the lock
+
+    EngineContext.dispatched(ctx, 6, submit_while_a_loader_reports)  # type: ignore[arg-type]
+    assert ctx.seen == 6 and reports == [6]

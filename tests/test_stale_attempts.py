@@ -35,10 +35,18 @@ class _Nic:
 
 def _ctx() -> Any:
     nic = _Nic()
-    return SimpleNamespace(spec=SimpleNamespace(model="tiny", flops_rate=1e9, quota_s=0.3),
-                           n_layers=LAYERS, counters=Counters(), seen=0, bt=BT, bpl=16,
-                           namespace=None, m_nic=collections.defaultdict(lambda: nic),
-                           report_queue=lambda: None)
+    ctx = SimpleNamespace(spec=SimpleNamespace(model="tiny", flops_rate=1e9, quota_s=0.3),
+                          n_layers=LAYERS, counters=Counters(), seen=0, bt=BT, bpl=16,
+                          namespace=None, m_nic=collections.defaultdict(lambda: nic),
+                          report_queue=lambda: None)
+
+    def dispatched(seq: int, submit: Any = None) -> None:  # EngineContext.dispatched
+        if submit is not None:
+            submit()
+        ctx.seen = max(ctx.seen, seq)
+
+    ctx.dispatched = dispatched
+    return ctx
 
 
 def _worker() -> tuple[PrefillWorker, Any]:

@@ -330,6 +330,24 @@ class EngineContext:
         """Send the node's read queue now (a :class:`~.wire.QueueReport`)."""
         self._report(None)
 
+    def dispatched(self, seq: int, submit: Callable[[], None] | None = None) -> None:
+        """Dispatch ``seq`` arrived: ``submit`` its reads (if any), then count it ``seen``.
+
+        No report is sent for it: the scheduler charged the reads at dispatch, so the queue
+        it sees is the same until they end, and the loader's callback reports then. Unless
+        a report (another thread's) went out meanwhile: it may have counted the reads in
+        ``rq`` without ``seen`` covering them, and the scheduler would count them twice
+        until the next report, so one is sent at once."""
+        with self._report_lock:
+            before = self._report_n
+        if submit is not None:
+            submit()
+        self.seen = max(self.seen, seq)
+        with self._report_lock:  # a report in progress ends first: its increment is seen
+            raced = self._report_n != before
+        if raced:
+            self.report_queue()
+
     def heartbeat(self, jobs: int, with_metrics: bool) -> None:
         """Send a :class:`~.wire.Heartbeat`: the queue report plus the engine's facts.
 

@@ -128,12 +128,13 @@ class DecodeWorker:
         with self._lock:
             self.jobs[job.rid] = job
             early = [e for e in self._early.pop(job.rid, []) if e.att == job.att]
+        submit = None
         if job.cached > job.pe_tokens:
             job.own_loaded = False
             first = job.pe_tokens // ctx.bt
-            ctx.read_blocks(job.keys[first:], functools.partial(self._loaded, job, first))
-        ctx.seen = max(ctx.seen, m.seq)
-        ctx.report_queue()
+            submit = functools.partial(ctx.read_blocks, job.keys[first:],
+                                       functools.partial(self._loaded, job, first))
+        ctx.dispatched(m.seq, submit)
         for e in early:
             self.handle(e)
 

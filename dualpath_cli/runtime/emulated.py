@@ -394,8 +394,7 @@ class EmulatedHost:
             then()
             return
         e.reads[job.rid] = _Read(tokens, seq)
-        e.rq += tokens
-        self._report(e)
+        e.rq += tokens  # reported when the read ends: the scheduler charged it till then
         rate = self.costs.snic_rate
         seconds = self._scaled(tokens * self.costs.kv_bytes_per_token / rate) if rate > 0 else 0
         start = max(now, self.snic_free.get(e.spec.node, 0.0))

@@ -192,10 +192,9 @@ class PrefillWorker:
         job.known_at = time.monotonic()
         job.known = True
         job.arrived_at = time.monotonic()
-        if job.pe_tokens:
-            self.ctx.read_blocks(job.keys, functools.partial(self._loaded, job))
-        self.ctx.seen = max(self.ctx.seen, m.seq)
-        self.ctx.report_queue()
+        self.ctx.dispatched(m.seq, functools.partial(
+            self.ctx.read_blocks, job.keys, functools.partial(self._loaded, job))
+            if job.pe_tokens else None)
         self._maybe_enqueue(job)
 
     def _loaded(self, job: PrefillJob, result: LoadResult) -> None:
