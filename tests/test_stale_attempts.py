@@ -23,6 +23,7 @@ from dualpath_cli.runtime.wire import Cancel, Decode, Layer, Prefill, PrefillDon
 
 LAYERS = 2
 BT = 4
+PE_ADDRESS = "tcp://127.0.0.1:2"
 
 
 class _Nic:
@@ -38,7 +39,9 @@ def _ctx() -> Any:
     ctx = SimpleNamespace(spec=SimpleNamespace(model="tiny", flops_rate=1e9, quota_s=0.3),
                           n_layers=LAYERS, counters=Counters(), seen=0, bt=BT, bpl=16,
                           namespace=None, m_nic=collections.defaultdict(lambda: nic),
-                          report_queue=lambda: None)
+                          report_queue=lambda: None, ep=SimpleNamespace(address=PE_ADDRESS),
+                          sent=[])
+    ctx.send_kv = lambda to, msg, shaped: ctx.sent.append((to, msg))
 
     def dispatched(seq: int, submit: Any = None) -> None:  # EngineContext.dispatched
         if submit is not None:
@@ -158,3 +161,54 @@ def test_a_newer_attempts_layers_that_overtake_its_decode_are_kept_for_it() -> N
     de.handle(_decode(8, 1))
     job = de.jobs[8]
     assert (job.att, job.filled, job.first, job.started) == (1, [8, 8], 17, True)
+
+
+def test_a_pe_forwards_the_decode_ahead_of_the_turns_kv() -> None:
+    """One message per dispatch: the Prefill carries the DE's part, which the PE sends on
+    to the DE (first on that link) and reads only its own share of the keys."""
+    pe, ctx = _worker()
+    keys = [f"{k:032x}" for k in range(3)]
+    pe.handle(Prefill(9, 1, seq=4, tokens=np.arange(4, dtype=np.int32), cached=3 * BT,
+                      keys=keys, pe_tokens=0, de="tcp://127.0.0.1:1", layerwise=True,
+                      shaped=False, start=3 * BT, gen=5, de_seq=11))
+    [(to, msg)] = ctx.sent
+    assert to == "tcp://127.0.0.1:1" and isinstance(msg, Decode)
+    assert (msg.rid, msg.att, msg.seq, msg.gen, msg.cached, msg.pe_tokens, msg.pe,
+            msg.start) == (9, 1, 11, 5, 3 * BT, 0, PE_ADDRESS, 3 * BT)
+    assert list(msg.keys) == keys and list(msg.tokens) == [0, 1, 2, 3]
+    assert pe.jobs[9].keys == []  # pe_tokens 0: the DE reads every hit block
+    pe.handle(_prefill(10, 0))  # de_seq -1: the scheduler sent the Decode itself
+    assert len(ctx.sent) == 1
+
+
+def test_a_decode_that_comes_after_its_cancel_makes_no_job() -> None:
+    """A forwarded Decode travels another path than the scheduler's Cancel of it."""
+    de = _de()
+    de.handle(Cancel(4, 0))
+    de.handle(_decode(4, 0))
+    assert 4 not in de.jobs
+    de.handle(_decode(4, 1))  # the next attempt runs
+    assert de.jobs[4].att == 1
+
+
+def test_a_cancel_of_an_older_attempt_keeps_the_newer_job() -> None:
+    de = _de()
+    de.handle(_decode(5, 0))
+    de.handle(_decode(5, 1))  # attempt 1 overtook attempt 0's Cancel
+    de.handle(Cancel(5, 0))
+    assert de.jobs[5].att == 1
+    de.handle(_decode(5, 0))  # attempt 0's Decode, very late: dropped
+    assert de.jobs[5].att == 1
+    de.handle(Cancel(5))  # no attempt given: whatever is held
+    assert 5 not in de.jobs
+
+
+def test_a_pe_keeps_a_newer_job_when_an_older_attempt_is_cancelled() -> None:
+    pe, _ = _worker()
+    pe.handle(_prefill(6, 2))
+    pe.handle(Cancel(6, 1))
+    assert pe.jobs[6].att == 2
+    pe.handle(Cancel(6, 2))
+    assert 6 not in pe.jobs
+    pe.handle(_prefill(6, 2))  # a late copy of a cancelled attempt: no job
+    assert 6 not in pe.jobs

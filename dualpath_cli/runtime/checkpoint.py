@@ -248,7 +248,7 @@ def _restore(sched: SchedulerService, state: dict[str, Any], with_engines: bool,
                 for eid in (int(item["pe"]), int(item["de"])):
                     old = sched.engines.get(eid)
                     if old is not None and old.alive and old.address:
-                        header, frames = encode(Cancel(f.rid))
+                        header, frames = encode(Cancel(f.rid, f.att - 1))
                         sched.ep.send(old.address, header, frames)
             sched._lookup(f)  # noqa: SLF001 - the store may hold more of it by now
             sched.flights[f.rid] = f

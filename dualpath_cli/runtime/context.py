@@ -26,6 +26,7 @@ from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.wire import (
     TIERS,
+    Decode,
     EngineCounters,
     Heartbeat,
     Layer,
@@ -200,7 +201,8 @@ class EngineContext:
         self._tier = {tier: i for i, tier in enumerate(TIERS)}
         self._block_reads: dict[str, int] = {}  # block key hex -> store reads (bounded)
         self._bind_metrics()
-        self._out: queue.Queue[tuple[str, Layer | PrefillDone, bool] | None] = queue.Queue()
+        self._out: queue.Queue[tuple[str, Layer | PrefillDone | Decode, bool] | None] = (
+            queue.Queue())
         self.fabric_down = False  # a fabric_drop fault: KV sends are lost (fabric_cut)
         self._dropped_turns: set[tuple[int, int]] = set()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
@@ -397,8 +399,9 @@ class EngineContext:
         header, frames = encode(msg)
         self.ep.send(self.spec.ctl, header, frames)
 
-    def send_kv(self, to: str, msg: Layer | PrefillDone, shaped: bool) -> None:
-        """Queue a message on the compute NIC (ordered; the NIC is paid before sending)."""
+    def send_kv(self, to: str, msg: Layer | PrefillDone | Decode, shaped: bool) -> None:
+        """Queue a message on the compute NIC (ordered; the NIC is paid before sending): a
+        turn's KV, or the Decode a PE forwards ahead of it."""
         self._out.put((to, msg, shaped))
 
     def _send_loop(self) -> None:
@@ -425,7 +428,7 @@ class EngineContext:
         if down and reset is not None:
             reset({self.spec.ctl})
 
-    def _kv_dropped(self, to: str, msg: Layer | PrefillDone) -> None:
+    def _kv_dropped(self, to: str, msg: Layer | PrefillDone | Decode) -> None:
         """A KV message of a turn did not leave: the peer cannot finish the turn, so the
         scheduler is told to run it again (once per attempt)."""
         key = (msg.rid, msg.att)

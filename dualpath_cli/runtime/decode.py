@@ -90,10 +90,17 @@ class DecodeWorker:
             return
         if isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.pop(msg.rid, None)
-                self._early.pop(msg.rid, None)
-                if job is not None:
-                    self._ended.end(msg.rid, job.att)
+                job = self.jobs.get(msg.rid)
+                if job is not None and 0 <= msg.att < job.att:
+                    job = None  # a newer attempt's job: not the one cancelled
+                else:
+                    if job is not None:
+                        del self.jobs[msg.rid]
+                    self._early.pop(msg.rid, None)
+                # an attempt cancelled before its Decode came (a PE forwards it: another
+                # path than this) is remembered, so the late Decode is dropped
+                if job is not None or msg.att >= 0:
+                    self._ended.end(msg.rid, job.att if job is not None else msg.att)
             if job is not None:
                 job.cancelled = True
             return
@@ -118,6 +125,18 @@ class DecodeWorker:
 
     def _on_decode(self, m: Decode) -> None:
         ctx = self.ctx
+        with self._lock:
+            held = self.jobs.get(m.rid)
+            if self._ended.stale(m.rid, m.att, held.att if held is not None else -1):
+                stale = True  # cancelled before it came, or a newer attempt is here
+            else:
+                stale = False
+                if held is not None and held.att < m.att:  # its Cancel is still on the way
+                    held.cancelled = True
+                    self._ended.end(m.rid, held.att)
+        if stale:
+            ctx.dispatched(m.seq)
+            return
         tokens = m.prompt()
         job = DecodeJob(m.rid, m.att, tokens, m.gen, m.cached, list(m.keys), m.pe_tokens,
                         m.pe, m.shaped, np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),

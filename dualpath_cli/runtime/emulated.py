@@ -44,6 +44,7 @@ import numpy as np
 import zmq
 
 from dualpath_cli.core.layout import BlockKey, Namespace, chain_keys
+from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.wire import (
@@ -187,6 +188,7 @@ class _Engine:
     quota_s: float = 0.3
     stopped: bool = False
     leads: bool = False  # promoted to its group's fetcher (Lead) after the leader died
+    ended: EndedAttempts = field(default_factory=EndedAttempts)  # cancelled attempts
 
     @property
     def eid(self) -> int:
@@ -364,13 +366,12 @@ class EmulatedHost:
             elif job is None or job.att < msg.att:  # overtook its ``decode`` (two sockets)
                 e.early[msg.rid] = (msg.att, msg.token)
         elif isinstance(msg, Cancel):
-            e.jobs.pop(msg.rid, None)
-            e.early.pop(msg.rid, None)
-            e.early_kv.pop(msg.rid, None)
-            read = e.reads.pop(msg.rid, None)
-            if read is not None:
-                e.rq -= read.tokens
-                self._report(e)
+            held = e.jobs.get(msg.rid)
+            if held is not None and 0 <= msg.att < held.att:
+                return  # a newer attempt's job: not the one cancelled
+            if held is not None or msg.att >= 0:  # a forwarded Decode may come after this
+                e.ended.end(msg.rid, held.att if held is not None else msg.att)
+            self._drop(e, msg.rid)
         elif isinstance(msg, SetQuota):
             e.quota_s = msg.quota_s
         elif isinstance(msg, Lead):  # the group's leader died: fetch for it from now on
@@ -415,8 +416,23 @@ class EmulatedHost:
 
         self.at(end, done)
 
+    def _drop(self, e: _Engine, rid: int, early: bool = True) -> None:
+        """Every trace of ``rid`` on ``e``: its job, its read's queue and (``early``) the
+        messages that came before its job."""
+        e.jobs.pop(rid, None)
+        if early:
+            e.early.pop(rid, None)
+            e.early_kv.pop(rid, None)
+        read = e.reads.pop(rid, None)
+        if read is not None:
+            e.rq -= read.tokens
+            self._report(e)
+
     # PE ---------------------------------------------------------------------------------
     def _on_prefill(self, e: _Engine, m: Prefill) -> None:
+        forward = m.decode(e.ep.address)
+        if forward is not None:  # the DE's part, ahead of this turn's KV
+            self._send(e, m.de, forward)
         job = _Job(m.rid, m.att, m.tokens, m.cached, m.pe_tokens, m.de, m.layerwise,
                    peer_kv=m.cached <= m.pe_tokens, received=self.clock(), start=m.start)
         e.jobs[m.rid] = job
@@ -460,6 +476,13 @@ class EmulatedHost:
 
     # DE ---------------------------------------------------------------------------------
     def _on_decode(self, e: _Engine, m: Decode) -> None:
+        held = e.jobs.get(m.rid)
+        if e.ended.stale(m.rid, m.att, held.att if held is not None else -1):
+            e.seen = max(e.seen, m.seq)
+            return  # cancelled before it came (the PE forwarded it), or a newer one is here
+        if held is not None and held.att < m.att:  # its Cancel is still on the way
+            e.ended.end(m.rid, held.att)
+            self._drop(e, m.rid, early=False)  # early messages may be this attempt's
         job = _Job(m.rid, m.att, m.tokens, m.cached, m.pe_tokens, m.pe, gen=m.gen,
                    keys=m.keys, received=self.clock(), start=m.start)
         e.jobs[m.rid] = job

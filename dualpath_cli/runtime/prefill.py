@@ -144,9 +144,13 @@ class PrefillWorker:
             self._on_layer(msg)
         elif isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.pop(msg.rid, None)
-                if job is not None:
-                    self._ended.end(msg.rid, job.att)
+                job = self.jobs.get(msg.rid)
+                if job is not None and 0 <= msg.att < job.att:
+                    job = None  # a newer attempt's job: not the one cancelled
+                elif job is not None:
+                    del self.jobs[msg.rid]
+                if job is not None or msg.att >= 0:
+                    self._ended.end(msg.rid, job.att if job is not None else msg.att)
             if job is not None:
                 job.cancelled = True
                 for ev in job.ready:
@@ -173,9 +177,12 @@ class PrefillWorker:
         job = self._job(m.rid, m.att)
         if job is None:
             return
+        forward = m.decode(self.ctx.ep.address)
+        if forward is not None:  # the DE's part, ahead of this turn's KV on the same link
+            self.ctx.send_kv(m.de, forward, False)
         job.tokens = m.prompt()
         job.cached = m.cached
-        job.keys = list(m.keys)
+        job.keys = list(m.pe_keys(self.ctx.bt))
         job.pe_tokens = m.pe_tokens
         job.de = m.de
         job.layerwise = m.layerwise

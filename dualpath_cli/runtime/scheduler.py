@@ -84,7 +84,6 @@ from dualpath_cli.runtime.ledger import Lookup, RequestLedger
 from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
     Cancel,
-    Decode,
     Done,
     Fetch,
     First,
@@ -1110,7 +1109,7 @@ class SchedulerService:
         for eid in (f.pe, f.de):
             e = self.engines.get(eid)
             if e is not None and e.alive and e.address:
-                self._send(e.address, Cancel(f.rid))
+                self._send(e.address, Cancel(f.rid, f.att))
         self._drop_charges(f)
         if f in self.pe_queue:
             self.pe_queue.remove(f)
@@ -1455,17 +1454,13 @@ class SchedulerService:
                 state.charges.add(seq, tokens)
                 f.charges.append((state.engine_id, seq))
         # the prompt after the hit (engines compute only those tokens; the hit's KV is
-        # read) as one int32 frame and the keys as one frame of raw digests, shared by both
-        # messages
+        # read) as one int32 frame and the keys as one frame of raw digests. One message:
+        # the PE forwards the DE's part (the Decode) to it ahead of the turn's KV
         start = f.cached
-        tail = TokenArray(f.prompt.array[start:])
-        keys = f.keys
-        self._send(de_state.address, Decode(
-            f.rid, f.att, seqs[de], tail, f.req.gen, f.cached, keys, pe_tokens,
-            pe_state.address, self.shaped, start))
         self._send(pe_state.address, Prefill(
-            f.rid, f.att, seqs[pe], tail, f.cached, keys[:pe_tokens // self.bt], pe_tokens,
-            de_state.address, self.layerwise, self.shaped, start))
+            f.rid, f.att, seqs[pe], TokenArray(f.prompt.array[start:]), f.cached, f.keys,
+            pe_tokens, de_state.address, self.layerwise, self.shaped, start, f.req.gen,
+            seqs[de]))
 
     def _record(self, f: _Flight, side: str, pe_q: int, de_q: int, pe_class: str,
                 inputs: Callable[[], dict[str, Any]]) -> None:

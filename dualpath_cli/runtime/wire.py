@@ -368,10 +368,15 @@ class MetricsRequest:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Drop every trace of request ``rid`` (its other engine died or a read failed)."""
+    """Drop every trace of request ``rid`` (its other engine died or a read failed).
+
+    ``att``: the attempt cancelled; its messages arriving later (a :class:`Decode` a PE
+    forwards travels another path than this) are dropped, and a newer attempt's job is
+    kept. -1: whatever attempt the engine holds."""
 
     KIND: ClassVar[str] = "cancel"
     rid: int
+    att: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,8 +415,11 @@ class Decode:
 class Prefill:
     """Prefill attempt ``att`` of request ``rid`` on this PE, sending its KV to ``de``.
 
-    ``keys`` are the hit blocks this PE reads (the first ``pe_tokens``); ``tokens`` are the
-    prompt's from token ``start`` on (see :func:`full_prompt`).
+    ``keys`` are the hit blocks: this PE reads the first ``pe_tokens`` of them; ``tokens``
+    are the prompt's from token ``start`` on (see :func:`full_prompt`). ``de_seq`` >= 0: the
+    PE forwards the turn's :class:`Decode` (:meth:`decode`, dispatch ``de_seq`` of that DE)
+    to ``de`` ahead of its KV, on the same link, so the scheduler sends one message per
+    dispatch; -1: the scheduler sent the Decode itself.
     """
 
     KIND: ClassVar[str] = "prefill"
@@ -426,6 +434,8 @@ class Prefill:
     layerwise: bool
     shaped: bool
     start: int = 0
+    gen: int = 0  # the Decode's (when forwarded)
+    de_seq: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", TokenArray.of(self.tokens))
@@ -435,6 +445,18 @@ class Prefill:
     def prompt(self) -> np.ndarray:
         """The whole prompt as int64 (:func:`full_prompt`)."""
         return full_prompt(self.tokens, self.start)
+
+    def pe_keys(self, block_tokens: int) -> KeyArray:
+        """The hit blocks this PE reads (the first ``pe_tokens``)."""
+        return self.keys[:self.pe_tokens // block_tokens]
+
+    def decode(self, pe: str) -> Decode | None:
+        """The :class:`Decode` this PE (at address ``pe``) forwards to ``de`` (``None``:
+        the scheduler sent it)."""
+        if self.de_seq < 0:
+            return None
+        return Decode(self.rid, self.att, self.de_seq, self.tokens, self.gen, self.cached,
+                      self.keys, self.pe_tokens, pe, self.shaped, self.start)
 
 
 def _check_start(m: Decode | Prefill) -> None:
