@@ -95,9 +95,10 @@ class Driver:
     """
 
     def __init__(self, system: RuntimeSystem, trajectories: list[Trajectory],
-                 rate: float) -> None:
+                 rate: float, dtype: str = "uint32") -> None:
         self.system = system
         self.rate = rate
+        self.dtype = np.dtype(dtype)  # of the prompts handed over (_handed_over)
         self.fresh = collections.deque(trajectories)
         # (trajectory, its next turn, the last prompt, the ticket that answered it): the
         # context is extended here, on the driver's thread, not in the done callback (which
@@ -118,11 +119,11 @@ class Driver:
         if item is not None:
             traj, i, prompt, ticket = item
             assert ticket is not None and ticket.result is not None
-            out = np.asarray(ticket.result.tokens, dtype=np.int64)
+            out = np.asarray(ticket.result.tokens, dtype=self.dtype)
             return traj, i, np.concatenate([prompt, out])
         if not self.fresh:
             return None
-        return self.fresh.popleft(), 0, np.zeros(0, dtype=np.int64)
+        return self.fresh.popleft(), 0, np.zeros(0, dtype=self.dtype)
 
     def _submit(self) -> bool:
         item = self._next()
@@ -130,7 +131,8 @@ class Driver:
             return False
         traj, i, context = item
         turn = traj.turns[i]
-        prompt = np.concatenate([context, append_token_ids(traj, i, 256).astype(np.int64)])
+        prompt = _handed_over(np.concatenate(
+            [context, append_token_ids(traj, i, 256).astype(self.dtype)]))
         c0 = time.thread_time()
         req = TurnRequest(traj.agent_id, i, prompt, turn.gen)
         ticket = (self.profile.runcall(self.system.submit, req) if self.profile is not None
@@ -273,7 +275,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             sched.metrics(fresh=True, timeout=120)
             n_agents = args.agents or max(200, int(args.rate * 4))
             trace = synthetic_trace(64_000, n_agents, seed=1)
-            driver = Driver(system, list(trace.trajectories), args.rate)
+            driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype)
             tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
             profile = None
@@ -450,13 +452,21 @@ def _drain_sinks(conn: Any, n: int) -> None:
         s.close()
 
 
-def _context_before(traj: Trajectory, i: int) -> np.ndarray:
+def _handed_over(prompt: np.ndarray) -> np.ndarray:
+    """``prompt`` as a front end hands it to ``submit()``: a new array, read-only (the live
+    service's ``token_ids``: uint32, which the scheduler keeps without a copy; with
+    ``--prompt-dtype int64`` it converts it, as it did before the front end made uint32)."""
+    prompt.flags.writeable = False
+    return prompt
+
+
+def _context_before(traj: Trajectory, i: int, dtype: np.dtype[Any]) -> np.ndarray:
     """Turn ``i``'s context as the inproc part's turns grow it: every earlier turn's
     appended tokens and its output (``gen`` tokens from 1000, what its ``done`` carries)."""
-    parts = [np.zeros(0, dtype=np.int64)]
+    parts = [np.zeros(0, dtype=dtype)]
     for j in range(i):
-        parts.append(append_token_ids(traj, j, 256).astype(np.int64))
-        parts.append(np.arange(1000, 1000 + traj.turns[j].gen, dtype=np.int64))
+        parts.append(append_token_ids(traj, j, 256).astype(dtype))
+        parts.append(np.arange(1000, 1000 + traj.turns[j].gen, dtype=dtype))
     return np.concatenate(parts)
 
 
@@ -548,6 +558,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         trace = synthetic_trace(64_000, int(per_period * (latency + 2) * 1.1), seed=1)
         fresh = collections.deque(trace.trajectories)
         start_rng = np.random.default_rng(2)
+        dtype = np.dtype(args.prompt_dtype)
         idle: collections.deque[tuple[Trajectory, int, np.ndarray]] = collections.deque()
         cpu: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
         counts = {"turns": 0, "first_turns": 0, "tokens": 0}
@@ -590,10 +601,11 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 # arrives later (one finished its trajectory) starts at its first turn
                 i = int(start_rng.integers(traj.num_turns)) if (
                     args.inproc_start == "steady" and not measuring) else 0
-                ctx = _context_before(traj, i)
+                ctx = _context_before(traj, i, dtype)
             else:
                 return
-            prompt = np.concatenate([ctx, append_token_ids(traj, i, 256).astype(np.int64)])
+            prompt = _handed_over(np.concatenate(
+                [ctx, append_token_ids(traj, i, 256).astype(dtype)]))
             rid = sched._next_rid  # noqa: SLF001
             timed("submit", sched.submit, TurnRequest(traj.agent_id, i, prompt,
                                                       traj.turns[i].gen))
@@ -623,7 +635,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             if kind == "done":  # the DE stored the turn's blocks before it said done
                 traj, i, prompt = turns[m.rid]
                 full = grown[m.rid] = np.concatenate(
-                    [prompt, np.asarray(m.tokens, dtype=np.int64)])
+                    [prompt, np.asarray(m.tokens, dtype=dtype)])
                 n, last = stored.get(traj.agent_id, (0, None))
                 new = chain_keys(full[:-1], ns, last, n)
                 store_blocks(new)
@@ -883,6 +895,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu part below the paper's rate: groups fetch every --fetch x "
                     "2400 / --rate s, so each fetch carries the turns it would at 2,400 "
                     "turns/s (the extrapolation counts the paper's fetches, every --fetch s)")
+    ap.add_argument("--prompt-dtype", choices=("uint32", "int64"), default="uint32",
+                    help="the prompts handed to submit(): uint32 read-only, as the live "
+                    "service hands them over (kept without a copy), or int64, which the "
+                    "scheduler converts (what it was handed before session 11)")
     ap.add_argument("--prefix-cache-tokens", type=int, default=64 << 20,
                     help="the scheduler's scheduler.prefix_cache_tokens: at the paper's "
                     "scale ~1,000 agents are in flight with ~33K-token contexts, over the "

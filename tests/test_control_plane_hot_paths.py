@@ -329,3 +329,24 @@ def test_a_dispatch_is_reported_only_when_a_report_raced_its_reads() -> None:
 
     EngineContext.dispatched(ctx, 6, submit_while_a_loader_reports)  # type: ignore[arg-type]
     assert ctx.seen == 6 and reports == [6]
+
+
+def test_a_prompt_handed_over_read_only_is_kept_without_a_copy() -> None:
+    """``token_ids`` makes the form the scheduler keeps (uint32, read-only, a new array):
+    ``prompt`` keeps it as it is, with the keys an int64 prompt gets; a writable one is
+    copied (its owner may change it)."""
+    from dualpath_cli.core.layout import PrefixKeyCache, token_ids
+
+    ids = list(range(100, 137))
+    handed = token_ids(ids)
+    assert handed.dtype == np.dtype("<u4") and not handed.flags.writeable
+    with pytest.raises(OverflowError):
+        token_ids([-1])
+    kept = PrefixKeyCache(NS).prompt(1, handed)
+    assert kept.tokens is handed
+    assert kept.keys == PrefixKeyCache(NS).prompt(1, np.asarray(ids, np.int64)).keys
+    writable = np.asarray(ids, np.uint32)
+    copied = PrefixKeyCache(NS).prompt(1, writable).tokens
+    assert copied is not writable and not copied.flags.writeable
+    writable[0] = 7  # the caller's array changes; the kept prompt does not
+    assert int(copied[0]) == 100

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dualpath_cli.cluster.join import JoinService
 from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.layout import token_ids
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.faults import Fault
@@ -267,8 +266,7 @@ class LiveCluster:
                 self._sessions.move_to_end(session)
             turn = sess.turns
             sess.turns += 1
-            ticket = self.system.submit(TurnRequest(sess.agent, turn,
-                                                    np.asarray(tokens, dtype=np.int64), gen))
+            ticket = self.system.submit(TurnRequest(sess.agent, turn, token_ids(tokens), gen))
             self._in_flight.add(ticket)
             if key is not None:
                 self.turn_keys.put(key, digest, ticket)

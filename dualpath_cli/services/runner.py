@@ -19,6 +19,7 @@ import numpy as np
 
 from dualpath_cli.cluster.local import EngineFailed, dead_role
 from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.core.layout import token_ids
 from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
@@ -149,7 +150,7 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
     def serve(traj: Trajectory, i: int, prompt: list[int], gen: int) -> TurnRecord:
         if lost:
             raise RoleLost(lost[0])
-        ticket = system.submit(TurnRequest(traj.agent_id, i, np.asarray(prompt), gen))
+        ticket = system.submit(TurnRequest(traj.agent_id, i, token_ids(prompt), gen))
         deadline = time.monotonic() + timeout
         while True:  # the turn, or a dead role within _CHECK_S, not the whole timeout
             try:
