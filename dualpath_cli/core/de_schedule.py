@@ -39,6 +39,7 @@ __all__ = [
     "DEPlaceResult",
     "group_load",
     "de_route",
+    "de_route_in_place",
     "hbm_bounded_count",
     "z_threshold",
     "pick_de",
@@ -159,9 +160,16 @@ def de_route(queue: Sequence[Request], loads: GroupLoads | Mapping[int, int]) ->
     ``loads`` is not modified; the result carries the updated copy.
     """
     work = loads.copy() if isinstance(loads, GroupLoads) else GroupLoads(loads)
-    assign = work.assign
-    out = tuple((r.request_id, assign(r.length)) for r in queue)
-    return RouteResult(out, work)
+    return RouteResult(tuple(de_route_in_place(queue, work)), work)
+
+
+def de_route_in_place(queue: Iterable[Request], loads: GroupLoads) -> list[tuple[int, int]]:
+    """:func:`de_route` on the caller's own ``loads`` (grown as it routes): the assignments.
+
+    Why: a caller that keeps the loads and adopts the routed ones anyway need not copy them
+    (every DE group's) per fetch; :func:`de_route` is this function on a copy."""
+    assign = loads.assign
+    return [(r.request_id, assign(r.length)) for r in queue]
 
 
 def hbm_bounded_count(queue: Sequence[Request], total_hbm: int) -> int:

@@ -63,7 +63,7 @@ from dualpath_cli.core.controllers import (
 from dualpath_cli.core.de_schedule import (
     GroupLoads,
     de_place,
-    de_route,
+    de_route_in_place,
     placement_classes,
 )
 from dualpath_cli.core.layout import (
@@ -1075,9 +1075,8 @@ class SchedulerService:
         self._load_delta(f, -1)
         del self.flights[f.rid]
         self._drop_charges(f)
-        out = np.asarray(m.tokens, dtype=np.int64)
-        tokens: list[int] = out.tolist()
-        chain = self.ledger.finished(f.rid, f.req.agent, out, f.req.tokens, {
+        tokens = list(m.tokens)  # (a tuple of ints: the ledger converts it once)
+        chain = self.ledger.finished(f.rid, f.req.agent, m.tokens, f.req.tokens, {
             "submitted": f.submitted, "first_at": f.first_at or None, "done_at": m.at,
             "second_at": m.second_at or None, "attempts": f.att + 1, "cached": f.cached,
             "pe_tokens": f.pe_tokens, "rx_from_pe": m.rx_from_pe, "de": m.facts})
@@ -1338,16 +1337,17 @@ class SchedulerService:
                     self.private[g]  # noqa: B018
             head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
-            route = de_route([self._request(f) for f in flights], group_loads)
-            self.queue.clear()
             # each request's inputs: the loads just before its routing
             routing = _RoutePass(head, group_loads.as_dict())
-            for i, (f, (_, g)) in enumerate(zip(flights, route.assignments, strict=True)):
+            # on the kept loads: routing adds each turn's tokens to its group, as
+            # _group_load_add would
+            assignments = de_route_in_place([self._request(f) for f in flights], group_loads)
+            self.queue.clear()
+            for i, (f, (_, g)) in enumerate(zip(flights, assignments, strict=True)):
                 f.route = _Routed(routing, i)
                 routing.steps.append((g, len(f.req.tokens)))
                 self.private[g].append(f)
                 self._routed_tok[g] += len(f.req.tokens)
-                self._group_load_add(g, len(f.req.tokens))
         private = self.private[group]
         if not private:
             return
