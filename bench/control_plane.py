@@ -95,10 +95,15 @@ class Driver:
     """
 
     def __init__(self, system: RuntimeSystem, trajectories: list[Trajectory],
-                 rate: float, dtype: str = "uint32") -> None:
+                 rate: float, dtype: str = "uint32", steady: bool = False) -> None:
         self.system = system
         self.rate = rate
         self.dtype = np.dtype(dtype)  # of the prompts handed over (_handed_over)
+        # steady: an agent drawn before the window starts at a turn drawn uniformly, its
+        # context made as _context_before does (the steady state's prompt lengths)
+        self.steady = steady
+        self.measuring = False  # set when the window starts
+        self.rng = np.random.default_rng(2)
         self.fresh = collections.deque(trajectories)
         # (trajectory, its next turn, the last prompt, the ticket that answered it): the
         # context is extended here, on the driver's thread, not in the done callback (which
@@ -123,7 +128,9 @@ class Driver:
             return traj, i, np.concatenate([prompt, out])
         if not self.fresh:
             return None
-        return self.fresh.popleft(), 0, np.zeros(0, dtype=self.dtype)
+        traj = self.fresh.popleft()
+        i = int(self.rng.integers(traj.num_turns)) if self.steady and not self.measuring else 0
+        return traj, i, _context_before(traj, i, self.dtype)
 
     def _submit(self) -> bool:
         item = self._next()
@@ -275,7 +282,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             sched.metrics(fresh=True, timeout=120)
             n_agents = args.agents or max(200, int(args.rate * 4))
             trace = synthetic_trace(64_000, n_agents, seed=1)
-            driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype)
+            driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype,
+                            steady=args.cpu_start == "steady")
             tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
             profile = None
@@ -290,6 +298,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             proc = psutil.Process()
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
+            driver.measuring = True
             kinds.clear()
             loop.clear()
             c0, p0, w0 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
@@ -403,7 +412,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "target_rate": args.rate, "measured_rate": round(rate, 1),
         "submitted_rate": round((s1 - s0) / wall, 1),
         "decisions_per_s": round(decisions / wall, 1),
-        "mean_prompt_tokens": round((k1 - k0) / max(1, s1 - s0)),
+        "mean_prompt_tokens": round((k1 - k0) / max(1, s1 - s0)), "start": args.cpu_start,
         "sched_thread_cores": round(thread_cpu / wall, 3),
         "cpu_us_per_message": {k: round(1e6 * v, 1) for k, v in cpu_of.items()},
         "cpu_us_per_turn": per_turn_us,
@@ -916,6 +925,9 @@ def main(argv: list[str] | None = None) -> int:
                     "first turns)")
     ap.add_argument("--inproc-heartbeat", type=float, default=1.0,
                     help="seconds between an engine's heartbeats in the inproc part")
+    ap.add_argument("--cpu-start", choices=("first", "steady"), default="first",
+                    help="where the cpu part's agents start: as --inproc-start (steady: "
+                    "those drawn during the warm-up at a turn drawn uniformly)")
     ap.add_argument("--inproc-start", choices=("first", "steady"), default="first",
                     help="where the inproc part's agents start their trajectories: at their "
                     "first turn (the window holds early turns: short prompts), or, for "
