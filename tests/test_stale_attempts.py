@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dualpath_cli.runtime.attempts import ENDED_KEPT
+from dualpath_cli.runtime.attempts import ENDED_KEPT, EndedAttempts
 from dualpath_cli.runtime.context import Counters
 from dualpath_cli.runtime.decode import DecodeWorker
 from dualpath_cli.runtime.prefill import PrefillWorker
@@ -212,3 +212,15 @@ def test_a_pe_keeps_a_newer_job_when_an_older_attempt_is_cancelled() -> None:
     assert 6 not in pe.jobs
     pe.handle(_prefill(6, 2))  # a late copy of a cancelled attempt: no job
     assert 6 not in pe.jobs
+
+
+def test_the_cancel_rule_every_engine_shares() -> None:
+    """``EndedAttempts.cancel``: the held job goes unless a newer attempt is held, and the
+    cancelled attempt is remembered whether or not a job was held."""
+    ended = EndedAttempts()
+    assert ended.cancel(1, 2, holding=2) and ended.stale(1, 2)
+    assert not ended.cancel(2, 0, holding=1)  # a newer job held: kept
+    assert ended.stale(2, 0) and not ended.stale(2, 1)
+    assert not ended.cancel(3, 4) and ended.stale(3, 4) and not ended.stale(3, 5)
+    assert ended.cancel(4, -1, holding=0) and ended.stale(4, 0)  # whatever is held
+    assert not ended.cancel(5, -1) and 5 not in ended  # nothing named, nothing held

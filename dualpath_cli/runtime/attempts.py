@@ -33,6 +33,19 @@ class EndedAttempts:
         while len(self._last) > self.kept:
             self._last.popitem(last=False)
 
+    def cancel(self, rid: int, att: int, holding: int = -1) -> bool:
+        """A cancel of attempt ``att`` of ``rid`` (-1: whatever attempt is held) came while
+        this engine holds attempt ``holding`` (-1: none). Returns whether the held job is
+        the one cancelled (the caller drops it); a newer attempt's job is kept. The
+        cancelled attempt is remembered even when none is held: a message of it can come
+        after the cancel on another path (the Decode a PE forwards)."""
+        if holding >= 0 and 0 <= att < holding:
+            self.end(rid, att)
+            return False
+        if holding >= 0 or att >= 0:
+            self.end(rid, max(att, holding))
+        return holding >= 0
+
     def stale(self, rid: int, att: int, holding: int = -1) -> bool:
         """Whether a message of attempt ``att`` of ``rid`` is late: of an attempt cancelled
         here, or older than ``holding``, the attempt of the job this engine holds for

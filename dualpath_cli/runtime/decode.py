@@ -90,17 +90,11 @@ class DecodeWorker:
             return
         if isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.get(msg.rid)
-                if job is not None and 0 <= msg.att < job.att:
-                    job = None  # a newer attempt's job: not the one cancelled
-                else:
-                    if job is not None:
-                        del self.jobs[msg.rid]
+                held = self.jobs.get(msg.rid)
+                job = (self.jobs.pop(msg.rid) if self._ended.cancel(
+                    msg.rid, msg.att, held.att if held is not None else -1) else None)
+                if held is None or job is not None:  # (a newer job held: its early stay)
                     self._early.pop(msg.rid, None)
-                # an attempt cancelled before its Decode came (a PE forwards it: another
-                # path than this) is remembered, so the late Decode is dropped
-                if job is not None or msg.att >= 0:
-                    self._ended.end(msg.rid, job.att if job is not None else msg.att)
             if job is not None:
                 job.cancelled = True
             return

@@ -367,11 +367,9 @@ class EmulatedHost:
                 e.early[msg.rid] = (msg.att, msg.token)
         elif isinstance(msg, Cancel):
             held = e.jobs.get(msg.rid)
-            if held is not None and 0 <= msg.att < held.att:
-                return  # a newer attempt's job: not the one cancelled
-            if held is not None or msg.att >= 0:  # a forwarded Decode may come after this
-                e.ended.end(msg.rid, held.att if held is not None else msg.att)
-            self._drop(e, msg.rid)
+            if e.ended.cancel(msg.rid, msg.att, held.att if held is not None else -1) or (
+                    held is None):  # (a newer attempt's job held: kept)
+                self._drop(e, msg.rid)
         elif isinstance(msg, SetQuota):
             e.quota_s = msg.quota_s
         elif isinstance(msg, Lead):  # the group's leader died: fetch for it from now on

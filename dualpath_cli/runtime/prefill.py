@@ -144,13 +144,9 @@ class PrefillWorker:
             self._on_layer(msg)
         elif isinstance(msg, Cancel):
             with self._lock:
-                job = self.jobs.get(msg.rid)
-                if job is not None and 0 <= msg.att < job.att:
-                    job = None  # a newer attempt's job: not the one cancelled
-                elif job is not None:
-                    del self.jobs[msg.rid]
-                if job is not None or msg.att >= 0:
-                    self._ended.end(msg.rid, job.att if job is not None else msg.att)
+                held = self.jobs.get(msg.rid)
+                job = (self.jobs.pop(msg.rid) if self._ended.cancel(
+                    msg.rid, msg.att, held.att if held is not None else -1) else None)
             if job is not None:
                 job.cancelled = True
                 for ev in job.ready:
