@@ -251,12 +251,6 @@ class RequestLedger:
         with self._lock:
             return self._lookups.get(rid)
 
-    def summary(self, rid: int) -> dict[str, Any]:
-        """The request's last lookup as a decision-log dict (``{}`` if none)."""
-        with self._lock:
-            look = self._lookups.get(rid)
-        return look.as_dict() if look is not None else {}
-
     def failed(self, rid: int, block: int, why: str, keys: Sequence[str]) -> str:
         """An engine could not read block ``block`` of ``rid`` (``keys``: the hit keys, hex);
         returns the reason. A quarantined key is remembered for later lookups."""

@@ -429,11 +429,6 @@ _ROLES: dict[str, Role] = {r.value: r for r in Role}
 _ROLE_NAMES: dict[Role, str] = {r: r.value for r in Role}
 
 
-def _snap(e: EngineSnapshot) -> dict[str, Any]:
-    return {"id": e.engine_id, "role": _ROLE_NAMES[e.role], "node": e.node, "group": e.group,
-            "seq": e.seq, "tok": e.tok, "read_q": e.read_q, "hbm_free": e.hbm_free}
-
-
 #: an engine snapshot's values at a decision, kept until the decision is read
 _SnapRow = tuple[int, Role, int, int, int, int, int, int]
 
@@ -443,9 +438,13 @@ def _snap_row(e: EngineSnapshot) -> _SnapRow:
 
 
 def _row_dict(r: _SnapRow) -> dict[str, Any]:
-    """:func:`_snap`'s form of a kept row."""
+    """A snapshot as a decision's inputs show it."""
     return {"id": r[0], "role": _ROLE_NAMES[r[1]], "node": r[2], "group": r[3], "seq": r[4],
             "tok": r[5], "read_q": r[6], "hbm_free": r[7]}
+
+
+def _snap(e: EngineSnapshot) -> dict[str, Any]:
+    return _row_dict(_snap_row(e))
 
 
 def _pe_fetch_inputs(head: list[int], pes: list[_SnapRow], de: _SnapRow,

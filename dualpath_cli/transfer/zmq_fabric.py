@@ -130,10 +130,8 @@ class ZmqEndpoint:
         while sock.get(_RCVMORE):
             frames.append(sock.recv(copy=False).buffer)
         head = msgpack.unpackb(first, raw=False)
-        specs = head.pop("_b", None)
-        if not specs and not frames:  # most control messages: no buffers
-            return Message(head, [])
-        return Message(head, restore_buffers(specs or [], frames))
+        specs = head.pop("_b", [])
+        return Message(head, restore_buffers(specs, frames) if specs or frames else [])
 
     @property
     def socket(self) -> zmq.Socket[Any]:
