@@ -129,8 +129,8 @@ class Driver:
         if not self.fresh:
             return None
         traj = self.fresh.popleft()
-        i = int(self.rng.integers(traj.num_turns)) if self.steady and not self.measuring else 0
-        return traj, i, _context_before(traj, i, self.dtype)
+        return (traj, *_arrival(traj, self.rng, self.steady and not self.measuring,
+                                self.dtype))
 
     def _submit(self) -> bool:
         item = self._next()
@@ -469,6 +469,15 @@ def _handed_over(prompt: np.ndarray) -> np.ndarray:
     return prompt
 
 
+def _arrival(traj: Trajectory, rng: np.random.Generator, mid: bool,
+             dtype: np.dtype[Any]) -> tuple[int, np.ndarray]:
+    """A new agent's first turn here and its context: its trajectory's first, or (``mid``:
+    the steady state's population, there before the window) a turn drawn uniformly; an
+    agent arriving in the window starts at its first turn."""
+    i = int(rng.integers(traj.num_turns)) if mid else 0
+    return i, _context_before(traj, i, dtype)
+
+
 def _context_before(traj: Trajectory, i: int, dtype: np.dtype[Any]) -> np.ndarray:
     """Turn ``i``'s context as the inproc part's turns grow it: every earlier turn's
     appended tokens and its output (``gen`` tokens from 1000, what its ``done`` carries)."""
@@ -606,11 +615,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 traj, i, ctx = idle.popleft()
             elif fresh:
                 traj = fresh.popleft()
-                # the steady state's population is there from the start; an agent that
-                # arrives later (one finished its trajectory) starts at its first turn
-                i = int(start_rng.integers(traj.num_turns)) if (
-                    args.inproc_start == "steady" and not measuring) else 0
-                ctx = _context_before(traj, i, dtype)
+                i, ctx = _arrival(traj, start_rng, args.inproc_start == "steady"
+                                  and not measuring, dtype)
             else:
                 return
             prompt = _handed_over(np.concatenate(
