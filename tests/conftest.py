@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +45,43 @@ def recording(env: dict[str, str], url: str, window: str, out: Path,
         raise
     _, err = recorder.communicate(timeout=120)
     assert recorder.returncode == 0, err
+
+
+def _proc_state(pid: int) -> str:
+    """Each thread's state, kernel wait channel and signal masks, from /proc (Linux)."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            status = dict(line.split(":", 1) for line in
+                          (task / "status").read_text().splitlines() if ":" in line)
+            wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+            lines.append(f"{task.name} {status.get('Name', '?').strip()}: "
+                         f"{status.get('State', '?').strip()} wchan={wchan} "
+                         + " ".join(f"{k}={status.get(k, '?').strip()}" for k in
+                                    ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+    return "\n".join(lines)
+
+
+def communicate_or_explain(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; if it does not end in time, fail with what it was
+    doing: each thread's kernel state and signal masks, and (started with
+    ``PYTHONFAULTHANDLER=1``) its Python stacks from a SIGABRT.
+
+    Why: a CLI that did not exit after a signal once failed CI with nothing to go on.
+    """
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = _proc_state(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"pid {proc.pid} still running after {timeout} s\n{state}\n"
+                             f"stdout: {out[-4000:]}\nstderr: {err[-12000:]}") from None
 
 
 def all_gone(pids: Iterable[int]) -> bool:

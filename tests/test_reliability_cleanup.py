@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import communicate_or_explain
 from rich.console import Console
 
 from dualpath_cli.services.bench import (
@@ -84,7 +85,7 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
         [sys.executable, "-m", "dualpath_cli.cli.app", "storage", "bench", "--root", str(root),
          "--block-size", "64KiB", "--queue-depth", "1", "--size", "32MiB", "--seconds",
          "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1"},
+        env={**os.environ, "NO_COLOR": "1", "PYTHONFAULTHANDLER": "1"},
         # as from a terminal: a runner started under nohup hands its children an ignored
         # SIGHUP, which the CLI rightly leaves alone (it only replaces default handlers)
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
@@ -94,7 +95,7 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = communicate_or_explain(proc, 60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -113,7 +114,8 @@ def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> No
     proc = subprocess.Popen(
         [sys.executable, "-m", "dualpath_cli.cli.app", "bench", "--agents", "4", "--turns",
          "30", "--store", str(root), "--snic-bw", "1GB/s", "--policy", "dualpath"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     family: list[psutil.Process] = []
     try:
         me = psutil.Process(proc.pid)
@@ -124,7 +126,7 @@ def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> No
             time.sleep(0.1)
         family = me.children(recursive=True)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = communicate_or_explain(proc, 60)
         assert proc.returncode == 143, err
         assert "terminated by signal 15; cleaned up" in err and "Traceback" not in err
         gone = time.monotonic() + 15
