@@ -102,7 +102,7 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
             proc.communicate()
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and f"terminated by signal {int(sig)}" in err
-    assert list(root.iterdir()) == []
+    assert list(root.iterdir()) == [], err
 
 
 def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> None:

@@ -127,31 +127,37 @@ def _click_module() -> ModuleType:
     return getattr(typer.core, "_click", None) or importlib.import_module("click")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread so it unwinds like Ctrl-C does."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _unwind_on_termination() -> None:
     """SIGTERM and SIGHUP clean up like SIGINT: ``finally`` blocks run, engines are stopped,
     per-run stores and temp directories removed. A second signal of either kind is not
-    caught (the default action ends the process at once). Commands that drain instead
-    (``launch``) install their own handlers over these."""
+    caught (the default action ends the process at once). A signal, SIGINT included, that
+    lands in an import or a :func:`~dualpath_cli.termination.deferred` section (a temp
+    directory being created) is raised when that ends (:mod:`dualpath_cli.termination`).
+    Commands that drain instead (``launch``) install their own handlers over these."""
     import signal
+    from types import FrameType
 
-    def handler(signum: int, frame: object) -> None:
+    from dualpath_cli import termination
+
+    def restore_defaults(signum: int) -> None:
+        if signum != signal.SIGINT:
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
         global _signalled
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
         _signalled = signum  # Typer turns the interrupt into a bare exit 130: remember why
-        raise Terminated(signum)
+        termination.deliver(signum, frame)
 
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        termination.deliver(signum, frame)  # KeyboardInterrupt, as Python's handler raises
+
+    termination.on_act = restore_defaults
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, handler)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt)
 
 
 #: The signal that ended this run (set by the handler above), else None.
@@ -159,7 +165,10 @@ _signalled: int | None = None
 
 
 def _terminated(err: BaseException | None) -> int | None:
-    """The exit code of a run ended by :class:`Terminated` (128 + signal), else None."""
+    """The exit code of a run ended by :class:`~dualpath_cli.termination.Terminated`
+    (128 + signal), else None."""
+    from dualpath_cli.termination import Terminated
+
     if _signalled is not None:
         return 128 + _signalled
     seen: BaseException | None = err

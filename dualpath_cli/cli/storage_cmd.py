@@ -113,6 +113,7 @@ def bench(
         make_dataset,
         warm_page_cache,
     )
+    from dualpath_cli.termination import temp_dir
 
     sizes = [parse_bytes(v) for v in block_size.split(",") if v.strip()]
     depths = _int_list(queue_depth, "--queue-depth")
@@ -122,7 +123,7 @@ def bench(
     root = _bench_dir(root)
     _check_bench_sizes(sizes, total, depths, seconds, root)
     rows: list[dict[str, object]] = []
-    with tempfile.TemporaryDirectory(dir=root) as tmp, Progress(
+    with temp_dir(dir=root) as tmp, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                                                                       "{task.total}"),
             TimeElapsedColumn(), console=stderr, transient=True,
@@ -130,7 +131,7 @@ def bench(
         task = progress.add_task("storage bench", total=len(sizes) * len(depths))
         for bs in sizes:
             progress.update(task, description=f"writing {format_bytes(bs)} blocks")
-            data = make_dataset(Path(tmp) / str(bs), bs, total)
+            data = make_dataset(tmp / str(bs), bs, total)
             if not direct:
                 warm_page_cache(data)
             disk = DiskRequests(data.root)

@@ -48,6 +48,7 @@ from dualpath_cli.runtime.options import RuntimeOptions, runtime_model_for
 from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, run_agents
 from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.telemetry.hostload import ForeignCpu
+from dualpath_cli.termination import temp_dir
 from dualpath_cli.units import parse_bandwidth
 from dualpath_cli.workload.trajectory import Trajectory
 
@@ -458,9 +459,8 @@ def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Traject
     (:func:`remove_stale_stores`).
     """
     remove_stale_stores(store_root)
-    store = Path(tempfile.mkdtemp(prefix=f"{policy}-pid{os.getpid()}-", dir=store_root))
-    opts = dataclasses.replace(base, policy=policy, store_dir=store)
-    try:
+    with temp_dir(dir=store_root, prefix=f"{policy}-pid{os.getpid()}-") as store:
+        opts = dataclasses.replace(base, policy=policy, store_dir=store)
         with RuntimeSystem(opts) as system:
             run = run_agents(system, trajectories, aps=aps, on_turn=on_turn)
             reports = system.scheduler.fresh_reports(time.monotonic())
@@ -473,8 +473,6 @@ def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Traject
             rep.quarantined_blocks = sum(1 for _ in kept.iterdir())
             rep.quarantine_dir = str(kept)
         return rep, run
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def keep_quarantine(store: Path, store_root: Path, policy: str) -> Path | None:
