@@ -22,7 +22,9 @@ Parts (``--json`` prints one object with these keys):
   and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
   CPU per turn (``submit()``, ``first``, ``done``; working fetches and ``rq`` per decision)
   x 2400, and the loop around the handlers (a message's receive and the loop's overhead,
-  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured). At this
+  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured; the
+  bench's own timing wrappers, calibrated on a stand-in after the window, are taken out of
+  the loop's overhead: ``bench_wrapper_us_per_call``). At this
   machine's rate a fetch every ``--fetch`` carries about one turn, so the fetch term
   charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
   period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
@@ -58,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -182,12 +185,12 @@ def _flat(system: RuntimeSystem) -> SchedulerService:
     return sched
 
 
-def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[float]]:
+def _count_kinds(sched: Any, profile: Any = None) -> dict[str, list[float]]:
     """Count the scheduler's messages by kind with the thread CPU each took (a wrapper on
     its handler: measurement only, same thread, same order). A fetch that finds nothing to
     do for its group is counted apart (``fetch_idle``): that is the periodic cost, the
-    rest of a working fetch scales with the turns."""
-    sched = _flat(system)
+    rest of a working fetch scales with the turns. ``sched``: the scheduler service, or a
+    stand-in with the same attributes (:func:`_wrapper_costs`)."""
     handle = sched._handle  # noqa: SLF001
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
@@ -216,16 +219,15 @@ def _count_kinds(system: RuntimeSystem, profile: Any = None) -> dict[str, list[f
         row[0] += 1
         row[1] += spent
 
-    sched._handle = counted  # type: ignore[method-assign]  # noqa: SLF001
+    sched._handle = counted  # noqa: SLF001
     return kinds
 
 
-def _count_loop(system: RuntimeSystem) -> dict[str, list[float]]:
+def _count_loop(sched: Any) -> dict[str, list[float]]:
     """Count the scheduler loop's CPU outside the handlers (measurement only, same thread):
     ``recv`` (a message taken off the socket: poll, frames, msgpack), ``recv_idle`` (a poll
     that timed out: gone at the paper's rate, where a message is always waiting) and
     ``sweep`` (the heartbeat check and cost sample every 50 ms)."""
-    sched = _flat(system)
     rows: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     recv = sched.ep.recv
 
@@ -247,10 +249,60 @@ def _count_loop(system: RuntimeSystem) -> dict[str, list[float]]:
             return out
         return call
 
-    sched.ep.recv = timed_recv  # type: ignore[method-assign]
-    sched._check_heartbeats = timed("sweep", sched._check_heartbeats)  # type: ignore[method-assign]  # noqa: SLF001
-    sched._sample_cost = timed("sweep", sched._sample_cost)  # type: ignore[method-assign]  # noqa: SLF001
+    sched.ep.recv = timed_recv
+    sched._check_heartbeats = timed("sweep", sched._check_heartbeats)  # noqa: SLF001
+    sched._sample_cost = timed("sweep", sched._sample_cost)  # noqa: SLF001
     return rows
+
+
+class _Raw:
+    """A received message as the wrappers read it (its header only)."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.header = header
+
+
+def _per_call(fn: Any, n: int) -> float:
+    t = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - t) / n
+
+
+def _wrapper_costs(n_private: int, n: int = 20_000, reps: int = 7) -> dict[str, float]:
+    """Thread CPU seconds the bench's own wrappers (:func:`_count_kinds`,
+    :func:`_count_loop`) add to one call, beyond the call: the same wrappers around a no-op
+    on a stand-in scheduler with as many private queues, minus the bare no-op (best of
+    ``reps``). Run on this thread, after the window.
+
+    Why: the cpu part charges what the scheduler thread spent beyond its handlers, receives
+    and sweeps to the loop, per message; the wrappers' frames, dict updates, clock reads
+    and (per working fetch) two sums over the private queues landed there too and were
+    counted as the scheduler's. Only their whole cost beyond the bare call is subtracted:
+    the part of a clock read that falls inside a timed interval stays counted.
+    """
+    def noop(*_: Any, **__: Any) -> None:
+        return None
+
+    stand_in = types.SimpleNamespace(
+        _handle=noop, log=types.SimpleNamespace(last_seq=0),
+        queue=collections.deque([0]), pe_queue=collections.deque(),
+        private={g: collections.deque() for g in range(n_private)},
+        ep=types.SimpleNamespace(recv=noop), _check_heartbeats=noop, _sample_cost=noop)
+    _count_kinds(stand_in)
+    _count_loop(stand_in)
+    plain, fetch = _Raw({"t": "done"}), _Raw({"t": "fetch", "group": 0, "role": "decode"})
+    cases = {"recv": stand_in.ep.recv, "sweep": stand_in._check_heartbeats,
+             "handler": lambda: stand_in._handle(plain),
+             "busy_fetch": lambda: stand_in._handle(fetch)}  # work queued: moved() twice
+    best = {k: float("inf") for k in cases}
+    for _ in range(reps):
+        base = _per_call(lambda: noop(plain), n)
+        for k, fn in cases.items():
+            best[k] = min(best[k], _per_call(fn, n) - base)
+    return {k: max(0.0, v) for k, v in best.items()}
 
 
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -293,8 +345,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 # CPU, not waits; one profiler per thread (the clock is the thread's)
                 profile = cProfile.Profile(time.thread_time)
                 driver.profile = cProfile.Profile(time.thread_time)
-            kinds = _count_kinds(system, profile)
-            loop = _count_loop(system)
+            kinds = _count_kinds(sched, profile)
+            loop = _count_loop(sched)
             proc = psutil.Process()
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
@@ -325,8 +377,10 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             host_cpu = sum(h.cpu_times().user + h.cpu_times().system for h in hosts)
             dead = sum(1 for e in sched.engines.values() if not e.alive)
             view = system.view()
+            n_private = len(sched.private)
         finally:
             system.close()
+    wrap = _wrapper_costs(n_private)  # the cluster gone: the calibration runs undisturbed
     wall = w1 - w0
     thread_cpu = c1 - c0
     cpu = thread_cpu + (u1 - u0)  # the scheduler thread plus submit()'s prefix lookups
@@ -356,10 +410,15 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     # rate. What the thread spent beyond handlers, receives and sweeps is loop overhead,
     # charged per message received (an upper bound: part of it is idle polling)
     n_recv, c_recv = by_loop.get("recv", (0, 0.0))
-    _, c_idle = by_loop.get("recv_idle", (0, 0.0))
-    _, c_sweep = by_loop.get("sweep", (0, 0.0))
+    n_idle, c_idle = by_loop.get("recv_idle", (0, 0.0))
+    n_sweep, c_sweep = by_loop.get("sweep", (0, 0.0))
     handled = sum(c for _, c in by_kind.values())
-    rest = max(0.0, thread_cpu - handled - c_recv - c_idle - c_sweep)
+    # the bench's own wrappers, per call as calibrated, are not the scheduler's
+    n_busy = sum(by_kind.get(k, (0, 0.0))[0] for k in ("fetch", "fetch_futile"))
+    n_wrapped = sum(n for n, _ in by_kind.values())
+    wrappers = (wrap["recv"] * (n_recv + n_idle) + wrap["sweep"] * n_sweep
+                + wrap["handler"] * (n_wrapped - n_busy) + wrap["busy_fetch"] * n_busy)
+    rest = max(0.0, thread_cpu - handled - c_recv - c_idle - c_sweep - wrappers)
     per_msg = (c_recv + rest) / n_recv if n_recv else 0.0
     sweeps = c_sweep / wall
     n_msgs = sum(n for n, _ in by_kind.values())
@@ -427,6 +486,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "loop_cores_at_paper_rate": round(loop_cores, 3),
         "loop_us_per_message": {"recv": round(1e6 * c_recv / max(1, n_recv), 1),
                                 "other": round(1e6 * rest / max(1, n_recv), 1)},
+        "bench_wrapper_us_per_call": {k: round(1e6 * v, 2) for k, v in wrap.items()},
+        "bench_wrapper_cores_subtracted": round(wrappers / wall, 4),
         "sweep_cores": round(sweeps, 4),
         "idle_poll_cores": round(c_idle / wall, 4),
         "messages_per_s_at_paper_rate": round(msgs_at_paper),
