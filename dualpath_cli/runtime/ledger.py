@@ -288,12 +288,18 @@ class RequestLedger:
         # joined with the output (the prompt has ~12K tokens; copying it cost more)
         start = len(look.keys) // KEY_BYTES * self.bt
         prompt = np.asarray(tokens).reshape(-1)
-        made = np.asarray(output).reshape(-1)[:-1]
         tail = prompt[start:]
-        if len(tail) + len(made) >= self.bt:  # else no new full block: nothing to hash
-            seq = np.concatenate([tail.astype(np.int64, copy=False),
-                                  made[max(0, start - len(prompt)):].astype(np.int64,
-                                                                              copy=False)])
+        skip = max(0, start - len(prompt))  # output tokens inside the keyed blocks already
+        made = max(0, len(output) - 1 - skip)  # then all but the last output token
+        if len(tail) + made >= self.bt:  # else no new full block: nothing to hash
+            # built once as the hash reads them (uint32); a DE's output is a tuple of ints,
+            # which np.fromiter converts without working out a dtype first
+            seq = np.empty(len(tail) + made, "<u4")
+            seq[:len(tail)] = tail
+            if made:
+                gen = (np.asarray(output).reshape(-1) if isinstance(output, np.ndarray)
+                       else np.fromiter(output, np.int64, len(output)))
+                seq[len(tail):] = gen[skip:skip + made]
             chain = look.keys + chain_digests(seq, self.ns, look.keys[-KEY_BYTES:] or None)
         else:
             chain = look.keys
