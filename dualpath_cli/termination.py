@@ -131,7 +131,8 @@ def deferred() -> Iterator[None]:
 @contextmanager
 def temp_dir(dir: Path | None = None, prefix: str | None = None) -> Iterator[Path]:
     """A new temporary directory (``tempfile.mkdtemp``), removed when the block ends,
-    however it ends: a termination signal that lands as it is created included."""
+    however it ends: a termination signal that lands as it is created included. A signal
+    that lands during the removal is raised once the directory is gone."""
     path: Path | None = None
     try:
         with deferred():
@@ -139,4 +140,5 @@ def temp_dir(dir: Path | None = None, prefix: str | None = None) -> Iterator[Pat
         yield path
     finally:
         if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+            with deferred():
+                shutil.rmtree(path, ignore_errors=True)

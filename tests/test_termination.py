@@ -156,3 +156,37 @@ def test_a_signal_landing_in_an_import_that_swallows_it_is_raised_after_it(
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["imported", f"raised {int(signal.SIGTERM)}"], \
         run.stdout
+
+
+_SIGNAL_DURING_REMOVAL = textwrap.dedent("""
+    import shutil, signal, sys
+    from pathlib import Path
+    from dualpath_cli.cli.app import _unwind_on_termination
+    from dualpath_cli.termination import Terminated, temp_dir
+
+    _unwind_on_termination()
+    real = shutil.rmtree
+
+    def rmtree(path, **kw):
+        signal.raise_signal(signal.SIGTERM)  # lands as the removal starts
+        for _ in range(1000):  # Python work, where a handler would raise
+            pass
+        real(path, **kw)
+
+    shutil.rmtree = rmtree
+    try:
+        with temp_dir(dir=Path(sys.argv[1])) as made:
+            (made / "file").write_bytes(b"x")
+        print("no signal")
+    except Terminated:
+        print("raised after removal")
+""")
+
+
+def test_a_signal_during_the_removal_is_raised_once_the_directory_is_gone(
+        tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_REMOVAL, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "raised after removal", run.stdout
+    assert list(tmp_path.iterdir()) == []
