@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import CLI, all_gone, run_cli, wait_until
+from conftest import CLI, all_gone, communicate_or_explain, run_cli, wait_until
 
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.cli.app import main
@@ -100,7 +100,9 @@ class Launched:
     def __init__(self, env: dict[str, str], port: int, *extra: str) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([*CLI, "launch", "--port", str(port), *extra], env=env,
+        # Python's stacks on a SIGABRT: what a launcher stuck in its drain was doing
+        self.proc = subprocess.Popen([*CLI, "launch", "--port", str(port), *extra],
+                                     env={**env, "PYTHONFAULTHANDLER": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         assert self.proc.stdout is not None
@@ -111,7 +113,7 @@ class Launched:
                            psutil.Process(self.proc.pid).children(recursive=True)]
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
+        out, err = communicate_or_explain(self.proc, timeout)
         return self.proc.returncode, self.ready_line + out, err
 
     def kill(self) -> None:
