@@ -53,9 +53,12 @@ def _interrupt(signum: int) -> KeyboardInterrupt:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
-def _act(signum: int) -> None:
+def _act(signum: int, cause: BaseException | None = None) -> None:
+    """Raise ``signum``'s interrupt (chained to ``cause``, an error already on its way)."""
     if on_act is not None:
         on_act(signum)
+    if cause is not None:
+        raise _interrupt(signum) from cause
     raise _interrupt(signum)
 
 
@@ -107,7 +110,7 @@ def deferred() -> Iterator[None]:
     """A section a termination signal does not split: one arriving inside it is raised
     when it ends (chained to the section's own error, if it raised one). Only the main
     thread's sections defer (signal handlers run there); elsewhere this does nothing."""
-    global _depth, _pending
+    global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -115,17 +118,18 @@ def deferred() -> Iterator[None]:
     try:
         yield
     except BaseException as err:
-        _depth -= 1
-        if not _depth and _pending is not None:
-            signum, _pending = _pending, None
-            if on_act is not None:
-                on_act(signum)
-            raise _interrupt(signum) from err
+        _leave(err)
         raise
+    _leave(None)
+
+
+def _leave(cause: BaseException | None) -> None:
+    """End a deferred section: the outermost one raises the signal held inside it."""
+    global _depth, _pending
     _depth -= 1
     if not _depth and _pending is not None:
         signum, _pending = _pending, None
-        _act(signum)
+        _act(signum, cause)
 
 
 @contextmanager
