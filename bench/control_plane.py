@@ -72,6 +72,7 @@ from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import SchedulerService, Ticket, TurnRequest
+from dualpath_cli.transfer.base import Message
 from dualpath_cli.workload.build import synthetic_trace
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
@@ -255,15 +256,6 @@ def _count_loop(sched: Any) -> dict[str, list[float]]:
     return rows
 
 
-class _Raw:
-    """A received message as the wrappers read it (its header only)."""
-
-    __slots__ = ("header",)
-
-    def __init__(self, header: dict[str, Any]) -> None:
-        self.header = header
-
-
 def _per_call(fn: Any, n: int) -> float:
     t = time.thread_time()
     for _ in range(n):
@@ -293,7 +285,7 @@ def _wrapper_costs(n_private: int, n: int = 20_000, reps: int = 7) -> dict[str, 
         ep=types.SimpleNamespace(recv=noop), _check_heartbeats=noop, _sample_cost=noop)
     _count_kinds(stand_in)
     _count_loop(stand_in)
-    plain, fetch = _Raw({"t": "done"}), _Raw({"t": "fetch", "group": 0, "role": "decode"})
+    plain, fetch = Message({"t": "done"}), Message({"t": "fetch", "group": 0, "role": "decode"})
     cases = {"recv": stand_in.ep.recv, "sweep": stand_in._check_heartbeats,
              "handler": lambda: stand_in._handle(plain),
              "busy_fetch": lambda: stand_in._handle(fetch)}  # work queued: moved() twice
@@ -584,7 +576,6 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     from dualpath_cli.storage import PosixStore
     from dualpath_cli.telemetry.registry import MetricsRegistry
     from dualpath_cli.transfer import ZmqFabric
-    from dualpath_cli.transfer.base import Message
     from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint
 
     spec = parse_pd(args.pd)
