@@ -149,15 +149,12 @@ def _unwind_on_termination() -> None:
         _signalled = signum  # Typer turns the interrupt into a bare exit 130: remember why
         termination.deliver(signum, frame)
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        termination.deliver(signum, frame)  # KeyboardInterrupt, as Python's handler raises
-
     termination.on_act = restore_defaults
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, handler)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, interrupt)
+        signal.signal(signal.SIGINT, termination.deliver)  # KeyboardInterrupt, as Python's
 
 
 #: The signal that ended this run (set by the handler above), else None.
