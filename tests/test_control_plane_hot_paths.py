@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import (
+    KEY_BYTES,
     BlockShape,
     DigestKeys,
     Namespace,
@@ -22,7 +23,7 @@ from dualpath_cli.core.layout import (
     chain_keys,
     prefix_keys,
 )
-from dualpath_cli.runtime.ledger import RequestLedger
+from dualpath_cli.runtime.ledger import RequestLedger, _own_prefix
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import Latch, Ticket
 from dualpath_cli.runtime.wire import Decode, Prefill, TokenArray, WireError, decode, encode
@@ -238,6 +239,25 @@ def test_misses_counted_at_once_equal_the_walk(first: list[int], second: list[in
         looks.append(ledger.lookup(2, 5, keys, len(second),
                                    hits=min(hit2, (len(second) - 1) // 4), now=3.0).as_dict())
     assert looks[0] == looks[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=60), st.lists(st.integers(0, 3), max_size=60),
+       st.integers(0, 20))
+def test_own_prefix_bisected_equals_the_key_by_key_count(stored: list[int],
+                                                         prompt: list[int],
+                                                         hits: int) -> None:
+    """The agent's own hit blocks, found from the last hit key or by bisection on chained
+    keys, are the leading keys its stored chain and the prompt share, counted one by one."""
+    chain = b"".join(k.raw for k in prefix_keys(stored, NS))
+    raw = b"".join(k.raw for k in prefix_keys(prompt, NS))
+    hits = min(hits, len(raw) // KEY_BYTES)
+    counted = 0
+    while (counted < hits and counted < len(chain) // KEY_BYTES
+           and chain[counted * KEY_BYTES:(counted + 1) * KEY_BYTES]
+           == raw[counted * KEY_BYTES:(counted + 1) * KEY_BYTES]):
+        counted += 1
+    assert _own_prefix(chain, raw, hits) == counted
 
 
 def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:

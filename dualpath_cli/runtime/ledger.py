@@ -50,18 +50,31 @@ _FAILURES = frozenset({"quarantined", "read_failed", "timed_out", "evicted", "ca
 
 def _own_prefix(chain: bytes, raw: bytes, hits: int) -> int:
     """How many of the first ``hits`` keys (``raw``: joined digests) the agent's own stored
-    ``chain`` starts with (one comparison in the common case: a turn hits its own whole
-    context)."""
-    if not hits or not chain:
+    ``chain`` starts with.
+
+    Keys are chained (a block's digest covers every token before it), so a key both hold
+    at the same place means every key before it is equal too: the last hit key is compared
+    (the common case: a turn hits its own whole context), else the first differing key is
+    bisected, 16 bytes a step. Comparing the whole ~8 KB prefixes copied both, from a chain
+    stored one agent-turn ago (cold)."""
+    n = min(hits, len(chain) // KEY_BYTES)
+    if n <= 0:
         return 0
-    end = hits * KEY_BYTES
-    if chain[:end] == raw[:end]:
-        return hits
-    n = 0
-    while n < hits and chain[n * KEY_BYTES:(n + 1) * KEY_BYTES] == \
-            raw[n * KEY_BYTES:(n + 1) * KEY_BYTES]:
-        n += 1
-    return n
+
+    def same(i: int) -> bool:
+        at = i * KEY_BYTES
+        return chain[at:at + KEY_BYTES] == raw[at:at + KEY_BYTES]
+
+    if same(n - 1):
+        return n
+    lo, hi = 0, n - 1  # keys before lo are equal; key hi differs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if same(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def reason_from_why(why: str) -> str:
