@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -162,6 +163,13 @@ def test_decisions_use_two_phase_de_placement_and_log_inputs() -> None:
         loads = {int(g): v for g, v in route["group_loads"].items()}
         assert loads[d.de_group] == min(loads.values())  # phase 1: min-load group
         assert [e["id"] for e in inputs["pe_engines"]] == system.engine_ids("prefill")
+        # the snapshots are kept packed and read back whole, as JSON shows them
+        assert {e["role"] for e in inputs["pe_engines"]} == {"prefill"}
+        assert inputs["de_engine"]["role"] == "decode" and inputs["de_engine"]["id"] == d.de
+        assert {e["role"] for e in place["engines"]} == {"decode"}
+        assert set(place["engines"][0]) == {"id", "role", "node", "group", "seq", "tok",
+                                            "read_q", "hbm_free"}
+        assert json.loads(json.dumps(inputs))["de_place"]["queue_head"] == place["queue_head"]
         assert inputs["de_engine"]["read_q"] == d.de_read_q  # inputs are pre-decision
         pe_before = next(e for e in inputs["pe_engines"] if e["id"] == d.pe)
         assert pe_before["read_q"] == d.pe_read_q

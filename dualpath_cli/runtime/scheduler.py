@@ -38,6 +38,7 @@ loaded host) and reports again is told to cancel what it held and scheduled on a
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import functools
@@ -46,7 +47,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -429,8 +430,11 @@ _ROLES: dict[str, Role] = {r.value: r for r in Role}
 _ROLE_NAMES: dict[Role, str] = {r: r.value for r in Role}
 
 
-#: an engine snapshot's values at a decision, kept until the decision is read
+#: an engine snapshot's values at a PE decision, kept until the decision is read
 _SnapRow = tuple[int, Role, int, int, int, int, int, int]
+#: fields of a packed engine snapshot (:func:`_pack_rows`)
+_ROW_FIELDS = 8
+_ROLE_ORDER: tuple[Role, ...] = tuple(Role)
 
 
 def _snap_row(e: EngineSnapshot) -> _SnapRow:
@@ -443,17 +447,36 @@ def _row_dict(r: _SnapRow) -> dict[str, Any]:
             "tok": r[5], "read_q": r[6], "hbm_free": r[7]}
 
 
-def _snap(e: EngineSnapshot) -> dict[str, Any]:
-    return _row_dict(_snap_row(e))
+def _pack_rows(snaps: Iterable[EngineSnapshot]) -> array.array[int]:
+    """Snapshots as one flat int64 array, ``_ROW_FIELDS`` a snapshot (the role as its
+    index). Why: a DE placement's snapshots are kept (a dict each, before) until the ring
+    drops the last decision of the turns it placed, ~10,000 decisions later, and each
+    object was then freed from a cold cache line. (A PE decision's tuples are cheaper to
+    make than to pack: kept as they are.)"""
+    index = _ROLE_ORDER.index
+    return array.array("q", [v for e in snaps for v in (
+        e.engine_id, index(e.role), e.node, e.group, e.seq, e.tok, e.read_q, e.hbm_free)])
+
+
+def _row_dicts(flat: array.array[int]) -> list[dict[str, Any]]:
+    """:func:`_pack_rows`' snapshots as a decision's inputs show them."""
+    rows = flat.tolist()
+    return [_row_dict((rows[i], _ROLE_ORDER[rows[i + 1]], rows[i + 2], rows[i + 3],
+                       rows[i + 4], rows[i + 5], rows[i + 6], rows[i + 7]))
+            for i in range(0, len(rows), _ROW_FIELDS)]
 
 
 def _pe_fetch_inputs(head: list[int], pes: list[_SnapRow], de: _SnapRow,
                      flight: dict[str, Any], look: Lookup | None) -> dict[str, Any]:
     """A PE fetch decision's inputs, built when the decision is first read (``flight``:
     its route, placement, ordinal, thresholds and their sources, as they were)."""
-    route = flight["de_route"]
+    route, place = flight["de_route"], flight["de_place"]
+    if "engines" in place:  # the DE group's snapshots, packed when it was placed
+        place = {**place, "engines": _row_dicts(place["engines"]),
+                 "queue_head": place["queue_head"].tolist()}
     return {"pe_queue_head": head, "pe_engines": [_row_dict(r) for r in pes],
-            "de_engine": _row_dict(de), **flight,
+            "de_engine": _row_dict(de), **flight, "de_place": place,
+            "sources": dict(flight["sources"]),
             "de_route": route.as_dict() if route is not None else {},
             "lookup": look.as_dict() if look is not None else {}}
 
@@ -504,6 +527,7 @@ class SchedulerService:
         self.sources = {k: "config" for k in ("alpha", "beta", "z_factor", "quota",
                                               "read_side")}
         self.sources.update(sources or {})
+        self._sources_copy: dict[str, str] = {}  # see _sources_kept
         self.store = store
         self.ns = namespace
         self.bt = namespace.shape.block_tokens
@@ -1350,8 +1374,8 @@ class SchedulerService:
         private = self.private[group]
         if not private:
             return
-        before = [_snap(e) for e in engines]
-        head = [f.rid for f in itertools.islice(private, _HEAD)]
+        before = _pack_rows(engines)
+        place_head = array.array("q", [f.rid for f in itertools.islice(private, _HEAD)])
         queue = [self._request(f) for f in private]
         res = de_place(queue, engines, self.params.z_factor)
         classes = placement_classes(queue, [e for e in engines if e.healthy],
@@ -1364,7 +1388,7 @@ class SchedulerService:
                 self._load_delta(f, -1)
             f.de, f.de_group = de_id, group
             self._load_delta(f, 1)
-            f.place = {"queue_head": head, "engines": before, "z": res.z,
+            f.place = {"queue_head": place_head, "engines": before, "z": res.z,
                        "r_count": res.r_count, "stop": res.stop_reason, "de": de_id,
                        "de_class": cls.value}
             self.pe_queue.append(f)
@@ -1435,7 +1459,7 @@ class SchedulerService:
                     "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
                     "alpha": params.alpha, "beta": params.beta,
                     "z_factor": params.z_factor, "quota_s": self.quota_s,
-                    "read_side": self.read_side, "sources": dict(self.sources)},
+                    "read_side": self.read_side, "sources": self._sources_kept()},
                 self.ledger.last_lookup(f.rid)))
 
     def _dispatch(self, f: _Flight, pe: int, de: int, pe_tokens: int) -> None:
@@ -1460,6 +1484,14 @@ class SchedulerService:
             f.rid, f.att, seqs[pe], TokenArray(f.prompt.array[start:]), f.cached, f.keys,
             pe_tokens, de_state.address, self.layerwise, self.shaped, start, f.req.gen,
             seqs[de]))
+
+    def _sources_kept(self) -> dict[str, str]:
+        """The thresholds' sources as a decision keeps them: one copy, shared by every
+        decision until they change (a copy a decision cost its allocation, and its free
+        when the ring dropped the decision). Read only: the inputs copy it when built."""
+        if self._sources_copy != self.sources:
+            self._sources_copy = dict(self.sources)
+        return self._sources_copy
 
     def _record(self, f: _Flight, side: str, pe_q: int, de_q: int, pe_class: str,
                 inputs: Callable[[], dict[str, Any]]) -> None:
