@@ -226,8 +226,9 @@ def _count_kinds(sched: Any, profile: Any = None) -> dict[str, list[float]]:
 
 def _count_loop(sched: Any) -> dict[str, list[float]]:
     """Count the scheduler loop's CPU outside the handlers (measurement only, same thread):
-    ``recv`` (a message taken off the socket: poll, frames, msgpack), ``recv_idle`` (a poll
-    that timed out: gone at the paper's rate, where a message is always waiting) and
+    ``recv`` (a message taken off the socket: the wait for it, frames, msgpack),
+    ``recv_idle`` (a receive that timed out: gone at the paper's rate, where a message is
+    always waiting) and
     ``sweep`` (the heartbeat check and cost sample every 50 ms)."""
     rows: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     recv = sched.ep.recv
@@ -397,10 +398,10 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     # (per period: the paper's periods are fetch_s / --fetch times as many as this run's)
     futile = max(0.0, c_futile - n_futile * idle_fetch) / wall * fetch_s / args.fetch
     periodic += futile
-    # the loop around the handlers: every message is received (poll, frames, msgpack) and
+    # the loop around the handlers: every message is received (wait, frames, msgpack) and
     # passes the loop (the lock, a clock read); the sweeps run every 50 ms whatever the
     # rate. What the thread spent beyond handlers, receives and sweeps is loop overhead,
-    # charged per message received (an upper bound: part of it is idle polling)
+    # charged per message received (an upper bound: part of it is idle waiting)
     n_recv, c_recv = by_loop.get("recv", (0, 0.0))
     n_idle, c_idle = by_loop.get("recv_idle", (0, 0.0))
     n_sweep, c_sweep = by_loop.get("sweep", (0, 0.0))
