@@ -187,3 +187,38 @@ def test_bad_key_frames_are_refused_with_a_reason() -> None:
         decode(header, [frames[0], np.zeros(16, np.uint8)])
     with pytest.raises(WireError, match="keys frame is not a 2-D byte array"):
         decode(header, [frames[0], np.zeros((1, 4), np.int32)])
+
+
+def test_a_zmq_mailbox_refuses_unreadable_messages_and_reads_the_next_intact() -> None:
+    """Raw parts a peer should not send: a header that is not msgpack, an undeclared extra
+    part, buffers that do not match the header. Each is refused by ``decode`` with why, and
+    the message after it is read whole (the mailbox stays in step)."""
+    import msgpack
+    import zmq
+
+    fabric = ZmqFabric()
+    ep = fabric.endpoint("mailbox")
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.connect(ep.address)
+    good, _ = encode(First(0, 9, 1, 77, 12.5))
+    try:
+        raw.send(b"\xc1 not msgpack")  # 0xc1 is never valid msgpack
+        raw.send_multipart([msgpack.packb(good), b"an undeclared part"])
+        raw.send_multipart([msgpack.packb({**good, "_b": [["|u1", [4]], ["|u1", [4]]]}),
+                            b"four"])
+        raw.send(msgpack.packb(good))
+        got = [m for m in (ep.recv(timeout=10) for _ in range(5)) if m is not None]
+        assert len(got) == 5
+        first = First(0, 9, 1, 77, 12.5)
+        with pytest.raises(WireError, match="unreadable message: a header that is not"):
+            decode(got[0].header, got[0].buffers)
+        assert decode(got[1].header, got[1].buffers) == first
+        with pytest.raises(WireError, match="unreadable message: a header that is not"):
+            decode(got[2].header, got[2].buffers)  # the undeclared part, on its own
+        with pytest.raises(WireError, match="1 buffer parts that do not match the header's 2"):
+            decode(got[3].header, got[3].buffers)
+        assert decode(got[4].header, got[4].buffers) == first
+        assert ep.recv(timeout=0) is None
+    finally:
+        raw.close(linger=0)
+        ep.close()

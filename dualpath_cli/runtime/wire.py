@@ -40,7 +40,7 @@ from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.storage.warm import Warm
-from dualpath_cli.transfer.base import Endpoint
+from dualpath_cli.transfer.base import UNREADABLE, Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
            "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
@@ -587,6 +587,8 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
     kind = header.get("t")
     codec = _CODECS.get(kind) if isinstance(kind, str) else None
     if codec is None:
+        if UNREADABLE in header:
+            raise WireError(f"wire: unreadable message: {header[UNREADABLE]}")
         raise WireError(f"wire: unknown message kind {kind!r}; expected one of "
                         f"{', '.join(KINDS)}")
     if not codec.required <= header.keys():  # a set's test against the keys: no new set

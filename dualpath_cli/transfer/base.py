@@ -12,7 +12,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Message", "Endpoint", "Fabric", "buffer_specs", "restore_buffers"]
+__all__ = ["Message", "Endpoint", "Fabric", "UNREADABLE", "buffer_specs", "restore_buffers"]
+
+UNREADABLE = "_unreadable"
+"""Header key of a message a fabric received but could not read (the value says why)."""
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from dualpath_cli.transfer.base import Message, buffer_specs, restore_buffers
+from dualpath_cli.transfer.base import UNREADABLE, Message, buffer_specs, restore_buffers
 from dualpath_cli.transfer.curve import CurveKeys, secure_client, secure_server
 
 __all__ = ["ZmqFabric", "ZmqEndpoint", "BIND_HOST_ENV"]
@@ -133,12 +133,31 @@ class ZmqEndpoint:
             return None
         # the header is small: copied as bytes (a zero-copy frame costs more); the buffers
         # (a prompt, KV layers) zero-copy; the parts of a message arrive together
+        try:
+            head = msgpack.unpackb(first, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as err:
+            head = f"{type(err).__name__}: {err}"
+        if not isinstance(head, dict):  # not our peer's header (or a part of a message
+            self._skip_parts()           # sent with more parts than its header declared)
+            return _unreadable(f"a header that is not a msgpack map ({head!r:.60})")
+        specs = head.pop("_b", None)
+        if not specs:
+            # the header declares no buffer parts: none is queried for (a RCVMORE query,
+            # 1-2 us, was a tenth of a control message's receive at the scheduler)
+            return Message(head, [])
         frames = []
         while sock.get(_RCVMORE):
             frames.append(sock.recv(copy=False).buffer)
-        head = msgpack.unpackb(first, raw=False)
-        specs = head.pop("_b", [])
-        return Message(head, restore_buffers(specs, frames) if specs or frames else [])
+        try:
+            return Message(head, restore_buffers(specs, frames))
+        except (ValueError, TypeError) as err:
+            return _unreadable(f"{len(frames)} buffer parts that do not match the header's "
+                               f"{len(specs)} ({err})")
+
+    def _skip_parts(self) -> None:
+        """Drop the rest of the message being received."""
+        while self._pull.get(_RCVMORE):
+            self._pull.recv(copy=False)
 
     @property
     def socket(self) -> zmq.Socket[Any]:
@@ -152,6 +171,12 @@ class ZmqEndpoint:
                 sock.close()
             self._push.clear()
             self._pull.close()
+
+
+def _unreadable(why: str) -> Message:
+    """A message that could not be read, as one :func:`~dualpath_cli.runtime.wire.decode`
+    refuses with ``why`` (receivers count and log it; the loop goes on)."""
+    return Message({UNREADABLE: why}, [])
 
 
 class ZmqFabric:
