@@ -16,12 +16,15 @@ Parts (``--json`` prints one object with these keys):
   goes through the scheduler's FIFO, DE and PE fetches (groups pull every 100 ms), its
   dispatches and the engines' reports. Measured over ``--seconds`` after a warm-up: the
   scheduler *thread*'s CPU (psutil, user + system) plus the CPU of ``submit()`` (its prefix
-  lookup runs on the caller's thread) over wall time, i.e. cores, and per turn completed.
+  lookup runs on the caller's thread) plus the process's native threads (ZeroMQ's I/O
+  thread: the sockets' TCP work and wake-ups; counted since session 14,
+  ``native_threads_*``) over wall time, i.e. cores, and per turn completed.
   On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
   shared) the rate is what the driver reached; the value is then extrapolated term by term
   and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
   CPU per turn (``submit()``, ``first``, ``done``; working fetches and ``rq`` per decision)
-  x 2400, and the loop around the handlers (a message's receive and the loop's overhead,
+  x 2400, the native threads per message received x the messages at 2400 turns/s, and the
+  loop around the handlers (a message's receive and the loop's overhead,
   per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured; the
   bench's own timing wrappers, calibrated on a stand-in after the window, are taken out of
   the loop's overhead: ``bench_wrapper_us_per_call``). At this
@@ -341,12 +344,17 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             kinds = _count_kinds(sched, profile)
             loop = _count_loop(sched)
             proc = psutil.Process()
+            # the threads no Python code runs on: ZeroMQ's (the scheduler's sockets' TCP
+            # work and signalling) and any library pool; all charged to the scheduler
+            native = ({t.id for t in proc.threads()}
+                      - {th.native_id for th in threading.enumerate()})
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
             driver.measuring = True
             kinds.clear()
             loop.clear()
             c0, p0, w0 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
+            io0 = _threads_cpu(native)
             d0, s0, k0 = driver.completed, driver.submitted, driver.tokens_submitted
             u0 = driver.submit_cpu
             q0 = sched.log.last_seq
@@ -354,6 +362,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             h0 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
             time.sleep(args.seconds)
             c1, p1, w1 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
+            io1 = _threads_cpu(native)
             by_kind = {k: (n, cpu) for k, (n, cpu) in kinds.items()}
             by_loop = {k: (n, cpu) for k, (n, cpu) in loop.items()}
             d1, s1, k1 = driver.completed, driver.submitted, driver.tokens_submitted
@@ -401,7 +410,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     # the loop around the handlers: every message is received (wait, frames, msgpack) and
     # passes the loop (the lock, a clock read); the sweeps run every 50 ms whatever the
     # rate. What the thread spent beyond handlers, receives and sweeps is loop overhead,
-    # charged per message received (an upper bound: part of it is idle waiting)
+    # charged per message received (an upper bound: part of it is idle waiting), and so
+    # are the receives that timed out (none at this rate: a blocking receive waits)
     n_recv, c_recv = by_loop.get("recv", (0, 0.0))
     n_idle, c_idle = by_loop.get("recv_idle", (0, 0.0))
     n_sweep, c_sweep = by_loop.get("sweep", (0, 0.0))
@@ -412,7 +422,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     wrappers = (wrap["recv"] * (n_recv + n_idle) + wrap["sweep"] * n_sweep
                 + wrap["handler"] * (n_wrapped - n_busy) + wrap["busy_fetch"] * n_busy)
     rest = max(0.0, thread_cpu - handled - c_recv - c_idle - c_sweep - wrappers)
-    per_msg = (c_recv + rest) / n_recv if n_recv else 0.0
+    per_msg = (c_recv + c_idle + rest) / n_recv if n_recv else 0.0
     sweeps = c_sweep / wall
     n_msgs = sum(n for n, _ in by_kind.values())
     n_periodic = sum(by_kind.get(k, (0, 0.0))[0]
@@ -423,6 +433,10 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     msgs_at_paper = (n_engines / args.heartbeat + groups / args.fetch
                      + turn_msgs * PAPER_RATE)
     loop_cores = sweeps + per_msg * msgs_at_paper
+    # the process's native threads (ZeroMQ's I/O thread: receiving, sending, waking the
+    # loop), per message received, x the messages at the paper's rate
+    io_cpu = io1 - io0
+    io_cores = io_cpu / n_msgs * msgs_at_paper if n_msgs else 0.0
     # per turn: one submit() (its prefix lookup, on the caller's thread), one ``first`` and
     # one ``done`` each at its own mean; per decision (a dispatched attempt: a turn has one
     # unless re-queued) the working fetches' CPU beyond an idle one's and the read-queue
@@ -443,8 +457,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 per_turn[f"{k}, per decision"] = c / decisions
     per_turn_us = {k: round(1e6 * v, 1) for k, v in per_turn.items()}
     per_turn_total = sum(per_turn.values()) if decisions and done else float("nan")
-    extrapolated = periodic + per_turn_total * PAPER_RATE + loop_cores
-    cores = cpu / wall if reached else extrapolated
+    extrapolated = periodic + per_turn_total * PAPER_RATE + loop_cores + io_cores
+    cores = (cpu + io_cpu) / wall if reached else extrapolated
     lower_bound = not reached and not done  # no turn completed: the turn term is unknown
     if lower_bound:
         cores = periodic
@@ -456,7 +470,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 "per turn (submit, first and done at their means; working fetches beyond an "
                 f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s + the "
                 "loop's receive and overhead per message x the messages at that rate + the "
-                f"sweeps as measured (this machine reached {rate:.1f} turns/s)"),
+                "sweeps as measured + the native (ZeroMQ) threads' CPU per message x the "
+                f"messages at that rate (this machine reached {rate:.1f} turns/s)"),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,
@@ -477,6 +492,10 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "messages_per_s": {k: round(n / wall, 1) for k, (n, _) in by_kind.items()},
         "periodic_cores_at_paper_scale": round(periodic, 3),
         "loop_cores_at_paper_rate": round(loop_cores, 3),
+        "native_threads": len(native),
+        "native_threads_us_per_message": round(1e6 * io_cpu / max(1, n_msgs), 1),
+        "native_threads_cores_at_paper_rate": round(io_cores, 3),
+
         "loop_us_per_message": {"recv": round(1e6 * c_recv / max(1, n_recv), 1),
                                 "other": round(1e6 * rest / max(1, n_recv), 1)},
         "bench_wrapper_us_per_call": {k: round(1e6 * v, 2) for k, v in wrap.items()},
