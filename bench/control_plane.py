@@ -495,7 +495,6 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "native_threads": len(native),
         "native_threads_us_per_message": round(1e6 * io_cpu / max(1, n_msgs), 1),
         "native_threads_cores_at_paper_rate": round(io_cores, 3),
-
         "loop_us_per_message": {"recv": round(1e6 * c_recv / max(1, n_recv), 1),
                                 "other": round(1e6 * rest / max(1, n_recv), 1)},
         "bench_wrapper_us_per_call": {k: round(1e6 * v, 2) for k, v in wrap.items()},
