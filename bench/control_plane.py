@@ -27,7 +27,11 @@ Parts (``--json`` prints one object with these keys):
   loop around the handlers (a message's receive and the loop's overhead,
   per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured; the
   bench's own timing wrappers, calibrated on a stand-in after the window, are taken out of
-  the loop's overhead: ``bench_wrapper_us_per_call``). At this
+  the loop's overhead: ``bench_wrapper_us_per_call``). The wrappers cost more in the run
+  than calibrated, so a second window of ``--seconds`` follows without them (messages
+  counted only): the wrapped window's thread CPU per message less this one's is taken off
+  per message at 2400 turns/s (``wrapper_excess_*``; ``with_wrappers_cores_at_paper_rate``
+  is the figure before it, ``unwrapped_window`` what the second window measured). At this
   machine's rate a fetch every ``--fetch`` carries about one turn, so the fetch term
   charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
   period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
@@ -267,6 +271,28 @@ def _per_call(fn: Any, n: int) -> float:
     return (time.thread_time() - t) / n
 
 
+def _unwrap(sched: Any, handle: Any) -> list[int]:
+    """Take :func:`_count_kinds`' and :func:`_count_loop`'s wrappers off ``sched`` (the
+    class's methods show through again) and count its messages only; returns the count's
+    box. ``handle``: the bound handler from before the wrappers.
+
+    Why: each wrapped message reads the thread's CPU clock four times (a system call each)
+    and passes two closures. On this VM that costs far more in the run than its
+    calibration on a hot stand-in (:func:`_wrapper_costs`), so a window without them
+    measures what the scheduler spends, and the difference per message is taken off."""
+    for name in ("_handle", "_check_heartbeats", "_sample_cost"):
+        sched.__dict__.pop(name, None)
+    sched.ep.__dict__.pop("recv", None)
+    box = [0]
+
+    def counted(raw: Any) -> None:
+        box[0] += 1
+        handle(raw)
+
+    sched._handle = counted  # noqa: SLF001
+    return box
+
+
 def _wrapper_costs(n_private: int, n: int = 20_000, reps: int = 7) -> dict[str, float]:
     """Thread CPU seconds the bench's own wrappers (:func:`_count_kinds`,
     :func:`_count_loop`) add to one call, beyond the call: the same wrappers around a no-op
@@ -341,6 +367,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 # CPU, not waits; one profiler per thread (the clock is the thread's)
                 profile = cProfile.Profile(time.thread_time)
                 driver.profile = cProfile.Profile(time.thread_time)
+            handle = sched._handle  # noqa: SLF001 - the handler before any wrapper
             kinds = _count_kinds(sched, profile)
             loop = _count_loop(sched)
             proc = psutil.Process()
@@ -370,6 +397,14 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             q1 = sched.log.last_seq
             f1, r1 = driver.first_turns, sched.requeued
             h1 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
+            # a second window with the timing wrappers taken off (the loop looks its
+            # receive and handler up per message): only the messages are counted
+            plain = _unwrap(sched, handle)
+            c2, w2, io2 = _thread_cpu(tid), time.monotonic(), _threads_cpu(native)
+            d2, u2 = driver.completed, driver.submit_cpu
+            time.sleep(args.seconds)
+            c3, w3, io3 = _thread_cpu(tid), time.monotonic(), _threads_cpu(native)
+            d3, u3, n_plain = driver.completed, driver.submit_cpu, plain[0]
             driver.stop.set()
             driver.thread.join(5)
             if profile is not None:  # diagnosis only: profiling inflates the CPU figures
@@ -457,8 +492,21 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 per_turn[f"{k}, per decision"] = c / decisions
     per_turn_us = {k: round(1e6 * v, 1) for k, v in per_turn.items()}
     per_turn_total = sum(per_turn.values()) if decisions and done else float("nan")
-    extrapolated = periodic + per_turn_total * PAPER_RATE + loop_cores + io_cores
-    cores = (cpu + io_cpu) / wall if reached else extrapolated
+    wrapped = periodic + per_turn_total * PAPER_RATE + loop_cores + io_cores
+    # the wrappers' cost beyond their calibration, per message: the wrapped window's
+    # thread CPU a message (calibration taken off) less the unwrapped window's. It comes
+    # second, so the agents' contexts are no shorter there; at its rate turns' messages
+    # (dearer than heartbeats) are no rarer: both make the difference, and the correction,
+    # no larger than it is. submit()'s own clock reads (two a turn) stay counted
+    wall_plain = w3 - w2
+    cpu_plain = c3 - c2
+    per_msg_wrapped = (thread_cpu - wrappers) / n_msgs if n_msgs else 0.0
+    per_msg_plain = cpu_plain / n_plain if n_plain else per_msg_wrapped
+    excess = max(0.0, per_msg_wrapped - per_msg_plain)
+    extrapolated = wrapped - excess * msgs_at_paper
+    rate_plain = (d3 - d2) / wall_plain
+    reached = reached and rate_plain >= 0.95 * PAPER_RATE
+    cores = ((cpu_plain + u3 - u2 + io3 - io2) / wall_plain if reached else extrapolated)
     lower_bound = not reached and not done  # no turn completed: the turn term is unknown
     if lower_bound:
         cores = periodic
@@ -471,7 +519,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s + the "
                 "loop's receive and overhead per message x the messages at that rate + the "
                 "sweeps as measured + the native (ZeroMQ) threads' CPU per message x the "
-                f"messages at that rate (this machine reached {rate:.1f} turns/s)"),
+                "messages at that rate - the timing wrappers' cost per message beyond "
+                "their calibration (a second window without them) x the messages at that "
+                f"rate (this machine reached {rate:.1f} turns/s)"),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,
@@ -495,6 +545,16 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "native_threads": len(native),
         "native_threads_us_per_message": round(1e6 * io_cpu / max(1, n_msgs), 1),
         "native_threads_cores_at_paper_rate": round(io_cores, 3),
+        "with_wrappers_cores_at_paper_rate": round(wrapped, 3),
+        "wrapper_excess_us_per_message": round(1e6 * excess, 1),
+        "wrapper_excess_cores_at_paper_rate": round(excess * msgs_at_paper, 3),
+        "unwrapped_window": {
+            "turns_per_s": round(rate_plain, 1), "messages_per_s": round(n_plain / wall_plain),
+            "sched_thread_cores": round(cpu_plain / wall_plain, 3),
+            "submit_cores": round((u3 - u2) / wall_plain, 3),
+            "native_threads_cores": round((io3 - io2) / wall_plain, 3),
+            "thread_us_per_message": round(1e6 * per_msg_plain, 1)},
+        "wrapped_thread_us_per_message": round(1e6 * per_msg_wrapped, 1),
         "loop_us_per_message": {"recv": round(1e6 * c_recv / max(1, n_recv), 1),
                                 "other": round(1e6 * rest / max(1, n_recv), 1)},
         "bench_wrapper_us_per_call": {k: round(1e6 * v, 2) for k, v in wrap.items()},
