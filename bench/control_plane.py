@@ -497,7 +497,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     # thread CPU a message (calibration taken off) less the unwrapped window's. It comes
     # second, so the agents' contexts are no shorter there; at its rate turns' messages
     # (dearer than heartbeats) are no rarer: both make the difference, and the correction,
-    # no larger than it is. submit()'s own clock reads (two a turn) stay counted
+    # no larger than it is (a few more messages sharing a wake-up there works the other
+    # way, ~0.1 us a message at most). submit()'s own clock reads (two a turn) stay counted
     wall_plain = w3 - w2
     cpu_plain = c3 - c2
     per_msg_wrapped = (thread_cpu - wrappers) / n_msgs if n_msgs else 0.0
