@@ -271,10 +271,10 @@ def _per_call(fn: Any, n: int) -> float:
     return (time.thread_time() - t) / n
 
 
-def _unwrap(sched: Any, handle: Any) -> list[int]:
+def _unwrap(sched: Any) -> list[int]:
     """Take :func:`_count_kinds`' and :func:`_count_loop`'s wrappers off ``sched`` (the
     class's methods show through again) and count its messages only; returns the count's
-    box. ``handle``: the bound handler from before the wrappers.
+    box.
 
     Why: each wrapped message reads the thread's CPU clock four times (a system call each)
     and passes two closures. On this VM that costs far more in the run than its
@@ -283,6 +283,7 @@ def _unwrap(sched: Any, handle: Any) -> list[int]:
     for name in ("_handle", "_check_heartbeats", "_sample_cost"):
         sched.__dict__.pop(name, None)
     sched.ep.__dict__.pop("recv", None)
+    handle = sched._handle  # noqa: SLF001 - the class's, now the wrapper is gone
     box = [0]
 
     def counted(raw: Any) -> None:
@@ -367,7 +368,6 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 # CPU, not waits; one profiler per thread (the clock is the thread's)
                 profile = cProfile.Profile(time.thread_time)
                 driver.profile = cProfile.Profile(time.thread_time)
-            handle = sched._handle  # noqa: SLF001 - the handler before any wrapper
             kinds = _count_kinds(sched, profile)
             loop = _count_loop(sched)
             proc = psutil.Process()
@@ -399,7 +399,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             h1 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
             # a second window with the timing wrappers taken off (the loop looks its
             # receive and handler up per message): only the messages are counted
-            plain = _unwrap(sched, handle)
+            plain = _unwrap(sched)
             c2, w2, io2 = _thread_cpu(tid), time.monotonic(), _threads_cpu(native)
             d2, u2 = driver.completed, driver.submit_cpu
             time.sleep(args.seconds)
