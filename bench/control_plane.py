@@ -36,7 +36,9 @@ Parts (``--json`` prints one object with these keys):
   charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
   period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
   (the extrapolation still counts a fetch per group every ``--fetch``). Goal: under 1 core
-  (paper: < 10).
+  (paper: < 10). ``scheduler_build`` says whether the scheduler ran compiled (mypyc, as
+  ``pip install`` builds it: dualpath_cli/compiled.py) or as Python (``DUALPATH_PURE_PYTHON=1``
+  runs it as Python, for an A/B).
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
@@ -75,6 +77,7 @@ import numpy as np
 import psutil
 import zmq
 
+from dualpath_cli import compiled
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -199,7 +202,7 @@ def _count_kinds(sched: Any, profile: Any = None) -> dict[str, list[float]]:
     do for its group is counted apart (``fetch_idle``): that is the periodic cost, the
     rest of a working fetch scales with the turns. ``sched``: the scheduler service, or a
     stand-in with the same attributes (:func:`_wrapper_costs`)."""
-    handle = sched._handle  # noqa: SLF001
+    handle = sched.on_message
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
     def moved() -> tuple[int, int, int, int]:
@@ -227,7 +230,7 @@ def _count_kinds(sched: Any, profile: Any = None) -> dict[str, list[float]]:
         row[0] += 1
         row[1] += spent
 
-    sched._handle = counted  # noqa: SLF001
+    sched.on_message = counted
     return kinds
 
 
@@ -259,8 +262,7 @@ def _count_loop(sched: Any) -> dict[str, list[float]]:
         return call
 
     sched.ep.recv = timed_recv
-    sched._check_heartbeats = timed("sweep", sched._check_heartbeats)  # noqa: SLF001
-    sched._sample_cost = timed("sweep", sched._sample_cost)  # noqa: SLF001
+    sched.on_sweep = timed("sweep", sched.on_sweep)
     return rows
 
 
@@ -272,25 +274,24 @@ def _per_call(fn: Any, n: int) -> float:
 
 
 def _unwrap(sched: Any) -> list[int]:
-    """Take :func:`_count_kinds`' and :func:`_count_loop`'s wrappers off ``sched`` (the
-    class's methods show through again) and count its messages only; returns the count's
-    box.
+    """Take :func:`_count_kinds`' and :func:`_count_loop`'s wrappers off ``sched`` (its
+    loop's seams get the scheduler's own methods back) and count its messages only;
+    returns the count's box.
 
     Why: each wrapped message reads the thread's CPU clock four times (a system call each)
     and passes two closures. On this VM that costs far more in the run than its
     calibration on a hot stand-in (:func:`_wrapper_costs`), so a window without them
     measures what the scheduler spends, and the difference per message is taken off."""
-    for name in ("_handle", "_check_heartbeats", "_sample_cost"):
-        sched.__dict__.pop(name, None)
+    sched.on_sweep = sched._sweep  # noqa: SLF001 - the loop's own, unwrapped
     sched.ep.__dict__.pop("recv", None)
-    handle = sched._handle  # noqa: SLF001 - the class's, now the wrapper is gone
+    handle = sched._handle  # noqa: SLF001
     box = [0]
 
     def counted(raw: Any) -> None:
         box[0] += 1
         handle(raw)
 
-    sched._handle = counted  # noqa: SLF001
+    sched.on_message = counted
     return box
 
 
@@ -310,16 +311,16 @@ def _wrapper_costs(n_private: int, n: int = 20_000, reps: int = 7) -> dict[str, 
         return None
 
     stand_in = types.SimpleNamespace(
-        _handle=noop, log=types.SimpleNamespace(last_seq=0),
+        on_message=noop, log=types.SimpleNamespace(last_seq=0),
         queue=collections.deque([0]), pe_queue=collections.deque(),
         private={g: collections.deque() for g in range(n_private)},
-        ep=types.SimpleNamespace(recv=noop), _check_heartbeats=noop, _sample_cost=noop)
+        ep=types.SimpleNamespace(recv=noop), on_sweep=noop)
     _count_kinds(stand_in)
     _count_loop(stand_in)
     plain, fetch = Message({"t": "done"}), Message({"t": "fetch", "group": 0, "role": "decode"})
-    cases = {"recv": stand_in.ep.recv, "sweep": stand_in._check_heartbeats,
-             "handler": lambda: stand_in._handle(plain),
-             "busy_fetch": lambda: stand_in._handle(fetch)}  # work queued: moved() twice
+    cases = {"recv": stand_in.ep.recv, "sweep": stand_in.on_sweep,
+             "handler": lambda: stand_in.on_message(plain),
+             "busy_fetch": lambda: stand_in.on_message(fetch)}  # work queued: moved() twice
     best = {k: float("inf") for k in cases}
     for _ in range(reps):
         base = _per_call(lambda: noop(plain), n)
@@ -359,7 +360,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype,
                             steady=args.cpu_start == "steady")
-            tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
+            tid = sched._service_thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
             profile = None
             if args.profile:
@@ -523,6 +524,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 "messages at that rate - the timing wrappers' cost per message beyond "
                 "their calibration (a second window without them) x the messages at that "
                 f"rate (this machine reached {rate:.1f} turns/s)"),
+        "scheduler_build": compiled.state(),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,

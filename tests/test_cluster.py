@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_runtime import AGENTS, _reference, check_group_loads
+from test_runtime import AGENTS, GroupLoadCheck, _reference
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -16,8 +16,8 @@ from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
 @pytest.mark.parametrize("victim_role", ["decode", "prefill"])
 def test_killed_engine_work_is_requeued_and_tokens_unchanged(
-        tmp_path: Path, victim_role: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    checked = check_group_loads(monkeypatch)
+        tmp_path: Path, victim_role: str) -> None:
+    check = GroupLoadCheck()
     opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
                           store_dir=tmp_path / "store",
                           prefill_nodes=2 if victim_role == "prefill" else 1,
@@ -32,6 +32,7 @@ def test_killed_engine_work_is_requeued_and_tokens_unchanged(
         first_turn.set()
 
     with RuntimeSystem(opts) as system:
+        check.install(system)
         runner = threading.Thread(target=lambda: out.append(
             run_agents(system, AGENTS, on_turn=on_turn, timeout=60)))
         runner.start()
@@ -42,7 +43,8 @@ def test_killed_engine_work_is_requeued_and_tokens_unchanged(
         assert not runner.is_alive()
         dead = [engine for engine, _ in system.scheduler.dead_events]
     assert dead == [victim]  # seen through the process exit (no heartbeat timed out)
-    assert checked  # the kept DE group loads matched at every fetch, the death's too
+    # the kept DE group loads matched at every fetch, the death's too
+    assert check.checked and not check.bad, check.bad
     result = out[0]
     assert not result.errors
     assert result.tokens_by_turn() == _reference()

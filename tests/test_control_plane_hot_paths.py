@@ -271,7 +271,7 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
     checked, busy = [0], [0]
     with RuntimeSystem(opts) as system:
         sched = system.scheduler
-        handle = sched._handle  # noqa: SLF001
+        handle = sched.on_message
 
         def checked_handle(raw: Any) -> None:
             handle(raw)
@@ -291,7 +291,7 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
             if got != want and len(bad) < 3:
                 bad.append(f"{raw.header.get('t')}: kept {got}, counted {want}")
 
-        sched._handle = checked_handle  # type: ignore[method-assign]  # noqa: SLF001
+        sched.on_message = checked_handle
         result = run_agents(system, agentic_workload(6, turns=3), timeout=60)
     assert not result.errors and len(result.turns) == 18
     # at least a fetch, a first and a done per turn, most of them with turns in flight

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,9 +46,12 @@ def reference() -> dict[tuple[int, int], tuple[int, ...]]:
     return _reference()
 
 
-def _run(policy: str, **kw: object) -> tuple[RunResult, RuntimeSystem]:
+def _run(policy: str, on_start: Callable[[RuntimeSystem], None] | None = None,
+         **kw: object) -> tuple[RunResult, RuntimeSystem]:
     opts = RuntimeOptions(policy=policy, block_tokens=8, **kw)  # type: ignore[arg-type]
     with RuntimeSystem(opts) as system:
+        if on_start is not None:
+            on_start(system)
         result = run_agents(system, AGENTS, timeout=60)
     return result, system
 
@@ -77,31 +82,41 @@ def test_a_lookup_checks_one_block_past_what_the_last_turn_stored(
     assert present.trusted > 0 and present.checked <= lookups
 
 
-def check_group_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make every DE fetch first check that the scheduler's kept phase-1 loads equal the
-    sum over the live groups (their engines' tokens plus what is routed to them) it replaced;
-    returns the groups whose fetch checked them."""
-    checked: list[int] = []
-    fetch = SchedulerService._de_fetch
+class GroupLoadCheck:
+    """Before every DE group fetch the scheduler handles, check that its kept phase-1 loads
+    equal the sum over the live groups (their engines' tokens plus what is routed to them)
+    they replaced. Installed on the loop's message seam, so it holds for a compiled
+    scheduler too; ``checked``: the groups whose fetch checked them, ``bad``: mismatches
+    (kept here, not raised on the scheduler's thread)."""
 
-    def de_fetch(self: SchedulerService, group: int) -> None:
-        live = self._live_members("decode")  # noqa: SLF001
-        kept = self._group_loads  # noqa: SLF001
-        if kept is not None and self._group_loads_for is live:  # noqa: SLF001
-            assert kept.as_dict() == {g: self._de_group_tok.get(g, 0)  # noqa: SLF001
-                                      + self._routed_tok.get(g, 0) for g in live}  # noqa: SLF001
-            checked.append(group)
-        fetch(self, group)
+    def __init__(self) -> None:
+        self.checked: list[int] = []
+        self.bad: list[str] = []
 
-    monkeypatch.setattr(SchedulerService, "_de_fetch", de_fetch)
-    return checked
+    def install(self, system: RuntimeSystem) -> None:
+        sched = system.scheduler
+        assert isinstance(sched, SchedulerService)
+        handle = sched.on_message
+
+        def checked_handle(raw: Any) -> None:
+            if raw.header.get("t") == "fetch" and raw.header.get("role") == "decode":
+                live = sched._live_members("decode")  # noqa: SLF001
+                kept = sched._group_loads  # noqa: SLF001
+                if kept is not None and sched._group_loads_for is live:  # noqa: SLF001
+                    want = {g: sched._de_group_tok.get(g, 0)  # noqa: SLF001
+                            + sched._routed_tok.get(g, 0) for g in live}  # noqa: SLF001
+                    if kept.as_dict() != want and len(self.bad) < 3:
+                        self.bad.append(f"kept {kept.as_dict()}, summed {want}")
+                    self.checked.append(int(raw.header.get("group", -1)))
+            handle(raw)
+
+        sched.on_message = checked_handle
 
 
-def test_kept_group_loads_equal_the_sum_at_every_fetch(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    checked = check_group_loads(monkeypatch)
-    result, _ = _run("dualpath", decode_nodes=3)
-    assert not result.errors and checked
+def test_kept_group_loads_equal_the_sum_at_every_fetch() -> None:
+    check = GroupLoadCheck()
+    result, _ = _run("dualpath", on_start=check.install, decode_nodes=3)
+    assert not result.errors and check.checked and not check.bad, check.bad
 
 
 def test_de_path_returns_only_miss_kv() -> None:

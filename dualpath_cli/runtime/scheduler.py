@@ -396,7 +396,11 @@ class _EngineTable(dict[int, EngineState]):
     index built over them (by group, by node) knows when it must be rebuilt, whoever set
     an entry (``register``, a checkpoint's restore)."""
 
-    version = 0
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        # set here, not as a class default: a compiled dict subclass has no class-level
+        # instance defaults
+        self.version = 0
 
     def __setitem__(self, key: int, value: EngineState) -> None:
         super().__setitem__(key, value)
@@ -574,7 +578,16 @@ class SchedulerService:
         self._ordinal = 0
         self._stop = threading.Event()
         self._registered = threading.Condition(self._lock)
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
+        # (not ``_thread``: compiled, an attribute becomes a C field of its name with one
+        # more underscore, and ``__thread`` is a C keyword)
+        self._service_thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="scheduler")
+        # the loop's seams: what it calls for each message and for each sweep (the heartbeat
+        # check and cost sample). The bench wraps them to split the thread's CPU, and tests
+        # to check invariants between messages; a compiled class's methods cannot be
+        # wrapped on the instance, these attributes can
+        self.on_message: Callable[[Message], None] = self._handle
+        self.on_sweep: Callable[[], None] = self._sweep
         if not control_interval_s > 0:
             raise UsageError(f"control interval {control_interval_s!r}: must be > 0 s")
         self.control_interval_s = control_interval_s
@@ -621,7 +634,7 @@ class SchedulerService:
 
     def start(self) -> None:
         """Start the service thread."""
-        self._thread.start()
+        self._service_thread.start()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every registered engine has said hello."""
@@ -665,8 +678,8 @@ class SchedulerService:
                 if e.address and e.alive:
                     self._send(e.address, Stop())
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        if self._service_thread.is_alive():
+            self._service_thread.join(timeout=5)
         self.ep.close()
         self.log.close()
 
@@ -980,16 +993,20 @@ class SchedulerService:
             raw = self.ep.recv(timeout=0.05)
             with self._lock:
                 if raw is not None:
-                    self._handle(raw)
+                    self.on_message(raw)
                 now = time.monotonic()
                 if now >= next_check:  # a pass over every engine: not once per message
-                    self._check_heartbeats()
-                    self._sample_cost()
+                    self.on_sweep()
                     next_check = now + min(0.05, self.hb_timeout / 10)
                 if self.controllers.any_on:
                     now = time.monotonic()
                     if now >= self._ctl_next:
                         self._control(now)
+
+    def _sweep(self) -> None:
+        """The loop's periodic pass: silent engines, and the cost sample."""
+        self._check_heartbeats()
+        self._sample_cost()
 
     def _sample_cost(self) -> None:
         """Move the timed scheduling calls into their histograms and count the service
