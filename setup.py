@@ -9,14 +9,13 @@ pure-Python path (and says which, see below). All metadata lives in pyproject.to
   WARNING, and ``dualpath storage bench`` shows it).
 - the modules listed in ``dualpath_cli/compiled.py`` (``MODULES``): compiled by mypyc from
   their annotated source; the digests of the sources built are written beside them
-  (``_compiled.json``) so a later edit of a source runs as source, not as the stale binary
+  (``_compiled.stamp``) so a later edit of a source runs as source, not as the stale binary
   (``dualpath_cli.compiled.install_guard``). ``DUALPATH_PURE_PYTHON=1`` at install builds
   none, and at run time runs the sources.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
@@ -65,9 +64,7 @@ class BuildExt(build_ext):
             return
         stamp = built[MODULES[0]].parents[len(MODULES[0].split(".")) - 2] / _COMPILED["STAMP"]
         if all(p.exists() for p in built.values()):
-            digests = {m: _COMPILED["digest"](_COMPILED["source_path"](m, ROOT))
-                       for m in MODULES}
-            stamp.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+            stamp.write_text("".join(_COMPILED["stamp_line"](m, ROOT) for m in MODULES))
         else:
             _warn("mypyc's extensions were not all built")
             stamp.unlink(missing_ok=True)

@@ -13,16 +13,15 @@ or ``DUALPATH_PURE_PYTHON=1``, every listed module is imported from its source i
 at install time simply leaves no ``.so``: the sources run.
 
 Standard library only: ``setup.py`` reads :data:`MODULES` from this file before any
-dependency is installed.
+dependency is installed. Cheap on the common path (every CLI call imports the package): a
+few ``stat`` calls and one small file; a source is hashed only when its size or time
+differs from the build's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -31,8 +30,9 @@ from types import ModuleType
 
 #: dotted names of the modules mypyc compiles (setup.py builds exactly these)
 MODULES: tuple[str, ...] = ("dualpath_cli.runtime.scheduler",)
-#: the digests of the sources the installed binaries were built from (beside this file)
-STAMP = "_compiled.json"
+#: the sources the installed binaries were built from (beside this file): per line, module,
+#: SHA-256, size and modification time (ns) of its source (:func:`stamp_line`)
+STAMP = "_compiled.stamp"
 #: set to 1 to run every listed module from its source
 PURE_ENV = "DUALPATH_PURE_PYTHON"
 
@@ -48,7 +48,28 @@ def source_path(module: str, root: Path | None = None) -> Path:
 
 def digest(path: Path) -> str:
     """SHA-256 of a source file (what the stamp records)."""
+    import hashlib  # (only when a source's size or time moved: 10+ ms to import)
+
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stamp_line(module: str, root: Path | None = None) -> str:
+    """``module``'s line of :data:`STAMP`: its source's digest, size and time."""
+    src = source_path(module, root)
+    st = src.stat()
+    return f"{module} {digest(src)} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _current(module: str, recorded: list[str]) -> bool:
+    """Whether ``module``'s source is the one its binary was built from."""
+    src = source_path(module)
+    try:
+        st = src.stat()
+    except OSError:
+        return False
+    if recorded[1:] == [str(st.st_size), str(st.st_mtime_ns)]:
+        return True
+    return digest(src) == recorded[0]  # touched (a checkout): the same text?
 
 
 def _binary(module: str) -> Path | None:
@@ -69,20 +90,22 @@ def _why_source() -> str | None:
     if not built:
         return ""
     try:
-        stamp = json.loads((_PACKAGE_DIR / STAMP).read_text())
-    except (OSError, ValueError):
+        text = (_PACKAGE_DIR / STAMP).read_text()
+    except (OSError, UnicodeDecodeError):
         return f"no readable {STAMP} beside the compiled modules (rebuild: pip install -e .)"
+    stamp = {f[0]: f[1:] for f in (line.split() for line in text.splitlines()) if len(f) == 4}
     for module in MODULES:
         if _binary(module) is None:
             return f"{module} has no compiled module (rebuild: pip install -e .)"
-        if stamp.get(module) != digest(source_path(module)):
+        if module not in stamp or not _current(module, stamp[module]):
             return (f"{module}'s source changed since it was compiled "
                     "(rebuild: pip install -e .)")
     return None
 
 
-class _SourceFinder(importlib.abc.MetaPathFinder):
-    """Finds the listed modules' ``.py``, passing over their compiled ``.so``."""
+class _SourceFinder:
+    """Finds the listed modules' ``.py``, passing over their compiled ``.so`` (a meta path
+    finder: only ``find_spec`` is needed, and ``importlib.abc`` costs ~40 ms to import)."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
