@@ -36,9 +36,7 @@ Parts (``--json`` prints one object with these keys):
   charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
   period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
   (the extrapolation still counts a fetch per group every ``--fetch``). Goal: under 1 core
-  (paper: < 10). ``scheduler_build`` says whether the scheduler ran compiled (mypyc, as
-  ``pip install`` builds it: dualpath_cli/compiled.py) or as Python (``DUALPATH_PURE_PYTHON=1``
-  runs it as Python, for an A/B).
+  (paper: < 10).
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
@@ -77,7 +75,6 @@ import numpy as np
 import psutil
 import zmq
 
-from dualpath_cli import compiled
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -524,7 +521,6 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                 "messages at that rate - the timing wrappers' cost per message beyond "
                 "their calibration (a second window without them) x the messages at that "
                 f"rate (this machine reached {rate:.1f} turns/s)"),
-        "scheduler_build": compiled.state(),
         "engines": len(view.engines), "pd": args.pd, "hosts": args.hosts,
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,

@@ -85,9 +85,9 @@ def test_a_lookup_checks_one_block_past_what_the_last_turn_stored(
 class GroupLoadCheck:
     """Before every DE group fetch the scheduler handles, check that its kept phase-1 loads
     equal the sum over the live groups (their engines' tokens plus what is routed to them)
-    they replaced. Installed on the loop's message seam, so it holds for a compiled
-    scheduler too; ``checked``: the groups whose fetch checked them, ``bad``: mismatches
-    (kept here, not raised on the scheduler's thread)."""
+    they replaced. Installed on the loop's message seam (``on_message``) of a running
+    system; ``checked``: the groups whose fetch checked them, ``bad``: mismatches (kept
+    here, not raised on the scheduler's thread)."""
 
     def __init__(self) -> None:
         self.checked: list[int] = []

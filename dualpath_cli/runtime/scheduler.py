@@ -398,8 +398,7 @@ class _EngineTable(dict[int, EngineState]):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        # set here, not as a class default: a compiled dict subclass has no class-level
-        # instance defaults
+        # set here, not as a class default (which mypyc would not carry to the instances)
         self.version = 0
 
     def __setitem__(self, key: int, value: EngineState) -> None:
@@ -578,14 +577,14 @@ class SchedulerService:
         self._ordinal = 0
         self._stop = threading.Event()
         self._registered = threading.Condition(self._lock)
-        # (not ``_thread``: compiled, an attribute becomes a C field of its name with one
-        # more underscore, and ``__thread`` is a C keyword)
+        # (not ``_thread``: mypyc would compile it to a C field ``__thread``, a C keyword;
+        # docs/benchmarks.md, session 15)
         self._service_thread = threading.Thread(target=self._loop, daemon=True,
                                                 name="scheduler")
         # the loop's seams: what it calls for each message and for each sweep (the heartbeat
         # check and cost sample). The bench wraps them to split the thread's CPU, and tests
-        # to check invariants between messages; a compiled class's methods cannot be
-        # wrapped on the instance, these attributes can
+        # to check invariants between messages, instead of shadowing the methods on the
+        # instance (which a compiled class would not allow)
         self.on_message: Callable[[Message], None] = self._handle
         self.on_sweep: Callable[[], None] = self._sweep
         if not control_interval_s > 0:
