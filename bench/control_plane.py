@@ -357,7 +357,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype,
                             steady=args.cpu_start == "steady")
-            tid = sched._service_thread.native_id  # noqa: SLF001 - the thread we measure
+            tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
             assert tid is not None
             profile = None
             if args.profile:

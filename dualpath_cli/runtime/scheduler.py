@@ -396,10 +396,7 @@ class _EngineTable(dict[int, EngineState]):
     index built over them (by group, by node) knows when it must be rebuilt, whoever set
     an entry (``register``, a checkpoint's restore)."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        # set here, not as a class default (which mypyc would not carry to the instances)
-        self.version = 0
+    version = 0
 
     def __setitem__(self, key: int, value: EngineState) -> None:
         super().__setitem__(key, value)
@@ -577,10 +574,7 @@ class SchedulerService:
         self._ordinal = 0
         self._stop = threading.Event()
         self._registered = threading.Condition(self._lock)
-        # (not ``_thread``: mypyc would compile it to a C field ``__thread``, a C keyword;
-        # docs/benchmarks.md, session 15)
-        self._service_thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="scheduler")
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
         # the loop's seams: what it calls for each message and for each sweep (the heartbeat
         # check and cost sample). The bench wraps them to split the thread's CPU, and tests
         # to check invariants between messages, instead of shadowing the methods on the
@@ -633,7 +627,7 @@ class SchedulerService:
 
     def start(self) -> None:
         """Start the service thread."""
-        self._service_thread.start()
+        self._thread.start()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every registered engine has said hello."""
@@ -677,8 +671,8 @@ class SchedulerService:
                 if e.address and e.alive:
                     self._send(e.address, Stop())
         self._stop.set()
-        if self._service_thread.is_alive():
-            self._service_thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self.ep.close()
         self.log.close()
 
