@@ -36,7 +36,12 @@ Parts (``--json`` prints one object with these keys):
   charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
   period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
   (the extrapolation still counts a fetch per group every ``--fetch``). Goal: under 1 core
-  (paper: < 10).
+  (paper: < 10). ``--pin launcher|scheduler`` (a diagnosis, not the default) keeps the
+  emulator hosts off the first CPU, where this process's threads (or the scheduler thread
+  alone) run: what sharing the CPUs with the emulated cluster adds to the figure
+  (``pin`` in the JSON says which). The emulator hosts then have the other CPUs only: when
+  their timers fall behind (``periodic_rates_reached`` under ~0.9) their fetches carry more
+  turns than the paper's and the fetch term per decision reads low.
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
@@ -349,6 +354,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         try:
             system.start(timeout=300)
             start_s = time.monotonic() - t0
+            pinned = _pin(system, args.pin) if args.pin else None
             # a scheduler that has run a while has a connection to every engine; without
             # this the window pays for ZeroMQ connects to the engines it first dispatches to
             sched = _flat(system)
@@ -525,10 +531,19 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "speed": args.speed, "heartbeat_s": args.heartbeat, "fetch_s": args.fetch,
         "fetch_s_run": round(fetch_s, 3), "paper_batches": batched,
         "decisions_per_working_fetch": round(decisions / max(1, n_fetch), 2),
+        # the engines' own timers, as run against as configured: below ~0.9 the emulator
+        # hosts fell behind (too few CPUs left to them, e.g. with --pin), and their fetches
+        # then carry more turns than the paper's (the fetch term per decision reads low)
+        "periodic_rates_reached": {
+            "fetch": round(sum(by_kind.get(k, (0, 0.0))[0] for k in (
+                "fetch", "fetch_idle", "fetch_futile")) / wall / (groups / fetch_s), 3),
+            "hb": round(by_kind.get("hb", (0, 0.0))[0] / wall / (n_engines / args.heartbeat),
+                        3)},
         "target_rate": args.rate, "measured_rate": round(rate, 1),
         "submitted_rate": round((s1 - s0) / wall, 1),
         "decisions_per_s": round(decisions / wall, 1),
         "mean_prompt_tokens": round((k1 - k0) / max(1, s1 - s0)), "start": args.cpu_start,
+        "pin": pinned,
         "sched_thread_cores": round(thread_cpu / wall, 3),
         "cpu_us_per_message": {k: round(1e6 * v, 1) for k, v in cpu_of.items()},
         "cpu_us_per_turn": per_turn_us,
@@ -570,6 +585,30 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "emulator_cpu_s_total": round(host_cpu, 1), "behind": driver.behind,
         "dead_engines": dead, "start_s": round(start_s, 1), "window_s": round(wall, 1),
     }
+
+
+def _pin(system: RuntimeSystem, how: str) -> dict[str, Any]:
+    """Keep the emulated cluster off the scheduler's CPU (``--pin``), for a diagnosis.
+
+    On a machine of a few CPUs the emulator hosts (about a core here) share every CPU with
+    the scheduler, so its CPU time includes what sharing costs it (caches refilled after
+    their slices, migrations, cross-CPU wake-ups): a deployment runs its engines on other
+    nodes. ``launcher``: this process's threads (scheduler, driver, ZeroMQ) on the first
+    CPU, the hosts' on the others; ``scheduler``: the scheduler thread alone on the first
+    CPU, every other thread on the others. Returns the CPUs given to each."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    first, rest = {cpus[0]}, set(cpus[1:])
+    for pid in system.cluster.host_pids():  # type: ignore[union-attr]
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), rest)
+    sched_tid = _flat(system)._thread.native_id  # noqa: SLF001
+    # threads started later (the driver) take the main thread's CPUs
+    for tid in os.listdir("/proc/self/task"):
+        alone = how == "launcher" or int(tid) == sched_tid
+        os.sched_setaffinity(int(tid), first if alone else rest)
+    return {"how": how, "first_cpu": cpus[0], "other_cpus": sorted(rest)}
 
 
 def _threads_cpu(ids: set[int]) -> float:
@@ -1061,6 +1100,10 @@ def main(argv: list[str] | None = None) -> int:
                     "first turns)")
     ap.add_argument("--inproc-heartbeat", type=float, default=1.0,
                     help="seconds between an engine's heartbeats in the inproc part")
+    ap.add_argument("--pin", choices=("launcher", "scheduler"), default=None,
+                    help="cpu part, a diagnosis (Linux): launcher: this process's threads on "
+                    "the first CPU, the emulator hosts on the others; scheduler: the "
+                    "scheduler thread alone on the first CPU (default: unpinned)")
     ap.add_argument("--cpu-start", choices=("first", "steady"), default="first",
                     help="where the cpu part's agents start: as --inproc-start (steady: "
                     "those drawn during the warm-up at a turn drawn uniformly)")
