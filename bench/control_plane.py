@@ -600,15 +600,27 @@ def _pin(system: RuntimeSystem, how: str) -> dict[str, Any]:
     if len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
     first, rest = {cpus[0]}, set(cpus[1:])
-    for pid in system.cluster.host_pids():  # type: ignore[union-attr]
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            os.sched_setaffinity(int(tid), rest)
     sched_tid = _flat(system)._thread.native_id  # noqa: SLF001
+    for pid in system.cluster.host_pids():  # type: ignore[union-attr]
+        for tid in _tids(pid):
+            _set_cpus(tid, rest)
     # threads started later (the driver) take the main thread's CPUs
-    for tid in os.listdir("/proc/self/task"):
-        alone = how == "launcher" or int(tid) == sched_tid
-        os.sched_setaffinity(int(tid), first if alone else rest)
+    for tid in _tids(os.getpid()):
+        _set_cpus(tid, first if how == "launcher" or tid == sched_tid else rest)
     return {"how": how, "first_cpu": cpus[0], "other_cpus": sorted(rest)}
+
+
+def _tids(pid: int) -> list[int]:
+    """The thread ids of process ``pid`` (Linux)."""
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def _set_cpus(tid: int, cpus: set[int]) -> None:
+    """Pin thread ``tid`` to ``cpus`` (one that ended meanwhile is skipped)."""
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except ProcessLookupError:
+        pass
 
 
 def _threads_cpu(ids: set[int]) -> float:
