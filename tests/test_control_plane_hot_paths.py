@@ -21,6 +21,7 @@ from dualpath_cli.core.layout import (
     PrefixKeyCache,
     chain_digests,
     chain_keys,
+    first_difference,
     prefix_keys,
 )
 from dualpath_cli.runtime.ledger import RequestLedger, _own_prefix
@@ -104,6 +105,66 @@ def test_a_grown_prompt_hashes_only_its_new_blocks() -> None:
     assert (cache.reused, cache.hashed) == (0, 10)
     cache.keys(7, np.concatenate([prompt, np.arange(9)]))
     assert (cache.reused, cache.hashed) == (10, 12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=300), st.integers(-1, 320),
+       st.integers(0, 320), st.sampled_from(["<u4", "<i4", "<i8"]), st.booleans())
+def test_first_difference_equals_the_elementwise_comparison(
+        tokens: list[int], where: int, n: int, dtype: str, strided: bool) -> None:
+    """memcmp's answer (or numpy's, for strided arrays) is the first index whose elements
+    differ, over the first ``n`` of the shorter array; ``n`` (clipped) when none does."""
+    a = np.asarray(tokens, dtype=np.uint64).astype(dtype)
+    b = a.copy()
+    if 0 <= where < len(b):
+        b[where] ^= 1
+    if strided:  # every other element: not contiguous, numpy's path
+        a, b = np.repeat(a, 2)[::2], np.repeat(b, 2)[::2]
+    m = min(n, len(a), len(b))
+    ref = next((i for i in range(m) if a[i] != b[i]), m)
+    assert first_difference(a, b, n) == ref
+    assert first_difference(a, b[: max(0, len(b) - 3)], n) == next(
+        (i for i in range(min(m, len(b) - 3)) if a[i] != b[i]), max(0, min(m, len(b) - 3)))
+
+
+def test_first_difference_without_memcmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the C library cannot be loaded the comparison is numpy's, with the same
+    answers, and the prefix cache still reuses the kept keys."""
+    import dualpath_cli.core.layout as layout
+
+    monkeypatch.setattr(layout, "_MEMCMP", None)
+    a = np.arange(1000, dtype="<u4")
+    b = a.copy()
+    assert first_difference(a, b, 1000) == 1000
+    b[637] = 5
+    assert first_difference(a, b, 1000) == 637 and first_difference(a, b, 600) == 600
+    cache = PrefixKeyCache(NS)
+    cache.keys(1, np.arange(40))
+    cache.keys(1, np.arange(49))
+    assert (cache.reused, cache.hashed) == (10, 12)
+
+
+def test_first_difference_uses_memcmp_for_contiguous_prompts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's prompts (contiguous uint32) are compared by memcmp, once, over their
+    common length in bytes; a difference is then located."""
+    import dualpath_cli.core.layout as layout
+
+    if layout._MEMCMP is None:  # noqa: SLF001
+        pytest.skip("no C library to load memcmp from")
+    calls: list[int] = []
+    real = layout._MEMCMP  # noqa: SLF001
+
+    def counted(x: int, y: int, size: int) -> int:
+        calls.append(size)
+        return real(x, y, size)
+
+    monkeypatch.setattr(layout, "_MEMCMP", counted)
+    a = np.arange(5000, dtype="<u4")
+    b = np.concatenate([a, np.arange(7, dtype="<u4")])
+    assert first_difference(a, b, 5000) == 5000 and calls == [20_000]
+    b[4321] += 1
+    assert first_difference(a, b, 5000) == 4321 and calls == [20_000, 20_000]
 
 
 def test_a_latch_is_a_one_shot_event() -> None:
