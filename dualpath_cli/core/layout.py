@@ -346,9 +346,11 @@ class DigestKeys(Sequence[BlockKey]):
 
 def _load_memcmp() -> Callable[[int, int, int], int] | None:
     """The C library's ``memcmp`` through ctypes; ``None`` where it cannot be loaded (then
-    :func:`first_difference` compares with numpy alone)."""
+    :func:`first_difference` compares with numpy alone). Through ``PyDLL``: the call keeps
+    the GIL (a few microseconds), so it does not hand the GIL to another thread and wait
+    to take it back, as a ``CDLL`` call would."""
     try:
-        fn = ctypes.CDLL(None).memcmp
+        fn = ctypes.PyDLL(None).memcmp
     except (OSError, AttributeError, TypeError):
         return None
     fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
