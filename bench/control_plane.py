@@ -602,17 +602,12 @@ def _pin(system: RuntimeSystem, how: str) -> dict[str, Any]:
     first, rest = {cpus[0]}, set(cpus[1:])
     sched_tid = _flat(system)._thread.native_id  # noqa: SLF001
     for pid in system.cluster.host_pids():  # type: ignore[union-attr]
-        for tid in _tids(pid):
-            _set_cpus(tid, rest)
+        for t in psutil.Process(pid).threads():
+            _set_cpus(t.id, rest)
     # threads started later (the driver) take the main thread's CPUs
-    for tid in _tids(os.getpid()):
-        _set_cpus(tid, first if how == "launcher" or tid == sched_tid else rest)
+    for t in psutil.Process().threads():
+        _set_cpus(t.id, first if how == "launcher" or t.id == sched_tid else rest)
     return {"how": how, "first_cpu": cpus[0], "other_cpus": sorted(rest)}
-
-
-def _tids(pid: int) -> list[int]:
-    """The thread ids of process ``pid`` (Linux)."""
-    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
 
 
 def _set_cpus(tid: int, cpus: set[int]) -> None:

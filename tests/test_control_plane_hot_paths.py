@@ -120,11 +120,14 @@ def test_first_difference_equals_the_elementwise_comparison(
         b[where] ^= 1
     if strided:  # every other element: not contiguous, numpy's path
         a, b = np.repeat(a, 2)[::2], np.repeat(b, 2)[::2]
-    m = min(n, len(a), len(b))
-    ref = next((i for i in range(m) if a[i] != b[i]), m)
-    assert first_difference(a, b, n) == ref
-    assert first_difference(a, b[: max(0, len(b) - 3)], n) == next(
-        (i for i in range(min(m, len(b) - 3)) if a[i] != b[i]), max(0, min(m, len(b) - 3)))
+
+    def elementwise(x: np.ndarray, y: np.ndarray) -> int:
+        m = max(0, min(n, len(x), len(y)))
+        return next((i for i in range(m) if x[i] != y[i]), m)
+
+    shorter = b[: max(0, len(b) - 3)]
+    assert first_difference(a, b, n) == elementwise(a, b)
+    assert first_difference(a, shorter, n) == elementwise(a, shorter)
 
 
 def test_first_difference_without_memcmp(monkeypatch: pytest.MonkeyPatch) -> None:
