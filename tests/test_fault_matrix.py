@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,36 @@ def _busy_engine(live: LiveCluster, role: str, timeout: float = 30.0) -> int:
     return found[0]
 
 
+def _holds(live: LiveCluster, eids: Collection[int], role: str) -> bool:
+    """Whether one of ``eids`` holds a dispatched turn of ``role`` now."""
+    with live.system.scheduler._lock:
+        for f in live.system.scheduler.flights.values():
+            eid = f.pe if role == "prefill" else f.de
+            if eid in eids and (role == "decode" or not f.prefilled):
+                return True
+    return False
+
+
+def _freeze_busy(live: LiveCluster, role: str, engines_of: Callable[[int], Collection[int]],
+                 pgid_of: Callable[[int], int], group: bool = False,
+                 timeout: float = 30.0) -> tuple[int, float]:
+    """Stop (SIGSTOP) the process of an engine of ``role`` that holds a turn, and return it
+    with the time of the stop: the turn is checked again once the engine is stopped, so a
+    turn that finished between the choice and the stop cannot leave the fault with nothing
+    to re-queue (it chooses again then). ``group``: stop the process group ``pgid_of``
+    gives (a node and its engines), else that one process."""
+    deadline = time.monotonic() + timeout
+    signal_ = os.killpg if group else os.kill
+    while True:
+        victim = _busy_engine(live, role, max(0.1, deadline - time.monotonic()))
+        t0 = time.monotonic()
+        signal_(pgid_of(victim), signal.SIGSTOP)
+        if _holds(live, engines_of(victim), role):
+            return victim, t0
+        signal_(pgid_of(victim), signal.SIGCONT)
+        assert time.monotonic() < deadline, f"no {role} engine held a turn once stopped"
+
+
 def _detected_since(live: LiveCluster, eid: int, t0: float, timeout: float) -> float | None:
     sched = live.system.scheduler
 
@@ -283,10 +313,9 @@ def _kill(role: str, tmp: Path) -> FaultRow:
         s = Sessions(live)
         s.run(range(0, 1))
         threads = s.start(range(1, 3))
-        victim = _busy_engine(live, role)
-        pid = live.system.cluster.pid(victim)  # type: ignore[union-attr]
-        t0 = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        cluster = live.system.cluster
+        victim, t0 = _freeze_busy(live, role, lambda e: (e,), cluster.pid)  # type: ignore[union-attr]
+        os.kill(cluster.pid(victim), signal.SIGKILL)  # type: ignore[union-attr]
         detected = _detected_since(live, victim, t0, 10)
         join(threads)
         state = next(e.state for e in live.view().engines if e.engine_id == victim)
@@ -301,10 +330,9 @@ def _sigstop(tmp: Path) -> FaultRow:
         s = Sessions(live)
         s.run(range(0, 1))
         threads = s.start(range(1, 3))
-        victim = _busy_engine(live, "decode")
-        pid = live.system.cluster.pid(victim)  # type: ignore[union-attr]
-        t0 = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        cluster = live.system.cluster
+        victim, t0 = _freeze_busy(live, "decode", lambda e: (e,), cluster.pid)  # type: ignore[union-attr]
+        pid = cluster.pid(victim)  # type: ignore[union-attr]
         try:
             detected = _detected_since(live, victim, t0, HB_TIMEOUT_S + 15)
             join(threads)
@@ -616,14 +644,17 @@ def _kill_node(tmp: Path) -> FaultRow:
             nodes = {name: procs.join(role, name, port) for name, role in (
                 ("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode"))}
             engines = {name: _json_line(p, 180)["engines"] for name, p in nodes.items()}
+            node_of = {eid: name for name, eids in engines.items() for eid in eids}
+            sems_of = {name: engine_semaphores(p.pid) for name, p in nodes.items()}
             s = Sessions(live)
             s.run(range(0, 1))
             threads = s.start(range(1, 3))
-            victim = _busy_engine(live, "decode")
-            name = next(n for n, eids in engines.items() if victim in eids)
-            sems = engine_semaphores(nodes[name].pid)  # its NIC buckets' semaphores
-            t0 = time.monotonic()
-            os.killpg(nodes[name].pid, signal.SIGKILL)  # the node agent and its engines
+            victim, t0 = _freeze_busy(  # the node agent and its engines
+                live, "decode", lambda e: engines[node_of[e]],
+                lambda e: nodes[node_of[e]].pid, group=True)
+            name = node_of[victim]
+            sems = sems_of[name]  # its NIC buckets' semaphores
+            os.killpg(nodes[name].pid, signal.SIGKILL)
             detected = _detected_since(live, victim, t0, HB_TIMEOUT_S + 15)
             join(threads)
             nodes[name].wait(10)
