@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -69,8 +71,13 @@ def test_a_dead_host_loses_no_turn(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait for a turn in flight on node 1
             with sched._lock:
-                if any(f.de in victims for f in sched.flights.values()):
-                    break
+                held = any(f.de in victims for f in sched.flights.values())
+            if held:  # stopped, it cannot finish the turn between this check and the kill
+                os.kill(host1, signal.SIGSTOP)
+                with sched._lock:
+                    if any(f.de in victims for f in sched.flights.values()):
+                        break
+                os.kill(host1, signal.SIGCONT)
             time.sleep(0.002)
         else:
             pytest.fail("no turn reached node 1")
