@@ -18,6 +18,7 @@ from dualpath_cli.runtime.wire import (
     Fault,
     Fetch,
     First,
+    GroupLeader,
     Heartbeat,
     Hello,
     KeyArray,
@@ -49,6 +50,7 @@ SAMPLES: list[WireMessage] = [
               layer_hits=((0, 4, 2), (1, 4, 2)), layer_slack_s=(0.002, None),
               metrics={"dualpath_hbm_usage_bytes": [{"labels": {"engine": "3"}, "value": 1.0}]}),
     Fetch(0, 0, "prefill"),
+    Fetch(0, 0, "decode", ((0, 4, 2, 640), (1, 9, 3, 0))),
     First(0, 9, 1, 77, 12.5),
     Done(3, 9, 1, (77, 78, 79), 2048, 13.0, 12.75),
     ReadFailed(0, 9, 1, 2, "missing or corrupt block"),
@@ -59,6 +61,7 @@ SAMPLES: list[WireMessage] = [
     Prefill(9, 1, 5, (1, 2, 3, 4), 16, ("ab" * 32,), 8, "inproc://engine2-3", True, False),
     SetQuota(0.05),
     Lead(3),
+    GroupLeader(3, "tcp://127.0.0.1:5556"),
     Layer(9, 1, 2, 16, (np.arange(12, dtype=np.uint8).reshape(3, 4),
                         np.ones((2, 4), np.uint8))),
     PrefillDone(9, 1, 77),
@@ -70,7 +73,7 @@ SAMPLES: list[WireMessage] = [
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 19
+    assert len(KINDS) == 20
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)

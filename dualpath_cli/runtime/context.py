@@ -28,6 +28,7 @@ from dualpath_cli.runtime.wire import (
     TIERS,
     Decode,
     EngineCounters,
+    Fetch,
     Heartbeat,
     Layer,
     PrefillDone,
@@ -196,6 +197,9 @@ class EngineContext:
         self.seen = -1  # highest dispatch sequence whose reads were submitted to the loader
         self._report_lock = threading.Lock()
         self._report_n = 0
+        self.report_to = ""  # the group leader's address (GroupLeader); "": the scheduler
+        self._group_reports: dict[int, tuple[int, int, int, int]] = {}  # leader: eid -> newest
+        self._group_lock = threading.Lock()
         self._hits = [[0] * len(TIERS) for _ in range(model.n_layers)]  # [layer][tier]
         self._slack: list[float | None] = [None] * model.n_layers  # last prefill's, per layer
         self._tier = {tier: i for i, tier in enumerate(TIERS)}
@@ -389,9 +393,33 @@ class EngineContext:
             rq = self.loader.read_queue.tokens
             self._report_n += 1
             eid, n = self.spec.engine_id, self._report_n
-            msg: WireMessage = (QueueReport(eid, n, seen, rq) if facts is None
-                                else Heartbeat(eid, n, seen, rq, **facts))
+            if facts is not None:
+                self.to_ctl(Heartbeat(eid, n, seen, rq, **facts))
+            elif self.spec.leader:  # rides on this leader's next fetch
+                self.keep_report(QueueReport(eid, n, seen, rq))
+            elif self.report_to:
+                header, frames = encode(QueueReport(eid, n, seen, rq))
+                self.ep.send(self.report_to, header, frames)
+            else:
+                self.to_ctl(QueueReport(eid, n, seen, rq))
+
+    def keep_report(self, msg: QueueReport) -> None:
+        """A leader keeps a group member's (or its own) newest queue report for its next
+        fetch; a report that reached an engine that does not lead goes to the scheduler."""
+        if not self.spec.leader:
             self.to_ctl(msg)
+            return
+        with self._group_lock:
+            kept = self._group_reports.get(msg.eid)
+            if kept is None or kept[1] < msg.n:
+                self._group_reports[msg.eid] = (msg.eid, msg.n, msg.seen, msg.rq)
+
+    def fetch(self) -> Fetch:
+        """This leader's fetch, carrying the queue reports kept since its last one."""
+        with self._group_lock:
+            reports = tuple(self._group_reports.values())
+            self._group_reports.clear()
+        return Fetch(self.spec.engine_id, self.spec.group, self.spec.role, reports)
 
     # -- network ------------------------------------------------------------------------
     def to_ctl(self, msg: WireMessage) -> None:

@@ -3,7 +3,8 @@
 Why: the control plane (the scheduler's thread, its sockets, its decisions) has to be proven
 at the paper's scale, 48P96D = 1,152 engines, on a machine that cannot run 1,152 models
 (Dynamo's "mocker" idea). An emulated engine says ``hello``, heartbeats, reports its read
-queue (``rq``/``seen``), its group leader ``fetch``-es, and it answers ``prefill``/``decode``
+queue (``rq``/``seen``) to its group leader, which ``fetch``-es carrying the group's reports,
+and it answers ``prefill``/``decode``
 with ``first``/``done`` exactly as a real one does, over its own ZeroMQ PULL socket; PE and
 DE talk to each other with real :class:`~dualpath_cli.runtime.wire.Layer` and
 :class:`~dualpath_cli.runtime.wire.PrefillDone` messages. What it does *not* do is move KV
@@ -53,6 +54,7 @@ from dualpath_cli.runtime.wire import (
     Done,
     Fetch,
     First,
+    GroupLeader,
     Heartbeat,
     Hello,
     Layer,
@@ -188,11 +190,19 @@ class _Engine:
     quota_s: float = 0.3
     stopped: bool = False
     leads: bool = False  # promoted to its group's fetcher (Lead) after the leader died
+    report_to: str = ""  # the group leader's address (GroupLeader); "": the scheduler
+    group_reports: dict[int, tuple[int, int, int, int]] = field(
+        default_factory=dict)  # a leader's: eid -> the newest report, for its next fetch
     ended: EndedAttempts = field(default_factory=EndedAttempts)  # cancelled attempts
 
     @property
     def eid(self) -> int:
         return self.spec.engine_id
+
+    @property
+    def leading(self) -> bool:
+        """It fetches for its group (its leader from the start, or promoted)."""
+        return self.spec.leader or self.leads
 
 
 class EmulatedHost:
@@ -222,6 +232,7 @@ class EmulatedHost:
         # scheduler queues here, a dead peer's messages are dropped at once)
         self.out = ZmqEndpoint(self.ctx, send_timeout_ms=0, send_hwm=0)
         self.engines: dict[int, _Engine] = {}
+        self._by_addr: dict[str, _Engine] = {}  # this process's engines by address
         # epoll on the sockets' ZMQ_FD: a wake-up costs O(ready), where zmq.Poller over
         # hundreds of sockets costs about a millisecond per call
         self.selector = selectors.DefaultSelector()
@@ -230,6 +241,7 @@ class EmulatedHost:
             ep = ZmqEndpoint(self.ctx)
             e = _Engine(spec, ep, now, quota_s=spec.quota_s)
             self.engines[spec.engine_id] = e
+            self._by_addr[ep.address] = e
             self.selector.register(int(ep.socket.getsockopt(zmq.FD)), selectors.EVENT_READ, e)
         self.snic_free: dict[int, float] = {}  # node -> when its storage NIC is free
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -334,12 +346,37 @@ class EmulatedHost:
     def _fetch(self, e: _Engine) -> None:
         if e.stopped:
             return
-        self._send(e, e.spec.ctl, Fetch(e.eid, e.spec.group, e.spec.role))
+        reports = tuple(e.group_reports.values())  # the group's, since the last fetch
+        e.group_reports.clear()
+        self._send(e, e.spec.ctl, Fetch(e.eid, e.spec.group, e.spec.role, reports))
         self.at(self.clock() + e.spec.fetch_s, lambda: self._fetch(e))
 
     def _report(self, e: _Engine) -> None:
+        """A queue report: kept for the next fetch by a leader, sent to the group's leader
+        by a member (handed over when the leader is an engine of this process, as the
+        message would be), to the scheduler while the group has no leader named."""
         e.n += 1
-        self._send(e, e.spec.ctl, QueueReport(e.eid, e.n, e.seen, e.rq))
+        report = (e.eid, e.n, e.seen, e.rq)
+        if e.leading:
+            e.group_reports[e.eid] = report
+        elif e.report_to:
+            leader = self._by_addr.get(e.report_to)
+            if leader is not None:
+                self._keep(leader, report)
+            else:
+                self._send(e, e.report_to, QueueReport(*report))
+        else:
+            self._send(e, e.spec.ctl, QueueReport(*report))
+
+    def _keep(self, leader: _Engine, report: tuple[int, int, int, int]) -> None:
+        """``leader`` keeps a member's newest report; an engine that does not lead (or has
+        stopped) passes it to the scheduler."""
+        if not leader.leading or leader.stopped:
+            self._send(leader, leader.spec.ctl, QueueReport(*report))
+            return
+        kept = leader.group_reports.get(report[0])
+        if kept is None or kept[1] < report[1]:
+            leader.group_reports[report[0]] = report
 
     # -- messages ---------------------------------------------------------------------------
     def handle(self, e: _Engine, msg: WireMessage) -> None:
@@ -372,6 +409,10 @@ class EmulatedHost:
                 self._drop(e, msg.rid)
         elif isinstance(msg, SetQuota):
             e.quota_s = msg.quota_s
+        elif isinstance(msg, QueueReport):  # a member's, for this leader's next fetch
+            self._keep(e, (msg.eid, msg.n, msg.seen, msg.rq))
+        elif isinstance(msg, GroupLeader):
+            e.report_to = msg.addr if msg.addr != e.ep.address else ""
         elif isinstance(msg, Lead):  # the group's leader died: fetch for it from now on
             if not (e.spec.leader or e.leads):
                 e.leads = True

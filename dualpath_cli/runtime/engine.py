@@ -9,7 +9,9 @@ and every ``metrics_s`` the engine's whole metrics snapshot. A ``quota`` message
 PE's compute quota while it runs; a ``fault`` message turns an injected fault on or off
 (:mod:`~dualpath_cli.runtime.faults`); a ``compact`` message defragments its HBM pool.
 Every message is a typed record of :mod:`~dualpath_cli.runtime.wire`. A group leader also
-sends a ``fetch`` every ``fetch_s`` (the paper's pull-based scheduling, section 6.1).
+sends a ``fetch`` every ``fetch_s`` (the paper's pull-based scheduling, section 6.1), and
+carries on it its group's read-queue reports: once the scheduler names the leader
+(``leader``), a member sends its reports there instead of to the scheduler.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker
 from dualpath_cli.runtime.wire import (
-    Fetch,
+    GroupLeader,
     Hello,
     Lead,
     MetricsRequest,
+    QueueReport,
     SetQuota,
     Stop,
     WireError,
@@ -72,7 +75,7 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                     next_metrics = now + spec.metrics_s
                 next_hb = now + spec.heartbeat_s
             if spec.leader and now >= next_fetch:
-                ctx.to_ctl(Fetch(spec.engine_id, spec.group, spec.role))
+                ctx.to_ctl(ctx.fetch())  # with the group's queue reports
                 next_fetch = now + spec.fetch_s
             wait = min(next_hb, next_fetch if spec.leader else next_hb) - time.monotonic()
             raw = ep.recv(timeout=max(wait, 0.0))
@@ -93,6 +96,12 @@ def run_engine(spec: EngineSpec, fabric: Fabric, model_factory: Callable[[str], 
                     log.warning("engine %d: leads group %d (its leader died)",
                                 spec.engine_id, msg.group)
                 spec.leader, next_fetch = True, 0.0
+                continue
+            if isinstance(msg, QueueReport):  # a member's, for this leader's next fetch
+                ctx.keep_report(msg)
+                continue
+            if isinstance(msg, GroupLeader):
+                ctx.report_to = msg.addr if msg.addr != ep.address else ""
                 continue
             if isinstance(msg, SetQuota):
                 spec.quota_s = msg.quota_s  # the PE's batcher reads it before every batch

@@ -88,6 +88,7 @@ from dualpath_cli.runtime.wire import (
     Done,
     Fetch,
     First,
+    GroupLeader,
     Heartbeat,
     Hello,
     KeyArray,
@@ -539,6 +540,8 @@ class SchedulerService:
         self.queue: collections.deque[_Flight] = collections.deque()  # global FIFO
         #: (role, group) -> the engine that fetches for it (the last one seen fetching)
         self._fetchers: dict[tuple[str, int], int] = {}
+        #: (role, group) -> the leader its engines were told to send queue reports to
+        self._report_to: dict[tuple[str, int], int] = {}
         self.private: dict[int, collections.deque[_Flight]] = collections.defaultdict(
             collections.deque)  # DE group -> routed, not yet placed
         self.pe_queue: collections.deque[_Flight] = collections.deque()  # placed, need a PE
@@ -1044,9 +1047,42 @@ class SchedulerService:
         self._live_version += 1
         self._count_engines()
         self._registered.notify_all()
+        leader = self.engines.get(self._report_to.get((e.role, e.group), -1))
+        if leader is e:  # the leader came back (a new process): at a new address
+            self._announce_leader(e)
+        elif leader is not None and leader.alive and leader.address:
+            self._send(e.address, GroupLeader(e.group, leader.address))  # a late member
 
     def _on_report(self, e: EngineState, msg: QueueReport, now: float) -> None:
         self._on_queue_report(e, msg)
+
+    def _announce_leader(self, leader: EngineState) -> None:
+        """Tell ``leader``'s group to send their queue reports to it (paper 6.1: they ride
+        on its fetches, not a message each to the scheduler)."""
+        self._report_to[(leader.role, leader.group)] = leader.engine_id
+        told = GroupLeader(leader.group, leader.address)
+        for m in self._live_members(leader.role).get(leader.group, ()):
+            if m is not leader:
+                self._send(m.address, told)
+
+    def _group_reports(self, e: EngineState, reports: tuple[tuple[int, ...], ...]) -> None:
+        """The queue reports a leader's fetch carries: each applied as if its engine had
+        sent it (the newest wins by ``n``); one of another group, a dead engine's or a
+        malformed one is dropped."""
+        engines = self.engines
+        for r in reports:
+            try:
+                eid, n, seen, rq = r
+                m = engines.get(eid)
+            except (TypeError, ValueError):
+                m = None
+            if m is None or m.group != e.group or m.role != e.role or not (
+                    type(n) is int and type(seen) is int and type(rq) is int):
+                self.bad_messages += 1
+                continue
+            if m.alive and n > m.rq_n:
+                m.rq_n, m.rq, m.seen = n, rq, seen
+                m.charges.retire_through(seen)
 
     def _on_heartbeat(self, e: EngineState, msg: Heartbeat, now: float) -> None:
         self._on_queue_report(e, msg)
@@ -1060,8 +1096,15 @@ class SchedulerService:
         self._registered.notify_all()
 
     def _on_fetch(self, e: EngineState, msg: Fetch, now: float) -> None:
-        """A fetch that finds work is a decision: timed."""
-        self._fetchers[(e.role, e.group)] = e.engine_id
+        """A fetch that finds work is a decision: timed. Its group's queue reports are
+        taken first, so the decision sees them."""
+        key = (e.role, e.group)
+        self._fetchers[key] = e.engine_id
+        if msg.reports:
+            self._group_reports(e, msg.reports)
+        told = self.engines.get(self._report_to.get(key, -1))
+        if told is None or not told.alive:  # the group's first fetch, or its leader died
+            self._announce_leader(e)
         if e.role == Role.PREFILL.value:
             if self.pe_queue:
                 t0 = time.perf_counter()
@@ -1207,6 +1250,7 @@ class SchedulerService:
             return
         heir = self.engines[heirs[0]]
         self._fetchers[key] = heir.engine_id
+        self._announce_leader(heir)  # reports sent to the dead leader are lost till then
         log.warning("scheduler: engine %d now fetches for %s group %d (engine %d, its "
                     "fetcher, is dead)", heir.engine_id, dead.role, dead.group,
                     dead.engine_id)

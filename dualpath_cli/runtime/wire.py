@@ -44,8 +44,8 @@ from dualpath_cli.transfer.base import UNREADABLE, Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
            "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
-           "SetQuota", "Lead", "Layer", "PrefillDone", "Fault", "Compact", "Warm", "WireMessage",
-           "KINDS", "TIERS", "encode", "decode", "send", "TokenArray", "full_prompt"]
+           "SetQuota", "Lead", "GroupLeader", "Layer", "PrefillDone", "Fault", "Compact", "Warm",
+           "WireMessage", "KINDS", "TIERS", "encode", "decode", "send", "TokenArray", "full_prompt"]
 
 #: Tiers of a per-layer hit, in :attr:`Heartbeat.layer_hits` order.
 TIERS: tuple[str, ...] = ("dram", "store", "peer")
@@ -212,6 +212,9 @@ class QueueReport:
 
     ``n`` orders reports sent from several threads; ``seen`` is the last dispatch sequence
     whose reads ``rq`` already counts (it retires the scheduler's pending charges).
+    Sent to the engine's group leader once the scheduler named it (:class:`GroupLeader`),
+    which carries it on its next :class:`Fetch` (paper 6.1: only a group's leader talks to
+    the scheduler); to the scheduler itself before that, or while the group has no leader.
     """
 
     KIND: ClassVar[str] = "rq"
@@ -295,12 +298,15 @@ class Heartbeat(EngineCounters):
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
-    """A group leader asks for work (pull-based scheduling, paper 6.1)."""
+    """A group leader asks for work (pull-based scheduling, paper 6.1), carrying its group's
+    read-queue reports since its last fetch (``reports``: ``(eid, n, seen, rq)`` each, the
+    newest of each engine, the leader's own among them: a :class:`QueueReport`'s fields)."""
 
     KIND: ClassVar[str] = "fetch"
     eid: int
     group: int
     role: str
+    reports: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,6 +504,16 @@ class Lead:
     group: int
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLeader:
+    """Send queue reports to ``addr``, the leader of group ``group``, which carries them on
+    its fetches; ``addr`` empty: send them to the scheduler (the group has no leader now)."""
+
+    KIND: ClassVar[str] = "leader"
+    group: int
+    addr: str
+
+
 # -- engine -> engine -------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Layer:
@@ -526,8 +542,8 @@ class PrefillDone:
 
 
 WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
-               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Lead | Layer
-               | PrefillDone | Fault | Compact | Warm)
+               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Lead | GroupLeader
+               | Layer | PrefillDone | Fault | Compact | Warm)
 
 #: kind -> record class (every member of :data:`WireMessage`)
 KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}
