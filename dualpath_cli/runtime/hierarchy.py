@@ -294,7 +294,9 @@ class HierarchicalScheduler:
             with self._load_lock:
                 self._rid_sub[rid] = k
                 self._sub_tokens[k] += n
-            ticket = sub.submit(req, rid)  # the id is the root's, the queue the sub's
+            with sub._lock:  # noqa: SLF001 - the id is the root's, the queue the sub's
+                sub._next_rid = rid  # noqa: SLF001
+                ticket = sub.submit(req)
             self._next_rid += 1
             self.sub_turns[k] += 1
 

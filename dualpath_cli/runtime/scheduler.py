@@ -603,7 +603,6 @@ class SchedulerService:
         # each engine's load kept as turns move, and the engines indexed by group and node
         self._prefix = PrefixKeyCache(namespace, max_tokens=prefix_cache_tokens)
         self._present = PresentPrefixCache()
-        self._lookup_lock = threading.Lock()  # the two caches above (see _lookup)
         self._seq: dict[int, int] = collections.defaultdict(int)
         self._tok: dict[int, int] = collections.defaultdict(int)
         self._hbm_used: dict[int, int] = collections.defaultdict(int)
@@ -649,22 +648,14 @@ class SchedulerService:
         with self._lock:
             return all(e.address for e in self.engines.values())
 
-    def submit(self, req: TurnRequest, rid: int | None = None) -> Ticket:
-        """Queue a turn (as request ``rid``: a root scheduler's id; else the next one);
-        returns its ticket.
-
-        The prefix lookup (hashing the prompt's new blocks, the store's checks) runs under
-        the lookup lock, not the service's: the service thread goes on handling engine
-        messages meanwhile instead of waiting ~100 us for every turn that arrives. The turn
-        joins the FIFO once looked up."""
+    def submit(self, req: TurnRequest) -> Ticket:
+        """Queue a turn; returns its ticket."""
         ticket = Ticket()
         with self._lock:
-            if rid is None:
-                rid = self._next_rid
-            self._next_rid = max(self._next_rid, rid + 1)
-        flight = _Flight(rid, req, ticket, time.monotonic())
-        self._lookup(flight)
-        with self._lock:
+            rid = self._next_rid
+            self._next_rid += 1
+            flight = _Flight(rid, req, ticket, time.monotonic())
+            self._lookup(flight)
             self.flights[rid] = flight
             self.queue.append(flight)
         return ticket
@@ -969,19 +960,15 @@ class SchedulerService:
 
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: _Flight) -> None:
-        """``f``'s prefix keys and hit, under the lookup lock (which guards the prefix and
-        presence caches; taken after the service lock where both are held)."""
+        # the agent's last keys reused up to its first changed token: equal to prefix_keys
+        got = self._prefix.prompt(f.req.agent, f.req.tokens)
         limit = (len(f.req.tokens) - 1) // self.bt  # always leave one token to prefill
         if f.max_hit_blocks is not None:
             limit = min(limit, f.max_hit_blocks)
-        with self._lookup_lock:
-            # the agent's last keys reused up to its first changed token: = prefix_keys
-            got = self._prefix.prompt(f.req.agent, f.req.tokens)
-            # blocks found present last turn at the same removal generation are not
-            # stat'ed again
-            f.generation = removal_generation(self.store)
-            hits = self._present.hits(f.req.agent, got.keys, limit, f.generation,
-                                      self.store.contains)
+        # blocks found present last turn at the same removal generation are not stat'ed again
+        f.generation = removal_generation(self.store)
+        hits = self._present.hits(f.req.agent, got.keys, limit, f.generation,
+                                  self.store.contains)
         # the dispatch's frames, made once from what the lookup has: the uint32 tokens are
         # the int32 ones (token ids are under 2**31) and the hit keys a slice of the digests
         f.keys = KeyArray(np.frombuffer(got.raw, np.uint8, hits * KEY_BYTES)
@@ -1173,10 +1160,8 @@ class SchedulerService:
         # the store removes nothing (the generation read before they were written)
         stored = min(m.stored, len(chain) // KEY_BYTES)
         if stored > 0:
-            with self._lookup_lock:
-                self._present.note(f.req.agent, f.generation, stored,
-                                   BlockKey(chain[(stored - 1) * KEY_BYTES:
-                                                  stored * KEY_BYTES]))
+            self._present.note(f.req.agent, f.generation, stored,
+                               BlockKey(chain[(stored - 1) * KEY_BYTES:stored * KEY_BYTES]))
         f.ticket.result = TurnResult(tokens, f.submitted, f.first_at, m.at, f.cached,
                                      f.att + 1, f.pe, f.de, f.pe_tokens, m.rx_from_pe,
                                      m.second_at)
