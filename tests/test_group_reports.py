@@ -112,6 +112,19 @@ def test_reports_of_another_group_or_malformed_are_dropped() -> None:
     assert {eid: (e.rq_n, e.rq, e.seen) for eid, e in g.sched.engines.items()} == before
 
 
+def test_a_fetch_whose_reports_are_not_lists_is_refused_not_raised() -> None:
+    g = _Group(_ROLES)
+    g.eps[0].send(g.sched.address, {"t": "fetch", "eid": 0, "group": 0, "role": "prefill",
+                                    "reports": 5}, [])
+    raw = g.sched.ep.recv(timeout=5)
+    assert raw is not None
+    with g.sched._lock:
+        g.sched._handle(raw)  # a WireError would have ended the service thread
+    assert g.sched.bad_messages == 1
+    g.fetch(0, (1, 2, 3, 4))  # the next fetch is read as usual
+    assert g.sched.engines[1].rq == 4
+
+
 def test_when_the_leader_dies_its_heir_is_named_to_the_group() -> None:
     g = _Group(_ROLES)
     g.fetch(0)

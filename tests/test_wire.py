@@ -146,6 +146,14 @@ def test_bad_headers_are_refused_with_a_reason() -> None:
         decode({"rid": 1})
     with pytest.raises(WireError, match="first message lacks at, token"):
         decode({"t": "first", "eid": 0, "rid": 1, "att": 0})
+    # a field that must be a list (of lists) is refused, not raised out of the decoder
+    fetch = {"t": "fetch", "eid": 0, "group": 0, "role": "prefill"}
+    with pytest.raises(WireError, match="fetch reports is not a list of lists"):
+        decode({**fetch, "reports": 5})
+    with pytest.raises(WireError, match="fetch reports is not a list of lists"):
+        decode({**fetch, "reports": [5]})
+    with pytest.raises(WireError, match="hb layer_slack_s is not a list$"):
+        decode({"t": "hb", "eid": 0, "n": 1, "seen": 0, "rq": 0, "layer_slack_s": None})
 
 
 KEYS = tuple(f"{i:032x}" for i in range(200))  # 200 16-byte block keys, as a dispatch carries

@@ -611,12 +611,16 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
         missing = codec.required.difference(header)
         raise WireError(f"wire: {kind} message lacks {', '.join(sorted(missing))}")
     values = {name: header[name] for name in codec.names if name in header}
-    for name in codec.tuples:  # tuple() of a tuple is the same object: free in process
-        if name in values:
-            values[name] = tuple(values[name])
-    for name in codec.nested:
-        if name in values:
-            values[name] = tuple(map(tuple, values[name]))
+    try:
+        for name in codec.tuples:  # tuple() of a tuple is the same object: free in process
+            if name in values:
+                values[name] = tuple(values[name])
+        for name in codec.nested:
+            if name in values:
+                values[name] = tuple(map(tuple, values[name]))
+    except TypeError:
+        raise WireError(f"wire: {kind} {name} is not a list"
+                        f"{' of lists' if name in codec.nested else ''}") from None
     if codec.cls is Layer:
         values["frames"] = tuple(buffers)
     elif codec.arrays:
