@@ -22,8 +22,9 @@ Parts (``--json`` prints one object with these keys):
   On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
   shared) the rate is what the driver reached; the value is then extrapolated term by term
   and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
-  CPU per turn (``submit()``, ``first``, ``done``; working fetches and ``rq`` per decision)
-  x 2400, the native threads per message received x the messages at 2400 turns/s, and the
+  CPU per turn (``submit()``, ``first``, ``done``; working fetches, which carry the groups'
+  read-queue reports, and any ``rq`` sent directly, per decision) x 2400, the native
+  threads per message received x the messages at 2400 turns/s, and the
   loop around the handlers (a message's receive and the loop's overhead,
   per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured; the
   bench's own timing wrappers, calibrated on a stand-in after the window, are taken out of
@@ -521,7 +522,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "how": ("measured at the paper's rate" if reached else
                 "heartbeat and idle-fetch CPU per message x their rates at this scale + CPU "
                 "per turn (submit, first and done at their means; working fetches beyond an "
-                f"idle one's and rq reports per decision) x {PAPER_RATE:g} turns/s + the "
+                "idle one's, which carry the groups' read-queue reports, and any report "
+                f"sent directly, per decision) x {PAPER_RATE:g} turns/s + the "
                 "loop's receive and overhead per message x the messages at that rate + the "
                 "sweeps as measured + the native (ZeroMQ) threads' CPU per message x the "
                 "messages at that rate - the timing wrappers' cost per message beyond "
@@ -675,7 +677,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
     rate: per ``--fetch`` period, ``--rate`` x period turns are submitted, interleaved with
     one fetch from every group (each DE group's and PE group's leader, in a fixed shuffled
     order), each dispatched turn's ``rq`` reports (one per engine it charged with a read,
-    as the read ends) and ``first`` one period later and its ``done`` ``--inproc-latency``
+    as the read ends, carried on its group's next fetch as the leader carries them) and
+    ``first`` one period later and its ``done`` ``--inproc-latency``
     periods later (its blocks then stored, as an
     emulated DE does, which its ``done`` says), and every engine's heartbeat once per
     ``--inproc-heartbeat``; agents from the Table 2 64K trace (one turn in flight each).
@@ -694,7 +697,6 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         First,
         Heartbeat,
         Hello,
-        QueueReport,
         encode,
     )
     from dualpath_cli.storage import PosixStore
@@ -870,6 +872,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                     + [("prefill", n) for n in range(p)])
         order = [fetchers[i] for i in np.random.default_rng(0).permutation(len(fetchers))]
         hb_owed = 0.0
+        # (role, group) -> engine -> its newest queue report, for the leader's next fetch
+        kept: dict[tuple[str, int], dict[int, tuple[int, ...]]] = collections.defaultdict(dict)
         hb_cycle = itertools.cycle(sorted(roles))
         hb_hits = ((0, 64, 0),) * ns.shape.n_layers  # a PE's per-layer hits, as a real one sends
         io_cpu = 0.0
@@ -889,10 +893,12 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 while k < len(due) and k < (slot + 1) * len(due) / len(order):
                     kind, m = due[k]
                     k += 1
-                    if kind == "rq":
+                    if kind == "rq":  # kept by the group's leader for its next fetch
                         e, seen = m
                         rq_n[e] += 1
-                        m = QueueReport(e, rq_n[e], seen, 0)
+                        engine = sched.engines[e]
+                        kept[(engine.role, engine.group)][e] = (e, rq_n[e], seen, 0)
+                        continue
                     deliver(kind, m)
                 hb_owed += len(roles) * args.fetch / args.inproc_heartbeat / len(order)
                 while hb_owed >= 1:  # every engine's heartbeat, spread over the period
@@ -904,7 +910,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                         jobs=1, hbm_capacity_blocks=opts.hbm_blocks,
                         layer_hits=hb_hits if engine.role == "prefill" else ()))
                     hb_owed -= 1
-                deliver("fetch_" + role, Fetch(leader[(role, node)], node, role))
+                reports = tuple(kept.pop((role, node), {}).values())
+                deliver("fetch_" + role, Fetch(leader[(role, node)], node, role, reports))
                 flush()
                 after_fetch(period)
         io_cpu += _threads_cpu(io_threads)
