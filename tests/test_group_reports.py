@@ -208,3 +208,33 @@ def test_emulated_engines_members_report_through_their_leader(tmp_path: Path) ->
         members = _members(system)
     assert members & set(carried)
     assert len([e for e in direct if e in members]) < len([e for e in carried if e in members])
+
+
+def test_after_the_leaders_death_members_report_through_its_heir(tmp_path: Path) -> None:
+    """Engine processes, three a node: the prefill node's leader is killed between two
+    runs; the heir fetches, the other member's reports reach the scheduler on the heir's
+    fetches, and every read charge is retired again."""
+    opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
+                          gpus_per_node=3, store_dir=tmp_path / "store", fetch_s=0.01,
+                          heartbeat_timeout=3600.0)  # deaths seen through the process exit
+    with RuntimeSystem(opts) as system:
+        sched = system.scheduler
+        assert isinstance(sched, SchedulerService)
+        first = run_agents(system, agentic_workload(4, turns=2), timeout=60)
+        assert not first.errors
+        pes = [s for s in system.specs if s.role == "prefill"]
+        leader = next(s.engine_id for s in pes if s.leader)
+        heir, member = sorted(s.engine_id for s in pes if s.engine_id != leader)
+        system.cluster.kill(leader)  # type: ignore[union-attr]
+        wait_until(lambda: sched._report_to.get(("prefill", pes[0].group)) == heir, 30,
+                   "the heir to be named")
+        since = sched.log.last_seq or 0
+        carried, _ = _spy(system)
+        second = run_agents(system, agentic_workload(6, turns=3), timeout=90)
+        assert not second.errors and len(second.turns) == 18
+        wait_until(lambda: _settled(system), 10, "the read charges to be retired")
+        read_on_member = [d for d in system.decisions() if d.seq > since and d.kind == "turn"
+                          and d.pe == member and d.pe_tokens > 0]
+    assert heir in carried  # the heir carries its own reports now
+    assert read_on_member, "no turn read on the member after the death"
+    assert member in carried  # and the member's, sent to it
