@@ -1080,9 +1080,8 @@ class SchedulerService:
                     type(n) is int and type(seen) is int and type(rq) is int):
                 self.bad_messages += 1
                 continue
-            if m.alive and n > m.rq_n:
-                m.rq_n, m.rq, m.seen = n, rq, seen
-                m.charges.retire_through(seen)
+            if m.alive:
+                self._take_report(m, n, seen, rq)
 
     def _on_heartbeat(self, e: EngineState, msg: Heartbeat, now: float) -> None:
         self._on_queue_report(e, msg)
@@ -1142,10 +1141,16 @@ class SchedulerService:
             self._requeue(f, "read_failed", max_hit=msg.block if msg.block >= 0 else None)
 
     def _on_queue_report(self, e: EngineState, m: QueueReport | Heartbeat) -> None:
-        if m.n <= e.rq_n:
+        self._take_report(e, m.n, m.seen, m.rq)
+
+    @staticmethod
+    def _take_report(e: EngineState, n: int, seen: int, rq: int) -> None:
+        """``e``'s read queue as a report says (sent by itself, or carried on its leader's
+        fetch), unless a newer one was taken already; retires the charges it counts."""
+        if n <= e.rq_n:
             return  # an older report overtaken by a newer one
-        e.rq_n, e.rq, e.seen = m.n, m.rq, m.seen
-        e.charges.retire_through(e.seen)
+        e.rq_n, e.rq, e.seen = n, rq, seen
+        e.charges.retire_through(seen)
 
     def _finish(self, f: _Flight, m: Done) -> None:
         self._load_delta(f, -1)
