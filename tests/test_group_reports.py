@@ -12,6 +12,7 @@ from conftest import wait_until
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams
+from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import SchedulerService
 from dualpath_cli.runtime.wire import (
@@ -71,6 +72,16 @@ class _Group:
         while (raw := self.eps[eid].recv(timeout=0)) is not None:
             out.append(decode(raw.header, raw.buffers))
         return out
+
+
+def test_a_leader_keeps_each_engines_newest_report_until_its_fetch() -> None:
+    kept = KeptReports()
+    kept.keep(1, 5, 3, 640)
+    kept.keep(1, 4, 2, 999)  # older: overtaken
+    kept.keep(2, 1, 0, 64)
+    kept.keep(2, 2, 1, 0)  # newer: replaces
+    assert sorted(kept.take()) == [(1, 5, 3, 640), (2, 2, 1, 0)]
+    assert kept.take() == ()  # taken once
 
 
 def test_the_first_fetch_names_the_leader_to_its_group_only() -> None:

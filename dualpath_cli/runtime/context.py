@@ -23,6 +23,7 @@ import numpy as np
 
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace
 from dualpath_cli.runtime.hbm import HbmPool
+from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.wire import (
     TIERS,
@@ -198,8 +199,7 @@ class EngineContext:
         self._report_lock = threading.Lock()
         self._report_n = 0
         self.report_to = ""  # the group leader's address (GroupLeader); "": the scheduler
-        self._group_reports: dict[int, tuple[int, int, int, int]] = {}  # leader: eid -> newest
-        self._group_lock = threading.Lock()
+        self._group_reports = KeptReports()  # a leader's, for its next fetch
         self._hits = [[0] * len(TIERS) for _ in range(model.n_layers)]  # [layer][tier]
         self._slack: list[float | None] = [None] * model.n_layers  # last prefill's, per layer
         self._tier = {tier: i for i, tier in enumerate(TIERS)}
@@ -409,17 +409,12 @@ class EngineContext:
         if not self.spec.leader:
             self.to_ctl(msg)
             return
-        with self._group_lock:
-            kept = self._group_reports.get(msg.eid)
-            if kept is None or kept[1] < msg.n:
-                self._group_reports[msg.eid] = (msg.eid, msg.n, msg.seen, msg.rq)
+        self._group_reports.keep(msg.eid, msg.n, msg.seen, msg.rq)
 
     def fetch(self) -> Fetch:
         """This leader's fetch, carrying the queue reports kept since its last one."""
-        with self._group_lock:
-            reports = tuple(self._group_reports.values())
-            self._group_reports.clear()
-        return Fetch(self.spec.engine_id, self.spec.group, self.spec.role, reports)
+        return Fetch(self.spec.engine_id, self.spec.group, self.spec.role,
+                     self._group_reports.take())
 
     # -- network ------------------------------------------------------------------------
     def to_ctl(self, msg: WireMessage) -> None:

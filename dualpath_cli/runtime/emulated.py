@@ -48,6 +48,7 @@ from dualpath_cli.core.layout import BlockKey, Namespace, chain_keys
 from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
+from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.wire import (
     Cancel,
     Decode,
@@ -191,8 +192,7 @@ class _Engine:
     stopped: bool = False
     leads: bool = False  # promoted to its group's fetcher (Lead) after the leader died
     report_to: str = ""  # the group leader's address (GroupLeader); "": the scheduler
-    group_reports: dict[int, tuple[int, int, int, int]] = field(
-        default_factory=dict)  # a leader's: eid -> the newest report, for its next fetch
+    group_reports: KeptReports = field(default_factory=KeptReports)  # a leader's
     ended: EndedAttempts = field(default_factory=EndedAttempts)  # cancelled attempts
 
     @property
@@ -346,8 +346,7 @@ class EmulatedHost:
     def _fetch(self, e: _Engine) -> None:
         if e.stopped:
             return
-        reports = tuple(e.group_reports.values())  # the group's, since the last fetch
-        e.group_reports.clear()
+        reports = e.group_reports.take()  # the group's, since the last fetch
         self._send(e, e.spec.ctl, Fetch(e.eid, e.spec.group, e.spec.role, reports))
         self.at(self.clock() + e.spec.fetch_s, lambda: self._fetch(e))
 
@@ -358,7 +357,7 @@ class EmulatedHost:
         e.n += 1
         report = (e.eid, e.n, e.seen, e.rq)
         if e.leading:
-            e.group_reports[e.eid] = report
+            e.group_reports.keep(*report)
         elif e.report_to:
             leader = self._by_addr.get(e.report_to)
             if leader is not None:
@@ -374,9 +373,7 @@ class EmulatedHost:
         if not leader.leading or leader.stopped:
             self._send(leader, leader.spec.ctl, QueueReport(*report))
             return
-        kept = leader.group_reports.get(report[0])
-        if kept is None or kept[1] < report[1]:
-            leader.group_reports[report[0]] = report
+        leader.group_reports.keep(*report)
 
     # -- messages ---------------------------------------------------------------------------
     def handle(self, e: _Engine, msg: WireMessage) -> None:
