@@ -241,32 +241,31 @@ def _row(name: str, sessions: Sessions, live: LiveCluster, store: Path, detected
                     time.monotonic() - t0)
 
 
-def _busy_engine(live: LiveCluster, role: str, timeout: float = 30.0) -> int:
-    """An engine of ``role`` that holds a dispatched turn now (so killing it strands work)."""
+def _holder(live: LiveCluster, role: str, among: Collection[int] | None = None) -> int | None:
+    """An engine of ``role`` (of ``among``, if given) that holds a dispatched turn now (so
+    killing it strands work); ``None`` if none does."""
     sched = live.system.scheduler
+    with sched._lock:
+        for f in sched.flights.values():
+            eid = f.pe if role == "prefill" else f.de
+            if eid >= 0 and (among is None or eid in among) and (
+                    role == "decode" or not f.prefilled):
+                return eid
+    return None
+
+
+def _busy_engine(live: LiveCluster, role: str, timeout: float = 30.0) -> int:
+    """An engine of ``role`` that holds a dispatched turn (waiting for one)."""
     found: list[int] = []
 
     def holding() -> bool:
-        with sched._lock:
-            for f in sched.flights.values():
-                eid = f.pe if role == "prefill" else f.de
-                if eid >= 0 and (role == "decode" or not f.prefilled):
-                    found.append(eid)
-                    return True
-        return False
+        eid = _holder(live, role)
+        if eid is not None:
+            found.append(eid)
+        return eid is not None
 
     _wait_for(holding, timeout, f"a {role} engine to hold a turn")
     return found[0]
-
-
-def _holds(live: LiveCluster, eids: Collection[int], role: str) -> bool:
-    """Whether one of ``eids`` holds a dispatched turn of ``role`` now."""
-    with live.system.scheduler._lock:
-        for f in live.system.scheduler.flights.values():
-            eid = f.pe if role == "prefill" else f.de
-            if eid in eids and (role == "decode" or not f.prefilled):
-                return True
-    return False
 
 
 def _freeze_busy(live: LiveCluster, role: str, engines_of: Callable[[int], Collection[int]],
@@ -283,7 +282,7 @@ def _freeze_busy(live: LiveCluster, role: str, engines_of: Callable[[int], Colle
         victim = _busy_engine(live, role, max(0.1, deadline - time.monotonic()))
         t0 = time.monotonic()
         signal_(pgid_of(victim), signal.SIGSTOP)
-        if _holds(live, engines_of(victim), role):
+        if _holder(live, role, engines_of(victim)) is not None:
             return victim, t0
         signal_(pgid_of(victim), signal.SIGCONT)
         assert time.monotonic() < deadline, f"no {role} engine held a turn once stopped"

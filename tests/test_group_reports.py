@@ -191,34 +191,33 @@ def _members(system: RuntimeSystem) -> set[int]:
     return {s.engine_id for s in system.specs if not s.leader}
 
 
-def test_real_engines_members_report_through_their_leader() -> None:
-    """Threads over queues, two engines a node: a member's reports reach the scheduler on
-    its leader's fetches, and every read charge is retired once the turns are done."""
-    opts = RuntimeOptions(block_tokens=8, gpus_per_node=2, fetch_s=0.01)
+def _members_report_through_their_leader(opts: RuntimeOptions, agents: int,
+                                         turns: int) -> None:
+    """Run the agents: a member's reports reach the scheduler on its leader's fetches
+    (more of them than straight from members), and every read charge is retired once the
+    turns are done."""
     with RuntimeSystem(opts) as system:
         carried, direct = _spy(system)
-        result = run_agents(system, agentic_workload(4, turns=3), timeout=60)
-        assert not result.errors and len(result.turns) == 12
+        result = run_agents(system, agentic_workload(agents, turns=turns), timeout=60)
+        assert not result.errors and len(result.turns) == agents * turns
         wait_until(lambda: _settled(system), 10, "the read charges to be retired")
         members = _members(system)
     assert members & set(carried)  # a member's report rode on its leader's fetch
     assert len([e for e in direct if e in members]) < len([e for e in carried if e in members])
 
 
+def test_real_engines_members_report_through_their_leader() -> None:
+    """Threads over queues, two engines a node."""
+    _members_report_through_their_leader(
+        RuntimeOptions(block_tokens=8, gpus_per_node=2, fetch_s=0.01), 4, 3)
+
+
 def test_emulated_engines_members_report_through_their_leader(tmp_path: Path) -> None:
-    """Emulated engines, four a node over two host processes: the same path."""
-    opts = RuntimeOptions(prefill_nodes=1, decode_nodes=2, gpus_per_node=4,
-                          engines="emulated", emulated_model="ds27b", emulated_hosts=2,
-                          emulated_speed=20.0, store_dir=tmp_path, heartbeat_s=0.2,
-                          fetch_s=0.01)
-    with RuntimeSystem(opts) as system:
-        carried, direct = _spy(system)
-        result = run_agents(system, agentic_workload(6, turns=4), timeout=60)
-        assert not result.errors and len(result.turns) == 24
-        wait_until(lambda: _settled(system), 10, "the read charges to be retired")
-        members = _members(system)
-    assert members & set(carried)
-    assert len([e for e in direct if e in members]) < len([e for e in carried if e in members])
+    """Emulated engines, four a node over two host processes."""
+    _members_report_through_their_leader(
+        RuntimeOptions(prefill_nodes=1, decode_nodes=2, gpus_per_node=4, engines="emulated",
+                       emulated_model="ds27b", emulated_hosts=2, emulated_speed=20.0,
+                       store_dir=tmp_path, heartbeat_s=0.2, fetch_s=0.01), 6, 4)
 
 
 def test_after_the_leaders_death_members_report_through_its_heir(tmp_path: Path) -> None:
