@@ -223,8 +223,11 @@ def test_emulated_engines_members_report_through_their_leader(tmp_path: Path) ->
 def test_after_the_leaders_death_members_report_through_its_heir(tmp_path: Path) -> None:
     """Engine processes, three a node: the prefill node's leader is killed between two
     runs; the heir fetches, the other member's reports reach the scheduler on the heir's
-    fetches, and every read charge is retired again."""
-    opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,
+    fetches, and every read charge is retired again. Every read is on the PE side
+    (``layerwise``), so any cached turn placed on the member is a read on it (with
+    ``round-robin`` the read side alternated by decision ordinal, and the member's turns
+    could all land on the DE side)."""
+    opts = RuntimeOptions(policy="layerwise", block_tokens=8, processes=True,
                           gpus_per_node=3, store_dir=tmp_path / "store", fetch_s=0.01,
                           heartbeat_timeout=3600.0)  # deaths seen through the process exit
     with RuntimeSystem(opts) as system:

@@ -111,8 +111,11 @@ def test_a_real_signal_as_the_temp_dir_is_created_still_removes_it(
     """The window CI hit, opened on purpose: the real handlers and a real signal raised
     right after ``mkdtemp`` made the directory."""
     script = _SIGNAL_AS_CREATED.format(sig=sig, expect=expect)
+    # SIGINT's default disposition in the child: a shell's background job (``cmd &``)
+    # inherits SIGINT ignored, and Python then installs no handler of its own for it
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[0] == f"raised {expect}", run.stdout  # body never ran
     assert list(tmp_path.iterdir()) == []
