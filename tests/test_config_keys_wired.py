@@ -210,3 +210,16 @@ def test_prefix_cache_tokens_bounds_the_prompts_a_running_scheduler_keeps() -> N
     assert len(prefix) == 0 and prefix.reused == 0  # nothing kept: every prompt hashed whole
     _, kept = _run(_opts())
     assert kept.scheduler._prefix.reused > 0  # noqa: SLF001 - the default reuses keys
+
+
+def test_batch_window_is_the_running_schedulers_wait_between_batches() -> None:
+    assert _opts().batch_window_s == 0.002
+    opts = _opts("scheduler.batch_window=0")
+    assert opts.batch_window_s == 0.0
+    decisions, system = _run(opts)  # each message handled as it arrives: the turns run
+    assert decisions and system.scheduler.batch_window_s == 0.0
+    assert _opts("scheduler.batch_window=5ms").batch_window_s == 0.005
+    with pytest.raises(ConfigError, match="at most 50ms"):
+        _opts("scheduler.batch_window=60ms")
+    with pytest.raises(ConfigError, match="non-negative"):
+        _opts("scheduler.batch_window=-1ms")

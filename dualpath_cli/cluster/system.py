@@ -122,7 +122,8 @@ class RuntimeSystem:
                 prefix_cache_tokens=opts.prefix_cache_tokens,
                 layerwise_prefill=opts.layerwise_prefill, controllers=opts.controllers,
                 control_interval_s=opts.control_interval_s,
-                snic_bw=opts.snic_bw if self.shaped else 0.0)
+                snic_bw=opts.snic_bw if self.shaped else 0.0,
+                batch_window_s=opts.batch_window_s)
 
         self.scheduler: SchedulerService | HierarchicalScheduler
         if opts.hierarchical:

@@ -204,6 +204,7 @@ class SchedulerConfig:
     z_factor: float
     read_side: str
     fetch_period: float
+    batch_window: float
     reference_context: int
     reference_append: int
     layerwise_prefill: bool

@@ -117,6 +117,15 @@ def _at_least(parse: Callable[[Any], Any], minimum: float, what: str) -> Callabl
     return checked
 
 
+def _at_most(parse: Callable[[Any], Any], maximum: float, what: str) -> Callable[[Any], Any]:
+    def checked(value: Any) -> Any:
+        number = parse(value)
+        if number > maximum:
+            raise UnitError(f"{value!r} must be {what}")
+        return number
+    return checked
+
+
 def _positive(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def checked(value: Any) -> Any:
         number = parse(value)
@@ -169,6 +178,7 @@ BYTES = Kind("bytes", "bytes", _positive(parse_bytes))
 BYTES_ANY = Kind("bytes", "bytes", parse_bytes)  # 0 allowed (0: off)
 BANDWIDTH = Kind("bandwidth", "bytes/s", _positive(parse_bandwidth))
 DURATION = Kind("duration", "seconds", _positive(parse_duration))
+BATCH_WINDOW = Kind("duration", "seconds", _at_most(parse_duration, 0.05, "at most 50ms"))
 FLOP_RATE = Kind("FLOP/s", "FLOP/s", _positive(parse_flops))
 FRACTION = Kind("fraction", "ratio", _fraction)
 TOKENS = Kind("tokens", "tokens", _positive(parse_tokens))
@@ -361,6 +371,11 @@ KEYS: tuple[Key, ...] = (
         "a plugin registers."),
     Key("scheduler", "fetch_period", DURATION, "100ms",
         "How often an engine group fetches work (our choice; the paper does not say)."),
+    Key("scheduler", "batch_window", BATCH_WINDOW, "2ms",
+        "Once the scheduler has handled every message waiting, it waits this long before "
+        "taking the next ones, and handles what arrived meanwhile in one pass: fewer "
+        "wake-ups and lock passes (about 0.05-0.08 of a core at 48P96D) for at most this "
+        "much added latency per message. 0: each message handled as it arrives."),
     Key("scheduler", "reference_context", TOKENS, "32K",
         "Cached context of the reference turn at which beta in seconds is converted to tokens "
         "(the 64K trace's mean context is about 32K)."),

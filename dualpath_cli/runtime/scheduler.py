@@ -82,6 +82,7 @@ from dualpath_cli.runtime.control import SchedulerChange, Settings, check_change
 from dualpath_cli.runtime.decisions import DecisionLog
 from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
 from dualpath_cli.runtime.ledger import Lookup, RequestLedger
+from dualpath_cli.runtime.options import DEFAULT_BATCH_WINDOW_S
 from dualpath_cli.runtime.readmodel import EngineWindow, Rate, engine_view, node_view
 from dualpath_cli.runtime.wire import (
     Cancel,
@@ -198,6 +199,11 @@ class Latch:
                 pass
             return True
         return self._set
+
+
+# the most messages one batch handles before the loop looks at its timers again (a burst
+# bigger than this is handled in several passes, without the wait between them)
+_BATCH_MAX = 512
 
 
 class Ticket:
@@ -505,6 +511,8 @@ class SchedulerService:
         layerwise_prefill: False turns layerwise prefill off whatever the policy.
         controllers: controller name (``alpha``, ``beta``, ``quota``) -> on.
         control_interval_s: seconds between two controller steps.
+        batch_window_s: the loop's wait between two batches of messages
+            (:data:`DEFAULT_BATCH_WINDOW_S`; 0: each message handled as it arrives).
         snic_bw: a node's storage-NIC read bandwidth, bytes/s (<= 0: unshaped; alpha's
             controller then has no signal).
     """
@@ -515,7 +523,8 @@ class SchedulerService:
                  prefix_cache_tokens: int = 32 << 20,
                  quota_s: float = 0.3, sources: Mapping[str, str] | None = None,
                  layerwise_prefill: bool = True, controllers: Mapping[str, bool] | None = None,
-                 control_interval_s: float = 1.0, snic_bw: float = 0.0) -> None:
+                 control_interval_s: float = 1.0, snic_bw: float = 0.0,
+                 batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
         pace_gc_for_scheduler()  # its process allocates per turn: collect in fewer passes
         row = get_policy(policy)
         self.layerwise = row.layerwise and layerwise_prefill
@@ -587,6 +596,9 @@ class SchedulerService:
         if not control_interval_s > 0:
             raise UsageError(f"control interval {control_interval_s!r}: must be > 0 s")
         self.control_interval_s = control_interval_s
+        if not batch_window_s >= 0:
+            raise UsageError(f"batch window {batch_window_s!r}: must be >= 0 s")
+        self.batch_window_s = batch_window_s
         self.snic_bw = snic_bw
         self.snic_scale: dict[int, float] = {}
         """Node -> fraction of ``snic_bw`` its NIC runs at (a throttle fault lowers it)."""
@@ -985,11 +997,20 @@ class SchedulerService:
     def _loop(self) -> None:
         next_check = 0.0
         self._cpu_at = time.thread_time()
+        window = self.batch_window_s
         while not self._stop.is_set():
             raw = self.ep.recv(timeout=0.05)
+            drained = False
             with self._lock:
-                if raw is not None:
+                n = 0
+                while raw is not None:  # what is waiting, in one pass (a batch)
                     self.on_message(raw)
+                    n += 1
+                    if not window or n >= _BATCH_MAX:
+                        break
+                    raw = self.ep.recv(timeout=0)
+                else:
+                    drained = n > 0
                 now = time.monotonic()
                 if now >= next_check:  # a pass over every engine: not once per message
                     self.on_sweep()
@@ -998,6 +1019,8 @@ class SchedulerService:
                     now = time.monotonic()
                     if now >= self._ctl_next:
                         self._control(now)
+            if drained:  # let the next messages gather (not after a full batch: busy)
+                time.sleep(window)
 
     def _sweep(self) -> None:
         """The loop's periodic pass: silent engines, and the cost sample."""
