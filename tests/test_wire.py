@@ -9,6 +9,7 @@ import pytest
 
 from dualpath_cli.runtime.context import Counters
 from dualpath_cli.runtime.wire import (
+    _CODECS,
     KINDS,
     Cancel,
     Compact,
@@ -85,6 +86,28 @@ def test_round_trip_in_process(msg: WireMessage) -> None:
     if isinstance(msg, Layer):
         assert isinstance(back, Layer)
         assert all(a is b for a, b in zip(back.frames, msg.frames, strict=True))  # no copy
+
+
+@pytest.mark.parametrize("msg", [m for m in SAMPLES if _CODECS[type(m).KIND].build],
+                         ids=lambda m: type(m).KIND)
+def test_a_record_built_field_by_field_is_the_dataclasss_own(msg: WireMessage) -> None:
+    """The kinds a scheduler receives are decoded through the slots' setters (wire's
+    ``_builder``), not ``__init__``: the same record, defaults for what a header leaves
+    out, and still frozen."""
+    header, _ = encode(msg)
+    codec = _CODECS[type(msg).KIND]
+    required = {name: getattr(msg, name) for name in codec.required}
+    back = decode({"t": header["t"], **{k: header[k] for k in required}})
+    assert back == type(msg)(**required) and type(back) is type(msg)
+    for f in dataclasses.fields(back):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(back, f.name, getattr(back, f.name))
+
+
+def test_what_a_scheduler_receives_takes_the_fast_path() -> None:
+    assert all(_CODECS[k].build is not None
+               for k in ("hello", "rq", "hb", "fetch", "first", "done", "read_failed"))
+    assert _CODECS["prefill"].build is None  # frames and a __post_init__: the generic path
 
 
 @pytest.mark.parametrize("fabric_cls", [InProcFabric, ZmqFabric])
