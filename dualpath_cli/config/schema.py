@@ -374,7 +374,7 @@ KEYS: tuple[Key, ...] = (
     Key("scheduler", "batch_window", BATCH_WINDOW, "2ms",
         "Once the scheduler has handled every message waiting, it waits this long before "
         "taking the next ones, and handles what arrived meanwhile in one pass: fewer "
-        "wake-ups and lock passes (about 0.05-0.08 of a core at 48P96D) for at most this "
+        "wake-ups and lock passes (about 0.05 of a core at 48P96D) for at most this "
         "much added latency per message. 0: each message handled as it arrives."),
     Key("scheduler", "reference_context", TOKENS, "32K",
         "Cached context of the reference turn at which beta in seconds is converted to tokens "

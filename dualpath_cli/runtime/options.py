@@ -28,7 +28,7 @@ __all__ = ["RuntimeOptions", "options_from_config", "runtime_model_for",
 #: it takes the next ones (``scheduler.batch_window``): it then handles what arrived
 #: meanwhile in one pass under one lock. Why: at the paper's scale ~7,400 messages a second
 #: reach it, and woken for each one the loop paid a wake-up, a lock pass and a cold cache per
-#: message; batched it pays them per batch (bench/control_plane.py: 0.05-0.08 cores of ~0.95
+#: message; batched it pays them per batch (bench/control_plane.py: ~0.05 cores of ~0.95
 #: at 48P96D) for at most this much added latency a message (a turn's first token and end,
 #: a group's fetch), against a 100 ms fetch period and TTFTs of seconds.
 DEFAULT_BATCH_WINDOW_S = 0.002
