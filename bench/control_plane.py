@@ -19,7 +19,8 @@ Parts (``--json`` prints one object with these keys):
   ``--seconds`` after a warm-up: the scheduler *thread*'s CPU (psutil, user + system)
   plus the CPU of ``submit()`` (its prefix lookup runs on the caller's thread) plus the
   process's native threads (ZeroMQ's I/O thread: the sockets' TCP work and wake-ups;
-  counted since session 14, ``native_threads_*``) over wall time, i.e. cores, and per turn
+  counted since session 14, ``native_threads_*``; with pyzmq's garbage-collector thread,
+  which frees the zero-copy frames sent, since session 18) over wall time, i.e. cores, and per turn
   completed.
   On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
   shared) the rate is what the driver reached; the value is then extrapolated term by term
@@ -378,12 +379,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             kinds = _count_kinds(sched, profile)
             loop = _count_loop(sched)
             proc = psutil.Process()
-            # the threads no Python code runs on: ZeroMQ's (the scheduler's sockets' TCP
-            # work and signalling) and any library pool; all charged to the scheduler
-            native = ({t.id for t in proc.threads()}
-                      - {th.native_id for th in threading.enumerate()})
             driver.thread.start()
             time.sleep(args.warmup)  # the bench's measurement window, not a race
+            native = _native_threads(proc)  # those started in the warm-up included
             driver.measuring = True
             kinds.clear()
             loop.clear()
@@ -613,6 +611,16 @@ def _pin(system: RuntimeSystem, how: str) -> dict[str, Any]:
     for t in psutil.Process().threads():
         _set_cpus(t.id, first if how == "launcher" or t.id == sched_tid else rest)
     return {"how": how, "first_cpu": cpus[0], "other_cpus": sorted(rest)}
+
+
+def _native_threads(proc: psutil.Process) -> set[int]:
+    """The threads no Python code of ours runs on, all charged to the scheduler: ZeroMQ's
+    (the sockets' TCP work and signalling), any library pool, and pyzmq's garbage-collector
+    thread (a Python thread, but it only releases the zero-copy frames the scheduler's sends
+    hand to ZeroMQ: a prompt of more than 64 KB, a first turn's)."""
+    ours = {th.native_id for th in threading.enumerate()
+            if type(th).__name__ != "GarbageCollectorThread"}
+    return {t.id for t in proc.threads()} - ours
 
 
 def _set_cpus(tid: int, cpus: set[int]) -> None:
