@@ -666,16 +666,12 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
     if codec.build is not None:
         return cast(WireMessage, codec.build(header))
     values = {name: header[name] for name in codec.names if name in header}
-    try:
-        for name in codec.tuples:  # tuple() of a tuple is the same object: free in process
-            if name in values:
-                values[name] = tuple(values[name])
-        for name in codec.nested:
-            if name in values:
-                values[name] = tuple(map(tuple, values[name]))
-    except TypeError:
-        raise WireError(f"wire: {kind} {name} is not a list"
-                        f"{' of lists' if name in codec.nested else ''}") from None
+    for name in codec.tuples:
+        if name in values:
+            values[name] = _as_tuple(codec.cls.KIND, name, values[name])
+    for name in codec.nested:
+        if name in values:
+            values[name] = _as_tuples(codec.cls.KIND, name, values[name])
     if codec.cls is Layer:
         values["frames"] = tuple(buffers)
     elif codec.arrays:
