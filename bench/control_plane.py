@@ -2,60 +2,48 @@
 
 Usage::
 
-    python bench/control_plane.py [--json] [--parts cpu,join,hier] [--rate 2400]
+    python bench/control_plane.py [--json] [--parts cpu,inproc,join,hier] [--rate 2400]
         [--seconds 20] [--speed 10] [--hosts 4] [--pd 48P96D]
 
-Parts (``--json`` prints one object with these keys):
+docs/benchmarks.md gives the commands its figures come from. Parts (``--json`` prints one
+object with these keys):
 
 * ``sched_cpu_cores_48p96d`` (part ``cpu``): a launcher-side
   :class:`~dualpath_cli.cluster.system.RuntimeSystem` with ``--pd`` x 8 emulated engines
   (:mod:`dualpath_cli.runtime.emulated`: the real wire protocol over real ZeroMQ sockets, time
   from the ds660b-on-hopper cost model, ``--speed`` emulated seconds per real second) in
-  ``--hosts`` processes. A driver thread submits agent turns open-loop at ``--rate`` turns/s
-  (Table 2 64K trace: context growing turn by turn, append ~429, gen ~176 tokens); every turn
-  goes through the scheduler's FIFO, DE and PE fetches (groups pull every 100 ms), its
-  dispatches and the engines' reports; the scheduler handles its messages in batches
-  (``--batch-window``, ``scheduler.batch_window``: 2 ms by default). Measured over
-  ``--seconds`` after a warm-up: the scheduler *thread*'s CPU (psutil, user + system)
-  plus the CPU of ``submit()`` (its prefix lookup runs on the caller's thread) plus the
-  process's native threads (ZeroMQ's I/O thread: the sockets' TCP work and wake-ups;
-  counted since session 14, ``native_threads_*``; with pyzmq's garbage-collector thread,
-  which frees the zero-copy frames sent, since session 18) over wall time, i.e. cores, and per turn
-  completed.
-  On a machine that cannot generate the paper's ~2,400 turns/s (this one has 2 cores,
-  shared) the rate is what the driver reached; the value is then extrapolated term by term
-  and ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale,
-  CPU per turn (``submit()``, ``first``, ``done``; working fetches, which carry the groups'
-  read-queue reports, and any ``rq`` sent directly, per decision) x 2400, the native
-  threads per message received x the messages at 2400 turns/s, and the
-  loop around the handlers (a message's receive and the loop's overhead,
-  per message x the messages at 2400 turns/s, plus the 50 ms sweeps as measured; the
-  bench's own timing wrappers, calibrated on a stand-in after the window, are taken out of
-  the loop's overhead: ``bench_wrapper_us_per_call``). The wrappers cost more in the run
-  than calibrated, so a second window of ``--seconds`` follows without them (messages
-  counted only): the wrapped window's thread CPU per message less this one's is taken off
-  per message at 2400 turns/s (``wrapper_excess_*``; ``with_wrappers_cores_at_paper_rate``
-  is the figure before it, ``unwrapped_window`` what the second window measured). At this
-  machine's rate a fetch every ``--fetch`` carries about one turn, so the fetch term
-  charges each turn a fetch's fixed costs; ``--paper-batches`` lengthens the run's fetch
-  period by 2400 / ``--rate`` so each fetch carries the turns it would at the paper's rate
-  (the extrapolation still counts a fetch per group every ``--fetch``). Goal: under 1 core
-  (paper: < 10). ``--pin launcher|scheduler`` (a diagnosis, not the default) keeps the
-  emulator hosts off the first CPU, where this process's threads (or the scheduler thread
-  alone) run: what sharing the CPUs with the emulated cluster adds to the figure
-  (``pin`` in the JSON says which). The emulator hosts then have the other CPUs only: when
-  their timers fall behind (``periodic_rates_reached`` under ~0.9) their fetches carry more
-  turns than the paper's and the fetch term per decision reads low.
+  ``--hosts`` processes. A driver thread submits Table 2 64K agents' turns open-loop at
+  ``--rate`` turns/s; every turn goes through the scheduler's queue, its DE and PE fetches
+  (groups pull every ``--fetch``), its dispatches and the engines' reports, and the scheduler
+  handles its messages in batches (``--batch-window``). Measured over ``--seconds`` after
+  ``--warmup``: the scheduler thread's CPU, the CPU of ``submit()`` (its prefix lookup runs
+  on the caller's thread) and the process's native threads (ZeroMQ's I/O thread and reaper,
+  pyzmq's garbage-collector thread: ``native_threads_*``), per turn and per message.
+  Goal: under 1 core at the paper's ~2,400 turns/s (the paper: under 10).
+
+  Where the machine cannot reach 2,400 turns/s the value is extrapolated term by term and
+  ``extrapolated`` says so: heartbeats and idle fetches at their rates at this scale; CPU per
+  turn (``submit()``, ``first``, ``done``; working fetches, which carry the groups'
+  read-queue reports, per decision) x 2,400; the loop around the handlers and the native
+  threads, per message x the messages at 2,400 turns/s; the 50 ms sweeps as measured. The
+  bench's own timing wrappers are taken out twice: their cost calibrated on a stand-in
+  (``bench_wrapper_us_per_call``), and their excess in the run, measured by a second window
+  of ``--seconds`` without them (``wrapper_excess_*``; ``unwrapped_window``,
+  ``with_wrappers_cores_at_paper_rate``). ``--paper-batches`` lengthens the run's fetch
+  period by 2,400 / ``--rate`` so each fetch carries the turns it would at the paper's rate.
+  ``--pin launcher|scheduler`` (a diagnosis) keeps the emulator hosts off the first CPU;
+  ``periodic_rates_reached`` under ~0.9 says their timers fell behind, and the fetch term
+  then reads low.
 * ``sched_cpu_inproc_48p96d`` (part ``inproc``): the same scheduler at the paper's arrival
   pattern without its wall-clock rate (see :func:`run_inproc`): CPU per turn of every
   receive and handler and of the scheduler's ZeroMQ threads; ``total_cores_at_paper_rate``.
   ``--inproc-start steady`` starts the agents drawn before the window at a turn drawn
-  uniformly from their trajectories (the paper's steady state, prompts ~33K tokens on
-  average) instead of their first (early turns, ~14K).
+  uniformly from their trajectories (the steady state's prompts, ~33K tokens on average)
+  instead of their first (~14K).
 * ``join_s`` (part ``join``): from a node's ``--join`` request to its engines serving (its
-  engine processes started and imported before the request), and
-  from a node's death (its engine processes SIGKILLed) to its in-flight turns re-queued
-  (the scheduler's ``dead_events``), with real engines on loopback. Goal: under 2 s each.
+  engine processes started and imported before the request), and from a node's death (its
+  engine processes SIGKILLed) to its in-flight turns re-queued (the scheduler's
+  ``dead_events``), with real engines on loopback. Goal: under 2 s each.
 * ``hier_vs_flat`` (part ``hier``): hierarchical vs flat scheduling in the simulator at
   ``--pd`` and ``--big-pd`` (480P960D): per shape, the wall time of every scheduling call
   (p50/p99, and per turn) and the simulated JCT of the same offline agents, flat and with
@@ -1110,7 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-dtype", choices=("uint32", "int64"), default="uint32",
                     help="the prompts handed to submit(): uint32 read-only, as the live "
                     "service hands them over (kept without a copy), or int64, which the "
-                    "scheduler converts (what it was handed before session 11)")
+                    "scheduler converts (an older front end's prompts)")
     ap.add_argument("--prefix-cache-tokens", type=int, default=64 << 20,
                     help="the scheduler's scheduler.prefix_cache_tokens: at the paper's "
                     "scale ~1,000 agents are in flight with ~33K-token contexts, over the "

@@ -10,7 +10,7 @@ with exponential gaps (open loop, as engines report); the receiving thread's CPU
 number. Ways to wait:
 
 * ``try_then_poll``: a non-blocking receive, and on ``zmq.Again`` a poll, then a receive
-  (what :class:`~dualpath_cli.transfer.zmq_fabric.ZmqEndpoint` did until session 13);
+  (what :class:`~dualpath_cli.transfer.zmq_fabric.ZmqEndpoint` once did);
 * ``poll_then_recv``: a poll, then a receive, every time;
 * ``blocking_recv``: one blocking receive with the socket's ``RCVTIMEO`` (50 ms);
 * ``endpoint``: :meth:`ZmqEndpoint.recv` as shipped (one blocking receive with the socket's
