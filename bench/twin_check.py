@@ -29,10 +29,10 @@ Steps (issue 14's twin test, on the embedded runtime):
 Why alpha under ``seed-select``: under the paper's rule (policy ``dualpath``) alpha only
 splits the fetching PE group's engines into C2/C3 by their node's read queue, and a group is
 one node here (as in the paper's Figure 5), so every alpha gives the same decisions
-(docs/benchmarks.md, "The dynamic controllers"). The seed's ``select_loading_path`` (policy ``seed-select``)
-uses the same alpha to decide the read side: a PE node whose read queue exceeds alpha is not
-read from. Alpha = 10^9 there reads every prefix on the PE node, leaving the DE nodes'
-storage NICs idle.
+(docs/benchmarks.md, "The dynamic controllers"). The seed's ``select_loading_path`` (policy
+``seed-select``) uses the same alpha to decide the read side: a PE node whose read queue
+exceeds alpha is not read from. Alpha = 10^9 there reads every prefix on the PE node,
+leaving the DE nodes' storage NICs idle.
 
 Reported: ``predicted_change`` (the twin's JCT change of the applied setting) and
 ``measured_change`` (median after / median before - 1), their per-run JCTs and spread
