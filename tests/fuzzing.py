@@ -395,7 +395,7 @@ def trace_bytes_strategy() -> st.SearchStrategy[bytes]:
 def _stubs() -> list[tuple[Any, str, Callable[..., Any]]]:
     """(module, attribute, replacement): work that starts once the input is accepted."""
     import dualpath_cli.cli.bench_remote as bench_remote
-    import dualpath_cli.cli.launch_cmd as launch_cmd
+    import dualpath_cli.cli.local_launch as local_launch
     import dualpath_cli.services.bench as bench
     import dualpath_cli.sim as sim
     import dualpath_cli.storage.benchmark as storage_bench
@@ -413,7 +413,7 @@ def _stubs() -> list[tuple[Any, str, Callable[..., Any]]]:
 
     stubs: list[tuple[Any, str, Callable[..., Any]]] = [
         (bench, "run_bench", reached), (bench, "calibrate_by_oracle", reached),
-        (bench_remote, "bench_url", reached), (launch_cmd, "_serve", reached),
+        (bench_remote, "bench_url", reached), (local_launch, "serve", reached),
         (storage_bench, "make_dataset", reached), (build, "synthetic_trace", small_trace)]
     for name in ("simulate_offline", "simulate_online", "simulate_capacity"):
         if hasattr(sim, name):

@@ -74,10 +74,10 @@ def test_unknown_and_deprecated_policy_names() -> None:
     with pytest.raises(UsageError, match="unknown policy nope"):
         _policies("dualpath,nope")
     assert _policies("dual-rr") == ["round-robin"]  # the old simulator name, an alias
-    from dualpath_cli.cli.launch_cmd import _options
+    from dualpath_cli.cli.launcher import runtime_options
 
     with pytest.raises(UsageError, match="--policy: unknown scheduling policy 'nope'"):
-        _options(None, None, [], None, "nope", None)
+        runtime_options(None, None, [], None, "nope", None)
 
 
 def test_the_sim_and_runtime_share_the_builtin_rows() -> None:

@@ -18,24 +18,24 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from dualpath_cli.cli.launch_cmd import (
-    _NOTIFY_FD,
-    _T0,
+from dualpath_cli.cli.launcher import (
+    NOTIFY_FD_ENV,
+    T0_ENV,
+    HttpServer,
     LaunchError,
-    _announce_ready,
-    _bind,
-    _claim_port,
-    _finish_state,
-    _import_http_stack,
-    _is_loopback,
-    _notify_failure,
-    _options,
-    _remove,
-    _remove_own_state,
-    _Server,
-    _started_at,
-    _state_kept,
-    _url,
+    announce_ready,
+    api_url,
+    bind_port,
+    claim_port,
+    finish_state,
+    import_http_stack,
+    is_loopback,
+    notify_failure,
+    remove_file,
+    remove_own_state,
+    runtime_options,
+    started_at,
+    state_kept,
 )
 from dualpath_cli.cli.output import stderr
 from dualpath_cli.errors import DualPathError
@@ -72,20 +72,20 @@ class SchedulerHost:
         from dualpath_cli.services.live import LiveCluster
 
         load_policies()  # a plugin's policy, as in the launcher
-        if not _is_loopback(bind):
+        if not is_loopback(bind):
             from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
             os.environ[BIND_HOST_ENV] = bind  # the control endpoint nodes send to
         self.port = port
-        self.url = _url(bind, port)
+        self.url = api_url(bind, port)
         self.checkpoint = statefile.checkpoint_path(port)
         self.faults = parse_faults(inject)
-        self.server: _Server | None = None
+        self.server: HttpServer | None = None
         self.live: LiveCluster | None = None
         restoring = self.checkpoint.exists()  # a dead incarnation (or launcher) left it
-        self.sock = _bind(bind, port)
+        self.sock = bind_port(bind, port)
         try:
-            warm = threading.Thread(target=_import_http_stack, name="import-http",
+            warm = threading.Thread(target=import_http_stack, name="import-http",
                                     daemon=True)
             warm.start()
             if restoring and not opts.flops_rate:  # the dead incarnation's calibration
@@ -101,7 +101,7 @@ class SchedulerHost:
             from dualpath_cli.api.app import create_app
 
             app = create_app(self.live, TokenAuth(token), allow_remote=allow_remote)
-            self.server = _Server(app, self.sock)
+            self.server = HttpServer(app, self.sock)
             self.server.start()
             durable = self.live.durable
             self.restored = durable.restored if durable is not None else None
@@ -142,7 +142,7 @@ class SchedulerHost:
             self.server.stop()
             self.server = None
         self.sock.close()
-        _remove(statefile.curve_path(self.port))
+        remove_file(statefile.curve_path(self.port))
 
 
 def _actor_env() -> dict[str, str]:
@@ -151,7 +151,7 @@ def _actor_env() -> dict[str, str]:
     Why: a Ray worker inherits its raylet's environment, not the driver's; with these the
     actor's state directory (checkpoint, key file) and limits are the launcher's.
     """
-    skip = {_NOTIFY_FD, _T0, "DUALPATH_TOKEN", "DUALPATH_URL"}
+    skip = {NOTIFY_FD_ENV, T0_ENV, "DUALPATH_TOKEN", "DUALPATH_URL"}
     return {k: v for k, v in os.environ.items()
             if k.startswith(("XDG_", "DUALPATH_")) and k not in skip}
 
@@ -161,7 +161,7 @@ def serve_ray(host: str, port: int, allow_remote: bool, drain_timeout: float,
               inject: list[str], address: str | None,
               labels: dict[str, dict[str, str]]) -> int:
     """The foreground launcher of ``--backend ray`` (also what a ``--detach`` child runs)."""
-    t0 = _started_at()
+    t0 = started_at()
     stop_event = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -173,8 +173,8 @@ def serve_ray(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
     previous: dict[int, Any] = {}
     try:
-        _claim_port(port)
-        backend = RayBackend(address, port, loopback=_is_loopback(host), labels=labels)
+        claim_port(port)
+        backend = RayBackend(address, port, loopback=is_loopback(host), labels=labels)
         try:
             backend.connect()  # an unreachable cluster fails before anything starts
         except BaseException:
@@ -185,7 +185,7 @@ def serve_ray(host: str, port: int, allow_remote: bool, drain_timeout: float,
         return _drive(backend, host, port, allow_remote, drain_timeout, start_timeout,
                       opts_args, as_json, inject, t0, stop_event)
     except BaseException as err:  # a --detach parent prints this line (no-op otherwise)
-        _notify_failure(err)
+        notify_failure(err)
         raise
     finally:
         for s, handler in previous.items():
@@ -200,15 +200,15 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
     token = statefile.token_path(port)
     restoring = statefile.checkpoint_path(port).exists()  # a killed launch's scheduler
     try:
-        opts = _options(*opts_args)
+        opts = runtime_options(*opts_args)
         node = backend.scheduler_node()
         backend.check_nodes(opts)  # before any actor starts (Ray would wait for ever)
         driver = backend.driver_node()
         # the API binds --host on the launcher's node (or loopback anywhere: the check above
         # put it on this machine), else the scheduler's node's own address
         same = driver is not None and driver["NodeID"] == node["NodeID"]
-        bind = host if same or _is_loopback(host) else node["NodeManagerAddress"]
-        # a restart keeps the token its nodes and clients hold (_claim_port kept the file)
+        bind = host if same or is_loopback(host) else node["NodeManagerAddress"]
+        # a restart keeps the token its nodes and clients hold (claim_port kept the file)
         auth = (TokenAuth.load_or_generate(token) if restoring
                 else TokenAuth.generate(token))
         factory = functools.partial(SchedulerHost, opts, bind, port, auth.token,
@@ -217,7 +217,7 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
         url = sched["url"]
         backend.place(opts, url, auth.token, start_timeout)
         sched = backend.scheduler_ready(start_timeout)
-        _announce_ready(opts, url, bind, port, token, t0, backend.describe(), list(inject),
+        announce_ready(opts, url, bind, port, token, t0, backend.describe(), list(inject),
                         sched.get("restored"), as_json, ray=backend.placed,
                         ray_scheduler=sched,
                         ray_driver_node=driver["NodeID"] if driver is not None else None)
@@ -230,7 +230,7 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
         stderr.print(f"stopping: draining {in_flight} turns (at most {drain_timeout:g} s)",
                      highlight=False)
         result = backend.drain(drain_timeout)
-        _finish_state(port, result)
+        finish_state(port, result)
         msg = f"drained {result['drained']} turns in {result['seconds']:.1f} s"
         if result.get("abandoned"):
             msg += f" ({result['abandoned']} cut off by --drain-timeout, answered 503)"
@@ -243,6 +243,6 @@ def _drive(backend: RayBackend, host: str, port: int, allow_remote: bool,
         raise LaunchError(f"--backend ray: {type(err).__name__}: {first}") from None
     finally:
         backend.close()
-        _remove(token)
-        if not _state_kept(port):
-            _remove_own_state(port)
+        remove_file(token)
+        if not state_kept(port):
+            remove_own_state(port)

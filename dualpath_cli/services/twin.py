@@ -87,7 +87,7 @@ MIN_GAIN = 0.01
 #: JSON say which ranked.
 RANKINGS = {"jct": "ranked by JCT",
             "mean_trajectory": "ranked by mean trajectory time: arrivals set the JCT"}
-#: The launch's fetch period (cli/launch_cmd.py _LAUNCH_DEFAULTS), the embedded world's.
+#: The launch's fetch period (cli/launcher.py LAUNCH_DEFAULTS), the embedded world's.
 EMBEDDED_FETCH_S = 0.005
 #: Most replays the calibration runs (it stops earlier once a round changes nothing by more
 #: than :data:`FIT_TOLERANCE`).

@@ -1,0 +1,185 @@
+"""``dualpath status`` and ``dualpath stop``: find the launched cluster, report on it, stop it.
+
+Both find the cluster as every live command does (cli/source.py: ``--url``, ``DUALPATH_URL``,
+the state file); ``stop`` signals the launcher named in the state file and waits for its
+drain (the launcher leaves the drain's result in the file for it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Annotated, Any
+
+import typer
+
+from dualpath_cli.cli.launcher import LaunchError, flag_duration
+from dualpath_cli.cli.output import emit_json, stdout
+from dualpath_cli.cli.source import NotRunning
+from dualpath_cli.errors import UsageError
+from dualpath_cli.services import statefile
+from dualpath_cli.services.statefile import ClusterState
+
+__all__ = ["status", "stop", "EXIT_NONE", "EXIT_UNHEALTHY"]
+
+EXIT_UNHEALTHY = 2
+EXIT_NONE = 3
+
+def _target(url: str | None, port: int | None) -> tuple[str, str | None, ClusterState | None]:
+    """``(url, token, state)`` of the cluster to ask (cli/source.py); NotRunning when none."""
+    from dualpath_cli.cli.source import resolve
+
+    t = resolve(url, port)
+    return t.url, t.token, t.state
+
+
+def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
+    """The fields of the status line from a typed ``/api/v1/status``."""
+    from dualpath_cli.units import format_duration_rounded, format_tokens
+
+    th = st.thresholds
+    ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
+    alpha_s = getattr(th, "alpha_s", None)
+    sched = dict(getattr(st, "scheduling", None) or {})
+    return {
+        "running": ok, "state": st.state, "pd": st.pd, "policy": st.policy,
+        "engines": st.engines_total, "healthy": st.engines_healthy,
+        "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
+        # alpha as the config gives it (seconds of reading), its tokens beside
+        "alpha": (format_duration_rounded(alpha_s) if alpha_s is not None
+                  else f"{format_tokens(th.alpha_tokens)} tok"),
+        "alpha_tokens": th.alpha_tokens, "alpha_s": alpha_s,
+        "alpha_source": th.source.get("alpha"),
+        "beta": f"{format_tokens(th.beta_tokens)} tok", "beta_source": th.source.get("beta"),
+        "ready_s": st.ready_s, "uptime_s": st.uptime_s, "url": url, "pid": pid,
+        "hierarchical": sched.get("hierarchical"), "sub_schedulers": sched.get("sub_schedulers"),
+        "nodes_per_group": sched.get("nodes_per_group"),
+    }
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    url: Annotated[str | None, typer.Option("--url", help="Ask this API instead of the state "
+                                            "file's (also DUALPATH_URL; its token from "
+                                            "DUALPATH_TOKEN when no state file names "
+                                            "it).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
+                                             "several run).")] = None,
+) -> None:
+    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."""
+    from dualpath_cli.api.client import DualPathClient
+    from dualpath_cli.api.errors import ApiError, Unreachable
+
+    try:
+        target, token, state = _target(url, port)
+        with DualPathClient(target, token, timeout=5.0) as client:
+            st = client.status()
+    except (NotRunning, Unreachable) as err:
+        if as_json:
+            emit_json({"running": False, "state": "none", "reason": str(err)})
+        else:
+            stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NONE) from None
+    except ApiError as err:  # it answers, but not with a status
+        if as_json:
+            emit_json({"running": False, "state": "unhealthy", "reason": str(err)})
+        else:
+            stdout.print(f"unhealthy  {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_UNHEALTHY) from None
+    s = _summary(st, target, state.pid if state else None)
+    if as_json:
+        emit_json(s)
+    else:
+        word = "running" if s["running"] else ("starting" if s["state"] == "starting"
+                                                else "unhealthy")
+        parts = [word, str(s["pd"]), f"{s['healthy']}/{s['engines']} engines healthy",
+                 f"queue {s['queue'] if s['queue'] is not None else 'n/a'}"]
+        for key in ("alpha", "beta"):
+            source = s[key + "_source"]
+            parts.append(f"{key} {s[key]}" + (f" ({source})" if source else ""))
+        if s["hierarchical"]:
+            parts.append(f"hierarchy {s['sub_schedulers']} sub-schedulers")
+        if (s["nodes_per_group"] or 1) > 1:
+            parts.append(f"groups of {s['nodes_per_group']} nodes")
+        if s["state"] not in ("ready", "starting"):
+            parts.append(f"state {s['state']}")
+        stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
+
+
+# --- stop ----------------------------------------------------------------------------------
+def stop(
+    timeout: Annotated[str, typer.Option("--timeout", help="Wait this long for the launcher "
+                                         "to drain and exit.")] = "60s",
+    force: Annotated[bool, typer.Option("--force", help="After the timeout, SIGKILL the "
+                                        "launcher and its engines.")] = False,
+    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
+                                             "several run).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
+    import psutil
+
+    wait_s = flag_duration("--timeout", timeout)
+    live, stale = statefile.live_states(port)
+    if not live:
+        gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
+        msg = f"no cluster running (no live state file in {statefile.state_dir()}{gone})"
+        if as_json:
+            emit_json({"stopped": False, "reason": msg})
+        else:
+            stdout.print(f"none  {msg}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NONE)
+    if len(live) > 1:
+        ports = ", ".join(str(s.port) for s in live)
+        raise UsageError(f"{len(live)} clusters are running (ports {ports}); choose one with "
+                         "--port")
+    state = live[0]
+    try:
+        proc = psutil.Process(state.pid)
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    state.stop_requested = True
+    statefile.write_state(state)
+    t0 = time.monotonic()
+    try:
+        os.kill(state.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = t0 + wait_s
+    while statefile.pid_alive(state.pid, state.pid_start) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a foreign pid (not our child: nothing to wait on)
+    result: dict[str, Any] = {"pid": state.pid, "port": state.port, "forced": False}
+    if statefile.pid_alive(state.pid, state.pid_start):
+        if not force:
+            raise LaunchError(f"the launcher (pid {state.pid}) is still running after "
+                              f"{wait_s:g} s; wait, or run 'dualpath stop --force'")
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        deadline = time.monotonic() + 10
+        while any(statefile.pid_alive(p.pid) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        statefile.remove_state(state.port)
+        result.update(forced=True, killed=len(family), seconds=time.monotonic() - t0)
+        msg = (f"killed the launcher (pid {state.pid}) and {len(family) - 1} child processes "
+               f"after {wait_s:g} s; stopped")
+    else:
+        final = statefile.read_state(state.path)
+        statefile.remove_state(state.port)
+        drain = final.drain if final is not None and final.stopped else {}
+        result.update(drain=drain, seconds=round(time.monotonic() - t0, 3))
+        if drain:
+            msg = f"drained {drain['drained']} turns in {drain['seconds']:.1f} s; stopped"
+            if drain.get("abandoned"):
+                msg += f" ({drain['abandoned']} cut off by the drain timeout)"
+        else:
+            msg = "stopped"
+    if as_json:
+        emit_json({"stopped": True, **result})
+    else:
+        stdout.print(msg, highlight=False, soft_wrap=True)
