@@ -87,7 +87,7 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
                          alpha_s_per_token=rec.alpha_s_per_token),
                 str(from_file), in_file)
     from dualpath_cli.cli import source
-    from dualpath_cli.cli.monitor_cmd import parse_interval
+    from dualpath_cli.cli.sampling import parse_interval
     from dualpath_cli.services.recording import collect
     from dualpath_cli.telemetry.view import Decision
     from dualpath_cli.units import parse_duration

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.sampling import parse_interval
 from dualpath_cli.errors import UsageError, pick
 
 if TYPE_CHECKING:
@@ -34,11 +35,8 @@ if TYPE_CHECKING:
     from dualpath_cli.services.recording import Sample
 
 __all__ = ["MONITOR_METRICS", "MonitorMetric", "Row", "monitor", "main", "register",
-           "MIN_INTERVAL_S", "rows_for", "layer_rows", "render_table", "parse_interval",
-           "resolve_target"]
+           "rows_for", "layer_rows", "render_table"]
 
-#: The shortest --interval: each sample is a full view of the cluster.
-MIN_INTERVAL_S = 0.25
 #: Points kept per sparkline.
 SPARK_POINTS = 24
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -360,27 +358,6 @@ def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
 
 
 # --- sources ---------------------------------------------------------------------------------
-def parse_interval(text: str) -> float:
-    """``--interval`` in seconds (units.py forms), refusing under :data:`MIN_INTERVAL_S`."""
-    from dualpath_cli.units import parse_duration
-
-    seconds = parse_duration(text)
-    if seconds < MIN_INTERVAL_S:
-        raise UsageError(f"--interval {text} is too short: the minimum is "
-                         f"{MIN_INTERVAL_S * 1e3:.0f}ms (each sample is a full view of the "
-                         "cluster)")
-    return seconds
-
-
-def resolve_target(url: str | None) -> tuple[str, str | None]:
-    """``(url, token)`` of the cluster to watch (cli/source.py: ``--url``, ``DUALPATH_URL``,
-    the state file; NotRunning, exit 3, when there is none)."""
-    from dualpath_cli.cli.source import resolve
-
-    target = resolve(url)
-    return target.url, target.token
-
-
 def live_samples(url: str | None, interval_s: float, with_metrics: bool,
                  count: int | None) -> Iterator[Sample]:
     """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever)."""

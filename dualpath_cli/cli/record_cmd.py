@@ -57,8 +57,8 @@ def record(
 ) -> None:
     """Record views, decisions and served turns of a live cluster over a window."""
     from dualpath_cli.cli import source
-    from dualpath_cli.cli.monitor_cmd import parse_interval
     from dualpath_cli.cli.output import emit_json, stderr, stdout
+    from dualpath_cli.cli.sampling import parse_interval
     from dualpath_cli.services.recording import _zstd, collect, write_recording
     from dualpath_cli.telemetry.view import Decision
     from dualpath_cli.units import parse_duration

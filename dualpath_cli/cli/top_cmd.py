@@ -36,11 +36,12 @@ def connect(url: str | None) -> tuple[Any, str, str | None]:
     """``(client, url, token id)`` of the cluster to watch (the seam tests replace)."""
     from dualpath_cli.api.auth import token_id
     from dualpath_cli.api.client import DualPathClient
-    from dualpath_cli.cli.monitor_cmd import resolve_target
+    from dualpath_cli.cli.source import resolve
 
-    target, token = resolve_target(url)
-    return DualPathClient(target, token, timeout=5.0), target, (token_id(token) if token
-                                                                 else None)
+    target = resolve(url)
+    token = target.token
+    return (DualPathClient(target.url, token, timeout=5.0), target.url,
+            token_id(token) if token else None)
 
 
 def make_source(url: str | None, from_file: Path | None) -> Source:
@@ -83,7 +84,7 @@ def build_app(source: Source, interval_s: float, ascii_only: bool, theme: str,
 def run_top(url: str | None = None, from_file: Path | None = None, interval: str = "1s",
             ascii_only: bool = False, theme: str = "dark", screen: str = "cluster") -> None:
     """Check the arguments, open the source, run the cockpit until ``q``."""
-    from dualpath_cli.cli.monitor_cmd import parse_interval
+    from dualpath_cli.cli.sampling import parse_interval
     from dualpath_cli.errors import pick
 
     interval_s = parse_interval(interval)
