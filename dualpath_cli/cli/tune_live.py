@@ -1,0 +1,458 @@
+"""``dualpath tune show|rollback|auto|suggest`` and ``tune set`` on a running cluster.
+
+The logic is in services/tuning.py (live changes) and services/twin.py (predictions); these
+commands resolve the cluster (cli/source.py), ask, and render.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.units import (
+    format_duration,
+    format_duration_rounded,
+    format_tokens,
+    parse_duration,
+)
+
+__all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric"]
+
+
+def format_metric(value: float, fmt: str) -> str:
+    """A predicted or simulated metric: ``-`` for NaN, yes/no, a duration or ``fmt``."""
+    if math.isnan(value):
+        return "-"
+    if fmt == "bool":
+        return "yes" if value else "no"
+    return format_duration(value) if fmt == "duration" else format(value, fmt)
+
+
+def _client(url: str | None) -> Any:
+    from dualpath_cli.cli import source
+
+    return source.connect(url, timeout=10.0)
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Go on with ``--yes``; ask in a terminal; refuse otherwise (a live change is not made
+    by a script that did not say so)."""
+    import sys
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question.rstrip('?')}: not asked (stdin is not a terminal); "
+                         "pass --yes to apply")
+    if not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(1)
+
+
+def _tokens(value: Any) -> str:
+    return f"{format_tokens(value)} tokens" if isinstance(value, int | float) else str(value)
+
+
+def _value_text(field: str, value: Any) -> str:
+    """A threshold as an operator reads it (audit values are scheduler units)."""
+    if value is None:
+        return "-"
+    if field in ("quota", "quota_s") and isinstance(value, int | float):
+        return format_duration(float(value))
+    if field in ("alpha", "beta", "alpha_tokens", "beta_tokens"):
+        return _tokens(value)
+    return str(value)
+
+
+def _audit_rows(entry: Any) -> list[tuple[str, str, str]]:
+    keys = list(dict.fromkeys([*entry.old, *entry.new]))
+    return [(k, _value_text(k, entry.old.get(k)), _value_text(k, entry.new.get(k)))
+            for k in keys]
+
+
+def _print_audit(entry: Any, title: str) -> None:
+    table = Table("field", "was", "now", title=title, title_justify="left")
+    for row in _audit_rows(entry):
+        table.add_row(*row)
+    stdout.print(table)
+
+
+def _live_twin(client: Any, url: str, hardware: str | None) -> tuple[Any, Any]:
+    """(traffic, world) of the running cluster's served turns (its decision log)."""
+    from dualpath_cli.services import twin
+
+    view = client.view()
+    traffic = twin.traffic_from_decisions(view, client.decisions(-1), url)
+    return traffic, twin.world_for(traffic, hardware=hardware)
+
+
+def set_live(target: Any, url: str | None, pairs: dict[str, str], dry_run: bool, yes: bool,
+              hardware: str, as_json: bool) -> None:
+    from dualpath_cli.services.tuning import live_body
+
+    body = live_body(pairs)
+    if not dry_run:
+        target.require_token("tune set")  # before anything is asked of the cluster
+    with _client(url) as client:
+        if dry_run:
+            _live_dry_run(client, target.url, body, None if hardware == "hopper" else hardware,
+                          as_json)
+            return
+        th = client.status().thresholds
+        if not as_json:
+            now = {"alpha": _tokens(th.alpha_tokens), "beta": _tokens(th.beta_tokens),
+                   "quota": format_duration(th.quota_s), "read_side": th.read_side}
+            for k, v in body.items():
+                stderr.print(f"{k}: {now[k]} ({th.source.get(k, 'launch')}) -> {v}",
+                             highlight=False)
+        _confirm(f"apply to the running cluster at {target.url}?", yes)
+        entry = client.patch_scheduler(body)
+    if as_json:
+        emit_json({"url": target.url, "live": True, "dry_run": False, "applied": True,
+                   "audit": {"seq": entry.seq, "at": entry.at, "token_id": entry.token_id,
+                             "old": entry.old, "new": entry.new}})
+        return
+    _print_audit(entry, f"tune set: {target.url} (audit #{entry.seq})")
+    stderr.print("applied; `dualpath tune rollback` undoes it", highlight=False)
+
+
+def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | None,
+                  as_json: bool) -> None:
+    from dualpath_cli.services import twin
+
+    traffic, world = _live_twin(client, url, hardware)
+    proposed = twin.proposed_setting(traffic, world, body)
+    before = twin.predict(traffic, world, traffic.current)
+    after = twin.predict(traffic, world, proposed, "proposed")
+    if as_json:
+        emit_json({"url": url, "live": True, "dry_run": True, "applied": False,
+                   "traffic": traffic.to_dict(), "world": world.to_dict(),
+                   "current": before.to_dict(), "proposed": after.to_dict(),
+                   "jct_change": (after.jct_s - before.jct_s) / before.jct_s})
+        return
+    _predictions_table(f"tune set --dry-run: {url} (nothing applied; {len(traffic.plans)} "
+                       f"agents, {traffic.turns} served turns replayed)", before, [after],
+                       per_token_s=_alpha_per_token_s(traffic, world))
+    for note in world.notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _alpha_per_token_s(traffic: Any, world: Any) -> float | None:
+    """Seconds one token of alpha stands for (its KV read at the node's storage NICs), so
+    alpha reads as the config gives it; None where the cluster's NICs have no rate."""
+    from dualpath_cli.core.thresholds import read_seconds
+
+    return read_seconds(1, world.model.kv_bytes_per_token,
+                        getattr(traffic, "snic_bytes_per_s", None) or 0.0)
+
+
+def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -> str:
+    """A setting's fields (alpha in seconds of reading where ``per_token_s`` is known); with
+    ``today``, only the fields that differ from it (a narrow terminal keeps one line)."""
+    alpha = (format_duration_rounded(s.alpha * per_token_s) if per_token_s
+             else format_tokens(s.alpha))
+    fields = [("alpha", s.alpha, f"alpha {alpha}"),
+              ("beta", s.beta, f"beta {format_tokens(s.beta)}"),
+              ("quota_s", s.quota_s, f"quota {format_duration(s.quota_s)}"),
+              ("read_side", s.read_side, s.read_side), ("pd", s.pd, s.pd)]
+    if today is not None:
+        fields = [f for f in fields if getattr(today, f[0]) != f[1]] or [("", 0, "as today")]
+    return ", ".join(text for _, _, text in fields)
+
+
+def _predictions_table(title: str, current: Any, others: list[Any],
+                       ranked_by: str = "jct", per_token_s: float | None = None) -> None:
+    """Today's prediction and ``others`` (each by what it changes); ranked by the mean
+    trajectory time (the twin's ``ranked_by``), its change has a column too."""
+    by_traj = ranked_by == "mean_trajectory"
+    table = Table("setting", "JCT", "change", "mean traj.",
+                  *(("traj. change",) if by_traj else ()), "TTFT mean", "TTFT p90",
+                  "SNIC Max/Avg", title=title, title_justify="left")
+    for p in [current, *others]:
+        change = "" if p is current else f"{(p.jct_s - current.jct_s) / current.jct_s:+.1%}"
+        now = current.mean_trajectory_s
+        traj = "" if p is current or not by_traj else format_metric(
+            (p.mean_trajectory_s - now) / now if now > 0 else math.nan, "+.1%")
+        table.add_row("today" if p is current
+                      else _setting_text(p.setting, current.setting, per_token_s),
+                      format_metric(p.jct_s, "duration"), change,
+                      format_metric(p.mean_trajectory_s, "duration"), *((traj,) if by_traj else ()),
+                      format_metric(p.ttft_mean_s, "duration"),
+                      format_metric(p.ttft_p90_s, "duration"), format_metric(p.snic_max_avg, ".2f"))
+    stdout.print(table)
+    stdout.print(f"today: {_setting_text(current.setting, None, per_token_s)}",
+                 highlight=False, soft_wrap=True)
+
+
+def show(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    last: int = typer.Option(5, "--last", help="Scheduler changes of the audit log to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Thresholds in force on the running cluster, their source, and the recent changes."""
+    from dualpath_cli.services.tuning import scheduler_audit
+
+    with _client(url) as client:
+        st = client.status()
+        target = getattr(client, "url", url or "")
+    th = st.thresholds
+    changes = scheduler_audit(st.audit)[-max(0, last):] if last else []
+    controllers: dict[str, Any] = dict(getattr(th, "controllers", None) or {})
+    values = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
+              "read_side": th.read_side, "z_factor": th.z_factor}
+    alpha_s = getattr(th, "alpha_s", None)
+    scheduling = dict(getattr(st, "scheduling", None) or {})
+    if as_json:
+        emit_json({"url": target, "pd": st.pd, "model": st.model, "policy": st.policy,
+                   "thresholds": {k: {"value": v, "source": th.source.get(k, "launch")}
+                                  for k, v in values.items()},
+                   "alpha_s": alpha_s, "scheduling": scheduling,
+                   "controllers": controllers,
+                   "changes": [{"seq": a.seq, "at": a.at, "token_id": a.token_id,
+                                "old": a.old, "new": a.new} for a in changes]})
+        return
+    table = Table("threshold", "value", "source", title=f"tune show: {target} ({st.pd} "
+                  f"{st.model}, {st.state})", title_justify="left")
+    for k, v in values.items():
+        text = _value_text(k, v) if k != "z_factor" else f"{v:g}"
+        if k == "alpha" and alpha_s is not None:  # as the config gives it, tokens beside
+            text = f"{format_duration_rounded(alpha_s)} ({text})"
+        table.add_row(k, text, th.source.get(k, "launch"))
+    stdout.print(table)
+    if scheduling:
+        subs = scheduling.get("sub_schedulers") or 1
+        npg = scheduling.get("nodes_per_group") or 1
+        stdout.print(("scheduling: hierarchical, " + f"{subs} sub-schedulers"
+                      if scheduling.get("hierarchical") else "scheduling: flat (one scheduler)")
+                     + f"; {npg} node{'s' if npg != 1 else ''} per engine group",
+                     highlight=False)
+    if controllers:
+        ctl = Table("controller", "on", "bounds", "last step", title="dynamic controllers",
+                    title_justify="left")
+        for name, c in controllers.items():
+            prev = c.get("last") or {}
+            step = "-"
+            if prev:
+                sig = prev.get("signal")
+                step = (f"{_value_text(name, prev.get('old'))} -> "
+                        f"{_value_text(name, prev.get('new'))} ({prev.get('signal_name')} "
+                        f"{'-' if sig is None else f'{sig:.2f}'}: {prev.get('reason', '')})")
+            bounds = (f"{_value_text(name, c['floor'])} .. {_value_text(name, c['ceiling'])}"
+                      if "floor" in c else "-")
+            ctl.add_row(name, "on" if c.get("on") else "off", bounds, step)
+        stdout.print(ctl)
+    if not changes:
+        stdout.print("no scheduler change since launch", highlight=False)
+    import datetime as _dt
+
+    for a in changes:
+        when = _dt.datetime.fromtimestamp(a.at).strftime("%H:%M:%S")
+        parts = ", ".join(f"{k} {w} -> {n}" for k, w, n in _audit_rows(a))
+        stdout.print(f"#{a.seq} {when} {a.token_id}: {parts}", highlight=False,
+                     soft_wrap=True)
+
+
+def rollback(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be restored."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Undo the last scheduler change of the audit log (a second rollback redoes it)."""
+    from dualpath_cli.cli import source
+    from dualpath_cli.services.tuning import rollback_body
+
+    target = source.resolve(url)
+    if not dry_run:
+        target.require_token("tune rollback")
+    with _client(url) as client:
+        last, body = rollback_body(client.status().audit)
+        if dry_run:
+            if as_json:
+                emit_json({"url": target.url, "undo": last.seq, "restore": body,
+                           "applied": False})
+            else:
+                stdout.print(f"would undo audit #{last.seq}: " + ", ".join(
+                    f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
+            return
+        if not as_json:
+            stderr.print(f"undo audit #{last.seq}: " + ", ".join(
+                f"{k} -> {_value_text(k, v)}" for k, v in body.items()), highlight=False)
+        _confirm(f"restore these values on {target.url}?", yes)
+        entry = client.patch_scheduler(body)
+    if as_json:
+        emit_json({"url": target.url, "undo": last.seq, "restore": body, "applied": True,
+                   "audit_seq": entry.seq})
+        return
+    _print_audit(entry, f"tune rollback: {target.url} (audit #{entry.seq} undoes "
+                 f"#{last.seq})")
+
+
+def auto(
+    duration: str = typer.Option("10m", "--for", help="How long to watch after turning the "
+                                 "controllers on."),
+    window: str = typer.Option("30s", "--window", help="Throughput window (also the "
+                               "baseline measured first)."),
+    interval: str = typer.Option("2s", "--interval", help="Time between looks."),
+    max_drop: float = typer.Option(0.10, "--max-drop", help="Roll back when throughput over "
+                                   "the window falls by more than this fraction."),
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Start without asking."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end."),
+) -> None:
+    """Turn the dynamic controllers on, watch throughput and TTFT, roll back on a drop.
+
+    The scheduler runs its own controllers when it has them; an older server gets the
+    client's controller steps (alpha from storage-NIC utilisation, beta from GPU
+    utilisation) through PATCH. Either way the previous thresholds come back when
+    throughput over --window falls more than --max-drop below the baseline.
+    """
+    from dualpath_cli.cli import source
+    from dualpath_cli.services.tuning import guard_change
+
+    duration_s, window_s = parse_duration(duration), parse_duration(window)
+    interval_s = parse_duration(interval)
+    if interval_s <= 0 or duration_s <= 0:
+        raise UsageError("tune auto: --for and --interval must be more than zero")
+    target = source.resolve(url)
+    target.require_token("tune auto")
+    _confirm(f"turn the dynamic controllers on at {target.url} for {duration}?", yes)
+
+    def step(s: dict[str, Any]) -> None:
+        if not as_json:
+            rate = s["turns_per_s"]
+            stderr.print(f"{s['t_s']:7.1f}s  {'-' if rate is None else f'{rate:.3g}'} turns/s"
+                         f"  alpha {format_tokens(s['alpha'])}  beta "
+                         f"{format_tokens(s['beta'])}"
+                         + (f"  set {s['set']}" if "set" in s else ""), highlight=False)
+
+    if not as_json:
+        stderr.print(f"measuring the baseline over {window} ...", highlight=False)
+    with _client(url) as client:
+        res = guard_change(client, duration_s=duration_s, window_s=window_s,
+                           interval_s=interval_s, max_drop=max_drop, on_step=step)
+    if as_json:
+        emit_json({"url": target.url, **res.to_dict()})
+    else:
+        word = "rolled back" if res.rolled_back else "kept"
+        stdout.print(f"tune auto ({res.mode} controllers): {word}: {res.reason}",
+                     highlight=False, soft_wrap=True)
+    if res.rolled_back:
+        raise typer.Exit(1)
+
+
+def _pd_choice(value: str | None) -> bool | list[str]:
+    """``--pd``: none (False), ``auto`` (True) or the listed splits, each checked."""
+    from dualpath_cli.config.model import parse_pd
+
+    if value is None:
+        return False
+    if value.strip().lower() == "auto":
+        return True
+    out: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        try:
+            spec = parse_pd(part)
+        except DualPathError as err:
+            raise UsageError(f"--pd {value}: {err}") from None
+        name = f"{spec.prefill_nodes}P{spec.decode_nodes}D"
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def suggest(
+    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
+                                   "DUALPATH_URL, else the running cluster's state file)."),
+    from_file: Path | None = typer.Option(None, "--from", help="A recording (dualpath "
+                                          "record) instead of the live cluster."),
+    pd: str | None = typer.Option(None, "--pd", help="Also try other P/D splits (applied by "
+                                  "relaunching): auto (those of the same node count in the "
+                                  "bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D."),
+    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile for a "
+                                        "cluster of a model profile (default: hopper)."),
+    top: int = typer.Option(3, "--top", help="Best settings to print."),
+    budget: str = typer.Option("50s", "--budget", help="Stop searching after about this "
+                               "long (the rest is listed as skipped)."),
+    window: str | None = typer.Option(None, "--window", help="Live cluster: replay only the "
+                                      "turns decided in this last stretch, e.g. 10m (default: "
+                                      "every decision the scheduler still keeps)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay the cluster's served turns in the simulator and suggest better settings.
+
+    Searches alpha, beta, the compute quota and the read-side policy (with --pd also the
+    P/D split) one at a time around today's, then the best of each together; prints the
+    predicted JCT, TTFT and SNIC Max/Avg of the best few beside today's and the command
+    that applies the best. A recording with finished requests' stories (dualpath record
+    keeps them) first calibrates the simulator to itself: the engines' busy time, the
+    turns' hand-off and the client's gap between turns; a note says what was fitted.
+    Ranked by predicted JCT; when the recorded arrivals set the JCT (no setting moves it
+    by more than 1%), by the mean trajectory time, and the output says which.
+    """
+    from dualpath_cli.services import twin
+
+    if from_file is not None and url is not None:
+        raise UsageError("--from and --url exclude each other")
+    if top < 1:
+        raise UsageError(f"--top {top}: must be at least 1")
+    budget_s = parse_duration(budget)
+    splits = _pd_choice(pd)
+    window_s = parse_duration(window) if window is not None else None
+    if window_s is not None and from_file is not None:
+        raise UsageError("--window is for the live cluster: a recording replays its own "
+                         "window (dualpath record --window)")
+    if window_s is not None and window_s <= 0:
+        raise UsageError(f"--window {window}: must be longer than 0 s")
+    if from_file is not None:
+        from dualpath_cli.services.recording import read_recording
+
+        traffic = twin.traffic_from_recording(read_recording(from_file), str(from_file))
+    else:
+        with _client(url) as client:
+            target = getattr(client, "url", url or "")
+            view = client.view()
+            decisions = client.decisions(-1)
+            if window_s is not None:  # the decisions' clock is the view's (recording.py)
+                decisions = [d for d in decisions if d.at >= view.at - window_s]
+            traffic = twin.traffic_from_decisions(view, decisions, target, window_s or 0.0)
+    if not as_json:
+        groups = (f" (engine groups of {traffic.nodes_per_group} nodes)"
+                  if traffic.nodes_per_group > 1 else "")
+        stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
+                     f"{traffic.source} on {traffic.pd} {traffic.model}{groups} ...",
+                     highlight=False)
+    world = twin.world_for(traffic, hardware=hardware)
+    res = twin.suggest(traffic, world, pd=splits, budget_s=budget_s)
+    if as_json:
+        emit_json(res.to_dict(top))
+        return
+    best = [p for p in res.ranked if p is not res.current][:top]
+    _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
+                       f"{len(res.ranked)} settings in {res.wall_s:.1f} s; {res.ranking})",
+                       res.current, best, res.ranked_by,
+                       _alpha_per_token_s(traffic, world))
+    for note in world.notes:
+        stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if res.skipped:
+        stderr.print(f"note: {len(res.skipped)} settings skipped: " + "; ".join(res.skipped),
+                     highlight=False, soft_wrap=True)
+    measure = "JCT" if res.ranked_by == "jct" else "mean trajectory time"
+    if res.best is res.current:
+        stdout.print(f"keep today's settings: nothing predicted more than "
+                     f"{twin.MIN_GAIN:.0%} better ({res.ranking})", highlight=False,
+                     soft_wrap=True)
+    else:
+        jct = "" if res.ranked_by == "jct" else (
+            f" ({res.change(res.best):+.1%} JCT: arrivals set it)")
+        stdout.print(f"best: {res.gain(res.best):+.1%} {measure}{jct}; apply with: "
+                     f"{res.best.setting.command(traffic.current)}", highlight=False,
+                     soft_wrap=True)
