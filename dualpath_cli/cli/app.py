@@ -94,6 +94,8 @@ def _build() -> typer.Typer:
             typer.echo(f"dualpath {__version__}")
             raise typer.Exit()
 
+    # the one option in the old default style: typer is imported here, not at module level,
+    # so an Annotated string annotation could not be evaluated in the module's globals
     @app.callback()
     def _root(
         version: bool = typer.Option(

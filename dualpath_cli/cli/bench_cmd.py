@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption, url_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_bytes
@@ -157,13 +158,13 @@ def bench(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Config file.")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one config key, e.g. --set storage.block_size=32.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
     calibrate: Annotated[str, typer.Option("--calibrate", help="How the storage NICs are "
                                            "sized when no rate is set: 'oracle' runs the "
                                            "compute-only oracle first and uses its rate "
                                            "(offline: it becomes the oracle row); 'probe' "
                                            "times one engine's prefill.")] = "oracle",
-    url: Annotated[str | None, typer.Option("--url", help="Drive the cluster launched at this "
+    url: Annotated[str | None, url_option("Drive the cluster launched at this "
                                             "URL (dualpath launch) through its API instead; "
                                             "--policy is the cluster's own.")] = None,
 ) -> None:

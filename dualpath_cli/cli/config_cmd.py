@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, fail, stderr, stdout
 from dualpath_cli.errors import EXIT_USAGE, ConfigError, UsageError
 
@@ -38,7 +39,7 @@ def show(
         "--config", "-c", help="Config file layered over env and user/system files.")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one key, e.g. --set scheduler.alpha=8KiB (repeatable).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Print every effective value with its source; alpha, beta and quota also resolved."""
     from dualpath_cli.config import load_config
@@ -89,7 +90,7 @@ def _fit_words(table: Table, width: int) -> None:
 @app.command("validate")
 def validate(
     file: Annotated[Path, typer.Argument(help="YAML config file to check (over the defaults).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Check FILE: exit 0 when valid, 2 with one line naming file, line, key and reason."""
     from dualpath_cli.config import load_file
@@ -116,7 +117,7 @@ def init(
         "--output", "-o", help="File to write ('-' for stdout) (default: the user config file, "
         "$XDG_CONFIG_HOME/dualpath/config.yaml).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Write a commented YAML config for a preset; it loads back to the same values."""
     from dualpath_cli.config import default_user_file, load_preset

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import typer.core
 
+from dualpath_cli.cli.options import JsonOption, UrlOption
 from dualpath_cli.errors import DualPathError
 
 if TYPE_CHECKING:
@@ -147,16 +148,14 @@ def diagnose(
                                         "cluster, e.g. 60s, 2m.")] = "30s",
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(live).")] = "1s",
-    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
-                                            "DUALPATH_URL, else the running cluster's state "
-                                            "file).")] = None,
+    url: UrlOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Diagnose a recording "
                                                    "(dualpath record) instead.")] = None,
     by_layer: Annotated[bool, typer.Option("--by-layer", help="cache-hit: include the "
                                            "per-layer table.")] = False,
     fix: Annotated[bool, typer.Option("--fix", help="hbm-frag: compact; long-tail: add "
                                       "replicas of hot blocks (needs the token).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Troubleshooting workflows (seed section 6). Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
     try:

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.options import JsonOption, UrlOption
+
 __all__ = ["explain", "register"]
 
 
@@ -40,12 +42,10 @@ def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str
 def explain(
     request_id: Annotated[int, typer.Argument(min=0, help="The request id (rid in the "
                                               "decision log, dualpath monitor, recordings).")],
-    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
-                                            "DUALPATH_URL, else the running cluster's state "
-                                            "file).")] = None,
+    url: UrlOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Explain from a recording "
                                                    "(dualpath record) instead.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Why one request went where it went: PE and DE with their classes and the thresholds,
     the read side and the queues that chose it, blocks hit per tier and missed per reason,

@@ -17,6 +17,7 @@ import typer
 
 from dualpath_cli.cli import local_launch
 from dualpath_cli.cli.launcher import bind_port, claim_port, flag_duration, is_loopback
+from dualpath_cli.cli.options import json_option
 from dualpath_cli.errors import UsageError
 
 __all__ = ["launch", "DEFAULT_PORT"]
@@ -55,7 +56,7 @@ def launch(
     curve: Annotated[str | None, typer.Option(
         "--curve", help="ZeroMQ CURVE between nodes: auto (on off loopback), on or off "
         "(config cluster.curve).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the ready state as one JSON "
+    as_json: Annotated[bool, json_option("Print the ready state as one JSON "
                                           "object.")] = False,
     inject: Annotated[list[str] | None, typer.Option(
         "--inject", help="Inject a fault (repeatable; rehearsal and diagnose tests), e.g. "

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.options import UrlOption, json_option
 from dualpath_cli.cli.sampling import parse_interval
 from dualpath_cli.errors import UsageError, pick
 
@@ -401,12 +402,10 @@ def monitor(
                                           "metrics averaged).")] = False,
     role: Annotated[str | None, typer.Option("--role", help="Only prefill or decode "
                                              "engines/nodes.")] = None,
-    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
-                                            "DUALPATH_URL, else the running cluster's state "
-                                            "file).")] = None,
+    url: UrlOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Play a recording "
                                                    "(dualpath record) instead.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one object per "
+    as_json: Annotated[bool, json_option("JSON Lines: one object per "
                                           "sample.")] = False,
     once: Annotated[bool, typer.Option("--once", help="One sample, then exit (automatic "
                                        "when stdout is not a terminal).")] = False,

@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.core.capacity import (
     PDRange,
@@ -56,25 +57,26 @@ def _bandwidth(value: str | None, fallback: float) -> float:
 
 @app.command("pd-ratio")
 def pd_ratio(
-    gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node, g (default: from --hardware)."),
-    snics_per_node: int | None = typer.Option(
-        None, "--snics-per-node", help="Storage NICs per node (default: from --hardware)."),
-    nic_bandwidth: str | None = typer.Option(
-        None, "--nic-bandwidth", help="Compute-NIC bandwidth per GPU, B, e.g. 400Gbps; also "
-        "the storage-NIC bandwidth unless --snic-bandwidth is given (default: from --hardware)."),
-    snic_bandwidth: str | None = typer.Option(
-        None, "--snic-bandwidth", help="Bandwidth of one storage NIC (default: --nic-bandwidth, "
-        "else from --hardware)."),
-    dram_bandwidth: str | None = typer.Option(
-        None, "--dram-bandwidth", help="DRAM bandwidth per node, M, e.g. 500GB/s "
-        "(default: from --hardware)."),
-    hardware: str = typer.Option(
-        "hopper", "--hardware", help="Hardware profile supplying every fact not given."),
-    pd: str | None = typer.Option(
-        None, "--pd", help="A deployment such as 2P4D: report whether it is inside the range "
-        "and its per-link loads."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    gpus_per_node: Annotated[int | None, typer.Option(
+        "--gpus-per-node", help="GPUs per node, g (default: from --hardware).")] = None,
+    snics_per_node: Annotated[int | None, typer.Option(
+        "--snics-per-node", help="Storage NICs per node (default: from --hardware).")] = None,
+    nic_bandwidth: Annotated[str | None, typer.Option(
+        "--nic-bandwidth", help="Compute-NIC bandwidth per GPU, B, e.g. 400Gbps; also the "
+        "storage-NIC bandwidth unless --snic-bandwidth is given (default: from "
+        "--hardware).")] = None,
+    snic_bandwidth: Annotated[str | None, typer.Option(
+        "--snic-bandwidth", help="Bandwidth of one storage NIC (default: --nic-bandwidth, else "
+        "from --hardware).")] = None,
+    dram_bandwidth: Annotated[str | None, typer.Option(
+        "--dram-bandwidth", help="DRAM bandwidth per node, M, e.g. 500GB/s (default: from "
+        "--hardware).")] = None,
+    hardware: Annotated[str, typer.Option(
+        "--hardware", help="Hardware profile supplying every fact not given.")] = "hopper",
+    pd: Annotated[str | None, typer.Option(
+        "--pd", help="A deployment such as 2P4D: report whether it is inside the range and its "
+        "per-link loads.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """The bottleneck-free P/D range (the paper's equation 9) for one node type."""
     from dualpath_cli.config.model import parse_pd  # config/ loads yaml: only when needed
@@ -150,15 +152,16 @@ def _render_links(payload: dict[str, Any]) -> None:
 
 @app.command("working-set")
 def working_set(
-    aps: float = typer.Option(..., "--aps", help="New agent trajectories per second (lambda)."),
-    jct: str = typer.Option(..., "--jct", help="Mean job completion time, e.g. 3000s or 50m."),
-    total_len: str = typer.Option(
-        ..., "--total-len", help="Mean final context length of a trajectory, e.g. 56K."),
-    bytes_per_token: str | None = typer.Option(
-        None, "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068."),
-    model: str | None = typer.Option(
-        None, "--model", help="Model profile giving KV bytes per token (e.g. ds660b)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    aps: Annotated[float, typer.Option(
+        "--aps", help="New agent trajectories per second (lambda).")],
+    jct: Annotated[str, typer.Option("--jct", help="Mean job completion time, e.g. 3000s or 50m.")],
+    total_len: Annotated[str, typer.Option(
+        "--total-len", help="Mean final context length of a trajectory, e.g. 56K.")],
+    bytes_per_token: Annotated[str | None, typer.Option(
+        "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model profile giving KV bytes per token (e.g. ds660b).")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """The KV working set: aps x JCT x total length / 2, in tokens and bytes."""
     if (bytes_per_token is None) == (model is None):

@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.plugins import ENTRY_POINT_GROUP, PROJECT_NAME, PluginError, get_manager
 
@@ -39,7 +40,7 @@ def _report() -> dict[str, Any]:
 
 @app.command("list")
 def list_plugins(
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: JsonOption = False,
 ) -> None:
     """List loaded plugins, what they register, load failures, and the hook specs."""
     report = _report()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.options import UrlOption, json_option
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
@@ -49,10 +50,8 @@ def record(
         "recording.jsonl.gz"),
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(at least 250ms).")] = "1s",
-    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
-                                            "DUALPATH_URL, else the running cluster's state "
-                                            "file).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the "
+    url: UrlOption = None,
+    as_json: Annotated[bool, json_option("Print one JSON object with the "
                                           "counts.")] = False,
 ) -> None:
     """Record views, decisions and served turns of a live cluster over a window."""

@@ -10,12 +10,13 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.core.policies import BUILTIN_POLICIES
 from dualpath_cli.errors import UsageError
@@ -38,31 +39,32 @@ SIM_POLICY_NAMES: tuple[str, ...] = tuple(BUILTIN_POLICIES)
 COMPARE_DEFAULT: tuple[str, ...] = ("basic", "layerwise", "round-robin", "dualpath", "split",
                                     "oracle")
 
-_MODEL = typer.Option("ds660b", "--model", help="Model profile (ds660b, ds27b, qwen32b).")
-_PD = typer.Option("2P4D", "--pd", help="Prefill and decode nodes, e.g. 2P4D.")
-_HW = typer.Option("hopper", "--hardware", help="Hardware profile.")
-_MAXLEN = typer.Option(None, "--max-len", help="Max length of the synthetic workload (32K, "
-                       "48K, 64K; default: 64K); a --trace has its own.")
-_SEED = typer.Option(1, "--seed", help="Seed of the synthetic workload, and of the "
-                     "augmentation of a --trace.")
-_TRACE = typer.Option(None, "--trace", help="Replay this dualpath trace file (docs/"
-                      "trace-format.md) instead of the synthetic workload; more agents than "
-                      "it holds are made from it as the paper does (a synthetic first round).")
-_JSON = typer.Option(False, "--json", help="Print one JSON object.")
-_HORIZON = typer.Option(1800.0, "--horizon", help="Online: longest run, seconds (the paper's "
-                        "rule may end it sooner: TTFT over the last 150 s above 4 s, or "
-                        "steady state).")
-_FULL_HORIZON = typer.Option(False, "--full-horizon", help="Online: run the whole --horizon, "
-                             "past the paper's stop rule.")
-_CONFIG = typer.Option(None, "--config", "-c", help="Config file whose scheduler keys apply "
-                       "(read_side as the default policy, layerwise_prefill, dynamic_alpha, "
-                       "dynamic_beta, dynamic_quota, random_seed), and "
-                       "cluster.nodes_per_group; flags win.")
-_SET = typer.Option(None, "--set", help="Override one config key, e.g. --set "
-                    "scheduler.dynamic_alpha=true.")
-_DYNAMIC = typer.Option(None, "--dynamic", help="Dynamic controllers to run: comma-separated "
-                        "alpha, beta, quota, or 'none' (default: the config's "
-                        "scheduler.dynamic_* keys).")
+_Model = Annotated[str, typer.Option("--model", help="Model profile (ds660b, ds27b, qwen32b).")]
+_Pd = Annotated[str, typer.Option("--pd", help="Prefill and decode nodes, e.g. 2P4D.")]
+_Hardware = Annotated[str, typer.Option("--hardware", help="Hardware profile.")]
+_MaxLen = Annotated[str | None, typer.Option(
+    "--max-len", help="Max length of the synthetic workload (32K, 48K, 64K; default: 64K); a "
+    "--trace has its own.")]
+_Seed = Annotated[int, typer.Option(
+    "--seed", help="Seed of the synthetic workload, and of the augmentation of a --trace.")]
+_Trace = Annotated[Path | None, typer.Option(
+    "--trace", help="Replay this dualpath trace file (docs/trace-format.md) instead of the "
+    "synthetic workload; more agents than it holds are made from it as the paper does (a "
+    "synthetic first round).")]
+_Horizon = Annotated[float, typer.Option(
+    "--horizon", help="Online: longest run, seconds (the paper's rule may end it sooner: TTFT "
+    "over the last 150 s above 4 s, or steady state).")]
+_FullHorizon = Annotated[bool, typer.Option(
+    "--full-horizon", help="Online: run the whole --horizon, past the paper's stop rule.")]
+_Config = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="Config file whose scheduler keys apply (read_side as the default "
+    "policy, layerwise_prefill, dynamic_alpha, dynamic_beta, dynamic_quota, random_seed), and "
+    "cluster.nodes_per_group; flags win.")]
+_Set = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override one config key, e.g. --set scheduler.dynamic_alpha=true.")]
+_Dynamic = Annotated[str | None, typer.Option(
+    "--dynamic", help="Dynamic controllers to run: comma-separated alpha, beta, quota, or "
+    "'none' (default: the config's scheduler.dynamic_* keys).")]
 
 
 def _knobs(config: Path | None, sets: list[str] | None, dynamic: str | None) -> Any:
@@ -161,27 +163,28 @@ def _print_fitted(table: Table) -> None:
 
 @app.command("run")
 def run(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
-    trace: Path | None = _TRACE,
-    agents: int | None = typer.Option(
-        None, "--agents", help="Agents, all starting at t=0 (offline) (default: 2048, or "
-        "every trajectory of a --trace)."),
-    policy: str | None = typer.Option(
-        None, "--policy", help=f"One of: {', '.join(SIM_POLICY_NAMES)}, or a plugin's "
-        "(default: the config's scheduler.read_side, dualpath)."),
-    aps: float | None = typer.Option(None, "--aps", help="Online mode: agents per second."),
-    horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Also write a PNG chart of each node's storage-NIC read rate "
-        "over time (GB/s per time bin; PE nodes solid, DE nodes dashed) to this .png file."),
-    plot_terminal: bool = typer.Option(
-        False, "--plot-terminal", help="Also draw that chart as text (on stderr with --json; "
-        "above 16 nodes, each role's max and mean)."),
-    series: bool = typer.Option(
-        False, "--series", help="With --json: add snic_series, the bytes each node's "
-        "storage NIC read per time bin (large for big clusters)."),
-    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
-    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
+    model: _Model = "ds660b", pd: _Pd = "2P4D", hardware: _Hardware = "hopper",
+    max_len: _MaxLen = None, trace: _Trace = None,
+    agents: Annotated[int | None, typer.Option(
+        "--agents", help="Agents, all starting at t=0 (offline) (default: 2048, or every "
+        "trajectory of a --trace).")] = None,
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help=f"One of: {', '.join(SIM_POLICY_NAMES)}, or a plugin's (default: the "
+        "config's scheduler.read_side, dualpath).")] = None,
+    aps: Annotated[float | None, typer.Option(
+        "--aps", help="Online mode: agents per second.")] = None,
+    horizon: _Horizon = 1800.0, full_horizon: _FullHorizon = False,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Also write a PNG chart of each node's storage-NIC read rate over time "
+        "(GB/s per time bin; PE nodes solid, DE nodes dashed) to this .png file.")] = None,
+    plot_terminal: Annotated[bool, typer.Option(
+        "--plot-terminal", help="Also draw that chart as text (on stderr with --json; above 16 "
+        "nodes, each role's max and mean).")] = False,
+    series: Annotated[bool, typer.Option(
+        "--series", help="With --json: add snic_series, the bytes each node's storage NIC read "
+        "per time bin (large for big clusters).")] = False,
+    seed: _Seed = 1, json_out: JsonOption = False, config: _Config = None,
+    overrides: _Set = None, dynamic: _Dynamic = None,
 ) -> None:
     """Run one simulation (offline JCT, or online with --aps).
 
@@ -230,23 +233,23 @@ def run(
 
 @app.command("compare")
 def compare(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
-    trace: Path | None = _TRACE,
-    agents: int | None = typer.Option(
-        None, "--agents", help="Agents starting at t=0 (default: 1024, or every trajectory "
-        "of a --trace)."),
-    policies: str = typer.Option(",".join(COMPARE_DEFAULT), "--policies",
-                                 help="Comma-separated policies."),
-    aps: float | None = typer.Option(
-        None, "--aps", help="Online mode: agents per second (compares TTFT and TPOT)."),
-    horizon: float = _HORIZON, full_horizon: bool = _FULL_HORIZON,
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Also write a PNG chart (JCT per policy; online: TTFT, TPOT) "
-        "to this .png file."),
-    plot_terminal: bool = typer.Option(
-        False, "--plot-terminal", help="Also draw the chart as text (on stderr with --json)."),
-    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
-    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
+    model: _Model = "ds660b", pd: _Pd = "2P4D", hardware: _Hardware = "hopper",
+    max_len: _MaxLen = None, trace: _Trace = None,
+    agents: Annotated[int | None, typer.Option(
+        "--agents", help="Agents starting at t=0 (default: 1024, or every trajectory of a "
+        "--trace).")] = None,
+    policies: Annotated[str, typer.Option(
+        "--policies", help="Comma-separated policies.")] = ",".join(COMPARE_DEFAULT),
+    aps: Annotated[float | None, typer.Option(
+        "--aps", help="Online mode: agents per second (compares TTFT and TPOT).")] = None,
+    horizon: _Horizon = 1800.0, full_horizon: _FullHorizon = False,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Also write a PNG chart (JCT per policy; online: TTFT, TPOT) to this .png "
+        "file.")] = None,
+    plot_terminal: Annotated[bool, typer.Option(
+        "--plot-terminal", help="Also draw the chart as text (on stderr with --json).")] = False,
+    seed: _Seed = 1, json_out: JsonOption = False, config: _Config = None,
+    overrides: _Set = None, dynamic: _Dynamic = None,
 ) -> None:
     """Run several policies on the same workload and compare JCT (online: TTFT, TPOT)."""
     from dualpath_cli.sim import online_agents, simulate_offline, simulate_online
@@ -339,16 +342,18 @@ def _charts(png: Path | None, terminal: bool, json_out: bool, write_png: Callabl
 
 @app.command("capacity")
 def capacity(
-    model: str = _MODEL, pd: str = _PD, hardware: str = _HW, max_len: str | None = _MAXLEN,
-    trace: Path | None = _TRACE,
-    policy: str | None = typer.Option(None, "--policy", help="Policy to size (default: the "
-                                      "config's scheduler.read_side, dualpath)."),
-    lo: float = typer.Option(0.05, "--lo", help="Lowest APS to probe."),
-    hi: float = typer.Option(2.0, "--hi", help="Highest APS to probe."),
-    horizon: float = typer.Option(2400.0, "--horizon", help="Seconds simulated per probe."),
-    steps: int = typer.Option(6, "--steps", help="Bisection steps."),
-    seed: int = _SEED, json_out: bool = _JSON, config: Path | None = _CONFIG,
-    overrides: list[str] | None = _SET, dynamic: str | None = _DYNAMIC,
+    model: _Model = "ds660b", pd: _Pd = "2P4D", hardware: _Hardware = "hopper",
+    max_len: _MaxLen = None, trace: _Trace = None,
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help="Policy to size (default: the config's scheduler.read_side, "
+        "dualpath).")] = None,
+    lo: Annotated[float, typer.Option("--lo", help="Lowest APS to probe.")] = 0.05,
+    hi: Annotated[float, typer.Option("--hi", help="Highest APS to probe.")] = 2.0,
+    horizon: Annotated[float, typer.Option(
+        "--horizon", help="Seconds simulated per probe.")] = 2400.0,
+    steps: Annotated[int, typer.Option("--steps", help="Bisection steps.")] = 6,
+    seed: _Seed = 1, json_out: JsonOption = False, config: _Config = None,
+    overrides: _Set = None, dynamic: _Dynamic = None,
 ) -> None:
     """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
     from dualpath_cli.sim import online_agents, simulate_capacity

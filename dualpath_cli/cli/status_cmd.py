@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from dualpath_cli.cli.launcher import LaunchError, flag_duration
+from dualpath_cli.cli.options import JsonOption, url_option
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.cli.source import NotRunning
 from dualpath_cli.errors import UsageError
@@ -59,8 +60,8 @@ def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
 
 
 def status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    url: Annotated[str | None, typer.Option("--url", help="Ask this API instead of the state "
+    as_json: JsonOption = False,
+    url: Annotated[str | None, url_option("Ask this API instead of the state "
                                             "file's (also DUALPATH_URL; its token from "
                                             "DUALPATH_TOKEN when no state file names "
                                             "it).")] = None,
@@ -116,7 +117,7 @@ def stop(
                                         "launcher and its engines.")] = False,
     port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
                                              "several run).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
     import psutil

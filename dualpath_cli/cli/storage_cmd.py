@@ -10,11 +10,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.options import json_option, url_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_bytes, parse_bytes
@@ -33,8 +34,9 @@ ENGINES: tuple[str, ...] = ("auto", "preadv", "io_uring")
 app = typer.Typer(help="Inspect, verify, clean, benchmark and warm a KV block store.",
                   no_args_is_help=True)
 
-_ROOT = typer.Argument(..., help="Store root directory (the storage.root of the config).")
-_JSON = typer.Option(False, "--json", help="Print one JSON object instead of a table.")
+_Root = Annotated[Path, typer.Argument(
+    help="Store root directory (the storage.root of the config).")]
+_Json = Annotated[bool, json_option("Print one JSON object instead of a table.")]
 
 
 def _open(root: Path, **kwargs: object) -> PosixStore:
@@ -94,15 +96,18 @@ def _int_list(text: str, what: str) -> list[int]:
 
 @app.command()
 def bench(
-    root: Path | None = typer.Option(None, help="Directory for the bench files "
-                                     "(default: a temporary directory, removed after)."),
-    block_size: str = typer.Option("64KiB,1MiB,4MiB", help="Block file sizes, comma-separated."),
-    queue_depth: str = typer.Option("1,8,32", help="Reads in flight, comma-separated."),
-    size: str = typer.Option("256MiB", help="Bytes of block files per block size."),
-    direct: bool = typer.Option(False, "--direct", help="Read with O_DIRECT (page cache off)."),
-    engine: str = typer.Option("auto", help=f"Read engine: {', '.join(ENGINES)}."),
-    seconds: float = typer.Option(0.5, help="Minimum measuring time per point."),
-    json_out: bool = _JSON,
+    root: Annotated[Path | None, typer.Option(
+        help="Directory for the bench files (default: a temporary directory, removed "
+        "after).")] = None,
+    block_size: Annotated[str, typer.Option(
+        help="Block file sizes, comma-separated.")] = "64KiB,1MiB,4MiB",
+    queue_depth: Annotated[str, typer.Option(help="Reads in flight, comma-separated.")] = "1,8,32",
+    size: Annotated[str, typer.Option(help="Bytes of block files per block size.")] = "256MiB",
+    direct: Annotated[bool, typer.Option(
+        "--direct", help="Read with O_DIRECT (page cache off).")] = False,
+    engine: Annotated[str, typer.Option(help=f"Read engine: {', '.join(ENGINES)}.")] = "auto",
+    seconds: Annotated[float, typer.Option(help="Minimum measuring time per point.")] = 0.5,
+    json_out: _Json = False,
 ) -> None:
     """Loader throughput vs block size and queue depth (checksums verified on every read)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -170,8 +175,9 @@ def bench(
 
 
 @app.command()
-def inspect(root: Path = _ROOT, top: int = typer.Option(10, help="Hottest blocks to list."),
-            json_out: bool = _JSON) -> None:
+def inspect(root: _Root, top: Annotated[int, typer.Option(
+                                    help="Hottest blocks to list.")] = 10,
+            json_out: _Json = False) -> None:
     """Blocks, bytes, namespaces and the hottest blocks of a store."""
     from dualpath_cli.storage.inspect import inspect_store
 
@@ -202,7 +208,7 @@ def inspect(root: Path = _ROOT, top: int = typer.Option(10, help="Hottest blocks
 
 
 @app.command()
-def verify(root: Path = _ROOT, json_out: bool = _JSON) -> None:
+def verify(root: _Root, json_out: _Json = False) -> None:
     """Check every block's checksums; corrupt blocks are quarantined. Exit 0 clean, 2 not."""
     from dualpath_cli.storage.inspect import verify_store
 
@@ -221,12 +227,12 @@ def verify(root: Path = _ROOT, json_out: bool = _JSON) -> None:
 
 @app.command()
 def gc(
-    root: Path = _ROOT,
-    capacity: str | None = typer.Option(None, help="Evict least-recently-used blocks down "
-                                        "to this size (e.g. 500GiB)."),
-    purge_quarantine: bool = typer.Option(False, "--purge-quarantine",
-                                          help="Also delete quarantined blocks."),
-    json_out: bool = _JSON,
+    root: _Root,
+    capacity: Annotated[str | None, typer.Option(
+        help="Evict least-recently-used blocks down to this size (e.g. 500GiB).")] = None,
+    purge_quarantine: Annotated[bool, typer.Option(
+        "--purge-quarantine", help="Also delete quarantined blocks.")] = False,
+    json_out: _Json = False,
 ) -> None:
     """Remove stale temp files, enforce a capacity, optionally empty the quarantine."""
     limit = parse_bytes(capacity) if capacity is not None else None
@@ -243,30 +249,36 @@ def gc(
 
 @app.command()
 def warm(
-    root: Path | None = typer.Argument(
-        None, help="Store directory to warm offline; without it, the running cluster's "
-        "engines are warmed through the API."),
-    templates: Path = typer.Option(..., "--templates", help="Templates file (YAML or JSON; "
-                                   "docs/warmup.md): named prompts by tokens, text or shared."),
-    rate: str | None = typer.Option(
-        None, "--rate", help="The warm-up's cap per node: a share of its storage NIC or a "
-        "bandwidth (200MB/s, 1Gbps). (default: 10%)"),
-    role: str = typer.Option("all", "--role", help="Engines to warm (live): all, prefill "
-                             "or decode."),
-    cache: str | None = typer.Option(
-        None, "--cache", help="Offline: the DRAM cache to fill (the plan is cut to it) "
-        "(default: the whole plan)."),
-    wait: bool = typer.Option(False, "--wait", help="Live: wait until the engines are done, "
-                              "showing progress."),
-    timeout: str = typer.Option("10m", "--timeout", help="Live, with --wait: give up after "
-                                "this long."),
-    url: str | None = typer.Option(None, "--url", help="API of the cluster (default: "
-                                   "DUALPATH_URL, else the running cluster's state file)."),
-    preset: str | None = typer.Option(None, "--preset", help="Offline: config preset (model "
-                                      "and block size of the keys, the NIC of --rate %)."),
-    config: Path | None = typer.Option(None, "-c", "--config", help="Offline: config file."),
-    overrides: list[str] = typer.Option([], "--set", help="Offline: override one config key."),
-    json_out: bool = _JSON,
+    root: Annotated[Path | None, typer.Argument(
+        help="Store directory to warm offline; without it, the running cluster's engines are "
+        "warmed through the API.")] = None,
+    *,  # --templates is required: keyword-only, so it may follow root's default
+    templates: Annotated[Path, typer.Option(
+        "--templates", help="Templates file (YAML or JSON; docs/warmup.md): named prompts by "
+        "tokens, text or shared.")],
+    rate: Annotated[str | None, typer.Option(
+        "--rate", help="The warm-up's cap per node: a share of its storage NIC or a bandwidth "
+        "(200MB/s, 1Gbps). (default: 10%)")] = None,
+    role: Annotated[str, typer.Option(
+        "--role", help="Engines to warm (live): all, prefill or decode.")] = "all",
+    cache: Annotated[str | None, typer.Option(
+        "--cache", help="Offline: the DRAM cache to fill (the plan is cut to it) (default: the "
+        "whole plan).")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Live: wait until the engines are done, showing progress.")] = False,
+    timeout: Annotated[str, typer.Option(
+        "--timeout", help="Live, with --wait: give up after this long.")] = "10m",
+    url: Annotated[str | None, url_option(
+        "API of the cluster (default: DUALPATH_URL, else the running cluster's "
+        "state file).")] = None,
+    preset: Annotated[str | None, typer.Option(
+        "--preset", help="Offline: config preset (model and block size of the keys, the NIC of "
+        "--rate %).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "-c", "--config", help="Offline: config file.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Offline: override one config key.")] = None,
+    json_out: _Json = False,
 ) -> None:
     """Warm the loaders' DRAM caches with the KV of common prompt prefixes (cold start).
 
@@ -295,7 +307,7 @@ def warm(
     from dualpath_cli.runtime.options import options_from_config
 
     opts = options_from_config(load_config(preset=preset, config_file=config,
-                                           overrides=overrides))
+                                           overrides=overrides or []))
     items = load_templates(templates, model_config(opts.model).vocab_size)
     _warm_offline(store, items, opts, rate, cache, json_out)
 

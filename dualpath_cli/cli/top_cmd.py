@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.options import UrlOption
 from dualpath_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -105,9 +106,7 @@ def run_top(url: str | None = None, from_file: Path | None = None, interval: str
 
 
 def top(
-    url: Annotated[str | None, typer.Option("--url", help="The cluster's API (default: "
-                                            "DUALPATH_URL, else the running cluster's state "
-                                            "file).")] = None,
+    url: UrlOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Replay a recording "
                                                    "(dualpath record) with a time "
                                                    "scrubber.")] = None,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_tokens, parse_tokens
@@ -37,17 +38,18 @@ _COLUMNS = ("turns", "append", "gen", "total", "context")
 
 @app.command("gen")
 def gen(
-    output: str = typer.Option(..., "-o", "--output", help="Trace file to write (JSONL)."),
-    max_len: str = typer.Option(
-        "64K", "--max-len", help="Cap on every trajectory's total tokens; 32K, 48K and 64K "
-        "are the paper's Table 2 rows (K = 1000)."),
-    agents: int = typer.Option(500, "--agents", help="Number of agents (trajectories)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed; equal seeds give equal traces."),
-    base_agents: int = typer.Option(
-        DEFAULT_BASE_AGENTS, "--base-agents", help="Base trajectories; more agents replay "
-        "them behind a synthetic first round (g = 1), as in the paper."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    output: Annotated[str, typer.Option("-o", "--output", help="Trace file to write (JSONL).")],
+    max_len: Annotated[str, typer.Option(
+        "--max-len", help="Cap on every trajectory's total tokens; 32K, 48K and 64K are the "
+        "paper's Table 2 rows (K = 1000).")] = "64K",
+    agents: Annotated[int, typer.Option("--agents", help="Number of agents (trajectories).")] = 500,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Random seed; equal seeds give equal traces.")] = 0,
+    base_agents: Annotated[int, typer.Option(
+        "--base-agents", help="Base trajectories; more agents replay them behind a synthetic "
+        "first round (g = 1), as in the paper.")] = DEFAULT_BASE_AGENTS,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Write a synthetic agent trace calibrated to the paper's Table 2."""
     from dualpath_cli.atomicio import write_target
@@ -87,10 +89,10 @@ def gen(
 
 @app.command("stats")
 def stats(
-    path: Path = typer.Argument(..., help="Trace file (dualpath JSONL or Mooncake JSONL)."),
-    fmt: str | None = typer.Option(
-        None, "--format", help="dualpath or mooncake (default: detected from the first line)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    path: Annotated[Path, typer.Argument(help="Trace file (dualpath JSONL or Mooncake JSONL).")],
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="dualpath or mooncake (default: detected from the first line).")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Table 2 means of a dualpath trace, or request statistics of a Mooncake trace."""
     from dualpath_cli.workload.mooncake import mooncake_stats
@@ -136,9 +138,9 @@ def stats(
 
 @app.command("convert")
 def convert(
-    path: Path = typer.Argument(..., help="A Mooncake request log (JSONL)."),
-    output: Path = typer.Option(..., "-o", "--output", help="dualpath trace to write."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    path: Annotated[Path, typer.Argument(help="A Mooncake request log (JSONL).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="dualpath trace to write.")],
+    as_json: JsonOption = False,
 ) -> None:
     """Link a Mooncake request log into agent trajectories (a dualpath trace).
 

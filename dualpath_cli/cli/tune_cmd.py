@@ -14,12 +14,13 @@ the running cluster (cli/tune_live.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from dualpath_cli.cli import tune_live
+from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.cli.tune_set import set_thresholds
 from dualpath_cli.core.profiles import (
@@ -100,22 +101,22 @@ def _render(title: str, rows: list[tuple[str, str]], notes: list[str]) -> None:
 
 @app.command("alpha")
 def alpha(
-    latency: str | None = typer.Option(
-        None, "--latency", help="Expected latency, e.g. 50us: selects the seed's "
-        "bandwidth-delay rule (alpha in bytes)."),
-    window: str | None = typer.Option(
-        None, "--window", help="Reading window, e.g. 3s: selects the paper's rule (alpha in "
-        "tokens the storage NICs read in that time)."),
-    snic: str | None = typer.Option(
-        None, "--snic", help="Storage-NIC bandwidth of one node, e.g. 400Gbps "
-        "(default: from --hardware, else 400Gbps)."),
-    bytes_per_token: str | None = typer.Option(
-        None, "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068."),
-    model: str | None = typer.Option(
-        None, "--model", help="Model profile giving KV bytes per token (e.g. ds660b)."),
-    hardware: str | None = typer.Option(
-        None, "--hardware", help="Hardware profile giving the storage-NIC bandwidth."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    latency: Annotated[str | None, typer.Option(
+        "--latency", help="Expected latency, e.g. 50us: selects the seed's bandwidth-delay rule "
+        "(alpha in bytes).")] = None,
+    window: Annotated[str | None, typer.Option(
+        "--window", help="Reading window, e.g. 3s: selects the paper's rule (alpha in tokens the "
+        "storage NICs read in that time).")] = None,
+    snic: Annotated[str | None, typer.Option(
+        "--snic", help="Storage-NIC bandwidth of one node, e.g. 400Gbps (default: from "
+        "--hardware, else 400Gbps).")] = None,
+    bytes_per_token: Annotated[str | None, typer.Option(
+        "--bytes-per-token", help="KV bytes per token over all layers, e.g. 48068.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model profile giving KV bytes per token (e.g. ds660b).")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", help="Hardware profile giving the storage-NIC bandwidth.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Alpha, the short-read-queue threshold, by the seed's rule or the paper's."""
     if (latency is None) == (window is None):
@@ -189,19 +190,20 @@ def _alpha_window(bandwidth: float, bandwidth_source: str, window: float, bpt: i
 
 @app.command("beta")
 def beta(
-    window: str = typer.Option("5s", "--window", help="GPU work window (the paper uses 5s)."),
-    tokens_per_s: str | None = typer.Option(
-        None, "--tokens-per-s", help="Prefill throughput of one GPU in tokens/s, e.g. 12K."),
-    model: str | None = typer.Option(
-        None, "--model", help="Model profile (e.g. ds660b) to derive tokens/s from FLOPs."),
-    hardware: str = typer.Option(
-        "hopper", "--hardware", help="Hardware profile giving the GPU's achieved FLOP/s."),
-    context: str = typer.Option(
-        "32K", "--context", help="Cached context of the reference turn, for the FLOP model."),
-    append: str = typer.Option(
-        "429", "--append", help="New tokens of the reference turn (the paper's mean append "
-        "on the 64K trace is 429)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    window: Annotated[str, typer.Option(
+        "--window", help="GPU work window (the paper uses 5s).")] = "5s",
+    tokens_per_s: Annotated[str | None, typer.Option(
+        "--tokens-per-s", help="Prefill throughput of one GPU in tokens/s, e.g. 12K.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model profile (e.g. ds660b) to derive tokens/s from FLOPs.")] = None,
+    hardware: Annotated[str, typer.Option(
+        "--hardware", help="Hardware profile giving the GPU's achieved FLOP/s.")] = "hopper",
+    context: Annotated[str, typer.Option(
+        "--context", help="Cached context of the reference turn, for the FLOP model.")] = "32K",
+    append: Annotated[str, typer.Option(
+        "--append", help="New tokens of the reference turn (the paper's mean append on the 64K "
+        "trace is 429).")] = "429",
+    as_json: JsonOption = False,
 ) -> None:
     """Beta, the unfinished-token limit: tokens one GPU processes in the window."""
     seconds = parse_duration(window)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption, UrlOption, json_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.units import (
@@ -190,10 +191,10 @@ def _predictions_table(title: str, current: Any, others: list[Any],
 
 
 def show(
-    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
-                                   "DUALPATH_URL, else the running cluster's state file)."),
-    last: int = typer.Option(5, "--last", help="Scheduler changes of the audit log to list."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    url: UrlOption = None,
+    last: Annotated[int, typer.Option(
+        "--last", help="Scheduler changes of the audit log to list.")] = 5,
+    as_json: JsonOption = False,
 ) -> None:
     """Thresholds in force on the running cluster, their source, and the recent changes."""
     from dualpath_cli.services.tuning import scheduler_audit
@@ -259,11 +260,10 @@ def show(
 
 
 def rollback(
-    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
-                                   "DUALPATH_URL, else the running cluster's state file)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be restored."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    url: UrlOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be restored.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Undo the last scheduler change of the audit log (a second rollback redoes it)."""
     from dualpath_cli.cli import source
@@ -296,17 +296,18 @@ def rollback(
 
 
 def auto(
-    duration: str = typer.Option("10m", "--for", help="How long to watch after turning the "
-                                 "controllers on."),
-    window: str = typer.Option("30s", "--window", help="Throughput window (also the "
-                               "baseline measured first)."),
-    interval: str = typer.Option("2s", "--interval", help="Time between looks."),
-    max_drop: float = typer.Option(0.10, "--max-drop", help="Roll back when throughput over "
-                                   "the window falls by more than this fraction."),
-    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
-                                   "DUALPATH_URL, else the running cluster's state file)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Start without asking."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end."),
+    duration: Annotated[str, typer.Option(
+        "--for", help="How long to watch after turning the controllers on.")] = "10m",
+    window: Annotated[str, typer.Option(
+        "--window", help="Throughput window (also the baseline measured first).")] = "30s",
+    interval: Annotated[str, typer.Option("--interval", help="Time between looks.")] = "2s",
+    max_drop: Annotated[float, typer.Option(
+        "--max-drop", help="Roll back when throughput over the window falls by more than this "
+        "fraction.")] = 0.10,
+    url: UrlOption = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Start without asking.")] = False,
+    as_json: Annotated[bool, json_option(
+        "Print one JSON object at the end.")] = False,
 ) -> None:
     """Turn the dynamic controllers on, watch throughput and TTFT, roll back on a drop.
 
@@ -370,22 +371,23 @@ def _pd_choice(value: str | None) -> bool | list[str]:
 
 
 def suggest(
-    url: str | None = typer.Option(None, "--url", help="The cluster's API (default: "
-                                   "DUALPATH_URL, else the running cluster's state file)."),
-    from_file: Path | None = typer.Option(None, "--from", help="A recording (dualpath "
-                                          "record) instead of the live cluster."),
-    pd: str | None = typer.Option(None, "--pd", help="Also try other P/D splits (applied by "
-                                  "relaunching): auto (those of the same node count in the "
-                                  "bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D."),
-    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile for a "
-                                        "cluster of a model profile (default: hopper)."),
-    top: int = typer.Option(3, "--top", help="Best settings to print."),
-    budget: str = typer.Option("50s", "--budget", help="Stop searching after about this "
-                               "long (the rest is listed as skipped)."),
-    window: str | None = typer.Option(None, "--window", help="Live cluster: replay only the "
-                                      "turns decided in this last stretch, e.g. 10m (default: "
-                                      "every decision the scheduler still keeps)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    url: UrlOption = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from", help="A recording (dualpath record) instead of the live cluster.")] = None,
+    pd: Annotated[str | None, typer.Option(
+        "--pd", help="Also try other P/D splits (applied by relaunching): auto (those of the "
+        "same node count in the bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D.")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", help="Hardware profile for a cluster of a model profile (default: "
+        "hopper).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Best settings to print.")] = 3,
+    budget: Annotated[str, typer.Option(
+        "--budget", help="Stop searching after about this long (the rest is listed as "
+        "skipped).")] = "50s",
+    window: Annotated[str | None, typer.Option(
+        "--window", help="Live cluster: replay only the turns decided in this last stretch, e.g. "
+        "10m (default: every decision the scheduler still keeps).")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Replay the cluster's served turns in the simulator and suggest better settings.
 

@@ -13,11 +13,12 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.options import JsonOption, url_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.cli.sim_cmd import (
     resolve_agents,
@@ -179,38 +180,41 @@ def _resolved_text(key: str, value: float) -> str:
 
 
 def set_thresholds(
-    assignments: list[str] = typer.Argument(
-        ..., metavar="KEY=VALUE", help="Thresholds to set: alpha, beta, compute_quota, "
-        "z_factor (optionally scheduler.-prefixed), e.g. alpha=2s beta=300K."),
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="Config file to update (default: the user config file, "
-        "$XDG_CONFIG_HOME/dualpath/config.yaml); created if missing."),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="Write nothing: simulate the scenario below with the current "
-        "and the proposed thresholds and print the predicted difference."),
-    model: str = typer.Option("ds660b", "--model", help="Dry run: model profile."),
-    pd: str = typer.Option("2P4D", "--pd", help="Dry run: prefill and decode nodes."),
-    hardware: str = typer.Option("hopper", "--hardware", help="Dry run: hardware profile."),
-    max_len: str | None = typer.Option(
-        None, "--max-len", help="Dry run: max length of the synthetic workload (default: "
-        "32K); a --trace has its own."),
-    trace: Path | None = typer.Option(
-        None, "--trace", help="Dry run: replay this dualpath trace file instead of the "
-        "synthetic workload (augmented as the paper does past its size)."),
-    agents: int | None = typer.Option(
-        None, "--agents", help="Dry run: agents starting at t=0 (default: 512, or every "
-        "trajectory of a --trace)."),
-    policy: str = typer.Option("dualpath", "--policy", help="Dry run: simulator policy."),
-    aps: float | None = typer.Option(
-        None, "--aps", help="Dry run: online mode at this many agents/s (TTFT, TPOT)."),
-    horizon: float = typer.Option(600.0, "--horizon", help="Dry run: online length, s."),
-    seed: int = typer.Option(1, "--seed", help="Dry run: seed of the synthetic workload "
-                             "(and of a --trace's augmentation)."),
-    url: str | None = typer.Option(
-        None, "--url", help="Change this running cluster (default: DUALPATH_URL, else the "
-        "running cluster's state file; with none, the config file is edited)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Live: apply without asking."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    assignments: Annotated[list[str], typer.Argument(
+        metavar="KEY=VALUE", help="Thresholds to set: alpha, beta, compute_quota, z_factor "
+        "(optionally scheduler.-prefixed), e.g. alpha=2s beta=300K.")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Config file to update (default: the user config file, "
+        "$XDG_CONFIG_HOME/dualpath/config.yaml); created if missing.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Write nothing: simulate the scenario below with the current and the "
+        "proposed thresholds and print the predicted difference.")] = False,
+    model: Annotated[str, typer.Option("--model", help="Dry run: model profile.")] = "ds660b",
+    pd: Annotated[str, typer.Option("--pd", help="Dry run: prefill and decode nodes.")] = "2P4D",
+    hardware: Annotated[str, typer.Option(
+        "--hardware", help="Dry run: hardware profile.")] = "hopper",
+    max_len: Annotated[str | None, typer.Option(
+        "--max-len", help="Dry run: max length of the synthetic workload (default: 32K); a "
+        "--trace has its own.")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Dry run: replay this dualpath trace file instead of the synthetic "
+        "workload (augmented as the paper does past its size).")] = None,
+    agents: Annotated[int | None, typer.Option(
+        "--agents", help="Dry run: agents starting at t=0 (default: 512, or every trajectory of "
+        "a --trace).")] = None,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="Dry run: simulator policy.")] = "dualpath",
+    aps: Annotated[float | None, typer.Option(
+        "--aps", help="Dry run: online mode at this many agents/s (TTFT, TPOT).")] = None,
+    horizon: Annotated[float, typer.Option("--horizon", help="Dry run: online length, s.")] = 600.0,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Dry run: seed of the synthetic workload (and of a --trace's "
+        "augmentation).")] = 1,
+    url: Annotated[str | None, url_option(
+        "Change this running cluster (default: DUALPATH_URL, else the running "
+        "cluster's state file; with none, the config file is edited).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Live: apply without asking.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Set scheduler thresholds live on the running cluster, or in a config file.
 

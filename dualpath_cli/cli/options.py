@@ -1,0 +1,37 @@
+"""The options every command that talks to a cluster shares, defined once.
+
+``--url``, ``--port``, ``--token-file`` and ``--json`` mean the same in every command (how
+cli/source.py finds the cluster, and one JSON object instead of a table); a command whose
+``--url`` or ``--json`` says something more keeps the flag and passes its own help.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["URL_HELP", "url_option", "json_option", "UrlOption", "PortOption",
+           "TokenFileOption", "JsonOption"]
+
+#: ``--url``'s help where it names the cluster to ask (cli/source.py's rules).
+URL_HELP = "The cluster's API (default: DUALPATH_URL, else the running cluster's state file)."
+
+
+def url_option(help: str = URL_HELP) -> Any:
+    """``--url``: the cluster's API, with a command's own ``help`` where it says more."""
+    return typer.Option("--url", help=help)
+
+
+def json_option(help: str = "Print one JSON object.") -> Any:
+    """``--json``: machine-readable output, with a command's own ``help`` where it differs."""
+    return typer.Option("--json", help=help)
+
+
+UrlOption = Annotated[str | None, url_option()]
+PortOption = Annotated[int | None, typer.Option(
+    "--port", help="The cluster on this port (when several run).")]
+TokenFileOption = Annotated[Path | None, typer.Option(
+    "--token-file", help="The cluster's token (default: DUALPATH_TOKEN).")]
+JsonOption = Annotated[bool, json_option()]
