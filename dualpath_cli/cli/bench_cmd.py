@@ -143,7 +143,7 @@ def bench(
     trace: Annotated[Path | None, typer.Option("--trace", help="Replay this trace file "
                                                "instead.")] = None,
     store: Annotated[Path | None, typer.Option("--store", help="Store directory (default: "
-                                               "$XDG_DATA_HOME/dualpath/store).")] = None,
+                                               "dualpath/store under $XDG_DATA_HOME).")] = None,
     snic: Annotated[str | None, typer.Option("--snic-bw", help="Storage-NIC bandwidth per "
                                              "node (default: hardware.snic_bandwidth when set, "
                                              "else calibrated so that Basic's reads take 2.5x "

@@ -16,6 +16,8 @@ import typer.core
 import typer.main
 import typer.models
 
+from dualpath_cli.cli.helptext import reflow_command
+
 __all__ = ["deferred"]
 
 
@@ -30,7 +32,7 @@ class _DeferredGroup(typer.core.TyperGroup):
 
     def _real(self) -> Any:
         if self._built is None:
-            self._built = typer.main.get_group(self.source)
+            self._built = reflow_command(typer.main.get_group(self.source))
         return self._built
 
     def list_commands(self, ctx: Any) -> list[str]:

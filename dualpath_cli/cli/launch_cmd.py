@@ -40,10 +40,10 @@ def launch(
     start_timeout: Annotated[str, typer.Option("--start-timeout", help="Give up when the "
                                                "engines are not all up by then.")] = "120s",
     store: Annotated[Path | None, typer.Option("--store", help="Store directory (default: "
-                                               "$XDG_DATA_HOME/dualpath/store).")] = None,
+                                               "dualpath/store under $XDG_DATA_HOME).")] = None,
     replica_root: Annotated[list[Path] | None, typer.Option(
         "--replica-root", help="A store root for copies of hot blocks (repeatable; another "
-        "3FS directory or NFS export; sets storage.replica_roots).")] = None,
+        "3FS directory or NFS export; sets the config key storage.replica_roots too).")] = None,
     pd: Annotated[str | None, typer.Option("--pd", help="Prefill/decode nodes, e.g. 1P2D "
                                            "(default: cluster.pd).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Runtime policy (default: "
@@ -59,10 +59,8 @@ def launch(
     as_json: Annotated[bool, json_option("Print the ready state as one JSON "
                                           "object.")] = False,
     inject: Annotated[list[str] | None, typer.Option(
-        "--inject", help="Inject a fault (repeatable; rehearsal and diagnose tests), e.g. "
-        "snic_throttle:node=1,fraction=0.25, read_latency:node=1,latency=20ms, "
-        "read_errors:node=1,rate=0.1, hot_blocks:node=0,count=4,rate=20, "
-        "hbm_frag:engine=2,stride=4, slow_compute:engine=1,factor=4.")] = None,
+        "--inject", help="Inject a fault (repeatable; rehearsal and diagnose tests): "
+        "KIND:KEY=VALUE,... as in the examples above.")] = None,
     role: Annotated[str, typer.Option("--role", help="all (one host: scheduler and "
                                       "engines), scheduler (nodes join it), or prefill/"
                                       "decode (this node joins --join).")] = "all",
@@ -88,7 +86,7 @@ def launch(
                                          "or ray (the scheduler and each node's engines are "
                                          "Ray actors; a node's on a Ray node with the "
                                          "dualpath_prefill or dualpath_decode resource, or "
-                                         "the label --ray-prefill-label/--ray-decode-label "
+                                         "the label --ray-prefill-label or --ray-decode-label "
                                          "names; needs Ray: dualpath's ray extra)."
                                          )] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --backend ray: the "
@@ -111,6 +109,15 @@ def launch(
     The state file (pid, URL, token file) goes to $XDG_RUNTIME_DIR/dualpath/, else
     $XDG_STATE_HOME/dualpath/ or ~/.local/state/dualpath/; 'dualpath status' and
     'dualpath stop' find the cluster through it.
+
+    Faults for --inject, e.g.:
+
+    * snic_throttle:node=1,fraction=0.25
+    * read_latency:node=1,latency=20ms
+    * read_errors:node=1,rate=0.1
+    * hot_blocks:node=0,count=4,rate=20
+    * hbm_frag:engine=2,stride=4
+    * slow_compute:engine=1,factor=4
     """
     if curve is not None:  # as the config key, so --detach passes it on with --set
         if curve not in ("auto", "on", "off"):

@@ -36,6 +36,8 @@ class LazyCommand:
         import typer
         import typer.main
 
+        from dualpath_cli.cli.helptext import reflow_command
+
         source = importlib.import_module(self.module)
         scratch = typer.Typer(rich_markup_mode="rich", pretty_exceptions_enable=False,
                               add_completion=False)
@@ -50,4 +52,4 @@ class LazyCommand:
         command = typer.main.get_group(scratch).get_command(ctx, self.name)
         if command is None:
             raise LookupError(f"{self.module}.{self.attr} did not provide {self.name!r}")
-        return command
+        return reflow_command(command)

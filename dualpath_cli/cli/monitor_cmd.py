@@ -491,13 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     """The ``dualpath-monitor`` console script: one-line errors, exit codes as ``dualpath``."""
     import typer.core
 
+    from dualpath_cli.cli.helptext import reflow_command
     from dualpath_cli.cli.output import fail
     from dualpath_cli.errors import EXIT_USAGE, DualPathError
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                       context_settings={"help_option_names": ["-h", "--help"]})
     app.command()(monitor)
-    command = typer.main.get_command(app)
+    command = reflow_command(typer.main.get_command(app))
     click_mod = getattr(typer.core, "_click", None) or __import__("click")
     try:
         code = command.main(args=argv, prog_name="dualpath-monitor", standalone_mode=False)

@@ -239,7 +239,9 @@ def compare(
         "--agents", help="Agents starting at t=0 (default: 1024, or every trajectory of a "
         "--trace).")] = None,
     policies: Annotated[str, typer.Option(
-        "--policies", help="Comma-separated policies.")] = ",".join(COMPARE_DEFAULT),
+        "--policies", show_default=False,
+        help=f"Comma-separated policies (default: {', '.join(COMPARE_DEFAULT)}).")] = ",".join(
+        COMPARE_DEFAULT),
     aps: Annotated[float | None, typer.Option(
         "--aps", help="Online mode: agents per second (compares TTFT and TPOT).")] = None,
     horizon: _Horizon = 1800.0, full_horizon: _FullHorizon = False,
