@@ -17,7 +17,7 @@ import typer
 
 from dualpath_cli.cli import local_launch
 from dualpath_cli.cli.launcher import bind_port, claim_port, flag_duration, is_loopback
-from dualpath_cli.cli.options import json_option
+from dualpath_cli.cli.options import TokenFileOption, json_option
 from dualpath_cli.errors import UsageError
 
 __all__ = ["launch", "DEFAULT_PORT"]
@@ -69,8 +69,7 @@ def launch(
         None),
     join: Annotated[str | None, typer.Option("--join", help="HOST:PORT of the scheduler's "
                                              "API to join.")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="The cluster's "
-                                                    "token (default: DUALPATH_TOKEN).")] = None,
+    token_file: TokenFileOption = None,
     gpus: Annotated[int, typer.Option("--gpus", min=1, max=64, help="Engines this node "
                                       "runs.")] = 1,
     heartbeat_timeout: Annotated[str | None, typer.Option(

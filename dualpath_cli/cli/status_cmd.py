@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from dualpath_cli.cli.launcher import LaunchError, flag_duration
-from dualpath_cli.cli.options import JsonOption, url_option
+from dualpath_cli.cli.options import JsonOption, PortOption, url_option
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.cli.source import NotRunning
 from dualpath_cli.errors import UsageError
@@ -65,8 +65,7 @@ def status(
                                             "file's (also DUALPATH_URL; its token from "
                                             "DUALPATH_TOKEN when no state file names "
                                             "it).")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
-                                             "several run).")] = None,
+    port: PortOption = None,
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."""
     from dualpath_cli.api.client import DualPathClient
@@ -115,8 +114,7 @@ def stop(
                                          "to drain and exit.")] = "60s",
     force: Annotated[bool, typer.Option("--force", help="After the timeout, SIGKILL the "
                                         "launcher and its engines.")] = False,
-    port: Annotated[int | None, typer.Option("--port", help="The cluster on this port (when "
-                                             "several run).")] = None,
+    port: PortOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
