@@ -5,7 +5,7 @@ first paragraph, so a docstring wrapped at 100 columns broke mid-sentence in an 
 terminal ("...full-block prefix it / starts with"). :func:`reflow` joins each paragraph's
 lines; a list item (``* ``, ``- ``, ``1. ``) starts a line of its own, an indented block (an
 example) and a ``\\b`` paragraph (click's "do not rewrap") stay as written.
-tests/test_cli_help_paragraphs.py renders every command's help at 80 columns to check it.
+tests/test_cli_help_markup.py renders every command's help at 80 columns to check it.
 """
 
 from __future__ import annotations
