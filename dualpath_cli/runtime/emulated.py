@@ -45,8 +45,8 @@ import numpy as np
 import zmq
 
 from dualpath_cli.core.layout import BlockKey, Namespace, chain_keys
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.attempts import EndedAttempts
-from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.wire import (
