@@ -70,9 +70,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dualpath_cli.core.reference_model import model_config
+from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.model import model_config
-from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
 from dualpath_cli.runtime.scheduler import Ticket, TurnResult
 from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.services.restart import KeyConflict, check_key

@@ -450,7 +450,7 @@ def world_for(traffic: Traffic, *, hardware: str | None = None,
 def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
            measure: Callable[[str, int], dict[str, float]] | None) -> World:
     from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
-    from dualpath_cli.runtime.model import MODEL_CONFIGS
+    from dualpath_cli.core.reference_model import MODEL_CONFIGS
     from dualpath_cli.sim import SimCalibration
 
     cur = traffic.current
