@@ -73,8 +73,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.scheduler import Ticket, TurnResult
-from dualpath_cli.services.live import Draining, LiveCluster
+from dualpath_cli.services.live import Draining, LiveCluster, Ticket, TurnResult
 from dualpath_cli.services.restart import KeyConflict, check_key
 
 __all__ = ["router", "render_chat", "CompletionRequest", "ChatCompletionRequest",
