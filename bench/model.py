@@ -15,7 +15,8 @@ import sys
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # before numpy loads: one BLAS thread, like an engine
 
-from dualpath_cli.runtime.model import MODEL_CONFIGS, ReferenceModel  # noqa: E402
+from dualpath_cli.core.reference_model import MODEL_CONFIGS  # noqa: E402
+from dualpath_cli.runtime.model import ReferenceModel  # noqa: E402
 from dualpath_cli.runtime.model.timing import time_decode, time_prefill  # noqa: E402
 
 # (what, new tokens, cached tokens, batch)

@@ -8,7 +8,7 @@ Usage::
     python bench/reproduce.py --full     # Table 3 at the paper's 48P96D / 48K agents
     python bench/reproduce.py --ds-kv-bytes 656   # what-if KV size; prints, never writes
 
-Every number comes from the same models and calibration (dualpath_cli/sim/calibration.py);
+Every number comes from the same models and calibration (dualpath_cli/core/calibration.py);
 nothing is tuned per table. Agent counts are scaled down where the paper's are expensive,
 and the report says so next to each row.
 """
@@ -388,7 +388,7 @@ def render(targets: list[Target], wall: float, args: argparse.Namespace) -> str:
              + f"` in {wall / 60:.1f} minutes of one core. Paper numbers are from",
              "shared/reference/dualpath-paper.md (figure readings marked [R] there).",
              "Every run uses the same model, hardware and calibration "
-             "(`dualpath_cli/sim/calibration.py`); no constant is tuned to a table.", "",
+             "(`dualpath_cli/core/calibration.py`); no constant is tuned to a table.", "",
              "| target | paper | ours | ok | note |", "|---|---|---|---|---|"]
     for t in targets:
         ok = "-" if t.ok is None else ("yes" if t.ok else "**no**")

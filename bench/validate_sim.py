@@ -14,7 +14,7 @@ Basic's storage time is 2.5x the compute, from a 1P2D oracle run as ``dualpath b
 (``--calibrate probe``: from a probe), the same rate for every deployment) under basic and
 dualpath. The simulator then
 predicts the same runs from a profile calibrated on this machine
-(:func:`dualpath_cli.sim.calibrate_from_measurements`):
+(:func:`dualpath_cli.core.calibration.calibrate_from_measurements`):
 
 * compute: the reference model's achieved prefill FLOP/s and decode step time of one engine
   alone, measured with runtime/calibrate.py and runtime/model/timing.py; the engine processes
@@ -53,17 +53,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dualpath_cli.core.calibration import SimCalibration, calibrate_from_measurements
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.bench import calibrate_by_oracle, load_bench_config, run_bench
-from dualpath_cli.sim import (
-    SimCalibration,
-    SimSetup,
-    Simulation,
-    calibrate_from_measurements,
-    get_sim_policy,
-    plans_from_trajectories,
-)
+from dualpath_cli.sim import SimSetup, Simulation, get_sim_policy, plans_from_trajectories
 from dualpath_cli.telemetry.hostload import FOREIGN_WARN_CORES, ForeignCpu, cpu_priority
 from dualpath_cli.workload.trajectory import Trajectory
 

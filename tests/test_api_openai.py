@@ -16,9 +16,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from openai_server import Served, serve, serve_new
 
-from dualpath_cli.api.openai_routes import ChatMessage, render_chat
+from dualpath_cli.api.openai_schema import ChatMessage, render_chat
 from dualpath_cli.cluster.system import RuntimeSystem
-from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
+from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import TurnRequest
 from dualpath_cli.services.live import LiveCluster

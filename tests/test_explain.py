@@ -287,7 +287,7 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
 
     from textual.widgets import Static
 
-    from dualpath_cli.runtime.faults import parse_fault
+    from dualpath_cli.faultspec import parse_fault
     from dualpath_cli.tui.app import TopApp
     from dualpath_cli.tui.source import LiveSource
 

@@ -43,7 +43,7 @@ import psutil
 import pytest
 from test_multinode import Procs, _json_line, engine_semaphores, launch_env
 
-from dualpath_cli.runtime.faults import parse_fault
+from dualpath_cli.faultspec import parse_fault
 from dualpath_cli.runtime.model import load_model
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload

@@ -20,7 +20,7 @@ from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.errors import Forbidden, Rejected, Unauthorized
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.api.server import ServerThread
-from dualpath_cli.runtime.faults import Fault, FaultError, parse_fault, parse_faults
+from dualpath_cli.faultspec import Fault, FaultError, parse_fault, parse_faults
 from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.wire import decode, encode

@@ -22,7 +22,7 @@ from dualpath_cli.core.groups import group_start, node_groups
 from dualpath_cli.core.pe_fetch import pick_pe
 from dualpath_cli.core.types import EngineSnapshot, Role
 from dualpath_cli.errors import ConfigError, UsageError
-from dualpath_cli.runtime.faults import parse_fault
+from dualpath_cli.faultspec import parse_fault
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import run_agents

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dualpath_cli.core.profiles import ModelProfile
+from dualpath_cli.core.reference_model import MODEL_CONFIGS, ModelConfig, model_config
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.runtime.model import MODEL_CONFIGS, ModelConfig, load_model, model_config
+from dualpath_cli.runtime.model import load_model
 
 
 def test_tiny_defaults_and_kv_bytes() -> None:

@@ -7,14 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualpath_cli.runtime.model import (
-    KVCache,
-    KVLayoutError,
-    LayerKV,
-    ModelConfig,
-    pack_kv,
-    unpack_kv,
-)
+from dualpath_cli.core.reference_model import ModelConfig
+from dualpath_cli.runtime.model import KVCache, KVLayoutError, LayerKV, pack_kv, unpack_kv
 
 CFG = ModelConfig()
 

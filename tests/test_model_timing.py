@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
+from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.model import ReferenceModel, limit_blas_threads, model_config, threads
+from dualpath_cli.runtime.model import ReferenceModel, limit_blas_threads, threads
 from dualpath_cli.runtime.model.kvcache import KVCache
 from dualpath_cli.runtime.model.threads import BLAS_THREAD_ENV_VARS
 from dualpath_cli.runtime.model.timing import filler_cache, time_decode, time_prefill

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dualpath_cli.core.tokenizer import BOS, EOS, SEP, ByteTokenizer
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.model import BOS, EOS, SEP, ByteTokenizer
 
 
 @given(st.text())

@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from dualpath_cli.core.reference_model import ModelConfig, model_config
+from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.model import ByteTokenizer, ModelConfig, ReferenceModel, model_config
+from dualpath_cli.runtime.model import ReferenceModel
 from dualpath_cli.runtime.model.attention import attend, naive_attend
 from dualpath_cli.runtime.model.numerics import KV_K_LIMIT, KV_V_LIMIT, round_kv
 from dualpath_cli.runtime.model.weights import init_weights

@@ -1,7 +1,7 @@
 """The core 'reference' profiles must describe the numpy reference model exactly."""
 
 from dualpath_cli.core.profiles import MODEL_PROFILES
-from dualpath_cli.runtime.model import MODEL_CONFIGS
+from dualpath_cli.core.reference_model import MODEL_CONFIGS
 
 
 def test_reference_profile_matches_tiny_model() -> None:

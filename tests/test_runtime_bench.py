@@ -11,9 +11,9 @@ from test_runtime import AGENTS
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.config import load_config
+from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.runtime.calibrate import measure_flops_rate
-from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.bench import (

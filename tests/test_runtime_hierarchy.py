@@ -280,7 +280,7 @@ def test_a_live_cluster_serves_through_the_hierarchy(tmp_path: Any) -> None:
 
 
 def test_faults_and_compaction_reach_an_engine_through_its_sub() -> None:
-    from dualpath_cli.runtime.faults import parse_fault
+    from dualpath_cli.faultspec import parse_fault
 
     opts = RuntimeOptions(block_tokens=8, prefill_nodes=2, decode_nodes=2, flops_rate=1e9,
                           hierarchical=True, sub_schedulers=2, heartbeat_s=0.02)

@@ -7,13 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from dualpath_cli.core.calibration import SimCalibration, calibrate_from_measurements
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.sim import (
-    SimCalibration,
     SimSetup,
     Simulation,
-    calibrate_from_measurements,
     find_capacity,
     get_sim_policy,
     make_setup,

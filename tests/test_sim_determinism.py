@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import pytest
 
+from dualpath_cli.core.calibration import SimCalibration
 from dualpath_cli.core.de_schedule import de_place
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.sim import (
-    SimCalibration,
     SimSetup,
     Simulation,
     cluster,

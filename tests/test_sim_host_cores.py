@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from dualpath_cli.core.calibration import SimCalibration
 from dualpath_cli.errors import ConfigError
 from dualpath_cli.sim.api import make_setup, simulate_offline
-from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.trace import synthetic_plans
 
 PLANS = synthetic_plans(64_000, 64, 3)

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
+from dualpath_cli.core.calibration import SimCalibration
 from dualpath_cli.sim import Simulation, make_setup
-from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.trace import AgentPlan
 from dualpath_cli.workload.trajectory import Turn
 

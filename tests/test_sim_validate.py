@@ -10,17 +10,11 @@ from types import ModuleType
 
 import pytest
 
+from dualpath_cli.core.calibration import SimCalibration, calibrate_from_measurements
+from dualpath_cli.core.costs import build_cost_model
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.runtime.workloads import agentic_workload
-from dualpath_cli.sim import (
-    SimCalibration,
-    SimSetup,
-    Simulation,
-    calibrate_from_measurements,
-    get_sim_policy,
-    plans_from_trajectories,
-)
-from dualpath_cli.sim.costs import build_cost_model
+from dualpath_cli.sim import SimSetup, Simulation, get_sim_policy, plans_from_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

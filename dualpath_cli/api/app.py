@@ -48,7 +48,7 @@ from dualpath_cli.api.encode import (
 from dualpath_cli.api.ratelimit import DEFAULT_RATE, RateLimit, rate_in_force
 from dualpath_cli.core.thresholds import read_seconds
 from dualpath_cli.errors import DualPathError, UsageError
-from dualpath_cli.runtime.faults import parse_faults
+from dualpath_cli.faultspec import parse_faults
 from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.telemetry.exposition import CONTENT_TYPE, render_prometheus
 from dualpath_cli.telemetry.gpu import GpuBackend, detect_gpu_backend

@@ -241,7 +241,7 @@ class FakeClient:
 
         The fake's views do not change (no engine applies the fault).
         """
-        from dualpath_cli.runtime.faults import FaultError, parse_faults
+        from dualpath_cli.faultspec import FaultError, parse_faults
 
         self._call("set_faults")
         self._check_token("/api/v1/faults")

@@ -7,14 +7,13 @@ work and the control endpoint's address, so a wrong token is refused (403) and n
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, Field
 
-from dualpath_cli.cluster.join import MAX_GPUS, JoinService
 from dualpath_cli.errors import UsageError
+from dualpath_cli.services.joins import MAX_GPUS, JoinDesk, NoJoins
 
 if TYPE_CHECKING:
     from dualpath_cli.services.live import LiveCluster
@@ -34,39 +33,30 @@ def router(live: LiveCluster) -> APIRouter:
     """``POST /api/v1/join``, ``GET /api/v1/join/{node}``, ``DELETE /api/v1/join/{node}``."""
     from dualpath_cli.api.app import require_token
 
-    services: list[JoinService] = []
-    lock = threading.Lock()
+    desk = JoinDesk(live)
     api = APIRouter(prefix="/api/v1/join", dependencies=[Depends(require_token)])
-
-    def get_service() -> JoinService:
-        with lock:
-            if not services:  # on first use: a test's stand-in cluster may have no system
-                system = getattr(live, "system", None)
-                if system is None:
-                    raise HTTPException(404, "this cluster takes no joining nodes")
-                own = getattr(live, "joins", None)  # the live cluster's (checkpointed)
-                services.append(own if isinstance(own, JoinService) else JoinService(system))
-            return services[0]
 
     @api.post("")
     def join(body: JoinBody) -> dict[str, Any]:
         try:
-            return get_service().join(body.node, body.role, body.gpus).to_dict()
+            return desk.join(body.node, body.role, body.gpus)
+        except NoJoins as err:
+            raise HTTPException(404, str(err)) from None
         except UsageError as err:
             raise HTTPException(409 if "already" in str(err) else 422, str(err)) from None
 
     @api.get("/{node}")
     def node_status(node: str) -> dict[str, Any]:
         try:
-            return get_service().status(node)
-        except UsageError as err:
+            return desk.status(node)
+        except (NoJoins, UsageError) as err:
             raise HTTPException(404, str(err)) from None
 
     @api.delete("/{node}")
     def leave(node: str) -> dict[str, Any]:
         try:
-            return {"node": node, "engines_removed": get_service().leave(node)}
-        except UsageError as err:
+            return {"node": node, "engines_removed": desk.leave(node)}
+        except (NoJoins, UsageError) as err:
             raise HTTPException(404, str(err)) from None
 
     return api

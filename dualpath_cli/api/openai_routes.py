@@ -50,35 +50,45 @@ with ``Retry-After`` while the cluster drains (retryable; the official client re
 
 Waiting never blocks the event loop: each request's submit and waits run on a worker of a
 thread pool that hands results to the loop through futures.
+
+The request and response schemas and the chat template are in :mod:`.openai_schema`, the
+error shape in :mod:`.openai_errors`, the waiting in :mod:`.openai_turns`; this module resolves
+a request against the served model and answers it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dualpath_cli.api.openai_errors import ERRORS, OpenAIError, OpenAIRoute, draining_error
+from dualpath_cli.api.openai_schema import (
+    SSE,
+    ChatCompletion,
+    ChatCompletionRequest,
+    CommonRequest,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    render_chat,
+)
+from dualpath_cli.api.openai_turns import Turn, turn_result
+from dualpath_cli.core.reference_model import model_config
+from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.model import model_config
-from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
-from dualpath_cli.runtime.scheduler import Ticket, TurnResult
-from dualpath_cli.services.live import Draining, LiveCluster
+from dualpath_cli.services.live import Draining, LiveCluster, TurnResult
 from dualpath_cli.services.restart import KeyConflict, check_key
 
-__all__ = ["router", "render_chat", "CompletionRequest", "ChatCompletionRequest",
-           "OpenAIError", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "CHAT_GENERATION_PROMPT"]
+__all__ = ["router", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "TURN_TIMEOUT_S"]
 
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` when a request omits it (OpenAI's completions default)."""
@@ -86,420 +96,6 @@ MAX_TOKENS_LIMIT = 1024
 """The largest ``max_tokens`` a request may ask for (the router's default limit)."""
 TURN_TIMEOUT_S = 600.0
 """A turn that has not finished after this long is answered 504."""
-CHAT_GENERATION_PROMPT = "<|assistant|>\n"
-
-
-# -- errors ------------------------------------------------------------------------------
-
-class OpenAIError(Exception):
-    """An error answered in OpenAI's JSON shape with an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = " ".join(message.split())
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers
-
-    def response(self) -> JSONResponse:
-        """The error as a response."""
-        return JSONResponse({"error": {"message": self.message, "type": self.type,
-                                       "param": self.param, "code": self.code}},
-                            self.status, headers=self.headers)
-
-
-def _draining(err: Draining) -> OpenAIError:
-    return OpenAIError(503, str(err), type_="service_unavailable", code="draining",
-                       headers={"Retry-After": str(err.retry_after_s)})
-
-
-def _validation_error(err: RequestValidationError) -> OpenAIError:
-    errors = list(err.errors())
-    parts: list[str] = []
-    param: str | None = None
-    for e in errors[:3]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg)
-        param = param or loc or None
-    return OpenAIError(422, "; ".join(parts) or "invalid request", param=param,
-                       code="invalid_value")
-
-
-class _OpenAIRoute(APIRoute):
-    """Answers schema violations and :class:`OpenAIError` in OpenAI's error shape.
-
-    Why a route class: the app's exception handlers answer ``{"detail": ...}`` (the control
-    API's shape); OpenAI clients expect ``{"error": {...}}`` from these routes only.
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def run(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as err:
-                return _validation_error(err).response()
-            except OpenAIError as err:
-                return err.response()
-            except StarletteHTTPException as err:  # e.g. a body that is not even text
-                return OpenAIError(err.status_code, str(err.detail),
-                                   headers=getattr(err, "headers", None)).response()
-
-        return run
-
-
-class ErrorDetail(BaseModel):
-    """OpenAI's error object."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """Every error of these routes."""
-
-    error: ErrorDetail
-
-
-# -- requests ------------------------------------------------------------------------------
-
-def _only(value: Any, allowed: tuple[Any, ...], why: str) -> Any:
-    if value is not None and value not in allowed:
-        raise ValueError(why)
-    return value
-
-
-class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a final usage chunk."""
-
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
-
-
-class _Common(BaseModel):
-    """Fields shared by both endpoints (unknown fields are refused, by name)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(examples=["tiny"])
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate (default 16).")
-    temperature: float | None = Field(None, description="0 only (greedy decoding).")
-    top_p: float | None = Field(None, description="1 only.")
-    n: int | None = Field(None, description="1 only.")
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="Not supported (omit it).")
-    presence_penalty: float | None = Field(None, description="0 only.")
-    frequency_penalty: float | None = Field(None, description="0 only.")
-    logit_bias: dict[str, float] | None = Field(None, description="Empty only.")
-    seed: int | None = Field(None, description="Accepted and ignored (greedy decoding).")
-    user: str | None = Field(None, description="Session key (after X-Session-Id and "
-                                               "prompt_cache_key).")
-    prompt_cache_key: str | None = Field(None, description="Session key (after "
-                                                           "X-Session-Id).")
-    return_token_ids: bool = Field(False, description="Extension: add token_ids and "
-                                                      "prompt_token_ids to the choice.")
-
-    @field_validator("temperature")
-    @classmethod
-    def _greedy(cls, v: float | None) -> float | None:
-        return _only(v, (0, 0.0), f"temperature {v} is not supported: the reference model "
-                                  "decodes greedily; send 0 or omit it")
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, v: float | None) -> float | None:
-        return _only(v, (1, 1.0), f"top_p {v} is not supported (greedy decoding); send 1 "
-                                  "or omit it")
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int | None) -> int | None:
-        return _only(v, (1,), f"n {v} is not supported: one choice per request")
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, v: float | None) -> float | None:
-        return _only(v, (0, 0.0), "penalties are not supported (greedy decoding); send 0 "
-                                  "or omit them")
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if v:
-            raise ValueError("stop sequences are not supported: the runtime generates "
-                             "exactly max_tokens tokens")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported (greedy decoding)")
-        return v
-
-
-Prompt = str | list[StrictInt] | list[str] | list[list[StrictInt]]
-
-
-class CompletionRequest(_Common):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
-
-    prompt: Prompt = Field(examples=["The cache hit"])
-    echo: bool | None = Field(None, description="false only.")
-    logprobs: int | None = Field(None, description="Not supported (omit it).")
-    best_of: int | None = Field(None, description="1 only.")
-    suffix: str | None = Field(None, description="Not supported (omit it).")
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: Prompt) -> Prompt:
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError(f"{len(v)} prompts in one request: send one prompt per "
-                                 "request (batches are not supported)")
-            v = v[0]
-        if len(v) == 0:
-            raise ValueError("prompt is empty")
-        return v
-
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool | None) -> bool | None:
-        return _only(v, (False,), "echo is not supported")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: int | None) -> int | None:
-        return _only(v, (0,), "logprobs are not supported")
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v: int | None) -> int | None:
-        return _only(v, (1,), "best_of is not supported: one choice per request")
-
-    @field_validator("suffix")
-    @classmethod
-    def _suffix(cls, v: str | None) -> str | None:
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
-
-
-class TextPart(BaseModel):
-    """A text content part of a chat message."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    """One chat message (text content only)."""
-
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        """The message's text (parts joined)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-
-class ChatCompletionRequest(_Common):
-    """``POST /v1/chat/completions``: messages rendered by the chat template."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens.")
-    logprobs: bool | None = Field(None, description="false only.")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: bool | None) -> bool | None:
-        return _only(v, (False,), "logprobs are not supported")
-
-
-def render_chat(messages: list[ChatMessage]) -> str:
-    """The prompt text of ``messages``: the chat template (module docstring)."""
-    return "".join(f"<|{m.role}|>\n{m.text()}<|end|>\n" for m in messages) + \
-        CHAT_GENERATION_PROMPT
-
-
-# -- responses (schemas for the OpenAPI document; bodies are built as dicts) ----------------
-
-class PromptTokensDetails(BaseModel):
-    """Prompt tokens served from the cache."""
-
-    cached_tokens: int
-
-
-class Usage(BaseModel):
-    """Token counts of one completion."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class CompletionChoice(BaseModel):
-    """The one choice of a completion."""
-
-    index: int
-    text: str
-    logprobs: None = None
-    finish_reason: str | None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class Completion(BaseModel):
-    """A ``text_completion`` (non-streamed)."""
-
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class AssistantMessage(BaseModel):
-    """The reply."""
-
-    role: Literal["assistant"]
-    content: str
-
-
-class ChatChoice(BaseModel):
-    """The one choice of a chat completion."""
-
-    index: int
-    message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class ChatCompletion(BaseModel):
-    """A ``chat.completion`` (non-streamed)."""
-
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ModelCard(BaseModel):
-    """One served model."""
-
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-class ModelList(BaseModel):
-    """The served models (one)."""
-
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 422, 503, 504)}
-_SSE: dict[str, Any] = {"text/event-stream": {}}  # data: <chunk JSON> events, then [DONE]
-
-
-# -- waiting on a ticket without blocking the loop -----------------------------------------
-
-class _Turn:
-    """One admitted turn whose first token and end arrive as event-loop futures.
-
-    ``submit`` runs on the loop (a lock and the prefix lookup: well under a millisecond).
-    A non-streamed turn needs only its end: the ticket's done callback, run by the scheduler
-    thread that finishes the turn, hands it straight to the loop (one wake-up; a timer on
-    the loop answers a turn that runs past ``timeout``). A streamed turn also needs its first
-    token, so a worker of the router's pool does the two blocking waits and hands each
-    outcome to the loop. Why so few hand-offs: every one between threads is a wake-up on the
-    critical path (on a busy 2-core box about a millisecond each, most of the HTTP overhead),
-    and starting a thread blocks the loop until that thread runs.
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor, live: LiveCluster, ticket: Ticket,
-                 timeout: float, stream: bool) -> None:
-        loop = asyncio.get_running_loop()
-        self.loop = loop
-        self.ticket = ticket
-        self.first: asyncio.Future[bool] = loop.create_future()
-        self.done: asyncio.Future[bool] = loop.create_future()
-        self._args = (live, timeout, stream)
-        if stream:
-            pool.submit(self._wait)
-            return
-        self._timer = loop.call_later(timeout, self._expire)
-        ticket.add_done_callback(self._on_done)
-
-    def _post(self, *outcomes: tuple[asyncio.Future[bool], bool]) -> None:
-        def deliver() -> None:
-            for fut, value in outcomes:
-                if not fut.done():  # else the request went away
-                    fut.set_result(value)
-        try:
-            self.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting any more
-
-    def _on_done(self) -> None:
-        """The ticket's done callback, on the scheduler thread that finished the turn (with
-        its lock held): only hand the end to the loop. Releasing the ticket takes the live
-        cluster's lock, which a request thread holds while it submits (and waits for the
-        scheduler's lock): done here, that is a lock-order deadlock, so the loop does it."""
-        live = self._args[0]
-
-        def deliver() -> None:
-            live.done(self.ticket)
-            self._timer.cancel()
-            for fut in (self.first, self.done):
-                if not fut.done():  # else the request went away or timed out
-                    fut.set_result(True)
-        try:
-            self.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting any more
-
-    def _expire(self) -> None:
-        """On the loop: the turn ran past its timeout (the ticket stays until it ends)."""
-        for fut in (self.first, self.done):
-            if not fut.done():
-                fut.set_result(False)
-
-    def _wait(self) -> None:
-        live, timeout, stream = self._args
-        ticket = self.ticket
-        try:
-            t0 = time.monotonic()
-            self._post((self.first, ticket.first_event.wait(timeout)))
-            left = max(0.0, timeout - (time.monotonic() - t0))
-            self._post((self.done, ticket.event.wait(left)))
-        finally:
-            live.done(ticket)
 
 
 @dataclass
@@ -513,19 +109,6 @@ class _Served:
     stream: bool
     include_usage: bool
     token_ids: bool
-
-
-def _result(ticket: Ticket, timeout: float) -> TurnResult:
-    """The finished ticket's result, or its error as an :class:`OpenAIError`."""
-    try:
-        return ticket.wait(0)
-    except TimeoutError:
-        raise OpenAIError(504, f"the turn did not finish within {timeout:g} s",
-                          type_="timeout", code="timeout") from None
-    except Draining as err:
-        raise _draining(err) from None
-    except DualPathError as err:
-        raise OpenAIError(500, str(err), type_="server_error") from None
 
 
 def _usage(served: _Served, r: TurnResult) -> dict[str, Any]:
@@ -556,12 +139,12 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
     vocab, context = cfg.vocab_size, cfg.max_seq_len
     tokenizer = ByteTokenizer(cfg.vocab_size)
     created = int(time.time())
-    r = APIRouter(route_class=_OpenAIRoute, tags=["openai"])
+    r = APIRouter(route_class=OpenAIRoute, tags=["openai"])
     # one worker per turn in flight (created on demand, reused; each ends its turn's wait
     # within turn_timeout, and a closing cluster answers every ticket)
     pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="openai-turn")
 
-    def resolve(req: _Common, tokens: list[int], session_header: str | None,
+    def resolve(req: CommonRequest, tokens: list[int], session_header: str | None,
                 max_tokens: int | None) -> _Served:
         if req.model != model_id:
             raise OpenAIError(404, f"model {req.model!r} is not served here; this cluster "
@@ -587,7 +170,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         return _Served(model_id, tokens, gen, session, req.stream, include_usage,
                        req.return_token_ids)
 
-    def admit(served: _Served, key: str | None = None) -> _Turn:
+    def admit(served: _Served, key: str | None = None) -> Turn:
         try:
             if key is not None:
                 ticket = live.submit(served.tokens, served.gen, served.session,
@@ -598,22 +181,22 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             raise OpenAIError(422, str(err), param="Idempotency-Key",
                               code="idempotency_key_reused") from None
         except Draining as err:
-            raise _draining(err) from None
+            raise draining_error(err) from None
         except DualPathError as err:
             raise OpenAIError(400, str(err)) from None
-        return _Turn(pool, live, ticket, turn_timeout, served.stream)
+        return Turn(pool, live, ticket, turn_timeout, served.stream)
 
-    async def finish(turn: _Turn) -> TurnResult:
+    async def finish(turn: Turn) -> TurnResult:
         await turn.done
-        return _result(turn.ticket, turn_timeout)
+        return turn_result(turn.ticket, turn_timeout)
 
-    async def stream(served: _Served, turn: _Turn, rid: str, obj: str,
+    async def stream(served: _Served, turn: Turn, rid: str, obj: str,
                      chunk: Callable[[str | None, str | None, list[int] | None],
                                      dict[str, Any]]) -> Response:
         # wait for the first token before answering, so an error before it is a status code
         await turn.first
         if turn.ticket.error is not None or not turn.ticket.first_event.is_set():
-            _result(turn.ticket, turn_timeout)  # raises the error (or the timeout)
+            turn_result(turn.ticket, turn_timeout)  # raises the error (or the timeout)
 
         def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
             return {"id": rid, "object": obj, "created": int(time.time()),
@@ -654,7 +237,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         return {"object": "list", "data": [{"id": model_id, "object": "model",
                                             "created": created, "owned_by": "dualpath"}]}
 
-    @r.get("/v1/models/{model}", response_model=ModelCard, responses=_ERRORS)
+    @r.get("/v1/models/{model}", response_model=ModelCard, responses=ERRORS)
     async def model(model: str) -> dict[str, Any]:
         """One served model by id (404 for any other)."""
         if model != model_id:
@@ -663,7 +246,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         return {"id": model_id, "object": "model", "created": created, "owned_by": "dualpath"}
 
     @r.post("/v1/completions", response_model=Completion,
-            responses=_ERRORS | {200: {"content": _SSE}})
+            responses=ERRORS | {200: {"content": SSE}})
     async def completions(
             body: CompletionRequest,
             x_session_id: Annotated[str | None, Header(description=(
@@ -698,7 +281,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                               "choices": [choice], "usage": _usage(served, r)})
 
     @r.post("/v1/chat/completions", response_model=ChatCompletion,
-            responses=_ERRORS | {200: {"content": _SSE}})
+            responses=ERRORS | {200: {"content": SSE}})
     async def chat_completions(
             body: ChatCompletionRequest,
             x_session_id: Annotated[str | None, Header(description=(

@@ -56,7 +56,7 @@ def router(live: LiveCluster) -> APIRouter:
     def post_warm(body: WarmBody, token: Annotated[str, Depends(require_token)]
                   ) -> JSONResponse:
         """Start warming the engines' DRAM caches with the templates' stored prefixes."""
-        from dualpath_cli.runtime.model import model_config
+        from dualpath_cli.core.reference_model import model_config
         from dualpath_cli.services.warm import parse_templates, start_live
 
         system = live.system

@@ -172,7 +172,7 @@ def launch(
         from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
         os.environ[BIND_HOST_ENV] = host  # the control endpoint nodes send to
-    from dualpath_cli.runtime.faults import parse_faults
+    from dualpath_cli.faultspec import parse_faults
 
     faults = parse_faults(inject or [])  # a bad SPEC fails here, before anything starts
     if detach:

@@ -66,8 +66,8 @@ class SchedulerHost:
                  allow_remote: bool, inject: list[str], start_timeout: float,
                  restarted: bool) -> None:
         from dualpath_cli.api.auth import TokenAuth
+        from dualpath_cli.faultspec import parse_faults
         from dualpath_cli.plugins.manager import load_policies
-        from dualpath_cli.runtime.faults import parse_faults
         from dualpath_cli.runtime.model.threads import limit_blas_threads
         from dualpath_cli.services.live import LiveCluster
 

@@ -303,7 +303,7 @@ def warm(
         return
     store = _open(root)
     from dualpath_cli.config import load_config
-    from dualpath_cli.runtime.model import model_config
+    from dualpath_cli.core.reference_model import model_config
     from dualpath_cli.runtime.options import options_from_config
 
     opts = options_from_config(load_config(preset=preset, config_file=config,
@@ -315,7 +315,7 @@ def warm(
 def _warm_offline(store: PosixStore, items: list[Template], opts: RuntimeOptions,
                   rate: str | None, cache: str | None, json_out: bool) -> None:
     from dualpath_cli.core.layout import BlockShape, Namespace
-    from dualpath_cli.runtime.model import model_config
+    from dualpath_cli.core.reference_model import model_config
     from dualpath_cli.services.warm import parse_rate, plan_warm, warm_store
     from dualpath_cli.storage.header import file_nbytes
     from dualpath_cli.units import format_bandwidth

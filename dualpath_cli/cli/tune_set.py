@@ -131,7 +131,8 @@ def _thresholds(sched: SchedulerConfig, sc: _Scenario) -> dict[str, float]:
 
 
 def _simulate(values: dict[str, float], sc: _Scenario, plans: list[AgentPlan]) -> SimResult:
-    from dualpath_cli.sim import SimCalibration, make_setup, simulate_offline, simulate_online
+    from dualpath_cli.core.calibration import SimCalibration
+    from dualpath_cli.sim import make_setup, simulate_offline, simulate_online
 
     cal = replace(SimCalibration(), quota_s=values["scheduler.compute_quota"],
                   z_factor=values["scheduler.z_factor"])

@@ -52,9 +52,9 @@ class EmulationSetup:
 
 def emulated_cost_model(setup: EmulationSetup) -> Any:
     """The simulator's cost model for ``setup`` (default calibration)."""
+    from dualpath_cli.core.calibration import SimCalibration
+    from dualpath_cli.core.costs import build_cost_model
     from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
-    from dualpath_cli.sim.calibration import SimCalibration
-    from dualpath_cli.sim.costs import build_cost_model
 
     return build_cost_model(get_model_profile(setup.model), get_hardware_profile(setup.hardware),
                             SimCalibration(), setup.prefill_nodes, setup.decode_nodes)

@@ -29,13 +29,13 @@ from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exit
 from dualpath_cli.core.groups import group_start
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
+from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.errors import ConfigError, DualPathError, UsageError
+from dualpath_cli.faultspec import Fault, FaultError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
-from dualpath_cli.runtime.faults import Fault, FaultError
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.hierarchy import HierarchicalScheduler
-from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.scheduler import (
     SchedulerChange,

@@ -9,7 +9,7 @@ with ``first``/``done`` exactly as a real one does, over its own ZeroMQ PULL soc
 DE talk to each other with real :class:`~dualpath_cli.runtime.wire.Layer` and
 :class:`~dualpath_cli.runtime.wire.PrefillDone` messages. What it does *not* do is move KV
 bytes or run a model: read, transfer, prefill and decode times come from a cost model
-(:class:`CostPort`: the simulator's :class:`~dualpath_cli.sim.costs.CostModel` fits it), and
+(:class:`CostPort`: the simulator's :class:`~dualpath_cli.core.costs.CostModel` fits it), and
 the generated tokens are a deterministic function of the prompt.
 
 One :class:`EmulatedHost` runs many engines on one thread (a heap of timers plus one
@@ -45,8 +45,8 @@ import numpy as np
 import zmq
 
 from dualpath_cli.core.layout import BlockKey, Namespace, chain_keys
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.attempts import EndedAttempts
-from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.wire import (

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from dualpath_cli.core.layout import BlockKey
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.context import EngineContext, EngineSpec, open_store
 from dualpath_cli.runtime.decode import DecodeWorker
-from dualpath_cli.runtime.faults import Fault, FaultInjector
+from dualpath_cli.runtime.faults import FaultInjector
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.prefill import PrefillWorker

@@ -17,8 +17,8 @@ from dualpath_cli.core.controllers import CONFIG_KEYS
 from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import ALIASES
+from dualpath_cli.core.reference_model import MODEL_CONFIGS
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.runtime.model import MODEL_CONFIGS
 from dualpath_cli.storage import get_codec
 
 __all__ = ["RuntimeOptions", "options_from_config", "runtime_model_for",

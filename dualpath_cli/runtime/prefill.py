@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dualpath_cli.core.quota import PrefillWork, pack_batch
+from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
-from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.wire import (
     Cancel,
     First,

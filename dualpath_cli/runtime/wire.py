@@ -20,7 +20,7 @@ Kinds (direction):
   (``hb``), :class:`Fetch`, :class:`First`, :class:`Done`, :class:`ReadFailed`;
 * scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
   :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``), :class:`Lead`,
-  :class:`~dualpath_cli.runtime.faults.Fault` (``fault``: fault injection, one record);
+  :class:`~dualpath_cli.faultspec.Fault` (``fault``: fault injection, one record);
   :class:`~dualpath_cli.runtime.hbm.Compact` (``compact``: defragment the engine's HBM);
   :class:`~dualpath_cli.storage.warm.Warm` (``warm``: warm the loader's DRAM cache);
 * engine -> engine: :class:`Layer`, :class:`PrefillDone`.
@@ -37,7 +37,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.faults import Fault
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.storage.warm import Warm
 from dualpath_cli.transfer.base import UNREADABLE, Endpoint

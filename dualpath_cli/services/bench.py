@@ -40,10 +40,10 @@ from typing import Any
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config import LoadedConfig, load_config
 from dualpath_cli.core.balance import max_over_avg
+from dualpath_cli.core.reference_model import model_config
 from dualpath_cli.errors import UnitError, UsageError
 from dualpath_cli.limits import check, check_count, check_finite
 from dualpath_cli.runtime.calibrate import measure_flops_rate
-from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.options import RuntimeOptions, runtime_model_for
 from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, run_agents
 from dualpath_cli.storage.header import file_nbytes

@@ -31,15 +31,17 @@ from dualpath_cli.cluster.join import JoinService
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import token_ids
 from dualpath_cli.errors import DualPathError
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.control import SchedulerChange
-from dualpath_cli.runtime.faults import Fault
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import Ticket, TurnRequest
+from dualpath_cli.runtime.scheduler import Ticket, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
+# Ticket and TurnResult: what submit hands back and what its ticket answers (the API waits
+# on them without importing the runtime)
 __all__ = ["Draining", "EnginesLost", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
-           "LiveCluster"]
+           "LiveCluster", "Ticket", "TurnResult"]
 
 
 class Draining(DualPathError):

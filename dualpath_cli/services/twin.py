@@ -62,9 +62,10 @@ from typing import TYPE_CHECKING, Any
 from dualpath_cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from dualpath_cli.core.calibration import SimCalibration
     from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
     from dualpath_cli.services.recording import Recording
-    from dualpath_cli.sim import AgentPlan, SimCalibration
+    from dualpath_cli.sim import AgentPlan
     from dualpath_cli.sim.measured import TimedSimulation
     from dualpath_cli.telemetry.view import ClusterView, Decision
 
@@ -449,9 +450,9 @@ def world_for(traffic: Traffic, *, hardware: str | None = None,
 
 def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
            measure: Callable[[str, int], dict[str, float]] | None) -> World:
+    from dualpath_cli.core.calibration import SimCalibration
     from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
-    from dualpath_cli.runtime.model import MODEL_CONFIGS
-    from dualpath_cli.sim import SimCalibration
+    from dualpath_cli.core.reference_model import MODEL_CONFIGS
 
     cur = traffic.current
     if traffic.model not in MODEL_CONFIGS:
@@ -460,7 +461,7 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
         cal = SimCalibration(quota_s=cur.quota_s, z_factor=traffic.z_factor)
         return World("profile", model, hw, cal)
     from dualpath_cli.config import load_config
-    from dualpath_cli.sim import calibrate_from_measurements
+    from dualpath_cli.core.calibration import calibrate_from_measurements
 
     cfg = load_config(overrides=[f"cluster.pd={traffic.pd}"]).config
     mc = MODEL_CONFIGS[traffic.model]

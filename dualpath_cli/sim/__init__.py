@@ -7,7 +7,10 @@ Public API (everything else is private to the package)::
     simulate_online(setup, aps, horizon=..., ...) -> SimResult
     simulate_capacity(setup, lo=..., hi=..., ...) -> CapacityResult
     Workload(max_len, seed) / Workload.from_file(path, seed) -> .plans(agents)
-    calibrate_from_measurements(hardware, ...) -> (HardwareProfile, SimCalibration)
+
+The timing model it runs (:mod:`dualpath_cli.core.costs`) and its calibration
+(:mod:`dualpath_cli.core.calibration`: ``SimCalibration``, ``calibrate_from_measurements``)
+are pure and live in core/, so the emulated runtime times its engines with the same model.
 """
 
 from dualpath_cli.sim.api import (
@@ -17,7 +20,6 @@ from dualpath_cli.sim.api import (
     simulate_offline,
     simulate_online,
 )
-from dualpath_cli.sim.calibration import SimCalibration, calibrate_from_measurements
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import LatencyStats, SimResult
 from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity, meets_slo
@@ -27,7 +29,7 @@ from dualpath_cli.sim.trace import AgentPlan, Workload, plans_from_trajectories,
 __all__ = [
     "make_setup", "simulate_offline", "simulate_online", "simulate_capacity", "online_agents",
     "Workload",
-    "SimCalibration", "calibrate_from_measurements", "SimSetup", "Simulation",
+    "SimSetup", "Simulation",
     "LatencyStats", "SimResult", "SLO", "CapacityResult", "find_capacity", "meets_slo",
     "ABLATION", "SIM_POLICIES", "SimPolicy", "get_sim_policy", "AgentPlan",
     "plans_from_trajectories", "synthetic_plans",

@@ -10,13 +10,13 @@ from dataclasses import dataclass, replace
 
 from dualpath_cli.config.model import Config, parse_pd
 from dualpath_cli.config.schema import check_built
+from dualpath_cli.core.calibration import SimCalibration
 from dualpath_cli.core.controllers import CONFIG_KEYS
 from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.sim.calibration import SimCalibration
 from dualpath_cli.sim.cluster import SimSetup, Simulation
 from dualpath_cli.sim.metrics import SimResult
 from dualpath_cli.sim.online import (

@@ -42,7 +42,9 @@ from operator import attrgetter
 
 import numpy as np
 
+from dualpath_cli.core.calibration import SimCalibration
 from dualpath_cli.core.controllers import CONTROLLERS, Controllers, ControlStep, ttft_tail
+from dualpath_cli.core.costs import CostModel, build_cost_model
 from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
 from dualpath_cli.core.groups import node_groups
 from dualpath_cli.core.pe_fetch import pe_fetch_in_place
@@ -52,8 +54,6 @@ from dualpath_cli.core.quota import PrefillWork, pack_batch
 from dualpath_cli.core.thresholds import tokens_processable, tokens_readable
 from dualpath_cli.core.types import Role
 from dualpath_cli.errors import ConfigError, NoAvailableEngine, UsageError
-from dualpath_cli.sim.calibration import SimCalibration
-from dualpath_cli.sim.costs import CostModel, build_cost_model
 from dualpath_cli.sim.events import EventLoop
 from dualpath_cli.sim.links import Flow
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dualpath_cli.core.reference_model import ModelConfig
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.model.config import ModelConfig
 
 __all__ = ["KV_NP_DTYPE", "KVLayoutError", "LayerKV", "KVCache", "pack_kv", "unpack_kv"]
 

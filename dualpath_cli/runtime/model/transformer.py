@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from dualpath_cli.core.reference_model import ModelConfig, model_config
+from dualpath_cli.core.tokenizer import EOS
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.model.attention import attend
-from dualpath_cli.runtime.model.config import ModelConfig, model_config
 from dualpath_cli.runtime.model.kvcache import KVCache, KVLayoutError, LayerKV
 from dualpath_cli.runtime.model.numerics import (
     KV_K_LIMIT,
@@ -27,7 +28,6 @@ from dualpath_cli.runtime.model.numerics import (
     silu,
 )
 from dualpath_cli.runtime.model.rope import RopeTable, apply_rope
-from dualpath_cli.runtime.model.tokenizer import EOS
 from dualpath_cli.runtime.model.weights import ModelWeights, init_weights, linear
 
 __all__ = ["PastKV", "ReferenceModel", "load_model"]

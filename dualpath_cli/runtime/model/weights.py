@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dualpath_cli.runtime.model.config import ModelConfig
+from dualpath_cli.core.reference_model import ModelConfig
 from dualpath_cli.runtime.model.numerics import quantize_rows
 
 __all__ = ["QuantLinear", "LayerWeights", "ModelWeights", "init_weights", "linear"]

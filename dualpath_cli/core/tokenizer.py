@@ -1,7 +1,8 @@
 """Byte-level tokenizer: token ``b`` (0..255) is byte ``b``; a few special tokens follow.
 
 Bytes need no vocabulary file and round-trip any text exactly, which is all a reference model
-serving synthetic agentic traces needs.
+serving synthetic agentic traces needs. Pure (a function of the text), so it lives in core/:
+the engines' model and the OpenAI-compatible API map text the same way.
 """
 
 from __future__ import annotations

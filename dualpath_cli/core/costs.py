@@ -10,16 +10,19 @@ Why these shapes (paper sections 2, 4, 6.5):
   and compute add up (the paper's Basic);
 * decode is memory-bound: each step reads the GPU's weights and the attended KV of every
   request in the batch from HBM, plus per-layer collective latency for EP models.
+
+Pure, so it lives in core/: the simulator runs on it and the emulated cluster
+(``cluster/emulated.py``) times its engines with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath_cli.core.calibration import SimCalibration, facts_for
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.core.quota import Predictor, flops_predictor
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.sim.calibration import SimCalibration, facts_for
 
 __all__ = ["CostModel", "build_cost_model"]
 

@@ -3,6 +3,8 @@
 One :class:`ModelConfig` fixes the architecture and the weight seed; :meth:`ModelConfig.to_profile`
 turns it into the :class:`~dualpath_cli.core.profiles.ModelProfile` the scheduler and the
 simulator use, so the runtime and its cost model never disagree about KV bytes or layer counts.
+Pure data (it lives in core/): the engines build the model from it, and the API reads the
+served model's vocabulary and context from it without loading the model.
 """
 
 from __future__ import annotations
