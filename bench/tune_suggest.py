@@ -39,7 +39,8 @@ from typing import Any
 
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, write_recording
+from dualpath_cli.services.recording import write_recording
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import (
     ClusterView,
     Decision,

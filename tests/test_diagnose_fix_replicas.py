@@ -33,7 +33,6 @@ from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_key
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Severity
 from dualpath_cli.services import statefile
-from dualpath_cli.services.recording import Extras, Sample
 from dualpath_cli.services.replicate import NoReplicaRoots, replicate_blocks
 from dualpath_cli.storage import (
     HEADER_SIZE,
@@ -44,6 +43,7 @@ from dualpath_cli.storage import (
 )
 from dualpath_cli.storage.replicas import PROBE_EVERY
 from dualpath_cli.telemetry import MetricsRegistry
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 if TYPE_CHECKING:
     from conftest import Launched

@@ -17,7 +17,7 @@ import pytest
 
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Finding, Severity
-from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.telemetry.recording import Extras, Sample
 from dualpath_cli.telemetry.view import (
     ClusterView,
     Decision,

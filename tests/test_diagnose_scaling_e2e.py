@@ -28,7 +28,7 @@ from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Severity
 from dualpath_cli.services import statefile
-from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 if TYPE_CHECKING:
     from conftest import Launched

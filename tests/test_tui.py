@@ -23,7 +23,8 @@ from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
 from dualpath_cli.errors import UsageError
-from dualpath_cli.services.recording import Recording, Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.telemetry.recording import Recording, Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.app import TopApp
 from dualpath_cli.tui.format import engine_rows, nic_quadrants, sparkline
@@ -646,7 +647,7 @@ def test_a_replayed_recording_names_its_audited_change_and_an_older_one_its_samp
         tmp_path: Path) -> None:
     from test_diagnose_rules import T0, _recorded_change
 
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
     from dualpath_cli.telemetry.view import AuditEntry
 
     ev = _recorded_change()  # alpha halved between samples 4 and 5

@@ -20,7 +20,8 @@ from dualpath_cli.cli.app import main
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.workload.trajectory import Trajectory
 

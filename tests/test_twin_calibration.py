@@ -18,9 +18,10 @@ from test_twin import served as served_turns
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
 from dualpath_cli.sim import make_setup, plans_from_trajectories
 from dualpath_cli.sim.measured import TimedSimulation
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 

@@ -25,7 +25,8 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
 from dualpath_cli.services.live import LiveCluster
-from dualpath_cli.services.recording import decode_view, encode_view, read_recording
+from dualpath_cli.services.recording import read_recording
+from dualpath_cli.telemetry.recording import decode_view, encode_view
 from dualpath_cli.telemetry.view import ClusterView
 
 

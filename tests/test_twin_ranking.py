@@ -24,7 +24,8 @@ from test_twin import cluster_view, env, served, stub_measure  # noqa: F401 - en
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 
 #: 160 agents of 6 turns, one arriving every 0.4 s: a few in flight at a time (a poor read

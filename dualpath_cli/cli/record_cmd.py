@@ -19,7 +19,7 @@ import typer
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
 
 __all__ = ["record", "audit_in_reach"]
 
@@ -30,7 +30,7 @@ def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | No
     ``CHANGE_REACH_MIN_S``) to ``last``, with alpha's seconds of reading per token.
     ``None`` when the status cannot be read (the recording is kept, without the line)."""
     from dualpath_cli.diagnose.rules import change_reach_s
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
 
     try:
         status = client.status()

@@ -63,9 +63,9 @@ from dualpath_cli.errors import UsageError
 
 if TYPE_CHECKING:
     from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
-    from dualpath_cli.services.recording import Recording
     from dualpath_cli.sim import AgentPlan, SimCalibration
     from dualpath_cli.sim.measured import TimedSimulation
+    from dualpath_cli.telemetry.recording import Recording
     from dualpath_cli.telemetry.view import ClusterView, Decision
 
 __all__ = ["Setting", "Traffic", "World", "Prediction", "Suggestion", "traffic_from_recording",

@@ -19,7 +19,7 @@ from typing import Any
 from dualpath_cli.core.balance import max_over_avg
 from dualpath_cli.core.pe_fetch import PEClass, classify_pe
 from dualpath_cli.core.types import EngineSnapshot, Role
-from dualpath_cli.services.recording import Sample
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import NA, ClusterView, Decision, EngineView, NodeView
 from dualpath_cli.units import format_bytes, format_duration, format_tokens
 

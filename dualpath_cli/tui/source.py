@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dualpath_cli.errors import DualPathError, UsageError
-from dualpath_cli.services.recording import Extras, Recording, Sample
+from dualpath_cli.telemetry.recording import Extras, Recording, Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
@@ -201,7 +201,7 @@ class LiveSource:
 
     def poll(self) -> Frame:
         """Ask the cluster; on failure keep the last data and say why in ``error``."""
-        from dualpath_cli.services.recording import extras_from_metrics_text
+        from dualpath_cli.telemetry.recording import extras_from_metrics_text
 
         try:
             client = self._get_client()
