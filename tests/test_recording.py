@@ -99,7 +99,7 @@ def test_decision_lines_keep_the_decisions_own_kind(tmp_path: Path) -> None:
 
 
 def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: Path) -> None:
-    from dualpath_cli.services.explain import explain_request, story_from_recording
+    from dualpath_cli.diagnose.explain import explain_request, story_from_recording
 
     d = decision(1)
     outcome = {"submitted": 10.0, "dispatched": 10.1, "first_at": 10.4, "done_at": 10.9,

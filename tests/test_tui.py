@@ -70,7 +70,7 @@ def inflight_listing(flights: list[tuple[int, str]], decisions: list[Decision],
                      at: float) -> dict[str, Any]:
     """``GET /api/v1/requests?state=inflight``'s answer for ``flights`` (rid, phase), made
     by the service's own :func:`inflight_row`."""
-    from dualpath_cli.services.explain import inflight_row
+    from dualpath_cli.diagnose.explain import inflight_row
 
     by_rid = {d.rid: d for d in decisions}
     rows = [inflight_row(raw_flight(rid, phase), by_rid.get(rid), 1000.0, at, KVB)
@@ -157,7 +157,7 @@ def recording(tmp_path: Path, n: int = 20) -> Path:
     """``n`` samples a second; decision ``s`` at half a second each; at sample ``i``,
     requests 2i-1 (prefill), 2i (decode) and 2i+1 (queued) are in flight and the earlier
     ones have finished (their stories recorded)."""
-    from dualpath_cli.services.explain import explain_request
+    from dualpath_cli.diagnose.explain import explain_request
 
     path = tmp_path / "incident.jsonl"
     decisions = [decision(s, de=2 + s % 4) for s in range(1, 2 * n)]

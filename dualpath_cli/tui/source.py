@@ -5,7 +5,7 @@ samples for sparklines and rules, the decision log, the audit trail, the diagnos
 and must not care whether it came from a live cluster, last night's recording or the shipped
 :class:`~dualpath_cli.api.fake.FakeClient`. The requests screen's list is the API's in-flight
 listing (``GET /api/v1/requests?state=inflight``, or the recorded one at the cursor) and a
-request's story is services/explain.py's, fetched by :meth:`Source.story`. Both sources
+request's story is diagnose/explain.py's, fetched by :meth:`Source.story`. Both sources
 are plain Python (no Textual), so they are tested and benchmarked without a terminal.
 Findings come from diagnose/rules.py over the window; this module only collects the window
 and calls them.
@@ -104,7 +104,7 @@ class Source(Protocol):
         ...
 
     def story(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (services/explain.py's dict; raises DualPathError)."""
+        """Request ``rid``'s story (diagnose/explain.py's dict; raises DualPathError)."""
         ...
 
     def close(self) -> None:
@@ -336,7 +336,7 @@ class ReplaySource:
 
     def story(self, rid: int) -> dict[str, Any]:
         """Request ``rid``'s story as the recording tells it at the cursor."""
-        from dualpath_cli.services.explain import story_from_recording
+        from dualpath_cli.diagnose.explain import story_from_recording
 
         return story_from_recording(self.rec, rid, self._times[self.index])
 
