@@ -535,10 +535,9 @@ def test_twin_prediction_is_shown_on_request() -> None:
 
 
 def test_the_twin_service_predicts_from_the_window() -> None:
-    from dualpath_cli.tui.source import find_predictor
+    from dualpath_cli.services.twin import cockpit_predictor
 
-    predict = find_predictor()
-    assert predict is not None  # services/twin.py is part of the package
+    predict = cockpit_predictor()  # what cli/top_cmd.py hands the cockpit
     view = dataclasses.replace(faulted_view(0), model="ds660b")  # a profile world: no
     text = predict(view, [decision(s, de=2 + s % 4) for s in range(1, 20)],  # measuring
                    {"alpha": "50K"})

@@ -29,7 +29,7 @@ from dualpath_cli.telemetry.recording import Extras, Recording, Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
-           "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor", "find_predictor"]
+           "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor"]
 
 #: Samples kept for sparklines and for the diagnose rules' window.
 WINDOW = 60
@@ -349,52 +349,7 @@ class ReplaySource:
         """Nothing to close."""
 
 
-#: ``predict(view, decisions, change) -> text``: the predicted effect of a change (the twin).
+#: ``predict(view, decisions, change) -> text``: the predicted effect of a change. The CLI
+#: hands the cockpit the tuning twin's (services/twin.py ``cockpit_predictor``): the cockpit
+#: never imports a service.
 Predictor = Callable[[ClusterView, Sequence[Decision], dict[str, str]], str]
-
-
-def find_predictor() -> Predictor | None:
-    """The tuning twin's prediction (services/twin.py) when that service is importable.
-
-    The twin replays the decision log's served turns in the simulator under the settings in
-    force and under the proposed ones (its own world and units; this only words the
-    outcome). It costs seconds of CPU (the embedded world measures this host's compute
-    once), so the tune dialog runs it on request, in a worker thread.
-    """
-    import importlib
-
-    try:
-        twin = importlib.import_module("dualpath_cli.services.twin")
-    except ImportError:
-        return None
-    worlds: dict[tuple[str, str], Any] = {}
-
-    def predict(view: ClusterView, decisions: Sequence[Decision],
-                change: dict[str, str]) -> str:
-        traffic = twin.traffic_from_decisions(view, decisions, "the cockpit's window")
-        key = (traffic.model, traffic.pd)
-        if key not in worlds:
-            worlds[key] = twin.world_for(traffic)
-        world = worlds[key]
-        proposed = twin.proposed_setting(traffic, world, dict(change))
-        before = twin.predict(traffic, world, traffic.current)
-        after = twin.predict(traffic, world, proposed, "proposed")
-        return (f"TTFT p90 {_s(before.ttft_p90_s)} -> {_s(after.ttft_p90_s)}, mean "
-                f"{_s(before.ttft_mean_s)} -> {_s(after.ttft_mean_s)}; JCT "
-                f"{_s(before.jct_s)} -> {_s(after.jct_s)}; storage NIC Max/Avg "
-                f"{_r(before.snic_max_avg)} -> {_r(after.snic_max_avg)} "
-                f"({traffic.turns} turns replayed, {world.kind} world)")
-
-    return predict
-
-
-def _s(seconds: float) -> str:
-    import math
-
-    return "n/a" if not math.isfinite(seconds) else f"{seconds:.3g} s"
-
-
-def _r(ratio: float) -> str:
-    import math
-
-    return "n/a" if not math.isfinite(ratio) else f"{ratio:.2f}"
