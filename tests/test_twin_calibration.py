@@ -1,4 +1,4 @@
-"""The twin's calibration from a recording (services/twin.py ``fit_world``) and the
+"""The twin's calibration from a recording (sim/twin_replay.py ``fit_world``) and the
 simulation it runs (sim/measured.py: per-turn client gap, hand-off delay, recorded starts).
 
 Compute is stubbed as in tests/test_twin.py; the fit and the simulator are real.

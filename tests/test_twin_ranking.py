@@ -1,4 +1,4 @@
-"""The twin's ranking when the recorded arrivals set the JCT (services/twin.py
+"""The twin's ranking when the recorded arrivals set the JCT (sim/twin_search.py
 ``ranking_measure``).
 
 A recording with stories replays each agent from its recorded first arrival. With first
