@@ -29,7 +29,7 @@ def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | No
     a change before ``first`` (diagnose's rule: one window length, at least
     ``CHANGE_REACH_MIN_S``) to ``last``, with alpha's seconds of reading per token.
     ``None`` when the status cannot be read (the recording is kept, without the line)."""
-    from dualpath_cli.diagnose.rules import change_reach_s
+    from dualpath_cli.diagnose.workflows.snic_imbalance import change_reach_s
     from dualpath_cli.telemetry.recording import RecordedAudit
 
     try:

@@ -138,7 +138,7 @@ def _reports(history: Sequence[Sample], decisions: Sequence[Decision],
 def _earliest_needed(history: Sequence[Sample]) -> float:
     """How far before the window the rules look at reads: a change in reach before it
     (``change_reach_s``) is judged over as long before the change as has passed since."""
-    from dualpath_cli.diagnose.rules import change_reach_s
+    from dualpath_cli.diagnose.workflows.snic_imbalance import change_reach_s
 
     window_s = history[-1].at - history[0].at
     return history[0].at - window_s - 2 * change_reach_s(window_s)
