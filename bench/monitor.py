@@ -66,7 +66,7 @@ def write_synthetic(path: Path, samples: int, decisions_per_s: float, seed: int 
     wait; decode node 100's storage NIC is throttled to a quarter.
     """
     from dualpath_cli.api.render_bench import synthetic_view
-    from dualpath_cli.services.recording import FORMAT, VERSION, encode_view
+    from dualpath_cli.telemetry.recording import FORMAT, VERSION, encode_view
 
     rng = random.Random(seed)
     base = encode_view(synthetic_view(48, 96, 8, 4, at=1.8e9))

@@ -39,7 +39,9 @@ from typing import Any
 
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, write_recording
+from dualpath_cli.services.recording import write_recording
+from dualpath_cli.sim import twin_replay
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import (
     ClusterView,
     Decision,
@@ -105,7 +107,7 @@ def agents_for_window(model: str, snic: float) -> int:
     view = view_2p4d(T0, model, snic, 0)
     tr = twin.traffic_from_decisions(view, decisions_for(probe, 10.0), "probe")
     world = twin.world_for(tr, measure=lambda _m, _c: dict(SIZING_COMPUTE), host_cores=2)
-    p = twin.predict(tr, world, tr.current)
+    p = twin_replay.predict(tr, world, tr.current)
     return max(64, round(len(probe) * WINDOW_S / p.mean_trajectory_s))
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dualpath_cli.cli.diagnose_cmd import WORKFLOW_NAMES
-from dualpath_cli.diagnose import rules as diag
+from dualpath_cli.diagnose import thresholds as diag
 from dualpath_cli.telemetry.metrics import METRICS, MetricType
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"

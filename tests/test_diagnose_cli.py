@@ -29,11 +29,7 @@ from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli import source
 from dualpath_cli.cli.app import main
 from dualpath_cli.diagnose.model import Evidence
-from dualpath_cli.services.recording import (
-    read_recording,
-    trace_from_decisions,
-    write_recording,
-)
+from dualpath_cli.services.recording import read_recording, trace_from_decisions, write_recording
 from dualpath_cli.workload.trace_format import decode_lines
 
 

@@ -30,10 +30,9 @@ from conftest import CLI, recording, run_cli
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
-from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Severity
+from dualpath_cli.diagnose.workflows.long_tail import long_tail
 from dualpath_cli.services import statefile
-from dualpath_cli.services.recording import Extras, Sample
 from dualpath_cli.services.replicate import NoReplicaRoots, replicate_blocks
 from dualpath_cli.storage import (
     HEADER_SIZE,
@@ -44,6 +43,7 @@ from dualpath_cli.storage import (
 )
 from dualpath_cli.storage.replicas import PROBE_EVERY
 from dualpath_cli.telemetry import MetricsRegistry
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 if TYPE_CHECKING:
     from conftest import Launched
@@ -150,18 +150,18 @@ def _hot_window(copies: dict[str, int] | None) -> Evidence:
 
 
 def test_long_tail_judges_a_replicated_block_by_its_busiest_copy() -> None:
-    (hot,) = [f for f in rules.long_tail(_hot_window(None)) if f.subject
+    (hot,) = [f for f in long_tail(_hot_window(None)) if f.subject
               and f.subject.startswith("block ")]
     assert hot.severity is Severity.WARNING and "--fix" in (hot.action or "")
     assert hot.evidence["copies_needed"] == {"ab" * 16: 6}  # 300 reads, hot share 100
     spread = {f"/r{i}": 75 for i in range(4)}  # 75 per copy: under the 100 of a tenth
-    findings = rules.long_tail(_hot_window(spread))
+    findings = long_tail(_hot_window(spread))
     assert not [f for f in findings if f.severity and f.subject
                 and f.subject.startswith("block ")]
     (ok,) = [f for f in findings if "spread over 4 copies" in f.title]
     assert ok.severity is Severity.OK and ok.evidence["busiest_copy_reads"] == 75
     uneven = {"/r0": 200, "/r1": 100}  # the busiest copy still takes a fifth
-    (still,) = [f for f in rules.long_tail(_hot_window(uneven)) if f.severity
+    (still,) = [f for f in long_tail(_hot_window(uneven)) if f.severity
                 and f.subject and f.subject.startswith("block ")]
     assert "2 copies, 200 reads on the busiest" in still.title
 

@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose import rules, thresholds
+from dualpath_cli.diagnose.grading import histogram_quantile
 from dualpath_cli.diagnose.model import Evidence, Finding, Severity
-from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.diagnose.workflows.cache_hit import cache_hit, kv_waits
+from dualpath_cli.diagnose.workflows.long_tail import long_tail
+from dualpath_cli.diagnose.workflows.scaling import scaling, scheduler_cost
+from dualpath_cli.diagnose.workflows.snic_imbalance import snic_imbalance
+from dualpath_cli.telemetry.recording import Extras, Sample
 from dualpath_cli.telemetry.view import (
     ClusterView,
     Decision,
@@ -343,14 +348,14 @@ def test_hot_block_is_judged_by_its_share_of_the_store_reads() -> None:
     assert f.severity is Severity.WARNING and len(f.evidence["hot_blocks"]) == 4
     assert "of the store's block reads" in f.title
     quiet = window(extras=lambda i: extras(i, 3))  # 8 blocks among 72 reads a second
-    assert not [f for f in rules.long_tail(quiet) if f.subject and "block" in f.subject]
+    assert not [f for f in long_tail(quiet) if f.subject and "block" in f.subject]
 
 
 def test_engine_with_a_slow_service_time_is_named() -> None:
     ev = window(lambda i: make_view(i, service={4: 0.09}))  # 4.5x its decode peers' 20 ms
-    (f,) = named(rules.long_tail(ev), "engine 4")
+    (f,) = named(long_tail(ev), "engine 4")
     assert f.severity is Severity.WARNING and f.evidence["ratio_to_peers"] == pytest.approx(4.5)
-    assert not named(rules.long_tail(healthy()), "engine 4")
+    assert not named(long_tail(healthy()), "engine 4")
 
 
 def test_prefills_waiting_for_their_kv_name_the_node() -> None:
@@ -361,12 +366,12 @@ def test_prefills_waiting_for_their_kv_name_the_node() -> None:
     assert report.severity is Severity.CRITICAL
     (f,) = named(report.findings, "node P0")
     assert f.evidence["mean_kv_wait_s"] == pytest.approx(0.15)
-    assert rules.kv_waits(healthy()) == {0: pytest.approx(0.004), 1: pytest.approx(0.004)}
+    assert kv_waits(healthy()) == {0: pytest.approx(0.004), 1: pytest.approx(0.004)}
     assert rules.run_workflow("cache-hit", healthy()).severity is Severity.OK
 
 
 def test_hot_blocks_without_per_block_counts_are_not_available_not_ok_by_guess() -> None:
-    f = next(f for f in rules.long_tail(healthy()) if "hot blocks" in f.title)
+    f = next(f for f in long_tail(healthy()) if "hot blocks" in f.title)
     assert f.severity is Severity.OK and "not available" in f.title
 
 
@@ -379,29 +384,29 @@ def test_slow_engine_is_named() -> None:
 
 def test_slow_engine_in_a_pair_is_judged_against_the_other() -> None:
     ev = window(lambda i: make_view(i, seq={0: 9, 1: 1}))  # the two prefill engines
-    assert named(rules.long_tail(ev), "engine 0")
-    assert not named(rules.long_tail(ev), "engine 1")
+    assert named(long_tail(ev), "engine 0")
+    assert not named(long_tail(ev), "engine 1")
 
 
 def test_engine_persistently_over_beta() -> None:
     ev = window(lambda i: make_view(i, tokens={3: BETA + 1}))
-    assert named(rules.long_tail(ev), "engine 3")
+    assert named(long_tail(ev), "engine 3")
 
 
 def test_ttft_tail_ratio_uses_the_window() -> None:
     ev = window(extras=lambda i: ttft_extras(i, tail=True))
-    f = next(f for f in rules.long_tail(ev) if f.title.startswith("TTFT"))
+    f = next(f for f in long_tail(ev) if f.title.startswith("TTFT"))
     assert f.severity >= Severity.WARNING and f.evidence["scope"] == "window"
     assert f.evidence["p99_s"] > 4 * f.evidence["p50_s"]
 
 
 def test_histogram_quantile_matches_prometheus() -> None:
     buckets = [(0.1, 50.0), (0.5, 90.0), (1.0, 100.0), (math.inf, 100.0)]
-    assert rules.histogram_quantile(0.5, buckets) == pytest.approx(0.1)
-    assert rules.histogram_quantile(0.7, buckets) == pytest.approx(0.3)
-    assert rules.histogram_quantile(0.99, buckets) == pytest.approx(0.95)
-    assert rules.histogram_quantile(0.5, [(1.0, 0.0)]) is None
-    assert rules.histogram_quantile(0.99, [(1.0, 5.0), (math.inf, 10.0)]) == 1.0
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.7, buckets) == pytest.approx(0.3)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(0.95)
+    assert histogram_quantile(0.5, [(1.0, 0.0)]) is None
+    assert histogram_quantile(0.99, [(1.0, 5.0), (math.inf, 10.0)]) == 1.0
 
 
 def test_late_layers_are_bubbles_and_layer_zero_is_not_judged() -> None:
@@ -419,25 +424,25 @@ def test_late_layers_are_bubbles_and_layer_zero_is_not_judged() -> None:
 
 def test_low_prefix_hits_of_follow_up_turns_warn() -> None:
     ds = [decision(s, cached=100) for s in range(1, 20)]
-    f = next(f for f in rules.cache_hit(window(decisions=ds)) if "cached" in f.title)
+    f = next(f for f in cache_hit(window(decisions=ds)) if "cached" in f.title)
     assert f.severity is Severity.WARNING and f.evidence["prefix_hit_ratio"] == 0.1
 
 
 def test_prefetch_accuracy_judged_only_where_blocks_were_prefetched() -> None:
     def extras(i: int) -> Extras:
         return Extras(prefetch_accuracy={0: 0.2, 1: 0.0}, prefetched_blocks={0: 100, 1: 0})
-    f = next(f for f in rules.cache_hit(window(extras=extras)) if "prefetch" in f.title)
+    f = next(f for f in cache_hit(window(extras=extras)) if "prefetch" in f.title)
     assert f.severity is Severity.WARNING and f.evidence["prefetch_accuracy"] == {0: 0.2}
 
 
 def test_scaling_fifo_growth_with_idle_engines_and_pd_imbalance() -> None:
     ev = window(lambda i: make_view(i, fifo=5 * i, decided=3 * i,
                                     gpu=dict.fromkeys(range(6), 0.3)))
-    f = next(f for f in rules.scaling(ev) if "FIFO grew" in f.title)
+    f = next(f for f in scaling(ev) if "FIFO grew" in f.title)
     assert f.severity is Severity.WARNING and "hierarchical" in (f.action or "")
     busy = window(lambda i: make_view(i, gpu={0: 0.95, 1: 0.95, 2: 0.1, 3: 0.1, 4: 0.1,
                                               5: 0.1}))
-    f = next(f for f in rules.scaling(busy) if "prefill-bound" in f.title)
+    f = next(f for f in scaling(busy) if "prefill-bound" in f.title)
     assert f.action is not None and "dualpath plan pd-ratio --pd 3P3D" in f.action
     assert "dualpath launch --pd 3P3D" in f.action and f.subject == "role prefill"
 
@@ -445,14 +450,14 @@ def test_scaling_fifo_growth_with_idle_engines_and_pd_imbalance() -> None:
 def test_misclassified_decisions_are_reported_per_engine() -> None:
     # recorded C2 while the inputs say the PE's read queue was over alpha (C3)
     ds = [decision(s, pe=1, pe_class="C2", pe_read_q=ALPHA * 2) for s in range(1, 20)]
-    findings = rules.snic_imbalance(window(decisions=ds))
+    findings = snic_imbalance(window(decisions=ds))
     (f,) = named(findings, "engine 1")
     assert f.evidence["contradicted"] == 19
 
 
 def test_nic_errors_in_the_window_warn() -> None:
     ev = window(extras=lambda i: Extras(nic_errors=3 * i, nic_drops=0))
-    f = next(f for f in rules.snic_imbalance(ev) if "errors" in f.title)
+    f = next(f for f in snic_imbalance(ev) if "errors" in f.title)
     assert f.severity is Severity.WARNING and f.evidence == {"errors": 27}
 
 
@@ -468,7 +473,7 @@ def test_every_threshold_is_documented_with_its_value() -> None:
     from pathlib import Path
 
     doc = (Path(__file__).parents[1] / "docs" / "troubleshooting.md").read_text()
-    source = Path(rules.__file__).read_text()
+    source = Path(thresholds.__file__).read_text()
     names = re.findall(r"^([A-Z][A-Z_]+) = [0-9.]+$", source, re.M)
     assert len(names) >= 25
     for name in names:
@@ -494,7 +499,7 @@ def _cost_view(i: int, *, cores: float, call_s: float, calls_per_s: int = 50,
 
 
 def test_scheduler_cost_healthy_is_ok_with_its_numbers() -> None:
-    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.05, call_s=2e-4)))
+    (f,) = scheduler_cost(window(lambda i: _cost_view(i, cores=0.05, call_s=2e-4)))
     assert f.severity is Severity.OK
     e = f.evidence
     assert e["scheduler_cpu_cores"] == pytest.approx(0.05)
@@ -503,9 +508,9 @@ def test_scheduler_cost_healthy_is_ok_with_its_numbers() -> None:
         "pe_fetch": 450}
     # p99 inside the 250 us bucket, far below the 25 ms between two requests
     assert 1e-4 < e["decision_p99_s"]["pe_fetch"] <= 2.5e-4
-    assert e["decision_p99_over_arrival_gap"] < rules.DECISION_P99_WARN
+    assert e["decision_p99_over_arrival_gap"] < thresholds.DECISION_P99_WARN
     assert "0.05 cores busy" in f.title
-    assert not [g for g in rules.scaling(window(lambda i: _cost_view(i, cores=0.05,
+    assert not [g for g in scaling(window(lambda i: _cost_view(i, cores=0.05,
                                                                        call_s=2e-4)))
                 if g.severity]
 
@@ -516,7 +521,7 @@ def test_a_saturated_scheduler_thread_recommends_hierarchical_scheduling() -> No
 
     for cores, severity in ((0.8, Severity.WARNING), (0.95, Severity.CRITICAL)):
         ev = window(partial(_cost_view, cores=cores, call_s=2e-4))
-        (f,) = rules.scheduler_cost(ev)
+        (f,) = scheduler_cost(ev)
         assert f.severity is severity and f.subject == "scheduler"
         assert f.evidence["scheduler_cpu_cores"] == pytest.approx(cores)
         assert f"{cores:.2f} cores busy" in f.title and "40.0 requests/s" in f.title
@@ -534,7 +539,7 @@ def test_a_saturated_hierarchy_is_told_to_add_sub_schedulers() -> None:
     from functools import partial
 
     ev = window(partial(_cost_view, cores=0.95, call_s=2e-4, kinds=("pe_fetch", "root_route")))
-    (f,) = rules.scheduler_cost(ev)
+    (f,) = scheduler_cost(ev)
     assert f.severity is Severity.CRITICAL
     assert "hierarchical scheduling is on" in (f.action or "")
     assert "--set scheduler.sub_schedulers=N" in (f.action or "")
@@ -548,19 +553,19 @@ def test_decision_p99_is_judged_against_the_request_rate() -> None:
     def cost(i: int, **kw: Any) -> ClusterView:
         return _cost_view(i, cores=0.3, call_s=0.02, calls_per_s=5, **kw)
 
-    (f,) = rules.scheduler_cost(window(cost))
+    (f,) = scheduler_cost(window(cost))
     assert f.severity is Severity.WARNING and f.subject == "scheduler"
     assert 0.5 <= f.evidence["decision_p99_over_arrival_gap"] < 1.0
     assert f.evidence["decision_p99_s"]["pe_fetch"] == pytest.approx(0.02, rel=0.3)
     assert "(pe_fetch)" in f.title and "25 ms between requests" in f.title
     assert "dualpath sim run --pd 2P4D --set scheduler.hierarchical=true" in (f.action or "")
-    (g,) = rules.scheduler_cost(window(lambda i: cost(i, queued=20 * i)))
+    (g,) = scheduler_cost(window(lambda i: cost(i, queued=20 * i)))
     assert g.severity is Severity.CRITICAL and g.evidence["requests_per_s"] == 60.0
     # the same calls at 1 request/s are fine: the p99 is a small share of a second
-    (h,) = rules.scheduler_cost(window(lambda i: cost(i, decided_per_s=1)))
+    (h,) = scheduler_cost(window(lambda i: cost(i, decided_per_s=1)))
     assert h.severity is Severity.OK
     # too few calls to judge a p99: said so, not guessed
-    (k,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.5,
+    (k,) = scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.5,
                                                             calls_per_s=1)))
     assert k.severity is Severity.OK and "not judged" in k.title
 
@@ -568,7 +573,7 @@ def test_decision_p99_is_judged_against_the_request_rate() -> None:
 def test_slow_calls_on_a_starved_thread_ask_for_a_core_not_a_hierarchy() -> None:
     # fifty 20 ms calls a second take 1 s of wall a second, the thread ran 0.3 s: the calls
     # waited for a CPU (a loaded host, the GIL), which sub-schedulers would not fix
-    (f,) = rules.scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02)))
+    (f,) = scheduler_cost(window(lambda i: _cost_view(i, cores=0.3, call_s=0.02)))
     assert f.severity is Severity.WARNING and f.subject == "scheduler"
     assert f.evidence["decision_wall_s"] == pytest.approx(9.0)
     assert "waited for a CPU" in f.title and "starved" in (f.cause or "")
@@ -576,7 +581,7 @@ def test_slow_calls_on_a_starved_thread_ask_for_a_core_not_a_hierarchy() -> None
 
 
 def test_scheduler_cost_not_reported_says_so_and_survives_a_recording(tmp_path: Any) -> None:
-    (f,) = rules.scheduler_cost(healthy())
+    (f,) = scheduler_cost(healthy())
     assert f.severity is Severity.OK and "not available" in f.title
     from dualpath_cli.services.recording import read_recording, write_recording
 
@@ -585,5 +590,5 @@ def test_scheduler_cost_not_reported_says_so_and_survives_a_recording(tmp_path: 
     write_recording(path, {}, ev.samples, ev.decisions)
     back = read_recording(path)
     assert back.samples[-1].view.scheduler == ev.samples[-1].view.scheduler
-    (g,) = rules.scheduler_cost(Evidence(back.samples, back.decisions))
-    assert g.severity is Severity.WARNING and g.evidence == rules.scheduler_cost(ev)[0].evidence
+    (g,) = scheduler_cost(Evidence(back.samples, back.decisions))
+    assert g.severity is Severity.WARNING and g.evidence == scheduler_cost(ev)[0].evidence

@@ -25,10 +25,11 @@ import pytest
 from conftest import CLI, recording, run_cli
 
 from dualpath_cli.api.client import DualPathClient
-from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose import thresholds
 from dualpath_cli.diagnose.model import Evidence, Severity
+from dualpath_cli.diagnose.workflows.scaling import role_busy, scaling
 from dualpath_cli.services import statefile
-from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 if TYPE_CHECKING:
     from conftest import Launched
@@ -50,20 +51,20 @@ def _pd_window(pe_util: float, pe_seq: int, pe_read_q: int) -> Evidence:
 
 
 def test_a_prefill_engine_inside_a_long_batch_counts_busy() -> None:
-    busy, in_batch = rules.role_busy(_pd_window(0.0, 3, 0))
+    busy, in_batch = role_busy(_pd_window(0.0, 3, 0))
     assert busy["prefill"] == 1.0 and in_batch == 20
-    (f,) = [f for f in rules.scaling(_pd_window(0.0, 3, 0)) if f.severity]
+    (f,) = [f for f in scaling(_pd_window(0.0, 3, 0)) if f.severity]
     assert f.severity is Severity.WARNING and f.subject == "role prefill"
     assert f.evidence["suggested_pd"] == "3P3D" and "prefill-bound" in f.title
     assert "dualpath launch --pd 3P3D" in (f.action or "")
     # one request per PE, busy: nothing waits for a prefill, so no P/D change is asked for
-    (lone,) = [f for f in rules.scaling(_pd_window(1.0, 1, 0)) if "prefill GPUs" in f.title]
+    (lone,) = [f for f in scaling(_pd_window(1.0, 1, 0)) if "prefill GPUs" in f.title]
     assert lone.severity is Severity.OK and "none wait" in lone.title
     # waiting on storage (blocks still queued on its node) or holding nothing: idle
     for pe_seq, pe_read_q in ((3, 50_000), (0, 0)):
-        busy, in_batch = rules.role_busy(_pd_window(0.0, pe_seq, pe_read_q))
+        busy, in_batch = role_busy(_pd_window(0.0, pe_seq, pe_read_q))
         assert busy["prefill"] == 0.0 and in_batch == 0
-        assert not [f for f in rules.scaling(_pd_window(0.0, pe_seq, pe_read_q))
+        assert not [f for f in scaling(_pd_window(0.0, pe_seq, pe_read_q))
                     if f.severity]
 
 
@@ -162,8 +163,8 @@ def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
         assert len(found) == 1, titles
         f = found[0]
         assert f["evidence"]["bottleneck"] == "prefill"
-        assert f["evidence"]["prefill_busy"] >= rules.PD_BUSY_HIGH
-        assert f["evidence"]["decode_busy"] <= rules.PD_BUSY_LOW
+        assert f["evidence"]["prefill_busy"] >= thresholds.PD_BUSY_HIGH
+        assert f["evidence"]["decode_busy"] <= thresholds.PD_BUSY_LOW
         assert f["evidence"]["suggested_pd"] == "2P1D"
         assert "dualpath plan pd-ratio --pd 2P1D" in f["action"]
         assert "dualpath launch --pd 2P1D" in f["action"]

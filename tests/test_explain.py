@@ -24,8 +24,8 @@ from dualpath_cli.api.errors import Rejected
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import app
+from dualpath_cli.diagnose.explain import explain_request, render_story, side_reason
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.services.explain import explain_request, render_story, side_reason
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.services.recording import write_recording
 from dualpath_cli.telemetry.gpu import UnavailableGpu

@@ -27,7 +27,7 @@ from dualpath_cli.runtime.wire import decode, encode
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.view import ClusterView
 
-#: The hbm-frag rule's warning level (diagnose/rules.py HBM_FRAG_WARN).
+#: The hbm-frag rule's warning level (diagnose/thresholds.py HBM_FRAG_WARN).
 FRAG_WARN = 0.5
 SLOW_HOST_S = 30.0
 PROMPT = [(i * 7) % 250 + 1 for i in range(48)]  # 6 full blocks of 8 tokens

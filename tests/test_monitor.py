@@ -18,8 +18,9 @@ from test_diagnose_rules import decision, make_view
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli import monitor_cmd, source
 from dualpath_cli.cli.app import main as dualpath_main
-from dualpath_cli.services.recording import Extras, Sample, write_recording
+from dualpath_cli.services.recording import write_recording
 from dualpath_cli.telemetry.metrics import spec
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 
 @pytest.fixture()

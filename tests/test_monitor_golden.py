@@ -19,7 +19,7 @@ from test_diagnose_rules import hbm_fragmented, make_view, nic_throttled
 from dualpath_cli.cli.diagnose_cmd import render_reports
 from dualpath_cli.cli.monitor_cmd import MONITOR_METRICS, History, render_table
 from dualpath_cli.diagnose import rules
-from dualpath_cli.services.recording import Extras, Sample
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 from test_diagnose_rules import decision, make_view
 
-from dualpath_cli.services.recording import (
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.telemetry.recording import (
     Extras,
     Sample,
     decode_view,
     encode_view,
     extras_from_metrics_text,
-    read_recording,
-    write_recording,
 )
 
 
@@ -100,7 +99,7 @@ def test_decision_lines_keep_the_decisions_own_kind(tmp_path: Path) -> None:
 
 
 def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: Path) -> None:
-    from dualpath_cli.services.explain import explain_request, story_from_recording
+    from dualpath_cli.diagnose.explain import explain_request, story_from_recording
 
     d = decision(1)
     outcome = {"submitted": 10.0, "dispatched": 10.1, "first_at": 10.4, "done_at": 10.9,
@@ -135,7 +134,7 @@ def test_the_audit_line_round_trips_and_files_without_it_read_as_unknown(
     """The audit entries in reach of the window and alpha's seconds per token come back as
     written; given as a call, it gets the first and the last sample's time after the
     samples; a file without the line (an older recorder) says ``None``, not ``()``."""
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
     from dualpath_cli.telemetry.view import AuditEntry
 
     entries = (AuditEntry(3, 0.5, "tok-1", "faults", {"faults": []}, {"faults": [{"n": 1}]}),

@@ -23,7 +23,8 @@ from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
 from dualpath_cli.errors import UsageError
-from dualpath_cli.services.recording import Recording, Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.telemetry.recording import Recording, Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.app import TopApp
 from dualpath_cli.tui.format import engine_rows, nic_quadrants, sparkline
@@ -69,7 +70,7 @@ def inflight_listing(flights: list[tuple[int, str]], decisions: list[Decision],
                      at: float) -> dict[str, Any]:
     """``GET /api/v1/requests?state=inflight``'s answer for ``flights`` (rid, phase), made
     by the service's own :func:`inflight_row`."""
-    from dualpath_cli.services.explain import inflight_row
+    from dualpath_cli.diagnose.explain import inflight_row
 
     by_rid = {d.rid: d for d in decisions}
     rows = [inflight_row(raw_flight(rid, phase), by_rid.get(rid), 1000.0, at, KVB)
@@ -156,7 +157,7 @@ def recording(tmp_path: Path, n: int = 20) -> Path:
     """``n`` samples a second; decision ``s`` at half a second each; at sample ``i``,
     requests 2i-1 (prefill), 2i (decode) and 2i+1 (queued) are in flight and the earlier
     ones have finished (their stories recorded)."""
-    from dualpath_cli.services.explain import explain_request
+    from dualpath_cli.diagnose.explain import explain_request
 
     path = tmp_path / "incident.jsonl"
     decisions = [decision(s, de=2 + s % 4) for s in range(1, 2 * n)]
@@ -534,10 +535,9 @@ def test_twin_prediction_is_shown_on_request() -> None:
 
 
 def test_the_twin_service_predicts_from_the_window() -> None:
-    from dualpath_cli.tui.source import find_predictor
+    from dualpath_cli.services.twin import cockpit_predictor
 
-    predict = find_predictor()
-    assert predict is not None  # services/twin.py is part of the package
+    predict = cockpit_predictor()  # what cli/top_cmd.py hands the cockpit
     view = dataclasses.replace(faulted_view(0), model="ds660b")  # a profile world: no
     text = predict(view, [decision(s, de=2 + s % 4) for s in range(1, 20)],  # measuring
                    {"alpha": "50K"})
@@ -646,7 +646,7 @@ def test_a_replayed_recording_names_its_audited_change_and_an_older_one_its_samp
         tmp_path: Path) -> None:
     from test_diagnose_rules import T0, _recorded_change
 
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
     from dualpath_cli.telemetry.view import AuditEntry
 
     ev = _recorded_change()  # alpha halved between samples 4 and 5

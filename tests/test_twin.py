@@ -20,7 +20,9 @@ from dualpath_cli.cli.app import main
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.sim import twin_replay, twin_search
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.workload.trajectory import Trajectory
 
@@ -99,7 +101,7 @@ def test_a_poor_read_side_gets_a_better_one_and_the_command_to_apply_it() -> Non
                                      served(agentic_workload(16, turns=12)), "live")
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
     assert world.kind == "embedded" and world.calibration.full_blocks_only
-    res = twin.suggest(tr, world)
+    res = twin_search.suggest(tr, world)
     assert res.best is not res.current
     assert res.best.setting.read_side in ("dualpath", "split")
     assert res.change(res.best) < -0.05  # round robin loads one side's NIC twice as often
@@ -116,10 +118,10 @@ def test_settings_the_model_cannot_tell_apart_keep_todays() -> None:
     tr = twin.traffic_from_decisions(cluster_view(alpha=0), served(agentic_workload(8, 6)),
                                      "live")
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    alphas = [p for p in twin.suggest(tr, world).ranked if p.dimension == "alpha"]
+    alphas = [p for p in twin_search.suggest(tr, world).ranked if p.dimension == "alpha"]
     assert alphas
     assert {round(p.jct_s, 9) for p in alphas} == {round(
-        twin.predict(tr, world, tr.current).jct_s, 9)}
+        twin_replay.predict(tr, world, tr.current).jct_s, 9)}
 
 
 def test_a_poor_alpha_under_the_seed_rule_gets_a_lower_one() -> None:
@@ -129,7 +131,7 @@ def test_a_poor_alpha_under_the_seed_rule_gets_a_lower_one() -> None:
     tr = twin.traffic_from_decisions(cluster_view("seed-select", alpha=10**9),
                                      served(agentic_workload(16, turns=12)), "live")
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    res = twin.suggest(tr, world, workers=1)
+    res = twin_search.suggest(tr, world, workers=1)
     best = res.best_by_dimension()["alpha"]
     assert best.setting.alpha < 10**9 and best.setting.read_side == "seed-select"
     assert res.change(best) < -0.3 and best.snic_max_avg < res.current.snic_max_avg
@@ -141,19 +143,19 @@ def test_a_poor_alpha_under_the_seed_rule_gets_a_lower_one() -> None:
 def test_proposed_setting_resolves_units_like_the_running_cluster() -> None:
     tr = twin.traffic_from_decisions(cluster_view(), served(agentic_workload(2, 2)), "live")
     world = twin.world_for(tr, measure=stub_measure)
-    s = twin.proposed_setting(tr, world, {"alpha": "3s", "beta": "200K", "quota": "150ms"})
+    s = twin_search.proposed_setting(tr, world, {"alpha": "3s", "beta": "200K", "quota": "150ms"})
     kvpt = world.model.kv_bytes_per_token
     assert s.alpha == int(SNIC * 3 // kvpt) and s.beta == 200_000
     assert s.quota_s == pytest.approx(0.15)
     with pytest.raises(UsageError, match="beta in tokens"):
-        twin.proposed_setting(tr, world, {"beta": "5s"})
+        twin_search.proposed_setting(tr, world, {"beta": "5s"})
 
 
 def test_pd_search_tries_the_other_splits() -> None:
     tr = twin.traffic_from_decisions(cluster_view(pd="2P4D"),
                                      served(agentic_workload(8, 4)), "live")
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    pds = {s.pd for d, s in twin.candidates(tr, world, pd=True) if d == "pd"}
+    pds = {s.pd for d, s in twin_search.candidates(tr, world, pd=True) if d == "pd"}
     assert pds == {"1P5D", "3P3D", "4P2D", "5P1D"}
 
 
@@ -209,7 +211,7 @@ def test_pd_search_stays_in_the_bottleneck_free_range_of_a_profile() -> None:
     tr = twin.traffic_from_decisions(view, served(agentic_workload(4, 2)), "live")
     world = twin.world_for(tr)  # hopper: P/D from 1/7 to 3.5 is bottleneck-free
     assert world.kind == "profile"
-    pds = {s.pd for d, s in twin.candidates(tr, world, pd=True) if d == "pd"}
+    pds = {s.pd for d, s in twin_search.candidates(tr, world, pd=True) if d == "pd"}
     assert pds == {"1P5D", "3P3D", "4P2D"}  # 5P1D (ratio 5) would bottleneck
 
 
@@ -239,7 +241,7 @@ def test_pd_lists_the_splits_to_try(tmp_path: Path, capsys: pytest.CaptureFixtur
     tr = twin.traffic_from_decisions(cluster_view(pd="2P4D"),
                                      served(agentic_workload(8, 4)), "live")
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    pds = [s.pd for d, s in twin.candidates(tr, world, pd=["3P3D", "2P4D", "4P8D"])
+    pds = [s.pd for d, s in twin_search.candidates(tr, world, pd=["3P3D", "2P4D", "4P8D"])
            if d == "pd"]
     assert pds == ["3P3D", "4P8D"]  # today's is not a candidate
     path = record(tmp_path / "r.jsonl.gz", cluster_view("round-robin", pd="1P2D"),

@@ -1,4 +1,4 @@
-"""The twin's calibration from a recording (services/twin.py ``fit_world``) and the
+"""The twin's calibration from a recording (sim/twin_replay.py ``fit_world``) and the
 simulation it runs (sim/measured.py: per-turn client gap, hand-off delay, recorded starts).
 
 Compute is stubbed as in tests/test_twin.py; the fit and the simulator are real.
@@ -18,9 +18,10 @@ from test_twin import served as served_turns
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
-from dualpath_cli.sim import make_setup, plans_from_trajectories
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.sim import make_setup, plans_from_trajectories, twin_replay
 from dualpath_cli.sim.measured import TimedSimulation
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
@@ -30,22 +31,22 @@ def served(trajectories: list[Trajectory]) -> list[Decision]:
     return served_turns(trajectories, with_gen=True)
 
 
-def _traffic(measured: twin.Measured | None = None) -> twin.Traffic:
+def _traffic(measured: twin_replay.Measured | None = None) -> twin_replay.Traffic:
     tr = twin.traffic_from_decisions(cluster_view(), served(agentic_workload(4, turns=5)),
                                      "test")
     return dataclasses.replace(tr, measured=measured)
 
 
 def _measured(prefill: float, decode: float, decode_s: float | None = 0.2,
-              gap_s: float | None = 0.05) -> twin.Measured:
-    return twin.Measured(20, {"prefill": prefill, "decode": decode}, decode_s, 20, gap_s, 16)
+              gap_s: float | None = 0.05) -> twin_replay.Measured:
+    return twin_replay.Measured(20, {"prefill": prefill, "decode": decode}, decode_s, 20, gap_s, 16)
 
 
 def test_the_fit_replays_the_recorded_busy_time_hand_off_and_gap() -> None:
     m = _measured(8.0, 1.0)  # 20 two-token turns: 50 ms of decode each, 200 ms measured
     world = twin.world_for(_traffic(m), measure=stub_measure, host_cores=2)
     fit = world.fit
-    assert fit is not None and fit.rounds <= twin.FIT_ROUNDS
+    assert fit is not None and fit.rounds <= twin_replay.FIT_ROUNDS
     assert fit.settled and fit.replayed_busy_s["prefill"] == pytest.approx(8.0, rel=0.02)
     # the decode scale is fitted before the hand-off, which then changes which turns
     # share a decode batch (hence the busy time); it is reported, not hidden
@@ -68,13 +69,13 @@ def test_twice_the_busy_time_fits_about_twice_the_compute_time() -> None:
     assert one.fit is not None and two.fit is not None
     assert one.fit.prefill_scale is not None and two.fit.prefill_scale is not None
     assert two.fit.prefill_scale / one.fit.prefill_scale == pytest.approx(2.0, rel=0.15)
-    before = twin.predict(_traffic(), one, _traffic().current)
-    after = twin.predict(_traffic(), two, _traffic().current)
+    before = twin_replay.predict(_traffic(), one, _traffic().current)
+    after = twin_replay.predict(_traffic(), two, _traffic().current)
     assert after.jct_s > before.jct_s  # slower compute, longer job
 
 
 def test_what_cannot_be_fitted_is_said() -> None:
-    m = twin.Measured(20, {}, None, 0, None, 0)
+    m = twin_replay.Measured(20, {}, None, 0, None, 0)
     world = twin.world_for(_traffic(m), measure=stub_measure, host_cores=2)
     assert world.fit is not None and world.fit.prefill_scale is None
     assert world.fit.decode_scale is None and world.handoff_s == 0.0

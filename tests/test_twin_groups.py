@@ -25,7 +25,9 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
 from dualpath_cli.services.live import LiveCluster
-from dualpath_cli.services.recording import decode_view, encode_view, read_recording
+from dualpath_cli.services.recording import read_recording
+from dualpath_cli.sim import twin_replay
+from dualpath_cli.telemetry.recording import decode_view, encode_view
 from dualpath_cli.telemetry.view import ClusterView
 
 
@@ -60,26 +62,26 @@ def test_a_recording_with_two_nodes_per_group_replays_with_them(
     tr = twin.traffic_from_recording(read_recording(path), "two")
     assert tr.nodes_per_group == 2 and tr.to_dict()["nodes_per_group"] == 2
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    sim = twin._simulation(tr, world, tr.current)
+    sim = twin_replay._simulation(tr, world, tr.current)
     assert [[n.idx for n, _ in g.nodes] for g in sim.pe_groups] == [[0, 1]]
     assert [[n.idx for n, _ in g.nodes] for g in sim.de_groups] == [[2, 3], [4, 5]]
 
     # alpha classes the fetching group's engines by their own node's read queue: it can
     # now change what the replay does
-    def outcome(p: twin.Prediction) -> tuple[float, float, float]:
+    def outcome(p: twin_replay.Prediction) -> tuple[float, float, float]:
         return (round(p.jct_s, 9), round(p.mean_trajectory_s, 9), round(p.snic_max_avg, 9))
 
     zero = dataclasses.replace(tr.current, alpha=0)
-    assert outcome(twin.predict(tr, world, zero)) != outcome(twin.predict(tr, world,
+    assert outcome(twin_replay.predict(tr, world, zero)) != outcome(twin_replay.predict(tr, world,
                                                                           tr.current))
 
     # the same cluster recorded one node per group (as every older recording is)
     older = twin.traffic_from_recording(read_recording(record(
         tmp_path / "one.jsonl.gz", cluster_view(pd="2P4D"), decisions)), "one")
     assert older.nodes_per_group == 1
-    sim = twin._simulation(older, world, older.current)
+    sim = twin_replay._simulation(older, world, older.current)
     assert [len(g.nodes) for g in (*sim.pe_groups, *sim.de_groups)] == [1] * 6
-    assert outcome(twin.predict(older, world, zero)) == outcome(twin.predict(
+    assert outcome(twin_replay.predict(older, world, zero)) == outcome(twin_replay.predict(
         older, world, older.current))
 
     assert main(["tune", "suggest", "--from", str(path), "--budget", "20s"]) == 0

@@ -14,7 +14,7 @@ read (a PE node whose queue exceeds it is not read from; whether a queue builds 
 is timing, so no count of decode-side reads is asserted).
 
 The twin's measured compute is stubbed (as in tests/test_twin.py), then calibrated to the
-recording (the engines' busy time, the turns' stories: services/twin.py ``fit_world``); the
+recording (the engines' busy time, the turns' stories: sim/twin_replay.py ``fit_world``); the
 served run, the recording, the CLI and the simulator are real.
 """
 

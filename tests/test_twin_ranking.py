@@ -1,4 +1,4 @@
-"""The twin's ranking when the recorded arrivals set the JCT (services/twin.py
+"""The twin's ranking when the recorded arrivals set the JCT (sim/twin_search.py
 ``ranking_measure``).
 
 A recording with stories replays each agent from its recorded first arrival. With first
@@ -24,7 +24,9 @@ from test_twin import cluster_view, env, served, stub_measure  # noqa: F401 - en
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
-from dualpath_cli.services.recording import Sample, read_recording, write_recording
+from dualpath_cli.services.recording import read_recording, write_recording
+from dualpath_cli.sim import twin_replay, twin_search
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 
 #: 160 agents of 6 turns, one arriving every 0.4 s: a few in flight at a time (a poor read
@@ -33,12 +35,12 @@ AGENTS, TURNS, GAP_S = 160, 6, 0.4
 BY_TRAJECTORY = "ranked by mean trajectory time: arrivals set the JCT"
 
 
-def spread(tr: twin.Traffic, gap_s: float = GAP_S) -> twin.Traffic:
+def spread(tr: twin_replay.Traffic, gap_s: float = GAP_S) -> twin_replay.Traffic:
     """``tr`` with agent ``i``'s first turn arriving at ``i x gap_s``."""
     return dataclasses.replace(tr, starts=tuple(i * gap_s for i in range(len(tr.plans))))
 
 
-def poor_read_side() -> twin.Traffic:
+def poor_read_side() -> twin_replay.Traffic:
     return twin.traffic_from_decisions(cluster_view("round-robin"),
                                        served(agentic_workload(AGENTS, turns=TURNS)), "live")
 
@@ -46,10 +48,10 @@ def poor_read_side() -> twin.Traffic:
 def test_arrivals_set_the_jct_so_a_poor_read_side_is_ranked_by_trajectory_time() -> None:
     tr = spread(poor_read_side())
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    res = twin.suggest(tr, world, workers=1)
+    res = twin_search.suggest(tr, world, workers=1)
     assert tr.starts is not None and tr.starts[-1] > 0.95 * res.current.jct_s
     # no setting moves the JCT beyond the noise: by JCT this would be "(no change)"
-    assert all(abs(res.change(p)) <= twin.MIN_GAIN for p in res.ranked)
+    assert all(abs(res.change(p)) <= twin_search.MIN_GAIN for p in res.ranked)
     assert res.ranked_by == "mean_trajectory" and res.ranking == BY_TRAJECTORY
     best = res.best
     assert best is not res.current and best.setting.read_side in ("dualpath", "split")
@@ -65,7 +67,7 @@ def test_arrivals_set_the_jct_so_a_poor_read_side_is_ranked_by_trajectory_time()
     assert data["by_dimension"]["read_side"]["read_side"] == best.setting.read_side
 
     # the same turns all at t = 0: one job, whose JCT the read side moves: ranked by JCT
-    offline = twin.suggest(dataclasses.replace(tr, starts=None), world, workers=1)
+    offline = twin_search.suggest(dataclasses.replace(tr, starts=None), world, workers=1)
     assert offline.ranked_by == "jct" and offline.ranking == "ranked by JCT"
     assert offline.best.setting.read_side != "round-robin"
     assert offline.change(offline.best) < -0.05
@@ -77,14 +79,14 @@ def test_arrivals_no_setting_slows_or_speeds_keep_todays() -> None:
     tr = spread(twin.traffic_from_decisions(cluster_view(), served(agentic_workload(
         40, turns=1)), "live"), gap_s=0.5)
     world = twin.world_for(tr, measure=stub_measure, host_cores=2)
-    res = twin.suggest(tr, world, workers=1)
+    res = twin_search.suggest(tr, world, workers=1)
     assert res.ranked_by == "mean_trajectory" and res.best is res.current
-    assert all(abs(res.trajectory_change(p)) <= twin.MIN_GAIN for p in res.ranked)
+    assert all(abs(res.trajectory_change(p)) <= twin_search.MIN_GAIN for p in res.ranked)
     assert res.to_dict()["best"][0]["command"] == "(no change)"
 
 
-def _prediction(jct_s: float, trajectory_s: float) -> twin.Prediction:
-    return twin.Prediction(poor_read_side().current, jct_s, trajectory_s, 0.1, 0.2, 1.0, 0.0,
+def _prediction(jct_s: float, trajectory_s: float) -> twin_replay.Prediction:
+    return twin_replay.Prediction(poor_read_side().current, jct_s, trajectory_s, 0.1, 0.2, 1.0, 0.0,
                            "alpha")
 
 
@@ -92,17 +94,17 @@ def test_a_jct_that_moves_beyond_the_noise_either_way_ranks() -> None:
     tr = spread(twin.traffic_from_decisions(cluster_view(), served(agentic_workload(2, 2)),
                                             "live"))
     today = dataclasses.replace(_prediction(100.0, 2.0), dimension="current")
-    within = _prediction(100.0 * (1 - twin.MIN_GAIN / 2), 1.0)
-    for moved in (100.0 * (1 - 2 * twin.MIN_GAIN), 100.0 * (1 + 2 * twin.MIN_GAIN)):
-        assert twin.ranking_measure(tr, today, [today, within, _prediction(moved, 2.0)]
+    within = _prediction(100.0 * (1 - twin_search.MIN_GAIN / 2), 1.0)
+    for moved in (100.0 * (1 - 2 * twin_search.MIN_GAIN), 100.0 * (1 + 2 * twin_search.MIN_GAIN)):
+        assert twin_search.ranking_measure(tr, today, [today, within, _prediction(moved, 2.0)]
                                     ) == "jct"
-    assert twin.ranking_measure(tr, today, [today, within]) == "mean_trajectory"
+    assert twin_search.ranking_measure(tr, today, [today, within]) == "mean_trajectory"
     # an offline replay (every agent at t = 0) is one job: its JCT ranks
-    assert twin.ranking_measure(dataclasses.replace(tr, starts=None), today,
+    assert twin_search.ranking_measure(dataclasses.replace(tr, starts=None), today,
                                 [today, within]) == "jct"
     # no trajectory time (a simulation without it): the JCT ranks
     nan = dataclasses.replace(today, mean_trajectory_s=math.nan)
-    assert twin.ranking_measure(tr, nan, [nan, within]) == "jct"
+    assert twin_search.ranking_measure(tr, nan, [nan, within]) == "jct"
 
 
 def _recording(path: Path, view: ClusterView, decisions: list[Decision]) -> Path:
@@ -138,7 +140,7 @@ def test_tune_suggest_says_which_measure_ranked(tmp_path: Path,
     assert (data["ranked_by"], data["ranking"]) == ("mean_trajectory", BY_TRAJECTORY)
     best = data["best"][0]
     assert best["read_side"] in ("dualpath", "split") and best["mean_trajectory_change"] < -0.2
-    assert abs(best["jct_change"]) <= twin.MIN_GAIN
+    assert abs(best["jct_change"]) <= twin_search.MIN_GAIN
 
     assert main(["tune", "suggest", "--from", str(path)]) == 0
     out = capsys.readouterr().out

@@ -31,6 +31,7 @@ from dualpath_cli.services.recording import (
     write_recording,
 )
 from dualpath_cli.services.runner import run_agents
+from dualpath_cli.sim import twin_replay
 from dualpath_cli.telemetry.view import Decision
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
@@ -113,7 +114,7 @@ def test_a_recorded_shared_system_prompt_replays_with_the_clusters_cross_hits(
     assert min(traffic.starts[1:]) > 0  # the second wave after the first agent
 
     world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
-    replay = twin.predict(traffic, world, traffic.current)
+    replay = twin_replay.predict(traffic, world, traffic.current)
     assert replay.cross_hit_share > 0
     assert replay.cross_hit_share == pytest.approx(measured, abs=0.1), (replay, counts)
 
@@ -127,7 +128,7 @@ def test_conversations_without_a_shared_prefix_link_nothing(tmp_path: Path) -> N
     assert trace is not None and not any(t.shared for t in trace.trajectories)
     traffic = twin.traffic_from_recording(rec, str(path))
     world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
-    assert twin.predict(traffic, world, traffic.current).cross_hit_share == 0.0
+    assert twin_replay.predict(traffic, world, traffic.current).cross_hit_share == 0.0
 
 
 def _first(agent: int, length: int, lookup: dict[str, Any], cached: int = 0) -> Decision:

@@ -291,12 +291,8 @@ def test_the_monitor_shows_a_warm_up_in_progress(tmp_path: Path,
     from test_diagnose_rules import decision, make_view
 
     from dualpath_cli.cli import monitor_cmd
-    from dualpath_cli.services.recording import (
-        Extras,
-        Sample,
-        extras_from_metrics_text,
-        write_recording,
-    )
+    from dualpath_cli.services.recording import write_recording
+    from dualpath_cli.telemetry.recording import Extras, Sample, extras_from_metrics_text
 
     text = ('dualpath_storage_warm_blocks_remaining{engine="0",node="0"} 3\n'
             'dualpath_storage_warm_blocks_remaining{engine="1",node="0"} 2\n'

@@ -349,7 +349,7 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         """One request's story (``dualpath explain``): arrival, PE and DE with their
         classes and the thresholds, the read side and why, blocks hit per tier and missed
         per reason, bytes per NIC, per-layer slack, the TTFT breakdown."""
-        from dualpath_cli.services.explain import RequestNotFound
+        from dualpath_cli.diagnose.explain import RequestNotFound
 
         try:
             return _json(live.request(rid))

@@ -208,7 +208,7 @@ class DualPathClient:
         return [decision_from_dict(d) for d in data["decisions"]]
 
     def request(self, rid: int) -> dict[str, Any]:
-        """One request's story (``dualpath explain``; services/explain.py's dict)."""
+        """One request's story (``dualpath explain``; diagnose/explain.py's dict)."""
         story: dict[str, Any] = self._json("GET", f"/api/v1/requests/{int(rid)}")
         return story
 

@@ -5,7 +5,7 @@ tested by handing them a :class:`FakeClient` holding views (a sequence plays lik
 changing over time: each ``view()`` returns the next one, then the last one again),
 decisions and a metrics page. Control calls are checked like the server checks them (token,
 field names) and recorded, and every failure mode of the real client can be injected.
-In-flight turns are given as ``inflight`` rows in the API's form (services/explain.py's
+In-flight turns are given as ``inflight`` rows in the API's form (diagnose/explain.py's
 ``inflight_row`` makes them); finished requests' stories come from ``outcomes``.
 """
 
@@ -125,7 +125,7 @@ class FakeClient:
     def request(self, rid: int) -> dict[str, Any]:
         """The story of ``rid`` from the given decisions (and ``outcomes``), like the server;
         404 (:class:`Rejected`) when none is kept."""
-        from dualpath_cli.services.explain import RequestNotFound, explain_request
+        from dualpath_cli.diagnose.explain import RequestNotFound, explain_request
 
         self._call("request")
         row = None if rid in self.outcomes else next(
@@ -140,7 +140,7 @@ class FakeClient:
         """``inflight``: the given rows (oldest ``limit``); ``finished``: the stories of
         ``outcomes`` in their order (the newest ``limit``, or the first after ``after``).
         Bad parameters are refused like the server refuses them (422)."""
-        from dualpath_cli.services.explain import finished_stories
+        from dualpath_cli.diagnose.explain import finished_stories
 
         self._call("requests")
         path = f"{self.url}/api/v1/requests"

@@ -114,7 +114,7 @@ def _earlier_decisions(client: Any, samples: list[Any], decisions: list[Any],
     Nothing is fetched when no such change can be in reach (no scheduler change in the audit
     log near the window, no alpha controller on). The server's ring bounds how far back."""
     from dualpath_cli.diagnose.model import Evidence
-    from dualpath_cli.diagnose.rules import change_reach_s
+    from dualpath_cli.diagnose.workflows.snic_imbalance import change_reach_s
 
     if not samples:
         return []

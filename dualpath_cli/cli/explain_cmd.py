@@ -1,6 +1,6 @@
 """``dualpath explain REQUEST_ID``: one request's story, from a live cluster or a recording.
 
-The story itself is built by services/explain.py (the API's ``GET /api/v1/requests/{id}``
+The story itself is built by diagnose/explain.py (the API's ``GET /api/v1/requests/{id}``
 serves the same dict); this module only finds the source and renders. Heavy modules (the HTTP
 client, the recording reader) load inside the command, so ``dualpath --help`` does not pay
 for them (tests/test_cli_import_graph.py).
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str, Any]:
     if from_file is not None:
-        from dualpath_cli.services.explain import story_from_recording
+        from dualpath_cli.diagnose.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
 
         # the story the cluster served when the request finished (whole), else the
@@ -61,7 +61,7 @@ def explain(
     if as_json:
         emit_json(story)
         return
-    from dualpath_cli.services.explain import render_story
+    from dualpath_cli.diagnose.explain import render_story
 
     for line in render_story(story):
         stdout.print(line, highlight=False, soft_wrap=True, markup=False)

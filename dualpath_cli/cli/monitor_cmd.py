@@ -33,7 +33,7 @@ from dualpath_cli.errors import UsageError, pick
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from dualpath_cli.services.recording import Sample
+    from dualpath_cli.telemetry.recording import Sample
 
 __all__ = ["MONITOR_METRICS", "MonitorMetric", "Row", "monitor", "main", "register",
            "rows_for", "layer_rows", "render_table"]
@@ -363,7 +363,7 @@ def live_samples(url: str | None, interval_s: float, with_metrics: bool,
                  count: int | None) -> Iterator[Sample]:
     """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever)."""
     from dualpath_cli.cli import source
-    from dualpath_cli.services.recording import Extras, Sample, extras_from_metrics_text
+    from dualpath_cli.telemetry.recording import Extras, Sample, extras_from_metrics_text
 
     with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
         i = 0

@@ -20,7 +20,7 @@ from dualpath_cli.cli.options import UrlOption, json_option
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.telemetry.recording import RecordedAudit
 
 __all__ = ["record", "audit_in_reach"]
 
@@ -30,8 +30,8 @@ def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | No
     a change before ``first`` (diagnose's rule: one window length, at least
     ``CHANGE_REACH_MIN_S``) to ``last``, with alpha's seconds of reading per token.
     ``None`` when the status cannot be read (the recording is kept, without the line)."""
-    from dualpath_cli.diagnose.rules import change_reach_s
-    from dualpath_cli.services.recording import RecordedAudit
+    from dualpath_cli.diagnose.workflows.snic_imbalance import change_reach_s
+    from dualpath_cli.telemetry.recording import RecordedAudit
 
     try:
         status = client.status()

@@ -74,12 +74,12 @@ def make_source(url: str | None, from_file: Path | None) -> Source:
 
 def build_app(source: Source, interval_s: float, ascii_only: bool, theme: str,
               screen: str) -> TopApp:
-    """The app over ``source`` (the twin's predictor when that service is installed)."""
+    """The app over ``source``, handed the tuning twin's predictor."""
+    from dualpath_cli.services.twin import cockpit_predictor
     from dualpath_cli.tui.app import TopApp
-    from dualpath_cli.tui.source import find_predictor
 
     return TopApp(source, interval_s=interval_s, ascii_only=ascii_only, theme=theme,
-                  predictor=find_predictor(), start=screen)
+                  predictor=cockpit_predictor(), start=screen)
 
 
 def run_top(url: str | None = None, from_file: Path | None = None, interval: str = "1s",

@@ -124,12 +124,12 @@ def set_live(target: Any, url: str | None, pairs: dict[str, str], dry_run: bool,
 
 def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | None,
                   as_json: bool) -> None:
-    from dualpath_cli.services import twin
+    from dualpath_cli.sim import twin_replay, twin_search
 
     traffic, world = _live_twin(client, url, hardware)
-    proposed = twin.proposed_setting(traffic, world, body)
-    before = twin.predict(traffic, world, traffic.current)
-    after = twin.predict(traffic, world, proposed, "proposed")
+    proposed = twin_search.proposed_setting(traffic, world, body)
+    before = twin_replay.predict(traffic, world, traffic.current)
+    after = twin_replay.predict(traffic, world, proposed, "proposed")
     if as_json:
         emit_json({"url": url, "live": True, "dry_run": True, "applied": False,
                    "traffic": traffic.to_dict(), "world": world.to_dict(),
@@ -401,6 +401,7 @@ def suggest(
     by more than 1%), by the mean trajectory time, and the output says which.
     """
     from dualpath_cli.services import twin
+    from dualpath_cli.sim import twin_search
 
     if from_file is not None and url is not None:
         raise UsageError("--from and --url exclude each other")
@@ -433,7 +434,7 @@ def suggest(
                      f"{traffic.source} on {traffic.pd} {traffic.model}{groups} ...",
                      highlight=False)
     world = twin.world_for(traffic, hardware=hardware)
-    res = twin.suggest(traffic, world, pd=splits, budget_s=budget_s)
+    res = twin_search.suggest(traffic, world, pd=splits, budget_s=budget_s)
     if as_json:
         emit_json(res.to_dict(top))
         return
@@ -450,7 +451,7 @@ def suggest(
     measure = "JCT" if res.ranked_by == "jct" else "mean trajectory time"
     if res.best is res.current:
         stdout.print(f"keep today's settings: nothing predicted more than "
-                     f"{twin.MIN_GAIN:.0%} better ({res.ranking})", highlight=False,
+                     f"{twin_search.MIN_GAIN:.0%} better ({res.ranking})", highlight=False,
                      soft_wrap=True)
     else:
         jct = "" if res.ranked_by == "jct" else (

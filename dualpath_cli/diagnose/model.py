@@ -14,7 +14,7 @@ from functools import cached_property
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from dualpath_cli.services.recording import Sample
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
 
 __all__ = ["Severity", "Finding", "Report", "Evidence", "Change", "node_name", "engine_name",

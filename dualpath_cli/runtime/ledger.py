@@ -25,7 +25,7 @@ lookup's summary goes into the request's decision (``inputs["lookup"]``).
 
 **Outcomes.** When a turn ends, its timeline (submitted, dispatched, the PE's and DE's facts
 from ``first``/``done``) is kept in a bounded ring by request id, for ``dualpath explain``
-and ``GET /api/v1/requests/{id}`` (services/explain.py tells the story from it).
+and ``GET /api/v1/requests/{id}`` (diagnose/explain.py tells the story from it).
 """
 
 from __future__ import annotations

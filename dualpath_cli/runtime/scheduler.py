@@ -706,7 +706,7 @@ class SchedulerService:
         now (monotonic), how many are in flight, and each one's phase (``queued``,
         ``routed`` to a DE group, ``placed`` on a DE awaiting a PE, ``prefill``: KV loading
         and prefilling, ``decode``: first token out), engines, read split and timeline so
-        far (services/explain.py words it). A read accessor on the caller's thread: one
+        far (diagnose/explain.py words it). A read accessor on the caller's thread: one
         pass over the queues under the lock, nothing added to the turns' path."""
         with self._lock:
             now = time.monotonic()

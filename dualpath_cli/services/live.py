@@ -303,13 +303,13 @@ class LiveCluster:
         return self.system.decisions(since)
 
     def request(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (services/explain.py: ``dualpath explain``): the whole
+        """Request ``rid``'s story (diagnose/explain.py: ``dualpath explain``): the whole
         story once it finished, what is known so far while it is in flight.
 
         Raises:
             RequestNotFound: not in flight, and no decision of it is kept.
         """
-        from dualpath_cli.services import explain
+        from dualpath_cli.diagnose import explain
 
         sched = self.system.scheduler
         decisions, outcome = sched.request(rid)
@@ -327,7 +327,7 @@ class LiveCluster:
         """``GET /api/v1/requests``: the turns in flight (``inflight``: oldest first, at
         most ``limit``, with ``total``) or the stories of finished requests (``finished``:
         in finish order; the newest ``limit``, or the first after request ``after``)."""
-        from dualpath_cli.services import explain
+        from dualpath_cli.diagnose import explain
 
         sched = self.system.scheduler
         at = time.time()

@@ -128,7 +128,7 @@ class Throughput:
 
     def add(self, view: ClusterView, metrics_text: str | None) -> None:
         """Add one sample (a view and, when fetched, the ``/metrics`` page)."""
-        from dualpath_cli.services.recording import extras_from_metrics_text
+        from dualpath_cli.telemetry.recording import extras_from_metrics_text
 
         ex = extras_from_metrics_text(metrics_text) if metrics_text else None
         count = ex.ttft_count if ex is not None else None

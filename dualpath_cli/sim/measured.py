@@ -1,6 +1,6 @@
 """A simulation with the client's gap between turns, a hand-off delay, and per-turn phases.
 
-Why: the digital twin (services/twin.py) calibrates the simulator from a recording of the
+Why: the digital twin (sim/twin_replay.py) calibrates the simulator from a recording of the
 cluster's own turns: it replays the recorded setting and compares what the replay did with
 what the recording measured (engine busy seconds, each turn's first-to-last-token time, the
 client's gap between an agent's turns), then scales the compute model until they agree.

@@ -46,7 +46,7 @@ class TopApp(App[None]):
         interval_s: seconds between polls (live) and the replay's base tick.
         ascii_only: ASCII borders, bars and sparklines (``--ascii``).
         theme: ``dark`` or ``light``.
-        predictor: the tuning twin's predicted-effect function, when installed.
+        predictor: the predicted-effect function the CLI hands over (the tuning twin's).
         start: the mode to open (``cluster``, ``nic``, ...).
     """
 

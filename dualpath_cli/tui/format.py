@@ -4,7 +4,7 @@ Why apart from the widgets: the cluster screen's 1,152-row refresh must stay und
 and the rows (sorted, filtered) are most of that work; keeping them plain tuples of strings
 makes them cheap and testable. No judging happens here: an engine's class is core's own
 ``classify_pe`` (the paper's C1/C2/C3 against alpha and beta), the imbalance figure is core's
-``max_over_avg``, the per-layer table and the findings are diagnose/rules.py's.
+``max_over_avg``, the per-layer table and the findings are diagnose's (rules.py, workflows/).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from dualpath_cli.core.balance import max_over_avg
 from dualpath_cli.core.pe_fetch import PEClass, classify_pe
 from dualpath_cli.core.types import EngineSnapshot, Role
-from dualpath_cli.services.recording import Sample
+from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import NA, ClusterView, Decision, EngineView, NodeView
 from dualpath_cli.units import format_bytes, format_duration, format_tokens
 
@@ -200,7 +200,7 @@ def layer_rows(history: Sequence[Sample]) -> list[dict[str, Any]]:
     if not history:
         return []
     from dualpath_cli.diagnose.model import Evidence
-    from dualpath_cli.diagnose.rules import layer_table
+    from dualpath_cli.diagnose.workflows.cache_hit import layer_table
 
     return layer_table(Evidence(history))
 

@@ -5,7 +5,7 @@ samples for sparklines and rules, the decision log, the audit trail, the diagnos
 and must not care whether it came from a live cluster, last night's recording or the shipped
 :class:`~dualpath_cli.api.fake.FakeClient`. The requests screen's list is the API's in-flight
 listing (``GET /api/v1/requests?state=inflight``, or the recorded one at the cursor) and a
-request's story is services/explain.py's, fetched by :meth:`Source.story`. Both sources
+request's story is diagnose/explain.py's, fetched by :meth:`Source.story`. Both sources
 are plain Python (no Textual), so they are tested and benchmarked without a terminal.
 Findings come from diagnose/rules.py over the window; this module only collects the window
 and calls them.
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dualpath_cli.errors import DualPathError, UsageError
-from dualpath_cli.services.recording import Extras, Recording, Sample
+from dualpath_cli.telemetry.recording import Extras, Recording, Sample
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
-           "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor", "find_predictor"]
+           "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor"]
 
 #: Samples kept for sparklines and for the diagnose rules' window.
 WINDOW = 60
@@ -104,7 +104,7 @@ class Source(Protocol):
         ...
 
     def story(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (services/explain.py's dict; raises DualPathError)."""
+        """Request ``rid``'s story (diagnose/explain.py's dict; raises DualPathError)."""
         ...
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ def _reports(history: Sequence[Sample], decisions: Sequence[Decision],
 def _earliest_needed(history: Sequence[Sample]) -> float:
     """How far before the window the rules look at reads: a change in reach before it
     (``change_reach_s``) is judged over as long before the change as has passed since."""
-    from dualpath_cli.diagnose.rules import change_reach_s
+    from dualpath_cli.diagnose.workflows.snic_imbalance import change_reach_s
 
     window_s = history[-1].at - history[0].at
     return history[0].at - window_s - 2 * change_reach_s(window_s)
@@ -201,7 +201,7 @@ class LiveSource:
 
     def poll(self) -> Frame:
         """Ask the cluster; on failure keep the last data and say why in ``error``."""
-        from dualpath_cli.services.recording import extras_from_metrics_text
+        from dualpath_cli.telemetry.recording import extras_from_metrics_text
 
         try:
             client = self._get_client()
@@ -336,7 +336,7 @@ class ReplaySource:
 
     def story(self, rid: int) -> dict[str, Any]:
         """Request ``rid``'s story as the recording tells it at the cursor."""
-        from dualpath_cli.services.explain import story_from_recording
+        from dualpath_cli.diagnose.explain import story_from_recording
 
         return story_from_recording(self.rec, rid, self._times[self.index])
 
@@ -349,52 +349,7 @@ class ReplaySource:
         """Nothing to close."""
 
 
-#: ``predict(view, decisions, change) -> text``: the predicted effect of a change (the twin).
+#: ``predict(view, decisions, change) -> text``: the predicted effect of a change. The CLI
+#: hands the cockpit the tuning twin's (services/twin.py ``cockpit_predictor``): the cockpit
+#: never imports a service.
 Predictor = Callable[[ClusterView, Sequence[Decision], dict[str, str]], str]
-
-
-def find_predictor() -> Predictor | None:
-    """The tuning twin's prediction (services/twin.py) when that service is importable.
-
-    The twin replays the decision log's served turns in the simulator under the settings in
-    force and under the proposed ones (its own world and units; this only words the
-    outcome). It costs seconds of CPU (the embedded world measures this host's compute
-    once), so the tune dialog runs it on request, in a worker thread.
-    """
-    import importlib
-
-    try:
-        twin = importlib.import_module("dualpath_cli.services.twin")
-    except ImportError:
-        return None
-    worlds: dict[tuple[str, str], Any] = {}
-
-    def predict(view: ClusterView, decisions: Sequence[Decision],
-                change: dict[str, str]) -> str:
-        traffic = twin.traffic_from_decisions(view, decisions, "the cockpit's window")
-        key = (traffic.model, traffic.pd)
-        if key not in worlds:
-            worlds[key] = twin.world_for(traffic)
-        world = worlds[key]
-        proposed = twin.proposed_setting(traffic, world, dict(change))
-        before = twin.predict(traffic, world, traffic.current)
-        after = twin.predict(traffic, world, proposed, "proposed")
-        return (f"TTFT p90 {_s(before.ttft_p90_s)} -> {_s(after.ttft_p90_s)}, mean "
-                f"{_s(before.ttft_mean_s)} -> {_s(after.ttft_mean_s)}; JCT "
-                f"{_s(before.jct_s)} -> {_s(after.jct_s)}; storage NIC Max/Avg "
-                f"{_r(before.snic_max_avg)} -> {_r(after.snic_max_avg)} "
-                f"({traffic.turns} turns replayed, {world.kind} world)")
-
-    return predict
-
-
-def _s(seconds: float) -> str:
-    import math
-
-    return "n/a" if not math.isfinite(seconds) else f"{seconds:.3g} s"
-
-
-def _r(ratio: float) -> str:
-    import math
-
-    return "n/a" if not math.isfinite(ratio) else f"{ratio:.2f}"

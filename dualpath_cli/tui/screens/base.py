@@ -7,17 +7,13 @@ switching screens never shows stale or empty data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from dualpath_cli.tui.cockpit import Cockpit
 from dualpath_cli.tui.source import Frame
 from dualpath_cli.tui.widgets.bars import Banner, Scrubber, StatusBar
-
-if TYPE_CHECKING:
-    from dualpath_cli.tui.app import TopApp
 
 __all__ = ["CockpitScreen"]
 
@@ -29,8 +25,8 @@ class CockpitScreen(Screen[None]):
     NAME = ""
 
     @property
-    def top(self) -> TopApp:
-        """The app, typed."""
+    def top(self) -> Cockpit:
+        """The app, as a screen may use it."""
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:

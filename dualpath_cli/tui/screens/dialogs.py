@@ -8,7 +8,6 @@ out under and the twin's predicted effect (when that service is installed) befor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -19,11 +18,9 @@ from textual.widgets import Button, Input, Label, Static
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.telemetry.view import ClusterView, Decision
+from dualpath_cli.tui.cockpit import Cockpit
 from dualpath_cli.tui.format import fmt_audit
 from dualpath_cli.units import format_duration, format_tokens
-
-if TYPE_CHECKING:
-    from dualpath_cli.tui.app import TopApp
 
 __all__ = ["HelpScreen", "TuneScreen", "ConfirmScreen", "HELP_TEXT"]
 
@@ -138,8 +135,8 @@ class TuneScreen(ModalScreen[None]):
         self._applied: dict[str, str] = {}
 
     @property
-    def top(self) -> TopApp:
-        """The app, typed."""
+    def top(self) -> Cockpit:
+        """The app, as a screen may use it."""
         return self.app  # type: ignore[return-value]
 
     def current(self) -> dict[str, str]:
@@ -291,7 +288,7 @@ class TuneScreen(ModalScreen[None]):
         self._applied.update(change)
         for name, value in change.items():
             self.query_one(f"#now-{name}", Static).update(f"now {value} (api, just applied)")
-        self.top.notify(f"{_change_text(old, change)} (live; audit #{entry.seq})",
+        self.app.notify(f"{_change_text(old, change)} (live; audit #{entry.seq})",
                         title="tuned")
         self.top.note_audit(entry)
         self.query_one("#audit", Static).update(self._audit_text())

@@ -54,7 +54,7 @@ class LayersScreen(CockpitScreen):
                      "(negative: compute waited, a bubble)", id="legend", markup=False)
 
     def show_body(self, frame: Frame) -> None:
-        from dualpath_cli.diagnose.rules import BUBBLE_TOLERANCE_S
+        from dualpath_cli.diagnose.thresholds import BUBBLE_TOLERANCE_S
         from dualpath_cli.tui.format import layer_rows
 
         table = self.query_one("#layers", DataTable)

@@ -1,6 +1,6 @@
 """The requests screen: the turns in flight (PE, DE, read side or split, KV bytes read, TTFT so
 far), oldest first; the highlighted one's story below, as ``dualpath explain`` tells it
-(services/explain.py: arrival, PE and DE with their classes and the thresholds, the read
+(diagnose/explain.py: arrival, PE and DE with their classes and the thresholds, the read
 side and why, blocks hit and missed, bytes per NIC, per-layer slack, the TTFT breakdown;
 what is known so far while it runs), then the decision-log entry that placed it.
 
@@ -23,8 +23,8 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 
+from dualpath_cli.diagnose.explain import render_story
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.services.explain import render_story
 from dualpath_cli.telemetry.view import NA, Decision
 from dualpath_cli.tui.format import DECISION_COLUMNS, decision_detail, decision_rows
 from dualpath_cli.tui.screens.base import CockpitScreen

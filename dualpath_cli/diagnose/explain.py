@@ -5,7 +5,9 @@ Why here: ``dualpath explain`` (a live cluster or a recording) and ``GET
 decisions (one per attempt, with their inputs: the engines' snapshots, the thresholds in
 force, the prefix lookup and its miss reasons) and, when the request finished on a live
 cluster, its outcome (the scheduler's timeline and what the PE and DE reported). Plain data
-in, a JSON-ready dict out; :func:`render_story` prints it for people.
+in, a JSON-ready dict out; :func:`render_story` prints it for people. Pure functions over
+decisions and stories, like the diagnose rules, so the TUI and the API use them without a
+service.
 
 A request still in flight is told as far as it is known (``progress``: its phase, age, read
 split, KV bytes to read and read, TTFT so far; once its first token is out, the PE's side of

@@ -1,0 +1,96 @@
+"""The troubleshooting workflows' thresholds, one named constant each.
+
+Why one module: every threshold is documented, with its value and its reason, in
+docs/troubleshooting.md (a test checks that each constant here is), and an operator reading
+a finding looks its number up in one place.
+"""
+
+from __future__ import annotations
+
+#: A condition is "persistent" when it holds in at least this share of the window's samples.
+PERSIST_FRACTION = 0.5
+#: Storage-NIC utilisation Max/Avg across the nodes of one role (seed 6.1; the paper's
+#: balanced runs stay near 1.0-1.2).
+SNIC_MAX_AVG_WARN = 1.3
+SNIC_MAX_AVG_CRIT = 1.8
+#: Below this mean utilisation a role's storage NICs are idle and their Max/Avg is noise.
+SNIC_BUSY_MIN = 0.05
+#: A node's storage-NIC bandwidth as a share of its role's median (a degraded link).
+SNIC_BW_WARN = 0.75
+SNIC_BW_CRIT = 0.5
+#: A node whose storage NIC is this busy in most samples is saturated.
+SNIC_SATURATED = 0.95
+#: A change of alpha or the read side (audit log, controller step) is judged, reads to a slow
+#: node before it against after it, when it happened inside the window or at most one window
+#: length, and at least this many seconds, before its start (a re-check right after a fix).
+CHANGE_REACH_MIN_S = 60.0
+#: Fewest reads on each side of such a change for its before/after shares to be compared.
+CHANGE_MIN_READS = 10
+#: Share of an engine's decisions whose recorded class contradicts its inputs or the read
+#: queue its node reported at the time.
+MISCLASS_WARN = 0.1
+#: TTFT P99/P50 over the window (seed 6.2: "P99 far above the mean").
+TAIL_RATIO_WARN = 4.0
+TAIL_RATIO_CRIT = 10.0
+#: Fewest turns in the window for a TTFT quantile to mean anything.
+TTFT_MIN_TURNS = 50
+#: A block is hot when it takes at least this share of the store's block reads in the
+#: window (or, where the store's total is not reported, this many times the mean reads of
+#: the reported blocks), and at least HOT_BLOCK_MIN_READS reads.
+HOT_BLOCK_SHARE = 0.1
+HOT_BLOCK_FACTOR = 5.0
+HOT_BLOCK_MIN_READS = 20
+#: An engine is slow when its mean service time (busy seconds per batched request) over the
+#: window is this multiple of its role peers' median, measured in at least
+#: SLOW_SERVICE_MIN_SAMPLES samples.
+SLOW_SERVICE_FACTOR = 2.0
+SLOW_SERVICE_MIN_SAMPLES = 2
+#: Prefills of a cached prefix that wait this long on average for their KV before they can
+#: compute (the runtime loads the whole hit first): WARNING; CRITICAL at the second value.
+KV_WAIT_WARN_S = 0.025
+KV_WAIT_CRIT_S = 0.1
+#: An engine is slow/overloaded when its unfinished requests stay at this multiple of its
+#: role peers' median (and at least SLOW_ENGINE_MIN_SEQ) in most samples.
+SLOW_ENGINE_FACTOR = 3.0
+SLOW_ENGINE_MIN_SEQ = 2
+#: HBM fragmentation score (1 - largest free run / free).
+HBM_FRAG_WARN = 0.5
+HBM_FRAG_CRIT = 0.8
+#: Load-ahead slack below minus this is a bubble (layer 0 of a prefill always waits a little).
+BUBBLE_TOLERANCE_S = 0.002
+#: Share of layers with a bubble that makes it critical.
+BUBBLE_LAYERS_CRIT = 0.5
+#: Prompt tokens of follow-up turns (turn >= 1) found cached; agent turns extend their own
+#: prefix, so a low ratio means the prefix store or the session routing is failing.
+PREFIX_HIT_WARN = 0.5
+PREFIX_MIN_TURNS = 10
+#: Prefetched blocks a later request used.
+PREFETCH_ACCURACY_WARN = 0.5
+#: Fewest prefetched blocks on a node for its accuracy to be judged.
+PREFETCH_MIN_BLOCKS = 20
+#: Scheduler FIFO growth (requests over the window) while engines have headroom.
+FIFO_GROWTH_WARN = 20
+ENGINE_HEADROOM_UTIL = 0.5
+#: Prefill busy against decode busy (GPU utilisation) that says the P/D ratio is off.
+PD_BUSY_HIGH = 0.85
+PD_BUSY_LOW = 0.3
+#: Prefill-bound also needs work waiting on the prefill side: at least this many unfinished
+#: requests per prefill engine on average (one running, one waiting). A lone agent keeps its
+#: PE busy and its DEs idle, yet more prefill nodes would not serve it faster.
+PD_QUEUE_MIN = 2.0
+#: Compute-NIC utilisation Max/Avg across nodes.
+CNIC_MAX_AVG_WARN = 1.5
+#: Cores the scheduler's service thread used over the window: every decision runs on that
+#: one thread, so near 1.0 it, not the engines, caps throughput.
+SCHED_CPU_WARN = 0.7
+SCHED_CPU_CRIT = 0.9
+#: A kind of scheduling call's p99 wall time over the mean gap between two arriving requests:
+#: at 1.0 one slow call takes a whole gap, and requests queue behind the scheduler.
+DECISION_P99_WARN = 0.5
+DECISION_P99_CRIT = 1.0
+#: Fewest timed scheduling calls of a kind in the window before its p99 is judged.
+DECISION_MIN_CALLS = 20
+#: The timed scheduling calls' wall seconds over the thread's CPU seconds in the window:
+#: above it the calls mostly waited for a CPU (a loaded host, the GIL held by the launcher's
+#: other threads), which hierarchical scheduling would not fix.
+DECISION_WAIT_FACTOR = 1.5
