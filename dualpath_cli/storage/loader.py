@@ -52,7 +52,9 @@ from dualpath_cli.storage.loader_metrics import LoaderMetrics
 from dualpath_cli.storage.shaper import TokenBucket
 from dualpath_cli.storage.store import (
     BoundedReads,
+    Deferred,
     KVStore,
+    PipedBatch,
     PipelinedReads,
     ReadOp,
     SplitReads,
@@ -64,7 +66,6 @@ from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
 if TYPE_CHECKING:  # types of the pipelined read capability
     from dualpath_cli.storage.native import NativePipeline
-    from dualpath_cli.storage.reads import Deferred, PipedBatch
 
 __all__ = ["StorageLoader", "PREFETCH_PRIORITY"]
 
