@@ -74,4 +74,3 @@ class ControlStage(SimBase):
                     self._wake(grp, self.K_PE_FETCH)
         if self.record or self.turns_done < self._total_turns:
             self.loop.at(self.loop.now + dt, self.K_CONTROL, None)
-

@@ -122,4 +122,3 @@ class DecodeStage(SimBase):
             self._start_turn(agent)
         else:
             self.agent_end[agent] = now
-

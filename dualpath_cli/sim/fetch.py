@@ -135,4 +135,3 @@ class FetchStage(SimBase):
             self._start_io(req)
         if stop == "queue_empty" and priv:
             self._wake(grp, self.K_DE_FETCH)
-

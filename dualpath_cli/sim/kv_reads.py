@@ -160,4 +160,3 @@ class ReadStage(SimBase):
             for eng in node.engines:
                 if eng.reading is None and eng.rq:
                     self._try_read(eng)
-

@@ -26,7 +26,6 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
         yield w
 
 
-
 class PrefillStage(SimBase):
     """The prefill handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
@@ -121,4 +120,3 @@ class PrefillStage(SimBase):
             t = de.cnic_in.send(t, full)  # H2D into DE HBM through the CNIC loopback
             self._dram(de.node, sent + full)  # into the DE buffer, then out to HBM
         heappush(self._heap, (t, self._ticket(), self.K_JOIN, req))  # t >= now
-

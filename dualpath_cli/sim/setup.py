@@ -104,4 +104,3 @@ def check_fits_decode_hbm(plans: Sequence[AgentPlan], de_hbm_tokens: int,
             f"engine's HBM holds for {setup.model.name} on {setup.hardware.name} "
             f"({de_hbm_tokens} tokens after weights): use a shorter --max-len, more decode "
             "nodes (expert-parallel models) or a hardware profile with more HBM")
-
