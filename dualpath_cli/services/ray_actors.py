@@ -139,7 +139,6 @@ class SchedulerActor:
             self.host.close()
 
 
-
 # --- named semaphores of a killed actor ----------------------------------------------------
 # The engines' shared NIC buckets are multiprocessing values, each with a named POSIX
 # semaphore (/dev/shm/sem.mp-*). multiprocessing's resource tracker unlinks them when their
@@ -192,4 +191,3 @@ def _remove_record(record: Path) -> None:
         record.unlink()
     with contextlib.suppress(OSError):
         record.parent.rmdir()  # only when no other actor's record is left
-

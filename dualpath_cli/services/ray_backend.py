@@ -77,7 +77,6 @@ CLIENT_INIT_TRIES = 3
 log = logging.getLogger(__name__)
 
 
-
 def _address_file() -> Path:
     """Where ``ray start`` (and ``ray.cluster_utils``) note the local cluster's address."""
     base = os.environ.get("RAY_TMPDIR") or (

@@ -32,7 +32,6 @@ def scheduler_actor_name(port: int) -> str:
     return f"dualpath-{port}-scheduler"
 
 
-
 def import_ray() -> Any:
     """The ``ray`` module; :class:`RayBackendError` when the extra is not installed."""
     try:
