@@ -47,14 +47,15 @@ from dualpath_cli.errors import UsageError  # noqa: E402
 from dualpath_cli.runtime.workloads import agentic_workload  # noqa: E402
 from dualpath_cli.services.ray_backend import (  # noqa: E402
     DECODE_RESOURCE,
-    NAMESPACE,
     PREFILL_RESOURCE,
-    RayBackendError,
-    label_matches,
-    parse_label,
     resolve_address,
+)
+from dualpath_cli.services.ray_common import (  # noqa: E402
+    NAMESPACE,
+    RayBackendError,
     scheduler_actor_name,
 )
+from dualpath_cli.services.ray_labels import label_matches, parse_label  # noqa: E402
 from dualpath_cli.services.remote_runner import run_agents_remote  # noqa: E402
 from dualpath_cli.services.runner import TurnRecord  # noqa: E402
 

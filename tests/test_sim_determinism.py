@@ -26,7 +26,7 @@ from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from dualpath_cli.sim import (
     SimSetup,
     Simulation,
-    cluster,
+    fetch,
     get_sim_policy,
     make_setup,
     synthetic_plans,
@@ -186,7 +186,7 @@ class _PlainDEFetch(Simulation):
         for r in priv:
             head.append(r.core)
             used += r.length
-            if used > free or len(head) >= cluster._DE_HEAD_MAX:
+            if used > free or len(head) >= fetch._DE_HEAD_MAX:
                 break
         res = de_place(head, grp.snaps, self.setup.calibration.z_factor)
         grp.snaps = list(res.engines)
@@ -209,7 +209,7 @@ class _PlainDEFetch(Simulation):
 def test_de_fetch_by_running_totals_equals_walking_the_head(
         head_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """HBM-bound DE groups (Qwen 32B), with the offered head also capped very short."""
-    monkeypatch.setattr(cluster, "_DE_HEAD_MAX", head_max)
+    monkeypatch.setattr(fetch, "_DE_HEAD_MAX", head_max)
     plans = synthetic_plans(16_000, 96, 1)
     got = {}
     for cls in (Simulation, _PlainDEFetch):

@@ -15,7 +15,7 @@ from storage_blocks import BIG, assert_loads_identical, hinted_store, page_cache
 from dualpath_cli.storage import BufferPool, PosixStore, ReadOp, StorageLoader
 from dualpath_cli.storage.header import HEADER_SIZE, file_nbytes, payload_checksum
 from dualpath_cli.storage.native import NativePipeline, native_reader, native_status
-from dualpath_cli.storage.reads import PipedBatch
+from dualpath_cli.storage.store import PipedBatch
 from dualpath_cli.telemetry import MetricsRegistry
 
 

@@ -255,9 +255,9 @@ def test_a_store_failure_mid_overlap_is_misses_then_recovers(tmp_path: Path, rea
     if read_path == "pipeline":
         pytest.skip("the helper's split read; the pipeline has its own test")
     store = hinted_store(tmp_path)
-    from dualpath_cli.storage import loader as loader_mod
+    from dualpath_cli.storage import block_queue
 
-    monkeypatch.setattr(loader_mod, "_SYNC_BATCH_BYTES", 4 << 20)
+    monkeypatch.setattr(block_queue, "_SYNC_BATCH_BYTES", 4 << 20)
     blocks = put_blocks(store, BIG, 40, 11)  # batches of 16 blocks (4 MiB): 16, 16, 8
     keys = list(blocks)
     with overlapped(store, monkeypatch) as loader:

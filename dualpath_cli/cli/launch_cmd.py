@@ -136,7 +136,7 @@ def launch(
         if text is not None:
             if backend != "ray":
                 raise UsageError(f"{flag} is for --backend ray (where the actors run)")
-            from dualpath_cli.services.ray_backend import parse_label
+            from dualpath_cli.services.ray_labels import parse_label
 
             ray_labels[role_] = parse_label(flag, text)
     if backend == "ray":

@@ -2,7 +2,7 @@
 
 Why its own module: the launcher here is only the Ray driver. It connects, picks the
 scheduler's Ray node, starts the scheduler's actor (:class:`SchedulerHost` inside
-``services/ray_backend.py:SchedulerActor``: what ``launch --role scheduler`` serves, its HTTP
+``services/ray_actors.py:SchedulerActor``: what ``launch --role scheduler`` serves, its HTTP
 API included), places one node actor per dualpath node, and then publishes the state file,
 prints the ready line and the actors' news, and on SIGINT/SIGTERM has the scheduler drain
 and stops every actor. ``dualpath status``/``stop`` find it through the state file as they

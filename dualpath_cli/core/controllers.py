@@ -2,7 +2,7 @@
 
 Pure (no clock, no threads): the caller says when an interval has passed and hands in what it
 measured over it. The runtime's scheduler (``runtime/scheduler.py``) and the simulator
-(``sim/cluster.py``) both call :meth:`Controllers.step` once per interval, so a controller is
+(``sim/control.py``) both call :meth:`Controllers.step` once per interval, so a controller is
 written once and measured in both worlds.
 
 Each controller applies its rule from :mod:`.thresholds` to the value in force, then bounds

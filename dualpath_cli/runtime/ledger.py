@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, chain_digests
-from dualpath_cli.storage.loader import MISS_REASONS
+from dualpath_cli.storage.tickets import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
 __all__ = ["Lookup", "RequestLedger", "reason_from_why"]

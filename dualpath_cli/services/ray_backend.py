@@ -25,9 +25,12 @@ API and control ports, and the node actors' engines reconnect by themselves. KV 
 go through Ray's object store: the engines move them over our ZeroMQ transfer fabric as in
 every other launch; Ray carries only the actors' small control calls.
 
-Ray is an optional extra (``pip install 'dualpath[ray]'``) and is imported only here, inside
-functions, so the CLI starts without it. The API itself is the front-end's
-(``cli/ray_launch.py`` hands the scheduler actor a factory for it): services import no API.
+This module is the driver's side (:class:`RayBackend`); the actors are
+:mod:`.ray_actors`, the node labels :mod:`.ray_labels`, and what both sides share
+:mod:`.ray_common`. Ray is an optional extra (``pip install 'dualpath[ray]'``), imported only
+inside functions (:func:`~dualpath_cli.services.ray_common.import_ray`), so the CLI starts
+without it. The API itself is the front-end's (``cli/ray_launch.py`` hands the scheduler
+actor a factory for it): services import no API.
 """
 
 from __future__ import annotations
@@ -35,30 +38,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import socket
 import sys
-import tempfile
-import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualpath_cli.errors import DualPathError
+from dualpath_cli.services.ray_actors import NodeActor, SchedulerActor
+from dualpath_cli.services.ray_common import (
+    NAMESPACE,
+    RayBackendError,
+    actor_name,
+    import_ray,
+    one_line,
+    scheduler_actor_name,
+)
+from dualpath_cli.services.ray_labels import format_label, label_matches
 
-__all__ = ["RayBackend", "RayBackendError", "NodeActor", "SchedulerActor",
-           "PREFILL_RESOURCE", "DECODE_RESOURCE", "NAMESPACE", "MAX_RESTARTS", "actor_name",
-           "scheduler_actor_name", "resolve_address", "parse_label", "label_matches"]
+__all__ = ["RayBackend", "PREFILL_RESOURCE", "DECODE_RESOURCE", "MAX_RESTARTS",
+           "resolve_address"]
 
 #: Custom resource a prefill node's actor needs one unit of.
 PREFILL_RESOURCE = "dualpath_prefill"
 #: Custom resource a decode node's actor needs one unit of.
 DECODE_RESOURCE = "dualpath_decode"
-#: Ray namespace of our actors (``ray.get_actor(name, namespace=NAMESPACE)``).
-NAMESPACE = "dualpath"
 #: Times Ray restarts a node's actor after its process dies (then it stays dead).
 MAX_RESTARTS = 3
 #: Seconds to wait for a TCP connection to the Ray GCS before giving up (Ray itself
@@ -70,75 +75,6 @@ PROBE_S = 5.0
 CLIENT_INIT_TRIES = 3
 
 log = logging.getLogger(__name__)
-
-
-class RayBackendError(DualPathError):
-    """Ray is not installed, its cluster is unreachable, or it cannot host the engines."""
-
-
-def actor_name(port: int, role: str, index: int) -> str:
-    """The Ray actor name of ``role`` node ``index`` of the launch on API ``port``."""
-    return f"dualpath-{port}-{role}-{index}"
-
-
-def scheduler_actor_name(port: int) -> str:
-    """The Ray actor name of the scheduler of the launch on API ``port``."""
-    return f"dualpath-{port}-scheduler"
-
-
-#: A label key as Ray (and Kubernetes) takes it: an optional DNS prefix and ``/``, a name.
-_LABEL_KEY = re.compile(r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]{0,251}[a-zA-Z0-9])?/)?"
-                        r"[a-zA-Z0-9](?:[a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?$")
-_LABEL_VALUE = r"[a-zA-Z0-9](?:[a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
-#: A selector's value: ``VALUE``, ``in(A,B)``, each optionally negated with ``!``.
-_LABEL_EXPR = re.compile(rf"^!?(?:{_LABEL_VALUE}|in\({_LABEL_VALUE}(?:, ?{_LABEL_VALUE})*\))$")
-
-
-def parse_label(flag: str, text: str) -> dict[str, str]:
-    """``KEY=VALUE[,KEY=VALUE...]`` (``--ray-prefill-label``) as Ray's ``label_selector``.
-
-    A value may be ``in(A,B)`` (any of them) and may start with ``!`` (not it), as in Ray.
-
-    Raises:
-        UsageError: not that form, or a key or value Ray would refuse.
-    """
-    from dualpath_cli.errors import UsageError
-
-    pairs: dict[str, str] = {}
-    depth, start, parts = 0, 0, []
-    for i, ch in enumerate(text):  # split on the commas outside in(...)
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    for part in parts:
-        key, sep, value = (x.strip() for x in part.partition("="))
-        if not sep or not _LABEL_KEY.match(key) or not _LABEL_EXPR.match(value):
-            raise UsageError(f"{flag} {text!r}: expected KEY=VALUE[,KEY=VALUE...], a Ray node "
-                             "label such as dualpath.role=prefill (VALUE may be in(A,B), "
-                             "either may start with !)")
-        pairs[key] = value
-    return pairs
-
-
-def label_matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
-    """Whether a node with ``labels`` satisfies ``selector`` (Ray's rules: see above)."""
-    for key, expr in selector.items():
-        negated = expr.startswith("!")
-        body = expr[1:] if negated else expr
-        if body.startswith("in(") and body.endswith(")"):
-            hit = labels.get(key) in {v.strip() for v in body[3:-1].split(",")}
-        else:
-            hit = labels.get(key) == body
-        if hit == negated:
-            return False
-    return True
-
-
-def format_label(selector: dict[str, str]) -> str:
-    """``KEY=VALUE,...`` (for messages and ``ray start --labels``)."""
-    return ",".join(f"{k}={v}" for k, v in selector.items())
 
 
 def _address_file() -> Path:
@@ -206,130 +142,6 @@ def _reason(err: BaseException) -> str:
     return lines[0]
 
 
-def _import_ray() -> Any:
-    try:
-        import ray  # type: ignore[import-not-found,unused-ignore]  # the optional extra
-    except ImportError:
-        raise RayBackendError("--backend ray needs Ray: pip install 'dualpath[ray]'") from None
-    return ray
-
-
-def _actor_identity() -> tuple[bool, str, str]:
-    """Inside an actor: whether Ray restarted it, its node's id and its node's address."""
-    ray = _import_ray()
-    ctx = ray.get_runtime_context()
-    with warnings.catch_warnings():  # the property reads a deprecated actor_id inside
-        warnings.simplefilter("ignore")
-        restarted = bool(ctx.was_current_actor_reconstructed)
-    return restarted, ctx.get_node_id(), ray.util.get_node_ip_address()
-
-
-class NodeActor:
-    """One dualpath node as a Ray actor: joins the scheduler and runs its engines.
-
-    The constructor is what ``launch --role ROLE --join URL`` does up to "serving"; Ray runs
-    it again when it restarts the actor, which then first takes its old incarnation out of
-    scheduling. The engines are child processes of the actor's worker and exit with it
-    (``cluster/local.py``'s parent watchdog), so a killed actor stops heartbeating at once.
-    """
-
-    def __init__(self, url: str, token: str, name: str, role: str, gpus: int,
-                 loopback: bool, store: str | None, timeout: float) -> None:
-        from dualpath_cli.services.node import NodeAgent
-
-        self.restarted, self.node_id, self.ip = _actor_identity()
-        bind = "127.0.0.1" if loopback else self.ip
-        self.agent = NodeAgent(url, token, name, role, gpus,
-                               Path(store) if store is not None else None, bind)
-        self._record = _record_path(name)
-        if self.restarted:  # our previous process died: its engines leave now
-            self._leave_old(url, token, name)
-            _unlink_recorded(self._record)
-        self.join_s = self.agent.join(timeout)
-        _record_semaphores(self._record)
-        # as on a --join node: rejoin a restarted scheduler, give up on a vanished one
-        self._stop = threading.Event()
-        self._serving = threading.Thread(target=self.agent.serve, args=(self._stop,),
-                                         name="node-agent", daemon=True)
-        self._serving.start()
-
-    @staticmethod
-    def _leave_old(url: str, token: str, name: str) -> None:
-        import httpx
-
-        try:
-            httpx.delete(f"{url}/api/v1/join/{name}", timeout=10.0,
-                         headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError:
-            pass  # the join below reports an unreachable scheduler
-
-    def info(self) -> dict[str, Any]:
-        """Where the node runs and what the scheduler gave it (JSON-able)."""
-        plan = self.agent.plan
-        assert plan is not None
-        return {"name": plan.name, "role": plan.role, "index": plan.node,
-                "engines": list(plan.engine_ids), "node_id": self.node_id, "ip": self.ip,
-                "pid": os.getpid(), "restarted": self.restarted,
-                "join_s": round(self.join_s, 3)}
-
-    def stop(self) -> None:
-        """Stop the engines (the scheduler is closing; no need to leave)."""
-        self._stop.set()
-        self._serving.join(5.0)
-        self.agent.close(leave=False)
-        _remove_record(self._record)
-
-
-class SchedulerActor:
-    """The scheduler and its HTTP API as a Ray actor, pinned to one Ray node.
-
-    Why a factory: the API is the front-end's (``cli/ray_launch.py``); services import no
-    API. ``factory(restarted)`` builds the host (bound, serving, engines may join) and is
-    run again by Ray when it restarts the actor: the new incarnation finds the checkpoint
-    the dead one left under the state directory (``env`` carries the launcher's
-    ``XDG_*``/``DUALPATH_*`` variables, so the state directory is the launcher's) and
-    resumes from it. The host offers ``info()``, ``wait_ready(timeout)``,
-    ``drain(timeout)`` and ``close()``, each returning JSON-able data.
-    """
-
-    def __init__(self, factory: Callable[[bool], Any], env: dict[str, str]) -> None:
-        os.environ.update(env)
-        self.restarted, self.node_id, self.ip = _actor_identity()
-        self.host: Any = None
-        self.error = ""
-        try:
-            self.host = factory(self.restarted)
-        except DualPathError as err:  # (a port taken...) kept for info(): raised here, Ray
-            self.error = str(err)  # would print its traceback on the launcher's terminal
-
-    def info(self) -> dict[str, Any]:
-        """The host's info plus where this incarnation runs (JSON-able); ``error``: the
-        one line why the host could not start."""
-        ray = _import_ray()
-        own = self.host.info() if self.host is not None else {"error": self.error}
-        return {**own, "name": ray.get_runtime_context().get_actor_name(),
-                "node_id": self.node_id, "ip": self.ip, "pid": os.getpid(),
-                "restarted": self.restarted}
-
-    def wait_ready(self, timeout: float) -> dict[str, Any]:
-        """Wait until every joined engine said hello; then :meth:`info`."""
-        if self.host is not None:
-            self.host.wait_ready(timeout)
-        return self.info()
-
-    def drain(self, timeout: float) -> dict[str, Any]:
-        """Stop admitting, answer in-flight turns (up to ``timeout``), stop the API."""
-        if self.host is None:
-            return {"drained": 0, "abandoned": 0, "seconds": 0.0}
-        result: dict[str, Any] = self.host.drain(timeout)
-        return result
-
-    def close(self) -> None:
-        """Stop at once (turns in flight are answered 503); removes the checkpoint."""
-        if self.host is not None:
-            self.host.close()
-
-
 @dataclass
 class RayBackend:
     """The launcher's side: connect to Ray, place one :class:`NodeActor` per node, stop them.
@@ -363,7 +175,7 @@ class RayBackend:
         Raises:
             RayBackendError: Ray missing, no cluster found, or unreachable.
         """
-        ray = _import_ray()
+        ray = import_ray()
         self.gcs = resolve_address(self.address)
         self.client = self.gcs.startswith("ray://")
         _probe(self.gcs.removeprefix("ray://"))
@@ -392,7 +204,7 @@ class RayBackend:
                                       f"{why}") from None
 
     def _check_resources(self, needs: dict[str, int], pd: str) -> None:
-        ray = _import_ray()
+        ray = import_ray()
         have = ray.cluster_resources()
         for resource, n in needs.items():
             if n and have.get(resource, 0) < n:
@@ -434,7 +246,7 @@ class RayBackend:
         Raises:
             RayBackendError: too few labelled nodes, or a node not serving in time.
         """
-        ray = _import_ray()
+        ray = import_ray()
         self.check_nodes(opts)
         counts = {"prefill": opts.prefill_nodes, "decode": opts.decode_nodes}
         resources = {"prefill": PREFILL_RESOURCE, "decode": DECODE_RESOURCE}
@@ -466,7 +278,7 @@ class RayBackend:
                 info = ray.get(ready[0])
             except ray.exceptions.RayError as err:
                 raise RayBackendError(f"Ray actor {name} failed to start: "
-                                      f"{_one_line(err)}") from None
+                                      f"{one_line(err)}") from None
             if on_progress is not None:
                 on_progress(f"{name} on Ray node {info['node_id'][:12]} ({info['ip']}): "
                             f"engines {info['engines']}")
@@ -474,7 +286,7 @@ class RayBackend:
         return self.placed
 
     def _alive_nodes(self) -> list[dict[str, Any]]:
-        ray = _import_ray()
+        ray = import_ray()
         return [n for n in ray.nodes() if n.get("Alive")]
 
     def _labelled_nodes(self, role: str) -> list[dict[str, Any]]:
@@ -493,7 +305,7 @@ class RayBackend:
         """This driver's Ray node (``None`` through Ray Client: the driver is off-cluster)."""
         if self.client:
             return None
-        ray = _import_ray()
+        ray = import_ray()
         here = ray.get_runtime_context().get_node_id()
         return next((n for n in self._alive_nodes() if n["NodeID"] == here), None)
 
@@ -547,7 +359,7 @@ class RayBackend:
         Raises:
             RayBackendError: it failed to start (its one-line reason) or not in time.
         """
-        ray = _import_ray()
+        ray = import_ray()
         from ray.util.scheduling_strategies import (  # type: ignore[import-not-found,unused-ignore]
             NodeAffinitySchedulingStrategy,
         )
@@ -585,14 +397,14 @@ class RayBackend:
                           "the scheduler's Ray actor")
 
     def _call(self, ref: Any, timeout: float, what: str) -> Any:
-        ray = _import_ray()
+        ray = import_ray()
         ready, _ = ray.wait([ref], timeout=timeout)
         if not ready:
             raise RayBackendError(f"{what} did not answer within {timeout:g} s")
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as err:
-            raise RayBackendError(f"{what} failed: {_one_line(err)}") from None
+            raise RayBackendError(f"{what} failed: {one_line(err)}") from None
 
     def watch(self) -> Callable[[], str | None]:
         """A poll for the launcher's loop: a line when the scheduler's actor restarted.
@@ -604,7 +416,7 @@ class RayBackend:
             RayBackendError: the scheduler's actor died for good (restarts used up, node
                 lost).
         """
-        ray = _import_ray()
+        ray = import_ray()
         last = dict(self.scheduler_info)
         pending = [self.scheduler.info.remote()]
 
@@ -616,7 +428,7 @@ class RayBackend:
                 info = ray.get(ready[0])
             except ray.exceptions.RayError as err:
                 raise RayBackendError(f"the scheduler's Ray actor died and Ray will not "
-                                      f"restart it: {_one_line(err)}") from None
+                                      f"restart it: {one_line(err)}") from None
             pending[0] = self.scheduler.info.remote()
             if info["pid"] == last.get("pid"):
                 return None
@@ -654,7 +466,7 @@ class RayBackend:
         """
         if not self.gcs:
             return
-        ray = _import_ray()
+        ray = import_ray()
         if not ray.is_initialized():
             return
         try:
@@ -686,65 +498,3 @@ def _is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-# --- named semaphores of a killed actor ----------------------------------------------------
-# The engines' shared NIC buckets are multiprocessing values, each with a named POSIX
-# semaphore (/dev/shm/sem.mp-*). multiprocessing's resource tracker unlinks them when their
-# process dies, but when Ray kills an actor's worker it kills the worker's children too,
-# tracker included, so the names would stay behind. The actor notes the names it has open;
-# its restarted incarnation (on the same node, as a rule) unlinks what is left.
-def _record_path(name: str) -> Path:
-    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
-    return Path(base) / f"dualpath-ray-{os.getuid()}" / f"{name}.semaphores"
-
-
-def _record_semaphores(record: Path) -> None:
-    """Note the named semaphores this process's engines map (Linux; elsewhere nothing).
-
-    The engines' maps, not ours: the creator maps a semaphore under glibc's temporary name.
-    """
-    import psutil
-
-    names: set[str] = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            maps = Path(f"/proc/{child.pid}/maps").read_text()
-        except OSError:
-            continue
-        names.update(re.findall(r"/dev/shm/(sem\.mp-[\w-]+)", maps))
-    if not names:
-        return
-    try:
-        record.parent.mkdir(mode=0o700, exist_ok=True)
-        record.write_text("".join(n + "\n" for n in sorted(names)))
-    except OSError:
-        pass  # best effort: only a leak after a kill depends on it
-
-
-def _unlink_recorded(record: Path) -> None:
-    """Unlink the semaphores a killed previous incarnation noted (see above)."""
-    try:
-        names = record.read_text().split()
-    except OSError:
-        return
-    for n in names:
-        if re.fullmatch(r"sem\.mp-[\w-]+", n):
-            with contextlib.suppress(OSError):
-                os.unlink(f"/dev/shm/{n}")
-    _remove_record(record)
-
-
-def _remove_record(record: Path) -> None:
-    with contextlib.suppress(OSError):
-        record.unlink()
-    with contextlib.suppress(OSError):
-        record.parent.rmdir()  # only when no other actor's record is left
-
-
-def _one_line(err: BaseException) -> str:
-    """The most telling line of a Ray error (its cause's last line)."""
-    cause = getattr(err, "cause", None)
-    text = str(cause if isinstance(cause, BaseException) else err).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__

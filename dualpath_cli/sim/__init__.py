@@ -20,10 +20,11 @@ from dualpath_cli.sim.api import (
     simulate_offline,
     simulate_online,
 )
-from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.cluster import Simulation
 from dualpath_cli.sim.metrics import LatencyStats, SimResult
 from dualpath_cli.sim.online import SLO, CapacityResult, find_capacity, meets_slo
 from dualpath_cli.sim.policies import ABLATION, SIM_POLICIES, SimPolicy, get_sim_policy
+from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.trace import AgentPlan, Workload, plans_from_trajectories, synthetic_plans
 
 __all__ = [

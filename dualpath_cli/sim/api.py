@@ -17,7 +17,7 @@ from dualpath_cli.core.hierarchy import check_subs, default_subs
 from dualpath_cli.core.policies import Policy
 from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
 from dualpath_cli.errors import ConfigError
-from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.cluster import Simulation
 from dualpath_cli.sim.metrics import SimResult
 from dualpath_cli.sim.online import (
     SLO,
@@ -29,6 +29,7 @@ from dualpath_cli.sim.online import (
     meets_slo,
 )
 from dualpath_cli.sim.policies import get_sim_policy
+from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
 
 __all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity",

@@ -1,11 +1,11 @@
 """The cluster simulation: agents' turns through PE fetch, reads, prefill, PD transfer, decode.
 
 Every scheduling decision is a call into core/ (``pe_fetch``, ``de_route``, ``de_place``,
-``read_plan``, ``pack_batch``); this module only moves simulated time and bytes. For speed
-the fetches use core's in-place forms on the groups' own snapshots (``pe_fetch_in_place``;
-``de_place`` as ``z_threshold`` plus ``place_under_z``, with ``|R|`` and its total taken from
-running sums), which compute exactly what the copying forms compute. One turn's life
-(ARCHITECTURE.md, "data flow of one agent turn"):
+``read_plan``, ``pack_batch``); the simulation only moves simulated time and bytes. This
+module builds a run and drives it (agents, turns, offline and online runs, the result); the
+stages of a turn's life are its mixins (:mod:`.base` says why): :mod:`.fetch`,
+:mod:`.kv_reads`, :mod:`.prefill`, :mod:`.decode` and :mod:`.control`; the machines come
+from :mod:`.topology`. One turn's life (ARCHITECTURE.md, "data flow of one agent turn"):
 
 1. the agent submits its turn: it joins the global PE FIFO; idle PE groups are woken and
    fetch at their next period tick (pull-based, paper 6.1);
@@ -32,145 +32,35 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from heapq import heappop, heappush
-from itertools import islice
-from operator import attrgetter
+from collections.abc import Sequence
 
 import numpy as np
 
-from dualpath_cli.core.calibration import SimCalibration
-from dualpath_cli.core.controllers import CONTROLLERS, Controllers, ControlStep, ttft_tail
-from dualpath_cli.core.costs import CostModel, build_cost_model
-from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
-from dualpath_cli.core.groups import node_groups
-from dualpath_cli.core.pe_fetch import pe_fetch_in_place
-from dualpath_cli.core.policies import Policy, SchedParams, read_plan
-from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
-from dualpath_cli.core.quota import PrefillWork, pack_batch
-from dualpath_cli.core.thresholds import tokens_processable, tokens_readable
-from dualpath_cli.core.types import Role
-from dualpath_cli.errors import ConfigError, NoAvailableEngine, UsageError
+from dualpath_cli.core.costs import build_cost_model
+from dualpath_cli.core.policies import SchedParams
+from dualpath_cli.errors import UsageError
+from dualpath_cli.sim.control import ControlStage
+from dualpath_cli.sim.decode import DecodeStage
 from dualpath_cli.sim.events import EventLoop
-from dualpath_cli.sim.links import Flow
-from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg
+from dualpath_cli.sim.fetch import FetchStage
+from dualpath_cli.sim.kv_reads import ReadStage
+from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg, snic_series
 from dualpath_cli.sim.online import StopRule, check_online
-from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, ReadJob, Req
+from dualpath_cli.sim.prefill import PrefillStage
+from dualpath_cli.sim.setup import MAX_NODES, SimSetup, check_fits_decode_hbm, derive_thresholds
+from dualpath_cli.sim.state import Req
+from dualpath_cli.sim.topology import build_topology
 from dualpath_cli.sim.trace import AgentPlan
 from dualpath_cli.workload.stats import shared_chain
 
-__all__ = ["MAX_NODES", "SimSetup", "Simulation", "derive_thresholds"]
-
-_DE_HEAD_MAX = 4096   # bound on the private-queue head offered to one DE fetch
-_cum_end = attrgetter("cum_end")
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    """Everything that defines a simulated cluster, apart from the workload.
-
-    ``alpha``/``beta`` of None are derived as the paper does (3 s of reads, 5 s of work).
-    ``seed`` seeds the ``random`` read rule and the online arrivals (config
-    ``scheduler.random_seed``); ``layerwise_prefill`` False turns layerwise prefill off
-    whatever the policy; ``controllers`` names the dynamic controllers that run
-    (:mod:`dualpath_cli.core.controllers`: ``alpha``, ``beta``, ``quota``), one step every
-    ``control_interval_s`` simulated seconds. ``nodes_per_group`` (config
-    ``cluster.nodes_per_group``) forms the engine groups as :mod:`dualpath_cli.core.groups`
-    says: consecutive nodes of one role, the last group smaller when the count is not a
-    multiple.
-    """
-
-    model: ModelProfile
-    hardware: HardwareProfile
-    prefill_nodes: int
-    decode_nodes: int
-    policy: Policy
-    calibration: SimCalibration = field(default_factory=SimCalibration)
-    seed: int = 0
-    alpha: int | None = None
-    beta: int | None = None
-    bin_s: float = 5.0
-    layerwise_prefill: bool = True
-    controllers: tuple[str, ...] = ()
-    control_interval_s: float = 2.0
-    sub_schedulers: int = 0  # > 0: hierarchical scheduling (sim/hierarchy.py)
-    nodes_per_group: int = 1  # engine groups span this many nodes (core/groups.py)
-
-    @property
-    def pd(self) -> str:
-        """The deployment as ``2P4D``."""
-        return f"{self.prefill_nodes}P{self.decode_nodes}D"
-
-
-def derive_thresholds(cost: CostModel, plans: Sequence[AgentPlan]) -> tuple[int, int]:
-    """The paper's alpha (tokens the SNIC reads in 3 s) and beta (tokens a PE processes in 5 s).
-
-    core's PE fetch charges a request's full length to ``tok``, so beta is counted in the
-    same unit: core's ``HardwareProfile.prompt_tokens_per_s`` (the formula config and
-    ``tune beta`` use) at the workload's mean context and append (the paper's "profiling").
-    The cost model's FLOP/s is the hardware profile's peak x MFU, so both agree.
-    """
-    cal = cost.calibration
-    alpha = tokens_readable(cost.snic_rate, cost.kv_bytes_per_token, cal.alpha_window_s)
-    ctx_sum = app_sum = n = 0
-    for p in plans[:500]:
-        ctx = 0
-        for t in p.turns:
-            ctx_sum += ctx
-            app_sum += t.append
-            ctx += t.append + t.gen
-            n += 1
-    if n == 0:
-        raise UsageError("the workload has no turns")
-    c, a = ctx_sum // n, max(1, app_sum // n)
-    rate = cost.hardware.prompt_tokens_per_s(cost.model, c, a)
-    return alpha, tokens_processable(rate, cal.beta_window_s)
-
-
-def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[PrefillWork]:
-    """The head of ``ready`` whose whole prompts fit in ``hbm_tokens`` (always the first)."""
-    used = 0
-    for i, w in enumerate(ready):
-        used += w.cached + w.bsz
-        if used > hbm_tokens and i > 0:
-            return
-        yield w
-
+__all__ = ["STOP_CHECK_S", "Simulation"]
 
 STOP_CHECK_S = 10.0
 """How often (simulated seconds) an online run applies its stop rule."""
 
-MAX_NODES = 10_000
-"""Most machines one run builds (70x the paper's 144); beyond it, building alone takes long."""
 
-
-def _check_fits_decode_hbm(plans: Sequence[AgentPlan], de_hbm_tokens: int,
-                           setup: SimSetup) -> None:
-    """Fail before the run when an agent's whole context cannot sit in one DE's HBM.
-
-    Why up front: a decode engine holds a turn's prompt and generated tokens, so the agent
-    whose context grows largest would otherwise stop the run when it gets there, which in an
-    online probe can be deep into a long simulation.
-    """
-    longest, agent = 0, -1
-    for i, plan in enumerate(plans):
-        total = 0
-        for t in plan.turns:
-            total += (t.append if t.append > 1 else 1) + (t.gen if t.gen > 1 else 1)
-        if total > longest:
-            longest, agent = total, i
-    if longest > de_hbm_tokens:
-        raise ConfigError(
-            f"agent {agent} reaches {longest} tokens of context, more than one decode "
-            f"engine's HBM holds for {setup.model.name} on {setup.hardware.name} "
-            f"({de_hbm_tokens} tokens after weights): use a shorter --max-len, more decode "
-            "nodes (expert-parallel models) or a hardware profile with more HBM")
-
-
-class Simulation:
+class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage):
     """One simulated run. Build, then call :meth:`run_offline` or :meth:`run_online`.
 
     Why the handlers look flat: a 48P96D run is about 7.5M turns and 50M events, so the hot
@@ -192,13 +82,13 @@ class Simulation:
             raise UsageError("the workload has no agents")
         self.setup = setup
         self.plans = list(plans)
-        self.policy: Policy = setup.policy
+        self.policy = setup.policy
         # an unshaped policy (the oracle) moves no KV at all: no reads are planned
-        self.core_policy: Policy | None = setup.policy if setup.policy.shaped else None
+        self.core_policy = setup.policy if setup.policy.shaped else None
         cost = build_cost_model(setup.model, setup.hardware, setup.calibration,
                                 setup.prefill_nodes, setup.decode_nodes)
         self.cost = cost
-        _check_fits_decode_hbm(self.plans, cost.de_hbm_tokens, setup)
+        check_fits_decode_hbm(self.plans, cost.de_hbm_tokens, setup)
         alpha, beta = derive_thresholds(cost, self.plans)
         self.alpha = setup.alpha if setup.alpha is not None else alpha
         self.beta = setup.beta if setup.beta is not None else beta
@@ -236,24 +126,11 @@ class Simulation:
         self.K_CHECK = ev.register(self._check_stop)
         self.K_IO_RETRY = ev.register(self._start_io)
         self.K_CONTROL = ev.register(self._control)
-        unknown = sorted(set(setup.controllers) - set(CONTROLLERS))
-        if unknown:
-            raise UsageError(f"unknown controller {unknown[0]!r}; choose from "
-                             f"{', '.join(CONTROLLERS)}")
-        if setup.controllers and not setup.control_interval_s > 0:
-            raise UsageError(f"control interval {setup.control_interval_s!r}: must be > 0 s")
-        self.controllers = Controllers(
-            on={name: name in setup.controllers for name in CONTROLLERS},
-            bases={"alpha": float(self.alpha), "beta": float(self.beta),
-                   "quota": float(cal.quota_s)},
-            minimum={"alpha": 0.0, "beta": float(cal.block_tokens)})
-        self.control_steps: list[ControlStep] = []
-        self._ctl_values = {"alpha": float(self.alpha), "beta": float(self.beta),
-                            "quota": float(cal.quota_s)}
-        self._ctl_bytes: list[float] = []
-        self._ctl_busy: list[float] = []
-        self._ttfts: list[float] | None = [] if self.controllers.any_on else None
-        self._build()
+        self._init_control()
+        topo = build_topology(setup, cost)
+        self.nodes, self.pe_groups, self.de_groups = topo.nodes, topo.pe_groups, topo.de_groups
+        self.pes, self.des, self.engines = topo.pes, topo.des, topo.engines
+        self.pe_idle = topo.pe_idle
         # workload state
         n = len(self.plans)
         self.num_turns = [p.num_turns for p in self.plans]
@@ -263,14 +140,14 @@ class Simulation:
         # shared-prefix keys, the keys some first turn has stored, and the hits counted
         self._shared_chains = [shared_chain(p.shared) if p.shared else None
                                for p in self.plans]
-        self._stored_shared: set[int] = set()
+        self._stored_shared = set()
         self.hit_tokens = 0
         self.shared_hit_tokens = 0
         self.agent_start = [math.nan] * n
         self.agent_end = [math.nan] * n
-        self.reqs: dict[int, Req] = {}
-        self.pe_queue: deque[Req] = deque()
-        self.de_global: deque[Req] = deque()
+        self.reqs = {}
+        self.pe_queue = deque()
+        self.de_global = deque()
         self.drain_pending = False
         self.rid = 0
         self.turns_done = 0
@@ -278,79 +155,10 @@ class Simulation:
         self.read_pe_tokens = 0
         self.read_de_tokens = 0
         self.record = False
-        self.samples: list[tuple[float, float, float, float]] = []
-        self.stop_rule: StopRule | None = None  # online runs: the paper's end of a run
-        self.stopped: str | None = None
+        self.samples = []
+        self.stop_rule = None  # online runs: the paper's end of a run
+        self.stopped = None
         self._total_turns = sum(self.num_turns)
-
-    # ----------------------------------------------------------------- construction
-    def _build(self) -> None:
-        s, cost = self.setup, self.cost
-        hw = s.hardware
-        g = hw.gpus_per_node
-        buf = float(hw.dram_buffer_bytes)
-        self.nodes: list[Node] = []
-        self.pe_groups: list[Group] = []
-        self.de_groups: list[Group] = []
-        self.pes: list[PEngine] = []
-        self.des: list[DEngine] = []
-        self.engines: list[PEngine | DEngine] = []
-        # groups are numbered in order, PE groups first (one node per group: the node's
-        # index); a group's engines are its nodes' engines, node by node
-        for role, first, count in ((Role.PREFILL, 0, s.prefill_nodes),
-                                   (Role.DECODE, s.prefill_nodes, s.decode_nodes)):
-            for run in node_groups(count, s.nodes_per_group):
-                grp: Group | None = None
-                for pos in run:
-                    node = Node(first + pos, role, cost.snic_rate, buf)
-                    self.nodes.append(node)
-                    if grp is None:
-                        grp = Group(len(self.pe_groups) + len(self.de_groups), role, node)
-                        (self.pe_groups if role is Role.PREFILL else self.de_groups).append(
-                            grp)
-                    node_snaps = []
-                    for _ in range(g):
-                        idx = len(self.engines)
-                        e: PEngine | DEngine
-                        if role is Role.PREFILL:
-                            e = PEngine(idx, node, grp, cost.pe_hbm_tokens, cost.cnic_kv_rate)
-                            self.pes.append(e)
-                        else:
-                            e = DEngine(idx, node, grp, cost.de_hbm_tokens, cost.cnic_kv_rate)
-                            self.des.append(e)
-                        self.engines.append(e)
-                        node.engines.append(e)
-                        grp.engines.append(e)
-                        grp.snaps.append(e.snap)
-                        node_snaps.append(e.snap)
-                    grp.nodes.append((node, node_snaps))
-                assert grp is not None
-                grp.tok = sum(sn.tok for sn in grp.snaps)
-                grp.hbm_free = sum(sn.hbm_free for sn in grp.snaps if sn.healthy)
-        self.pe_idle: set[int] = {grp.idx for grp in self.pe_groups}
-        for grp in self.pe_groups:
-            grp.idle = True
-        self.phase = {grp.idx: (i + 0.5) / len(self.pe_groups)
-                      for i, grp in enumerate(self.pe_groups)}
-        self.phase.update({grp.idx: (i + 0.5) / len(self.de_groups)
-                           for i, grp in enumerate(self.de_groups)})
-        period = s.calibration.fetch_period_s
-        for grp in (*self.pe_groups, *self.de_groups):
-            grp.tick_ph = self.phase[grp.idx] * period
-
-    # ----------------------------------------------------------------- helpers
-    def _tick(self, grp: Group) -> float:
-        """The next periodic fetch time of ``grp`` at or after now."""
-        period = self._period
-        ph = grp.tick_ph
-        return ph + period * math.ceil((self.loop.now - ph) / period - 1e-12)
-
-    def _wake(self, grp: Group, kind: int) -> None:
-        if not grp.pending:
-            grp.pending = True
-            period = self._period
-            ph = grp.tick_ph
-            self._at(ph + period * math.ceil((self.loop.now - ph) / period - 1e-12), kind, grp)
 
     # ----------------------------------------------------------------- agents and turns
     def _agent_arrives(self, agent: int) -> None:
@@ -405,470 +213,6 @@ class Simulation:
         if self._full_blocks:
             hit = (hit // self._block_tokens) * self._block_tokens
         return max(0, hit)
-
-    # ----------------------------------------------------------------- PE fetch
-    def _pe_fetch(self, grp: Group) -> None:
-        grp.pending = False
-        self._fetch_from(grp, self.pe_queue, self.de_global, self.pe_idle)
-
-    def _fetch_from(self, grp: Group, q: deque[Req], de_global: deque[Req],
-                    idle: set[int]) -> None:
-        """One PE group fetch from queue ``q`` into ``de_global``; the hierarchical
-        scheduler calls it per sub-scheduler with that sub's queues and idle set."""
-        if not q:
-            grp.idle = True
-            idle.add(grp.idx)
-            return
-        snaps = grp.snaps
-        for node, node_snaps in grp.nodes:  # each engine reports its own node's queue
-            read_q = node.read_q
-            for sn in node_snaps:
-                sn.read_q = read_q
-        assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
-        if assignments:
-            engines = self.engines
-            for _rid, eid in assignments:
-                req = q.popleft()
-                req.pe = engines[eid]  # type: ignore[assignment]
-                de_global.append(req)
-            if not self.drain_pending:
-                self.drain_pending = True
-                self._at(self._tick(self.de_groups[0]), self.K_DE_DRAIN, None)
-        if stop == "queue_empty":
-            if q:
-                self._wake(grp, self.K_PE_FETCH)
-            else:
-                grp.idle = True
-                idle.add(grp.idx)
-
-    # ----------------------------------------------------------------- DE phase 1 and 2
-    def _de_drain(self, _: object) -> None:
-        self.drain_pending = False
-        q = self.de_global
-        if not q:
-            return
-        loads = {grp.idx: grp.tok + grp.private_tokens for grp in self.de_groups}
-        res = de_route([r.core for r in q], loads)
-        groups, first, kind = self.de_groups, len(self.pe_groups), self.K_DE_FETCH
-        for _rid, gidx in res.assignments:
-            req = q.popleft()
-            grp = groups[gidx - first]  # DE groups are numbered in order, after the PE groups
-            grp.private.append(req)
-            grp.private_tokens += req.length
-            req.cum_end = grp.routed = grp.routed + req.length
-            if not grp.pending:
-                self._wake(grp, kind)
-
-    def _de_fetch(self, grp: Group) -> None:
-        grp.pending = False
-        priv = grp.private
-        if not priv:
-            return
-        snaps = grp.snaps
-        first = priv[0].length
-        for sn in snaps:
-            if sn.healthy and sn.hbm_free >= first:
-                break
-        else:  # no DE has room for the head: core's placement would stop at once, empty
-            return
-        # core's de_place on the head R + 1 of the queue (R: the longest head whose total
-        # fits the group's free HBM, at most _DE_HEAD_MAX requests offered), without walking
-        # it: |R| by bisection over the running totals, sum(R) by one subtraction, then Z by
-        # core's z_threshold and the placement loop by core's place_under_z, as de_place does
-        free = grp.hbm_free
-        base = priv[0].cum_end - first
-        fit = bisect_right(priv, base + free, key=_cum_end)
-        offered = min(fit + 1, len(priv), _DE_HEAD_MAX)
-        r_count = fit if fit < offered else offered
-        r_tokens = priv[r_count - 1].cum_end - base if r_count else 0
-        live = [sn for sn in snaps if sn.healthy]
-        z = z_threshold(r_tokens, live, self._z_factor)
-        assignments, stop = place_under_z((r.core for r in islice(priv, offered)), live, z)
-        engines = self.engines
-        for _rid, eid in assignments:
-            req = priv.popleft()
-            de = engines[eid]
-            req.de = de  # type: ignore[assignment]
-            length, gen = req.length, req.gen
-            de.snap.hbm_free -= gen  # generated tokens also live in HBM
-            grp.private_tokens -= length
-            grp.tok += length
-            grp.hbm_free -= length + gen
-            self._start_io(req)
-        if stop == "queue_empty" and priv:
-            self._wake(grp, self.K_DE_FETCH)
-
-    # ----------------------------------------------------------------- reads
-    def _start_io(self, req: Req) -> None:
-        pe, de = req.pe, req.de
-        assert pe is not None and de is not None
-        pol = self.core_policy
-        if pol is None or req.cached == 0:
-            self._pe_ready(req)
-            return
-        pe_snap, de_snap = pe.snap, de.snap
-        pe_snap.read_q = pe.node.read_q
-        de_snap.read_q = de.node.read_q
-        try:
-            plan = read_plan(pol, req.core, pe_snap, de_snap, self.params, self.ordinal)
-        except NoAvailableEngine:  # seed-select: neither side healthy; try at the next tick
-            self._at(self.loop.now + self._period, self.K_IO_RETRY, req)
-            return
-        self.ordinal += 1
-        kvpt = self._kvpt
-        pe_tokens, de_tokens = plan.pe_tokens, plan.de_tokens
-        pe_job = de_job = None
-        if pe_tokens:
-            pe_job = ReadJob(req, pe_tokens, pe_tokens * kvpt, pe)
-            self.read_pe_tokens += pe_tokens
-        if de_tokens:
-            de_job = ReadJob(req, de_tokens, de_tokens * kvpt, de)
-            self.read_de_tokens += de_tokens
-        req.pending_reads = (pe_job is not None) + (de_job is not None)
-        if pe_job is not None:
-            pe.node.read_q += pe_tokens
-            pe.rq.append(pe_job)
-            if pe.reading is None:
-                self._try_read(pe)
-        if de_job is not None:
-            de.node.read_q += de_tokens
-            de.rq.append(de_job)
-            if de.reading is None:
-                self._try_read(de)
-
-    def _try_read(self, eng: PEngine | DEngine) -> bool:
-        rq = eng.rq
-        if eng.reading is not None or not rq:
-            return False
-        job = rq[0]
-        node = eng.node
-        link = node.snic
-        nbytes = job.nbytes
-        if node.buffer_free < nbytes and link.flows:
-            if not eng.blocked:
-                eng.blocked = True
-                node.blocked += 1
-            return False  # DRAM buffer full: wait for a release (never blocks an idle NIC)
-        if eng.blocked:
-            eng.blocked = False
-            node.blocked -= 1
-        rq.popleft()
-        node.buffer_free -= nbytes
-        now = self.loop.now
-        job.start = now
-        flow = Flow(nbytes, now, job, eng.idx)
-        eng.reading = flow
-        link.add(now, flow)
-        version = link.version = link.version + 1  # reschedule the next completion
-        heappush(self._heap, (link.next_finish(), self._ticket(), self.K_READ, (node, version)))
-        return True
-
-    def _read_done(self, payload: tuple[Node, int]) -> None:
-        node, version = payload
-        link = node.snic
-        if version != link.version:
-            return
-        now = self.loop.now
-        engines, bin_s, bins = self.engines, self._bin_s, node.bins
-        for flow in link.pop_done(now):
-            job: ReadJob = flow.token  # type: ignore[assignment]
-            eng = engines[flow.owner]
-            eng.reading = None
-            node.read_q -= job.tokens
-            nbytes, start = job.nbytes, job.start
-            b0 = int(start // bin_s)
-            if b0 == int(now // bin_s) or now <= start:  # _bin's single-bin case, inlined
-                node.read_bytes += nbytes
-                bins[b0] = bins.get(b0, 0.0) + nbytes
-            else:
-                self._bin(node, start, now, nbytes)
-            self._dram(node, nbytes)  # written into the node's buffer
-            req = job.req
-            if eng.prefill:
-                req.buf_pe += nbytes
-            else:
-                req.buf_de += nbytes
-            req.pending_reads -= 1
-            if req.pending_reads == 0:  # _pe_ready, inlined
-                pe = req.pe
-                assert pe is not None
-                pe.ready.append(PrefillWork(req.rid, req.cached, req.new))
-                if not pe.busy:
-                    self._start_batch(pe)
-            if eng.rq:
-                self._try_read(eng)
-        version = link.version = link.version + 1
-        if link.flows:  # next_finish() >= now: the link was just advanced to now
-            heappush(self._heap, (link.next_finish(), self._ticket(), self.K_READ,
-                                  (node, version)))
-
-    def _bin(self, node: Node, start: float, end: float, nbytes: float) -> None:
-        node.read_bytes += nbytes
-        w = self._bin_s
-        b0, b1 = int(start // w), int(end // w)
-        bins = node.bins
-        if b0 == b1 or end <= start:
-            bins[b0] = bins.get(b0, 0.0) + nbytes
-            return
-        rate = nbytes / (end - start)
-        for b in range(b0, b1 + 1):
-            lo, hi = max(start, b * w), min(end, (b + 1) * w)
-            if hi > lo:
-                bins[b] = bins.get(b, 0.0) + rate * (hi - lo)
-
-    def _dram(self, node: Node, nbytes: float) -> None:
-        """Count KV bytes through ``node``'s DRAM now (accounting only: DRAM bandwidth is
-        checked by the results' ``dram_util``/``dram_peak``, not queued on)."""
-        node.dram_bytes += nbytes
-        b = int(self.loop.now // self._bin_s)
-        bins = node.dram_bins
-        bins[b] = bins.get(b, 0.0) + nbytes
-
-    def _release(self, node: Node, nbytes: float) -> None:
-        """Free ``nbytes`` of ``node``'s buffer, which were read out of it (to HBM or a PE)."""
-        if nbytes <= 0:
-            return
-        self._dram(node, nbytes)
-        node.buffer_free += nbytes
-        if node.blocked:  # else every engine of the node is reading or has nothing queued
-            for eng in node.engines:
-                if eng.reading is None and eng.rq:
-                    self._try_read(eng)
-
-    # ----------------------------------------------------------------- prefill
-    def _pe_ready(self, req: Req) -> None:
-        pe = req.pe
-        assert pe is not None
-        pe.ready.append(PrefillWork(req.rid, req.cached, req.new))
-        if not pe.busy:
-            self._start_batch(pe)
-
-    def _start_batch(self, pe: PEngine) -> None:
-        cost = self.cost
-        ready = pe.ready
-        layerwise = self._layerwise
-        queue: Iterable[PrefillWork] = ready
-        if not layerwise:  # whole-prompt KV must sit in HBM: offer only what fits
-            queue = _hbm_prefix(ready, cost.pe_hbm_tokens)
-        qb = pack_batch(queue, self._quota, cost.predictor)
-        for _ in range(qb.consumed):
-            ready.popleft()
-        if qb.carry is not None:
-            ready.appendleft(qb.carry)
-        compute = 0.0
-        cached = 0
-        prefill_s = cost.prefill_s
-        items = qb.items
-        for w in items:
-            compute += prefill_s(w.cached, w.bsz)
-            cached += w.cached
-        if self._overhead_each and len(items) > 1:  # batch_s adds the first one
-            compute += self._overhead_each * (len(items) - 1)
-        load = cached * self._kvpt if self._io else 0.0
-        if self._host_cores is not None:
-            self._computing += 1
-            self._retime_decode(self.loop.now, None)
-            compute *= self._slowdown()
-        dur = cost.batch_s(compute, load, layerwise)
-        pe.cnic_in.bytes += load
-        pe.busy = True
-        pe.busy_time += dur
-        pe.batches += 1
-        heappush(self._heap, (self.loop.now + dur, self._ticket(), self.K_PE_DONE, (pe, items)))
-
-    def _pe_done(self, payload: tuple[PEngine, tuple[PrefillWork, ...]]) -> None:
-        pe, items = payload
-        pe.busy = False
-        if self._host_cores is not None:
-            self._computing -= 1
-            self._retime_decode(self.loop.now, None)
-        reqs = self.reqs
-        for w in items:
-            req = reqs[w.request_id]
-            req.done_new += w.bsz
-            if req.done_new >= req.new:
-                self._prefill_finished(req)
-        if pe.ready:
-            self._start_batch(pe)
-
-    def _prefill_finished(self, req: Req) -> None:
-        now = self.loop.now
-        if req.turn == 0:  # its KV exists now: the shared prefix is in the store
-            chain = self._shared_chains[req.agent]
-            if chain is not None:
-                self._stored_shared.update(chain)
-        req.t_first = now
-        if self._ttfts is not None:
-            self._ttfts.append(now - req.t_arrive)
-        if self.stop_rule is not None:
-            self.stop_rule.add(now, now - req.t_arrive)
-        pe, de = req.pe, req.de
-        assert pe is not None and de is not None
-        snap = pe.snap
-        snap.tok -= req.length
-        snap.seq -= 1
-        grp = pe.group
-        if self.pe_queue and not grp.pending:
-            self._wake(grp, self.K_PE_FETCH)
-        buf = req.buf_pe
-        if buf > 0:
-            self._release(pe.node, buf)
-        req.buf_pe = 0.0
-        t = now
-        if self._io:
-            kvpt = self._kvpt
-            full = req.length * kvpt
-            if self._layerwise:  # streamed per layer during the prefill
-                sent = (req.length if req.buf_de == 0 else req.new) * kvpt
-                pe.cnic_out.bytes += sent
-            else:
-                sent = full
-                t = pe.cnic_out.send(now, full)
-            t = de.cnic_in.send(t, full)  # H2D into DE HBM through the CNIC loopback
-            self._dram(de.node, sent + full)  # into the DE buffer, then out to HBM
-        heappush(self._heap, (t, self._ticket(), self.K_JOIN, req))  # t >= now
-
-    # ----------------------------------------------------------------- decode
-    def _reschedule(self, de: DEngine, now: float) -> None:
-        """Set the step time for the batch as it now is and schedule its next completion."""
-        version = de.version = de.version + 1
-        heap = de.heap
-        if self._host_cores is not None and bool(heap) != de.active:
-            de.active = bool(heap)
-            self._computing += 1 if de.active else -1
-            self._retime_decode(now, de)
-        if not heap:
-            de.step_s = 0.0
-            return
-        step_s = self.cost.decode_step_s(len(heap), de.attended)
-        if self._host_cores is not None:
-            step_s *= self._slowdown()
-        de.step_s = step_s
-        wait = max(0.0, heap[0][0] - de.steps) * step_s
-        heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
-
-    def _slowdown(self) -> float:
-        """How much slower an engine computes now that ``_computing`` share the host cores."""
-        cores = self._host_cores
-        return max(1.0, self._computing / cores) if cores else 1.0
-
-    def _retime_decode(self, now: float, skip: DEngine | None) -> None:
-        """Re-time every decoding DE (but ``skip``) after the number of computing engines
-        changed: advance its steps at the old rate, then reschedule at the new one."""
-        for de in self.des:
-            if de is skip or not de.heap:
-                continue
-            if de.step_s > 0:
-                de.steps += (now - de.last) / de.step_s
-                de.busy_time += now - de.last
-            de.last = now
-            self._reschedule(de, now)
-
-    def _de_join(self, req: Req) -> None:
-        de = req.de
-        assert de is not None
-        now = self.loop.now
-        buf = req.buf_de
-        if buf > 0:
-            self._release(de.node, buf)
-        req.buf_de = 0.0
-        step_s = de.step_s  # advance the batch's step count to now
-        if step_s > 0:
-            de.steps += (now - de.last) / step_s
-            de.busy_time += now - de.last
-        de.last = now
-        att = self.cost.attended(req.length + req.gen // 2)
-        req.finish_s = att
-        de.attended += att
-        heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
-        req.t_join = now
-        self._reschedule(de, now)
-        req.t_second = now + de.step_s
-
-    def _de_step(self, payload: tuple[DEngine, int]) -> None:
-        de, version = payload
-        if version != de.version:
-            return
-        now = self.loop.now
-        step_s = de.step_s  # advance the batch's step count to now
-        if step_s > 0:
-            de.steps += (now - de.last) / step_s
-            de.busy_time += now - de.last
-        de.last = now
-        heap = de.heap
-        limit = de.steps + 1e-9
-        while heap and heap[0][0] <= limit:
-            req = heappop(heap)[2]
-            de.attended -= int(req.finish_s)
-            self._finish(req, de)
-        self._reschedule(de, now)
-
-    def _finish(self, req: Req, de: DEngine) -> None:
-        now = self.loop.now
-        snap = de.snap
-        length, gen = req.length, req.gen
-        snap.tok -= length
-        snap.seq -= 1
-        snap.hbm_free += length + gen
-        grp = de.group
-        grp.tok -= length
-        grp.hbm_free += length + gen
-        if grp.private and not grp.pending:
-            self._wake(grp, self.K_DE_FETCH)
-        if self._io:  # persist the turn's new full blocks (never delays a read)
-            nbytes = (req.new + gen) * self._kvpt
-            self._dram(de.node, 2 * nbytes)  # GPU -> DRAM -> storage
-            de.node.write.send(now, nbytes)
-            de.cnic_out.bytes += nbytes
-        if self.record:
-            tpot = (now - req.t_second) / (gen - 2) if gen > 2 else math.nan
-            ttst = req.t_second - req.t_first if gen > 1 else math.nan
-            self.samples.append((req.t_arrive, req.t_first - req.t_arrive, ttst, tpot))
-        del self.reqs[req.rid]
-        self.turns_done += 1
-        agent = req.agent
-        if self.next_turn[agent] < self.num_turns[agent]:
-            self._start_turn(agent)
-        else:
-            self.agent_end[agent] = now
-
-    # ----------------------------------------------------------------- controllers
-    def _start_control(self) -> None:
-        if not self.controllers.any_on:
-            return
-        self._ctl_bytes = [n.read_bytes for n in self.nodes]
-        self._ctl_busy = [p.busy_time for p in self.pes]
-        self.loop.at(self.loop.now + self.setup.control_interval_s, self.K_CONTROL, None)
-
-    def _control(self, _: object) -> None:
-        """One controller interval: measure, step core's controllers, apply, log."""
-        dt = self.setup.control_interval_s
-        rate = self.cost.snic_rate * dt
-        read = [n.read_bytes for n in self.nodes]
-        busy = [p.busy_time for p in self.pes]
-        snic = max((b - a) / rate for a, b in zip(self._ctl_bytes, read, strict=True))
-        gpu = sum(min(1.0, (b - a) / dt) for a, b in zip(self._ctl_busy, busy, strict=True))
-        self._ctl_bytes, self._ctl_busy = read, busy
-        ttfts = self._ttfts or []
-        self._ttfts = []
-        signals = {"snic_util": snic if self._io else None, "gpu_util": gpu / len(busy),
-                   "ttft_tail": ttft_tail(ttfts)}
-        for step in self.controllers.step(self._ctl_values, signals):
-            if not step.moved:
-                continue
-            self._ctl_values[step.name] = step.new
-            self.control_steps.append(step)
-        beta = self.beta
-        self.alpha = int(round(self._ctl_values["alpha"]))
-        self.beta = int(round(self._ctl_values["beta"]))
-        self._quota = self._ctl_values["quota"]
-        self.params = replace(self.params, alpha=self.alpha, beta=self.beta)
-        if self.beta > beta and self.pe_queue:  # PEs that were full may take more now
-            for grp in self.pe_groups:
-                if not grp.idle:
-                    self._wake(grp, self.K_PE_FETCH)
-        if self.record or self.turns_done < self._total_turns:
-            self.loop.at(self.loop.now + dt, self.K_CONTROL, None)
 
     # ----------------------------------------------------------------- runs
     def run_offline(self) -> SimResult:
@@ -949,8 +293,6 @@ class Simulation:
         return res
 
     def _result(self, mode: str, sim_time: float, jct: float, wall: float) -> SimResult:
-        from dualpath_cli.sim.metrics import snic_series
-
         s = self.setup
         span = sim_time if sim_time > 0 else 1.0
         snic, snic_bins = max_over_avg([n.bins for n in self.nodes],

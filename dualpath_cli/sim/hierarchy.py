@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 from dualpath_cli.core.de_schedule import de_route
 from dualpath_cli.core.hierarchy import check_subs, partition, route_to_subs
-from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.cluster import Simulation
+from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.state import DEngine, Group, Req
 from dualpath_cli.sim.trace import AgentPlan
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dualpath_cli.sim.cluster import SimSetup, Simulation
+from dualpath_cli.sim.cluster import Simulation
 from dualpath_cli.sim.metrics import SimResult
+from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.state import DEngine, Req
 from dualpath_cli.sim.trace import AgentPlan
 

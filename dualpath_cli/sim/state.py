@@ -1,7 +1,8 @@
 """Mutable simulation state: requests (turns), nodes and engines.
 
 Plain ``__slots__`` classes rather than dataclasses with validation: these objects are
-touched millions of times per run and only by :mod:`dualpath_cli.sim.cluster`.
+touched millions of times per run and only by the simulation (:mod:`dualpath_cli.sim.cluster`
+and its stages).
 """
 
 from __future__ import annotations

@@ -25,13 +25,7 @@ from dualpath_cli.storage.errors import (
     TruncatedBlock,
 )
 from dualpath_cli.storage.header import HEADER_SIZE, BlockHeader
-from dualpath_cli.storage.loader import (
-    PREFETCH_PRIORITY,
-    LoadResult,
-    LoadTicket,
-    ReadQueue,
-    StorageLoader,
-)
+from dualpath_cli.storage.loader import PREFETCH_PRIORITY, StorageLoader
 from dualpath_cli.storage.memory import MemoryStore
 from dualpath_cli.storage.posix import PosixStore
 from dualpath_cli.storage.replicas import ReplicatedStore
@@ -49,6 +43,7 @@ from dualpath_cli.storage.store import (
     read_one,
     verify_block,
 )
+from dualpath_cli.storage.tickets import LoadResult, LoadTicket, ReadQueue
 
 __all__ = [
     "KVStore", "PosixStore", "MemoryStore", "ReplicatedStore", "ReadOp", "StoreUsage",

@@ -25,8 +25,9 @@ from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
 from dualpath_cli.storage.block import encode_block
 from dualpath_cli.storage.errors import StorageUsageError
 from dualpath_cli.storage.header import HEADER_SIZE
-from dualpath_cli.storage.loader import LoadResult, StorageLoader
+from dualpath_cli.storage.loader import StorageLoader
 from dualpath_cli.storage.posix import PosixStore
+from dualpath_cli.storage.tickets import LoadResult
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
 __all__ = ["Dataset", "LoaderRun", "make_dataset", "loader_run", "loader_gbps", "shaped_mbps",

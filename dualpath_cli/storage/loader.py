@@ -25,12 +25,14 @@ block completes. DRAM-cache hits complete in the caller's thread with no hand-of
 
 A corrupt block is quarantined by the store and reported here as a miss (the engine
 recomputes it); nothing corrupt is ever handed out.
+
+The queue of reads is :mod:`~dualpath_cli.storage.block_queue`, the metrics
+:mod:`~dualpath_cli.storage.loader_metrics`, and what a load hands back (ticket, result,
+miss reasons) :mod:`~dualpath_cli.storage.tickets`.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -42,54 +44,34 @@ from typing import TYPE_CHECKING
 
 from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.block import LoadedBlock
+from dualpath_cli.storage.block_queue import BlockQueue, PendingRead
 from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.cache import BlockCache
 from dualpath_cli.storage.engines import ChecksumHelper
+from dualpath_cli.storage.loader_metrics import LoaderMetrics
 from dualpath_cli.storage.shaper import TokenBucket
 from dualpath_cli.storage.store import (
     BoundedReads,
+    Deferred,
     KVStore,
+    PipedBatch,
     PipelinedReads,
     ReadOp,
     SplitReads,
     persists_access_counts,
     read_path_of,
 )
+from dualpath_cli.storage.tickets import LoadResult, LoadTicket, ReadQueue, miss_reason_of
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 
 if TYPE_CHECKING:  # types of the pipelined read capability
     from dualpath_cli.storage.native import NativePipeline
-    from dualpath_cli.storage.reads import Deferred, PipedBatch
 
-__all__ = ["StorageLoader", "LoadTicket", "LoadResult", "ReadQueue", "PREFETCH_PRIORITY",
-           "MISS_REASONS", "miss_reason_of"]
+__all__ = ["StorageLoader", "PREFETCH_PRIORITY"]
 
 log = logging.getLogger(__name__)
 
 PREFETCH_PRIORITY = 1 << 30  # below every request (lower numbers are served first)
-
-#: Why a KV block was not served (the ``reason`` label of ``dualpath_kv_miss_blocks_total``).
-MISS_REASONS: tuple[str, ...] = ("never_stored", "prefix_diverged", "evicted", "quarantined",
-                                 "read_failed", "timed_out", "cancelled")
-_SIDE = {"prefill": "pe", "decode": "de"}
-
-
-def miss_reason_of(op: ReadOp, closing: bool = False) -> str:
-    """Why a store read of ``op`` delivered nothing: corrupt (quarantined), an I/O error
-    (timed out or failed), the loader closing (cancelled), else the block was gone from the
-    store when read (evicted or collected after the lookup found it)."""
-    if op.error is not None:
-        return "quarantined"
-    if op.io_error is not None:
-        return "timed_out" if "timed out" in op.io_error.lower() else "read_failed"
-    return "cancelled" if closing else "evicted"
-_LOOKAHEAD_BYTES = 8 << 20  # how far a pipelined reader's batch runs ahead of its share
-_LOOKAHEAD_BLOCKS = 64
-# a reader that reads one block at a time (preadv) takes at most about this much per batch:
-# a batch's buffers are held until the whole batch completes, and a long batch of large
-# blocks keeps a working set of buffers bigger than the CPU caches (every block read into a
-# cold buffer costs a fetch and a write-back of its lines)
-_SYNC_BATCH_BYTES = 8 << 20
 # batches a reader keeps queued on a native pipeline: one being read while the one before is
 # hashed and judged (measured at QD 1, 1 MiB, loader medians over 12 runs: 2 x 8 MiB 24.8
 # GB/s, 3 x 8 MiB 22.3, 4 x 4 MiB 21.9, 3 x 4 MiB 24.3; more queued means more buffers
@@ -97,117 +79,11 @@ _SYNC_BATCH_BYTES = 8 << 20
 _PIPE_DEPTH = 2
 
 
-@dataclass(frozen=True, slots=True)
-class ReadQueue:
-    """Work queued or in flight on a node's loader."""
-
-    blocks: int
-    bytes: int
-    tokens: int
-    in_flight: int
-
-
-@dataclass(slots=True)
-class LoadResult:
-    """Outcome of one ticket: ``blocks[i]`` is the block of ``keys[i]`` or None (a miss)."""
-
-    keys: list[BlockKey]
-    blocks: list[LoadedBlock | None]
-    dram_hits: int = 0
-    store_hits: int = 0
-    misses: int = 0
-    corrupt: int = 0
-    cancelled: bool = False
-    reasons: dict[int, str] = field(default_factory=dict)  # index -> why it is None
-    dram_misses: dict[str, int] = field(default_factory=dict)  # DRAM-buffer misses by reason
-
-    def why(self, index: int) -> str:
-        """The miss reason of block ``index`` (one of :data:`MISS_REASONS`), e.g. for the
-        engine's read-failed report; a delivered block has none (``""``)."""
-        if index < len(self.blocks) and self.blocks[index] is not None:
-            return ""
-        return self.reasons.get(index, "cancelled" if self.cancelled else "evicted")
-
-    @property
-    def hit_prefix(self) -> int:
-        """Leading blocks present: the usable cached prefix."""
-        n = 0
-        for block in self.blocks:
-            if block is None:
-                break
-            n += 1
-        return n
-
-    def release(self) -> None:
-        """Release every block's buffer."""
-        for block in self.blocks:
-            if block is not None:
-                block.release()
-
-
-class LoadTicket:
-    """Handle of a submitted load: wait on it, cancel it, or attach a callback."""
-
-    def __init__(self, loader: StorageLoader, keys: list[BlockKey]) -> None:
-        self._loader = loader
-        self.result = LoadResult(keys, [None] * len(keys))
-        self._remaining = len(keys)
-        self._completed = False  # set under the loader lock by whoever completes it
-        self._event = threading.Event()
-        self._callbacks: list[Callable[[LoadResult], None]] = []
-
-    def done(self) -> bool:
-        """True once every block completed (or the ticket was cancelled)."""
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> LoadResult:
-        """Block until done; ``TimeoutError`` after ``timeout`` seconds."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"load of {len(self.result.keys)} blocks not done after "
-                               f"{timeout}s")
-        return self.result
-
-    def cancel(self) -> int:
-        """Drop queued reads no one else waits for; returns how many. Delivered blocks are
-        released and the result reports ``cancelled``."""
-        return self._loader._cancel(self)
-
-    def add_done_callback(self, fn: Callable[[LoadResult], None]) -> None:
-        """Call ``fn(result)`` when done (at once if already done), in the completing thread."""
-        with self._loader._lock:
-            if not self._event.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self.result)
-
-    def _finish(self) -> None:
-        self._event.set()
-        for fn in self._callbacks:
-            try:
-                fn(self.result)
-            except Exception:  # a callback must not kill a reader thread
-                log.exception("load callback failed")
-
-
-@dataclass(eq=False, slots=True)
-class _Pending:
-    key: BlockKey
-    nbytes: int
-    tokens: int
-    priority: int
-    submitted: float
-    waiters: list[tuple[LoadTicket, int]] = field(default_factory=list)
-    prefetch: bool = False
-    started: bool = False
-    dropped: bool = False
-    counted: bool = False  # counted in reads in flight (a pipelined batch's head)
-
-
 @dataclass(eq=False, slots=True)
 class _Started:
     """A batch whose reads returned; checksums may still be running on the helper."""
 
-    batch: list[_Pending]
+    batch: list[PendingRead]
     ops: list[ReadOp]
     time: float
     deferred: list[Deferred] = field(default_factory=list)
@@ -286,7 +162,6 @@ class StorageLoader:
         self._overlap = self._split is not None or self._piped is not None
         self.batch_bytes = batch_bytes
         self.block_tokens = block_tokens
-        self._est_bytes = block_nbytes
         self.shaper = shaper or TokenBucket(shaping_bps, burst_bytes, clock, sleep)
         shaping_bps = self.shaper.rate
         self.cache = BlockCache(cache_bytes)
@@ -296,17 +171,12 @@ class StorageLoader:
         self.clock = clock
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._heap: list[tuple[int, int, _Pending]] = []
-        self._seq = itertools.count()
-        self._pending: dict[bytes, _Pending] = {}
-        self._q_blocks = self._q_bytes = self._q_tokens = self._in_flight = 0
+        self._queue = BlockQueue(workers=self.workers, max_share=self.max_share,
+                                 batch_bytes=batch_bytes, est_bytes=block_nbytes,
+                                 pipelined=self._pipelined, overlap=self._overlap)
         self._idle = 0
         self._closed = False
-        self._bw_window = (clock(), 0)
-        self._lookups = {"dram": [0, 0], "store": [0, 0]}
-        self._pf_read = 0  # blocks a prefetch read successfully
-        self._pf_joined = 0  # ... of which a request joined while the read was in flight
-        self._bind_metrics(registry, shaping_bps or 0.0)
+        self.metrics = LoaderMetrics(registry, self.node, role, shaping_bps or 0.0, clock())
         self._threads = [threading.Thread(target=self._run, name=f"dp-loader-{node}-{i}",
                                           daemon=True) for i in range(self.workers)]
         for t in self._threads:
@@ -317,87 +187,17 @@ class StorageLoader:
         """True when each reader hashes on a helper thread while reading its next batch."""
         return self._overlap
 
-    # --- metrics ----------------------------------------------------------------------------
-    def _bind_metrics(self, r: MetricsRegistry, shaped: float) -> None:
-        n, role = self.node, self.role
-        self.m_bytes = r.counter("dualpath_storage_read_bytes_total", node=n, role=role)
-        self.m_blocks = r.counter("dualpath_storage_read_blocks_total", node=n, role=role)
-        self.m_q_len = r.gauge("dualpath_storage_read_queue_length", node=n)
-        self.m_q_tok = r.gauge("dualpath_storage_read_queue_tokens", node=n)
-        self.m_q_bytes = r.gauge("dualpath_storage_read_queue_bytes", node=n)
-        self.m_inflight = r.gauge("dualpath_storage_reads_in_flight", node=n)
-        self.m_lat = {t: r.histogram("dualpath_storage_read_latency_seconds", node=n, tier=t)
-                      for t in ("dram", "store")}
-        self.m_hits = {t: r.counter("dualpath_storage_cache_hits_total", node=n, tier=t)
-                       for t in ("dram", "store")}
-        self.m_miss = {t: r.counter("dualpath_storage_cache_misses_total", node=n, tier=t)
-                       for t in ("dram", "store")}
-        self.m_ratio = {t: r.gauge("dualpath_storage_cache_hit_ratio", node=n, tier=t)
-                        for t in ("dram", "store")}
-        self.m_cache_bytes = r.gauge("dualpath_storage_cache_bytes", node=n)
-        self.m_cancel = r.counter("dualpath_storage_cancelled_reads_total", node=n)
-        side = _SIDE.get(role, role)
-        self.m_kv_req = r.counter("dualpath_kv_requested_tokens_total", tier="dram")
-        self.m_kv_hit = r.counter("dualpath_kv_hit_tokens_total", tier="dram")
-        self.m_kv_bytes = {t: r.counter("dualpath_kv_read_bytes_total", tier=t, side=side)
-                           for t in ("dram", "store")}
-        self.m_kv_miss = {why: r.counter("dualpath_kv_miss_blocks_total", tier="dram",
-                                         reason=why)
-                          for why in ("never_stored", "evicted", "quarantined")}
-        self.m_kv_age = r.histogram("dualpath_kv_evicted_block_age_seconds", tier="dram")
-        self.m_prefetch = r.counter("dualpath_storage_prefetched_blocks_total", node=n)
-        self.m_pf_accuracy = r.gauge("dualpath_prefetch_accuracy_ratio", node=n)
-        self.m_actual = r.gauge("dualpath_storage_actual_bandwidth_bytes_per_second", node=n)
-        self.m_util = r.gauge("dualpath_snic_utilization_ratio", node=n)
-        r.gauge("dualpath_storage_shaped_bandwidth_bytes_per_second", node=n).set(shaped)
-        self._registry = r
-
-    def _count_lookup(self, tier: str, hits: int, misses: int) -> None:
-        if hits:
-            self.m_hits[tier].inc(hits)
-        if misses:
-            self.m_miss[tier].inc(misses)
-        counts = self._lookups[tier]
-        counts[0] += hits
-        counts[1] += hits + misses
-        if counts[1]:
-            self.m_ratio[tier].set(counts[0] / counts[1])
-
-    def _count_tier(self, requested: int, hit: int, nbytes: int, why: dict[str, int],
-                    ages: list[float]) -> None:
-        """One request's DRAM-buffer lookup in tokens, bytes and miss reasons."""
-        self.m_kv_req.inc(requested)
-        if hit:
-            self.m_kv_hit.inc(hit)
-            self.m_kv_bytes["dram"].inc(nbytes)
-        for reason, n in why.items():
-            self.m_kv_miss[reason].inc(n)
-        if ages:
-            self.m_kv_age.observe_many(ages)
-
-    def _publish_accuracy(self) -> None:
-        """Prefetched blocks a request used, over blocks prefetched (lock held)."""
-        if self._pf_read:
-            used = self.cache.prefetch_used + self._pf_joined
-            self.m_pf_accuracy.set(used / self._pf_read)
-
-    def _publish_queue(self) -> None:
-        self.m_q_len.set(self._q_blocks)
-        self.m_q_tok.set(self._q_tokens)
-        self.m_q_bytes.set(self._q_bytes)
-        self.m_inflight.set(self._in_flight)
-
     # --- public API -------------------------------------------------------------------------
     @property
     def read_queue(self) -> ReadQueue:
         """Blocks, bytes and tokens queued or in flight (the node's read_q)."""
         with self._lock:
-            return ReadQueue(self._q_blocks, self._q_bytes, self._q_tokens, self._in_flight)
+            return self._queue.size()
 
     def submit(self, keys: Sequence[BlockKey], priority: int = 0,
                block_tokens: int | None = None, block_nbytes: int | None = None) -> LoadTicket:
         """Queue reads of ``keys`` (lower ``priority`` is served first); returns a ticket."""
-        ticket = LoadTicket(self, list(keys))
+        ticket = LoadTicket(list(keys), self._lock, self._cancel)
         self._enqueue(ticket, ticket.result.keys, priority, block_tokens, block_nbytes, False)
         return ticket
 
@@ -411,7 +211,7 @@ class StorageLoader:
         (:mod:`~dualpath_cli.storage.warm`): a ticket to wait on (release its result), the
         blocks cached as a request's reads are, but not counted as a request's lookup (the
         hit counters by tier keep meaning what requests found)."""
-        ticket = LoadTicket(self, list(keys))
+        ticket = LoadTicket(list(keys), self._lock, self._cancel)
         self._enqueue(ticket, ticket.result.keys, PREFETCH_PRIORITY, None, None, False,
                       count=False)
         return ticket
@@ -433,11 +233,10 @@ class StorageLoader:
         for t in self._threads:
             t.join()
         with self._lock:
-            leftovers = [p for _, _, p in self._heap if not p.started and not p.dropped]
-            self._heap.clear()
+            leftovers = self._queue.drain()
         finished = self._complete([(p, ReadOp(p.key, missing=True)) for p in leftovers])
         for ticket in finished:
-            ticket._finish()
+            ticket.finish()
         self.cache.clear()
         store = self.store
         if persists_access_counts(store):
@@ -462,7 +261,7 @@ class StorageLoader:
         with self._lock:
             if self._closed:
                 raise RuntimeError("loader is closed")
-            est = block_nbytes or self._est_bytes
+            est = block_nbytes or self._queue.est_bytes
             for index, key in enumerate(keys):
                 cached = (self.cache.get(key, prefetch=ticket is None or not count)
                           if self.cache.capacity_bytes else None)
@@ -474,7 +273,7 @@ class StorageLoader:
                     ticket.result.blocks[index] = LoadedBlock(key, cached[0], cached[1], "dram")
                     ticket.result.dram_hits += 1
                     dram_bytes += cached[0].file_nbytes
-                    ticket._remaining -= 1
+                    ticket.settle()
                     hit_lat.append(self.clock() - now)
                     continue
                 dram_misses += 1
@@ -485,113 +284,48 @@ class StorageLoader:
                     missed[reason] = missed.get(reason, 0) + 1
                     if age is not None:
                         ages.append(age)
-                pending = self._pending.get(key.raw)
-                if pending is None:
-                    pending = _Pending(key, est, tokens, priority, now, prefetch=prefetch)
-                    self._pending[key.raw] = pending
-                    heapq.heappush(self._heap, (priority, next(self._seq), pending))
-                    self._q_blocks += 1
-                    self._q_bytes += est
-                    self._q_tokens += tokens
-                    queued += 1
-                elif priority < pending.priority and not pending.started:
-                    pending.priority = priority  # re-push at the better priority
-                    heapq.heappush(self._heap, (priority, next(self._seq), pending))
+                pending, new = self._queue.add(key, est, tokens, priority, now, prefetch)
+                queued += new
                 if ticket is not None:
                     pending.waiters.append((ticket, index))
             if count and self.cache.capacity_bytes:
-                self._count_lookup("dram", dram_hits, dram_misses)
+                self.metrics.count_lookup("dram", dram_hits, dram_misses)
                 if dram_hits and ticket is not None:
-                    self._publish_accuracy()
+                    self.metrics.publish_accuracy(self.cache.prefetch_used)
             if queued:
-                self._publish_queue()
-                wake = min(self._idle, -(-queued // self._min_share()))
+                self.metrics.publish_queue(self._queue)
+                wake = min(self._idle, -(-queued // self._queue.min_share()))
                 if wake:
                     self._cv.notify(wake)
-            done_now = ticket is not None and ticket._remaining == 0
+            done_now = ticket is not None and ticket.remaining == 0
             if done_now:
                 assert ticket is not None
-                ticket._completed = True
+                ticket.claim()
         if hit_lat and count:
-            self.m_lat["dram"].observe_many(hit_lat)
+            self.metrics.m_lat["dram"].observe_many(hit_lat)
         if count and ticket is not None and self.cache.capacity_bytes:
-            self._count_tier(len(keys) * tokens, dram_hits * tokens, dram_bytes, why, ages)
+            self.metrics.count_tier(len(keys) * tokens, dram_hits * tokens, dram_bytes, why, ages)
         if done_now:
             assert ticket is not None
-            ticket._finish()
+            ticket.finish()
         return queued
 
     def _cancel(self, ticket: LoadTicket) -> int:
         dropped = 0
         with self._lock:
-            if ticket._completed:
+            if not ticket.claim():
                 return 0
-            ticket._completed = True
             for key in ticket.result.keys:
-                pending = self._pending.get(key.raw)
-                if pending is None:
-                    continue
-                pending.waiters = [w for w in pending.waiters if w[0] is not ticket]
-                if not pending.waiters and not pending.prefetch and not pending.started:
-                    pending.dropped = True
-                    del self._pending[key.raw]
-                    self._q_blocks -= 1
-                    self._q_bytes -= pending.nbytes
-                    self._q_tokens -= pending.tokens
-                    dropped += 1
+                dropped += self._queue.leave(key, ticket)
             ticket.result.cancelled = True
             ticket.result.reasons = dict.fromkeys(range(len(ticket.result.keys)), "cancelled")
-            self._publish_queue()
+            self.metrics.publish_queue(self._queue)
         if dropped:
-            self.m_cancel.inc(dropped)
+            self.metrics.m_cancel.inc(dropped)
         ticket.result.release()
         ticket.result.blocks = [None] * len(ticket.result.keys)
-        ticket._finish()
+        ticket.finish()
         return dropped
-
-    def _min_share(self) -> int:
-        """Blocks worth one wake-up: enough to cover ``batch_bytes`` (lock held)."""
-        if not self._est_bytes:
-            return 1
-        return max(1, min(self.max_share, -(-self.batch_bytes // self._est_bytes)))
-
-    def _lookahead(self) -> int:
-        """Blocks a pipelined reader takes beyond its share: about 8 MiB (lock held)."""
-        est = self._est_bytes or (1 << 20)
-        return max(self.max_share, min(_LOOKAHEAD_BLOCKS, -(-_LOOKAHEAD_BYTES // est)))
-
-    def _take(self, count: bool = True) -> list[_Pending]:
-        """Pop this reader's share of the queue (called with the lock held); with ``count``
-        its first ``max_share`` reads count as in flight at once.
-
-        With a pipelining store the batch may exceed the share by a lookahead; the store keeps
-        only the share in flight, and only those count as reads in flight here. A reader that
-        reads one block at a time takes no more than about ``_SYNC_BATCH_BYTES`` (and at
-        least ``batch_bytes``), so buffers return to the pool while still cache-hot.
-        """
-        fair = -(-self._q_blocks // self.workers)
-        least = self._min_share()
-        if self._pipelined:
-            share = min(self.max_share + self._lookahead(), max(least, fair))
-        else:
-            est = self._est_bytes or (1 << 20)
-            sync_cap = max(least, -(-_SYNC_BATCH_BYTES // est))
-            # a lone reader (or one overlapping its checksums) reads its batch one block at a
-            # time whatever its length, so it may take more than its share: fewer hand-offs,
-            # reads in flight unchanged, and no other reader it could starve
-            alone = self._overlap or self.workers == 1
-            cap = max(self.max_share, sync_cap) if alone else self.max_share
-            share = min(cap, max(least, min(fair, sync_cap)))
-        batch: list[_Pending] = []
-        while self._heap and len(batch) < share:
-            _, _, pending = heapq.heappop(self._heap)
-            if pending.started or pending.dropped:
-                continue
-            pending.started = True
-            batch.append(pending)
-        if count:
-            self._count(batch)
-        return batch
 
     # --- reader threads ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -612,13 +346,13 @@ class StorageLoader:
             return
         while True:
             with self._lock:
-                while not self._heap and not self._closed:
+                while not self._queue.waiting and not self._closed:
                     self._idle += 1
                     self._cv.wait()
                     self._idle -= 1
                 if self._closed:
                     return
-                batch = self._take()
+                batch = self._queue.take()
             if not batch:
                 continue
             self._read(batch)
@@ -634,14 +368,14 @@ class StorageLoader:
         while True:
             with self._lock:
                 if prev is not None:
-                    self._retire(prev.batch)
-                while not self._heap and not self._closed and prev is None:
+                    self._queue.retire(prev.batch)
+                while not self._queue.waiting and not self._closed and prev is None:
                     self._idle += 1
                     self._cv.wait()
                     self._idle -= 1
                 if self._closed and prev is None:
                     return
-                batch = self._take() if not self._closed else []
+                batch = self._queue.take() if not self._closed else []
             started = self._start(reads, batch, helper) if batch else None
             if prev is not None:
                 self._finish(reads, prev, helper)
@@ -659,18 +393,19 @@ class StorageLoader:
         core copies like fio's single job and the rest runs on the other. Reads in flight
         stay one at a time; only the oldest batch counts as in flight.
         """
-        queued: deque[tuple[list[_Pending], list[ReadOp], PipedBatch | None, float]] = deque()
+        queued: deque[tuple[list[PendingRead], list[ReadOp], PipedBatch | None, float]] = deque()
         while True:
-            taken: list[list[_Pending]] = []
+            taken: list[list[PendingRead]] = []
             with self._lock:
-                while not self._heap and not self._closed and not queued:
+                while not self._queue.waiting and not self._closed and not queued:
                     self._idle += 1
                     self._cv.wait()
                     self._idle -= 1
                 if self._closed and not queued:
                     return
-                while not self._closed and self._heap and len(queued) + len(taken) < _PIPE_DEPTH:
-                    batch = self._take(count=not queued and not taken)
+                while (not self._closed and self._queue.waiting
+                       and len(queued) + len(taken) < _PIPE_DEPTH):
+                    batch = self._queue.take(count=not queued and not taken)
                     if batch:
                         taken.append(batch)
             for batch in taken:
@@ -691,26 +426,12 @@ class StorageLoader:
                 except Exception as err:
                     self._fail(ops, err)
             with self._lock:
-                self._retire(batch)
+                self._queue.retire(batch)
                 if queued:
-                    self._count(queued[0][0])
+                    self._queue.count(queued[0][0])
             self._deliver(batch, ops, started)
 
-    def _count(self, batch: list[_Pending]) -> None:
-        """The batch's first ``max_share`` reads are now the ones in flight (lock held)."""
-        for pending in batch[:self.max_share]:
-            if not pending.counted:
-                pending.counted = True
-                self._in_flight += 1
-
-    def _retire(self, batch: list[_Pending]) -> None:
-        """The batch's reads have returned: no longer reads in flight (lock held)."""
-        for pending in batch:
-            if pending.counted:
-                pending.counted = False
-                self._in_flight -= 1
-
-    def _start(self, reads: SplitReads, batch: list[_Pending],
+    def _start(self, reads: SplitReads, batch: list[PendingRead],
                helper: ChecksumHelper) -> _Started:
         ops = [ReadOp(p.key) for p in batch]
         started = _Started(batch, ops, self.clock())
@@ -741,7 +462,7 @@ class StorageLoader:
             text = f"timed out: {err}" if isinstance(err, TimeoutError) else str(err)
             op.header, op.missing, op.io_error = None, True, text
 
-    def _read(self, batch: list[_Pending]) -> None:
+    def _read(self, batch: list[PendingRead]) -> None:
         ops = [ReadOp(p.key) for p in batch]
         started = self.clock()
         try:
@@ -753,7 +474,7 @@ class StorageLoader:
             self._fail(ops, err)
         self._deliver(batch, ops, started)
 
-    def _deliver(self, batch: list[_Pending], ops: list[ReadOp], started: float) -> None:
+    def _deliver(self, batch: list[PendingRead], ops: list[ReadOp], started: float) -> None:
         """Pace to the emulated NIC, then hand the batch's blocks to their tickets."""
         if self.shaper.enabled:
             nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
@@ -761,9 +482,9 @@ class StorageLoader:
                 self.shaper.wait_until(self.shaper.reserve(nbytes, started))
         finished = self._complete(list(zip(batch, ops, strict=True)))
         for ticket in finished:
-            ticket._finish()
+            ticket.finish()
 
-    def _complete(self, done: list[tuple[_Pending, ReadOp]]) -> list[LoadTicket]:
+    def _complete(self, done: list[tuple[PendingRead, ReadOp]]) -> list[LoadTicket]:
         """Deliver results and update counters; returns the tickets that just finished."""
         now = self.clock()
         finished: list[LoadTicket] = []
@@ -772,15 +493,11 @@ class StorageLoader:
         corrupt: dict[str, int] = {}
         cache = self.cache
         caching = cache.capacity_bytes > 0
-        pending_by_key = self._pending
+        queue = self._queue
+        metrics = self.metrics
         with self._lock:
             for pending, op in done:
-                pending_by_key.pop(pending.key.raw, None)
-                if pending.counted:
-                    self._in_flight -= 1
-                self._q_blocks -= 1
-                self._q_bytes -= pending.nbytes
-                self._q_tokens -= pending.tokens
+                queue.done(pending)
                 waiters = pending.waiters
                 header, buf = op.header, op.buffer
                 if header is not None and buf is not None:
@@ -788,8 +505,8 @@ class StorageLoader:
                     read_bytes += header.file_nbytes
                     if pending.prefetch:
                         prefetched += 1
-                        self._pf_read += 1
-                        self._pf_joined += bool(waiters)
+                        metrics.pf_read += 1
+                        metrics.pf_joined += bool(waiters)
                     if pending.prefetch or (caching and waiters):
                         cache.put(pending.key, header, buf,
                                   prefetched=pending.prefetch and not waiters)
@@ -816,35 +533,15 @@ class StorageLoader:
                         ticket.result.corrupt += op.error is not None
                         ticket.result.reasons[index] = reason
                 for ticket, _ in waiters:
-                    ticket._remaining -= 1
-                    if ticket._remaining == 0:
-                        ticket._completed = True
+                    if ticket.settle():
                         finished.append(ticket)
                 latencies.append(now - pending.submitted)
-            if read_bytes and not self._est_bytes:
-                self._est_bytes = read_bytes // hits
-            self._count_lookup("store", hits, misses)
-            self._publish_accuracy()
-            self._publish_queue()
-            self.m_cache_bytes.set(self.cache.bytes)
-            start, total = self._bw_window
-            total += read_bytes
-            if now - start >= 0.25:
-                rate = total / (now - start)
-                self.m_actual.set(rate)
-                if self.shaper.rate:
-                    self.m_util.set(min(1.0, rate / self.shaper.rate))
-                self._bw_window = (now, 0)
-            else:
-                self._bw_window = (start, total)
-        if read_bytes:
-            self.m_bytes.inc(read_bytes)
-            self.m_blocks.inc(hits)
-            self.m_kv_bytes["store"].inc(read_bytes)
-        if prefetched:
-            self.m_prefetch.inc(prefetched)
-        for reason, count in corrupt.items():
-            self._registry.counter("dualpath_storage_corrupt_blocks_total", node=self.node,
-                                   reason=reason).inc(count)
-        self.m_lat["store"].observe_many(latencies)
+            if read_bytes and not queue.est_bytes:
+                queue.est_bytes = read_bytes // hits
+            metrics.count_lookup("store", hits, misses)
+            metrics.publish_accuracy(cache.prefetch_used)
+            metrics.publish_queue(queue)
+            metrics.m_cache_bytes.set(cache.bytes)
+            metrics.count_bandwidth(now, read_bytes, self.shaper.rate)
+        metrics.count_reads(read_bytes, hits, prefetched, corrupt, latencies)
         return finished

@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from dualpath_cli.core.layout import BlockKey
@@ -34,33 +33,18 @@ from dualpath_cli.storage.buffers import BlockBuffer, BufferPool
 from dualpath_cli.storage.engines import OFFLOAD_MIN_BYTES, ChecksumHelper, ReadEngine, ReadJob
 from dualpath_cli.storage.errors import CorruptBlockError
 from dualpath_cli.storage.header import HEADER_SIZE, claimed_file_nbytes, claimed_payload_len
-from dualpath_cli.storage.native import NativePipeline, NativeReader, PipeJob, native_reader
-from dualpath_cli.storage.store import ReadOp, verify_block
+from dualpath_cli.storage.native import NativePipeline, NativeReader, native_reader
+from dualpath_cli.storage.store import Deferred, PipedBatch, ReadOp, verify_block
 
-__all__ = ["PageCacheReads", "EngineReads", "UringReads", "Deferred", "PipedBatch"]
+__all__ = ["PageCacheReads", "EngineReads", "UringReads"]
 
 _T = TypeVar("_T")
-
-# an op read whole whose payload digest a ChecksumHelper computes: (op, bytes read, path);
-# the op holds its buffer but no header until read_batch_finish verified it
-Deferred = tuple[ReadOp, int, str]
 
 # what a read path needs from its store: where a key's file is, how to quarantine a block,
 # and how to record the blocks read (access counts, LRU order)
 FileOf = Callable[[BlockKey], str]
 Quarantine = Callable[[BlockKey, str], object]
 Record = Callable[[list[ReadOp]], None]
-
-
-@dataclass(slots=True)
-class PipedBatch:
-    """A batch queued on a native pipeline: its ops, files and buffers until collected."""
-
-    ops: list[ReadOp]
-    pool: BufferPool
-    paths: list[str]
-    bufs: list[BlockBuffer]
-    job: PipeJob | None  # None: already read synchronously
 
 
 class _Verdicts:

@@ -41,13 +41,12 @@ from dualpath_cli.storage.header import (
 
 if TYPE_CHECKING:  # types of the optional read capabilities (their implementations)
     from dualpath_cli.storage.engines import ChecksumHelper
-    from dualpath_cli.storage.native import NativePipeline
-    from dualpath_cli.storage.reads import Deferred, PipedBatch
+    from dualpath_cli.storage.native import NativePipeline, PipeJob
 
 __all__ = ["KVStore", "ReadOp", "StoreUsage", "GcReport", "read_one", "verify_block",
            "ReadPath", "ReadPathStore", "BoundedReads", "SplitReads", "PipelinedReads",
            "PersistsAccessCounts", "read_path_of", "persists_access_counts",
-           "CountsRemovals", "removal_generation"]
+           "CountsRemovals", "removal_generation", "Deferred", "PipedBatch"]
 
 
 @dataclass(eq=False, slots=True)
@@ -65,6 +64,23 @@ class ReadOp:
     def ok(self) -> bool:
         """True when the block was read and verified."""
         return self.header is not None and self.buffer is not None
+
+
+# an op read whole whose payload digest a ChecksumHelper computes: (op, bytes read, path);
+# the op holds its buffer but no header until read_batch_finish verified it (SplitReads)
+Deferred = tuple[ReadOp, int, str]
+
+
+@dataclass(slots=True)
+class PipedBatch:
+    """A batch queued on a native pipeline (:class:`PipelinedReads`): its ops, files and
+    buffers until collected."""
+
+    ops: list[ReadOp]
+    pool: BufferPool
+    paths: list[str]
+    bufs: list[BlockBuffer]
+    job: PipeJob | None  # None: already read synchronously
 
 
 @dataclass(frozen=True, slots=True)
