@@ -73,7 +73,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.model import model_config
 from dualpath_cli.runtime.model.tokenizer import ByteTokenizer
-from dualpath_cli.runtime.scheduler import Ticket, TurnResult
+from dualpath_cli.runtime.turns import Ticket, TurnResult
 from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.services.restart import KeyConflict, check_key
 

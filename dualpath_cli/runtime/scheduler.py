@@ -262,12 +262,14 @@ class SchedulerService(MessageLoop, SchedulerReads):
         with self._lock:
             return all(e.address for e in self.engines.values())
 
-    def submit(self, req: TurnRequest) -> Ticket:
-        """Queue a turn; returns its ticket."""
+    def submit(self, req: TurnRequest, rid: int | None = None) -> Ticket:
+        """Queue a turn; returns its ticket. ``rid``: the id a hierarchical root gave it
+        (ids are global there); otherwise the next one. Later turns are numbered after it."""
         ticket = Ticket()
         with self._lock:
-            rid = self._next_rid
-            self._next_rid += 1
+            if rid is None:
+                rid = self._next_rid
+            self._next_rid = rid + 1
             flight = Flight(rid, req, ticket, time.monotonic())
             self._lookup(flight)
             self.flights[rid] = flight
@@ -293,6 +295,23 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self.ep.close()
         self.log.close()
 
+
+    # -- its shape (runtime/scheduler_protocol.py) --------------------------------------
+    def sub_schedulers(self) -> tuple[SchedulerService, ...]:
+        """None: a flat scheduler has no sub-schedulers."""
+        return ()
+
+    def schedulers(self) -> tuple[SchedulerService, ...]:
+        """Itself: the one scheduler that serves engines."""
+        return (self,)
+
+    def owner(self, engine_id: int) -> SchedulerService:
+        """Itself: it serves every engine."""
+        return self
+
+    def address_for(self, role: str, group: int) -> str:
+        """Its own endpoint: every group talks to it."""
+        return self.address
 
     # -- commands other modules send through the scheduler ------------------------------
     def send_to_engine(self, engine_id: int, msg: WireMessage) -> bool:
