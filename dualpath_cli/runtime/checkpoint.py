@@ -108,10 +108,11 @@ def build(grabbed: SchedulerState, spool: PromptSpool | None = None) -> dict[str
     """The JSON snapshot of what :func:`grab` copied (prompts spooled or inlined)."""
     g, now = grabbed, grabbed.taken_at
     raw = sorted(g.flights, key=lambda r: r[0])  # admission order: the restored FIFO's order
-    flights = [{"rid": rid, "agent": req.agent, "turn": req.turn, "gen": req.gen,
-                "attempt": att, "age_s": round(now - submitted, 6), "max_hit_blocks": hit,
-                "pe": pe, "de": de, "where": g.where.get(rid, "dispatched")}
-               for rid, req, att, submitted, hit, pe, de in raw]
+    flights: list[dict[str, Any]] = [
+        {"rid": rid, "agent": req.agent, "turn": req.turn, "gen": req.gen, "attempt": att,
+         "age_s": round(now - submitted, 6), "max_hit_blocks": hit, "pe": pe, "de": de,
+         "where": g.where.get(rid, "dispatched")}
+        for rid, req, att, submitted, hit, pe, de in raw]
     state: dict[str, Any] = {
         "address": g.address, "next_rid": g.next_rid, "ordinal": g.ordinal,
         "decision_seq": g.decision_seq, "requeued": g.requeued, "policy": g.policy,

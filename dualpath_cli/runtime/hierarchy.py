@@ -35,8 +35,8 @@ from dualpath_cli.core.types import Request, Role
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings
 from dualpath_cli.runtime.decisions import DecisionLog
-from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.engine_table import EngineState
+from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.scheduler import SchedulerService
 from dualpath_cli.runtime.turns import Ticket, TurnRequest
 from dualpath_cli.runtime.wire import Heartbeat
@@ -359,6 +359,10 @@ class HierarchicalScheduler:
         for sub in self.subs:
             out.update(sub.consistent_engines())
         return out
+
+    def engine_states(self) -> dict[int, str]:
+        """Each engine's state, every sub's (each read under its own lock)."""
+        return {eid: st for sub in self.subs for eid, st in sub.engine_states().items()}
 
     def fresh_reports(self, after: float, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Reports of live engines received after ``after``, waiting up to ``timeout``."""
