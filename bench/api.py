@@ -70,7 +70,7 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4,
     from dualpath_cli.api.server import ServerThread
     from dualpath_cli.config import load_config
     from dualpath_cli.runtime.options import options_from_config
-    from dualpath_cli.runtime.scheduler import Ticket
+    from dualpath_cli.runtime.turns import Ticket
     from dualpath_cli.services.live import LiveCluster
     from dualpath_cli.telemetry.gpu import UnavailableGpu
 

@@ -74,8 +74,10 @@ import zmq
 
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.config.model import parse_pd
+from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
 from dualpath_cli.runtime.options import DEFAULT_BATCH_WINDOW_S, RuntimeOptions
-from dualpath_cli.runtime.scheduler import SchedulerService, Ticket, TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import Ticket, TurnRequest
 from dualpath_cli.transfer.base import Message
 from dualpath_cli.workload.build import synthetic_trace
 from dualpath_cli.workload.tokens import append_token_ids
@@ -798,7 +800,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                 return
             prompt = _handed_over(np.concatenate(
                 [ctx, append_token_ids(traj, i, 256).astype(dtype)]))
-            rid = sched._next_rid  # noqa: SLF001
+            rid = sched.next_request_id
             timed("submit", sched.submit, TurnRequest(traj.agent_id, i, prompt,
                                                       traj.turns[i].gen))
             turns[rid] = (traj, i, prompt)
@@ -1073,6 +1075,7 @@ def run_hier(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    pace_gc_for_scheduler()  # this process hosts the schedulers it measures
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--parts", default="cpu,join,hier")

@@ -41,6 +41,7 @@ from control_plane import Driver  # noqa: E402 - bench/ is not a package
 from dualpath_cli.cluster.system import RuntimeSystem  # noqa: E402
 from dualpath_cli.config.model import parse_pd  # noqa: E402
 from dualpath_cli.runtime import hierarchy  # noqa: E402
+from dualpath_cli.runtime.gctune import pace_gc_for_scheduler  # noqa: E402
 from dualpath_cli.runtime.options import RuntimeOptions  # noqa: E402
 from dualpath_cli.workload.build import synthetic_trace  # noqa: E402
 
@@ -89,7 +90,7 @@ def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
             system.start(timeout=600)
             start_s = time.monotonic() - t0
             system.scheduler.metrics(fresh=True, timeout=120)  # every engine connected
-            subs = system._flat()  # noqa: SLF001 - the schedulers we time
+            subs = system.scheduler.schedulers()  # the schedulers we time
             for sub in subs:
                 sub._pe_fetch = _timed(sub._pe_fetch, samples["pe_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
                 sub._de_fetch = _timed(sub._de_fetch, samples["de_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
@@ -129,6 +130,7 @@ def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    pace_gc_for_scheduler()  # this process hosts the schedulers it measures
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--pd", default="48P96D")

@@ -20,7 +20,7 @@ from dualpath_cli.api.openai_schema import ChatMessage, render_chat
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.tokenizer import ByteTokenizer
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.services.live import LiveCluster
 
 BT = 8

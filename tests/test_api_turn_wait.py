@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from dualpath_cli.api.openai_routes import router
 from dualpath_cli.errors import NoAvailableEngine
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import Ticket, TurnResult
+from dualpath_cli.runtime.turns import Ticket, TurnResult
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime import scheduler as scheduler_module
+from dualpath_cli.runtime import sched_loop
 from dualpath_cli.runtime.scheduler import SchedulerService
 from dualpath_cli.runtime.wire import Heartbeat, Hello, encode
 from dualpath_cli.storage import MemoryStore
@@ -72,7 +72,7 @@ def test_without_a_window_each_message_is_its_own_batch() -> None:
 
 
 def test_a_batch_holds_at_most_the_cap_and_the_rest_come_next() -> None:
-    cap = scheduler_module._BATCH_MAX
+    cap = sched_loop.BATCH_MAX
     batches, _ = _batches(0.002, cap + 10)
     assert batches == [cap, 11]
 

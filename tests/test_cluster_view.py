@@ -19,7 +19,7 @@ from dualpath_cli.core.layout import prefix_keys
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.services.runner import TurnRecord, run_agents
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore
 from dualpath_cli.telemetry.view import ClusterView, view_from_dict

@@ -26,7 +26,7 @@ from dualpath_cli.core.layout import (
 )
 from dualpath_cli.runtime.ledger import RequestLedger, _own_prefix
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import Latch, Ticket
+from dualpath_cli.runtime.turns import Latch, Ticket
 from dualpath_cli.runtime.wire import Decode, Prefill, TokenArray, WireError, decode, encode
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import run_agents
@@ -380,10 +380,10 @@ def test_a_routing_pass_shows_each_turn_the_loads_just_before_it(
     """A decision's ``de_route`` loads, made when read, are what a copy taken at each
     turn's routing held (what the scheduler used to keep per turn)."""
     from dualpath_cli.core.de_schedule import GroupLoads
-    from dualpath_cli.runtime.scheduler import _RoutePass
+    from dualpath_cli.runtime.turns import RoutePass
 
     loads = GroupLoads(base)
-    routing = _RoutePass([1, 2], loads.as_dict())
+    routing = RoutePass([1, 2], loads.as_dict())
     copies = []
     for n in lengths:
         copies.append(loads.as_dict())

@@ -49,7 +49,8 @@ def test_status_counts_only_the_clusters_engines() -> None:
                                        quota_s=0.3, read_side="dualpath", source={},
                                        controllers={})))
     system = SimpleNamespace(  # what the status reads of the runtime: units, scheduling
-        opts=SimpleNamespace(snic_bw=0.0, nodes_per_group=1), scheduler=object(),
+        opts=SimpleNamespace(snic_bw=0.0, nodes_per_group=1),
+        scheduler=SimpleNamespace(sub_schedulers=lambda: ()),  # a flat one
         shape=SimpleNamespace(n_layers=2, bytes_per_token_layer=64, block_tokens=8),
         shaped=True, flops_rate=0.0)
     live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system)

@@ -15,7 +15,7 @@ import pytest
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore, StorageLoader, encode_block
 from dualpath_cli.telemetry.registry import MetricsRegistry
 

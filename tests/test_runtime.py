@@ -16,7 +16,8 @@ from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys
 from dualpath_cli.runtime.context import open_store
 from dualpath_cli.runtime.model import load_model
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import RunResult, run_agents
 from dualpath_cli.storage import HEADER_SIZE, MemoryStore, encode_block

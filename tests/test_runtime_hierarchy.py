@@ -23,7 +23,8 @@ from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.runtime.hierarchy import HierarchicalScheduler
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
-from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.runtime.wire import Fetch, Hello, encode
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.runner import RunResult, run_agents

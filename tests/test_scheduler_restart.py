@@ -36,7 +36,7 @@ from dualpath_cli.api.listen import free_port, listen
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime import checkpoint as ckpt
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import TurnRequest
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.services.restart import KeyConflict
 from dualpath_cli.workload.tokens import append_token_ids

@@ -26,7 +26,8 @@ from dualpath_cli.core.layout import (
     prefix_keys,
 )
 from dualpath_cli.core.policies import SchedParams
-from dualpath_cli.runtime.scheduler import SchedulerService, TurnRequest
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.runtime.wire import Done, encode
 from dualpath_cli.storage import (
     HEADER_SIZE,

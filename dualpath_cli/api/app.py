@@ -223,8 +223,8 @@ def _units(live: LiveCluster) -> SystemUnits:
 def _scheduling(live: LiveCluster) -> dict[str, Any]:
     """How scheduling is laid out: flat or hierarchical (with its sub count), and how many
     nodes an engine group spans (cluster.nodes_per_group)."""
-    subs = getattr(live.system.scheduler, "subs", None)  # a HierarchicalScheduler's
-    return {"hierarchical": subs is not None, "sub_schedulers": len(subs) if subs else 1,
+    subs = live.system.scheduler.sub_schedulers()  # none: a flat scheduler
+    return {"hierarchical": bool(subs), "sub_schedulers": len(subs) or 1,
             "nodes_per_group": int(getattr(live.system.opts, "nodes_per_group", 1) or 1)}
 
 

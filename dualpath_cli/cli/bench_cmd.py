@@ -172,6 +172,7 @@ def bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dualpath_cli.config.model import parse_pd
+    from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.runtime.workloads import agentic_workload
     from dualpath_cli.services.bench import (
@@ -183,6 +184,7 @@ def bench(
     )
 
     names = _policies(policy)
+    pace_gc_for_scheduler()  # the embedded runs host their schedulers in this process
     check_bench_inputs(agents=agents, turns=turns, aps=aps, slo_scale=slo_scale, store=store,
                        snic_bw=snic)
     if calibrate not in ("oracle", "probe"):

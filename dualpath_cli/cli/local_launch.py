@@ -110,11 +110,13 @@ def _serve_inner(host: str, port: int, allow_remote: bool, drain_timeout: float,
 
             opts = replace(opts, flops_rate=calibrated_rate(checkpoint) or 0.0)
         opts = dataclasses.replace(opts, curve_key_file=statefile.curve_path(port))
+        from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
         from dualpath_cli.runtime.model.threads import limit_blas_threads
 
         # one BLAS thread, as in every engine: the predictor's calibration (below) then
         # measures the rate a prefill engine computes at, and does not fight the engines
         limit_blas_threads(1)
+        pace_gc_for_scheduler()  # this process hosts the scheduler: it allocates per turn
         from dualpath_cli.services.live import LiveCluster
 
         live = LiveCluster(opts, checkpoint=checkpoint)

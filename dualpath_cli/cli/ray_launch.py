@@ -68,6 +68,7 @@ class SchedulerHost:
         from dualpath_cli.api.auth import TokenAuth
         from dualpath_cli.faultspec import parse_faults
         from dualpath_cli.plugins.manager import load_policies
+        from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
         from dualpath_cli.runtime.model.threads import limit_blas_threads
         from dualpath_cli.services.live import LiveCluster
 
@@ -95,6 +96,7 @@ class SchedulerHost:
                                            flops_rate=calibrated_rate(self.checkpoint) or 0.0)
             opts = dataclasses.replace(opts, curve_key_file=statefile.curve_path(port))
             limit_blas_threads(1)
+            pace_gc_for_scheduler()  # this process hosts the scheduler
             self.live = LiveCluster(opts, checkpoint=self.checkpoint)
             self.live.spawn()
             warm.join()

@@ -174,11 +174,10 @@ class JoinService:
         if plan is None:
             raise UsageError(f"no node {name!r} joined this cluster")
         sched = self.system.scheduler
-        with sched._lock:  # noqa: SLF001 - a consistent read of the engines' states
-            # an engine missing here was not restored (it had not said hello when the
-            # scheduler was killed): dead to the node, which then joins again
-            states = {eid: sched.engines[eid].state if eid in sched.engines else "dead"
-                      for eid in plan.engine_ids}
+        known = sched.engine_states()  # one consistent read
+        # an engine missing here was not restored (it had not said hello when the
+        # scheduler was killed): dead to the node, which then joins again
+        states = {eid: known.get(eid, "dead") for eid in plan.engine_ids}
         return {"name": name, "node": plan.node, "role": plan.role,
                 "engines": {str(k): v for k, v in states.items()},
                 "ready": all(v == "ready" for v in states.values())}

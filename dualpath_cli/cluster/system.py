@@ -34,15 +34,13 @@ from dualpath_cli.errors import ConfigError, DualPathError, UsageError
 from dualpath_cli.faultspec import Fault, FaultError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
 from dualpath_cli.runtime.context import EngineSpec
+from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.runtime.hierarchy import HierarchicalScheduler
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import (
-    SchedulerChange,
-    SchedulerService,
-    Ticket,
-    TurnRequest,
-)
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.scheduler_protocol import Scheduler
+from dualpath_cli.runtime.turns import Ticket, TurnRequest
 from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
 from dualpath_cli.storage.warm import Warm
 from dualpath_cli.telemetry.view import ClusterView, Decision, NodeView
@@ -125,7 +123,7 @@ class RuntimeSystem:
                 snic_bw=opts.snic_bw if self.shaped else 0.0,
                 batch_window_s=opts.batch_window_s)
 
-        self.scheduler: SchedulerService | HierarchicalScheduler
+        self.scheduler: Scheduler
         if opts.hierarchical:
             if not opts.local_engines:
                 raise UsageError("scheduler.hierarchical: nodes that join a scheduler-only "
@@ -183,10 +181,7 @@ class RuntimeSystem:
     def _ctl(self, role: str, group: int) -> str:
         """The scheduler endpoint ``role``'s group ``group`` talks to (its sub's, when
         hierarchical)."""
-        sched = self.scheduler
-        if isinstance(sched, HierarchicalScheduler):
-            return sched.address_for(role, group)
-        return sched.address
+        return self.scheduler.address_for(role, group)
 
     def _owner(self, engine_id: int) -> SchedulerService:
         """The (sub-)scheduler that serves engine ``engine_id``.
@@ -194,13 +189,8 @@ class RuntimeSystem:
         Raises:
             UsageError: an engine no sub knows (hierarchical).
         """
-        sched = self.scheduler
-        return sched.owner(engine_id) if isinstance(sched, HierarchicalScheduler) else sched
+        return self.scheduler.owner(engine_id)
 
-    def _flat(self) -> list[SchedulerService]:
-        """Every scheduler that serves engines: the one, or each sub."""
-        sched = self.scheduler
-        return list(sched.subs) if isinstance(sched, HierarchicalScheduler) else [sched]
 
     def __enter__(self) -> RuntimeSystem:
         self.start()
@@ -322,9 +312,8 @@ class RuntimeSystem:
         """Engine id -> node of every engine the scheduler knows: its own engines and those
         of nodes that joined it (a scheduler-only launch has no local specs)."""
         out: dict[int, int] = {}
-        for sched in self._flat():
-            with sched._lock:
-                out.update({eid: e.node for eid, e in sched.engines.items()})
+        for sched in self.scheduler.schedulers():
+            out.update({eid: e.node for eid, e in sched.consistent_engines().items()})
         return out
 
     def _check_fault(self, f: Fault) -> None:
@@ -350,11 +339,7 @@ class RuntimeSystem:
 
     def _send_fault(self, f: Fault) -> None:
         for eid in self._fault_targets(f):
-            sched = self._owner(eid)
-            with sched._lock:  # the scheduler's endpoint is used under its lock
-                e = sched.engines.get(eid)
-                if e is not None and e.alive and e.address:
-                    sched._send(e.address, f)
+            self._owner(eid).send_to_engine(eid, f)
 
     def set_faults(self, faults: Sequence[Fault]) -> tuple[list[dict[str, Any]],
                                                            list[dict[str, Any]]]:
@@ -380,9 +365,8 @@ class RuntimeSystem:
         measures utilisation against the rate a NIC runs at)."""
         scale = {f.node: f.fraction for f in self._faults.values()
                  if f.kind == "snic_throttle"}
-        for sched in self._flat():
-            with sched._lock:
-                sched.snic_scale = dict(scale)
+        for sched in self.scheduler.schedulers():
+            sched.set_snic_scale(scale)
 
     # -- remedies ---------------------------------------------------------------------
     def compact_hbm(self, engine_id: int, timeout: float = 10.0) -> tuple[dict[str, Any],
@@ -401,24 +385,19 @@ class RuntimeSystem:
             raise UsageError(f"no engine {engine_id} (this cluster has engines "
                              f"{ids[0]}-{ids[-1]})")
         sched = self._owner(engine_id)
-        with sched._registered:  # the scheduler's lock; heartbeats notify it
-            e = sched.engines.get(engine_id)
-            if e is None:
-                raise UsageError(f"no engine {engine_id} (this cluster has engines "
-                                 f"{ids[0]}-{ids[-1]})")
-            if not (e.alive and e.address and e.hb is not None):
-                raise UsageError(f"engine {engine_id} is {e.state}, not serving: nothing to "
-                                 "compact")
-            before = e.hb
-            sched._send(e.address, Compact(engine_id))
-            deadline = time.monotonic() + timeout
-            while e.hb is None or e.hb.compactions <= before.compactions:
-                left = deadline - time.monotonic()
-                if left <= 0 or not e.alive:
-                    raise DualPathError(f"engine {engine_id} did not report its HBM "
-                                        f"compaction within {timeout:g} s")
-                sched._registered.wait(left)
-            after = e.hb
+        e = sched.consistent_engines().get(engine_id)
+        if e is None:
+            raise UsageError(f"no engine {engine_id} (this cluster has engines "
+                             f"{ids[0]}-{ids[-1]})")
+        before = e.hb
+        if before is None or not sched.send_to_engine(engine_id, Compact(engine_id)):
+            raise UsageError(f"engine {engine_id} is {e.state}, not serving: nothing to "
+                             "compact")
+        after = sched.wait_heartbeat(
+            engine_id, lambda hb: hb.compactions > before.compactions, timeout)
+        if after is None:
+            raise DualPathError(f"engine {engine_id} did not report its HBM "
+                                f"compaction within {timeout:g} s")
 
         def facts(hb: Any) -> dict[str, Any]:
             return {"engine": engine_id, "hbm_fragmentation": round(hb.hbm_fragmentation, 4),
@@ -454,11 +433,9 @@ class RuntimeSystem:
         sent: list[int] = []
         for spec in targets:
             sched = self._owner(spec.engine_id)
-            with sched._lock:  # the scheduler's endpoint is used under its lock
-                e = sched.engines.get(spec.engine_id)
-                if e is not None and e.alive and e.address:
-                    sched._send(e.address, Warm(tuple(keys), rate_bps / per_node[spec.node]))
-                    sent.append(spec.engine_id)
+            if sched.send_to_engine(spec.engine_id,
+                                    Warm(tuple(keys), rate_bps / per_node[spec.node])):
+                sent.append(spec.engine_id)
         return sent
 
     def clear_faults(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

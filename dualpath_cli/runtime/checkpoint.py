@@ -42,18 +42,15 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from dualpath_cli.atomicio import atomic_write_bytes
-from dualpath_cli.core.controllers import CONTROLLERS
-from dualpath_cli.core.policies import get_policy
 from dualpath_cli.errors import DualPathError
-from dualpath_cli.runtime.wire import Cancel, encode
-
-if TYPE_CHECKING:
-    from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.sched_state import EngineRow, FlightRow, SchedulerState
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -101,47 +98,30 @@ def capture(sched: SchedulerService, spool: PromptSpool | None = None) -> dict[s
     return build(grab(sched), spool)
 
 
-def grab(sched: SchedulerService) -> tuple[Any, ...]:
-    """What a snapshot needs, copied under the scheduler's lock as plain tuples (the least
+def grab(sched: SchedulerService) -> SchedulerState:
+    """What a snapshot needs, copied under the scheduler's lock as plain rows (the least
     work while every fetch and message waits): pass it to :func:`build`."""
-    with sched._lock:  # noqa: SLF001 - the checkpoint is the scheduler's own state
-        where: dict[int, str] = {}
-        for f in sched.queue:
-            where[f.rid] = "fifo"
-        for g, q in sched.private.items():
-            for f in q:
-                where[f.rid] = f"group:{g}"
-        for f in sched.pe_queue:
-            where[f.rid] = "pe_queue"
-        flights = [(f.rid, f.req, f.att, f.submitted, f.max_hit_blocks, f.pe, f.de)
-                   for f in sched.flights.values()]
-        engines = [(e.engine_id, e.role, e.node, e.group, e.address, e.pid, e.alive,
-                    e.dead_why, e.next_seq) for e in sched.engines.values()]
-        params = sched.params
-        state = {
-            "address": sched.address, "next_rid": sched._next_rid,  # noqa: SLF001
-            "ordinal": sched._ordinal,  # noqa: SLF001
-            "decision_seq": sched.log.last_seq or 0, "requeued": sched.requeued,
-            "policy": sched.policy_name, "read_side": sched.read_side,
-            "alpha": params.alpha, "beta": params.beta, "z_factor": params.z_factor,
-            "quota_s": sched.quota_s, "sources": dict(sched.sources),
-            "controllers": {n: bool(sched.controllers.on.get(n)) for n in CONTROLLERS},
-            "controller_values": dict(sched._ctl_values)}  # noqa: SLF001
-    return state, where, flights, engines, time.monotonic()
+    return sched.export_state()
 
 
-def build(grabbed: tuple[Any, ...], spool: PromptSpool | None = None) -> dict[str, Any]:
+def build(grabbed: SchedulerState, spool: PromptSpool | None = None) -> dict[str, Any]:
     """The JSON snapshot of what :func:`grab` copied (prompts spooled or inlined)."""
-    state, where, raw, engines, now = grabbed
-    raw = sorted(raw, key=lambda r: r[0])  # admission order: the restored FIFO's order
-    flights = [{"rid": rid, "agent": req.agent, "turn": req.turn, "gen": req.gen,
-                "attempt": att, "age_s": round(now - submitted, 6), "max_hit_blocks": hit,
-                "pe": pe, "de": de, "where": where.get(rid, "dispatched")}
-               for rid, req, att, submitted, hit, pe, de in raw]
-    state = dict(state, flights=flights, engines=[
-        {"id": eid, "role": role, "node": node, "group": group, "address": address,
-         "pid": pid, "alive": alive, "dead_why": why, "next_seq": seq}
-        for eid, role, node, group, address, pid, alive, why, seq in engines])
+    g, now = grabbed, grabbed.taken_at
+    raw = sorted(g.flights, key=lambda r: r[0])  # admission order: the restored FIFO's order
+    flights: list[dict[str, Any]] = [
+        {"rid": rid, "agent": req.agent, "turn": req.turn, "gen": req.gen, "attempt": att,
+         "age_s": round(now - submitted, 6), "max_hit_blocks": hit, "pe": pe, "de": de,
+         "where": g.where.get(rid, "dispatched")}
+        for rid, req, att, submitted, hit, pe, de in raw]
+    state: dict[str, Any] = {
+        "address": g.address, "next_rid": g.next_rid, "ordinal": g.ordinal,
+        "decision_seq": g.decision_seq, "requeued": g.requeued, "policy": g.policy,
+        "read_side": g.read_side, "alpha": g.alpha, "beta": g.beta, "z_factor": g.z_factor,
+        "quota_s": g.quota_s, "sources": dict(g.sources), "controllers": dict(g.controllers),
+        "controller_values": dict(g.controller_values), "flights": flights, "engines": [
+            {"id": eid, "role": role, "node": node, "group": group, "address": address,
+             "pid": pid, "alive": alive, "dead_why": why, "next_seq": seq}
+            for eid, role, node, group, address, pid, alive, why, seq in g.engines]}
     if spool is None:
         for item, r in zip(flights, raw, strict=True):
             item["tokens"] = _tokens_out(r[1].tokens)
@@ -183,85 +163,48 @@ def restore(sched: SchedulerService, state: dict[str, Any], *, engines: bool,
         CheckpointError: the snapshot does not fit this scheduler (a missing field, a
             different policy family), in one line.
     """
-    from dualpath_cli.runtime.scheduler import EngineState, Ticket, TurnRequest, _Flight
-
     try:
         prompts = read_spool(spool_dir, state) if "spool" in state else {}
-        return _restore(sched, state, engines, prompts, EngineState, Ticket, TurnRequest,
-                        _Flight)
+        loaded = _loaded(state, prompts)
+        flights, requeued = sched.import_state(loaded, with_engines=engines)
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"the checkpoint does not fit this scheduler "
                               f"({type(err).__name__}: {err})") from None
+    return Restored(flights, requeued, len(loaded.engines) if engines else 0,
+                    loaded.decision_seq, int(state["next_rid"]))
 
 
-def _restore(sched: SchedulerService, state: dict[str, Any], with_engines: bool,
-             prompts: dict[int, np.ndarray], EngineState: Any, Ticket: Any, TurnRequest: Any,
-             Flight: Any) -> Restored:
+def _loaded(state: dict[str, Any], prompts: dict[int, np.ndarray]) -> SchedulerState:
+    """The snapshot's JSON as a :class:`SchedulerState` (request ids past the epoch of the
+    checkpointed ones, ages made into this process's monotonic times)."""
     now = time.monotonic()
-    row = get_policy(state["read_side"])
-    if row.shaped != sched.shaped:
-        raise ValueError(f"read side {row.name!r} does not match this launch's NIC shaping")
-    with sched._lock:  # noqa: SLF001
-        sched.params = dataclasses.replace(sched.params, alpha=int(state["alpha"]),
-                                           beta=int(state["beta"]),
-                                           z_factor=float(state["z_factor"]))
-        sched.quota_s = float(state["quota_s"])
-        sched.read_side, sched.policy = row.name, row
-        sched.sources.update({str(k): str(v) for k, v in state["sources"].items()})
-        for name, on in state["controllers"].items():
-            if name in CONTROLLERS:
-                sched.controllers.on[name] = bool(on)
-        for name, value in state["controller_values"].items():
-            if name in CONTROLLERS:
-                sched._ctl_values[name] = float(value)  # noqa: SLF001
-                if sched.sources.get("quota" if name == "quota" else name) == "api":
-                    sched.controllers.rebase(name, float(value))
-        sched._next_rid = max(sched._next_rid,  # noqa: SLF001
-                              (int(state["next_rid"]) // RID_EPOCH + 1) * RID_EPOCH)
-        sched._ordinal = max(sched._ordinal, int(state["ordinal"]))  # noqa: SLF001
-        sched.log._seq = max(sched.log._seq, int(state["decision_seq"]))  # noqa: SLF001
-        sched.requeued = int(state["requeued"])
-        restored_engines = 0
-        if with_engines:
-            for e in state["engines"]:
-                eid = int(e["id"])
-                st = EngineState(eid, str(e["role"]), int(e["node"]), int(e["group"]),
-                                 address=str(e["address"]), pid=int(e["pid"]),
-                                 last_seen=now, alive=bool(e["alive"]),
-                                 dead_why=str(e["dead_why"]))
-                st.next_seq = int(e["next_seq"])
-                sched.engines[eid] = st
-                restored_engines += 1
-        requeued = 0
-        front: list[Any] = []
-        for item in state["flights"]:
-            tokens = (prompts[int(item["rid"])] if "prompt" in item
-                      else _tokens_in(str(item["tokens"])))
-            req = TurnRequest(int(item["agent"]), int(item["turn"]), tokens, int(item["gen"]))
-            f = Flight(int(item["rid"]), req, Ticket(), now - float(item["age_s"]))
-            # a new attempt: answers of the old one (if they arrive) are stale
-            f.att = int(item["attempt"]) + 1
-            hit = item["max_hit_blocks"]
-            f.max_hit_blocks = None if hit is None else int(hit)
-            if item["where"] != "fifo":
-                requeued += 1
-                for eid in (int(item["pe"]), int(item["de"])):
-                    old = sched.engines.get(eid)
-                    if old is not None and old.alive and old.address:
-                        header, frames = encode(Cancel(f.rid, f.att - 1))
-                        sched.ep.send(old.address, header, frames)
-            sched._lookup(f)  # noqa: SLF001 - the store may hold more of it by now
-            sched.flights[f.rid] = f
-            front.append(f)
-        # one FIFO in admission order (a re-queued turn, admitted earlier, stays ahead)
-        sched.queue.extend(front)
-        sched.requeued += requeued
-        if requeued:
-            sched.registry.counter("dualpath_scheduler_requeued_turns_total",
-                                   reason="scheduler_restart").inc(requeued)
-        sched._count_engines()  # noqa: SLF001
-    return Restored(len(front), requeued, restored_engines, int(state["decision_seq"]),
-                    int(state["next_rid"]))
+    flights: list[FlightRow] = []
+    where: dict[int, str] = {}
+    for item in state["flights"]:
+        rid = int(item["rid"])
+        tokens = prompts[rid] if "prompt" in item else _tokens_in(str(item["tokens"]))
+        hit = item["max_hit_blocks"]
+        flights.append((rid, TurnRequest(int(item["agent"]), int(item["turn"]), tokens,
+                                         int(item["gen"])),
+                        int(item["attempt"]), now - float(item["age_s"]),
+                        None if hit is None else int(hit), int(item["pe"]), int(item["de"])))
+        where[rid] = str(item["where"])
+    engines: list[EngineRow] = [
+        (int(e["id"]), str(e["role"]), int(e["node"]), int(e["group"]), str(e["address"]),
+         int(e["pid"]), bool(e["alive"]), str(e["dead_why"]), int(e["next_seq"]))
+        for e in state["engines"]]
+    return SchedulerState(
+        address=str(state.get("address", "")),
+        next_rid=(int(state["next_rid"]) // RID_EPOCH + 1) * RID_EPOCH,
+        ordinal=int(state["ordinal"]), decision_seq=int(state["decision_seq"]),
+        requeued=int(state["requeued"]), policy=str(state.get("policy", "")),
+        read_side=str(state["read_side"]), alpha=int(state["alpha"]),
+        beta=int(state["beta"]), z_factor=float(state["z_factor"]),
+        quota_s=float(state["quota_s"]),
+        sources={str(k): str(v) for k, v in state["sources"].items()},
+        controllers={str(k): bool(v) for k, v in state["controllers"].items()},
+        controller_values={str(k): float(v) for k, v in state["controller_values"].items()},
+        flights=flights, where=where, engines=engines)
 
 
 def rebind(sched: SchedulerService, address: str) -> bool:
@@ -282,8 +225,7 @@ def rebind(sched: SchedulerService, address: str) -> bool:
     if not port.isdigit():
         return False
     try:
-        ep = ZmqEndpoint(sched.ep._ctx, host, port=int(port),  # noqa: SLF001
-                         curve=sched.ep.curve)
+        ep = sched.ep.bound_to(host, int(port))
     except zmq.ZMQError:  # the port is taken
         return False
     sched.ep.close()

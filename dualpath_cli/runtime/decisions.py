@@ -137,6 +137,12 @@ class DecisionLog:
         with self._lock:
             return self._seq or None
 
+    def continue_after(self, seq: int) -> None:
+        """Number the next decisions after ``seq`` (a restored scheduler's log goes on
+        from its predecessor's, so a reader polling ``since`` sees no reused numbers)."""
+        with self._lock:
+            self._seq = max(self._seq, seq)
+
     def counts(self) -> DecisionCounts:
         """Counts of every decision since start, by class and side."""
         with self._lock:

@@ -35,13 +35,10 @@ from dualpath_cli.core.types import Request, Role
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.control import SchedulerChange, Settings
 from dualpath_cli.runtime.decisions import DecisionLog
+from dualpath_cli.runtime.engine_table import EngineState
 from dualpath_cli.runtime.ledger import RequestLedger
-from dualpath_cli.runtime.scheduler import (
-    EngineState,
-    SchedulerService,
-    Ticket,
-    TurnRequest,
-)
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import Ticket, TurnRequest
 from dualpath_cli.runtime.wire import Heartbeat
 from dualpath_cli.telemetry.registry import MetricsRegistry
 from dualpath_cli.telemetry.view import (
@@ -179,6 +176,14 @@ class HierarchicalScheduler:
             raise UsageError(f"no engine {engine_id} in this cluster")
         return self.subs[k]
 
+    def sub_schedulers(self) -> tuple[SchedulerService, ...]:
+        """The sub-schedulers, in order."""
+        return tuple(self.subs)
+
+    def schedulers(self) -> tuple[SchedulerService, ...]:
+        """Every scheduler that serves engines: each sub."""
+        return tuple(self.subs)
+
     @property
     def address(self) -> str:
         """Sub 0's endpoint (each engine is given its own sub's: :meth:`address_for`)."""
@@ -235,18 +240,7 @@ class HierarchicalScheduler:
             ok = self._serving_subs()
             if k in ok or not ok:
                 return
-            src = self.subs[k]
-            with src._lock:  # noqa: SLF001
-                moving = [*src.queue, *(f for q in src.private.values() for f in q),
-                          *src.pe_queue]
-                src.queue.clear()
-                src.private.clear()
-                src.pe_queue.clear()
-                for f in moving:
-                    del src.flights[f.rid]
-                    f.de = f.de_group = -1
-                    f.route, f.place = None, {}
-                src._recount_loads()  # noqa: SLF001 - the placed turns counted on their DEs
+            moving = self.subs[k].take_waiting()
             if not moving:
                 return
             with self._load_lock:
@@ -258,10 +252,7 @@ class HierarchicalScheduler:
                     self._rid_sub[f.rid] = j
                     self._sub_tokens[k] -= n
                     self._sub_tokens[j] += n
-                dst = self.subs[j]
-                with dst._lock:  # noqa: SLF001
-                    dst.flights[f.rid] = f
-                    dst.queue.append(f)
+                self.subs[j].adopt(f)
                 self.moved += 1
 
     # -- the root -----------------------------------------------------------------------
@@ -294,9 +285,7 @@ class HierarchicalScheduler:
             with self._load_lock:
                 self._rid_sub[rid] = k
                 self._sub_tokens[k] += n
-            with sub._lock:  # noqa: SLF001 - the id is the root's, the queue the sub's
-                sub._next_rid = rid  # noqa: SLF001
-                ticket = sub.submit(req)
+            ticket = sub.submit(req, rid)  # the id is the root's, the queue the sub's
             self._next_rid += 1
             self.sub_turns[k] += 1
 
@@ -368,9 +357,12 @@ class HierarchicalScheduler:
         """Every sub's engines by id (a copy: register through :meth:`register`)."""
         out: dict[int, EngineState] = {}
         for sub in self.subs:
-            with sub._lock:  # noqa: SLF001
-                out.update(sub.engines)
+            out.update(sub.consistent_engines())
         return out
+
+    def engine_states(self) -> dict[int, str]:
+        """Each engine's state, every sub's (each read under its own lock)."""
+        return {eid: st for sub in self.subs for eid, st in sub.engine_states().items()}
 
     def fresh_reports(self, after: float, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Reports of live engines received after ``after``, waiting up to ``timeout``."""

@@ -22,10 +22,10 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dualpath_cli.cluster.join import JoinService
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -34,7 +34,7 @@ from dualpath_cli.errors import DualPathError
 from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.scheduler import Ticket, TurnRequest, TurnResult
+from dualpath_cli.runtime.turns import Ticket, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
@@ -42,6 +42,8 @@ from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 # on them without importing the runtime)
 __all__ = ["Draining", "EnginesLost", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
            "LiveCluster", "Ticket", "TurnResult"]
+
+T = TypeVar("T")
 
 
 class Draining(DualPathError):
@@ -280,6 +282,29 @@ class LiveCluster:
             if key is not None:
                 ticket.add_done_callback(self.durable.poke)
         return ticket
+
+    def export_sessions(self, during: Callable[[], T]
+                        ) -> tuple[T, list[tuple[str, int, int]], int]:
+        """``during()``'s result, the sessions (name, agent, turns) and the next agent id,
+        all under the admission lock: no turn is admitted between them (the checkpoint's
+        scheduler section and idempotency keys agree with its sessions)."""
+        with self._lock:
+            got = during()
+            sessions = [(name, s.agent, s.turns) for name, s in self._sessions.items()]
+            return got, sessions, self._next_agent
+
+    def import_sessions(self, sessions: Iterable[tuple[str, int, int]], next_agent: int,
+                        tickets: Iterable[Ticket], during: Callable[[], T]) -> T:
+        """Put a checkpoint's sessions back (before the cluster serves): agents are numbered
+        after ``next_agent``, a drain waits on ``tickets`` (the restored turns), and
+        ``during()`` runs under the same lock (the idempotency keys); its result."""
+        with self._lock:
+            for name, agent, turns in sessions:
+                self._sessions[name] = _Session(agent, turns)
+            self._next_agent = max(self._next_agent, next_agent)
+            got = during()
+            self._in_flight.update(tickets)
+            return got
 
     def in_flight(self) -> int:
         """Admitted turns that have not finished yet."""

@@ -20,20 +20,26 @@ import collections
 import hashlib
 import math
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from dualpath_cli.cluster.join import JoinService
+from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime import checkpoint as ckpt
-from dualpath_cli.runtime.scheduler import SchedulerService, Ticket, TurnResult
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.runtime.sched_state import SchedulerState
+from dualpath_cli.runtime.scheduler import SchedulerService
+from dualpath_cli.runtime.turns import Ticket, TurnResult
+from dualpath_cli.telemetry.view import AuditEntry
 
-if TYPE_CHECKING:
-    from dualpath_cli.services.live import LiveCluster
+__all__ = ["KEYS_KEPT", "KeyConflict", "TurnKeys", "Admissions", "LiveCheckpoint",
+           "check_key", "checkpoint_path", "calibrated_rate"]
 
-__all__ = ["KEYS_KEPT", "KeyConflict", "TurnKeys", "LiveCheckpoint", "check_key",
-           "checkpoint_path", "calibrated_rate"]
+T = TypeVar("T")
 
 #: Idempotency keys remembered (oldest finished first out). Each finished one keeps its
 #: answer's tokens in every checkpoint, so this bounds the checkpoint's size.
@@ -171,7 +177,37 @@ class TurnKeys:
         return n
 
 
-def _flat(live: LiveCluster) -> SchedulerService:
+class Admissions(Protocol):
+    """What a checkpoint needs of the live cluster (services/live.py's
+    :class:`~dualpath_cli.services.live.LiveCluster`): its system, its admission state
+    (sessions, the next agent id, idempotency keys) read and put back under its lock.
+
+    Why a protocol: the live cluster builds its :class:`LiveCheckpoint`, so this module
+    names what it uses instead of importing the live cluster back."""
+
+    @property
+    def system(self) -> RuntimeSystem: ...
+
+    @property
+    def opts(self) -> RuntimeOptions: ...
+
+    @property
+    def audit(self) -> list[AuditEntry]: ...
+
+    @property
+    def joins(self) -> JoinService | None: ...
+
+    @property
+    def turn_keys(self) -> TurnKeys: ...
+
+    def export_sessions(self, during: Callable[[], T]
+                        ) -> tuple[T, list[tuple[str, int, int]], int]: ...
+
+    def import_sessions(self, sessions: Iterable[tuple[str, int, int]], next_agent: int,
+                        tickets: Iterable[Ticket], during: Callable[[], T]) -> T: ...
+
+
+def _flat(live: Admissions) -> SchedulerService:
     """The live cluster's one scheduler (a hierarchical one is not checkpointed: live.py
     starts it without a checkpoint)."""
     sched = live.system.scheduler
@@ -190,7 +226,7 @@ class LiveCheckpoint:
         interval_s / min_gap_s: :class:`~dualpath_cli.runtime.checkpoint.Checkpointer`'s.
     """
 
-    def __init__(self, live: LiveCluster, path: Path, interval_s: float = 0.25,
+    def __init__(self, live: Admissions, path: Path, interval_s: float = 0.25,
                  min_gap_s: float = 0.05) -> None:
         self.live = live
         self.path = path
@@ -202,8 +238,8 @@ class LiveCheckpoint:
     def signature(self) -> tuple[Any, ...]:
         """Cheap: counters that move whenever something worth a checkpoint happens."""
         sched = _flat(self.live)
-        joins = getattr(self.live, "joins", None)
-        return (sched._next_rid, len(sched.flights), sched.log.last_seq,  # noqa: SLF001
+        joins = self.live.joins
+        return (sched.next_request_id, len(sched.flights), sched.log.last_seq,
                 sched.requeued, len(sched.dead_events), sched.revived, len(sched.engines),
                 len(self.live.audit),
                 joins.snapshot()["next_node"] if joins is not None else 0)
@@ -212,16 +248,17 @@ class LiveCheckpoint:
         """Every section, consistent with each other (the live lock, then the scheduler's)."""
         live = self.live
         sched = _flat(live)
-        with live._lock:  # noqa: SLF001 - the live cluster's own state
-            with sched._lock:  # noqa: SLF001
-                grabbed = ckpt.grab(sched)
-                rids = {id(f.ticket): rid for rid, f in sched.flights.items()}
-            sessions = [[name, s.agent, s.turns] for name, s in live._sessions.items()]  # noqa: SLF001
-            keys = live.turn_keys.snapshot(rids)
-            next_agent = live._next_agent  # noqa: SLF001
-        joins = getattr(live, "joins", None)
+
+        def scheduler_and_keys() -> tuple[SchedulerState, list[dict[str, Any]]]:
+            grabbed = ckpt.grab(sched)
+            rids = {id(t): rid for rid, t in grabbed.tickets.items()}
+            return grabbed, live.turn_keys.snapshot(rids)
+
+        (grabbed, keys), sessions, next_agent = live.export_sessions(scheduler_and_keys)
+        joins = live.joins
         return {"scheduler": ckpt.build(grabbed, self.spool),
-                "live": {"sessions": sessions, "next_agent": next_agent, "keys": keys,
+                "live": {"sessions": [list(row) for row in sessions],
+                         "next_agent": next_agent, "keys": keys,
                          "flops_rate": live.system.flops_rate, "written": time.time()},
                 "joins": joins.snapshot() if joins is not None else None}
 
@@ -255,22 +292,19 @@ class LiveCheckpoint:
         old = str(state.get("spool", "")).rpartition("-")[2]
         if old.isdigit():  # the old generation stays until a checkpoint names the new one
             self.spool.gen = int(old) + 1
-        joins = getattr(live, "joins", None)
+        joins = live.joins
         if joins is not None and sections.get("joins"):
             joins.restore(sections["joins"])
-        with live._lock:  # noqa: SLF001
-            from dualpath_cli.services.live import _Session
-
-            try:
-                for name, agent, turns in own["sessions"]:
-                    live._sessions[str(name)] = _Session(int(agent), int(turns))  # noqa: SLF001
-                live._next_agent = max(live._next_agent, int(own["next_agent"]))  # noqa: SLF001
-                tickets = {rid: f.ticket for rid, f in sched.flights.items()}
-                keys = live.turn_keys.restore(list(own["keys"]), tickets)
-            except (KeyError, TypeError, ValueError) as err:
-                raise ckpt.CheckpointError(f"checkpoint {self.path}: its live section does "
-                                           f"not fit ({type(err).__name__}: {err})") from None
-            live._in_flight.update(tickets.values())  # noqa: SLF001 - a drain waits on them
+        tickets = sched.tickets()
+        try:
+            sessions = [(str(name), int(agent), int(turns))
+                        for name, agent, turns in own["sessions"]]
+            items = list(own["keys"])
+            keys = live.import_sessions(sessions, int(own["next_agent"]), tickets.values(),
+                                        lambda: live.turn_keys.restore(items, tickets))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ckpt.CheckpointError(f"checkpoint {self.path}: its live section does "
+                                       f"not fit ({type(err).__name__}: {err})") from None
         return {**done.to_dict(), "keys": keys, "control_port_kept": rebound,
                 "age_s": round(time.time() - float(own.get("written", time.time())), 3)}
 

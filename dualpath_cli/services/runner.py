@@ -20,7 +20,7 @@ import numpy as np
 from dualpath_cli.cluster.local import EngineFailed, dead_role
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import token_ids
-from dualpath_cli.runtime.scheduler import TurnRequest, TurnResult
+from dualpath_cli.runtime.turns import TurnRequest, TurnResult
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
 

@@ -65,6 +65,15 @@ class ZmqEndpoint:
         self._closed = False
         self.dropped = 0
 
+    def bound_to(self, host: str, port: int) -> ZmqEndpoint:
+        """A new endpoint on this one's context and keys, bound to ``host:port`` (a
+        restarted scheduler takes its old port back).
+
+        Raises:
+            zmq.ZMQError: the port is taken.
+        """
+        return ZmqEndpoint(self._ctx, host, port=port, curve=self.curve)
+
     def send(self, to: str, header: dict[str, Any],
              buffers: list[np.ndarray] | None = None) -> bool:
         """Queue a message to ``to``; False when it was dropped (closed, or the peer did
