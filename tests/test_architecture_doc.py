@@ -29,12 +29,13 @@ def test_the_metric_row_count() -> None:
     assert _stated(r"is the single table: ([0-9,]+) rows") == len(METRICS)
 
 
-def test_the_storage_modules_importing_core_layout() -> None:
-    imports = re.compile(r"^\s*(from dualpath_cli\.core\.layout import|from dualpath_cli\.core "
-                         r"import [^\n]*\blayout\b|import dualpath_cli\.core\.layout)", re.M)
-    actual = sum(1 for p in (ROOT / "dualpath_cli" / "storage").rglob("*.py")
-                 if imports.search(p.read_text(encoding="utf-8")))
-    assert _stated(r"([0-9]+) modules of `storage/` import `core\.layout`") == actual
+def test_the_layer_contracts_listed_are_the_ones_checked() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Layers\n"):text.index("## Packages\n")]
+    listed = [" ".join(m.split()) for m in re.findall(r"^- \*\*(.+?)\*\*", section, re.M | re.S)]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    checked = [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+    assert [name.rstrip(".") for name in listed] == checked
 
 
 def test_planned_items_are_not_built() -> None:
