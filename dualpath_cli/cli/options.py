@@ -1,8 +1,11 @@
 """The options every command that talks to a cluster shares, defined once.
 
 ``--url``, ``--port``, ``--token-file`` and ``--json`` mean the same in every command (how
-cli/source.py finds the cluster, and one JSON object instead of a table); a command whose
-``--url`` or ``--json`` says something more keeps the flag and passes its own help.
+cli/source.py finds the cluster and its token, and one JSON object instead of a table); a
+command whose ``--url`` or ``--json`` says something more keeps the flag and passes its own
+help. A command that talks to a cluster takes ``UrlOption``, ``PortOption`` and
+``TokenFileOption`` and hands them to cli/source.py as one ``ClusterRef``;
+tests/test_cli_help_markup.py checks that every such command lists them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ __all__ = ["URL_HELP", "url_option", "json_option", "UrlOption", "PortOption",
            "TokenFileOption", "JsonOption"]
 
 #: ``--url``'s help where it names the cluster to ask (cli/source.py's rules).
-URL_HELP = "The cluster's API (default: DUALPATH_URL, else the running cluster's state file)."
+URL_HELP = ("The cluster's API (default: --port's cluster, else DUALPATH_URL, else the "
+            "running cluster's state file).")
 
 
 def url_option(help: str = URL_HELP) -> Any:
@@ -31,7 +35,9 @@ def json_option(help: str = "Print one JSON object.") -> Any:
 
 UrlOption = Annotated[str | None, url_option()]
 PortOption = Annotated[int | None, typer.Option(
-    "--port", help="The cluster on this port (when several run).")]
+    "--port", help="The cluster launched on this host on this port (when several run).")]
 TokenFileOption = Annotated[Path | None, typer.Option(
-    "--token-file", help="The cluster's token (default: DUALPATH_TOKEN).")]
+    "--token-file", help="A file with the cluster's token (default: DUALPATH_TOKEN, else "
+    "the token file of the cluster's state file).")]
 JsonOption = Annotated[bool, json_option()]
+
