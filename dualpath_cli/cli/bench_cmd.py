@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dualpath_cli.cli.options import JsonOption, url_option
+from dualpath_cli.cli.options import JsonOption, TokenFileOption, port_option, url_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_bytes
@@ -167,6 +167,9 @@ def bench(
     url: Annotated[str | None, url_option("Drive the cluster launched at this "
                                             "URL (dualpath launch) through its API instead; "
                                             "--policy is the cluster's own.")] = None,
+    port: Annotated[int | None, port_option("Drive the cluster launched on this host on "
+                                            "this port, as --url does.")] = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Run the embedded 1P2D system on an agentic workload and compare policies."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -189,18 +192,23 @@ def bench(
                        snic_bw=snic)
     if calibrate not in ("oracle", "probe"):
         raise UsageError(f"--calibrate: expected oracle or probe, got {calibrate!r}")
+    if token_file is not None and url is None and port is None:
+        raise UsageError("--token-file is for a launched cluster (--url or --port); the "
+                         "in-process bench needs no token")
     if trace is not None:
         from dualpath_cli.workload.mooncake_link import read_agent_trace
 
         trajectories = list(read_agent_trace(trace)[0].trajectories)[:agents]
     else:
         trajectories = agentic_workload(agents, turns=turns)
-    if url is not None:
+    if url is not None or port is not None:
         from dualpath_cli.cli.bench_remote import bench_url
+        from dualpath_cli.cli.source import ClusterRef
 
         given = {"--pd": pd, "--store": store, "--snic-bw": snic, "--preset": preset,
                  "--config": config, "--set": overrides}
-        bench_url(url, trajectories, aps=aps, slo_scale=slo_scale, as_json=as_json,
+        bench_url(ClusterRef(url, port, token_file), trajectories, aps=aps,
+                  slo_scale=slo_scale, as_json=as_json,
                   refused=[k for k, v in given.items() if v])
         return
     sets = list(overrides or [])

@@ -1,13 +1,15 @@
-"""``dualpath bench --url``: the main job against a launched cluster, through its API.
+"""``dualpath bench --url`` (or ``--port``): the main job against a launched cluster, through
+its API.
 
-Thin: find the token, call :func:`~dualpath_cli.services.remote_runner.run_bench_remote`,
-render the in-process bench's table (the columns that apply over HTTP) or its JSON.
+Thin: find the cluster and its token (cli/source.py, as every live command does), call
+:func:`~dualpath_cli.services.remote_runner.run_bench_remote`, render the in-process bench's
+table (the columns that apply over HTTP) or its JSON.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -19,30 +21,10 @@ from dualpath_cli.services.runner import TurnRecord
 from dualpath_cli.units import format_bytes
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["TOKEN_ENV", "find_token", "bench_url"]
+if TYPE_CHECKING:
+    from dualpath_cli.cli.source import ClusterRef
 
-TOKEN_ENV = "DUALPATH_TOKEN"
-"""Environment variable with the API token of a cluster this host did not launch."""
-
-
-def find_token(url: str) -> str | None:
-    """The API token for ``url``: the token file of a cluster launched on this host at that
-    URL, else ``$DUALPATH_TOKEN``, else ``None`` (a loopback cluster serves without one)."""
-    from dualpath_cli.api.auth import TokenAuth
-    from dualpath_cli.services import statefile
-
-    want = url.rstrip("/")
-    try:
-        live, _ = statefile.live_states()
-    except OSError:
-        live = []
-    for state in live:
-        if state.url.rstrip("/") == want:
-            try:
-                return TokenAuth.load(state.token_file).token
-            except DualPathError:
-                break
-    return os.environ.get(TOKEN_ENV) or None
+__all__ = ["bench_url"]
 
 
 def _ms(value: float) -> str:
@@ -77,20 +59,23 @@ def _render(report: BenchReport, online: bool) -> None:
                      f"{slo['tpot_s'] * 1e3:.1f} ms (the paper's 4 s / 50 ms x {slo['scale']})")
 
 
-def bench_url(url: str, trajectories: Sequence[Trajectory], *, aps: float | None,
+def bench_url(ref: ClusterRef, trajectories: Sequence[Trajectory], *, aps: float | None,
               slo_scale: float, as_json: bool, refused: Sequence[str] = ()) -> None:
-    """Drive the cluster at ``url`` with ``trajectories`` and print the report.
+    """Drive the cluster ``ref`` names with ``trajectories`` and print the report.
 
     ``refused``: options given that only an in-process bench can honour (named in the
     error). Exits through :class:`DualPathError` when no turn succeeded.
     """
+    from dualpath_cli.cli.source import resolve
     from dualpath_cli.services.remote_runner import run_bench_remote
 
     if refused:
-        raise UsageError(f"{', '.join(refused)}: not with --url (a launched cluster runs its "
-                         "own configuration and policy)")
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r}: expected http://HOST:PORT")
+        raise UsageError(f"{', '.join(refused)}: not with {ref.named} (a launched cluster "
+                         "runs its own configuration and policy)")
+    if ref.url is not None and not ref.url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {ref.url!r}: expected http://HOST:PORT")
+    target = resolve(ref)  # no token: a loopback cluster serves without one
+    url = target.url
     total = sum(t.num_turns for t in trajectories)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True,
@@ -100,7 +85,7 @@ def bench_url(url: str, trajectories: Sequence[Trajectory], *, aps: float | None
         def on_turn(rec: TurnRecord) -> None:
             progress.update(task, advance=1)
 
-        report = run_bench_remote(url, trajectories, token=find_token(url), aps=aps,
+        report = run_bench_remote(url, trajectories, token=target.token, aps=aps,
                                   slo=SLO(scale=slo_scale), on_turn=on_turn)
     if as_json:
         emit_json(report.to_dict())

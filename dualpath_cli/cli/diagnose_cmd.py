@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import typer.core
 
-from dualpath_cli.cli.options import JsonOption, UrlOption
+from dualpath_cli.cli.options import JsonOption, PortOption, TokenFileOption, UrlOption
 from dualpath_cli.errors import DualPathError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.diagnose.model import Evidence, Report
 
 __all__ = ["diagnose", "register", "render_reports", "EXIT_UNKNOWN", "WORKFLOW_NAMES"]
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
     app.command("diagnose", cls=_DiagnoseCommand)(diagnose)
 
 
-def _evidence(url: str | None, from_file: Path | None, window: str,
+def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
               interval: str) -> tuple[Evidence, str, int]:
     """The window's evidence, where it came from, and how many samples it had."""
     from dualpath_cli.diagnose.model import Evidence
@@ -96,8 +97,8 @@ def _evidence(url: str | None, from_file: Path | None, window: str,
     window_s = parse_duration(window)
     interval_s = min(parse_interval(interval), max(window_s / 2, 0.25))
     decisions: list[Decision] = []
-    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
-        target = getattr(client, "url", url or "")
+    with source.connect(ref, timeout=max(5.0, interval_s * 4)) as client:
+        target = getattr(client, "url", ref.url or "")
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
         th = (status := client.status()).thresholds  # the audit log, as of the window's end
         earlier = _earlier_decisions(client, samples, decisions, status.audit, th)
@@ -149,6 +150,8 @@ def diagnose(
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(live).")] = "1s",
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Diagnose a recording "
                                                    "(dualpath record) instead.")] = None,
     by_layer: Annotated[bool, typer.Option("--by-layer", help="cache-hit: include the "
@@ -158,8 +161,11 @@ def diagnose(
     as_json: JsonOption = False,
 ) -> None:
     """Troubleshooting workflows (seed section 6). Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
+    from dualpath_cli.cli.source import ClusterRef
+
     try:
-        code = _diagnose(workflow, window, interval, url, from_file, by_layer, fix, as_json)
+        code = _diagnose(workflow, window, interval, ClusterRef(url, port, token_file),
+                         from_file, by_layer, fix, as_json)
     except DualPathError as err:  # usage, recording, unreachable: no verdict
         if as_json:
             _emit_unknown(str(err))
@@ -178,30 +184,30 @@ def _emit_unknown(message: str) -> None:
                "reports": []})
 
 
-def _diagnose(workflow: str, window: str, interval: str, url: str | None,
+def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
               from_file: Path | None, by_layer: bool, fix: bool, as_json: bool) -> int:
     from dualpath_cli.diagnose import rules
     from dualpath_cli.errors import UsageError, pick
 
     if workflow != "all":
         pick({n: n for n in WORKFLOW_NAMES}, workflow, "workflow", UsageError)
-    if from_file is not None and url is not None:
-        raise UsageError("--from and --url exclude each other")
+    if from_file is not None and ref.named:
+        raise UsageError(f"--from and {ref.named} exclude each other")
     if fix:
         canonical = rules.ALIASES.get(workflow, workflow)
         if canonical not in _FIXABLE:
             raise UsageError(f"--fix applies to hbm-frag and long-tail, not {workflow}")
         if from_file is not None:
             raise UsageError("--fix acts on a live cluster, not a recording (drop --from)")
-    ev, source, in_file = _evidence(url, from_file, window, interval)
+    ev, source, in_file = _evidence(ref, from_file, window, interval)
     reports = _run(rules, workflow, ev, by_layer)
     worst = max(int(r.severity) for r in reports)
     fixes: list[dict[str, Any]] | None = None
     before = reports
     if fix:
-        fixes = _apply_fixes(url, reports)
+        fixes = _apply_fixes(ref, reports)
         if any(f["applied"] for f in fixes):  # judge again what the cluster reports now
-            ev, source, in_file = _evidence(url, None, RECHECK_WINDOW, interval)
+            ev, source, in_file = _evidence(ref, None, RECHECK_WINDOW, interval)
             reports = _run(rules, workflow, ev, by_layer)
             worst = max(int(r.severity) for r in reports)
     names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
@@ -258,7 +264,7 @@ def _fix_plan(reports: list[Report]) -> tuple[list[int], list[str], int | None]:
     return engines, blocks, copies
 
 
-def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]:
+def _apply_fixes(ref: ClusterRef, reports: list[Report]) -> list[dict[str, Any]]:
     """Apply the remedies the findings call for, with the launch's token: HBM compaction
     of the named engines, copies of the named hot blocks on the store's replica roots
     (``POST /api/v1/store/replicate``; a store without replica roots says so, and nothing
@@ -269,15 +275,15 @@ def _apply_fixes(url: str | None, reports: list[Report]) -> list[dict[str, Any]]
     engines, blocks, copies = _fix_plan(reports)
     fixes: list[dict[str, Any]] = []
     if engines or blocks:
-        source.resolve(url).require_token("diagnose --fix")  # nothing applied without it
+        source.resolve(ref).require_token("diagnose --fix")  # nothing applied without it
     if engines:
-        with source.connect(url, timeout=30.0) as client:
+        with source.connect(ref, timeout=30.0) as client:
             for eid in engines:
                 entry = client.compact_hbm(eid)
                 fixes.append({"action": "compact", "engine": eid, "applied": True,
                               "audit": entry.seq, "old": entry.old, "new": entry.new})
     if blocks:
-        with source.connect(url, timeout=60.0) as client:
+        with source.connect(ref, timeout=60.0) as client:
             try:
                 # a copy on every replica root, not only the finding's minimum: that was
                 # sized from one window's mix of reads, and a hot block's share can grow

@@ -9,11 +9,14 @@ for them (tests/test_cli_import_graph.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dualpath_cli.cli.options import JsonOption, UrlOption
+from dualpath_cli.cli.options import JsonOption, PortOption, TokenFileOption, UrlOption
+
+if TYPE_CHECKING:
+    from dualpath_cli.cli.source import ClusterRef
 
 __all__ = ["explain", "register"]
 
@@ -23,7 +26,7 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
 
 
-def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str, Any]:
+def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> dict[str, Any]:
     if from_file is not None:
         from dualpath_cli.diagnose.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
@@ -34,7 +37,7 @@ def _story(request_id: int, url: str | None, from_file: Path | None) -> dict[str
         return story_from_recording(rec, request_id)
     from dualpath_cli.cli import source
 
-    with source.connect(url, timeout=10.0) as client:
+    with source.connect(ref, timeout=10.0) as client:
         story: dict[str, Any] = client.request(request_id)
     return story
 
@@ -43,6 +46,8 @@ def explain(
     request_id: Annotated[int, typer.Argument(min=0, help="The request id (rid in the "
                                               "decision log, dualpath monitor, recordings).")],
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Explain from a recording "
                                                    "(dualpath record) instead.")] = None,
     as_json: JsonOption = False,
@@ -51,10 +56,11 @@ def explain(
     the read side and the queues that chose it, blocks hit per tier and missed per reason,
     bytes per NIC, per-layer slack, and its TTFT as queueing + loading + transfer + prefill."""
     from dualpath_cli.cli.output import emit_json, fail, stdout
+    from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.errors import DualPathError
 
     try:
-        story = _story(request_id, url, from_file)
+        story = _story(request_id, ClusterRef(url, port, token_file), from_file)
     except DualPathError as err:
         fail(str(err))
         raise typer.Exit(err.exit_code) from None

@@ -248,14 +248,9 @@ def token_for_join(token_file: Path | None, url: str = "") -> str:
     """The cluster's token for ``--join``: ``--token-file``, else ``DUALPATH_TOKEN``, else
     (a scheduler on this host) its state file's token."""
     if token_file is not None:
-        try:
-            text = token_file.expanduser().read_text().strip()
-        except OSError as err:
-            raise UsageError(f"--token-file {token_file}: cannot read it "
-                             f"({err.strerror})") from None
-        if not text:
-            raise UsageError(f"--token-file {token_file}: it is empty")
-        return text
+        from dualpath_cli.cli.source import read_token_file
+
+        return read_token_file(token_file)
     env = os.environ.get("DUALPATH_TOKEN", "").strip()
     if env:
         return env

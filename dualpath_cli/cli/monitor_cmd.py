@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dualpath_cli.cli.options import UrlOption, json_option
+from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
 from dualpath_cli.cli.sampling import parse_interval
 from dualpath_cli.errors import UsageError, pick
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
+    from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.telemetry.recording import Sample
 
 __all__ = ["MONITOR_METRICS", "MonitorMetric", "Row", "monitor", "main", "register",
@@ -359,13 +360,13 @@ def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
 
 
 # --- sources ---------------------------------------------------------------------------------
-def live_samples(url: str | None, interval_s: float, with_metrics: bool,
+def live_samples(ref: ClusterRef, interval_s: float, with_metrics: bool,
                  count: int | None) -> Iterator[Sample]:
     """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever)."""
     from dualpath_cli.cli import source
     from dualpath_cli.telemetry.recording import Extras, Sample, extras_from_metrics_text
 
-    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
+    with source.connect(ref, timeout=max(5.0, interval_s * 4)) as client:
         i = 0
         start = time.monotonic()
         while count is None or i < count:
@@ -403,6 +404,8 @@ def monitor(
     role: Annotated[str | None, typer.Option("--role", help="Only prefill or decode "
                                              "engines/nodes.")] = None,
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Play a recording "
                                                    "(dualpath record) instead.")] = None,
     as_json: Annotated[bool, json_option("JSON Lines: one object per "
@@ -413,10 +416,13 @@ def monitor(
                                       "(dualpath top) on the same source.")] = False,
 ) -> None:
     """Watch metrics of a live cluster (or a recording), redrawn in place in a terminal."""
+    from dualpath_cli.cli.source import ClusterRef
+
+    ref = ClusterRef(url, port, token_file)
     if tui:
         from dualpath_cli.cli.top_cmd import run_top
 
-        run_top(url, from_file, interval)
+        run_top(ref, from_file, interval)
         return
     names = list(metric or [])
     if not names:
@@ -427,8 +433,8 @@ def monitor(
         raise UsageError("--by-engine and --by-node exclude each other")
     if role is not None and role not in ("prefill", "decode"):
         raise UsageError(f"--role {role!r}: choose prefill or decode")
-    if from_file is not None and url is not None:
-        raise UsageError("--from and --url exclude each other")
+    if from_file is not None and ref.named:
+        raise UsageError(f"--from and {ref.named} exclude each other")
     by = "engine" if by_engine else "node" if by_node else None
     tty = sys.stdout.isatty()
     with_metrics = any(m.source == "metrics" for m in metrics) and not by_layer
@@ -441,7 +447,7 @@ def monitor(
     else:
         if once or (count is None and not tty):
             count = 1
-        samples = live_samples(url, interval_s, with_metrics, count)
+        samples = live_samples(ref, interval_s, with_metrics, count)
     if as_json:
         from dualpath_cli.cli.output import emit_json
 

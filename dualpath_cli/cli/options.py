@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["URL_HELP", "url_option", "json_option", "UrlOption", "PortOption",
-           "TokenFileOption", "JsonOption"]
+__all__ = ["URL_HELP", "PORT_HELP", "url_option", "port_option", "json_option", "UrlOption",
+           "PortOption", "TokenFileOption", "JsonOption"]
 
 #: ``--url``'s help where it names the cluster to ask (cli/source.py's rules).
 URL_HELP = ("The cluster's API (default: --port's cluster, else DUALPATH_URL, else the "
@@ -28,14 +28,22 @@ def url_option(help: str = URL_HELP) -> Any:
     return typer.Option("--url", help=help)
 
 
+#: ``--port``'s help where it picks one of the clusters launched on this host.
+PORT_HELP = "The cluster launched on this host on this port (when several run)."
+
+
+def port_option(help: str = PORT_HELP) -> Any:
+    """``--port``: a cluster launched on this host, with a command's own ``help``."""
+    return typer.Option("--port", help=help)
+
+
 def json_option(help: str = "Print one JSON object.") -> Any:
     """``--json``: machine-readable output, with a command's own ``help`` where it differs."""
     return typer.Option("--json", help=help)
 
 
 UrlOption = Annotated[str | None, url_option()]
-PortOption = Annotated[int | None, typer.Option(
-    "--port", help="The cluster launched on this host on this port (when several run).")]
+PortOption = Annotated[int | None, port_option()]
 TokenFileOption = Annotated[Path | None, typer.Option(
     "--token-file", help="A file with the cluster's token (default: DUALPATH_TOKEN, else "
     "the token file of the cluster's state file).")]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dualpath_cli.cli.options import UrlOption, json_option
+from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ def record(
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(at least 250ms).")] = "1s",
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     as_json: Annotated[bool, json_option("Print one JSON object with the "
                                           "counts.")] = False,
 ) -> None:
@@ -73,7 +75,8 @@ def record(
     decisions: list[Decision] = []
     stories: dict[int, dict[str, Any]] = {}
     t0 = time.monotonic()
-    with source.connect(url, timeout=max(5.0, interval_s * 4)) as client:
+    with source.connect(source.ClusterRef(url, port, token_file),
+                        timeout=max(5.0, interval_s * 4)) as client:
         target = getattr(client, "url", url or "")
         client.healthz()  # unreachable: one line and exit 3 before a file is started
         if not as_json:

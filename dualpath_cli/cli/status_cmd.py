@@ -1,8 +1,8 @@
 """``dualpath status`` and ``dualpath stop``: find the launched cluster, report on it, stop it.
 
-Both find the cluster as every live command does (cli/source.py: ``--url``, ``DUALPATH_URL``,
-the state file); ``stop`` signals the launcher named in the state file and waits for its
-drain (the launcher leaves the drain's result in the file for it).
+Both find the cluster as every live command does (cli/source.py: ``--url``, ``--port``,
+``DUALPATH_URL``, the state file); ``stop`` signals the launcher named in the state file and
+waits for its drain (the launcher leaves the drain's result in the file for it).
 """
 
 from __future__ import annotations
@@ -15,24 +15,21 @@ from typing import Annotated, Any
 import typer
 
 from dualpath_cli.cli.launcher import LaunchError, flag_duration
-from dualpath_cli.cli.options import JsonOption, PortOption, url_option
+from dualpath_cli.cli.options import (
+    JsonOption,
+    PortOption,
+    TokenFileOption,
+    UrlOption,
+    url_option,
+)
 from dualpath_cli.cli.output import emit_json, stdout
-from dualpath_cli.cli.source import NotRunning
-from dualpath_cli.errors import UsageError
+from dualpath_cli.cli.source import AmbiguousCluster, ClusterRef, NotRunning
 from dualpath_cli.services import statefile
-from dualpath_cli.services.statefile import ClusterState
 
 __all__ = ["status", "stop", "EXIT_NONE", "EXIT_UNHEALTHY"]
 
 EXIT_UNHEALTHY = 2
 EXIT_NONE = 3
-
-def _target(url: str | None, port: int | None) -> tuple[str, str | None, ClusterState | None]:
-    """``(url, token, state)`` of the cluster to ask (cli/source.py); NotRunning when none."""
-    from dualpath_cli.cli.source import resolve
-
-    t = resolve(url, port)
-    return t.url, t.token, t.state
 
 
 def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
@@ -61,20 +58,25 @@ def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
 
 def status(
     as_json: JsonOption = False,
-    url: Annotated[str | None, url_option("Ask this API instead of the state "
-                                            "file's (also DUALPATH_URL; its token from "
-                                            "DUALPATH_TOKEN when no state file names "
-                                            "it).")] = None,
+    url: UrlOption = None,
     port: PortOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
-    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."""
+    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found (or
+    several, and none named)."""
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.api.errors import ApiError, Unreachable
+    from dualpath_cli.cli.source import resolve
 
     try:
-        target, token, state = _target(url, port)
-        with DualPathClient(target, token, timeout=5.0) as client:
+        found = resolve(ClusterRef(url, port, token_file))
+        target, state = found.url, found.state
+        with DualPathClient(target, found.token, timeout=5.0) as client:
             st = client.status()
+    except AmbiguousCluster as err:  # it cannot look: UNKNOWN, not "unhealthy"
+        if as_json:
+            emit_json({"running": False, "state": "unknown", "reason": str(err)})
+        raise
     except (NotRunning, Unreachable) as err:
         if as_json:
             emit_json({"running": False, "state": "none", "reason": str(err)})
@@ -114,27 +116,35 @@ def stop(
                                          "to drain and exit.")] = "60s",
     force: Annotated[bool, typer.Option("--force", help="After the timeout, SIGKILL the "
                                         "launcher and its engines.")] = False,
+    url: Annotated[str | None, url_option(
+        "The API of the cluster launched on this host to stop (its state file names the "
+        "launcher's pid; default: --port's, else DUALPATH_URL, else the running one).")] = None,
     port: PortOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."""
+    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs
+    (or several, and none named).
+
+    It signals the launcher's pid, so it stops a cluster launched on this host only, and
+    needs no token."""
     import psutil
 
+    from dualpath_cli.cli.source import locate
+
     wait_s = flag_duration("--timeout", timeout)
-    live, stale = statefile.live_states(port)
-    if not live:
-        gone = f"; removed a stale state file (pid {stale[0].pid} is gone)" if stale else ""
-        msg = f"no cluster running (no live state file in {statefile.state_dir()}{gone})"
+    try:
+        where, state = locate(ClusterRef(url, port))
+        if state is None:
+            raise NotRunning(f"no cluster launched on this host serves {where} (no live "
+                             f"state file in {statefile.state_dir()} names it)")
+    except (NotRunning, AmbiguousCluster) as err:
         if as_json:
-            emit_json({"stopped": False, "reason": msg})
-        else:
-            stdout.print(f"none  {msg}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_NONE)
-    if len(live) > 1:
-        ports = ", ".join(str(s.port) for s in live)
-        raise UsageError(f"{len(live)} clusters are running (ports {ports}); choose one with "
-                         "--port")
-    state = live[0]
+            emit_json({"stopped": False, "reason": str(err)})
+        if isinstance(err, AmbiguousCluster):
+            raise
+        if not as_json:
+            stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NONE) from None
     try:
         proc = psutil.Process(state.pid)
         family = [proc, *proc.children(recursive=True)]

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from dualpath_cli.cli.options import json_option, url_option
+from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.runtime.options import RuntimeOptions
     from dualpath_cli.services.warm import Template
     from dualpath_cli.storage import PosixStore
@@ -268,9 +269,9 @@ def warm(
         "--wait", help="Live: wait until the engines are done, showing progress.")] = False,
     timeout: Annotated[str, typer.Option(
         "--timeout", help="Live, with --wait: give up after this long.")] = "10m",
-    url: Annotated[str | None, url_option(
-        "API of the cluster (default: DUALPATH_URL, else the running cluster's "
-        "state file).")] = None,
+    url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     preset: Annotated[str | None, typer.Option(
         "--preset", help="Offline: config preset (model and block size of the keys, the NIC of "
         "--rate %).")] = None,
@@ -299,7 +300,10 @@ def warm(
         if used:
             raise UsageError(f"{used[0]} applies to an offline warm-up (give a store "
                              "directory); a live one uses the cluster's own settings")
-        _warm_live(templates, rate, role, wait, timeout, url, json_out)
+        from dualpath_cli.cli.source import ClusterRef
+
+        _warm_live(templates, rate, role, wait, timeout, ClusterRef(url, port, token_file),
+                   json_out)
         return
     store = _open(root)
     from dualpath_cli.config import load_config
@@ -350,7 +354,7 @@ def _warm_offline(store: PosixStore, items: list[Template], opts: RuntimeOptions
 
 
 def _warm_live(path: Path, rate: str | None, role: str, wait: bool, timeout: str,
-               url: str | None, json_out: bool) -> None:
+               ref: ClusterRef, json_out: bool) -> None:
     import time
 
     from dualpath_cli.cli.source import connect, resolve
@@ -359,9 +363,9 @@ def _warm_live(path: Path, rate: str | None, role: str, wait: bool, timeout: str
 
     limit = parse_duration(timeout)
     items = load_templates(path)  # refused here, in one line, before the cluster is asked
-    resolve(url).require_token("storage warm")
+    resolve(ref).require_token("storage warm")
     body = [{"name": t.name, "tokens": list(t.tokens)} for t in items]
-    with connect(url, timeout=30.0) as client:
+    with connect(ref, timeout=30.0) as client:
         started = client.warm(body, rate=rate, role=role)
         plan = started.get("plan", {})
         if not json_out:

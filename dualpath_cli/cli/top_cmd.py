@@ -1,7 +1,7 @@
 """``dualpath top`` (also ``dualpath-monitor --tui``): the Textual live cockpit.
 
-Reads a live cluster through the API client (``--url``, else ``DUALPATH_URL``, else the
-running cluster's state file, as the monitor finds it) or replays a recording (``--from``).
+Reads a live cluster through the API client (``--url``/``--port``/``--token-file``, as
+every live command finds it: cli/source.py) or replays a recording (``--from``).
 Textual and the client load inside the command, so ``dualpath --help`` never imports them
 (tests/test_cli_import_graph.py).
 """
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dualpath_cli.cli.options import UrlOption
+from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption
 from dualpath_cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.tui.app import TopApp
     from dualpath_cli.tui.source import Source
 
@@ -33,24 +34,24 @@ MAX_ENGINE_SAMPLES = 200_000
 SCREEN_NAMES = ("cluster", "nic", "layers", "requests", "alerts")
 
 
-def connect(url: str | None) -> tuple[Any, str, str | None]:
+def connect(ref: ClusterRef) -> tuple[Any, str, str | None]:
     """``(client, url, token id)`` of the cluster to watch (the seam tests replace)."""
     from dualpath_cli.api.auth import token_id
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.cli.source import resolve
 
-    target = resolve(url)
+    target = resolve(ref)
     token = target.token
     return (DualPathClient(target.url, token, timeout=5.0), target.url,
             token_id(token) if token else None)
 
 
-def make_source(url: str | None, from_file: Path | None) -> Source:
+def make_source(ref: ClusterRef, from_file: Path | None) -> Source:
     """A replay of ``from_file``, or a live source (the first connection is made here, so
     a missing cluster is one line and exit 3 before the screen opens)."""
     if from_file is not None:
-        if url is not None:
-            raise UsageError("--from and --url exclude each other")
+        if ref.named:
+            raise UsageError(f"--from and {ref.named} exclude each other")
         from dualpath_cli.services.recording import read_recording
         from dualpath_cli.tui.source import ReplaySource
 
@@ -61,13 +62,13 @@ def make_source(url: str | None, from_file: Path | None) -> Source:
         return ReplaySource(rec, label)
     from dualpath_cli.tui.source import LiveSource
 
-    client, target, tok = connect(url)
+    client, target, tok = connect(ref)
     first = [client]
 
     def reconnect() -> Any:
         if first:
             return first.pop()
-        return connect(url)[0]
+        return connect(ref)[0]
 
     return LiveSource(reconnect, target, tok)
 
@@ -82,7 +83,7 @@ def build_app(source: Source, interval_s: float, ascii_only: bool, theme: str,
                   predictor=cockpit_predictor(), start=screen)
 
 
-def run_top(url: str | None = None, from_file: Path | None = None, interval: str = "1s",
+def run_top(ref: ClusterRef, from_file: Path | None = None, interval: str = "1s",
             ascii_only: bool = False, theme: str = "dark", screen: str = "cluster") -> None:
     """Check the arguments, open the source, run the cockpit until ``q``."""
     from dualpath_cli.cli.sampling import parse_interval
@@ -97,7 +98,7 @@ def run_top(url: str | None = None, from_file: Path | None = None, interval: str
                          "dualpath-monitor, for JSON dualpath-monitor --json)")
     if os.environ.get("TERM") in ("dumb",):
         ascii_only = True
-    source = make_source(url, from_file)
+    source = make_source(ref, from_file)
     app = build_app(source, interval_s, ascii_only, theme, screen)
     try:
         app.run()
@@ -107,6 +108,8 @@ def run_top(url: str | None = None, from_file: Path | None = None, interval: str
 
 def top(
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     from_file: Annotated[Path | None, typer.Option("--from", help="Replay a recording "
                                                    "(dualpath record) with a time "
                                                    "scrubber.")] = None,
@@ -120,4 +123,6 @@ def top(
 ) -> None:
     """A live cockpit for the cluster (or a recording): engines, NICs, layers, decisions,
     alerts, tuning. NO_COLOR is honoured; ? shows the keys, q quits."""
-    run_top(url, from_file, interval, ascii_only, theme, screen)
+    from dualpath_cli.cli.source import ClusterRef
+
+    run_top(ClusterRef(url, port, token_file), from_file, interval, ascii_only, theme, screen)

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from dualpath_cli.cli.options import JsonOption, UrlOption, json_option
+from dualpath_cli.cli.options import (
+    JsonOption,
+    PortOption,
+    TokenFileOption,
+    UrlOption,
+    json_option,
+)
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.units import (
@@ -22,6 +28,9 @@ from dualpath_cli.units import (
     format_tokens,
     parse_duration,
 )
+
+if TYPE_CHECKING:
+    from dualpath_cli.cli.source import ClusterRef
 
 __all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric"]
 
@@ -35,10 +44,17 @@ def format_metric(value: float, fmt: str) -> str:
     return format_duration(value) if fmt == "duration" else format(value, fmt)
 
 
-def _client(url: str | None) -> Any:
+def _ref(url: str | None, port: int | None, token_file: Path | None) -> ClusterRef:
+    """The shared options as the one :class:`~dualpath_cli.cli.source.ClusterRef`."""
+    from dualpath_cli.cli.source import ClusterRef
+
+    return ClusterRef(url, port, token_file)
+
+
+def _client(ref: ClusterRef) -> Any:
     from dualpath_cli.cli import source
 
-    return source.connect(url, timeout=10.0)
+    return source.connect(ref, timeout=10.0)
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -92,14 +108,14 @@ def _live_twin(client: Any, url: str, hardware: str | None) -> tuple[Any, Any]:
     return traffic, twin.world_for(traffic, hardware=hardware)
 
 
-def set_live(target: Any, url: str | None, pairs: dict[str, str], dry_run: bool, yes: bool,
+def set_live(target: Any, ref: ClusterRef, pairs: dict[str, str], dry_run: bool, yes: bool,
               hardware: str, as_json: bool) -> None:
     from dualpath_cli.services.tuning import live_body
 
     body = live_body(pairs)
     if not dry_run:
         target.require_token("tune set")  # before anything is asked of the cluster
-    with _client(url) as client:
+    with _client(ref) as client:
         if dry_run:
             _live_dry_run(client, target.url, body, None if hardware == "hopper" else hardware,
                           as_json)
@@ -192,6 +208,8 @@ def _predictions_table(title: str, current: Any, others: list[Any],
 
 def show(
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     last: Annotated[int, typer.Option(
         "--last", help="Scheduler changes of the audit log to list.")] = 5,
     as_json: JsonOption = False,
@@ -199,9 +217,10 @@ def show(
     """Thresholds in force on the running cluster, their source, and the recent changes."""
     from dualpath_cli.services.tuning import scheduler_audit
 
-    with _client(url) as client:
+    ref = _ref(url, port, token_file)
+    with _client(ref) as client:
         st = client.status()
-        target = getattr(client, "url", url or "")
+        target = getattr(client, "url", ref.url or "")
     th = st.thresholds
     changes = scheduler_audit(st.audit)[-max(0, last):] if last else []
     controllers: dict[str, Any] = dict(getattr(th, "controllers", None) or {})
@@ -261,6 +280,8 @@ def show(
 
 def rollback(
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be restored.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
     as_json: JsonOption = False,
@@ -269,10 +290,11 @@ def rollback(
     from dualpath_cli.cli import source
     from dualpath_cli.services.tuning import rollback_body
 
-    target = source.resolve(url)
+    ref = _ref(url, port, token_file)
+    target = source.resolve(ref)
     if not dry_run:
         target.require_token("tune rollback")
-    with _client(url) as client:
+    with _client(ref) as client:
         last, body = rollback_body(client.status().audit)
         if dry_run:
             if as_json:
@@ -305,6 +327,8 @@ def auto(
         "--max-drop", help="Roll back when throughput over the window falls by more than this "
         "fraction.")] = 0.10,
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Start without asking.")] = False,
     as_json: Annotated[bool, json_option(
         "Print one JSON object at the end.")] = False,
@@ -323,7 +347,8 @@ def auto(
     interval_s = parse_duration(interval)
     if interval_s <= 0 or duration_s <= 0:
         raise UsageError("tune auto: --for and --interval must be more than zero")
-    target = source.resolve(url)
+    ref = _ref(url, port, token_file)
+    target = source.resolve(ref)
     target.require_token("tune auto")
     _confirm(f"turn the dynamic controllers on at {target.url} for {duration}?", yes)
 
@@ -337,7 +362,7 @@ def auto(
 
     if not as_json:
         stderr.print(f"measuring the baseline over {window} ...", highlight=False)
-    with _client(url) as client:
+    with _client(ref) as client:
         res = guard_change(client, duration_s=duration_s, window_s=window_s,
                            interval_s=interval_s, max_drop=max_drop, on_step=step)
     if as_json:
@@ -372,6 +397,8 @@ def _pd_choice(value: str | None) -> bool | list[str]:
 
 def suggest(
     url: UrlOption = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     from_file: Annotated[Path | None, typer.Option(
         "--from", help="A recording (dualpath record) instead of the live cluster.")] = None,
     pd: Annotated[str | None, typer.Option(
@@ -403,8 +430,9 @@ def suggest(
     from dualpath_cli.services import twin
     from dualpath_cli.sim import twin_search
 
-    if from_file is not None and url is not None:
-        raise UsageError("--from and --url exclude each other")
+    ref = _ref(url, port, token_file)
+    if from_file is not None and ref.named:
+        raise UsageError(f"--from and {ref.named} exclude each other")
     if top < 1:
         raise UsageError(f"--top {top}: must be at least 1")
     budget_s = parse_duration(budget)
@@ -420,8 +448,8 @@ def suggest(
 
         traffic = twin.traffic_from_recording(read_recording(from_file), str(from_file))
     else:
-        with _client(url) as client:
-            target = getattr(client, "url", url or "")
+        with _client(ref) as client:
+            target = getattr(client, "url", ref.url or "")
             view = client.view()
             decisions = client.decisions(-1)
             if window_s is not None:  # the decisions' clock is the view's (recording.py)

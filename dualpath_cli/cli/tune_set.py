@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from dualpath_cli.cli.options import JsonOption, url_option
+from dualpath_cli.cli.options import JsonOption, PortOption, TokenFileOption, url_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
 from dualpath_cli.cli.sim_cmd import (
     resolve_agents,
@@ -212,14 +212,16 @@ def set_thresholds(
         "--seed", help="Dry run: seed of the synthetic workload (and of a --trace's "
         "augmentation).")] = 1,
     url: Annotated[str | None, url_option(
-        "Change this running cluster (default: DUALPATH_URL, else the running "
-        "cluster's state file; with none, the config file is edited).")] = None,
+        "Change this running cluster (default: --port's cluster, else DUALPATH_URL, else "
+        "the running cluster's state file; with none, the config file is edited).")] = None,
+    port: PortOption = None,
+    token_file: TokenFileOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Live: apply without asking.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Set scheduler thresholds live on the running cluster, or in a config file.
 
-    With a cluster running (--url, DUALPATH_URL or the state file) and no --config, the
+    With a cluster running (--url, --port, DUALPATH_URL or the state file) and no --config, the
     change goes through PATCH /api/v1/scheduler (token needed, audited; asks first unless
     --yes), and --dry-run replays the cluster's served turns in the simulator (the twin).
     Otherwise the config file is edited atomically (other keys and comments stay), and
@@ -230,12 +232,14 @@ def set_thresholds(
     if config is None:
         from dualpath_cli.cli import source
 
-        live = source.running(url)
+        ref = source.ClusterRef(url, port, token_file)
+        live = source.running(ref)
         if live is not None:
-            set_live(live, url, _pairs(assignments), dry_run, yes, hardware, as_json)
+            set_live(live, ref, _pairs(assignments), dry_run, yes, hardware, as_json)
             return
-    elif url is not None:
-        raise UsageError("tune set: --url changes a running cluster and --config a file; "
+    elif url is not None or port is not None:
+        flag = "--url" if url is not None else "--port"
+        raise UsageError(f"tune set: {flag} changes a running cluster and --config a file; "
                          "give one")
     changes = _assignments(assignments)
     target = config if config is not None else default_user_file(os.environ)
