@@ -7,7 +7,11 @@ cut. A docstring's line breaks used to reach the terminal (Typer's rich help kee
 a description wrapped at 100 columns broke mid-sentence at 80 ("...full-block prefix it" /
 "starts with"); cli/helptext.py joins them. A break is mid-sentence when the line does not
 end a clause and the next line's first word would have fit on it: rich would not have
-wrapped there. A cell that rich cuts short ends in an ellipsis."""
+wrapped there. A cell that rich cuts short ends in an ellipsis.
+
+And every command that talks to a cluster lists the options cli/options.py defines once:
+``--url``, ``--port``, ``--token-file`` (how cli/source.py finds the cluster and its token) and
+``--json`` where it prints data."""
 
 from __future__ import annotations
 
@@ -155,3 +159,38 @@ def test_the_checker_finds_the_old_break() -> None:
            " prefix it", " starts with (shared leading hash ids) and whose input it extends;"]
     assert _hard_breaks(old) == ["'prefix it' / 'starts with (shared leading hash ids) and "
                                  "whose input it extends;'"]
+
+
+#: The commands that talk to a cluster (found by cli/source.py's rules); the test finds them
+#: as the commands with a ``--url``, so a new one is checked without being listed here.
+CLUSTER_COMMANDS = {"monitor", "record", "diagnose", "explain", "top", "tune set", "tune show",
+                    "tune rollback", "tune auto", "tune suggest", "storage warm", "status",
+                    "stop", "bench"}
+#: Exceptions: ``top`` is a full screen (no data to print as JSON); ``stop`` signals the
+#: launcher's pid on this host and needs no token.
+NO_JSON = {"top"}
+NO_TOKEN = {"stop"}
+
+
+def _flags(command: Any) -> set[str]:
+    return {opt for param in command.params for opt in getattr(param, "opts", ())}
+
+
+def test_every_cluster_command_lists_the_shared_options(pages: dict[str, str]) -> None:
+    root = typer.main.get_command(app)
+    found = {path.removeprefix("dualpath ").removeprefix("dualpath"): command
+             for path, command in _commands(root, root.context_class(root, info_name="dualpath"))
+             if "--url" in _flags(command)}
+    assert set(found) == CLUSTER_COMMANDS
+    missing: dict[str, list[str]] = {}
+    for name, command in sorted(found.items()):
+        want = ["--url", "--port"] + ([] if name in NO_TOKEN else ["--token-file"])
+        want += [] if name in NO_JSON else ["--json"]
+        gone = [flag for flag in want if flag not in _flags(command) or flag not in pages[name]]
+        if gone:
+            missing[name] = gone
+    monitor = pages["dualpath-monitor"]
+    gone = [f for f in ("--url", "--port", "--token-file", "--json") if f not in monitor]
+    if gone:
+        missing["dualpath-monitor"] = gone
+    assert not missing, f"cluster commands without the shared options: {missing}"

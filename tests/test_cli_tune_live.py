@@ -36,7 +36,7 @@ def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient(make_view(0), metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda url, timeout: client)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: client)
     return client
 
 
@@ -197,7 +197,7 @@ def test_client_controllers_step_alpha_down_and_keep_a_steady_rate() -> None:
 def test_auto_cli_needs_the_token_and_reports_a_rollback(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeClient(traffic([10.0] * 3 + [0.0] * 10), metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     monkeypatch.delenv("DUALPATH_TOKEN")
     assert "bearer token" in run(capsys, "tune", "auto", "--yes", code=2)["err"]
     monkeypatch.setenv("DUALPATH_TOKEN", "fake-token")
@@ -231,7 +231,7 @@ def test_show_lists_what_the_controllers_did(capsys: pytest.CaptureFixture[str],
                              source={"alpha": "controller"})
     fake = FakeClient(dataclasses.replace(v, scheduler=dataclasses.replace(
         v.scheduler, thresholds=th)), metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     data = run(capsys, "tune", "show", "--json")
     assert data["controllers"]["alpha"]["last"]["new"] == 90_000
     assert data["thresholds"]["alpha"]["source"] == "controller"

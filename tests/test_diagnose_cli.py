@@ -85,7 +85,7 @@ def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     ev = nic_throttled()
     fake = FakeClient(list(ev.views), ev.decisions)
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms",
                       "--json"], capsys)
     assert rc == 2
@@ -104,7 +104,7 @@ def test_live_recheck_after_tune_set_compares_reads_before_and_after_the_audited
     fake = FakeClient(list(ev.views)[:5], [*ev.earlier, *ev.decisions])
     fake.audit.append(AuditEntry(17, T0 - 3.0, "tok-1", "scheduler", {"alpha_tokens": ALPHA},
                                  {"alpha_tokens": ALPHA // 2}))
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms",
                       "--json"], capsys)
     doc = json.loads(out)
@@ -118,7 +118,7 @@ def test_live_recheck_after_tune_set_compares_reads_before_and_after_the_audited
     assert doc["decisions"] == 25  # the window's own; the earlier ones only judge the change
     # no change in the audit log: one status call, no extra fetch of older decisions
     fake2 = FakeClient(list(ev.views)[:5], [*ev.earlier, *ev.decisions])
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake2)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake2)
     rc, out, _ = run(["diagnose", "snic-imbalance", "--window", "1s", "--interval", "250ms"],
                      capsys)
     assert "still slow" not in out and "storage NIC still at 25% of expected" in out
@@ -156,7 +156,7 @@ def test_a_recording_keeps_the_audit_log_and_its_recheck_names_the_audit_entry(
         return dataclasses.replace(st, thresholds=dataclasses.replace(st.thresholds,
                                                                       alpha_s=1.0))
     monkeypatch.setattr(fake, "status", status)
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     path = tmp_path / "change.jsonl.gz"
     rc, out, _ = run(["record", "--window", "2250ms", "--interval", "250ms", "-o", str(path),
                       "--json"], capsys)
@@ -207,7 +207,7 @@ def test_record_writes_samples_decisions_and_a_trace(monkeypatch: pytest.MonkeyP
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     ev = slow_engine()
     fake = FakeClient(list(ev.views), ev.decisions)
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     out_path = tmp_path / "incident.jsonl.gz"
     rc, out, _ = run(["record", "--window", "1s", "--interval", "250ms", "-o", str(out_path),
                       "--json"], capsys)
@@ -238,7 +238,7 @@ def test_record_refuses_zst_without_zstandard(monkeypatch: pytest.MonkeyPatch, t
         assert not list(tmp_path.iterdir())
     else:  # pragma: no cover - where zstandard is installed the round trip must work
         fake = FakeClient(make_view(0))
-        monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+        monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
         path = tmp_path / "x.jsonl.zst"
         assert run(["record", "--window", "1s", "-o", str(path)], capsys)[0] == 0
         assert len(read_recording(path).samples) == 2
@@ -280,8 +280,8 @@ def test_fix_compacts_the_named_engine_and_judges_again(
 
     ev = hbm_fragmented()
     fake = FakeClient(list(ev.views) * 3, ev.decisions)
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
-    monkeypatch.setattr(source, "resolve", lambda url=None, port=None: source.Target(
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
+    monkeypatch.setattr(source, "resolve", lambda ref=None: source.Target(
         "http://fake", "fake-token"))
     rc, out, err = run(["diagnose", "hbm-frag", "--fix", "--window", "1s", "--interval",
                         "250ms", "--json"], capsys)
@@ -301,8 +301,8 @@ def test_fix_without_a_token_changes_nothing(monkeypatch: pytest.MonkeyPatch,
 
     ev = hbm_fragmented()
     fake = FakeClient(list(ev.views), ev.decisions)
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
-    monkeypatch.setattr(source, "resolve", lambda url=None, port=None: source.Target(
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
+    monkeypatch.setattr(source, "resolve", lambda ref=None: source.Target(
         "http://fake", None, None, "DUALPATH_TOKEN is not set"))
     rc, out, err = run(["diagnose", "hbm-frag", "--fix", "--window", "1s", "--interval",
                         "250ms"], capsys)

@@ -125,7 +125,7 @@ def test_explain_cli_live_and_from_a_recording(
     decisions = client.decisions()
     fake = FakeClient(live.view(), decisions)
     fake.outcomes[d.rid] = live.system.scheduler.request(d.rid)[1] or {}
-    monkeypatch.setattr("dualpath_cli.cli.source.connect", lambda url, timeout: fake)
+    monkeypatch.setattr("dualpath_cli.cli.source.connect", lambda ref, timeout: fake)
     runner = CliRunner()
     got = runner.invoke(app, ["explain", str(d.rid), "--json"])
     assert got.exit_code == 0, got.output

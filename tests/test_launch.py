@@ -58,6 +58,99 @@ def test_stale_state_file_is_detected_and_removed(env: dict[str, str],
     assert not state.path.exists()
 
 
+def _fake_launch(port: int, token: str) -> statefile.ClusterState:
+    """A live state file for ``port`` (this test process is its "launcher") and its token."""
+    state = statefile.ClusterState(pid=os.getpid(), url=f"http://127.0.0.1:{port}",
+                                   host="127.0.0.1", port=port, started_at=time.time(),
+                                   token_file=str(statefile.token_path(port)),
+                                   pid_start=statefile.process_start_time(os.getpid()))
+    statefile.write_state(state)
+    fd = os.open(statefile.token_path(port), os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return state
+
+
+def test_the_cluster_a_command_names_url_then_port_then_env_then_the_one_running(
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli/source.py's one rule, on fake state files (no process is started): --url beats
+    --port beats DUALPATH_URL beats the one live state file; --token-file beats
+    DUALPATH_TOKEN beats the state file's token file."""
+    from dualpath_cli.cli.source import (
+        AmbiguousCluster,
+        ClusterRef,
+        NotRunning,
+        read_token_file,
+        resolve,
+        running,
+    )
+    from dualpath_cli.errors import UsageError
+
+    assert running(ClusterRef()) is None  # none: tune set edits the config file instead
+    with pytest.raises(NotRunning, match="no cluster running"):
+        resolve(ClusterRef())
+    a, b = _fake_launch(18101, "tok-a"), _fake_launch(18102, "tok-b")
+    with pytest.raises(AmbiguousCluster, match="ports 18101, 18102.*--port") as err:
+        resolve(ClusterRef())
+    assert err.value.exit_code == 3
+    with pytest.raises(AmbiguousCluster):  # not "none running": no config file edit
+        running(ClusterRef())
+    got = resolve(ClusterRef(port=18102))
+    assert (got.url, got.token, got.state and got.state.port) == (b.url, "tok-b", 18102)
+    got = resolve(ClusterRef(url=a.url + "/", port=18102))  # --url wins; its own state file
+    assert (got.url, got.token) == (a.url, "tok-a")
+    monkeypatch.setenv("DUALPATH_URL", b.url)
+    assert resolve(ClusterRef()).url == b.url
+    assert resolve(ClusterRef(port=18101)).url == a.url  # a flag beats the environment
+    monkeypatch.delenv("DUALPATH_URL")
+    monkeypatch.setenv("DUALPATH_TOKEN", "tok-env")
+    assert resolve(ClusterRef(port=18101)).token == "tok-env"
+    given = tmp_path / "token"
+    given.write_text("tok-file\n")
+    assert resolve(ClusterRef(port=18101, token_file=given)).token == "tok-file"
+    monkeypatch.delenv("DUALPATH_TOKEN")
+    far = resolve(ClusterRef(url="http://10.9.9.9:8000"))  # not launched here: no token
+    assert far.token is None and far.state is None and "--token-file" in far.token_note
+    with pytest.raises(NotRunning, match="on port 18103"):
+        resolve(ClusterRef(port=18103))
+    with pytest.raises(NotRunning):  # a named port with nothing on it is no file edit
+        running(ClusterRef(port=18103))
+    with pytest.raises(UsageError, match="--token-file .*cannot read"):
+        read_token_file(tmp_path / "missing")
+    statefile.remove_state(b.port)
+    assert resolve(ClusterRef()).token == "tok-a"  # the one running
+    statefile.remove_state(a.port)
+
+
+def test_two_clusters_and_none_named_is_unknown_not_a_guess(
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 3 (cannot look) with one line naming both ports, in every kind of command; tune
+    set edits no config file; stop signals nothing."""
+    from dualpath_cli.cli.monitor_cmd import main as monitor_main
+
+    monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(tmp_path / "home"))
+    _fake_launch(18111, "tok-a")
+    _fake_launch(18112, "tok-b")
+    for argv in (["status"], ["stop"], ["tune", "set", "alpha=1s"], ["tune", "show"],
+                 ["diagnose", "all"], ["explain", "1"], ["record", "-w", "1s"]):
+        assert main(argv) == 3, argv
+        err = capsys.readouterr().err
+        assert "ports 18111, 18112" in err and "--port" in err, (argv, err)
+    assert monitor_main(["--once"]) == 3
+    assert main(["status", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["state"] == "unknown"
+    assert main(["stop", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["stopped"] is False
+    assert main(["tune", "set", "--port", "18113", "alpha=1s"]) == 3  # nothing on it
+    assert main(["stop", "--url", "http://10.9.9.9:8000"]) == 3  # not launched here
+    assert "no cluster launched on this host" in capsys.readouterr().out
+    assert not (tmp_path / "home").exists()
+    assert statefile.live_states()[0]  # both still "running": nothing was signalled
+    for port in (18111, 18112):
+        statefile.remove_state(port)
+
+
 def test_non_loopback_host_is_refused_without_allow_remote(
         env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["launch", "--host", "0.0.0.0", "--port", str(free_port())]) == 2

@@ -27,7 +27,7 @@ from dualpath_cli.telemetry.recording import Extras, Sample
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     views = [make_view(i, frag={4: 0.1 * i}, layer_blocks=8) for i in range(6)]
     client = FakeClient(views, [decision(s) for s in range(1, 5)])
-    monkeypatch.setattr(source, "connect", lambda url, timeout: client)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: client)
     return client
 
 

@@ -22,6 +22,7 @@ from test_diagnose_rules import ALPHA, BETA, decision, make_view
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
+from dualpath_cli.cli.source import ClusterRef
 from dualpath_cli.errors import UsageError
 from dualpath_cli.services.recording import read_recording, write_recording
 from dualpath_cli.telemetry.recording import Recording, Sample
@@ -741,17 +742,17 @@ def test_top_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dualpath_cli.errors import UsageError
 
     with pytest.raises(UsageError, match="exclude"):
-        top_cmd.make_source("http://x", tmp_path / "a.jsonl")
+        top_cmd.make_source(ClusterRef("http://x"), tmp_path / "a.jsonl")
     with pytest.raises(UsageError, match="no such recording"):
-        top_cmd.make_source(None, tmp_path / "missing.jsonl")
+        top_cmd.make_source(ClusterRef(), tmp_path / "missing.jsonl")
     client = fake_client()
     calls = []
 
-    def connect(url: str | None) -> tuple[FakeClient, str, str | None]:
-        calls.append(url)
+    def connect(ref: ClusterRef) -> tuple[FakeClient, str, str | None]:
+        calls.append(ref)
         return client, "http://fake", "tok-fake"
     monkeypatch.setattr(top_cmd, "connect", connect)
-    src = top_cmd.make_source(None, None)
+    src = top_cmd.make_source(ClusterRef(), None)
     assert src.poll().view is not None and src.token_id == "tok-fake"
     client.unreachable = True
     assert src.poll().error is not None
@@ -767,7 +768,7 @@ def test_a_big_recording_replays_evenly_spaced(tmp_path: Path,
 
     rec = recording(tmp_path)  # 20 samples
     monkeypatch.setattr(top_cmd, "MAX_SAMPLES", 5)
-    src = top_cmd.make_source(None, rec)
+    src = top_cmd.make_source(ClusterRef(), rec)
     assert isinstance(src, ReplaySource)
     assert src.total < 20 and src.label.endswith("(every 4 samples)")
     frame = src.poll()  # the cursor starts on the last sample, always kept

@@ -18,6 +18,7 @@ from test_tui import Pilot, run, screen_text, wait_for, wait_text
 from textual.widgets import Input
 
 from dualpath_cli.cli import top_cmd
+from dualpath_cli.cli.source import ClusterRef
 from dualpath_cli.tui.app import TopApp
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def faulted(launch_cluster: Callable[..., Launched], tmp_path: Path) -> str:
 
 
 def test_injected_faults_show_as_alerts_and_tune_reaches_the_cluster(faulted: str) -> None:
-    source = top_cmd.make_source(None, None)  # found through the state file, with its token
+    source = top_cmd.make_source(ClusterRef(), None)  # found by the state file, with its token
     assert source.label == faulted and source.token_id is not None
     app = TopApp(source, interval_s=0.5)
 

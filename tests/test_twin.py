@@ -197,7 +197,7 @@ def test_live_dry_run_uses_the_twin_and_applies_nothing(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeClient(cluster_view("round-robin"), served(agentic_workload(16, turns=12)),
                       metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     monkeypatch.setenv("DUALPATH_URL", "http://fake")
     data = run_json(capsys, "tune", "set", "read_side=dualpath", "--dry-run")
     assert data["live"] is True and data["applied"] is False
@@ -223,7 +223,7 @@ def test_live_suggest_replays_only_the_window(
     last = max(d.at for d in decisions)
     view = dataclasses.replace(cluster_view("round-robin"), at=last)
     fake = FakeClient(view, decisions, metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda url, timeout: fake)
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
     monkeypatch.setenv("DUALPATH_URL", "http://fake")
     whole = run_json(capsys, "tune", "suggest", "--budget", "5s")
     inside = [d for d in decisions if d.at >= last - 0.5]

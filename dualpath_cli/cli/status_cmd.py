@@ -62,8 +62,9 @@ def status(
     port: PortOption = None,
     token_file: TokenFileOption = None,
 ) -> None:
-    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found (or
-    several, and none named)."""
+    """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found.
+
+    Also 3 when several run here and neither --url nor --port names one."""
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.api.errors import ApiError, Unreachable
     from dualpath_cli.cli.source import resolve
@@ -122,11 +123,10 @@ def stop(
     port: PortOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs
-    (or several, and none named).
+    """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs.
 
-    It signals the launcher's pid, so it stops a cluster launched on this host only, and
-    needs no token."""
+    Also 3 when several run here and neither --url nor --port names one. It signals the
+    launcher's pid, so it stops a cluster launched on this host only, and needs no token."""
     import psutil
 
     from dualpath_cli.cli.source import locate
