@@ -109,6 +109,8 @@ def read_token_file(path: Path) -> str:
         text = path.expanduser().read_text().strip()
     except OSError as err:
         raise UsageError(f"--token-file {path}: cannot read it ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--token-file {path}: not a token (not UTF-8 text)") from None
     if not text:
         raise UsageError(f"--token-file {path}: it is empty")
     return text
