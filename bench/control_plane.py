@@ -278,9 +278,9 @@ def _unwrap(sched: Any) -> list[int]:
     and passes two closures. On this VM that costs far more in the run than its
     calibration on a hot stand-in (:func:`_wrapper_costs`), so a window without them
     measures what the scheduler spends, and the difference per message is taken off."""
-    sched.on_sweep = sched._sweep  # noqa: SLF001 - the loop's own, unwrapped
+    sched.on_sweep = sched._sweep  # the loop's own, unwrapped
     sched.ep.__dict__.pop("recv", None)
-    handle = sched._handle  # noqa: SLF001
+    handle = sched._handle
     box = [0]
 
     def counted(raw: Any) -> None:
@@ -357,7 +357,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             trace = synthetic_trace(64_000, n_agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate, args.prompt_dtype,
                             steady=args.cpu_start == "steady")
-            tid = sched._thread.native_id  # noqa: SLF001 - the thread we measure
+            tid = sched._thread.native_id  # the thread we measure
             assert tid is not None
             profile = None
             if args.profile:
@@ -381,7 +381,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             u0 = driver.submit_cpu
             q0 = sched.log.last_seq
             f0, r0 = driver.first_turns, sched.requeued
-            h0 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
+            h0 = (sched._prefix.reused, sched._prefix.hashed)
             time.sleep(args.seconds)
             c1, p1, w1 = _thread_cpu(tid), proc.cpu_times(), time.monotonic()
             io1 = _threads_cpu(native)
@@ -391,7 +391,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             u1 = driver.submit_cpu
             q1 = sched.log.last_seq
             f1, r1 = driver.first_turns, sched.requeued
-            h1 = (sched._prefix.reused, sched._prefix.hashed)  # noqa: SLF001
+            h1 = (sched._prefix.reused, sched._prefix.hashed)
             # a second window with the timing wrappers taken off (the loop looks its
             # receive and handler up per message): only the messages are counted
             plain = _unwrap(sched)
@@ -593,7 +593,7 @@ def _pin(system: RuntimeSystem, how: str) -> dict[str, Any]:
     if len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
     first, rest = {cpus[0]}, set(cpus[1:])
-    sched_tid = _flat(system)._thread.native_id  # noqa: SLF001
+    sched_tid = _flat(system)._thread.native_id
     for pid in system.cluster.host_pids():  # type: ignore[union-attr]
         for t in psutil.Process(pid).threads():
             _set_cpus(t.id, rest)
@@ -711,7 +711,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
                           block_tokens=64, decision_ring=1000)
     latency = max(2, args.inproc_latency)
     fabric = ZmqFabric()
-    fabric._ctx = zmq.Context()  # noqa: SLF001 - the scheduler's own: its I/O thread is measured
+    fabric._ctx = zmq.Context()  # the scheduler's own: its I/O thread is measured
     # the engines' mailboxes drain in another process, as engines do: threads of this
     # one would take the GIL and the cache from the measured thread (sends cost 2x)
     ctx = multiprocessing.get_context("spawn")
@@ -745,9 +745,9 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             header, frames = encode(m)
             return Message(header, frames)
 
-        with sched._lock:  # noqa: SLF001
+        with sched._lock:
             for e, (role, node) in roles.items():
-                sched._handle(message(Hello(  # noqa: SLF001
+                sched._handle(message(Hello(
                     e, sink_addresses[e % len(sink_addresses)], role, node, node,
                     os.getpid())))
         leader = {(role, node): e for e, (role, node) in sorted(roles.items(), reverse=True)}
@@ -819,7 +819,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             raw = sched.ep.recv(timeout=30)  # a wait is not CPU: only the receive counts
             if raw is None:
                 raise RuntimeError("a message to the scheduler did not arrive in 30 s")
-            sched._handle(raw)  # noqa: SLF001
+            sched._handle(raw)
 
         pending: list[tuple[str, Any]] = []
         grown: dict[int, np.ndarray] = {}  # rid -> its prompt and output: the next context
@@ -847,7 +847,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             each handler, as on that thread (messages that queued up meanwhile are there at
             once, as at the paper's rate)."""
             for kind, m in pending:
-                with sched._lock:  # noqa: SLF001
+                with sched._lock:
                     timed(kind, receive_and_handle)
                 if kind == "done":  # the agent's next turn
                     traj, i, _ = turns.pop(m.rid)
@@ -883,7 +883,7 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
             measuring = period >= args.inproc_warmup
             if period == args.inproc_warmup:
                 io_cpu = -_threads_cpu(io_threads)
-                hashed0 = sched._prefix.hashed  # noqa: SLF001
+                hashed0 = sched._prefix.hashed
             due = events.pop(period, [])
             owed, k = 0.0, 0
             for slot, (role, node) in enumerate(order):
@@ -919,8 +919,8 @@ def run_inproc(args: argparse.Namespace) -> dict[str, Any]:
         if profile is not None:
             profile.dump_stats(args.profile)
         in_flight = len(sched.flights)
-        present = (sched._present.trusted, sched._present.checked)  # noqa: SLF001
-        hashed = sched._prefix.hashed - hashed0  # noqa: SLF001
+        present = (sched._present.trusted, sched._present.checked)
+        hashed = sched._prefix.hashed - hashed0
         sched.ep.close()
         engines_ep.close()
     finally:
@@ -1001,7 +1001,7 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
                 eids = set(victim.plan.engine_ids)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:  # a turn in flight on d1
-                    with sched._lock:  # noqa: SLF001
+                    with sched._lock:
                         if any(f.de in eids for f in sched.flights.values()):
                             break
                     time.sleep(0.001)
@@ -1010,13 +1010,13 @@ def run_join(args: argparse.Namespace) -> dict[str, Any]:
                 for eid in eids:
                     victim.cluster.kill(eid)
                 while time.monotonic() < t_kill + 10:
-                    with sched._lock:  # noqa: SLF001
+                    with sched._lock:
                         dead = [t for e, t in sched.dead_events if e in eids]
                         if dead and sched.requeued > before:
                             break
                     time.sleep(0.001)
                 runner.join(180)
-                with sched._lock:  # noqa: SLF001
+                with sched._lock:
                     dead = [t for e, t in sched.dead_events if e in eids]
                     requeued = sched.requeued - before
         finally:

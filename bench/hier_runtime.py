@@ -36,14 +36,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_plane import Driver  # noqa: E402 - bench/ is not a package
+from control_plane import Driver  # bench/ is not a package
 
-from dualpath_cli.cluster.system import RuntimeSystem  # noqa: E402
-from dualpath_cli.config.model import parse_pd  # noqa: E402
-from dualpath_cli.runtime import hierarchy  # noqa: E402
-from dualpath_cli.runtime.gctune import pace_gc_for_scheduler  # noqa: E402
-from dualpath_cli.runtime.options import RuntimeOptions  # noqa: E402
-from dualpath_cli.workload.build import synthetic_trace  # noqa: E402
+from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.config.model import parse_pd
+from dualpath_cli.runtime import hierarchy
+from dualpath_cli.runtime.gctune import pace_gc_for_scheduler
+from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.workload.build import synthetic_trace
 
 
 def _timed(fn: Callable[..., Any], out: list[tuple[float, float]]) -> Callable[..., Any]:
@@ -92,8 +92,8 @@ def run_one(args: argparse.Namespace, hierarchical: bool) -> dict[str, Any]:
             system.scheduler.metrics(fresh=True, timeout=120)  # every engine connected
             subs = system.scheduler.schedulers()  # the schedulers we time
             for sub in subs:
-                sub._pe_fetch = _timed(sub._pe_fetch, samples["pe_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
-                sub._de_fetch = _timed(sub._de_fetch, samples["de_fetch"])  # type: ignore[method-assign]  # noqa: SLF001
+                sub._pe_fetch = _timed(sub._pe_fetch, samples["pe_fetch"])  # type: ignore[method-assign]
+                sub._de_fetch = _timed(sub._de_fetch, samples["de_fetch"])  # type: ignore[method-assign]
             hierarchy.route_to_subs = _timed(route, samples["root_route"])
             trace = synthetic_trace(64_000, args.agents, seed=1)
             driver = Driver(system, list(trace.trajectories), args.rate)

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fuzzing import (  # noqa: E402  (tests/ is put on the path just above)
+from fuzzing import (  # tests/ is put on the path just above
     Outcome,
     Sandbox,
     argv_strategy,
@@ -52,9 +52,9 @@ from fuzzing import (  # noqa: E402  (tests/ is put on the path just above)
     stubbed,
     trace_bytes_strategy,
 )
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import seed as hypothesis_seed  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
 
 __all__ = ["run_fuzz", "main"]
 

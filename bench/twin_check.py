@@ -100,7 +100,7 @@ def serve_recorded(client: DualPathClient, url: str, token: str, agents: int, se
     def serve() -> None:
         try:
             jct.append(serve_once(url, token, agents, seed))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as err:  # re-raised in the caller's thread
             failed.append(err)
 
     worker = threading.Thread(target=serve, name="twin-check-serve")

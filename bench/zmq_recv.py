@@ -39,7 +39,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint  # noqa: E402
+from dualpath_cli.transfer.zmq_fabric import ZmqEndpoint
 
 WAYS = ("try_then_poll", "poll_then_recv", "blocking_recv", "endpoint")
 _HEADER = {"t": "done", "eid": 5, "rid": 123456, "att": 0, "at": 1234.5678}

@@ -44,7 +44,7 @@ __all__ = [
 CASE_DEADLINE_S = 8.0
 
 
-class Reached(Exception):  # noqa: N818 - a signal, not an error
+class Reached(Exception):  # a signal, not an error
     """The input passed every check and the (stubbed) work would start now."""
 
 

@@ -206,10 +206,10 @@ def test_prefix_cache_tokens_bounds_the_prompts_a_running_scheduler_keeps() -> N
     opts = _opts("scheduler.prefix_cache_tokens=0")
     assert opts.prefix_cache_tokens == 0
     _, system = _run(opts)
-    prefix = system.scheduler._prefix  # noqa: SLF001 - the cache the key sizes
+    prefix = system.scheduler._prefix  # the cache the key sizes
     assert len(prefix) == 0 and prefix.reused == 0  # nothing kept: every prompt hashed whole
     _, kept = _run(_opts())
-    assert kept.scheduler._prefix.reused > 0  # noqa: SLF001 - the default reuses keys
+    assert kept.scheduler._prefix.reused > 0  # the default reuses keys
 
 
 def test_batch_window_is_the_running_schedulers_wait_between_batches() -> None:

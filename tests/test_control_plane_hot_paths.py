@@ -153,10 +153,10 @@ def test_first_difference_uses_memcmp_for_contiguous_prompts(
     common length in bytes; a difference is then located."""
     import dualpath_cli.core.layout as layout
 
-    if layout._MEMCMP is None:  # noqa: SLF001
+    if layout._MEMCMP is None:
         pytest.skip("no C library to load memcmp from")
     calls: list[int] = []
-    real = layout._MEMCMP  # noqa: SLF001
+    real = layout._MEMCMP
 
     def counted(x: int, y: int, size: int) -> int:
         calls.append(size)
@@ -261,7 +261,7 @@ def test_the_ledger_chain_is_the_prompt_and_output_keys() -> None:
     output = list(range(900, 911))
     ledger.finished(1, 5, output, prompt, {})
     want = prefix_keys(prompt.tolist() + output[:-1], NS)
-    assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
+    assert ledger._chains[5][0] == b"".join(k.raw for k in want)
 
 
 @settings(max_examples=150, deadline=None)
@@ -279,7 +279,7 @@ def test_the_ledger_chain_hashes_only_the_tail(prompt: list[int], output: list[i
     ledger.finished(1, 5, output, np.asarray(prompt), {})
     seq = prompt + output[:-1]
     want = keys + chain_keys(seq, NS, keys[-1] if keys else None, len(keys))
-    assert ledger._chains[5][0] == b"".join(k.raw for k in want)  # noqa: SLF001
+    assert ledger._chains[5][0] == b"".join(k.raw for k in want)
 
 
 @settings(max_examples=100, deadline=None)
@@ -292,7 +292,7 @@ def test_misses_counted_at_once_equal_the_walk(first: list[int], second: list[in
     a ledger with a quarantined key (it must walk) attributes every miss the same."""
     quick = RequestLedger(MetricsRegistry(), NS)
     walked = RequestLedger(MetricsRegistry(), NS)
-    walked._quarantined[b"\xff" * 16] = 0.0  # noqa: SLF001 - a key no prompt has
+    walked._quarantined[b"\xff" * 16] = 0.0  # a key no prompt has
     looks = []
     for ledger in (quick, walked):
         keys = prefix_keys(first, NS)
@@ -339,7 +339,7 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
 
         def checked_handle(raw: Any) -> None:
             handle(raw)
-            counted = sched._loads()  # noqa: SLF001
+            counted = sched._loads()
             by_group: dict[int, int] = {}
             for eid, tok in counted[1].items():
                 if sched.engines[eid].role == "decode":
@@ -348,8 +348,8 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
             routed = {g: sum(len(f.req.tokens) for f in q) for g, q in sched.private.items()}
             want = [{k: v for k, v in d.items() if v} for d in (*counted, by_group, routed)]
             got = [{k: v for k, v in d.items() if v}
-                   for d in (sched._seq, sched._tok, sched._hbm_used,  # noqa: SLF001
-                             sched._de_group_tok, sched._routed_tok)]  # noqa: SLF001
+                   for d in (sched._seq, sched._tok, sched._hbm_used,
+                             sched._de_group_tok, sched._routed_tok)]
             checked[0] += 1
             busy[0] += bool(want[0])
             if got != want and len(bad) < 3:
@@ -366,7 +366,7 @@ def test_warm_engine_processes_end_when_no_join_comes() -> None:
     from dualpath_cli.services.node import WarmCluster
 
     cluster = WarmCluster(2)
-    procs = [p for p, _ in cluster._warm]  # noqa: SLF001
+    procs = [p for p, _ in cluster._warm]
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     cluster.shutdown(timeout=30)
     assert all(p.exitcode is not None for p in procs)

@@ -248,7 +248,7 @@ def test_record_then_explain_from_the_recording_tells_the_same_story(
                 result = ticket.wait(120)
                 live.done(ticket)
                 prompt = prompt + list(result.tokens) + [turn + 1] * 16
-        except BaseException as err:  # noqa: BLE001 - reported by the test
+        except BaseException as err:  # reported by the test
             errors.append(err)
 
     rec = tmp_path / "rec.jsonl.gz"

@@ -215,19 +215,19 @@ class _StubNvml:
     class NVMLError(Exception):
         pass
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802 (NVML's names)
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # NVML's names
         return i
 
-    def nvmlDeviceGetName(self, h: int) -> bytes:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> bytes:
         return b"NVIDIA H200"
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return f"GPU-{h}"
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
         return type("Rates", (), {"gpu": 40 + h, "memory": 0})()
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
         if h == 1:
             raise self.NVMLError("Not Supported")
         return type("Mem", (), {"used": 2**30, "total": 2**37, "free": 2**37 - 2**30})()

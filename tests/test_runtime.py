@@ -78,7 +78,7 @@ def test_a_lookup_checks_one_block_past_what_the_last_turn_stored(
     so each lookup takes those as present and checks one block, the first miss."""
     result, system = _run("dualpath")
     assert not result.errors and result.tokens_by_turn() == reference
-    present = system.scheduler._present  # noqa: SLF001
+    present = system.scheduler._present
     lookups = len(result.turns) + system.scheduler.requeued
     assert present.trusted > 0 and present.checked <= lookups
 
@@ -101,11 +101,11 @@ class GroupLoadCheck:
 
         def checked_handle(raw: Any) -> None:
             if raw.header.get("t") == "fetch" and raw.header.get("role") == "decode":
-                live = sched._live_members("decode")  # noqa: SLF001
-                kept = sched._group_loads  # noqa: SLF001
-                if kept is not None and sched._group_loads_for is live:  # noqa: SLF001
-                    want = {g: sched._de_group_tok.get(g, 0)  # noqa: SLF001
-                            + sched._routed_tok.get(g, 0) for g in live}  # noqa: SLF001
+                live = sched._live_members("decode")
+                kept = sched._group_loads
+                if kept is not None and sched._group_loads_for is live:
+                    want = {g: sched._de_group_tok.get(g, 0)
+                            + sched._routed_tok.get(g, 0) for g in live}
                     if kept.as_dict() != want and len(self.bad) < 3:
                         self.bad.append(f"kept {kept.as_dict()}, summed {want}")
                     self.checked.append(int(raw.header.get("group", -1)))

@@ -59,7 +59,7 @@ def test_the_session_map_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
         for name in ("a", "b", "c", "a", "d"):  # "a" used again: "b" is the oldest
             turn(name)
-        sessions = live._sessions  # noqa: SLF001 - the structure under test
+        sessions = live._sessions  # the structure under test
         assert list(sessions) == ["c", "a", "d"]
         assert sessions["a"].turns == 2  # a remembered session keeps its turn count
         turn("b")  # a forgotten one starts again as a new agent

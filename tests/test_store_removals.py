@@ -338,7 +338,7 @@ def test_blocks_a_turn_stored_need_no_stat_at_the_next_lookup(tmp_path: Path) ->
     try:
         def done(f: Any, stored: int) -> None:  # as a DE that stored ``stored`` blocks
             header, frames = encode(Done(0, f.rid, f.att, out, 0, 0.0, stored=stored))
-            sched._handle(Message(header, frames))  # noqa: SLF001
+            sched._handle(Message(header, frames))
 
         def turn(tokens: np.ndarray, n: int, stored: int | None = None) -> int:
             """Submit turn ``n``; answer it with ``done(stored)`` if given."""

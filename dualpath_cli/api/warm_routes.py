@@ -64,7 +64,7 @@ def router(live: LiveCluster) -> APIRouter:
         templates = parse_templates(body.templates, "request body", vocab)
         plan, started = start_live(system, templates, body.rate, body.role)
         summary = {"plan": plan.to_dict(), **started}
-        entry = live._audit("warm", {}, {"templates": [t.name for t in templates],
+        entry = live.record_audit("warm", {}, {"templates": [t.name for t in templates],
                                          "blocks": len(plan.keys), "rate_bps":
                                          started["rate_bps"], "role": body.role}, token)
         with lock:
@@ -81,7 +81,7 @@ def router(live: LiveCluster) -> APIRouter:
     def delete_warm(token: Annotated[str, Depends(require_token)]) -> JSONResponse:
         """Stop a warm-up in progress (audited)."""
         sent = live.system.warm([], 1.0)
-        entry = live._audit("warm", {}, {"stopped": sent}, token)
+        entry = live.record_audit("warm", {}, {"stopped": sent}, token)
         return JSONResponse({"seq": entry.seq, "stopped": sent})
 
     return r

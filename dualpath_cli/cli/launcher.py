@@ -198,7 +198,7 @@ class HttpServer:
     def _run(self) -> None:
         try:
             self.server.run(sockets=[self.sock])
-        except BaseException as err:  # SystemExit from a failed startup included
+        except BaseException as err:  # noqa: BLE001 - start() reports it (SystemExit too)
             self.error = err
 
     def start(self, timeout: float = 30.0) -> None:

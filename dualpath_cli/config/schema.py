@@ -24,7 +24,7 @@ from dualpath_cli.config.quantities import (
 )
 from dualpath_cli.core.policies import POLICIES
 from dualpath_cli.core.profiles import HARDWARE_PROFILES, MODEL_PROFILES
-from dualpath_cli.errors import ConfigError, UnitError
+from dualpath_cli.errors import ConfigError, UnitError, UsageError
 from dualpath_cli.units import (
     parse_bandwidth,
     parse_bytes,
@@ -165,7 +165,7 @@ def _fraction(value: Any) -> float:
 def _pd(value: Any) -> Any:
     try:
         return parse_pd(value)
-    except Exception as err:  # UsageError -> reported as a field problem
+    except UsageError as err:  # reported as a field problem
         raise UnitError(str(err)) from None
 
 

@@ -68,8 +68,8 @@ class GroupLoads:
     def copy(self) -> GroupLoads:
         """An independent copy (O(groups), C speed)."""
         new = GroupLoads.__new__(GroupLoads)
-        new._load = self._load.copy()
-        new._heap = self._heap.copy()
+        new._load = self._load.copy()  # noqa: SLF001 - a copy of its own class, no __init__
+        new._heap = self._heap.copy()  # noqa: SLF001 - likewise
         return new
 
     def __len__(self) -> int:

@@ -12,13 +12,13 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.faultspec import Fault
 
 if TYPE_CHECKING:
     from dualpath_cli.runtime.context import EngineContext
+    from dualpath_cli.storage.store import ReadOp
 
 __all__ = ["FaultInjector", "HBM_FAULT_OWNER"]
 
@@ -59,7 +59,7 @@ class FaultInjector:
         self.ctx = ctx
         self.active: dict[str, Fault] = {}
         self._base_model = ctx.model
-        self._deliver: Callable[..., None] | None = None
+        self._reads_hooked = False
         self._hot_stop: threading.Event | None = None
         self._rng = random.Random(ctx.spec.engine_id)
 
@@ -80,11 +80,7 @@ class FaultInjector:
     def _do(self, f: Fault) -> None:
         ctx = self.ctx
         if f.kind == "snic_throttle":
-            bucket: Any = ctx.loader.shaper  # the node's bucket (shared with spec.snic_read)
-            base = getattr(bucket, "fault_base_rate", None) or bucket.rate
-            if base:
-                bucket.fault_base_rate = base
-                bucket.rate = base * f.fraction
+            ctx.loader.shaper.throttle(f.fraction)  # the node's bucket (spec.snic_read)
         elif f.kind in ("read_latency", "read_errors"):
             self._wrap_reads()
         elif f.kind == "hot_blocks":
@@ -103,15 +99,12 @@ class FaultInjector:
         if self.active.pop(kind, None) is None:
             return
         if kind == "snic_throttle":
-            bucket: Any = ctx.loader.shaper
-            base = getattr(bucket, "fault_base_rate", None)
-            if base:
-                bucket.rate = base
+            ctx.loader.shaper.unthrottle()
         elif kind in ("read_latency", "read_errors"):
             if not any(k in self.active for k in ("read_latency", "read_errors")) \
-                    and self._deliver is not None:
-                del ctx.loader._deliver  # the class's method again
-                self._deliver = None
+                    and self._reads_hooked:
+                ctx.loader.set_read_hook(None)
+                self._reads_hooked = False
         elif kind == "hot_blocks" and self._hot_stop is not None:
             self._hot_stop.set()
             self._hot_stop = None
@@ -123,12 +116,11 @@ class FaultInjector:
             ctx.fabric_cut(False)
 
     def _wrap_reads(self) -> None:
-        if self._deliver is not None:
+        if self._reads_hooked:
             return
         loader = self.ctx.loader
-        deliver = self._deliver = loader._deliver
 
-        def faulty(batch: Any, ops: Any, started: float) -> None:
+        def faulty(ops: list[ReadOp], started: float) -> float:
             lat = self.active.get("read_latency")
             if lat is not None:  # the store read ends later; the NIC carries it after that
                 time.sleep(lat.latency_s)
@@ -141,9 +133,10 @@ class FaultInjector:
                             op.buffer.release()
                             op.buffer = None
                         op.header, op.missing, op.io_error = None, True, "injected read error"
-            deliver(batch, ops, started)
+            return started
 
-        loader._deliver = faulty  # type: ignore[method-assign]
+        loader.set_read_hook(faulty)
+        self._reads_hooked = True
 
     def _hot_loop(self, f: Fault, stop: threading.Event) -> None:
         """Read the hot blocks ``f.rate`` times a second through the engine's storage path
@@ -171,7 +164,7 @@ class FaultInjector:
 
             try:
                 ctx.read_blocks(keys, done)
-            except Exception as err:  # a closing loader ends the fault quietly
+            except (RuntimeError, ValueError) as err:  # loader closed, or a bad key: ends quietly
                 log.debug("hot_blocks fault stopped: %s", err)
                 return
             landed.wait(30.0)

@@ -167,7 +167,7 @@ class Dispatching(ThresholdControl):
                     {g: group_tok.get(g, 0) + routed_tok.get(g, 0) for g in live})
                 self._group_loads_for = live
                 for g in live:
-                    self.private[g]  # noqa: B018
+                    self.private[g]  # a defaultdict: touching a group makes its queue
             head = [f.rid for f in itertools.islice(self.queue, _HEAD)]
             flights = list(self.queue)
             # each request's inputs: the loads just before its routing

@@ -628,7 +628,7 @@ def _builder(codec: _Codec) -> Callable[[Mapping[str, Any]], Any] | None:
         else:
             lines.append(f"    s{i}(o, {value} if {name!r} in h else d{i})")
     lines.append("    return o")
-    exec("\n".join(lines), env)  # noqa: S102 - our own field names, made at import
+    exec("\n".join(lines), env)  # our own field names, made at import
     return cast(Callable[[Mapping[str, Any]], Any], env["build"])
 
 

@@ -388,19 +388,19 @@ class LiveCluster:
         """Inject ``faults`` on their engines and audit it (action ``faults``)."""
         with self._fault_lock:
             old, new = self.system.set_faults(faults)
-            return self._audit("faults", {"faults": old}, {"faults": new}, token_id)
+            return self.record_audit("faults", {"faults": old}, {"faults": new}, token_id)
 
     def clear_faults(self, token_id: str) -> AuditEntry:
         """Undo every injected fault and audit it (action ``faults``)."""
         with self._fault_lock:
             old, new = self.system.clear_faults()
-            return self._audit("faults", {"faults": old}, {"faults": new}, token_id)
+            return self.record_audit("faults", {"faults": old}, {"faults": new}, token_id)
 
     def compact_hbm(self, engine_id: int, token_id: str) -> AuditEntry:
         """Defragment one engine's HBM pool (the hbm-frag remedy) and audit it (action
         ``compact``; old and new are the engine's HBM facts around it)."""
         old, new = self.system.compact_hbm(engine_id)
-        return self._audit("compact", old, new, token_id)
+        return self.record_audit("compact", old, new, token_id)
 
     def replicate_blocks(self, blocks: Sequence[str], copies: int | None,
                          token_id: str) -> AuditEntry:
@@ -410,10 +410,12 @@ class LiveCluster:
 
         o = self.system.opts
         old, new = replicate_blocks(o.store_dir, o.replica_dirs, blocks, copies)
-        return self._audit("replicate", old, new, token_id)
+        return self.record_audit("replicate", old, new, token_id)
 
-    def _audit(self, action: str, old: dict[str, Any], new: dict[str, Any],
-               token_id: str) -> AuditEntry:
+    def record_audit(self, action: str, old: dict[str, Any], new: dict[str, Any],
+                     token_id: str) -> AuditEntry:
+        """Append a change to the audit log (an action this object does not do itself,
+        e.g. a warm-up started by ``/api/v1/storage/warm``)."""
         with self._lock:
             entry = AuditEntry(len(self.audit) + 1, time.time(), token_id, action, old, new)
             self.audit.append(entry)

@@ -81,7 +81,7 @@ class TimedSimulation(Simulation):
     def _next_turn(self, agent: int) -> None:
         if self.next_turn[agent] == 0:
             self.agent_start[agent] = self.loop.now
-        Simulation._start_turn(self, agent)
+        super()._start_turn(agent)  # the arrival itself: this class's delay is passed
 
     def _start_turn(self, agent: int) -> None:
         if self.next_turn[agent] > 0:

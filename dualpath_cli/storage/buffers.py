@@ -122,7 +122,23 @@ class BlockBuffer:
             if self._refs < 0:
                 raise RuntimeError("buffer released more times than retained")
         if last and self._pool is not None:
-            self._pool._give_back(self)
+            self._pool.give_back(self)
+
+    def reissue(self) -> None:
+        """Lend a released buffer out again (its pool reuses it): one reference."""
+        self._refs = 1
+
+    def detach(self) -> None:
+        """Leave the pool for good (it keeps no more free buffers); a buffer carved from a
+        slab hands its pages back now (they read as zeros if touched again), so a slab
+        shared with buffers kept for reuse does not hold dropped memory. A buffer with a
+        mapping of its own frees it with the object."""
+        self._pool = None
+        if self._carved:
+            try:
+                self._map.madvise(mmap.MADV_DONTNEED, self._offset, self.capacity)
+            except (AttributeError, OSError):  # no madvise here: the pages stay until the slab goes
+                pass
 
     @property
     def refs(self) -> int:
@@ -153,7 +169,7 @@ class BufferPool:
             if free:
                 buf = free.pop()
                 self._free_bytes -= size
-                buf._refs = 1
+                buf.reissue()
                 return buf
             self.allocated += 1
             region = self._carve(size) if size >= _SLAB_MIN_BUFFER else None
@@ -169,21 +185,15 @@ class BufferPool:
         assert offset is not None
         return slab.map, offset
 
-    def _give_back(self, buf: BlockBuffer) -> None:
+    def give_back(self, buf: BlockBuffer) -> None:
+        """Take back a buffer its last holder released (:meth:`BlockBuffer.release`): kept
+        for reuse while the free lists have room, else dropped."""
         with self._lock:
             if self._free_bytes + buf.capacity <= self.max_free_bytes:
                 self._free[buf.capacity].append(buf)
                 self._free_bytes += buf.capacity
                 return
-        buf._pool = None  # dropped; its own mmap is freed with the object
-        if buf._carved:
-            # a slab lives while any of its buffers does: hand this one's pages back now
-            # (they read as zeros if touched again), so a slab shared with buffers kept for
-            # reuse does not hold dropped memory
-            try:
-                buf._map.madvise(mmap.MADV_DONTNEED, buf._offset, buf.capacity)
-            except (AttributeError, OSError):  # no madvise here: the pages stay until the slab goes
-                pass
+        buf.detach()
 
     @property
     def free_bytes(self) -> int:

@@ -263,12 +263,12 @@ def _probe_uring() -> tuple[bool, str]:
     """The real io_uring read behind :func:`uring_status` (runs in its child process)."""
     try:
         import liburing as L
-    except Exception as err:  # ImportError, or a broken native build
+    except Exception as err:  # noqa: BLE001 - ImportError, or a broken native build
         return False, f"liburing not importable ({type(err).__name__}: {err})"
     try:
         ring, cqe = L.Ring(), L.Cqe()
         L.io_uring_queue_init(4, ring)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a probe: any failure means unusable
         return False, f"io_uring_setup failed ({err})"
     try:
         with tempfile.TemporaryFile() as probe:
@@ -289,7 +289,7 @@ def _probe_uring() -> tuple[bool, str]:
             os.close(fd)
         if res is None or res <= 0:
             return False, f"io_uring read returned {res}"
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a probe: any failure means unusable
         return False, f"io_uring read failed ({err})"
     finally:
         L.io_uring_queue_exit(ring)
@@ -370,7 +370,7 @@ class ChecksumHelper:
         while self.pending:
             try:
                 self.result()
-            except Exception:
+            except Exception:  # noqa: BLE001 - whatever hashing raised: dropped with it
                 continue
 
     def close(self) -> None:
@@ -394,7 +394,7 @@ class ChecksumHelper:
         for buf, nbytes in batch:
             try:
                 out.append(payload_checksum(buf.payload_view(nbytes)))
-            except BaseException as err:  # handed to the reader, never lost
+            except BaseException as err:  # noqa: BLE001 - handed to the reader, never lost
                 out.append(err)
         return out
 

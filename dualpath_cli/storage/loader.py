@@ -67,11 +67,16 @@ from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
 if TYPE_CHECKING:  # types of the pipelined read capability
     from dualpath_cli.storage.native import NativePipeline
 
-__all__ = ["StorageLoader", "PREFETCH_PRIORITY"]
+__all__ = ["StorageLoader", "PREFETCH_PRIORITY", "ReadHook"]
 
 log = logging.getLogger(__name__)
 
 PREFETCH_PRIORITY = 1 << 30  # below every request (lower numbers are served first)
+
+#: Sees each batch's finished read ops before they are paced and delivered, and may change
+#: them (fail a read) or delay them; returns the time the reads count as finished from
+#: (fault injection: slow or failing reads, :mod:`dualpath_cli.runtime.faults`).
+ReadHook = Callable[[list[ReadOp], float], float]
 # batches a reader keeps queued on a native pipeline: one being read while the one before is
 # hashed and judged (measured at QD 1, 1 MiB, loader medians over 12 runs: 2 x 8 MiB 24.8
 # GB/s, 3 x 8 MiB 22.3, 4 x 4 MiB 21.9, 3 x 4 MiB 24.3; more queued means more buffers
@@ -176,6 +181,7 @@ class StorageLoader:
                                  pipelined=self._pipelined, overlap=self._overlap)
         self._idle = 0
         self._closed = False
+        self._read_hook: ReadHook | None = None
         self.metrics = LoaderMetrics(registry, self.node, role, shaping_bps or 0.0, clock())
         self._threads = [threading.Thread(target=self._run, name=f"dp-loader-{node}-{i}",
                                           daemon=True) for i in range(self.workers)]
@@ -188,6 +194,11 @@ class StorageLoader:
         return self._overlap
 
     # --- public API -------------------------------------------------------------------------
+    def set_read_hook(self, hook: ReadHook | None) -> None:
+        """Put ``hook`` between every read path and delivery (None: none). Every read path
+        ends in delivery, so the reader threads themselves stall or fail under the hook."""
+        self._read_hook = hook
+
     @property
     def read_queue(self) -> ReadQueue:
         """Blocks, bytes and tokens queued or in flight (the node's read_q)."""
@@ -414,7 +425,7 @@ class StorageLoader:
                 started = self.clock()
                 try:
                     piped = reads.read_batch_submit(ops, self.pool, pipeline)
-                except Exception as err:  # an unexpected store failure must not kill the reader
+                except Exception as err:  # noqa: BLE001 - a store failure must not kill the reader
                     self._fail(ops, err)
                 queued.append((batch, ops, piped, started))
             if not queued:
@@ -423,7 +434,7 @@ class StorageLoader:
             if piped is not None:
                 try:
                     reads.read_batch_collect(piped, pipeline)
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001 - as above: reported, a miss
                     self._fail(ops, err)
             with self._lock:
                 self._queue.retire(batch)
@@ -437,7 +448,7 @@ class StorageLoader:
         started = _Started(batch, ops, self.clock())
         try:
             started.deferred = reads.read_batch_start(ops, self.pool, helper)
-        except Exception as err:  # an unexpected store failure must not kill the reader
+        except Exception as err:  # noqa: BLE001 - a store failure must not kill the reader
             started.error = err
         return started
 
@@ -446,7 +457,7 @@ class StorageLoader:
         if error is None and started.deferred:
             try:
                 reads.read_batch_finish(started.ops, started.deferred, helper)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - as above: reported, a miss
                 error = err
         if error is not None:
             self._fail(started.ops, error)
@@ -470,12 +481,15 @@ class StorageLoader:
                 self._bounded.read_batch_bounded(ops, self.pool, self.max_share)
             else:
                 self.store.read_batch(ops, self.pool)
-        except Exception as err:  # an unexpected store failure must not kill the reader
+        except Exception as err:  # noqa: BLE001 - a store failure must not kill the reader
             self._fail(ops, err)
         self._deliver(batch, ops, started)
 
     def _deliver(self, batch: list[PendingRead], ops: list[ReadOp], started: float) -> None:
         """Pace to the emulated NIC, then hand the batch's blocks to their tickets."""
+        hook = self._read_hook
+        if hook is not None:
+            started = hook(ops, started)
         if self.shaper.enabled:
             nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
             if nbytes:

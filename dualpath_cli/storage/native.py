@@ -398,7 +398,8 @@ def _load_runtime_build(tried: list[str]) -> tuple[_Libs, str, Path] | None:
             path.unlink(missing_ok=True)
             path = _build()
             return _open(path), "runtime-build", path
-    except Exception as err:  # no compiler, read-only cache, odd platform: fall back
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as err:
+        # no compiler, a failed or slow build, a read-only cache, no home: fall back
         tried.append(f"runtime build: {err}")
         return None
 
@@ -446,9 +447,12 @@ def _build() -> Path:
 
 def _xxh3_symbol() -> int | None:
     """Address of xxhash's exported one-shot XXH3-64 (the CPU-dispatching one if present)."""
-    try:
-        ext = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
-    except Exception:
+    try:  # the extension module's own file: its exported symbols
+        file = importlib.import_module("xxhash._xxhash").__file__
+        if file is None:
+            return None
+        ext = ctypes.CDLL(file)
+    except (ImportError, AttributeError, OSError):
         return None
     for name in ("XXH3_64bits_dispatch", "XXH3_64bits"):
         fn = getattr(ext, name, None)

@@ -122,7 +122,7 @@ class PageCacheReads(_Verdicts):
         for _ in deferred:  # all of them first: the helper's results stay in step
             try:
                 digests.append(checksums.result())
-            except Exception:  # could not hash (not corruption): the read failed
+            except Exception:  # noqa: BLE001 - whatever hashing raised: a failed read
                 digests.append(None)
         for (op, nread, path), digest in zip(deferred, digests, strict=True):
             buf = op.buffer
@@ -163,6 +163,11 @@ class PageCacheReads(_Verdicts):
             self._settle_native(batch.ops, batch.pool, batch.paths, batch.bufs, nreads, hot,
                                 None)
         self._record(batch.ops)
+
+    def read_each(self, ops: list[ReadOp], pool: BufferPool) -> None:
+        """Read and verify ``ops`` one after another in Python (no native batch, nothing
+        recorded): where O_DIRECT reads were refused, these read them again."""
+        self._read_python(ops, pool, None)
 
     # --- the reads --------------------------------------------------------------------------
     def _read(self, ops: list[ReadOp], pool: BufferPool,
@@ -399,7 +404,7 @@ class EngineReads(_Verdicts):
                             job.tag.buffer = None
         if retry:  # O_DIRECT refused: read these again without it
             if self._page_cache is not None:
-                self._page_cache._read_python(retry, pool, None)
+                self._page_cache.read_each(retry, pool)
             else:
                 self._read(retry, pool, max_in_flight)
 

@@ -38,6 +38,20 @@ class TokenBucket:
         self.sleep = sleep
         self._lock = threading.Lock()
         self._next = 0.0
+        self._unthrottled: float | None = None  # the rate before a throttle, while one is on
+
+    def throttle(self, fraction: float) -> None:
+        """Run at ``fraction`` of the rate in force before the first throttle (a throttled
+        storage NIC, a fault); an unshaped bucket stays unshaped."""
+        base = self._unthrottled or self.rate
+        if base:
+            self._unthrottled = base
+            self.rate = base * fraction
+
+    def unthrottle(self) -> None:
+        """Back to the rate in force before :meth:`throttle` (no-op when not throttled)."""
+        if self._unthrottled:
+            self.rate, self._unthrottled = self._unthrottled, None
 
     @property
     def enabled(self) -> bool:

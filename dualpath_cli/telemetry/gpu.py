@@ -101,7 +101,7 @@ class NvmlBackend:
         try:
             pynvml.nvmlInit()
             count = int(pynvml.nvmlDeviceGetCount())
-        except Exception as err:  # NVMLError and driver-library load failures alike
+        except pynvml.NVMLError as err:  # a missing driver library is one too
             return UnavailableGpu(f"NVML unavailable: {err}".splitlines()[0])
         if count == 0:
             return UnavailableGpu("NVML found no GPU")
@@ -115,18 +115,19 @@ class NvmlBackend:
             try:
                 for i in range(self._count):
                     h = nv.nvmlDeviceGetHandleByIndex(i)
-                    devices.append(GpuDevice(i, _text(_try(nv.nvmlDeviceGetName, h)) or "gpu",
-                                             _text(_try(nv.nvmlDeviceGetUUID, h)) or "",
-                                             *_util_mem(nv, h)))
-            except Exception as err:
+                    devices.append(GpuDevice(
+                        i, _text(_try(nv, nv.nvmlDeviceGetName, h)) or "gpu",
+                        _text(_try(nv, nv.nvmlDeviceGetUUID, h)) or "", *_util_mem(nv, h)))
+            except Exception as err:  # noqa: BLE001 - a driver fault must not fail the scrape
                 return GpuReport(False, self.name, (), f"NVML query failed: {err}")
         return GpuReport(True, self.name, tuple(devices))
 
 
-def _try(fn: Any, *args: Any) -> Any:
+def _try(nv: Any, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or None where the driver does not say (``nv``: the pynvml module)."""
     try:
         return fn(*args)
-    except Exception:
+    except nv.NVMLError:
         return None
 
 
@@ -137,8 +138,8 @@ def _text(value: Any) -> str | None:
 
 
 def _util_mem(nv: Any, handle: Any) -> tuple[float | None, int | None, int | None]:
-    rates = _try(nv.nvmlDeviceGetUtilizationRates, handle)
-    mem = _try(nv.nvmlDeviceGetMemoryInfo, handle)
+    rates = _try(nv, nv.nvmlDeviceGetUtilizationRates, handle)
+    mem = _try(nv, nv.nvmlDeviceGetMemoryInfo, handle)
     util = rates.gpu / 100.0 if rates is not None else None
     if mem is None:
         return util, None, None

@@ -26,7 +26,11 @@ class InProcEndpoint:
              buffers: list[np.ndarray] | None = None) -> None:
         target = self._fabric.lookup(to)
         if target is not None:
-            target._queue.put(Message(dict(header), list(buffers or [])))
+            target.accept(Message(dict(header), list(buffers or [])))
+
+    def accept(self, message: Message) -> None:
+        """Queue a message sent to this endpoint (its sender's hand-over)."""
+        self._queue.put(message)
 
     def recv(self, timeout: float | None = None) -> Message | None:
         try:

@@ -161,6 +161,7 @@ class SharedTokenBucket(TokenBucket):
     def __init__(self, rate: float | None, burst_bytes: int = 0) -> None:
         super().__init__(rate, burst_bytes)
         self._shared: Any = mp.get_context("spawn").Value("d", 0.0)
+        self._unlinked = False
         name = self.semaphore
         if name is not None:  # named (spawn on POSIX): noted until unlinked
             _note(name, True)
@@ -168,9 +169,10 @@ class SharedTokenBucket(TokenBucket):
     @property
     def semaphore(self) -> str | None:
         """The lock's semaphore name (``/mp-...``); None once unlinked or not named."""
-        if getattr(self, "_unlinked", False):
+        if self._unlinked:
             return None
-        name = self._shared.get_lock()._semlock.name
+        # multiprocessing shows a lock's semaphore name only on its private SemLock
+        name = self._shared.get_lock()._semlock.name  # noqa: SLF001 - the stdlib's only view
         return str(name) if name else None
 
     def unlink(self) -> bool:
@@ -182,12 +184,13 @@ class SharedTokenBucket(TokenBucket):
         """
         lock = self._shared.get_lock()
         # SemLock registers a finalizer that unlinks the name and tells the resource tracker;
-        # run it now (it runs once, so neither a collection nor the exit repeats it)
+        # run it now (it runs once, so neither a collection nor the exit repeats it); the
+        # registry and a finalizer's referent are multiprocessing internals, hence getattr
         registry = getattr(multiprocessing.util, "_finalizer_registry", {})
         for fin in list(registry.values()):
             ref = getattr(fin, "_weakref", None)
             if ref is not None and ref() is lock:
-                name = lock._semlock.name
+                name = lock._semlock.name  # noqa: SLF001 - as in :attr:`semaphore`
                 try:
                     fin()
                 except FileNotFoundError:
@@ -207,7 +210,7 @@ class SharedTokenBucket(TokenBucket):
             return float(self._shared.value)
 
     def __getstate__(self) -> dict[str, Any]:
-        if getattr(self, "_unlinked", False):
+        if self._unlinked:
             raise RuntimeError("this shared NIC bucket's semaphore was unlinked: it can no "
                                "longer be passed to a new process")
         state = dict(self.__dict__)
