@@ -70,7 +70,7 @@ def test_the_api_app_carries_the_limit() -> None:
     from dualpath_cli.telemetry.gpu import FakeGpuBackend
 
     class Live:  # the routes read its model when built; a refused body reaches no handler
-        opts = SimpleNamespace(model="tiny")
+        opts = SimpleNamespace(model="tiny", api_rate_limit=5000.0)
 
         def __getattr__(self, name: str) -> Any:
             raise AssertionError(f"a handler ran: live.{name}")

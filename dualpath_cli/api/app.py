@@ -45,7 +45,7 @@ from dualpath_cli.api.encode import (
     node_dict,
     view_dict,
 )
-from dualpath_cli.api.ratelimit import DEFAULT_RATE, RateLimit, rate_in_force
+from dualpath_cli.api.ratelimit import RateLimit, rate_in_force
 from dualpath_cli.core.thresholds import read_seconds
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.faultspec import parse_faults
@@ -214,10 +214,10 @@ def _audit_dict(entry: Any) -> dict[str, Any]:
 def _units(live: LiveCluster) -> SystemUnits:
     system = live.system
     shape = system.shape
-    snic = system.opts.snic_bw if getattr(system, "shaped", True) else 0.0
+    snic = system.opts.snic_bw if system.shaped else 0.0
     return SystemUnits(kv_bytes_per_token=shape.n_layers * shape.bytes_per_token_layer,
                        block_tokens=shape.block_tokens, snic_bytes_per_s=max(0.0, snic),
-                       flops_per_s=float(getattr(system, "flops_rate", 0.0) or 0.0))
+                       flops_per_s=float(system.flops_rate))
 
 
 def _scheduling(live: LiveCluster) -> dict[str, Any]:
@@ -225,7 +225,7 @@ def _scheduling(live: LiveCluster) -> dict[str, Any]:
     nodes an engine group spans (cluster.nodes_per_group)."""
     subs = live.system.scheduler.sub_schedulers()  # none: a flat scheduler
     return {"hierarchical": bool(subs), "sub_schedulers": len(subs) or 1,
-            "nodes_per_group": int(getattr(live.system.opts, "nodes_per_group", 1) or 1)}
+            "nodes_per_group": live.system.opts.nodes_per_group}
 
 
 def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
@@ -447,8 +447,7 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
     app.add_middleware(BodyLimit)  # 413 for a body over the limit, before any handler
-    rate = rate_limit if rate_limit is not None else rate_in_force(
-        getattr(getattr(live, "opts", None), "api_rate_limit", DEFAULT_RATE))
+    rate = rate_limit if rate_limit is not None else rate_in_force(live.opts.api_rate_limit)
     app.add_middleware(RateLimit, rate=rate)  # outermost: 429 per client address, O(1)
     app.state.live = live
     app.state.auth = auth
@@ -476,7 +475,7 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, err: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"detail": _one_line(str(err.detail))}, err.status_code,
-                            headers=getattr(err, "headers", None))
+                            headers=err.headers)
 
     @app.exception_handler(DualPathError)
     async def _ours(_request: Request, err: DualPathError) -> JSONResponse:

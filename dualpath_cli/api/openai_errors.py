@@ -6,7 +6,7 @@ clients expect ``{"error": {"message", "type", "param", "code"}}`` from these ro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import Request
@@ -27,7 +27,7 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = " ".join(message.split())
@@ -80,7 +80,7 @@ class OpenAIRoute(APIRoute):
                 return err.response()
             except StarletteHTTPException as err:  # e.g. a body that is not even text
                 return OpenAIError(err.status_code, str(err.detail),
-                                   headers=getattr(err, "headers", None)).response()
+                                   headers=err.headers).response()
 
         return run
 

@@ -104,8 +104,7 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
                    f"{p.bubble_s:.3f}", "same" if p.tokens_match else "DIFFERENT")
     console.print(io)
     for p in report.policies:  # faults: visible, not just survived
-        dead, retried = getattr(p, "dead_engines", []), getattr(p, "retried_turns", 0)
-        quarantined = getattr(p, "quarantined_blocks", 0)
+        dead, retried, quarantined = p.dead_engines, p.retried_turns, p.quarantined_blocks
         if dead or retried or quarantined:
             where = f" (kept in {p.quarantine_dir})" if quarantined else ""
             console.print(f"faults in {p.policy}: engines died: "

@@ -98,7 +98,7 @@ def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
     interval_s = min(parse_interval(interval), max(window_s / 2, 0.25))
     decisions: list[Decision] = []
     with source.connect(ref, timeout=max(5.0, interval_s * 4)) as client:
-        target = getattr(client, "url", ref.url or "")
+        target = client.url
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
         th = (status := client.status()).thresholds  # the audit log, as of the window's end
         earlier = _earlier_decisions(client, samples, decisions, status.audit, th)

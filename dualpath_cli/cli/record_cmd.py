@@ -77,7 +77,7 @@ def record(
     t0 = time.monotonic()
     with source.connect(source.ClusterRef(url, port, token_file),
                         timeout=max(5.0, interval_s * 4)) as client:
-        target = getattr(client, "url", url or "")
+        target = client.url
         client.healthz()  # unreachable: one line and exit 3 before a file is started
         if not as_json:
             stderr.print(f"recording {target} for {window} into {output} ...",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,20 +26,23 @@ from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.cli.source import AmbiguousCluster, ClusterRef, NotRunning
 from dualpath_cli.services import statefile
 
+if TYPE_CHECKING:
+    from dualpath_cli.api.client import Status
+
 __all__ = ["status", "stop", "EXIT_NONE", "EXIT_UNHEALTHY"]
 
 EXIT_UNHEALTHY = 2
 EXIT_NONE = 3
 
 
-def _summary(st: Any, url: str, pid: int | None) -> dict[str, Any]:
+def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
     """The fields of the status line from a typed ``/api/v1/status``."""
     from dualpath_cli.units import format_duration_rounded, format_tokens
 
     th = st.thresholds
     ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
-    alpha_s = getattr(th, "alpha_s", None)
-    sched = dict(getattr(st, "scheduling", None) or {})
+    alpha_s = th.alpha_s
+    sched = dict(st.scheduling or {})  # None: a null from the server
     return {
         "running": ok, "state": st.state, "pd": st.pd, "policy": st.policy,
         "engines": st.engines_total, "healthy": st.engines_healthy,

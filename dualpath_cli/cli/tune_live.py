@@ -31,6 +31,7 @@ from dualpath_cli.units import (
 
 if TYPE_CHECKING:
     from dualpath_cli.cli.source import ClusterRef
+    from dualpath_cli.sim.twin_replay import Traffic
 
 __all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric"]
 
@@ -159,13 +160,13 @@ def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | N
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
 
 
-def _alpha_per_token_s(traffic: Any, world: Any) -> float | None:
+def _alpha_per_token_s(traffic: Traffic, world: Any) -> float | None:
     """Seconds one token of alpha stands for (its KV read at the node's storage NICs), so
     alpha reads as the config gives it; None where the cluster's NICs have no rate."""
     from dualpath_cli.core.thresholds import read_seconds
 
     return read_seconds(1, world.model.kv_bytes_per_token,
-                        getattr(traffic, "snic_bytes_per_s", None) or 0.0)
+                        traffic.snic_bytes_per_s or 0.0)
 
 
 def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -> str:
@@ -220,14 +221,14 @@ def show(
     ref = _ref(url, port, token_file)
     with _client(ref) as client:
         st = client.status()
-        target = getattr(client, "url", ref.url or "")
+        target = client.url
     th = st.thresholds
     changes = scheduler_audit(st.audit)[-max(0, last):] if last else []
-    controllers: dict[str, Any] = dict(getattr(th, "controllers", None) or {})
+    controllers: dict[str, Any] = dict(th.controllers or {})
     values = {"alpha": th.alpha_tokens, "beta": th.beta_tokens, "quota": th.quota_s,
               "read_side": th.read_side, "z_factor": th.z_factor}
-    alpha_s = getattr(th, "alpha_s", None)
-    scheduling = dict(getattr(st, "scheduling", None) or {})
+    alpha_s = th.alpha_s
+    scheduling = dict(st.scheduling or {})
     if as_json:
         emit_json({"url": target, "pd": st.pd, "model": st.model, "policy": st.policy,
                    "thresholds": {k: {"value": v, "source": th.source.get(k, "launch")}
@@ -449,7 +450,7 @@ def suggest(
         traffic = twin.traffic_from_recording(read_recording(from_file), str(from_file))
     else:
         with _client(ref) as client:
-            target = getattr(client, "url", ref.url or "")
+            target = client.url
             view = client.view()
             decisions = client.decisions(-1)
             if window_s is not None:  # the decisions' clock is the view's (recording.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from dualpath_cli.runtime.context import EngineSpec
@@ -12,6 +13,9 @@ __all__ = ["Cluster"]
 class Cluster(Protocol):
     """Starts and supervises engines."""
 
+    #: Called with an engine's id as soon as it stops unexpectedly (None: nobody told).
+    on_death: Callable[[int], None] | None
+
     def start(self, specs: list[EngineSpec]) -> None:
         """Start one engine per spec."""
 
@@ -20,3 +24,12 @@ class Cluster(Protocol):
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Wait for engines to exit (after the scheduler said stop), then force them."""
+
+    def pids(self) -> dict[int, int]:
+        """OS pid of each started engine's process, by engine id (in-process: none)."""
+        ...
+
+    def exited(self) -> dict[int, int]:
+        """Engines whose process has ended, with exit codes (negative: killed by a signal);
+        empty where exits are not tracked per engine."""
+        ...

@@ -162,6 +162,10 @@ class EmulatedCluster:
         """OS pid of each engine's host process, by engine id."""
         return {eid: int(self._procs[k].pid) for eid, k in self._host_of.items()}
 
+    def exited(self) -> dict[int, int]:
+        """Empty: a dead host is reported through ``on_death``, not by exit code."""
+        return {}
+
     def host_pids(self) -> list[int]:
         """OS pids of the host processes."""
         return [int(p.pid) for p in self._procs]

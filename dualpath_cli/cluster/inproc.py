@@ -41,6 +41,14 @@ class InProcCluster:
         self._killed.add(engine_id)
         self._stops[engine_id].set()
 
+    def pids(self) -> dict[int, int]:
+        """None: the engines are threads of this process."""
+        return {}
+
+    def exited(self) -> dict[int, int]:
+        """None: a thread has no exit code (a killed one is reported through ``on_death``)."""
+        return {}
+
     def shutdown(self, timeout: float = 5.0) -> None:
         for stop in self._stops.values():
             stop.set()

@@ -214,8 +214,7 @@ class RuntimeSystem:
                     self.scheduler.wait_ready(min(0.25, max(0.0, deadline - time.monotonic())))
                     break
                 except TimeoutError:
-                    exited = getattr(self.cluster, "exited", None)
-                    dead = exited() if callable(exited) else {}
+                    dead = self.cluster.exited()
                     if dead:
                         raise EngineFailed(f"{describe_exits(dead)} exited during start-up; "
                                            "see its messages above") from None

@@ -31,10 +31,13 @@ waiting for later layers' KV, streamed or copied while earlier layers ran) and `
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.errors import UsageError
 from dualpath_cli.telemetry.view import NA, Decision
+
+if TYPE_CHECKING:
+    from dualpath_cli.telemetry.recording import Recording
 
 __all__ = ["RequestNotFound", "explain_request", "render_story", "side_reason", "PHASES",
            "inflight_row", "partial_outcome", "decisions_by_rid", "finished_stories",
@@ -113,7 +116,7 @@ def decisions_by_rid(decisions: Iterable[Decision], rids: Iterable[int]
     want = set(rids)
     out: dict[int, list[Decision]] = {}
     for d in decisions:
-        if d.rid in want and getattr(d, "kind", "turn") == "turn":
+        if d.rid in want and d.kind == "turn":
             out.setdefault(d.rid, []).append(d)
     return out
 
@@ -235,7 +238,7 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     Raises:
         RequestNotFound: no decision of ``rid`` is kept and it is not in flight.
     """
-    mine = [d for d in decisions if d.rid == rid and getattr(d, "kind", "turn") == "turn"]
+    mine = [d for d in decisions if d.rid == rid and d.kind == "turn"]
     if not mine and progress is not None:
         return _pending(rid, progress, block_tokens)
     if not mine:
@@ -301,8 +304,9 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     return story
 
 
-def story_from_recording(rec: Any, rid: int, at: float | None = None) -> dict[str, Any]:
-    """Request ``rid``'s story from a recording (services/recording.py's ``Recording``).
+def story_from_recording(rec: Recording, rid: int, at: float | None = None
+                         ) -> dict[str, Any]:
+    """Request ``rid``'s story from a recording.
 
     ``at``: a replay cursor's time: a request in flight at the sample there is told as it
     was then (decisions up to ``at``, the sample's in-flight row). Otherwise the story the
@@ -317,7 +321,7 @@ def story_from_recording(rec: Any, rid: int, at: float | None = None) -> dict[st
     if at is not None:
         decisions = [d for d in decisions if d.at <= at]
         before = [s for s in rec.samples if s.at <= at]
-        inflight = getattr(before[-1], "inflight", None) if before else None
+        inflight = before[-1].inflight if before else None
         row = next((r for r in (inflight or {}).get("requests", ()) if r.get("rid") == rid),
                    None)
         if row is not None:

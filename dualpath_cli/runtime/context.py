@@ -50,9 +50,10 @@ from dualpath_cli.storage import (
     TokenBucket,
     encode_block,
 )
+from dualpath_cli.storage.store import CountsCopyReads
 from dualpath_cli.telemetry.frames import frame
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
-from dualpath_cli.transfer.base import Endpoint
+from dualpath_cli.transfer.base import Endpoint, ResetsPeers
 from dualpath_cli.transfer.shaping import pay
 
 __all__ = ["EngineSpec", "Counters", "EngineContext", "open_store", "KV_DTYPE"]
@@ -307,12 +308,12 @@ class EngineContext:
         """Reads of each of ``keys`` that has replicas, per root holding a copy, as
         snapshot rows of ``dualpath_storage_block_copy_reads_total`` (the evidence that a
         replicated hot block's reads are spread; none without replica roots)."""
-        copy_reads = getattr(self.store, "copy_reads", None)
-        if copy_reads is None:
+        store = self.store
+        if not isinstance(store, CountsCopyReads):
             return []
         node = str(self.spec.node)
         return [{"labels": {"node": node, "block": k, "root": root}, "value": float(n)}
-                for k in keys for root, n in copy_reads(BlockKey.from_hex(k)).items()]
+                for k in keys for root, n in store.copy_reads(BlockKey.from_hex(k)).items()]
 
     def compact_hbm(self) -> int:
         """Defragment the HBM pool (live blocks to the front, data moved); returns how many
@@ -447,9 +448,8 @@ class EngineContext:
         down every KV message it sends is lost, and what its sockets to peers still queue
         is lost at once (they are closed); control messages still reach the scheduler."""
         self.fabric_down = down
-        reset = getattr(self.ep, "reset_peers", None)
-        if down and reset is not None:
-            reset({self.spec.ctl})
+        if down and isinstance(self.ep, ResetsPeers):
+            self.ep.reset_peers({self.spec.ctl})
 
     def _kv_dropped(self, to: str, msg: Layer | PrefillDone | Decode) -> None:
         """A KV message of a turn did not leave: the peer cannot finish the turn, so the

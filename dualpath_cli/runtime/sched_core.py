@@ -28,7 +28,7 @@ from dualpath_cli.core.layout import KEY_BYTES, Namespace, PrefixKeyCache, Prese
 from dualpath_cli.core.policies import Policy, SchedParams
 from dualpath_cli.core.types import Request, Role
 from dualpath_cli.runtime.decisions import DecisionLog
-from dualpath_cli.runtime.engine_table import ENGINE_STATES, EngineState
+from dualpath_cli.runtime.engine_table import ENGINE_STATES, EngineState, EngineTable
 from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.turns import Flight
 from dualpath_cli.runtime.wire import KeyArray, TokenArray, WireMessage, encode
@@ -73,7 +73,7 @@ class SchedulerCore:
     on_message: Callable[[Message], None]
     on_sweep: Callable[[], None]
     # -- engines and turns ------------------------------------------------------------
-    engines: dict[int, EngineState]
+    engines: EngineTable
     queue: collections.deque[Flight]
     private: dict[int, collections.deque[Flight]]
     pe_queue: collections.deque[Flight]

@@ -94,8 +94,8 @@ class Dispatching(ThresholdControl):
                                 dict[int, list[EngineState]]]:
         """Engines by role and group, and by node, in registration order (rebuilt when an
         engine is set in :attr:`engines`): a fetch reads its own group, not all 1,152."""
-        version = getattr(self.engines, "version", -1)
-        if version < 0 or self._index_n != version:
+        version = self.engines.version
+        if self._index_n != version:
             by_group: dict[str, dict[int, list[EngineState]]] = {
                 Role.PREFILL.value: {}, Role.DECODE.value: {}}
             by_node: dict[int, list[EngineState]] = {}
@@ -114,8 +114,8 @@ class Dispatching(ThresholdControl):
         hello holds no turn (its turns are re-queued when it dies), so its live engines'
         tokens are all of the group's.
         """
-        key = (self._live_version, getattr(self.engines, "version", -1))
-        if key != self._live_key or key[1] < 0:
+        key = (self._live_version, self.engines.version)
+        if key != self._live_key:
             live: dict[str, dict[int, list[EngineState]]] = {}
             for r, groups in self._members()[0].items():
                 live[r] = {}

@@ -104,6 +104,7 @@ class MessageLoop(Dispatching):
             self.bad_messages += 1
             log.warning("scheduler: dropped a message: %s", err)
             return
+        # only the records engines send carry ``eid``: one probe of the union (the hot path)
         eid = getattr(msg, "eid", None)
         e = self.engines.get(eid) if isinstance(eid, int) else None
         if e is None:

@@ -146,7 +146,7 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self.hb_timeout = heartbeat_timeout
         self.ep = fabric.endpoint("scheduler")
         self.address = self.ep.address
-        self.engines: dict[int, EngineState] = EngineTable()
+        self.engines = EngineTable()
         self.queue: collections.deque[Flight] = collections.deque()  # global FIFO
         #: (role, group) -> the engine that fetches for it (the last one seen fetching)
         self._fetchers: dict[tuple[str, int], int] = {}

@@ -36,6 +36,7 @@ from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import Ticket, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
+from dualpath_cli.storage.store import persists_access_counts
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 # Ticket and TurnResult: what submit hands back and what its ticket answers (the API waits
@@ -130,9 +131,9 @@ class LiveCluster:
                         if self.checkpoint is not None and not self.opts.hierarchical
                         else None)
         cluster = self.system.cluster
-        told = getattr(cluster, "on_death", None)
+        told = cluster.on_death
         self._gone: dict[int, int | None] = {}  # engines the cluster saw exit (code may lag)
-        if callable(told):  # after the scheduler hears of a death, check the roles
+        if told is not None:  # after the scheduler hears of a death, check the roles
             def on_death(engine_id: int) -> None:
                 told(engine_id)
                 self._gone[engine_id] = self._exited().get(engine_id)
@@ -202,8 +203,7 @@ class LiveCluster:
 
     def _exited(self) -> dict[int, int]:
         """Engine processes that have exited, with their exit codes (in-process: none)."""
-        exited = getattr(self.system.cluster, "exited", None)
-        return exited() if callable(exited) else {}
+        return self.system.cluster.exited()
 
     def _role_lost(self) -> str | None:
         """Why no turn can finish (every engine of a role has exited), else None."""
@@ -468,9 +468,8 @@ class LiveCluster:
             self.system.close()
         finally:
             store = self.system.store
-            flush = getattr(store, "flush_access_counts", None)
-            if callable(flush):
-                flush()
+            if persists_access_counts(store):
+                store.flush_access_counts()
             self._remove_temp_files()
 
     def _remove_temp_files(self) -> None:
@@ -480,11 +479,10 @@ class LiveCluster:
         its name carries the writer's pid (``.<block>.<pid>.<thread>.tmp``).
         """
         exited = self._exited()
-        root = getattr(self.system.store, "root", None)
-        procs = getattr(self.system.cluster, "pids", None)
-        if not exited or root is None or not callable(procs):
+        root = self.system.opts.store_dir  # the store's root (none: a memory store)
+        if not exited or root is None:
             return
-        pids = procs()
+        pids = self.system.cluster.pids()
         for eid, code in exited.items():
             if code == 0 or eid not in pids:
                 continue

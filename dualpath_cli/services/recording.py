@@ -376,7 +376,7 @@ def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
     turns_of: dict[int, dict[int, tuple[int, int | None]]] = {}
     firsts: dict[int, Decision] = {}
     for d in decisions:
-        if getattr(d, "kind", "turn") != "turn":
+        if d.kind != "turn":
             continue
         turns_of.setdefault(d.agent, {}).setdefault(d.turn, (d.length, d.gen))
         if d.turn == 0:

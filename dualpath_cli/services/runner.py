@@ -157,9 +157,7 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
                 r = ticket.wait(min(_CHECK_S, max(0.0, deadline - time.monotonic())))
                 break
             except TimeoutError:
-                exited = getattr(system.cluster, "exited", None)
-                reason = lost[0] if lost else (
-                    dead_role(exited(), roles) if callable(exited) else None)
+                reason = lost[0] if lost else dead_role(system.cluster.exited(), roles)
                 if reason is not None:
                     lost.append(reason)
                     raise RoleLost(reason) from None

@@ -177,7 +177,7 @@ def _recorded_starts(rec: Recording) -> tuple[float, ...]:
     agents: set[int] = set()
     rid_of: dict[int, int] = {}
     for d in rec.decisions:
-        if getattr(d, "kind", "turn") != "turn":
+        if d.kind != "turn":
             continue
         agents.add(d.agent)
         if d.turn == 0 and d.agent not in first:
@@ -199,7 +199,7 @@ def measured_from_recording(rec: Recording) -> Measured | None:
     one taken without them): then there is nothing per turn to fit.
     """
     gen: dict[int, int | None] = {d.rid: d.gen for d in rec.decisions
-                                  if getattr(d, "kind", "turn") == "turn"}
+                                  if d.kind == "turn"}
     rows: list[tuple[int, int, float | None, float, float]] = []  # agent, turn, arrival...
     decode: list[float] = []
     for rid, story in rec.stories.items():

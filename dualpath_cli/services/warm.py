@@ -23,12 +23,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.core.layout import BlockKey, Namespace, longest_cached_prefix, prefix_keys
 from dualpath_cli.errors import UsageError
 from dualpath_cli.limits import limit_value
 from dualpath_cli.units import format_bandwidth, parse_bandwidth
+
+if TYPE_CHECKING:
+    from dualpath_cli.cluster.system import RuntimeSystem
 
 __all__ = ["Template", "TemplateError", "WarmPlan", "TemplatePlan", "DEFAULT_RATE",
            "load_templates", "parse_templates", "plan_warm", "parse_rate", "warm_store",
@@ -326,7 +329,7 @@ def warm_store(store: Any, plan: WarmPlan, rate_bps: float, cache_bytes: int, *,
 
 
 # -- live: through the running system --------------------------------------------------------
-def start_live(system: Any, templates: Sequence[Template], rate: str | None,
+def start_live(system: RuntimeSystem, templates: Sequence[Template], rate: str | None,
                role: str = "all") -> tuple[WarmPlan, dict[str, Any]]:
     """Plan against the live store and send each target engine its warm-up.
 
@@ -340,7 +343,7 @@ def start_live(system: Any, templates: Sequence[Template], rate: str | None,
 
     shape = system.shape
     block = file_nbytes(shape.full_nbytes)
-    snic = system.opts.snic_bw if getattr(system, "shaped", True) else 0.0
+    snic = system.opts.snic_bw if system.shaped else 0.0
     rate_bps = parse_rate(rate, float(snic or 0.0))
     cache = int(system.opts.dram_cache_bytes)
     plan = plan_warm(templates, system.namespace, system.store.contains, block, cache)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # types of the optional read capabilities (their implementati
 __all__ = ["KVStore", "ReadOp", "StoreUsage", "GcReport", "read_one", "verify_block",
            "ReadPath", "ReadPathStore", "BoundedReads", "SplitReads", "PipelinedReads",
            "PersistsAccessCounts", "read_path_of", "persists_access_counts",
-           "CountsRemovals", "removal_generation", "Deferred", "PipedBatch"]
+           "CountsCopyReads", "CountsRemovals", "removal_generation", "Deferred", "PipedBatch"]
 
 
 @dataclass(eq=False, slots=True)
@@ -233,6 +233,16 @@ class PersistsAccessCounts(Protocol):
 
     def flush_access_counts(self) -> None:
         """Merge this process's read counts into the store's persisted ones."""
+        ...
+
+
+@runtime_checkable
+class CountsCopyReads(Protocol):
+    """A store with copies of hot blocks that counts each copy's reads (storage/replicas.py):
+    the evidence that a replicated block's reads are spread."""
+
+    def copy_reads(self, key: BlockKey) -> dict[str, int]:
+        """Reads of ``key`` by the root that served them (empty: one copy)."""
         ...
 
 

@@ -8,11 +8,12 @@ An endpoint is owned by one receiving thread; ``send`` may be called from any th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Message", "Endpoint", "Fabric", "UNREADABLE", "buffer_specs", "restore_buffers"]
+__all__ = ["Message", "Endpoint", "ResetsPeers", "Fabric", "UNREADABLE", "buffer_specs",
+           "restore_buffers"]
 
 UNREADABLE = "_unreadable"
 """Header key of a message a fabric received but could not read (the value says why)."""
@@ -52,6 +53,16 @@ class Endpoint(Protocol):
 
     def close(self) -> None:
         """Release sockets/queues; further sends to this address are dropped."""
+
+
+@runtime_checkable
+class ResetsPeers(Protocol):
+    """An endpoint that keeps a connection per peer and can drop them at once (ZeroMQ),
+    so a cut link loses what they still queue (the ``fabric_drop`` fault)."""
+
+    def reset_peers(self, keep: set[str]) -> int:
+        """Close the connections to every peer but ``keep``; returns how many closed."""
+        ...
 
 
 class Fabric(Protocol):

@@ -194,9 +194,7 @@ class LiveSource:
     def _get_client(self) -> Any:
         if self._client is None:
             self._client = self._connect()
-            label = getattr(self._client, "url", None)
-            if isinstance(label, str) and label:
-                self.label = label
+            self.label = self._client.url or self.label
         return self._client
 
     def poll(self) -> Frame:

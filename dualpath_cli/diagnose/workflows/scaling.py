@@ -37,6 +37,7 @@ from dualpath_cli.diagnose.thresholds import (
     SCHED_CPU_WARN,
     SNIC_BUSY_MIN,
 )
+from dualpath_cli.telemetry.view import SchedulerView
 
 __all__ = ["scaling", "scheduler_cost", "role_busy"]
 
@@ -148,9 +149,9 @@ _MORE_SUBS = (
     "free for it on the launcher's host")
 
 
-def _scale_scheduler(scheduler: Any, pd: str) -> str:
+def _scale_scheduler(scheduler: SchedulerView, pd: str) -> str:
     """The remedy for a saturated scheduler: the hierarchy, or more subs when it is on."""
-    on = "root_route" in (getattr(scheduler, "decision_latency", None) or {})
+    on = "root_route" in scheduler.decision_latency
     return (_MORE_SUBS if on else _HIERARCHICAL).format(pd=pd)
 
 

@@ -8,6 +8,7 @@ out under and the twin's predicted effect (when that service is installed) befor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -67,7 +68,7 @@ class HelpScreen(ModalScreen[None]):
             yield Label("esc closes")
 
     def on_mount(self) -> None:
-        self.set_class(getattr(self.app, "ascii_only", False), "ascii")
+        self.set_class(cast(Cockpit, self.app).ascii_only, "ascii")
 
 
 def _change_text(old: dict[str, str], new: dict[str, str]) -> str:
@@ -98,7 +99,7 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button("No (n)", id="no")
 
     def on_mount(self) -> None:
-        self.set_class(getattr(self.app, "ascii_only", False), "ascii")
+        self.set_class(cast(Cockpit, self.app).ascii_only, "ascii")
 
     def action_answer(self, yes: bool) -> None:
         """Close with the answer."""

@@ -72,7 +72,7 @@ def story_text(story: dict[str, Any], decisions: Sequence[Decision]) -> str:
     kept decision, with its inputs) when the frame's window still holds it."""
     lines = render_story(story)
     rid = story.get("rid")
-    mine = [d for d in decisions if d.rid == rid and getattr(d, "kind", "turn") == "turn"]
+    mine = [d for d in decisions if d.rid == rid and d.kind == "turn"]
     if mine:
         lines.insert(1, f"  placed by decision #{mine[-1].seq} (its entry below)")
         lines += ["", "the decision that placed it:", decision_detail(mine[-1])]
