@@ -102,7 +102,7 @@ class TokenAuth:
         """The token in ``path``; refused when group or others may read or write it."""
         target = Path(path)
         try:
-            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # POSIX only
         except FileNotFoundError:
             raise TokenFileError(f"token file {target} does not exist") from None
         except OSError as err:

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     app = _get_app()
     click_mod = _click_module()
     click_error = click_mod.exceptions.ClickException
-    abort = (getattr(click_mod.exceptions, "Abort", typer.Abort), typer.Abort)
+    abort = (getattr(click_mod.exceptions, "Abort", typer.Abort), typer.Abort)  # by version
     get_manager().install_commands(app)  # plugin sub-commands; idempotent per app
     command = typer.main.get_command(app)
     _unwind_on_termination()
@@ -203,13 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err))
         return err.exit_code
     except click_error as err:
-        ctx = getattr(err, "ctx", None)
+        ctx = getattr(err, "ctx", None)  # a UsageError's; other ClickExceptions have none
         where = f"{ctx.command_path}: " if ctx is not None else ""
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         message = err.format_message()
         if message:  # an empty message is click's "no arguments: help was shown"
             fail(f"{where}{message}{hint}")
-        return int(getattr(err, "exit_code", EXIT_USAGE) or EXIT_USAGE)
+        return int(err.exit_code or EXIT_USAGE)
     except abort as err:
         code = _terminated(err)
         fail("aborted" if code is None else f"terminated by signal {code - 128}; cleaned up")

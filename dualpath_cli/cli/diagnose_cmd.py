@@ -51,7 +51,7 @@ class Unknown(DualPathError):
 
 
 def _click() -> Any:
-    return getattr(typer.core, "_click", None) or __import__("click")
+    return getattr(typer.core, "_click", None) or __import__("click")  # Typer >= 0.29 vendors it
 
 
 class _DiagnoseCommand(typer.core.TyperCommand):

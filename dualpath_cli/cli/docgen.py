@@ -80,7 +80,8 @@ def _walk(command: Any, ctx: Any, lines: list[str], skip: frozenset[str] = froze
         lines += [help_text, ""]
     usage = " ".join([path, *command.collect_usage_pieces(ctx)])
     lines += ["```", usage, "```", ""]
-    visible = [p for p in command.params if not getattr(p, "hidden", False)]
+    visible = [p for p in command.params  # an Argument may have no ``hidden``
+               if not getattr(p, "hidden", False)]
     if visible:
         lines += _params_table(visible, ctx) + [""]
     if hasattr(command, "list_commands"):

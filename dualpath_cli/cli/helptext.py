@@ -41,7 +41,8 @@ def reflow(text: str | None) -> str | None:
 
 
 def reflow_command(command: Any) -> Any:
-    """Reflow ``command``'s help and its options' help, and its sub-commands' (in place)."""
+    """Reflow ``command``'s help and its options' help, and its sub-commands' (in place);
+    ``command`` is any click Command (a Group has ``commands``, an Option ``help``)."""
     command.help = reflow(command.help)
     for param in getattr(command, "params", ()):
         if getattr(param, "help", None):

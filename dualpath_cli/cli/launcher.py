@@ -263,7 +263,8 @@ def announce_ready(opts: Any, url: str, host: str, port: int, token: Path, t0: f
 def notify_failure(err: BaseException) -> None:
     """Tell a waiting ``--detach`` parent why the start failed, in one line with its code."""
     _notify({"ok": False, "error": str(err) if isinstance(err, DualPathError)
-             else f"{type(err).__name__}: {err}", "code": getattr(err, "exit_code", 1)})
+             else f"{type(err).__name__}: {err}",
+             "code": getattr(err, "exit_code", 1)})  # ours and click's errors carry one
 
 
 

@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                       context_settings={"help_option_names": ["-h", "--help"]})
     app.command()(monitor)
     command = reflow_command(typer.main.get_command(app))
-    click_mod = getattr(typer.core, "_click", None) or __import__("click")
+    click_mod = getattr(typer.core, "_click", None) or __import__("click")  # Typer >= 0.29
     try:
         code = command.main(args=argv, prog_name="dualpath-monitor", standalone_mode=False)
     except DualPathError as err:
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except click_mod.exceptions.ClickException as err:
         fail(f"dualpath-monitor: {err.format_message()} (see 'dualpath-monitor --help')")
-        return int(getattr(err, "exit_code", EXIT_USAGE) or EXIT_USAGE)
+        return int(err.exit_code or EXIT_USAGE)
     except (KeyboardInterrupt, click_mod.exceptions.Abort):
         return 130
     except BrokenPipeError:

@@ -24,7 +24,8 @@ __all__ = ["RootGroup"]
 
 
 def _option_row(param: Any) -> tuple[str, str, str, str]:
-    """(long names, short names, metavar, help) of one option, as Typer lays them out."""
+    """(long names, short names, metavar, help) of one option, as Typer lays them out
+    (``is_flag``, ``help`` and ``hidden`` belong to click's Option, not every Parameter)."""
     names = [*param.opts, *param.secondary_opts]
     longs = ",".join(n for n in names if n.startswith("--"))
     shorts = ",".join(n for n in names if not n.startswith("--"))

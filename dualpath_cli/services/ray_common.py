@@ -43,7 +43,7 @@ def import_ray() -> Any:
 
 def one_line(err: BaseException) -> str:
     """The most telling line of a Ray error (its cause's last line)."""
-    cause = getattr(err, "cause", None)
+    cause = getattr(err, "cause", None)  # a Ray task error carries the task's exception
     text = str(cause if isinstance(cause, BaseException) else err).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else type(err).__name__

@@ -315,7 +315,7 @@ def collect(client: ViewSource, window_s: float, interval_s: float, *,
 
 def _requests_of(client: Any) -> Callable[..., dict[str, Any]] | None:
     """The client's ``requests`` call (``GET /api/v1/requests``), if it has one."""
-    call = getattr(client, "requests", None)
+    call = getattr(client, "requests", None)  # a stand-in client may not list requests
     return call if callable(call) else None
 
 

@@ -137,7 +137,7 @@ def _parse_document(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
+        mark = getattr(err, "problem_mark", None)  # only a MarkedYAMLError has a place
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "not YAML or JSON"
         raise TemplateError(f"{where}{line}: invalid YAML: {problem}") from None

@@ -43,7 +43,7 @@ class _Slab:
                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         addr = int(np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data)
         start = (-addr) % _HUGE_PAGE  # a multiple of the page size: a valid madvise offset
-        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
         if advice is not None:
             try:
                 self.map.madvise(advice, start, nbytes)

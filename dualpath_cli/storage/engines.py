@@ -161,7 +161,7 @@ class UringEngine:
         self._local = threading.local()
 
     def _ring(self) -> _Ring:
-        ring: _Ring | None = getattr(self._local, "ring", None)
+        ring: _Ring | None = getattr(self._local, "ring", None)  # per thread, made on first use
         if ring is None:
             ring = self._local.ring = _Ring(self.depth)
         return ring

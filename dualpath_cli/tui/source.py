@@ -146,7 +146,7 @@ def _earliest_needed(history: Sequence[Sample]) -> float:
 
 def _inflight(client: Any) -> dict[str, Any] | None:
     """The in-flight listing, or ``None`` from a server (or client) without it."""
-    call = getattr(client, "requests", None)
+    call = getattr(client, "requests", None)  # a stand-in client may not list requests
     if call is None:
         return None
     try:
