@@ -189,7 +189,8 @@ def test_rates_are_a_share_of_the_nic_or_a_bandwidth() -> None:
 
 
 def test_the_plan_walks_the_stored_prefix_and_shares_blocks() -> None:
-    from dualpath_cli.services.warm import Template, plan_warm
+    from dualpath_cli.services.warm import plan_warm
+    from dualpath_cli.telemetry.warmup import Template
 
     tokens = list(range(16 * 6))
     store, keys = _store(tokens[:16 * 4])  # 4 of the 6 blocks stored

@@ -21,6 +21,7 @@ from dualpath_cli.errors import DualPathError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.diagnose.model import Evidence, Report
 
@@ -98,7 +99,7 @@ def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
     interval_s = min(parse_interval(interval), max(window_s / 2, 0.25))
     decisions: list[Decision] = []
     with source.connect(ref, timeout=max(5.0, interval_s * 4)) as client:
-        target = getattr(client, "url", ref.url or "")
+        target = client.url
         samples = list(collect(client, window_s, interval_s, decisions_out=decisions))
         th = (status := client.status()).thresholds  # the audit log, as of the window's end
         earlier = _earlier_decisions(client, samples, decisions, status.audit, th)
@@ -107,7 +108,7 @@ def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
             target, len(samples))
 
 
-def _earlier_decisions(client: Any, samples: list[Any], decisions: list[Any],
+def _earlier_decisions(client: ClusterClient, samples: list[Any], decisions: list[Any],
                        audit: Sequence[Any], th: Any) -> list[Any]:
     """Decisions the cluster logged before the window, back to where the snic-imbalance
     rule needs them: a change of alpha or the read side made shortly before (or in) the
