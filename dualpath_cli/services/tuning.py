@@ -42,7 +42,8 @@ _OLD_TO_FIELD = {"alpha_tokens": "alpha", "alpha": "alpha", "beta_tokens": "beta
 
 class TuneClient(Protocol):
     """What live tuning needs of a client: a structural subset of the API's
-    ``ClusterClient`` (api/protocol.py; services cannot import the API), which DualPathClient and FakeClient both implement."""
+    ``ClusterClient`` (api/protocol.py; services cannot import the API), which
+    DualPathClient and FakeClient both implement."""
 
     def status(self) -> Status: ...
 
