@@ -39,11 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dualpath_cli.core.layout import BlockShape, Namespace, prefix_keys  # noqa: E402
-from dualpath_cli.services.warm import Template, plan_warm, warm_store  # noqa: E402
+from dualpath_cli.services.warm import plan_warm, warm_store  # noqa: E402
 from dualpath_cli.storage import PosixStore, StorageLoader, encode_block  # noqa: E402
 from dualpath_cli.storage.header import file_nbytes  # noqa: E402
 from dualpath_cli.storage.warm import Warmer  # noqa: E402
 from dualpath_cli.telemetry.registry import MetricsRegistry  # noqa: E402
+from dualpath_cli.telemetry.warmup import Template  # noqa: E402
 from dualpath_cli.units import format_bandwidth, parse_bandwidth  # noqa: E402
 
 SHAPE = BlockShape(8, 64, 512)  # 256 KiB of KV per block

@@ -30,11 +30,10 @@ SPEC text is ``KIND:key=value,...``:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from dualpath_cli.core.layout import KEY_BYTES
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.units import parse_duration
 
@@ -121,6 +120,24 @@ class Fault:
         d.update(table[self.kind])
         return d
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fault:
+        """The fault ``/api/v1/status`` lists (:meth:`to_dict`'s form; ``spec`` is derived,
+        so it is not read).
+
+        Raises:
+            FaultError: a kind this version does not know.
+        """
+        kind = str(data.get("kind"))
+        if kind not in FAULT_KINDS:
+            raise FaultError(f"fault {kind!r}: unknown kind; known: {', '.join(FAULT_KINDS)}")
+        return cls(kind, node=int(data.get("node", -1)), engine=int(data.get("engine", -1)),
+                   fraction=float(data.get("fraction", 1.0)),
+                   latency_s=float(data.get("latency_s", 0.0)),
+                   rate=float(data.get("rate", 0.0)), factor=float(data.get("factor", 1.0)),
+                   stride=int(data.get("stride", 0)), count=int(data.get("count", 0)),
+                   blocks=tuple(str(b) for b in data.get("blocks") or ()))
+
 
 def _number(kind: str, key: str, text: str) -> float:
     try:
@@ -194,6 +211,8 @@ def parse_fault(spec: str) -> Fault:
             raise FaultError(f"fault {kind}: rate={given['rate']} must be in (0, 1]")
         fault = replace(fault, rate=r)
     elif kind == "hot_blocks":
+        from dualpath_cli.core.layout import KEY_BYTES  # numpy: only where a key is checked
+
         blocks = tuple(b.strip().lower() for b in given.get("blocks", "").split("+")
                        if b.strip())
         for b in blocks:

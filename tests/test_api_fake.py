@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.errors import Forbidden, NotReady, Rejected, Unauthorized, Unreachable
 from dualpath_cli.api.fake import FakeClient
+from dualpath_cli.api.protocol import ClusterClient
 from dualpath_cli.api.render_bench import synthetic_view
 from dualpath_cli.telemetry.view import Decision
 
@@ -29,14 +30,28 @@ def _decision(seq: int) -> Decision:
                     pe_read_q=0, de_read_q=0, inputs={"alpha": 10})
 
 
-def test_fake_has_the_clients_public_interface() -> None:
-    for name, member in inspect.getmembers(DualPathClient, inspect.isfunction):
-        if name.startswith("_") or name == "from_token_file":
-            continue
-        fake = getattr(FakeClient, name, None)
-        assert fake is not None, f"FakeClient lacks {name}"
-        real_params = list(inspect.signature(member).parameters)
-        assert list(inspect.signature(fake).parameters) == real_params, name
+def _public_methods(cls: type) -> dict[str, inspect.Signature]:
+    """``cls``'s public methods (a classmethod constructor is not part of the seam)."""
+    return {name: inspect.signature(member)
+            for name, member in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")}
+
+
+def test_client_and_fake_have_exactly_the_protocols_methods() -> None:
+    seam = _public_methods(ClusterClient)
+    assert seam, "ClusterClient lists no methods"
+    for cls in (DualPathClient, FakeClient):
+        assert _public_methods(cls) == seam, cls.__name__  # names, parameters, annotations
+        for dunder in ("__enter__", "__exit__"):
+            assert dunder in vars(cls), f"{cls.__name__} lacks {dunder}"
+
+
+def test_the_protocol_is_the_type_both_fit() -> None:
+    views = _views(1)
+    for client in (DualPathClient("http://127.0.0.1:1"), FakeClient(views)):
+        assert isinstance(client.url, str) and client.url
+        with client as same:
+            assert same is client
 
 
 def test_views_play_in_order_then_the_last_repeats() -> None:

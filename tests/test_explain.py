@@ -29,6 +29,7 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.services.recording import write_recording
 from dualpath_cli.telemetry.gpu import UnavailableGpu
+from dualpath_cli.telemetry.stories import InflightTurn, RequestStory
 from dualpath_cli.telemetry.view import Decision
 
 BT = 8
@@ -68,25 +69,25 @@ def test_de_side_read_names_the_side_and_its_queues(
     d = picked["de"]
     assert d.side == "de" and d.cached > 0
     story = client.request(d.rid)
-    assert story["read"]["side"] == "de"
-    assert story["read"]["pe_read_q"] == d.pe_read_q
-    assert story["read"]["de_read_q"] == d.de_read_q
+    assert story.read["side"] == "de"
+    assert story.read["pe_read_q"] == d.pe_read_q
+    assert story.read["de_read_q"] == d.de_read_q
     assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in \
-        story["read"]["why"]
-    assert story["pe"]["engine"] == d.pe and story["pe"]["class"] == d.pe_class
-    assert story["de"]["engine"] == d.de and story["de"]["class"] == d.de_class
-    assert story["thresholds"]["alpha"] == d.inputs["alpha"]
+        story.read["why"]
+    assert story.pe["engine"] == d.pe and story.pe["class"] == d.pe_class
+    assert story.de["engine"] == d.de and story.de["class"] == d.de_class
+    assert story.thresholds["alpha"] == d.inputs["alpha"]
     # the outcome: the DE read every cached block, and streamed them to the PE
-    hits = story["hits"]
+    hits = story.hits
     assert hits["de"]["store"] + hits["de"]["dram"] == d.cached // BT
     assert hits["pe"]["store"] is None and hits["peer_blocks"] == d.cached // BT
-    assert story["nic_bytes"]["de_snic_read"] > 0 == story["nic_bytes"]["pe_snic_read"]
-    assert story["nic_bytes"]["de_cnic_tx_to_pe"] > 0
-    assert len(story["layer_slack_s"]) == 4  # the tiny model's layers
-    split = story["ttft_split"]
+    assert story.nic_bytes["de_snic_read"] > 0 == story.nic_bytes["pe_snic_read"]
+    assert story.nic_bytes["de_cnic_tx_to_pe"] > 0
+    assert len(story.layer_slack_s) == 4  # the tiny model's layers
+    split = story.ttft_split
     total = sum(split.values())
     assert all(v >= 0 for v in split.values())
-    assert abs(total - story["ttft_s"]) <= 0.01 * story["ttft_s"] + 1e-3
+    assert abs(total - story.ttft_s) <= 0.01 * story.ttft_s + 1e-3
     text = "\n".join(render_story(story))
     assert "read side: de" in text and "TTFT" in text
 
@@ -97,13 +98,13 @@ def test_split_read_names_both_parts(
     d = picked["split"]
     assert d.side == "split" and d.pe_tokens > 0 and d.de_tokens > 0
     story = client.request(d.rid)
-    rd = story["read"]
+    rd = story.read
     assert (rd["side"], rd["pe_tokens"], rd["de_tokens"]) == ("split", d.pe_tokens,
                                                               d.de_tokens)
     assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in rd["why"]
-    assert story["thresholds"]["read_side"] == "split"
-    assert story["thresholds"]["sources"]["read_side"] == "api"
-    hits = story["hits"]
+    assert story.thresholds["read_side"] == "split"
+    assert story.thresholds["sources"]["read_side"] == "api"
+    hits = story.hits
     assert hits["pe"]["store"] + hits["pe"]["dram"] == d.pe_tokens // BT
     assert hits["de"]["store"] + hits["de"]["dram"] == d.de_tokens // BT
 
@@ -171,47 +172,47 @@ def test_inflight_endpoint_shows_a_turn_while_it_runs(
     live.done(first)
     agent = client.decisions()[-1].agent  # the session's agent: its decision is the newest
     ticket = live.submit(prompt + [7] * 16, 120, "inflight")
-    seen: dict[str, dict[str, Any]] = {}
-    row: dict[str, Any] | None = None
+    seen: dict[str, InflightTurn] = {}
+    row: InflightTurn | None = None
     deadline = time.monotonic() + 120
-    while row is None or row["phase"] != "decode":
+    while row is None or row.phase != "decode":
         assert time.monotonic() < deadline, f"never seen decoding; phases seen {list(seen)}"
         assert not ticket.event.is_set(), f"finished before seen decoding ({list(seen)})"
         listing = client.requests("inflight", 10)
-        rows = [r for r in listing["requests"] if r["agent"] == agent]
+        rows = [r for r in listing.turns if r.agent == agent]
         row = rows[0] if rows else None
         if row is not None:
-            seen[row["phase"]] = row
-    assert listing["total"] >= 1
-    d = next(x for x in reversed(client.decisions()) if x.rid == row["rid"])
+            seen[str(row.phase)] = row
+    assert listing.total is not None and listing.total >= 1
+    d = next(x for x in reversed(client.decisions()) if x.rid == row.rid)
     kvb = 4 * live.system.shape.bytes_per_token_layer  # the tiny model's 4 layers
-    assert (row["pe"], row["de"], row["side"]) == (d.pe, d.de, d.side)
-    assert (row["pe_tokens"], row["de_tokens"]) == (d.pe_tokens, d.de_tokens)
-    assert row["cached_tokens"] == d.cached > 0 and row["decision_seq"] == d.seq
-    assert row["bytes_read"] == row["bytes_to_read"] == d.cached * kvb
-    assert row["ttft_s"] > 0 and row["waited_s"] is None and row["pe_class"] == d.pe_class
+    assert (row.pe, row.de, row.side) == (d.pe, d.de, d.side)
+    assert (row.pe_tokens, row.de_tokens) == (d.pe_tokens, d.de_tokens)
+    assert row.cached_tokens == d.cached > 0 and row.decision_seq == d.seq
+    assert row.bytes_read == row.bytes_to_read == d.cached * kvb
+    assert row.ttft_s > 0 and row.waited_s is None and row.pe_class == d.pe_class
     for early in ("queued", "routed", "placed"):
         if early in seen:  # nothing read before dispatch, no first token either
-            assert seen[early]["bytes_read"] == 0 and seen[early]["ttft_s"] is None
-    story = client.request(row["rid"])
-    assert story["state"] == "in flight: decode" and story["progress"]["rid"] == row["rid"]
-    assert story["read"]["side"] == d.side and story["ttft_s"] == pytest.approx(row["ttft_s"])
-    assert story["nic_bytes"]["de_snic_read"] is None  # the DE reports when the turn ends
-    assert len(story["layer_slack_s"]) == 4 and sum(story["ttft_split"].values()) == \
-        pytest.approx(story["ttft_s"], rel=0.01, abs=1e-3)
+            assert seen[early].bytes_read == 0 and seen[early].ttft_s is None
+    story = client.request(row.rid)
+    assert story.state == "in flight: decode" and story.progress.rid == row.rid
+    assert story.read["side"] == d.side and story.ttft_s == pytest.approx(row.ttft_s)
+    assert story.nic_bytes["de_snic_read"] is None  # the DE reports when the turn ends
+    assert len(story.layer_slack_s) == 4 and sum(story.ttft_split.values()) == \
+        pytest.approx(story.ttft_s, rel=0.01, abs=1e-3)
     assert "in flight: first token out, decoding" in "\n".join(render_story(story))
     ticket.wait(120)
     live.done(ticket)
-    assert row["rid"] not in {r["rid"] for r in client.requests("inflight")["requests"]}
-    done = client.request(row["rid"])
-    assert done["state"] == "finished" and done["progress"] is None
-    assert done["ttft_s"] == pytest.approx(row["ttft_s"]) and done["tpot_s"] > 0
-    finished = client.requests("finished", 1000)["requests"]
-    assert finished[-1]["rid"] == row["rid"] and finished[-1] == done
+    assert row.rid not in {r.rid for r in client.requests("inflight").turns}
+    done = client.request(row.rid)
+    assert done.state == "finished" and done.progress is None
+    assert done.ttft_s == pytest.approx(row.ttft_s) and done.tpot_s > 0
+    finished = client.requests("finished", 1000).stories
+    assert finished[-1].rid == row.rid and finished[-1] == done
     # a cursor pages forward in finish order
-    before = finished[-2]["rid"]
-    assert [s["rid"] for s in client.requests("finished", 5, after=before)["requests"]] == \
-        [row["rid"]]
+    before = finished[-2].rid
+    assert [s.rid for s in client.requests("finished", 5, after=before).stories] == \
+        [row.rid]
 
 
 @pytest.mark.parametrize("query", ["state=bogus", "limit=0", "limit=1001", "after=-1",
@@ -273,7 +274,7 @@ def test_record_then_explain_from_the_recording_tells_the_same_story(
         got = CliRunner().invoke(app, ["explain", str(rid), "--from", str(rec), "--json"])
         assert got.exit_code == 0, got.output
         recorded = json.loads(got.stdout)
-        assert recorded == client.request(rid)  # the whole story, outcome included
+        assert recorded == client.request(rid).to_dict()  # the whole story, outcome included
         assert recorded["state"] == "finished" and recorded["ttft_split"] is not None
     got = CliRunner().invoke(app, ["explain", str(both[-1]), "--from", str(rec)])
     assert "TTFT" in got.stdout and "outcome: not available" not in got.stdout
@@ -317,8 +318,8 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
         async with app.run_test(size=(120, 40)) as pilot:
             def decoding() -> bool:
                 frame = app.frame
-                rows = (frame.inflight or {}).get("requests", []) if frame else []
-                return any(r["phase"] == "decode" for r in rows)
+                rows = frame.inflight.turns if frame and frame.inflight else ()
+                return any(r.phase == "decode" for r in rows)
             await until(decoding, "the turn decoding in the listing")
             detail = app.screen.query_one("#detail", Static)
             await until(lambda: "in flight: decode" in str(detail.content), "its story")
@@ -337,5 +338,6 @@ def test_top_requests_screen_shows_a_running_turn_of_a_launched_cluster(
 def test_the_story_prints_z_to_two_places() -> None:
     """The walk printed 'Z 906.1500000000001' (the float's repr)."""
     d = dataclasses.replace(_decision("pe", 0, 0), z=906.1500000000001)
-    line = next(s for s in render_story(explain_request(7, [d])) if s.startswith("  DE "))
+    line = next(s for s in render_story(RequestStory.from_dict(explain_request(7, [d])))
+                if s.startswith("  DE "))
     assert "Z 906.15;" in line

@@ -100,7 +100,7 @@ def test_fake_client_checks_token_and_specs_like_the_server(
     fake = FakeClient(one_view)
     entry = fake.set_faults(["hbm_frag:engine=1"])
     assert entry.action == "faults" and entry.new["faults"][0]["engine"] == 1
-    assert [f["kind"] for f in fake.status().faults] == ["hbm_frag"]
+    assert [f.kind for f in fake.status().faults] == ["hbm_frag"]
     with pytest.raises(Rejected, match="unknown fault kind"):
         fake.set_faults(["bogus:node=1"])
     assert fake.clear_faults().old["faults"] and fake.status().faults == ()
@@ -198,7 +198,7 @@ def test_hbm_frag_shows_in_the_view_is_listed_audited_and_cleared(
     wait_until(lambda: frag(1) > FRAG_WARN, 10, "engine 1's fragmentation in the view")
     assert frag(0) < 0.05
     st = client.status()
-    assert [f["spec"] for f in st.faults] == ["hbm_frag:engine=1,stride=4"]
+    assert [f.spec() for f in st.faults] == ["hbm_frag:engine=1,stride=4"]
     assert st.audit[-1].action == "faults"
     # the cluster still serves turns on the fragmented engine (the pool is paged)
     assert _turn(live, gen=3)[2] == 1

@@ -67,7 +67,7 @@ def test_injected_faults_are_found_live_and_from_a_recording_then_cleared(
     url, port = faulted
     with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
         st = client.status()
-        assert [f["spec"] for f in st.faults] == FAULTS
+        assert [f.spec() for f in st.faults] == FAULTS
         assert st.audit[0].action == "faults" and st.audit[0].token_id == "launch"
 
         live = ("--url", url, "--window", "3s")

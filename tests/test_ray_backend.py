@@ -192,8 +192,8 @@ def test_ray_backend_places_serves_and_survives_a_killed_actor(
                     return
                 # a turn placed on the decode node and not finished: killing the node now
                 # must re-queue it (its decoding is slowed below, so it stays in flight)
-                rows = client.requests("inflight")["requests"]
-                if any(r["de"] in old_decode and r["phase"] in ("prefill", "decode")
+                rows = client.requests("inflight").turns
+                if any(r.de in old_decode and r.phase in ("prefill", "decode")
                        for r in rows):
                     victim_sems.update(engine_semaphores(placed["decode"]["pid"]))
                     ray.kill(victim, no_restart=False)  # its process dies; Ray restarts it

@@ -17,6 +17,7 @@ from dualpath_cli.telemetry.recording import (
     encode_view,
     extras_from_metrics_text,
 )
+from dualpath_cli.telemetry.stories import InflightTurn, RequestListing
 
 
 def test_compact_form_round_trips_and_the_full_dict_form_reads() -> None:
@@ -115,7 +116,7 @@ def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: P
     assert counts["outcomes"] == 1
     rec = read_recording(path)
     assert rec.stories == {1: story} and rec.samples[0].inflight == listing
-    assert story_from_recording(rec, 1) == story  # the whole story, as served
+    assert story_from_recording(rec, 1).to_dict() == story  # the whole story, as served
     # a recording from before outcomes (or of a request that had not finished): the
     # decision part only; a line of a kind this reader does not know is skipped
     old = tmp_path / "old.jsonl"
@@ -126,7 +127,7 @@ def test_stories_and_inflight_round_trip_and_files_without_them_read(tmp_path: P
     rec = read_recording(old)
     assert rec.stories == {} and rec.samples[0].inflight is None and rec.complete
     told = story_from_recording(rec, 1)
-    assert told["hits"] is None and told["read"]["side"] == d.side
+    assert told.hits is None and told.read is not None and told.read["side"] == d.side
 
 
 def test_the_audit_line_round_trips_and_files_without_it_read_as_unknown(
@@ -206,8 +207,9 @@ def test_collect_pages_the_finished_stories_and_keeps_the_newest(
     samples, stories = _collect(client(), more, monkeypatch, keep=100)
     # the first sample takes the newest page; later ones page forward from the cursor
     assert list(stories) == list(range(3, 21))
-    assert all(s.inflight == {"at": make_view(0).at, "total": 1,
-                              "requests": [{"rid": 29, "phase": "prefill"}]} for s in samples)
+    row = InflightTurn.from_dict({"rid": 29, "phase": "prefill"}).to_dict()  # as served
+    assert all(s.inflight == {"at": make_view(0).at, "total": 1, "requests": [row]}
+               for s in samples)
     _, stories = _collect(client(), more, monkeypatch, keep=8)
     assert list(stories) == list(range(13, 21))  # bounded: the newest kept
 
@@ -235,11 +237,15 @@ def test_the_first_page_of_stories_keeps_only_turns_that_arrived_in_the_window()
 
     stories = [{"rid": rid, "arrival": 10.0 * rid} for rid in range(1, 6)]
 
-    def requests(_state: str, _limit: int, after: int | None) -> dict[str, object]:
-        return {"requests": [s for s in stories if after is None or s["rid"] > after]}
+    class Pages:
+        def requests(self, state: str = "inflight", limit: int = 100,
+                     after: int | None = None) -> RequestListing:
+            return RequestListing.from_dict({"state": "finished", "at": 0.0, "requests": [
+                s for s in stories if after is None or s["rid"] > after]})
 
     out: dict[int, dict[str, object]] = {}
-    cursor = _more_stories(requests, None, out, since=30.0)
+    cursor = _more_stories(Pages(), None, out, since=30.0)  # type: ignore[arg-type]
     assert list(out) == [3, 4, 5] and cursor == 5
     stories.append({"rid": 6, "arrival": 5.0})  # later calls page on, whatever the arrival
-    assert _more_stories(requests, cursor, out) == 6 and list(out) == [3, 4, 5, 6]
+    assert _more_stories(Pages(), cursor, out) == 6  # type: ignore[arg-type]
+    assert list(out) == [3, 4, 5, 6]

@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 from test_diagnose_rules import ALPHA, BETA, decision, make_view
 
+from dualpath_cli.api.errors import Rejected
 from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli.app import main as dualpath_main
 from dualpath_cli.cli.monitor_cmd import main as monitor_main
@@ -342,7 +343,11 @@ def test_requests_screen_lists_recent_decisions_on_l() -> None:
 
 def test_requests_screen_without_an_inflight_listing_shows_decisions() -> None:
     client = fake_client()
-    client.requests = None  # type: ignore[assignment, method-assign]  # an older client
+
+    def older_server(*_: object, **__: object) -> None:
+        raise Rejected("http://fake/api/v1/requests: HTTP 404: Not Found", 404)
+
+    client.requests = older_server  # type: ignore[assignment, method-assign]
     app, _ = live_app(client)
 
     async def scenario(pilot: Pilot) -> None:

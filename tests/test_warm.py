@@ -17,6 +17,7 @@ from dualpath_cli.storage import MemoryStore, StorageLoader, encode_block
 from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.storage.warm import Warmer
 from dualpath_cli.telemetry.registry import MetricsRegistry
+from dualpath_cli.telemetry.warmup import Template, WarmProgress
 
 SHAPE = BlockShape(2, 16, 64)
 NS = Namespace("m", "layer_major", SHAPE, "fp16")
@@ -189,7 +190,7 @@ def test_rates_are_a_share_of_the_nic_or_a_bandwidth() -> None:
 
 
 def test_the_plan_walks_the_stored_prefix_and_shares_blocks() -> None:
-    from dualpath_cli.services.warm import Template, plan_warm
+    from dualpath_cli.services.warm import plan_warm
 
     tokens = list(range(16 * 6))
     store, keys = _store(tokens[:16 * 4])  # 4 of the 6 blocks stored
@@ -264,17 +265,19 @@ def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
         with ServerThread(create_app(live, auth)) as server:
             with DualPathClient(server.url, None, timeout=20) as anon:
                 with pytest.raises(Unauthorized):
-                    anon.warm([{"name": "sys", "tokens": template}], rate="1GB/s")
+                    anon.warm([Template("sys", tuple(template))], rate="1GB/s")
             with DualPathClient(server.url, auth.token, timeout=20) as client:
                 with pytest.raises(Rejected, match="token id 999"):
-                    client.warm([{"name": "sys", "tokens": [999]}], rate="1GB/s")
-                started = client.warm([{"name": "sys", "tokens": template}], rate="1GB/s")
-                assert started["plan"]["blocks"] == 5 and len(started["engines"]) == 3
+                    client.warm([Template("sys", (999,))], rate="1GB/s")
+                started = client.warm([Template("sys", tuple(template))], rate="1GB/s")
+                assert started.plan is not None and started.plan.blocks == 5
+                assert started.engines is not None and len(started.engines) == 3
                 deadline = time.monotonic() + 30
-                while not (status := client.warm_status())["progress"]["done"]:
+                while not ((status := client.warm_status()).progress or WarmProgress()).done:
                     assert time.monotonic() < deadline, status
                     threading.Event().wait(0.05)
-                assert status["progress"]["bytes"] == 3 * 5 * file_nbytes(
+                assert status.progress is not None
+                assert status.progress.bytes == 3 * 5 * file_nbytes(
                     ns.shape.full_nbytes)  # every engine read the 5 blocks once
                 assert any(a.action == "warm" for a in live.audit)
         before = _tier_counts(live, "dualpath_storage_cache_hits_total")

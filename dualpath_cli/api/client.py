@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -24,6 +23,8 @@ from dualpath_cli.api.errors import (
     error_for_status,
 )
 from dualpath_cli.errors import UsageError
+from dualpath_cli.telemetry.status import Status, status_from_dict
+from dualpath_cli.telemetry.stories import RequestListing, RequestStory
 from dualpath_cli.telemetry.view import (
     AuditEntry,
     ClusterView,
@@ -31,40 +32,17 @@ from dualpath_cli.telemetry.view import (
     EngineView,
     LayerHits,
     NodeView,
-    Thresholds,
     decision_from_dict,
     view_from_dict,
 )
+from dualpath_cli.telemetry.warmup import Template, WarmUp
 
-__all__ = ["DualPathClient", "Status", "AuditEntry", "status_from_dict",
-           "audit_from_dict", "engine_from_dict", "node_from_dict", "DEFAULT_TIMEOUT"]
+__all__ = ["DualPathClient", "AuditEntry", "audit_from_dict", "engine_from_dict",
+           "node_from_dict", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 10.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """``/api/v1/status``: state, shape, health, queues, thresholds in force, audit."""
-
-    state: str
-    pd: str
-    model: str
-    policy: str
-    engines_healthy: int
-    engines_total: int
-    queue: dict[str, int]
-    thresholds: Thresholds
-    decisions: int
-    ready_s: float | None
-    uptime_s: float
-    audit: tuple[AuditEntry, ...] = ()
-    faults: tuple[dict[str, Any], ...] = ()
-    version: str = ""
-    #: flat or hierarchical (``sub_schedulers``), ``nodes_per_group``; empty from an older API
-    scheduling: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _build(cls: type[T], data: dict[str, Any]) -> T:
@@ -75,23 +53,6 @@ def _build(cls: type[T], data: dict[str, Any]) -> T:
 def audit_from_dict(data: dict[str, Any]) -> AuditEntry:
     """An :class:`AuditEntry` from its JSON form."""
     return _build(AuditEntry, data)
-
-
-def status_from_dict(data: dict[str, Any]) -> Status:
-    """A :class:`Status` from its JSON form (unknown keys land in ``extra``)."""
-    engines = data.get("engines", {})
-    known = {f.name for f in dataclasses.fields(Status)} | {"engines"}
-    return Status(
-        state=data["state"], pd=data["pd"], model=data["model"], policy=data["policy"],
-        engines_healthy=int(engines.get("healthy", 0)),
-        engines_total=int(engines.get("total", 0)),
-        queue=dict(data.get("queue", {})), thresholds=_build(Thresholds, data["thresholds"]),
-        decisions=int(data.get("decisions", 0)), ready_s=data.get("ready_s"),
-        uptime_s=float(data.get("uptime_s", 0.0)),
-        audit=tuple(audit_from_dict(a) for a in data.get("audit", ())),
-        faults=tuple(data.get("faults", ())), version=str(data.get("version", "")),
-        scheduling=dict(data.get("scheduling") or {}),
-        extra={k: v for k, v in data.items() if k not in known})
 
 
 def engine_from_dict(data: dict[str, Any]) -> EngineView:
@@ -207,13 +168,12 @@ class DualPathClient:
         data = self._json("GET", "/api/v1/decisions", params={"since": since})
         return [decision_from_dict(d) for d in data["decisions"]]
 
-    def request(self, rid: int) -> dict[str, Any]:
-        """One request's story (``dualpath explain``; diagnose/explain.py's dict)."""
-        story: dict[str, Any] = self._json("GET", f"/api/v1/requests/{int(rid)}")
-        return story
+    def request(self, rid: int) -> RequestStory:
+        """One request's story (``dualpath explain``; diagnose/explain.py tells it)."""
+        return RequestStory.from_dict(self._json("GET", f"/api/v1/requests/{int(rid)}"))
 
     def requests(self, state: str = "inflight", limit: int = 100,
-                 after: int | None = None) -> dict[str, Any]:
+                 after: int | None = None) -> RequestListing:
         """``GET /api/v1/requests``: the turns in flight (``inflight``: ``total`` and the
         oldest ``limit``, each with phase, PE, DE, read side, KV bytes, TTFT so far) or the
         stories of finished requests (``finished``: finish order; the newest ``limit``, or
@@ -225,8 +185,7 @@ class DualPathClient:
         params: dict[str, Any] = {"state": state, "limit": int(limit)}
         if after is not None:
             params["after"] = int(after)
-        data: dict[str, Any] = self._json("GET", "/api/v1/requests", params=params)
-        return data
+        return RequestListing.from_dict(self._json("GET", "/api/v1/requests", params=params))
 
     def metrics_text(self) -> str:
         """The Prometheus exposition of ``/metrics``."""
@@ -257,7 +216,7 @@ class DualPathClient:
         """
         return audit_from_dict(self._json("PATCH", "/api/v1/scheduler", json=dict(body)))
 
-    def set_faults(self, specs: list[str]) -> AuditEntry:
+    def set_faults(self, specs: Sequence[str]) -> AuditEntry:
         """Inject faults given as SPEC texts (``snic_throttle:node=1,fraction=0.25``).
 
         Raises:
@@ -276,8 +235,8 @@ class DualPathClient:
         new hold its fragmentation, largest free run and free blocks around it."""
         return audit_from_dict(self._json("POST", f"/api/v1/engines/{int(engine_id)}/compact"))
 
-    def warm(self, templates: list[dict[str, Any]], rate: str | None = None,
-             role: str = "all") -> dict[str, Any]:
+    def warm(self, templates: Sequence[Template], rate: str | None = None,
+             role: str = "all") -> WarmUp:
         """Start warming the engines' DRAM caches with ``templates`` (token required): the
         plan (blocks per template), the cap in bytes/s and the engines sent to.
 
@@ -285,17 +244,18 @@ class DualPathClient:
             Unauthorized / Forbidden: no token or a wrong one.
             Rejected: a bad template, rate or role, or engines without a DRAM cache.
         """
-        body: dict[str, Any] = {"templates": list(templates), "role": role}
+        body: dict[str, Any] = {"templates": [t.to_dict() for t in templates], "role": role}
         if rate is not None:
             body["rate"] = rate
-        return dict(self._json("POST", "/api/v1/storage/warm", json=body))
+        return WarmUp.from_dict(self._json("POST", "/api/v1/storage/warm", json=body))
 
-    def warm_status(self) -> dict[str, Any]:
+    def warm_status(self) -> WarmUp:
         """The last warm-up's plan and its progress on the engines (``progress``: bytes,
         blocks_remaining, done)."""
-        return dict(self._json("GET", "/api/v1/storage/warm"))
+        return WarmUp.from_dict(self._json("GET", "/api/v1/storage/warm"))
 
-    def replicate_blocks(self, blocks: list[str], copies: int | None = None) -> AuditEntry:
+    def replicate_blocks(self, blocks: Sequence[str], copies: int | None = None
+                         ) -> AuditEntry:
         """Copy hot blocks (hex keys) to the store's replica roots (token required); the
         entry's new holds the roots holding each block, what was added and what failed.
 
@@ -329,3 +289,9 @@ def _detail(resp: httpx.Response) -> str:
 
 # re-exported for callers that catch by name
 __all__ += ["ApiError", "Unreachable", "NotReady", "Rejected"]
+
+
+if TYPE_CHECKING:  # mypy checks that this class implements the seam the front-ends use
+    from dualpath_cli.api.protocol import ClusterClient
+
+    _implements: type[ClusterClient] = DualPathClient

@@ -14,11 +14,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dualpath_cli.api.client import Status
 from dualpath_cli.api.errors import ApiError, Forbidden, Rejected, Unauthorized, Unreachable
+from dualpath_cli.faultspec import Fault
+from dualpath_cli.telemetry.status import Status
+from dualpath_cli.telemetry.stories import RequestListing, RequestStory
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
+from dualpath_cli.telemetry.warmup import Template, WarmPlanSummary, WarmProgress, WarmUp
 
 __all__ = ["FakeClient"]
 
@@ -58,7 +61,8 @@ class FakeClient:
         self.ready_s = ready_s
         self.url = url
         self.audit: list[AuditEntry] = []
-        self.faults: list[dict[str, Any]] = []  # injected faults, as status lists them
+        self.faults: list[Fault] = []  # injected faults, as status lists them
+        self.warmed: WarmUp | None = None  # the last warm-up started
         self.calls: list[str] = []
         self.fail_next: ApiError | None = None
         #: Fields PATCH /api/v1/scheduler accepts (a test adds a server's newer ones).
@@ -122,7 +126,7 @@ class FakeClient:
         self._call("decisions")
         return [d for d in self._decisions if d.seq > since]
 
-    def request(self, rid: int) -> dict[str, Any]:
+    def request(self, rid: int) -> RequestStory:
         """The story of ``rid`` from the given decisions (and ``outcomes``), like the server;
         404 (:class:`Rejected`) when none is kept."""
         from dualpath_cli.diagnose.explain import RequestNotFound, explain_request
@@ -131,12 +135,13 @@ class FakeClient:
         row = None if rid in self.outcomes else next(
             (r for r in self.inflight if r.get("rid") == rid), None)
         try:
-            return explain_request(rid, self._decisions, self.outcomes.get(rid), progress=row)
+            return RequestStory.from_dict(explain_request(
+                rid, self._decisions, self.outcomes.get(rid), progress=row))
         except RequestNotFound as err:
             raise Rejected(f"{self.url}: HTTP 404: {err}", 404) from None
 
     def requests(self, state: str = "inflight", limit: int = 100,
-                 after: int | None = None) -> dict[str, Any]:
+                 after: int | None = None) -> RequestListing:
         """``inflight``: the given rows (oldest ``limit``); ``finished``: the stories of
         ``outcomes`` in their order (the newest ``limit``, or the first after ``after``).
         Bad parameters are refused like the server refuses them (422)."""
@@ -151,15 +156,16 @@ class FakeClient:
             raise Rejected(f"{path}: HTTP 422: limit: must be 1..1000, after >= 0", 422)
         at = self._current().at
         if state == "inflight":
-            return {"state": state, "at": at, "total": len(self.inflight),
-                    "requests": [dict(r) for r in self.inflight[:limit]]}
+            return RequestListing.from_dict({"state": state, "at": at,
+                                             "total": len(self.inflight),
+                                             "requests": self.inflight[:limit]})
         rids = list(self.outcomes)
         if after is None:
             rids = rids[-limit:]
         else:
             rids = (rids[rids.index(after) + 1:] if after in rids else rids)[:limit]
-        return {"state": state, "at": at, "requests": finished_stories(
-            [(rid, self.outcomes[rid]) for rid in rids], self._decisions)}
+        return RequestListing.from_dict({"state": state, "at": at, "requests": finished_stories(
+            [(rid, self.outcomes[rid]) for rid in rids], self._decisions)})
 
     def status(self) -> Status:
         """Status derived from the current view and the audit so far."""
@@ -236,7 +242,7 @@ class FakeClient:
             raise Forbidden(f"{self.url}{path}: HTTP 403: the bearer token does not match "
                             "this cluster's token")
 
-    def set_faults(self, specs: list[str]) -> AuditEntry:
+    def set_faults(self, specs: Sequence[str]) -> AuditEntry:
         """Check the token and parse the SPECs like the server; record them in status.
 
         The fake's views do not change (no engine applies the fault).
@@ -252,27 +258,32 @@ class FakeClient:
         if not faults:
             raise Rejected(f"{self.url}/api/v1/faults: HTTP 422: no faults given")
         old = list(self.faults)
-        by_key = {(f["kind"], f.get("node"), f.get("engine")): f for f in self.faults}
+        by_key = {(f.kind, f.target): f for f in self.faults}
         for f in faults:
-            d = f.to_dict()
-            by_key[d["kind"], d.get("node"), d.get("engine")] = d
+            by_key[f.kind, f.target] = f
         self.faults = list(by_key.values())
         return self._audit_faults(old)
 
-    def warm(self, templates: list[dict[str, Any]], rate: str | None = None,
-             role: str = "all") -> dict[str, Any]:
-        """Check the token; a warm-up that is done at once (nothing to read here)."""
+    def warm(self, templates: Sequence[Template], rate: str | None = None,
+             role: str = "all") -> WarmUp:
+        """Check the token; a warm-up of nothing the store holds (no engine is sent one),
+        so it is done at once. ``rate`` is echoed as given (the fake has no NIC)."""
         self._call("warm")
         self._check_token("/api/v1/storage/warm")
-        self.warmed = {"templates": [t.get("name") for t in templates], "rate": rate,
-                       "role": role}
-        return {"seq": 1, **self.warmed, "engines": []}
+        plan = WarmPlanSummary(tuple({"name": t.name, "tokens": len(t.tokens), "blocks": 0,
+                                      "stored": 0, "shared": 0} for t in templates))
+        self.warmed = WarmUp(plan=plan, rate_bps=0.0, rate=rate or "0 B/s", role=role,
+                             engines=(), started=time.time())
+        entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "warm", {},
+                           {"templates": [t.name for t in templates], "blocks": 0,
+                            "rate_bps": 0.0, "role": role})
+        self.audit.append(entry)
+        return dataclasses.replace(self.warmed, seq=entry.seq)
 
-    def warm_status(self) -> dict[str, Any]:
-        """The last warm-up (none: an empty plan), always done."""
+    def warm_status(self) -> WarmUp:
+        """The last warm-up (none: only the progress), always done."""
         self._call("warm_status")
-        return {**getattr(self, "warmed", {}),
-                "progress": {"bytes": 0, "blocks_remaining": 0, "engines": {}, "done": True}}
+        return dataclasses.replace(self.warmed or WarmUp(), progress=WarmProgress(done=True))
 
     def clear_faults(self) -> AuditEntry:
         """Check the token; forget every injected fault."""
@@ -284,8 +295,6 @@ class FakeClient:
     def compact_hbm(self, engine_id: int) -> AuditEntry:
         """Check the token and the engine like the server; the views from the next one on
         show the engine's HBM compacted (fragmentation 0, one free run)."""
-        import dataclasses
-
         path = f"/api/v1/engines/{engine_id}/compact"
         self._call("compact_hbm")
         self._check_token(path)
@@ -313,7 +322,8 @@ class FakeClient:
         self.audit.append(entry)
         return entry
 
-    def replicate_blocks(self, blocks: list[str], copies: int | None = None) -> AuditEntry:
+    def replicate_blocks(self, blocks: Sequence[str], copies: int | None = None
+                         ) -> AuditEntry:
         """Check the token and the keys like the server; each block is then held by the
         root and every replica root (up to ``copies``), recorded as a ``replicate`` entry."""
         from dualpath_cli.errors import UsageError
@@ -339,9 +349,10 @@ class FakeClient:
         self.audit.append(entry)
         return entry
 
-    def _audit_faults(self, old: list[dict[str, Any]]) -> AuditEntry:
+    def _audit_faults(self, old: list[Fault]) -> AuditEntry:
         entry = AuditEntry(len(self.audit) + 1, time.time(), "tok-fake", "faults",
-                            {"faults": old}, {"faults": list(self.faults)})
+                           {"faults": [f.to_dict() for f in old]},
+                           {"faults": [f.to_dict() for f in self.faults]})
         self.audit.append(entry)
         return entry
 
@@ -370,3 +381,9 @@ class FakeClient:
         keep = self._views[:self._i] if self._i < len(self._views) else self._views[:-1]
         self._views = keep + out
         self._i = min(self._i, len(self._views) - 1)
+
+
+if TYPE_CHECKING:  # mypy checks that this class implements the seam the front-ends use
+    from dualpath_cli.api.protocol import ClusterClient
+
+    _implements: type[ClusterClient] = FakeClient

@@ -21,6 +21,7 @@ from dualpath_cli.errors import DualPathError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.diagnose.model import Evidence, Report
 
@@ -107,7 +108,7 @@ def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
             target, len(samples))
 
 
-def _earlier_decisions(client: Any, samples: list[Any], decisions: list[Any],
+def _earlier_decisions(client: ClusterClient, samples: list[Any], decisions: list[Any],
                        audit: Sequence[Any], th: Any) -> list[Any]:
     """Decisions the cluster logged before the window, back to where the snic-imbalance
     rule needs them: a change of alpha or the read side made shortly before (or in) the

@@ -1,15 +1,15 @@
 """``dualpath explain REQUEST_ID``: one request's story, from a live cluster or a recording.
 
 The story itself is built by diagnose/explain.py (the API's ``GET /api/v1/requests/{id}``
-serves the same dict); this module only finds the source and renders. Heavy modules (the HTTP
-client, the recording reader) load inside the command, so ``dualpath --help`` does not pay
-for them (tests/test_cli_import_graph.py).
+serves the same story, which the client reads as a ``RequestStory``); this module only finds
+the source and renders. Heavy modules (the HTTP client, the recording reader) load inside the
+command, so ``dualpath --help`` does not pay for them (tests/test_cli_import_graph.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,7 @@ from dualpath_cli.cli.options import JsonOption, PortOption, TokenFileOption, Ur
 
 if TYPE_CHECKING:
     from dualpath_cli.cli.source import ClusterRef
+    from dualpath_cli.telemetry.stories import RequestStory
 
 __all__ = ["explain", "register"]
 
@@ -26,7 +27,7 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
 
 
-def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> dict[str, Any]:
+def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> RequestStory:
     if from_file is not None:
         from dualpath_cli.diagnose.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
@@ -38,8 +39,7 @@ def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> dict[str
     from dualpath_cli.cli import source
 
     with source.connect(ref, timeout=10.0) as client:
-        story: dict[str, Any] = client.request(request_id)
-    return story
+        return client.request(request_id)
 
 
 def explain(

@@ -20,12 +20,13 @@ from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, jso
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
+    from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.telemetry.recording import RecordedAudit
 
 __all__ = ["record", "audit_in_reach"]
 
 
-def audit_in_reach(client: Any, first: float, last: float) -> RecordedAudit | None:
+def audit_in_reach(client: ClusterClient, first: float, last: float) -> RecordedAudit | None:
     """The cluster's audit log (``/api/v1/status``, read after the window) from the reach of
     a change before ``first`` (diagnose's rule: one window length, at least
     ``CHANGE_REACH_MIN_S``) to ``last``, with alpha's seconds of reading per token.

@@ -22,11 +22,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.services import statefile
 from dualpath_cli.services.statefile import ClusterState
+
+if TYPE_CHECKING:
+    from dualpath_cli.api.protocol import ClusterClient
 
 __all__ = ["ClusterRef", "Target", "NotRunning", "AmbiguousCluster", "NoToken", "EXIT_NONE",
            "locate", "resolve", "running", "connect", "read_token_file"]
@@ -180,7 +183,7 @@ def running(ref: ClusterRef = ClusterRef()) -> Target | None:
         return None
 
 
-def connect(ref: ClusterRef, timeout: float) -> Any:
+def connect(ref: ClusterRef, timeout: float) -> ClusterClient:
     """A client of the target cluster (the one seam tests replace with a FakeClient)."""
     from dualpath_cli.api.client import DualPathClient
 

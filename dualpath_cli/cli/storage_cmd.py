@@ -23,8 +23,8 @@ from dualpath_cli.units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.runtime.options import RuntimeOptions
-    from dualpath_cli.services.warm import Template
     from dualpath_cli.storage import PosixStore
+    from dualpath_cli.telemetry.warmup import Template
 
 # storage/ (numpy) and rich.progress are imported inside the commands so that
 # ``dualpath --help`` stays fast (tests/test_cli_import_graph.py).
@@ -359,45 +359,44 @@ def _warm_live(path: Path, rate: str | None, role: str, wait: bool, timeout: str
 
     from dualpath_cli.cli.source import connect, resolve
     from dualpath_cli.services.warm import load_templates
+    from dualpath_cli.telemetry.warmup import WarmPlanSummary, WarmProgress
     from dualpath_cli.units import format_bandwidth, parse_duration
 
     limit = parse_duration(timeout)
     items = load_templates(path)  # refused here, in one line, before the cluster is asked
     resolve(ref).require_token("storage warm")
-    body = [{"name": t.name, "tokens": list(t.tokens)} for t in items]
     with connect(ref, timeout=30.0) as client:
-        started = client.warm(body, rate=rate, role=role)
-        plan = started.get("plan", {})
+        started = client.warm(items, rate=rate, role=role)
+        plan = started.plan or WarmPlanSummary()
         if not json_out:
-            for note in plan.get("notes", []):
+            for note in plan.notes:
                 stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
-            stderr.print(f"warming {plan.get('blocks', 0)} blocks "
-                         f"({format_bytes(plan.get('bytes', 0))}) on "
-                         f"{len(started.get('engines', []))} engines at most "
-                         f"{format_bandwidth(started.get('rate_bps', 0.0))} per node",
+            stderr.print(f"warming {plan.blocks} blocks ({format_bytes(plan.bytes)}) on "
+                         f"{len(started.engines or ())} engines at most "
+                         f"{format_bandwidth(started.rate_bps or 0.0)} per node",
                          highlight=False, soft_wrap=True)
         status = started
         if wait:
             deadline = time.monotonic() + limit
             while True:
                 status = client.warm_status()
-                progress = status.get("progress", {})
-                if progress.get("done"):
+                progress = status.progress or WarmProgress()
+                if progress.done:
                     break
                 if time.monotonic() >= deadline:
                     raise UsageError(f"the warm-up is still running after {timeout} "
-                                     f"({progress.get('blocks_remaining')} blocks to go); "
+                                     f"({progress.blocks_remaining} blocks to go); "
                                      "GET /api/v1/storage/warm follows it")
                 if not json_out:
-                    stderr.print(f"  {progress.get('blocks_remaining')} blocks to go, "
-                                 f"{format_bytes(progress.get('bytes', 0))} read",
-                                 highlight=False)
+                    stderr.print(f"  {progress.blocks_remaining} blocks to go, "
+                                 f"{format_bytes(progress.bytes)} read", highlight=False)
                 _pause(0.5)
     if json_out:
-        emit_json({"mode": "live", **started, **({"status": status} if wait else {})})
+        emit_json({"mode": "live", **started.to_dict(),
+                   **({"status": status} if wait else {})})
     elif wait:
-        progress = status.get("progress", {})
-        stdout.print(f"warm-up done: {format_bytes(progress.get('bytes', 0))} read into the "
+        progress = status.progress or WarmProgress()
+        stdout.print(f"warm-up done: {format_bytes(progress.bytes)} read into the "
                      "engines' DRAM caches", highlight=False)
 
 

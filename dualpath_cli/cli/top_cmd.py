@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,7 @@ from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption
 from dualpath_cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.tui.app import TopApp
     from dualpath_cli.tui.source import Source
@@ -34,7 +35,7 @@ MAX_ENGINE_SAMPLES = 200_000
 SCREEN_NAMES = ("cluster", "nic", "layers", "requests", "alerts")
 
 
-def connect(ref: ClusterRef) -> tuple[Any, str, str | None]:
+def connect(ref: ClusterRef) -> tuple[ClusterClient, str, str | None]:
     """``(client, url, token id)`` of the cluster to watch (the seam tests replace)."""
     from dualpath_cli.api.auth import token_id
     from dualpath_cli.api.client import DualPathClient
@@ -65,7 +66,7 @@ def make_source(ref: ClusterRef, from_file: Path | None) -> Source:
     client, target, tok = connect(ref)
     first = [client]
 
-    def reconnect() -> Any:
+    def reconnect() -> ClusterClient:
         if first:
             return first.pop()
         return connect(ref)[0]

@@ -30,7 +30,8 @@ from dualpath_cli.units import (
 )
 
 if TYPE_CHECKING:
-    from dualpath_cli.cli.source import ClusterRef
+    from dualpath_cli.api.protocol import ClusterClient
+    from dualpath_cli.cli.source import ClusterRef, Target
     from dualpath_cli.sim.twin_replay import Traffic
 
 __all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric"]
@@ -52,7 +53,7 @@ def _ref(url: str | None, port: int | None, token_file: Path | None) -> ClusterR
     return ClusterRef(url, port, token_file)
 
 
-def _client(ref: ClusterRef) -> Any:
+def _client(ref: ClusterRef) -> ClusterClient:
     from dualpath_cli.cli import source
 
     return source.connect(ref, timeout=10.0)
@@ -100,7 +101,7 @@ def _print_audit(entry: Any, title: str) -> None:
     stdout.print(table)
 
 
-def _live_twin(client: Any, url: str, hardware: str | None) -> tuple[Any, Any]:
+def _live_twin(client: ClusterClient, url: str, hardware: str | None) -> tuple[Any, Any]:
     """(traffic, world) of the running cluster's served turns (its decision log)."""
     from dualpath_cli.services import twin
 
@@ -109,7 +110,7 @@ def _live_twin(client: Any, url: str, hardware: str | None) -> tuple[Any, Any]:
     return traffic, twin.world_for(traffic, hardware=hardware)
 
 
-def set_live(target: Any, ref: ClusterRef, pairs: dict[str, str], dry_run: bool, yes: bool,
+def set_live(target: Target, ref: ClusterRef, pairs: dict[str, str], dry_run: bool, yes: bool,
               hardware: str, as_json: bool) -> None:
     from dualpath_cli.services.tuning import live_body
 
@@ -139,7 +140,7 @@ def set_live(target: Any, ref: ClusterRef, pairs: dict[str, str], dry_run: bool,
     stderr.print("applied; `dualpath tune rollback` undoes it", highlight=False)
 
 
-def _live_dry_run(client: Any, url: str, body: dict[str, Any], hardware: str | None,
+def _live_dry_run(client: ClusterClient, url: str, body: dict[str, Any], hardware: str | None,
                   as_json: bool) -> None:
     from dualpath_cli.sim import twin_replay, twin_search
 

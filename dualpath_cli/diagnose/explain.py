@@ -5,9 +5,11 @@ Why here: ``dualpath explain`` (a live cluster or a recording) and ``GET
 decisions (one per attempt, with their inputs: the engines' snapshots, the thresholds in
 force, the prefix lookup and its miss reasons) and, when the request finished on a live
 cluster, its outcome (the scheduler's timeline and what the PE and DE reported). Plain data
-in, a JSON-ready dict out; :func:`render_story` prints it for people. Pure functions over
-decisions and stories, like the diagnose rules, so the TUI and the API use them without a
-service.
+in, a JSON-ready dict out (the API's contract); readers take it as a
+:class:`~dualpath_cli.telemetry.stories.RequestStory` (the API client,
+:func:`story_from_recording`), which :func:`render_story` prints for people. Pure functions
+over decisions and stories, like the diagnose rules, so the TUI and the API use them without
+a service.
 
 A request still in flight is told as far as it is known (``progress``: its phase, age, read
 split, KV bytes to read and read, TTFT so far; once its first token is out, the PE's side of
@@ -34,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.errors import UsageError
+from dualpath_cli.telemetry.stories import InflightTurn, RequestStory
 from dualpath_cli.telemetry.view import NA, Decision
 
 if TYPE_CHECKING:
@@ -304,8 +307,7 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     return story
 
 
-def story_from_recording(rec: Recording, rid: int, at: float | None = None
-                         ) -> dict[str, Any]:
+def story_from_recording(rec: Recording, rid: int, at: float | None = None) -> RequestStory:
     """Request ``rid``'s story from a recording.
 
     ``at``: a replay cursor's time: a request in flight at the sample there is told as it
@@ -325,11 +327,12 @@ def story_from_recording(rec: Recording, rid: int, at: float | None = None
         row = next((r for r in (inflight or {}).get("requests", ()) if r.get("rid") == rid),
                    None)
         if row is not None:
-            return explain_request(rid, decisions, None, block_tokens=bt, progress=row)
+            return RequestStory.from_dict(explain_request(rid, decisions, None,
+                                                          block_tokens=bt, progress=row))
     story = rec.stories.get(rid)
     if story is not None:
-        return dict(story)
-    return explain_request(rid, decisions, block_tokens=bt)
+        return RequestStory.from_dict(story)
+    return RequestStory.from_dict(explain_request(rid, decisions, block_tokens=bt))
 
 
 def _sum(maps: list[dict[str, int]]) -> dict[str, int]:
@@ -356,26 +359,25 @@ def _na(value: Any) -> str:
     return NA if value is None else str(value)
 
 
-def progress_text(p: Mapping[str, Any]) -> str:
+def progress_text(p: InflightTurn) -> str:
     """An in-flight turn's progress in one line (the TUI's detail, ``explain``)."""
-    phase = str(p.get("phase"))
-    ttft = (f"TTFT {_s(p['ttft_s'])}" if p.get("ttft_s") is not None
-            else f"no first token yet after {_s(p.get('waited_s'))}")
-    read = ("loading" if p.get("bytes_read") is None and phase == "prefill"
-            else _b(p.get("bytes_read")))
-    return (f"  in flight: {PHASES.get(phase, phase)} (attempt {p.get('attempt', 0)}, "
-            f"{_s(p.get('age_s'))} since arrival); {ttft}; KV read {read} of "
-            f"{_b(p.get('bytes_to_read'))}")
+    phase = str(p.phase)
+    ttft = (f"TTFT {_s(p.ttft_s)}" if p.ttft_s is not None
+            else f"no first token yet after {_s(p.waited_s)}")
+    read = "loading" if p.bytes_read is None and phase == "prefill" else _b(p.bytes_read)
+    attempt = p.attempt if p.attempt is not None else 0
+    return (f"  in flight: {PHASES.get(phase, phase)} (attempt {attempt}, "
+            f"{_s(p.age_s)} since arrival); {ttft}; KV read {read} of "
+            f"{_b(p.bytes_to_read)}")
 
 
-def render_story(story: dict[str, Any]) -> list[str]:
+def render_story(story: RequestStory) -> list[str]:
     """The story as lines of plain text, in the order it happened."""
-    pe, de, rd, lk, th = (story["pe"], story["de"], story["read"], story["lookup"],
-                          story["thresholds"])
-    progress = story.get("progress")
-    lines = [f"request {story['rid']} (agent {story['agent']}, turn {story['turn']}): "
-             f"{story['state']}, {len(story['attempts'])} attempt(s) placed",
-             f"  prompt {story['prompt_tokens']} tokens, cached {story['cached_tokens']} "
+    pe, de, rd, lk, th = story.pe, story.de, story.read, story.lookup, story.thresholds
+    progress = story.progress
+    lines = [f"request {story.rid} (agent {story.agent}, turn {story.turn}): "
+             f"{story.state}, {len(story.attempts)} attempt(s) placed",
+             f"  prompt {story.prompt_tokens} tokens, cached {story.cached_tokens} "
              f"tokens ({_na(lk.get('hit_blocks'))} of {_na(lk.get('blocks'))} blocks)"]
     if progress:
         lines.append(progress_text(progress))
@@ -402,11 +404,11 @@ def render_story(story: dict[str, Any]) -> list[str]:
         f"  read side: {rd['side']} (PE {rd['pe_tokens']} tokens, DE {rd['de_tokens']} "
         f"tokens): {rd['why']}",
     ]
-    hits = story.get("hits")
+    hits = story.hits
     if hits is None:
         if not progress:
             lines.append("  outcome: not available (still running, or a recording without it)")
-        elif progress.get("phase") == "decode":
+        elif progress.phase == "decode":
             lines.append("  outcome so far: the PE's report of it is not available here")
         else:
             lines.append("  outcome so far: none (reads by tier, bytes per NIC, slack and the "
@@ -417,22 +419,22 @@ def render_story(story: dict[str, Any]) -> list[str]:
     lines.append(f"  blocks hit: PE side dram {hits['pe']['dram'] or 0}, store "
                  f"{hits['pe']['store'] or 0}; DE side {de_hits}; streamed DE->PE "
                  f"{hits['peer_blocks'] or 0}")
-    for side, missed in (story.get("dram_misses") or {}).items():
+    for side, missed in (story.dram_misses or {}).items():
         if missed:
             lines.append(f"  {side.upper()} DRAM buffer missed: " + ", ".join(
                 f"{n} {why}" for why, n in sorted(missed.items())))
-    nb = story["nic_bytes"]
+    nb = story.nic_bytes or {}
     lines.append(f"  bytes: PE SNIC read {nb['pe_snic_read']}, DE SNIC read "
                  f"{NA if nb['de_snic_read'] is None else nb['de_snic_read']}, DE CNIC->PE "
                  f"{nb['de_cnic_tx_to_pe']}, PE CNIC->DE "
                  f"{nb['pe_cnic_tx_to_de'] if nb['pe_cnic_tx_to_de'] is not None else NA}")
-    slack = story.get("layer_slack_s") or []
+    slack = story.layer_slack_s or ()
     if slack:
         lines.append("  load-ahead slack per layer: " + ", ".join(
             f"L{i} {_s(v)}" for i, v in enumerate(slack)))
-    split = story.get("ttft_split") or {}
-    lines.append(f"  TTFT {_s(story.get('ttft_s'))} = queueing {_s(split.get('queueing_s'))}"
+    split = story.ttft_split or {}
+    lines.append(f"  TTFT {_s(story.ttft_s)} = queueing {_s(split.get('queueing_s'))}"
                  f" + loading {_s(split.get('loading_s'))} + transfer "
                  f"{_s(split.get('transfer_s'))} + prefill {_s(split.get('prefill_s'))}; "
-                 f"TPOT {_s(story.get('tpot_s'))}")
+                 f"TPOT {_s(story.tpot_s)}")
     return lines

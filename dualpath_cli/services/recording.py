@@ -38,6 +38,7 @@ from dualpath_cli.telemetry.recording import (
     sample_from_line,
     sample_line,
 )
+from dualpath_cli.telemetry.stories import RequestListing
 from dualpath_cli.telemetry.view import ClusterView, Decision
 
 __all__ = ["MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "ViewSource", "open_text", "open_binary",
@@ -59,13 +60,18 @@ INFLIGHT_PER_SAMPLE = 100
 
 
 class ViewSource(Protocol):
-    """What :func:`collect` needs from a client (DualPathClient and FakeClient both fit)."""
+    """What :func:`collect` needs from a client: a structural subset of the API's
+    ``ClusterClient`` (api/protocol.py; services cannot import the API), so
+    DualPathClient and FakeClient both fit."""
 
     def view(self) -> ClusterView: ...
 
     def decisions(self, since: int = -1) -> list[Decision]: ...
 
     def metrics_text(self) -> str: ...
+
+    def requests(self, state: str = "inflight", limit: int = 100,
+                 after: int | None = None) -> RequestListing: ...
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -277,7 +283,7 @@ def collect(client: ViewSource, window_s: float, interval_s: float, *,
     """
     count = max(2, int(round(window_s / interval_s)) + 1)
     since = -1
-    requests = _requests_of(client) if stories_out is not None or inflight else None
+    listed = stories_out is not None or inflight  # False once the server lacks the listing
     after: int | None = None
     start = clock()
     for i in range(count):
@@ -297,43 +303,36 @@ def collect(client: ViewSource, window_s: float, interval_s: float, *,
             elif i == 0 and view.scheduler.last_decision_seq is not None:
                 since = view.scheduler.last_decision_seq
         listing: dict[str, Any] | None = None
-        if requests is not None:
+        if listed:
             try:
-                if inflight:
-                    listing = requests("inflight", INFLIGHT_PER_SAMPLE)
+                if inflight:  # kept without its state (always inflight here)
+                    listing = client.requests("inflight", INFLIGHT_PER_SAMPLE).to_dict()
                     listing.pop("state", None)
                 if stories_out is not None:
-                    after = _more_stories(requests, after, stories_out,
+                    after = _more_stories(client, after, stories_out,
                                           view.at - interval_s if i == 0 else None)
             except DualPathError as err:  # the client's ApiError, with the HTTP status
                 if getattr(err, "status", None) not in (404, 405, 422):
                     raise
-                requests = None  # an older server: no listing to record
+                listed = False  # an older server: no listing to record
                 listing = None
         yield Sample(view.at, view, extras, listing)
 
 
-def _requests_of(client: Any) -> Callable[..., dict[str, Any]] | None:
-    """The client's ``requests`` call (``GET /api/v1/requests``), if it has one."""
-    call = getattr(client, "requests", None)  # a stand-in client may not list requests
-    return call if callable(call) else None
-
-
-def _more_stories(requests: Callable[..., dict[str, Any]], after: int | None,
-                  out: dict[int, dict[str, Any]], since: float | None = None) -> int | None:
+def _more_stories(client: ViewSource, after: int | None, out: dict[int, dict[str, Any]],
+                  since: float | None = None) -> int | None:
     """Fetch the stories of requests that finished since ``after`` (the newest page on the
     first call), a few pages at most per sample; returns the cursor. ``since`` (the first
     call's window start, the decisions' clock): a story of a turn that arrived before it
     is not this window's evidence and is left out (the cursor still moves past it)."""
     for _ in range(10):
-        page = requests("finished", _PAGE, after)
-        stories = page.get("requests") or []
+        stories = client.requests("finished", _PAGE, after).stories
         for story in stories:
-            after = int(story["rid"])
-            arrival = story.get("arrival")
+            after = int(story.rid)
+            arrival = story.arrival
             if since is not None and arrival is not None and arrival < since:
                 continue
-            out[after] = story
+            out[after] = story.to_dict()  # as served: the recording keeps the JSON
         while len(out) > MAX_OUTCOMES:
             del out[next(iter(out))]
         if len(stories) < _PAGE:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.telemetry.status import Status
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Thresholds
 
 __all__ = ["TuneClient", "LIVE_KEYS", "CONTROLLER_FIELDS", "live_body", "scheduler_audit",
@@ -40,9 +41,11 @@ _OLD_TO_FIELD = {"alpha_tokens": "alpha", "alpha": "alpha", "beta_tokens": "beta
 
 
 class TuneClient(Protocol):
-    """What live tuning needs of a client (DualPathClient and FakeClient both fit)."""
+    """What live tuning needs of a client: a structural subset of the API's
+    ``ClusterClient`` (api/protocol.py; services cannot import the API), which
+    DualPathClient and FakeClient both implement."""
 
-    def status(self) -> Any: ...
+    def status(self) -> Status: ...
 
     def view(self) -> ClusterView: ...
 

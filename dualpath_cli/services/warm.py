@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 from dualpath_cli.core.layout import BlockKey, Namespace, longest_cached_prefix, prefix_keys
 from dualpath_cli.errors import UsageError
 from dualpath_cli.limits import limit_value
+from dualpath_cli.telemetry.warmup import Template
 from dualpath_cli.units import format_bandwidth, parse_bandwidth
 
 if TYPE_CHECKING:
     from dualpath_cli.cluster.system import RuntimeSystem
 
-__all__ = ["Template", "TemplateError", "WarmPlan", "TemplatePlan", "DEFAULT_RATE",
+__all__ = ["TemplateError", "WarmPlan", "TemplatePlan", "DEFAULT_RATE",
            "load_templates", "parse_templates", "plan_warm", "parse_rate", "warm_store",
            "start_live", "live_progress"]
 
@@ -49,14 +50,6 @@ _FORMS = ("tokens", "text", "shared")
 
 class TemplateError(UsageError):
     """A templates file that cannot be used (one line: file, template, reason)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Template:
-    """One named prompt prefix, as token ids."""
-
-    name: str
-    tokens: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.telemetry.recording import Extras, Recording, Sample
+from dualpath_cli.telemetry.stories import RequestListing, RequestStory
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
+
+if TYPE_CHECKING:
+    from dualpath_cli.api.protocol import ClusterClient
 
 __all__ = ["Frame", "ReplayPos", "Source", "LiveSource", "ReplaySource", "WINDOW",
            "MAX_DECISIONS", "MAX_INFLIGHT", "RULES_DUTY", "Predictor"]
@@ -84,8 +89,8 @@ class Frame:
     source: str = ""
     replay: ReplayPos | None = None
     token_id: str | None = None
-    faults: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    inflight: dict[str, Any] | None = None
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+    inflight: RequestListing | None = None
 
 
 class Source(Protocol):
@@ -103,8 +108,8 @@ class Source(Protocol):
         """Apply a scheduler change (``alpha``, ``beta``, ``quota``) through the API."""
         ...
 
-    def story(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (diagnose/explain.py's dict; raises DualPathError)."""
+    def story(self, rid: int) -> RequestStory:
+        """Request ``rid``'s story (diagnose/explain.py tells it; raises DualPathError)."""
         ...
 
     def close(self) -> None:
@@ -144,18 +149,14 @@ def _earliest_needed(history: Sequence[Sample]) -> float:
     return history[0].at - window_s - 2 * change_reach_s(window_s)
 
 
-def _inflight(client: Any) -> dict[str, Any] | None:
-    """The in-flight listing, or ``None`` from a server (or client) without it."""
-    call = getattr(client, "requests", None)  # a stand-in client may not list requests
-    if call is None:
-        return None
+def _inflight(client: ClusterClient) -> RequestListing | None:
+    """The in-flight listing, or ``None`` from a server without it."""
     try:
-        listing: dict[str, Any] = call("inflight", MAX_INFLIGHT)
+        return client.requests("inflight", MAX_INFLIGHT)
     except DualPathError as err:
         if getattr(err, "status", None) in (404, 405, 422):  # an older server
             return None
         raise
-    return listing
 
 
 class LiveSource:
@@ -173,25 +174,26 @@ class LiveSource:
 
     read_only = False
 
-    def __init__(self, connect: Callable[[], Any], label: str, token_id: str | None = None,
+    def __init__(self, connect: Callable[[], ClusterClient], label: str,
+                 token_id: str | None = None,
                  *, with_metrics: bool = True) -> None:
         self._connect = connect
         self.label = label
         self.token_id = token_id
         self.with_metrics = with_metrics
-        self._client: Any | None = None
+        self._client: ClusterClient | None = None
         self._history: deque[Sample] = deque(maxlen=WINDOW)
         self._decisions: deque[Decision] = deque(maxlen=MAX_DECISIONS)
         self._since = -1
         self._audit: tuple[AuditEntry, ...] = ()
         self._alpha_s_per_token: float | None = None
-        self._faults: tuple[dict[str, Any], ...] = ()
-        self._inflight: dict[str, Any] | None = None
+        self._faults: tuple[Fault, ...] = ()
+        self._inflight: RequestListing | None = None
         self._reports: tuple[Any, ...] = ()
         self._rules_at = -1e18
         self._rules_cost = 0.0
 
-    def _get_client(self) -> Any:
+    def _get_client(self) -> ClusterClient:
         if self._client is None:
             self._client = self._connect()
             self.label = self._client.url or self.label
@@ -241,14 +243,13 @@ class LiveSource:
             except Exception:  # noqa: BLE001 - a broken connection may fail to close
                 pass
 
-    def story(self, rid: int) -> dict[str, Any]:
+    def story(self, rid: int) -> RequestStory:
         """``GET /api/v1/requests/{rid}`` (errors are one line: DualPathError)."""
-        story: dict[str, Any] = self._get_client().request(rid)
-        return story
+        return self._get_client().request(rid)
 
     def tune(self, **change: str) -> AuditEntry:
         """PATCH the scheduler (the client checks the token; errors are one line)."""
-        entry: AuditEntry = self._get_client().update_scheduler(**change)
+        entry = self._get_client().update_scheduler(**change)
         self._audit = (*self._audit, entry)
         return entry
 
@@ -329,10 +330,12 @@ class ReplaySource:
                                       self.rec.alpha_s_per_token)
         pos = ReplayPos(i, self.total, self.playing, self.speed, self._times[0],
                         self._times[-1])
+        recorded = history[-1].inflight
         return Frame(history[-1].view, history, decisions, audit or (), self._cache[i], None,
-                     self.label, pos, None, (), history[-1].inflight)
+                     self.label, pos, None, (),
+                     None if recorded is None else RequestListing.from_dict(recorded))
 
-    def story(self, rid: int) -> dict[str, Any]:
+    def story(self, rid: int) -> RequestStory:
         """Request ``rid``'s story as the recording tells it at the cursor."""
         from dualpath_cli.diagnose.explain import story_from_recording
 

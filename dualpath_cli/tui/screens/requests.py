@@ -25,6 +25,7 @@ from textual.worker import get_current_worker
 
 from dualpath_cli.diagnose.explain import render_story
 from dualpath_cli.errors import DualPathError
+from dualpath_cli.telemetry.stories import InflightTurn, RequestStory
 from dualpath_cli.telemetry.view import NA, Decision
 from dualpath_cli.tui.format import DECISION_COLUMNS, decision_detail, decision_rows
 from dualpath_cli.tui.screens.base import CockpitScreen
@@ -44,34 +45,33 @@ def _opt(value: Any) -> str:
     return NA if value is None else str(value)
 
 
-def inflight_cells(row: dict[str, Any]) -> tuple[str, ...]:
+def inflight_cells(row: InflightTurn) -> tuple[str, ...]:
     """One in-flight row (the API's) as table cells: the read side with its split in
     tokens, KV bytes read of those to read (``loading`` while the engines have not
     reported), and the TTFT once known, else ``>`` the time waited so far."""
-    side = row.get("side")
+    side = row.side
     if side == "split":
-        read = f"split {row.get('pe_tokens')}/{row.get('de_tokens')}"
+        read = f"split {row.pe_tokens}/{row.de_tokens}"
     else:
         read = _SIDES.get(side, NA) if side is not None else NA
-    done = row.get("bytes_read")
+    done = row.bytes_read
     kv = (f"{'loading' if done is None else format_bytes(done)}/"
-          f"{format_bytes(row.get('bytes_to_read') or 0)}")
-    if row.get("ttft_s") is not None:
-        ttft = format_duration(row["ttft_s"])
+          f"{format_bytes(row.bytes_to_read or 0)}")
+    if row.ttft_s is not None:
+        ttft = format_duration(row.ttft_s)
     else:
-        ttft = f">{format_duration(row.get('waited_s') or 0.0)}"
-    rid = str(row["rid"]) + (f" (try {row['attempt'] + 1})" if row.get("attempt") else "")
-    return (rid, f"{row.get('agent')}/{row.get('turn')}", str(row.get("phase")),
-            format_duration(row.get("age_s") or 0.0), _opt(row.get("pe")),
-            _opt(row.get("de")), read, kv, ttft, _opt(row.get("pe_class")),
-            _opt(row.get("de_class")))
+        ttft = f">{format_duration(row.waited_s or 0.0)}"
+    rid = str(row.rid) + (f" (try {row.attempt + 1})" if row.attempt else "")
+    return (rid, f"{row.agent}/{row.turn}", str(row.phase),
+            format_duration(row.age_s or 0.0), _opt(row.pe), _opt(row.de), read, kv, ttft,
+            _opt(row.pe_class), _opt(row.de_class))
 
 
-def story_text(story: dict[str, Any], decisions: Sequence[Decision]) -> str:
+def story_text(story: RequestStory, decisions: Sequence[Decision]) -> str:
     """The story's lines, then the decision-log entry that placed the request (its newest
     kept decision, with its inputs) when the frame's window still holds it."""
     lines = render_story(story)
-    rid = story.get("rid")
+    rid = story.rid
     mine = [d for d in decisions if d.rid == rid and d.kind == "turn"]
     if mine:
         lines.insert(1, f"  placed by decision #{mine[-1].seq} (its entry below)")
@@ -130,9 +130,9 @@ class RequestsScreen(CockpitScreen):
             title.update(f"recent decisions, newest first ({why})")
         else:
             table = self._columns("inflight")
-            reqs = listing.get("requests") or []
-            keys = [(str(r["rid"]), int(r["rid"]), inflight_cells(r)) for r in reqs]
-            total = int(listing.get("total", len(reqs)))
+            reqs = listing.turns
+            keys = [(str(r.rid), int(r.rid), inflight_cells(r)) for r in reqs]
+            total = listing.total if listing.total is not None else len(reqs)
             shown = f" (the oldest {len(reqs)} shown)" if total > len(reqs) else ""
             title.update(f"{total} turn{'s' if total != 1 else ''} in flight{shown}, oldest "
                          "first; l: recent decisions")
