@@ -170,8 +170,23 @@ def test_state_files_live_stale_and_location(tmp_path: Path,
                                       host="127.0.0.1", port=3, started_at=0.0, token_file="t",
                                       pid_start=1.0)
     statefile.write_state(recycled)
+    # after a clock step psutil's wall-clock start of a live launcher moves by whole seconds:
+    # its start since boot (when the system tells it) decides, and it is live
+    stepped = statefile.ClusterState(
+        pid=os.getpid(), url="http://127.0.0.1:4", host="127.0.0.1", port=4,
+        started_at=time.time(), token_file="t",
+        pid_start=statefile.process_start_time(os.getpid()) - 1.0,  # type: ignore[operator]
+        pid_start_since_boot=statefile.process_start_since_boot(os.getpid()))
+    statefile.write_state(stepped)
+    recycled_too = statefile.ClusterState(  # the right wall-clock start, another boot start
+        pid=os.getpid(), url="http://127.0.0.1:5", host="127.0.0.1", port=5,
+        started_at=time.time(), token_file="t",
+        pid_start=statefile.process_start_time(os.getpid()), pid_start_since_boot=1.0)
+    statefile.write_state(recycled_too)
     live, stale = statefile.live_states()
-    assert [s.port for s in live] == [1] and sorted(s.port for s in stale) == [2, 3]
+    boot_known = stepped.pid_start_since_boot is not None
+    assert [s.port for s in live] == ([1, 4] if boot_known else [1, 5])
+    assert sorted(s.port for s in stale) == ([2, 3, 5] if boot_known else [2, 3, 4])
     assert not ghost.path.exists() and not statefile.token_path(2).exists()
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -239,6 +239,7 @@ def announce_ready(opts: Any, url: str, host: str, port: int, token: Path, t0: f
     state = ClusterState(pid=os.getpid(), url=url, host=host, port=port,
                          started_at=time.time(), token_file=str(token),
                          pid_start=statefile.process_start_time(os.getpid()),
+                         pid_start_since_boot=statefile.process_start_since_boot(os.getpid()),
                          ready_s=round(ready_s, 3),
                          pd=f"{opts.prefill_nodes}P{opts.decode_nodes}D",
                          store=str(opts.store_dir),

@@ -161,10 +161,10 @@ def stop(
     except ProcessLookupError:
         pass
     deadline = t0 + wait_s
-    while statefile.pid_alive(state.pid, state.pid_start) and time.monotonic() < deadline:
+    while state.alive() and time.monotonic() < deadline:
         time.sleep(0.05)  # polling a foreign pid (not our child: nothing to wait on)
     result: dict[str, Any] = {"pid": state.pid, "port": state.port, "forced": False}
-    if statefile.pid_alive(state.pid, state.pid_start):
+    if state.alive():
         if not force:
             raise LaunchError(f"the launcher (pid {state.pid}) is still running after "
                               f"{wait_s:g} s; wait, or run 'dualpath stop --force'")

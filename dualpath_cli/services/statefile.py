@@ -13,11 +13,11 @@ Directory (the first that applies):
 
 It is created with mode 0700. Files in it, for the cluster on port ``P``:
 
-- ``cluster-P.json``: pid, pid start time, URL, host, port, started_at, the token file's
-  path, the log file (``--detach``), the P/D shape and store; once ``dualpath stop`` asked
-  for a stop, ``stop_requested``; when the launcher drained on such a request, ``stopped``
-  and ``drain`` (turns drained, cut off, seconds) for ``stop`` to print, after which ``stop``
-  removes the file.
+- ``cluster-P.json``: pid, pid start time (on the wall clock and since boot), URL, host,
+  port, started_at, the token file's path, the log file (``--detach``), the P/D shape and
+  store; once ``dualpath stop`` asked for a stop, ``stop_requested``; when the launcher
+  drained on such a request, ``stopped`` and ``drain`` (turns drained, cut off, seconds) for
+  ``stop`` to print, after which ``stop`` removes the file.
 - ``token-P``: the API bearer token (mode 0600).
 - ``launch-P.log``: the detached launcher's output.
 - ``checkpoint-P.json`` (and ``checkpoint-P.json.prompts-N``): the scheduler's checkpoint
@@ -39,7 +39,7 @@ from dualpath_cli.atomicio import atomic_write_text
 
 __all__ = ["ClusterState", "state_dir", "state_path", "token_path", "log_path",
            "checkpoint_path", "read_state", "write_state", "remove_state", "pid_alive",
-           "process_start_time", "live_states"]
+           "process_start_time", "process_start_since_boot", "live_states"]
 
 _NAME = re.compile(r"^cluster-(\d+)\.json$")
 
@@ -93,6 +93,7 @@ class ClusterState:
     started_at: float
     token_file: str
     pid_start: float | None = None
+    pid_start_since_boot: float | None = None
     ready_s: float | None = None
     pd: str | None = None
     store: str | None = None
@@ -112,14 +113,11 @@ class ClusterState:
 
     def alive(self) -> bool:
         """Whether the launcher process that wrote this file still runs."""
-        return pid_alive(self.pid, self.pid_start)
+        return pid_alive(self.pid, self.pid_start, self.pid_start_since_boot)
 
 
 def process_start_time(pid: int) -> float | None:
-    """Start time of ``pid`` (seconds since the epoch), ``None`` when it does not exist.
-
-    Stored beside the pid so a recycled pid is not mistaken for the launcher.
-    """
+    """Start time of ``pid`` (seconds since the epoch), ``None`` when it does not exist."""
     import psutil
 
     try:
@@ -128,8 +126,28 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def pid_alive(pid: int, start: float | None = None) -> bool:
-    """Whether ``pid`` runs (and, when ``start`` is given, is the process started then).
+def process_start_since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since boot (Linux's ``/proc/PID/stat``); ``None``
+    when it does not exist or there is no ``/proc``.
+
+    Stored beside the pid so a recycled pid is not mistaken for the launcher. Why not the
+    wall-clock start: psutil computes it from the boot time in whole seconds that
+    ``/proc/stat`` derives from the wall clock, so a clock step (NTP, a VM's time sync on a
+    loaded host) moves a live launcher's start by a second or more, and every reader then
+    removed its state and token files as stale. The time since boot never moves.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # the fields after the command's ")": state is field 3, starttime (ticks) field 22
+        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start: float | None = None,
+              start_since_boot: float | None = None) -> bool:
+    """Whether ``pid`` runs (and, when a start is given, is the process started then: by
+    ``start_since_boot`` where this system tells it, else by the wall-clock ``start``).
 
     A zombie (exited, not yet reaped by its parent) counts as gone.
     """
@@ -139,6 +157,10 @@ def pid_alive(pid: int, start: float | None = None) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
+        if start_since_boot is not None:
+            now = process_start_since_boot(pid)
+            if now is not None:
+                return abs(now - start_since_boot) < 0.5  # the same tick, read twice
         return start is None or abs(proc.create_time() - start) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
