@@ -17,6 +17,10 @@ import pytest
 
 from dualpath_cli.api.listen import free_port
 
+#: The first-party plugin's source tree, a plain package directory: the tests import it from
+#: here (``sweep_path``), since the README's install does not pip-install it.
+SWEEP_DIR = Path(__file__).resolve().parents[1] / "plugins" / "dualpath-pd-sweep"
+
 #: The CLI as a subprocess (what a user's shell runs).
 CLI = [sys.executable, "-m", "dualpath_cli.cli.app"]
 
@@ -109,6 +113,22 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def forget_sweep_modules() -> None:
+    """Drop the first-party plugin's modules, so the next import finds them afresh."""
+    for name in [m for m in sys.modules if m.startswith("dualpath_pd_sweep")]:
+        del sys.modules[name]
+
+
+@pytest.fixture()
+def sweep_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Make the first-party plugin (``dualpath_pd_sweep``) importable from its source tree
+    without pip-installing it."""
+    monkeypatch.syspath_prepend(str(SWEEP_DIR))
+    forget_sweep_modules()
+    yield
+    forget_sweep_modules()
 
 
 @pytest.fixture()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer
+from conftest import SWEEP_DIR, forget_sweep_modules
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.core.capacity import pd_ratio_range
@@ -29,17 +31,6 @@ from dualpath_cli.plugins import (
 )
 from dualpath_cli.plugins.manager import plugin_command_names
 from dualpath_cli.telemetry.metrics import METRICS, MetricType
-
-SWEEP_DIR = Path(__file__).resolve().parents[1] / "plugins" / "dualpath-pd-sweep"
-
-
-@pytest.fixture()
-def sweep_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Make the first-party plugin importable without pip-installing it."""
-    monkeypatch.syspath_prepend(str(SWEEP_DIR))
-    yield
-    for name in [m for m in sys.modules if m.startswith("dualpath_pd_sweep")]:
-        del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)
@@ -274,12 +265,33 @@ def test_plugins_list_human_and_a_clash_is_reported_not_raised(
     assert "registered by both plugin" in out and "one" in out
 
 
-def test_installed_distribution_if_present() -> None:
-    """When CI pip-installs plugins/dualpath-pd-sweep, the real entry point is found."""
+@pytest.mark.e2e
+def test_the_pip_installed_plugin_is_found_by_its_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plugins/dualpath-pd-sweep pip-installed (into a private target): its packaging's
+    entry point is what the default discovery finds."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--disable-pip-version-check", "--target", str(target),
+                           str(SWEEP_DIR)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and _offline(done.stderr):
+        pytest.skip("pip cannot fetch the plugin's build backend (setuptools) from an index: "
+                    + done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stdout + done.stderr
+    monkeypatch.syspath_prepend(str(target))  # first on the path: this copy wins
+    forget_sweep_modules()
     try:
-        importlib.metadata.distribution("dualpath-pd-sweep")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("dualpath-pd-sweep is not installed (CI installs it)")
-    manager = PluginManager()
-    info = {p.name: p for p in manager.plugins()}["pd_sweep"]
-    assert info.source == "entrypoint" and info.dist == "dualpath-pd-sweep"
+        manager = PluginManager()
+        info = {p.name: p for p in manager.plugins()}["pd_sweep"]
+        assert info.source == "entrypoint" and info.dist == "dualpath-pd-sweep"
+        assert str(sys.modules["dualpath_pd_sweep"].__file__).startswith(str(target))
+    finally:
+        forget_sweep_modules()
+
+
+def _offline(pip_stderr: str) -> bool:
+    """Whether pip failed for want of an index (no network), not over the package."""
+    text = pip_stderr.lower()
+    return any(s in text for s in ("no matching distribution found for setuptools",
+                                    "network is unreachable", "connection",
+                                    "name or service not known", "temporary failure"))

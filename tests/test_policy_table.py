@@ -3,9 +3,9 @@ by ``--policy`` in ``bench``, ``sim`` and ``launch``."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 
-import dualpath_pd_sweep.plugin as sweep_plugin
 import pytest
 from typer.testing import CliRunner
 
@@ -26,10 +26,10 @@ runner = CliRunner()
 
 
 @pytest.fixture()
-def de_first() -> Iterator[None]:
+def de_first(sweep_path: None) -> Iterator[None]:
     """The first-party plugin's ``de-first`` policy registered into the table (and out)."""
     manager = PluginManager(load_entrypoints=False)
-    manager.register(sweep_plugin, name="pd_sweep")
+    manager.register(importlib.import_module("dualpath_pd_sweep.plugin"), name="pd_sweep")
     reset_manager(manager)
     assert manager.install_policies() == ["de-first"]
     yield
