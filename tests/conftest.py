@@ -10,12 +10,21 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psutil
 import pytest
+from tiers import (  # noqa: F401 - the test tiers' hooks and guard, run from here
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    quick_tests_start_nothing,
+)
 
 from dualpath_cli.api.listen import free_port
+
+T = TypeVar("T")
 
 #: The first-party plugin's source tree, a plain package directory: the tests import it from
 #: here (``sweep_path``), since the README's install does not pip-install it.
@@ -102,17 +111,41 @@ def all_gone(pids: Iterable[int]) -> bool:
     return True
 
 
-def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:
-    """Poll ``cond`` until it is true; after ``timeout`` seconds fail naming ``what``.
+def wait_until(cond: Callable[[], T], timeout: float, what: str = "the condition", *,
+               interval: float = 0.02, pace: Callable[[], object] | None = None) -> T:
+    """Poll ``cond`` until it returns something true, and return that; after ``timeout``
+    seconds fail naming ``what`` and the last value ``cond`` returned.
 
-    Why: a test waits on a condition with a deadline, never on a bare sleep
-    (``from conftest import wait_until``).
+    Between polls it sleeps ``interval``, or calls ``pace`` instead where something paces
+    the loop better than a sleep (a round trip to the server, a wait for fresh reports).
+    An exception ``cond`` raises (an assertion that a process still runs) ends the wait.
+
+    Why: a test waits on a condition with a deadline, never on a bare sleep, and one helper
+    says the same thing on every timeout (``from conftest import wait_until``).
     """
     deadline = time.monotonic() + timeout
-    while not cond():
+    while True:
+        value = cond()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what} "
+                                 f"(last: {value!r})")
+        if pace is not None:
+            pace()
+        elif interval:
+            time.sleep(interval)
+
+
+def wait_for_turns(client: Any, total: int, work: subprocess.Popen[str],
+                   timeout: float = 120) -> None:
+    """Wait (bounded) until the cluster ``client`` asks placed ``total`` turns, while
+    ``work`` (a ``dualpath bench`` feeding it) still runs; a round trip paces the loop."""
+    def placed() -> bool:
+        assert work.poll() is None, f"the workload ended ({work.returncode}) before the turns"
+        return bool(client.view().scheduler.decisions.total >= total)
+
+    wait_until(placed, timeout, f"{total} turns placed", pace=lambda: client.decisions(-1))
 
 
 def forget_sweep_modules() -> None:

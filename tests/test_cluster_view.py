@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_until
 from test_runtime import AGENTS, _reference
 
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -146,11 +147,10 @@ def test_update_scheduler_changes_later_decisions() -> None:
                        "read_side": "dualpath"}
         assert new == {"alpha_tokens": 0, "beta_tokens": 10**6, "quota_s": 0.05,
                        "read_side": "round-robin"}
-        deadline = time.monotonic() + 5
         pe = system.engine_ids("prefill")[0]
-        while system.scheduler.reports()[pe].get("quota_s") != 0.05:  # PEs got SetQuota
-            assert time.monotonic() < deadline, "the PE never reported the new quota"
-            system.scheduler.fresh_reports(time.monotonic(), timeout=0.5)
+        wait_until(lambda: system.scheduler.reports()[pe].get("quota_s") == 0.05,  # SetQuota
+                   5, "the PE to report the new quota",
+                   pace=lambda: system.scheduler.fresh_reports(time.monotonic(), timeout=0.5))
         for turn in (1, 2):
             _turns(system, turn, prompts)
         # a NIC rate needs one whole window of heartbeats (Rate.window_s, 0.5 s); on a fast
@@ -208,13 +208,13 @@ def test_view_of_engine_processes(tmp_path: Path) -> None:
         result = run_agents(system, AGENTS[:1], timeout=60)
         system.update_scheduler(SchedulerChange(quota_s=0.125))  # a quota message crosses too
         pe_id = system.engine_ids("prefill")[0]
-        deadline = time.monotonic() + 5
-        while system.scheduler.reports()[pe_id].get("quota_s") != 0.125:
-            assert time.monotonic() < deadline, "the PE process never reported the new quota"
+        def fresh() -> None:
             system.scheduler.fresh_reports(time.monotonic(), timeout=0.5)
-        while any(e.gpu_utilization is None for e in system.view().engines):
-            assert time.monotonic() < deadline + 5, "no windowed GPU utilisation (1 s window)"
-            system.scheduler.fresh_reports(time.monotonic(), timeout=0.5)
+
+        wait_until(lambda: system.scheduler.reports()[pe_id].get("quota_s") == 0.125, 5,
+                   "the PE process to report the new quota", pace=fresh)
+        wait_until(lambda: all(e.gpu_utilization is not None for e in system.view().engines),
+                   10, "a windowed GPU utilisation (1 s window)", pace=fresh)
         view = _fresh_view(system)
         pids = {eid: system.cluster.pid(eid) for eid in system.engine_ids("prefill")
                 + system.engine_ids("decode")}  # type: ignore[union-attr]
@@ -244,10 +244,8 @@ def test_requeues_and_dead_engines_show_in_the_view() -> None:
         assert r.attempts == 2
         victim = system.engine_ids("decode")[1]
         system.cluster.kill(victim)
-        deadline = time.monotonic() + 5
-        while system.view().engine(victim).state != "dead":
-            assert time.monotonic() < deadline, "the killed engine never showed as dead"
-            time.sleep(0.01)
+        wait_until(lambda: system.view().engine(victim).state == "dead", 5,
+                   "the killed engine to show as dead", interval=0.01)
         view = system.view()
         snap = system.scheduler.registry.snapshot()
         attempts = [d.attempt for d in system.decisions() if d.turn == 1]

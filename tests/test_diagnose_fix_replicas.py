@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 import pytest
-from conftest import CLI, recording, run_cli
+from conftest import CLI, recording, run_cli, wait_until
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
@@ -231,12 +231,14 @@ def test_fix_replicates_the_hot_block_and_its_reads_spread_verified(
                             stderr=subprocess.PIPE, text=True)
     try:
         # the fault reads the first two stored blocks: wait (bounded) until it does
-        deadline = time.monotonic() + 90
-        while max((float(v) for v in re.findall(
+        def hot_reads() -> bool:
+            assert work.poll() is None, "the bench ended before the hot reads"
+            return max((float(v) for v in re.findall(
                 r'^dualpath_storage_block_reads_total\{[^}]*\} ([0-9.e+]+)$',
-                httpx.get(f"{url}/metrics", timeout=10).text, re.M)), default=0) < 30:
-            assert time.monotonic() < deadline and work.poll() is None, "no hot reads"
-            httpx.get(f"{url}/readyz", timeout=10)  # a round trip paces the loop, no sleep
+                httpx.get(f"{url}/metrics", timeout=10).text, re.M)), default=0) >= 30
+
+        wait_until(hot_reads, 90, "the hot reads",  # a round trip paces the loop, no sleep
+                   pace=lambda: httpx.get(f"{url}/readyz", timeout=10))
         code, before = _diagnose(env, "--url", url, "--window", "4s")
         titles = [f"{f['severity']} {f['title']}" for r in before["reports"]
                   for f in r["findings"]]

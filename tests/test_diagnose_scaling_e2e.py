@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import CLI, recording, run_cli
+from conftest import CLI, recording, run_cli, wait_for_turns
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.diagnose import thresholds
@@ -126,10 +126,7 @@ def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
     rec = tmp_path / "prefill-bound.jsonl.gz"
     try:
         with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
-            deadline = time.monotonic() + 120
-            while client.view().scheduler.decisions.total < 4:  # turns flow
-                assert work.poll() is None and time.monotonic() < deadline, "no turns"
-                client.decisions(-1)  # a round trip paces the loop, no sleep
+            wait_for_turns(client, 4, work)  # turns flow
             code, healthy, titles = _scaling(env, "--url", url, "--window", "4s")
             assert code == 0 and not _bound(healthy), titles
             _check_scheduler_cost(client, healthy)

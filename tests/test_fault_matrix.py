@@ -41,6 +41,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_until
 from test_multinode import Procs, _json_line, engine_semaphores, launch_env
 
 from dualpath_cli.faultspec import parse_fault
@@ -122,14 +123,6 @@ def reference() -> dict[tuple[int, int], tuple[int, ...]]:
     return out
 
 
-def _wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
 class Sessions:
     """Agents' sessions on a live cluster: each agent's turns in order, agents in parallel.
 
@@ -200,9 +193,9 @@ def _cluster(opts: RuntimeOptions) -> Iterator[LiveCluster]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         live.close()
-        _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
-                                  != psutil.STATUS_ZOMBIE for p in pids), 15,
-                  "the engine processes to exit")
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
+                                   != psutil.STATUS_ZOMBIE for p in pids), 15,
+                   "the engine processes to exit")
 
 
 def _temp_files(store: Path) -> list[Path]:
@@ -264,7 +257,7 @@ def _busy_engine(live: LiveCluster, role: str, timeout: float = 30.0) -> int:
             found.append(eid)
         return eid is not None
 
-    _wait_for(holding, timeout, f"a {role} engine to hold a turn")
+    wait_until(holding, timeout, f"a {role} engine to hold a turn")
     return found[0]
 
 
@@ -296,7 +289,7 @@ def _detected_since(live: LiveCluster, eid: int, t0: float, timeout: float) -> f
             return any(e == eid and t >= t0 for e, t in sched.dead_events)
 
     try:
-        _wait_for(dead, timeout, f"engine {eid} to be declared dead")
+        wait_until(dead, timeout, f"engine {eid} to be declared dead")
     except AssertionError:
         return None
     with sched._lock:
@@ -338,7 +331,7 @@ def _sigstop(tmp: Path) -> FaultRow:
         finally:
             os.kill(pid, signal.SIGCONT)
         sched = live.system.scheduler
-        _wait_for(lambda: sched.revived >= 1, 15, "the stopped engine to report again")
+        wait_until(lambda: sched.revived >= 1, 15, "the stopped engine to report again")
         return _row("SIGSTOP DE (hang)", s, live, store, detected, HB_TIMEOUT_S + 1.5,
                     t_start, _serving(live), engine=victim, revived=sched.revived)
 
@@ -380,7 +373,7 @@ def _block_fault(kind: str, tmp: Path) -> FaultRow:
         qdir = store / "quarantine"
         detected: float | None = None
         with contextlib.suppress(AssertionError):
-            _wait_for(lambda: qdir.is_dir() and any(qdir.iterdir()), 30, "a quarantined block")
+            wait_until(lambda: qdir.is_dir() and any(qdir.iterdir()), 30, "a quarantined block")
             detected = time.monotonic() - t0
         join(threads)
         serving = _serving(live)
@@ -457,7 +450,7 @@ def _store_fault(kind: str, tmp: Path) -> FaultRow:
         detected: float | None = None
         try:
             with contextlib.suppress(AssertionError):
-                _wait_for(lambda: _write_errors(live) > 0, 30, "a write error in the metrics")
+                wait_until(lambda: _write_errors(live) > 0, 30, "a write error in the metrics")
                 detected = time.monotonic() - t0
             join(threads)
             during = len(_blocks(store))
@@ -495,7 +488,7 @@ def _throttle(tmp: Path) -> FaultRow:
             return node.snic_bandwidth_bytes_per_s == pytest.approx(snic * 0.002)
 
         with contextlib.suppress(AssertionError):
-            _wait_for(reported, 10, "the view to report the throttled NIC")
+            wait_until(reported, 10, "the view to report the throttled NIC")
             detected = time.monotonic() - t0
         join(threads)
         serving = _serving(live)
@@ -573,8 +566,8 @@ def _store_eio(tmp: Path) -> FaultRow:
         detected: float | None = None
         try:
             with contextlib.suppress(AssertionError):
-                _wait_for(lambda: _read_failures(live) > 0 or _write_errors(live) > 0, 30,
-                          "a failed read or write in the metrics")
+                wait_until(lambda: _read_failures(live) > 0 or _write_errors(live) > 0, 30,
+                           "a failed read or write in the metrics")
                 detected = time.monotonic() - t0
             join(threads)
             during = len(_blocks(backing))
@@ -616,8 +609,8 @@ def _fabric_drop(tmp: Path) -> FaultRow:
         detected: float | None = None
         try:
             with contextlib.suppress(AssertionError):
-                _wait_for(lambda: _requeued(live, "read_failed") > 0, 30,
-                          "a turn re-queued after its KV was dropped")
+                wait_until(lambda: _requeued(live, "read_failed") > 0, 30,
+                           "a turn re-queued after its KV was dropped")
                 detected = time.monotonic() - t0
         finally:
             live.clear_faults("test")  # the link is back

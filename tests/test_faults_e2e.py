@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import CLI, recording, run_cli
+from conftest import CLI, recording, run_cli, wait_for_turns, wait_until
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.listen import free_port
@@ -115,10 +114,7 @@ def test_tail_faults_are_found_live_and_from_a_recording(
     rec = tmp_path / "tail.jsonl.gz"
     try:  # once turns flow, record and diagnose the same seconds of the workload
         with DualPathClient(url, None) as client:
-            deadline = time.monotonic() + 120
-            while client.view().scheduler.decisions.total < 8:
-                assert work.poll() is None and time.monotonic() < deadline, "no turns"
-                client.decisions(-1)  # a round trip paces the loop, no sleep
+            wait_for_turns(client, 8, work)
         with recording(env, url, "5s", rec):
             live_code, live_out = _diagnose(env, "all", "--url", url, "--window", "5s")
     finally:
@@ -149,11 +145,9 @@ def test_tail_faults_are_found_live_and_from_a_recording(
         client.clear_faults()
         # the view's KV wait and service time are per 1 s window: wait (bounded) until the
         # windows that still held the workload's last faulted prefills have passed
-        deadline = time.monotonic() + 60
-        while any(e.kv_wait_s is not None or e.service_time_s is not None
-                  for e in client.view().engines):
-            assert time.monotonic() < deadline, "the windows never emptied"
-            client.decisions(-1)  # a round trip paces the loop, no sleep
+        wait_until(lambda: all(e.kv_wait_s is None and e.service_time_s is None
+                               for e in client.view().engines), 60, "the windows to empty",
+                   pace=lambda: client.decisions(-1))  # a round trip paces the loop
     code, out = _diagnose(env, "all", "--url", url, "--window", "2s")
     assert not (_subjects(out, "long-tail") | _subjects(out, "cache-hit")), out
 
@@ -189,18 +183,13 @@ def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
         with DualPathClient(url, None) as client:
             def decided(more: int) -> None:
                 """Wait (bounded) until ``more`` turns more were placed."""
-                target = client.view().scheduler.decisions.total + more
-                deadline = time.monotonic() + 120
-                while client.view().scheduler.decisions.total < target:
-                    assert work.poll() is None and time.monotonic() < deadline, "no turns"
-                    client.decisions(-1)  # a round trip paces the loop, no sleep
+                wait_for_turns(client, client.view().scheduler.decisions.total + more, work)
 
             decided(30)
             with recording(env, url, "10s", rec, interval="500ms"):
-                deadline = time.monotonic() + 60  # the recorder samples once its file exists
-                while not (tmp_path / f".part-{rec.name}").exists():
-                    assert time.monotonic() < deadline, "the recorder never started"
-                    client.decisions(-1)
+                # the recorder samples once its file exists
+                wait_until((tmp_path / f".part-{rec.name}").exists, 60, "the recorder to start",
+                           pace=lambda: client.decisions(-1))
                 decided(20)
                 done = run_cli(env, "tune", "set", "alpha=1s", "--yes", "--url", url, "--json")
                 assert done.returncode == 0, done.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload
@@ -21,14 +22,6 @@ from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
 from dualpath_cli.workload.tokens import append_token_ids
-
-
-def _wait_for(cond: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _sems() -> set[str]:
@@ -66,7 +59,7 @@ def test_drain_completes_admitted_turns_and_refuses_new_ones(tmp_path: Path) -> 
     for t in tickets:
         assert len(t.wait(0).tokens) == 8
     assert live.state == "stopped" and not live.ready()
-    _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "engines to exit")
+    wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "engines to exit")
     _no_litter(tmp_path)
 
 
@@ -87,7 +80,7 @@ def test_drain_timeout_answers_cut_off_turns_with_a_retryable_error(tmp_path: Pa
             cut += 1
     assert cut == result.abandoned and done + cut == len(tickets)
     assert live.drain(timeout=5) is result  # a second signal: same result, nothing redone
-    _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "engines to exit")
+    wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "engines to exit")
     _no_litter(tmp_path)
 
 
@@ -126,7 +119,7 @@ def test_engines_and_semaphores_die_with_a_killed_launcher(tmp_path: Path) -> No
         assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
         ours = {f"sem.{name}" for name in proc.stdout.readline().split()}
         assert ours  # the NIC buckets' named semaphores, unlinked once the engines opened them
-        _wait_for(lambda: not ours & _sems(), 10, "the engines to open the semaphores")
+        wait_until(lambda: not ours & _sems(), 10, "the engines to open the semaphores")
         family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         assert set(pids) <= set(family)
     finally:
@@ -139,14 +132,14 @@ def test_engines_and_semaphores_die_with_a_killed_launcher(tmp_path: Path) -> No
                        for p in family)
 
     try:
-        _wait_for(gone, 15, "the engines and the resource tracker to exit")
+        wait_until(gone, 15, "the engines and the resource tracker to exit")
     finally:  # leave nothing behind even when the check fails
         for pid in family:
             try:
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
-    _wait_for(lambda: not ours & _sems(), 10, "the launcher's semaphores to be unlinked")
+    wait_until(lambda: not ours & _sems(), 10, "the launcher's semaphores to be unlinked")
 
 
 def test_state_files_live_stale_and_location(tmp_path: Path,
@@ -222,7 +215,7 @@ def test_close_removes_the_temp_files_of_a_killed_engine(tmp_path: Path) -> None
     cluster = live.system.cluster
     victim = cluster.pids()[2]  # type: ignore[union-attr]
     cluster.kill(2)
-    _wait_for(lambda: 2 in cluster.exited(), 10, "the engine to die")  # type: ignore[union-attr]
+    wait_until(lambda: 2 in cluster.exited(), 10, "the engine to die")  # type: ignore[union-attr]
     leaf = tmp_path / "blocks" / "ab" / "cd"
     leaf.mkdir(parents=True, exist_ok=True)
     cut = leaf / f".{'0' * 32}.kv.{victim}.140000.tmp"

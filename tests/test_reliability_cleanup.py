@@ -10,11 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from conftest import communicate_or_explain
+from conftest import communicate_or_explain, wait_until
 from rich.console import Console
 
 from dualpath_cli.services.bench import (
@@ -90,10 +89,11 @@ def test_storage_bench_cleans_up_on_a_signal(tmp_path: Path, sig: signal.Signals
         # SIGHUP, which the CLI rightly leaves alone (it only replaces default handlers)
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 60
-        while not any(root.iterdir()):  # its temp directory exists: the work has begun
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        def begun() -> bool:  # its temp directory exists: the work has begun
+            assert proc.poll() is None, proc.communicate()
+            return any(root.iterdir())
+
+        wait_until(begun, 60, "the work to begin", interval=0.05)
         proc.send_signal(sig)
         _, err = communicate_or_explain(proc, 60)
     finally:
@@ -119,20 +119,21 @@ def test_bench_sigterm_takes_its_engines_and_store_with_it(tmp_path: Path) -> No
     family: list[psutil.Process] = []
     try:
         me = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 180  # engines import numpy and build the model
-        while len([c for c in me.children(recursive=True)
-                   if "resource_tracker" not in " ".join(c.cmdline())]) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        def engines_up() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return len([c for c in me.children(recursive=True)
+                        if "resource_tracker" not in " ".join(c.cmdline())]) >= 3
+
+        # engines import numpy and build the model
+        wait_until(engines_up, 180, "three engine processes", interval=0.1)
         family = me.children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         _, err = communicate_or_explain(proc, 60)
         assert proc.returncode == 143, err
         assert "terminated by signal 15; cleaned up" in err and "Traceback" not in err
-        gone = time.monotonic() + 15
-        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family):
-            assert time.monotonic() < gone, "an engine outlived its launcher"
-            time.sleep(0.05)
+        wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                   for p in family), 15,
+                   "the engines to go with their launcher", interval=0.05)
         assert list(root.iterdir()) == []  # the per-policy store went with the run
     finally:
         for p in family:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -295,10 +296,9 @@ def test_faults_and_compaction_reach_an_engine_through_its_sub() -> None:
             return next(e.hbm_fragmentation or 0.0 for e in system.view().engines
                         if e.engine_id == eid)
 
-        deadline = time.monotonic() + 10
-        while frag(3) < 0.3 and time.monotonic() < deadline:
-            sched.subs[1].fresh_reports(time.monotonic(), timeout=1)
-        assert frag(3) >= 0.3 and frag(2) < 0.05
+        wait_until(lambda: frag(3) >= 0.3, 10, "engine 3's fragmentation in the view",
+                   pace=lambda: sched.subs[1].fresh_reports(time.monotonic(), timeout=1))
+        assert frag(2) < 0.05
         before, after = system.compact_hbm(3)
         assert before["hbm_fragmentation"] >= 0.3 and after["hbm_fragmentation"] < 0.05
         with pytest.raises(UsageError, match="^no engine 9 "):

@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+from conftest import wait_until
 from test_fault_matrix import AGENTS, SLOW, VOCAB, FaultRow, _model, reference
 from test_multinode import Procs, _json_line, launch_env
 
@@ -545,11 +546,9 @@ def test_embedded_launch_restarts_from_its_checkpoint(scratch: Path) -> None:
         out0 = clients.send(*bodies[0])
         assert out0 == model.generate(prompts[0], 4)
         checkpoint = run / "dualpath" / f"checkpoint-{port}.json"
-        deadline = time.monotonic() + 30
-        while (ckpt.read(checkpoint) or {}).get("live", {}).get("keys", [{}])[0].get(
-                "result") is None:  # the answer is in a checkpoint (written within 0.25 s)
-            assert time.monotonic() < deadline, "no checkpoint with the answer"
-            time.sleep(0.05)
+        wait_until(lambda: (ckpt.read(checkpoint) or {}).get("live", {}).get(
+            "keys", [{}])[0].get("result") is not None, 30,  # (written within 0.25 s)
+            "a checkpoint with the answer", interval=0.05)
         engines = psutil.Process(first.pid).children(recursive=True)
         later: list[list[int]] = []
         sender = threading.Thread(target=lambda: later.append(clients.send(*bodies[1])),

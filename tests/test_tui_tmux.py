@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from test_tui import recording
 
 TMUX = shutil.which("tmux")
@@ -88,12 +89,7 @@ def test_top_in_tmux_moves_between_screens(tmp_path: Path, terminal: Terminal) -
     terminal.wait("dualpath top: keys")
     terminal.keys("Escape")
     terminal.wait("12345 screens")  # the help closed (a lone Escape, not ESC q = alt+q)
-    deadline = time.monotonic() + 30
-    while "dualpath top: keys" in terminal.screen():
-        assert time.monotonic() < deadline, terminal.screen()
-        time.sleep(0.1)
+    wait_until(lambda: "dualpath top: keys" not in terminal.screen(), 30, "the help to close",
+               interval=0.1)
     terminal.keys("q")
-    deadline = time.monotonic() + 30
-    while terminal.alive():
-        assert time.monotonic() < deadline, terminal.screen()
-        time.sleep(0.1)
+    wait_until(lambda: not terminal.alive(), 30, "dualpath top to quit", interval=0.1)

@@ -4,12 +4,11 @@ prefix then hits DRAM where a cold one reads the store, and bad template files a
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
 from dualpath_cli.services.live import LiveCluster
@@ -17,7 +16,7 @@ from dualpath_cli.storage import MemoryStore, StorageLoader, encode_block
 from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.storage.warm import Warmer
 from dualpath_cli.telemetry.registry import MetricsRegistry
-from dualpath_cli.telemetry.warmup import Template, WarmProgress
+from dualpath_cli.telemetry.warmup import Template
 
 SHAPE = BlockShape(2, 16, 64)
 NS = Namespace("m", "layer_major", SHAPE, "fp16")
@@ -242,10 +241,8 @@ def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
         _serve(live, template + [3, 4, 5])
         ns, store = live.system.namespace, live.system.store
         keys = prefix_keys(template, ns)
-        deadline = time.monotonic() + 30
-        while not all(store.contains(k) for k in keys):  # the DE persists after the turn
-            assert time.monotonic() < deadline, "the template's blocks were not stored"
-            threading.Event().wait(0.05)
+        wait_until(lambda: all(store.contains(k) for k in keys), 30,  # the DE persists
+                   "the template's blocks to be stored", interval=0.05)  # after the turn
     finally:
         live.drain(10)
 
@@ -272,10 +269,9 @@ def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
                 started = client.warm([Template("sys", tuple(template))], rate="1GB/s")
                 assert started.plan is not None and started.plan.blocks == 5
                 assert started.engines is not None and len(started.engines) == 3
-                deadline = time.monotonic() + 30
-                while not ((status := client.warm_status()).progress or WarmProgress()).done:
-                    assert time.monotonic() < deadline, status
-                    threading.Event().wait(0.05)
+                status = wait_until(
+                    lambda: (s := client.warm_status()).progress is not None
+                    and s.progress.done and s, 30, "the warm-up to finish", interval=0.05)
                 assert status.progress is not None
                 assert status.progress.bytes == 3 * 5 * file_nbytes(
                     ns.shape.full_nbytes)  # every engine read the 5 blocks once
