@@ -104,6 +104,7 @@ def test_metrics_text_is_the_views_exposition_unless_given() -> None:
     assert FakeClient(_views(1), metrics_text="x 1\n").metrics_text() == "x 1\n"
 
 
+@pytest.mark.e2e
 def test_importing_the_client_does_not_load_the_server_side() -> None:
     code = ("import sys, dualpath_cli.api.client, dualpath_cli.api.fake; "
             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'numpy') "

@@ -23,6 +23,8 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.services.live import LiveCluster
 
+pytestmark = pytest.mark.e2e  # an API server over engine processes
+
 BT = 8
 MODEL = "tiny"
 

@@ -27,6 +27,8 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.storage import PosixStore, encode_block
 
+pytestmark = pytest.mark.e2e  # an API server over a live cluster
+
 SLOW_HOST_S = 30.0
 SHAPE = BlockShape(n_layers=3, block_tokens=16, bytes_per_token_layer=64)
 NS = Namespace("m", "layer_major", SHAPE, "fp16")

@@ -29,9 +29,9 @@ from dualpath_cli.telemetry.gpu import UnavailableGpu
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(  # e2e: Prometheus and an API server
     not os.access(PROMETHEUS, os.X_OK),
-    reason="prometheus is not installed (Debian package prometheus; CI installs it)")
+    reason="prometheus is not installed (Debian package prometheus; CI installs it)")]
 
 
 def _wait(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes],

@@ -21,6 +21,8 @@ from dualpath_cli.limits import LimitError
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
 from dualpath_cli.services.live import LiveCluster
 
+pytestmark = pytest.mark.e2e  # an API server
+
 RATE = 5.0  # requests/s per address: a burst of 5, then one every 0.2 s
 
 

@@ -26,6 +26,8 @@ from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import FakeGpuBackend, GpuDevice
 from dualpath_cli.telemetry.view import ClusterView
 
+pytestmark = pytest.mark.e2e  # an API server over a live cluster
+
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 #: Heartbeat timeout for these clusters: on a loaded CI host an engine thread can miss the
 #: default 1 s and be declared dead; these tests are about the API, not failure detection.

@@ -15,9 +15,9 @@ from dualpath_cli.runtime.options import RuntimeOptions
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "control_plane.py"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(  # e2e: emulated hosts as processes
     not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task")
-    or len(os.sched_getaffinity(0)) < 2, reason="needs Linux thread affinity and 2 CPUs")
+    or len(os.sched_getaffinity(0)) < 2, reason="needs Linux thread affinity and 2 CPUs")]
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.services.runner import run_agents
 
+pytestmark = pytest.mark.e2e  # an API server over engine processes
+
 AGENTS = agentic_workload(3, turns=3, first_append=40, append=12, gen=4, seed=5)
 
 

@@ -101,6 +101,7 @@ def _heavy(modules: list[str], names: tuple[str, ...], importtime: str) -> str:
     return "\n".join(_importer_chain(importtime, m) for m in names if m in loaded)
 
 
+@pytest.mark.e2e
 def test_version_and_root_help_import_no_heavy_module(probe: tuple[dict[str, Any], str]) -> None:
     result, importtime = probe
     found = _heavy(result["root_modules"], HEAVY_THIRD_PARTY + HEAVY_OURS + ROOT_ONLY,
@@ -109,6 +110,7 @@ def test_version_and_root_help_import_no_heavy_module(probe: tuple[dict[str, Any
                        f"the command that needs them):\n{found}")
 
 
+@pytest.mark.e2e
 def test_every_help_imports_no_heavy_module(probe: tuple[dict[str, Any], str]) -> None:
     result, importtime = probe
     found = _heavy(result["modules"], HEAVY_THIRD_PARTY + HEAVY_OURS, importtime)
@@ -116,6 +118,7 @@ def test_every_help_imports_no_heavy_module(probe: tuple[dict[str, Any], str]) -
                        f"the command that needs them):\n{found}")
 
 
+@pytest.mark.e2e
 def test_probe_really_ran_every_help(probe: tuple[dict[str, Any], str]) -> None:
     result, _ = probe
     calls = result["calls"]

@@ -36,6 +36,7 @@ def test_the_root_page_lists_every_command_in_table_order_before_plugins() -> No
     assert names[:len(app_module.COMMANDS)] == [r[0] for r in app_module.COMMANDS]
 
 
+@pytest.mark.e2e
 def test_root_help_imports_no_command_module() -> None:
     probe = ("import contextlib, io, json, sys\n"
              "from dualpath_cli.cli.app import main\n"

@@ -19,6 +19,8 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import FakeGpuBackend
 
+pytestmark = pytest.mark.e2e  # an API server and the CLI as a subprocess
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster, str, str]]:

@@ -13,6 +13,8 @@ from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
+pytestmark = pytest.mark.e2e  # engine processes
+
 
 @pytest.mark.parametrize("victim_role", ["decode", "prefill"])
 def test_killed_engine_work_is_requeued_and_tokens_unchanged(

@@ -200,6 +200,7 @@ def test_bad_changes_are_refused_with_the_reason(change: SchedulerChange, reason
         system.close()
 
 
+@pytest.mark.e2e
 def test_view_of_engine_processes(tmp_path: Path) -> None:
     """Heartbeats cross ZeroMQ (msgpack): the view is the same shape, with real pids."""
     opts = RuntimeOptions(policy="round-robin", block_tokens=8, processes=True,

@@ -12,6 +12,8 @@ import pytest
 
 from dualpath_cli.cli import docgen
 
+pytestmark = pytest.mark.e2e  # shells and the CLI as subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -324,6 +324,7 @@ def test_own_prefix_bisected_equals_the_key_by_key_count(stored: list[int],
     assert _own_prefix(chain, raw, hits) == counted
 
 
+@pytest.mark.e2e
 def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> None:
     """After every message the scheduler handles, the loads it keeps per engine and per DE
     group, and the tokens routed to each DE group's queue (the fetches' input), equal the
@@ -362,6 +363,7 @@ def test_kept_loads_equal_the_loads_counted_from_the_turns(tmp_path: Path) -> No
     assert checked[0] >= 3 * 18 and busy[0] >= 18 and not bad, bad
 
 
+@pytest.mark.e2e
 def test_warm_engine_processes_end_when_no_join_comes() -> None:
     from dualpath_cli.services.node import WarmCluster
 

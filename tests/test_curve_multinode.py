@@ -19,6 +19,8 @@ from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.transfer.curve import CurveKeys, secure_client
 
+pytestmark = pytest.mark.e2e  # engine processes over CURVE
+
 FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 

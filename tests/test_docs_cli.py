@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import typer
 
 from dualpath_cli.cli import docgen
@@ -45,6 +46,7 @@ def test_plugin_commands_are_left_out(monkeypatch) -> None:  # type: ignore[no-u
     assert "`dualpath core`" in text and "`dualpath other`" not in text
 
 
+@pytest.mark.e2e
 def test_check_mode_names_stale_files(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert docgen.main(["--write", "--root", str(tmp_path)]) == 0
     assert docgen.main(["--check", "--root", str(tmp_path)]) == 0

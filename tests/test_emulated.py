@@ -42,6 +42,7 @@ def _expected_tokens(result: RunResult, agents: int, turns: int) -> None:
             context = prompt + list(rec.tokens)
 
 
+@pytest.mark.e2e
 def test_agentic_workload_completes_over_sockets(tmp_path: Path) -> None:
     with RuntimeSystem(_opts(tmp_path)) as system:
         assert sorted(set(system.cluster.pids().values())) == sorted(  # type: ignore[union-attr]
@@ -57,6 +58,7 @@ def test_agentic_workload_completes_over_sockets(tmp_path: Path) -> None:
     assert {d.side for d in decisions} <= {"pe", "de", "split"}
 
 
+@pytest.mark.e2e
 def test_a_dead_host_loses_no_turn(tmp_path: Path) -> None:
     with RuntimeSystem(_opts(tmp_path)) as system:
         sched = system.scheduler

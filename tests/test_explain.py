@@ -32,6 +32,8 @@ from dualpath_cli.telemetry.gpu import UnavailableGpu
 from dualpath_cli.telemetry.stories import InflightTurn, RequestStory
 from dualpath_cli.telemetry.view import Decision
 
+pytestmark = pytest.mark.e2e  # an API server over a live cluster
+
 BT = 8
 
 

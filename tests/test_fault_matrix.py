@@ -54,6 +54,8 @@ from dualpath_cli.storage.inspect import verify_store
 from dualpath_cli.workload.tokens import append_token_ids
 from dualpath_cli.workload.trajectory import Trajectory
 
+pytestmark = pytest.mark.e2e  # engine processes under faults
+
 __all__ = ["FAULTS", "FaultRow", "run_fault", "MountRefused"]
 
 #: Agents of every scenario: turn 0 fills the store, later turns read their prefix back.

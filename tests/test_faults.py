@@ -95,6 +95,7 @@ def test_pin_stride_fragments_free_space_and_compaction_undoes_it() -> None:
     assert pool.free(-1) == taken
 
 
+@pytest.mark.e2e
 def test_fake_client_checks_token_and_specs_like_the_server(
         one_view: ClusterView) -> None:
     fake = FakeClient(one_view)
@@ -160,6 +161,7 @@ def _cached_ttft(live: LiveCluster, n: int = 3) -> float:
     return statistics.median(out)
 
 
+@pytest.mark.e2e
 def test_patch_faults_auth_and_bad_specs(served: tuple[LiveCluster, TokenAuth, str]) -> None:
     live, auth, url = served
     body = {"faults": ["hbm_frag:engine=1"]}
@@ -181,6 +183,7 @@ def test_patch_faults_auth_and_bad_specs(served: tuple[LiveCluster, TokenAuth, s
     assert live.faults() == [] and not [a for a in live.audit if a.action == "faults"]
 
 
+@pytest.mark.e2e
 def test_hbm_frag_shows_in_the_view_is_listed_audited_and_cleared(
         served: tuple[LiveCluster, TokenAuth, str], client: DualPathClient) -> None:
     live, auth, _ = served
@@ -208,6 +211,7 @@ def test_hbm_frag_shows_in_the_view_is_listed_audited_and_cleared(
     assert client.status().faults == ()
 
 
+@pytest.mark.e2e
 def test_slow_compute_raises_the_engines_busy_time_per_batch(
         served: tuple[LiveCluster, TokenAuth, str], client: DualPathClient) -> None:
     live, _, _ = served
@@ -235,6 +239,7 @@ def test_slow_compute_raises_the_engines_busy_time_per_batch(
     assert min(busy_per_batch(2) for _ in range(3)) < slow / 2
 
 
+@pytest.mark.e2e
 def test_snic_throttle_slows_the_nodes_reads(served: tuple[LiveCluster, TokenAuth, str],
                                              client: DualPathClient) -> None:
     live, _, _ = served
@@ -248,11 +253,13 @@ def test_snic_throttle_slows_the_nodes_reads(served: tuple[LiveCluster, TokenAut
     assert _cached_ttft(live) < throttled - 0.15
 
 
+@pytest.mark.e2e
 def test_snic_throttle_needs_shaped_nics_and_a_real_node(client: DualPathClient) -> None:
     with pytest.raises(Rejected, match="node 7 does not exist"):
         client.set_faults(["snic_throttle:node=7,fraction=0.5"])
 
 
+@pytest.mark.e2e
 def test_read_latency_and_read_errors(served: tuple[LiveCluster, TokenAuth, str],
                                       client: DualPathClient) -> None:
     live, _, _ = served
@@ -270,6 +277,7 @@ def test_read_latency_and_read_errors(served: tuple[LiveCluster, TokenAuth, str]
     assert _turn(live)[1] > 0  # reads work again
 
 
+@pytest.mark.e2e
 def test_hot_blocks_read_through_the_nodes_storage_nic(
         served: tuple[LiveCluster, TokenAuth, str], client: DualPathClient) -> None:
     live, _, _ = served
@@ -296,6 +304,7 @@ def test_hot_blocks_read_through_the_nodes_storage_nic(
         assert time.monotonic() < deadline, "hot reads went on after the fault was cleared"
 
 
+@pytest.mark.e2e
 def test_faults_reach_engine_processes_over_zeromq(tmp_path: Path) -> None:
     live = LiveCluster(RuntimeOptions(processes=True, store_dir=tmp_path,
                                       prefill_nodes=1, decode_nodes=1, block_tokens=8,

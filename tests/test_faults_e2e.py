@@ -210,6 +210,7 @@ def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
     _judged_shares(f)
 
 
+@pytest.mark.e2e
 def test_a_bad_inject_spec_is_one_line_before_anything_starts(env: dict[str, str]) -> None:
     done = run_cli(env, "launch", "--port", str(free_port()), "--inject", "warp:node=1")
     assert done.returncode == 2

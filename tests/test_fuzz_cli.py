@@ -22,7 +22,13 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     sandbox.close()
 
 
-@pytest.mark.parametrize("command", commands(), ids=lambda c: " ".join(c.words))
+#: The commands whose fuzzed lines can start engine processes or a server: e2e cases.
+STARTS_PROCESSES = {"bench", "launch"}
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(c, marks=pytest.mark.e2e) if c.words[0] in STARTS_PROCESSES else c
+    for c in commands()], ids=lambda c: " ".join(c.words))
 def test_every_command_line_ends_cleanly(command, box: Sandbox) -> None:  # type: ignore[no-untyped-def]
     @settings(max_examples=CI_CASES, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))

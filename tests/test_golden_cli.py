@@ -58,6 +58,7 @@ def render(args: list[str], width: int, home: Path) -> str:
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.e2e
 def test_human_output_matches_golden(case: str, width: int, tmp_path: Path) -> None:
     out = render(CASES[case], width, tmp_path)
     path = GOLDEN / f"{case}_{width}.txt"

@@ -106,6 +106,7 @@ def _agents(live: LiveCluster, agents: int, turns: int, errors: list[BaseExcepti
         th.join(300)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK),
                     reason="prometheus is not installed (Debian package prometheus)")
 def test_every_panel_answers_from_a_scraped_cluster_under_load(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import wait_until
 
 from dualpath_cli.cluster.system import RuntimeSystem
@@ -212,6 +213,7 @@ def test_real_engines_members_report_through_their_leader() -> None:
         RuntimeOptions(block_tokens=8, gpus_per_node=2, fetch_s=0.01), 4, 3)
 
 
+@pytest.mark.e2e
 def test_emulated_engines_members_report_through_their_leader(tmp_path: Path) -> None:
     """Emulated engines, four a node over two host processes."""
     _members_report_through_their_leader(
@@ -220,6 +222,7 @@ def test_emulated_engines_members_report_through_their_leader(tmp_path: Path) ->
                        store_dir=tmp_path, heartbeat_s=0.2, fetch_s=0.01), 6, 4)
 
 
+@pytest.mark.e2e
 def test_after_the_leaders_death_members_report_through_its_heir(tmp_path: Path) -> None:
     """Engine processes, three a node: the prefill node's leader is killed between two
     runs; the heir fetches, the other member's reports reach the scheduler on the heir's

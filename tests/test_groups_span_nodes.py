@@ -238,6 +238,7 @@ def test_runtime_pe_fetch_classes_each_engine_by_its_own_nodes_queue() -> None:
     print("read tokens by node:", {k: dict(v) for k, v in reads.items()})
 
 
+@pytest.mark.e2e
 def test_a_dead_leader_hands_its_multi_node_group_to_an_engine_of_the_next_node(
         tmp_path: Path) -> None:
     """PE group over nodes 0 and 1, one engine each: the leader (node 0) is killed mid-run;

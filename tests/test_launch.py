@@ -29,6 +29,8 @@ from dualpath_cli.services import statefile
 from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
 
+pytestmark = pytest.mark.e2e  # dualpath launch as a subprocess
+
 
 # --- no cluster, stale files, bad flags (fast: in-process) -----------------------------------
 def test_status_and_stop_without_a_cluster_exit_3(env: dict[str, str],

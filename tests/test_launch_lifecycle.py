@@ -23,6 +23,8 @@ from dualpath_cli.storage import PosixStore
 from dualpath_cli.storage.inspect import verify_store
 from dualpath_cli.workload.tokens import append_token_ids
 
+pytestmark = pytest.mark.e2e  # launched clusters and engine processes
+
 
 def _sems() -> set[str]:
     shm = Path("/dev/shm")

@@ -135,6 +135,7 @@ print(hashlib.sha256(cache.export().tobytes() + logits.tobytes()).hexdigest(), o
 """
 
 
+@pytest.mark.e2e
 def test_another_process_with_one_blas_thread_agrees() -> None:
     prompt = list(np.random.default_rng(7).integers(0, 256, 120))
     out, cache = MODEL.generate_with_cache(prompt[:70], 3)

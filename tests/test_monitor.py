@@ -94,6 +94,7 @@ def test_bad_arguments_are_refused_with_one_line(argv: list[str], message: str,
     assert message in " ".join(err.split()) and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.e2e
 def test_console_script_refuses_in_a_subprocess() -> None:
     exe = Path(sys.executable).with_name("dualpath-monitor")
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m",

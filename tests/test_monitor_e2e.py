@@ -24,6 +24,8 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import FakeGpuBackend
 
+pytestmark = pytest.mark.e2e  # an API server and the monitor as a subprocess
+
 BIN = Path(sys.executable).parent
 
 

@@ -25,6 +25,8 @@ from dualpath_cli.services.node import JoinError, join_url
 from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.services.runner import TurnRecord, run_agents
 
+pytestmark = pytest.mark.e2e  # schedulers and nodes as processes
+
 START_S = 180.0  # a loaded 2-core CI box spawns and imports slowly
 
 

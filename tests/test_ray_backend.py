@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # a local Ray cluster
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dualpath[ray]')")
 
 import psutil  # noqa: E402

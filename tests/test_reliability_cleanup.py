@@ -23,6 +23,8 @@ from dualpath_cli.services.bench import (
     remove_stale_stores,
 )
 
+pytestmark = pytest.mark.e2e  # the CLI as a subprocess, signalled
+
 
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -20,6 +20,8 @@ from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
+pytestmark = pytest.mark.e2e  # engine processes
+
 
 def test_dead_role_names_the_role_and_how_its_engines_ended() -> None:
     roles = {"prefill": [0], "decode": [1, 2]}

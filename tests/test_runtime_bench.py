@@ -107,11 +107,13 @@ def test_workload_demand_counts_whole_block_hits_and_block_files() -> None:
     assert d.prefill_flops == pytest.approx(want)
 
 
+@pytest.mark.e2e
 def test_measured_flops_rate_is_a_median_of_probes() -> None:
     sample = measure_flops_rate("tiny", 0.05, new=16, cached=32)
     assert sample.probes >= 3 and 0 < sample.low <= sample.rate <= sample.high
 
 
+@pytest.mark.e2e
 def test_cli_online_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--policy", "dualpath", "--agents", "2", "--turns", "2",
                  "--aps", "20", "--store", str(tmp_path), "--set", "storage.block_size=16",

@@ -131,6 +131,7 @@ class _Harness:
             s.ep.close()
 
 
+@pytest.mark.e2e
 def test_engine_processes_over_zeromq_talk_to_their_subs(
         flat_tokens: dict[tuple[int, int], tuple[int, ...]], tmp_path: Any) -> None:
     """One process per engine, each on its own sub's socket: the same answers."""
@@ -227,6 +228,7 @@ def test_joined_nodes_with_the_hierarchy_are_refused_in_one_line() -> None:
         RuntimeSystem(RuntimeOptions(hierarchical=True, local_engines=False, flops_rate=1e9))
 
 
+@pytest.mark.e2e
 def test_bench_runs_the_hierarchy_from_the_config_key(
         capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     code = main(["bench", "--pd", "2P2D", "--agents", "1", "--turns", "2", "--policy",
@@ -238,6 +240,7 @@ def test_bench_runs_the_hierarchy_from_the_config_key(
     assert row["tokens_match"] and row["turns"] == 2 and not row["errors"]
 
 
+@pytest.mark.e2e
 def test_a_live_cluster_serves_through_the_hierarchy(tmp_path: Any) -> None:
     """What ``dualpath launch`` runs: turns through the API's entry points, the request
     listing and a request's story across the subs, a scheduler change on every sub, and no

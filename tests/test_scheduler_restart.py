@@ -499,6 +499,7 @@ def scratch() -> Iterator[Path]:
         yield Path(tmp)
 
 
+@pytest.mark.e2e
 def test_scheduler_kill_restart_loses_nothing(scratch: Path) -> None:
     row = run_scheduler_kill(scratch)
     assert row.lost_turns == 0 and not row.detail["errors"], row
@@ -523,6 +524,7 @@ def test_nodes_join_again_when_the_control_port_is_taken(scratch: Path) -> None:
     assert row.detail["answered_twice"] == 0 and row.serving_after, row
 
 
+@pytest.mark.e2e
 def test_embedded_launch_restarts_from_its_checkpoint(scratch: Path) -> None:
     """``dualpath launch`` (scheduler and engines in one launcher) killed with -9: its
     engines die with it; launched again, it restores the checkpoint, runs the turns it owed

@@ -32,6 +32,8 @@ from conftest import CLI, all_gone, wait_until
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.services import statefile
 
+pytestmark = pytest.mark.e2e  # launched clusters
+
 
 def _http(method: str, url: str, body: Any = None, token: str | None = None
           ) -> tuple[int, str]:

@@ -26,6 +26,8 @@ from test_multinode import START_S, Procs, _free_port, _json_line, engine_semaph
 
 from dualpath_cli.transfer.shaping import SharedTokenBucket, record_dir, sweep_stale, unlink_shared
 
+pytestmark = pytest.mark.e2e  # engine processes sharing named semaphores
+
 
 def _exists(name: str) -> bool:
     return Path("/dev/shm", name).exists()

@@ -33,6 +33,7 @@ def validate() -> ModuleType:
 COMPUTE = {"flops": 2e9, "prefill_overhead_s": 1e-3, "decode_step_s": 2e-3}
 
 
+@pytest.mark.e2e
 def test_predict_uses_the_bench_setup_and_measured_rates(validate: ModuleType) -> None:
     traj = agentic_workload(4, turns=4)
     basic = validate.predict(traj, "1P1D", "basic", COMPUTE)

@@ -19,6 +19,7 @@ from dualpath_cli.services.live import LiveCluster
 SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 
 
+@pytest.mark.e2e
 def test_short_soak_leaks_no_descriptors_and_leaves_no_temp_files() -> None:
     done = subprocess.run([sys.executable, str(SOAK), "--turns", "300", "--first", "32",
                            "--append", "8", "--gen", "2", "--interval", "1", "--policy",

@@ -29,6 +29,8 @@ from dualpath_cli.storage import (
 from dualpath_cli.storage.codecs import numpy_dtype
 from dualpath_cli.telemetry import MetricsRegistry
 
+pytestmark = pytest.mark.e2e  # bindfs mounts
+
 SHAPE = BlockShape(n_layers=3, block_tokens=16, bytes_per_token_layer=64)
 
 

@@ -148,6 +148,7 @@ def test_capacity_eviction_and_a_corrupt_read_move_it(tmp_path: Path, kind: str)
     assert store.removals() != gen
 
 
+@pytest.mark.e2e
 def test_a_removal_in_another_process_moves_it(tmp_path: Path) -> None:
     store = _posix(tmp_path)
     key = _keys(1)[0]

@@ -106,6 +106,7 @@ _SIGNAL_AS_CREATED = textwrap.dedent("""
 
 @pytest.mark.parametrize(("sig", "expect"), [("SIGTERM", "Terminated"),
                                              ("SIGINT", "KeyboardInterrupt")])
+@pytest.mark.e2e
 def test_a_real_signal_as_the_temp_dir_is_created_still_removes_it(
         tmp_path: Path, sig: str, expect: str) -> None:
     """The window CI hit, opened on purpose: the real handlers and a real signal raised
@@ -149,6 +150,7 @@ _SIGNAL_IN_AN_IMPORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_a_signal_landing_in_an_import_that_swallows_it_is_raised_after_it(
         tmp_path: Path) -> None:
     """CI's hang: SIGTERM landed while Cython's numpy.random initialised; its init code
@@ -186,6 +188,7 @@ _SIGNAL_DURING_REMOVAL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_a_signal_during_the_removal_is_raised_once_the_directory_is_gone(
         tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_REMOVAL, str(tmp_path)],

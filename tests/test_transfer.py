@@ -82,6 +82,7 @@ def _child_reserve(bucket: SharedTokenBucket, out: Any) -> None:
     out.put(bucket.reserve(500, 0.0))
 
 
+@pytest.mark.e2e
 def test_shared_token_bucket_is_one_nic_across_processes() -> None:
     """A node's storage NIC is one timeline even when its engines are separate processes."""
     import multiprocessing as mp

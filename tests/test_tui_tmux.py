@@ -19,8 +19,9 @@ from conftest import wait_until
 from test_tui import recording
 
 TMUX = shutil.which("tmux")
-pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install "
-                                "tmux); the terminal smoke test needs a real terminal")
+pytestmark = [pytest.mark.e2e,  # dualpath top in tmux
+              pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install "
+                                 "tmux); the terminal smoke test needs a real terminal")]
 
 
 class Terminal:

@@ -167,6 +167,7 @@ def test_write_config_values_on_a_directory_is_a_one_line_usage_error(tmp_path: 
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.e2e
 def test_config_edit_does_not_depend_on_the_cli() -> None:
     code = ("import sys, dualpath_cli.config.edit; "
             "print([m for m in sys.modules if m.startswith('dualpath_cli.cli')])")

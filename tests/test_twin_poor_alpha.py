@@ -43,6 +43,8 @@ from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.telemetry.gpu import FakeGpuBackend
 from dualpath_cli.telemetry.view import Decision
 
+pytestmark = pytest.mark.e2e  # a live cluster and its API server
+
 POOR_ALPHA = 10**9
 SNIC = 1e6  # bytes/s per node: reads queue up, as dualpath bench sizes the NICs
 COMPUTE = {"flops": 3.3e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.008}

@@ -219,6 +219,7 @@ def _serve(live: LiveCluster, prompt: list[int]) -> int:
     return int(result.cached)
 
 
+@pytest.mark.e2e
 def test_after_a_live_warm_up_the_first_turn_hits_dram(tmp_path: Path) -> None:
     from dualpath_cli.api.app import create_app
     from dualpath_cli.api.auth import TokenAuth

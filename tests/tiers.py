@@ -29,10 +29,10 @@ __all__ = ["E2E_FIXTURES", "QUICK_PROGRAMS", "StartsAProcess", "pytest_configure
 #: Fixtures that start processes or servers: a test that asks for one is ``e2e``.
 E2E_FIXTURES = frozenset({"launch_cluster"})
 
-#: One-shot helper programs that a quick test may run as a side effect (they start nothing
-#: that lives on): git, the C compiler storage/native.py builds the block reader with, and
-#: the io_uring probe storage/engines.py runs once per process.
-QUICK_PROGRAMS = frozenset({"git", "cc", "gcc", "clang"})
+#: One-shot helper programs that a quick test may run (they start nothing that lives on):
+#: git, the C compiler storage/native.py builds the block reader with, promtool checking a
+#: text, and the io_uring probe storage/engines.py runs once per process.
+QUICK_PROGRAMS = frozenset({"git", "cc", "gcc", "clang", "promtool"})
 
 
 class StartsAProcess(AssertionError):
