@@ -199,6 +199,15 @@ def clean_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def _launcher_fate(proc: subprocess.Popen[str]) -> str:
+    """Whether a launcher that ``stop`` could not stop still runs, or how it ended (its
+    stderr): a state file gone with the launcher alive is a reader's doing, not its."""
+    if proc.poll() is None:
+        return f"\nthe launcher (pid {proc.pid}) still runs"
+    _, err = proc.communicate(timeout=10)
+    return f"\nthe launcher exited ({proc.returncode}): {err[-4000:]}"
+
+
 class Launched(NamedTuple):
     """A cluster :func:`launch_cluster` started: its URL, port and ``ready in`` line."""
 
@@ -239,7 +248,8 @@ def launch_cluster(env: dict[str, str]) -> Iterator[Callable[..., Launched]]:
             if ready:
                 stop = subprocess.run([*CLI, "stop", "--port", str(port)], env=env,
                                       capture_output=True, text=True, timeout=120)
-                assert stop.returncode == 0, stop.stdout + stop.stderr  # why, if it fails
+                assert stop.returncode == 0, (stop.stdout + stop.stderr  # why, if it fails
+                                              + _launcher_fate(proc))
                 proc.communicate(timeout=60)
     finally:
         for proc, _, family, _ in started:

@@ -513,6 +513,7 @@ def test_scheduler_kill_restart_loses_nothing(scratch: Path) -> None:
     assert row.detail["nodes_rejoined"] == 0, row
 
 
+@pytest.mark.e2e
 @SLOW
 def test_nodes_join_again_when_the_control_port_is_taken(scratch: Path) -> None:
     """The restarted scheduler cannot bind its old control port: the nodes' engines are
