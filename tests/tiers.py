@@ -13,6 +13,7 @@ a thread it started. A few one-shot helper programs are fine (``QUICK_PROGRAMS``
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import socket
@@ -24,7 +25,7 @@ import pytest
 
 __all__ = ["E2E_FIXTURES", "QUICK_PROGRAMS", "StartsAProcess", "pytest_configure",
            "pytest_collection_modifyitems", "pytest_runtest_setup", "pytest_runtest_teardown",
-           "quick_tests_start_nothing"]
+           "quick_tests_start_nothing", "refused_starts"]
 
 #: Fixtures that start processes or servers: a test that asks for one is ``e2e``.
 E2E_FIXTURES = frozenset({"launch_cluster"})
@@ -121,3 +122,16 @@ def quick_tests_start_nothing() -> Iterator[None]:
     if started:
         more = f" (and {len(started) - 1} more)" if len(started) > 1 else ""
         pytest.fail(f"this quick test {started[0]}{more}; mark it e2e", pytrace=False)
+
+
+@contextlib.contextmanager
+def refused_starts() -> Iterator[list[str]]:
+    """The starts refused inside the block (still raised), not held against the test: for
+    the guard's own test (tests/test_tiers.py)."""
+    before = len(_Running.started)
+    refused: list[str] = []
+    try:
+        yield refused
+    finally:
+        refused.extend(_Running.started[before:])
+        del _Running.started[before:]
