@@ -128,17 +128,20 @@ def _hard_breaks(lines: list[str]) -> list[str]:
     return found
 
 
+@pytest.mark.e2e  # pages: the help rendered in a subprocess
 def test_probe_rendered_every_command(pages: dict[str, str]) -> None:
     assert {"trace convert", "storage warm", "launch", "tune set", "sim run"} <= set(pages)
     assert len(pages) >= 30
 
 
+@pytest.mark.e2e  # pages: the help rendered in a subprocess
 def test_no_description_breaks_mid_sentence(pages: dict[str, str]) -> None:
     broken = {name: _hard_breaks(_description(page)) for name, page in pages.items()}
     broken = {name: lines for name, lines in broken.items() if lines}
     assert not broken, f"help descriptions broken mid-sentence at {WIDTH} columns: {broken}"
 
 
+@pytest.mark.e2e  # pages: the help rendered in a subprocess
 def test_nothing_is_cut_short(pages: dict[str, str]) -> None:
     cut = {name: [line for line in page.splitlines() if "…" in line]
            for name, page in pages.items()}
@@ -146,6 +149,7 @@ def test_nothing_is_cut_short(pages: dict[str, str]) -> None:
     assert not cut, f"help cells cut short at {WIDTH} columns: {cut}"
 
 
+@pytest.mark.e2e  # pages: the help rendered in a subprocess
 def test_launch_lists_every_inject_example_whole(pages: dict[str, str]) -> None:
     page = pages["launch"]
     for spec in ("snic_throttle:node=1,fraction=0.25", "read_latency:node=1,latency=20ms",
@@ -176,6 +180,7 @@ def _flags(command: Any) -> set[str]:
     return {opt for param in command.params for opt in getattr(param, "opts", ())}
 
 
+@pytest.mark.e2e  # pages: the help rendered in a subprocess
 def test_every_cluster_command_lists_the_shared_options(pages: dict[str, str]) -> None:
     root = typer.main.get_command(app)
     found = {path.removeprefix("dualpath ").removeprefix("dualpath"): command
