@@ -32,7 +32,8 @@ from dualpath_cli.services.recording import (
 )
 from dualpath_cli.services.runner import run_agents
 from dualpath_cli.sim import twin_replay
-from dualpath_cli.telemetry.view import Decision
+from dualpath_cli.telemetry.stories import RequestListing
+from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
 # the twin's compute model (a stub for a measurement of this host): a prefill as quick as the
@@ -52,6 +53,27 @@ def env(clean_config: Path) -> None:
 def _agents(n: int, shared: tuple[tuple[int, int], ...]) -> list[Trajectory]:
     turns = (Turn(60, 4), Turn(24, 4), Turn(16, 4))
     return [Trajectory(i, turns, token_seed=500 + i, shared=shared) for i in range(n)]
+
+
+class _AsClient:
+    """The in-process live cluster seen as the recorder sees a client: the API's listing
+    comes back as the client's record (the server side hands out its JSON form)."""
+
+    def __init__(self, live: LiveCluster) -> None:
+        self._live = live
+
+    def view(self) -> ClusterView:
+        return self._live.view()
+
+    def decisions(self, since: int = -1) -> list[Decision]:
+        return self._live.decisions(since)
+
+    def metrics_text(self) -> str:
+        raise AssertionError("recorded with_metrics=False")
+
+    def requests(self, state: str = "inflight", limit: int = 100,
+                 after: int | None = None) -> RequestListing:
+        return RequestListing.from_dict(self._live.requests(state, limit, after))
 
 
 def _record(path: Path, waves: list[list[Trajectory]]) -> dict[str, float]:
@@ -76,7 +98,8 @@ def _record(path: Path, waves: list[list[Trajectory]]) -> dict[str, float]:
         samples = []
         decisions: list[Decision] = []
         stories: dict[int, dict[str, Any]] = {}
-        for sample in collect(live, 120.0, 0.1, with_metrics=False, decisions_out=decisions,
+        for sample in collect(_AsClient(live), 120.0, 0.1, with_metrics=False,
+                              decisions_out=decisions,
                               stories_out=stories):
             samples.append(sample)
             if len(samples) == 1:
