@@ -15,10 +15,13 @@ it, so a launched cluster can be driven by them unchanged. What is served:
   1024, 16 when omitted); prompt plus output must fit the model's context. The runtime
   generates exactly ``max_tokens`` tokens (it does not stop at EOS), so ``finish_reason`` is
   always ``length``; special tokens are not part of the text.
-- ``stream: true``: server-sent events in OpenAI's chunk format ending with ``data: [DONE]``.
-  The runtime reports the first token's time and then the whole output, so a stream sends a
-  first (empty) chunk when the first token exists, the text in one chunk when the turn is
-  done, the finish chunk, and with ``stream_options.include_usage`` a usage chunk.
+- ``stream: true``: server-sent events in OpenAI's chunk format ending with ``data: [DONE]``:
+  the text as the decode engine makes it (the PE's first token, then a chunk per decode step
+  or per wake-up of the event loop, whichever is coarser; chat's first chunk also carries
+  the role), the finish chunk, and with ``stream_options.include_usage`` a last chunk with
+  empty ``choices`` and the ``usage``. The joined text equals the unstreamed answer (bytes
+  split across chunks are decoded incrementally). A client that disconnects cancels its
+  turn: the scheduler drops it and its engines free what they hold.
 - ``usage`` with ``prompt_tokens_details.cached_tokens``: the prompt tokens whose KV came
   from the cache (this turn's cached prefix).
 - Extension (as vLLM's): ``return_token_ids: true`` adds ``token_ids`` (generated ids) and
@@ -48,8 +51,8 @@ id outside the vocabulary, ``max_tokens`` above the limit), 404 for an unknown m
 with ``Retry-After`` while the cluster drains (retryable; the official client retries it),
 504 when a turn outlives the router's timeout.
 
-Waiting never blocks the event loop: each request's submit and waits run on a worker of a
-thread pool that hands results to the loop through futures.
+Waiting never blocks the event loop: the scheduler's threads hand a turn's tokens and end
+to the loop (:mod:`.openai_turns`).
 
 The request and response schemas and the chat template are in :mod:`.openai_schema`, the
 error shape in :mod:`.openai_errors`, the waiting in :mod:`.openai_turns`; this module resolves
@@ -58,11 +61,11 @@ a request against the served model and answers it.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -83,7 +86,7 @@ from dualpath_cli.api.openai_schema import (
 )
 from dualpath_cli.api.openai_turns import Turn, turn_result
 from dualpath_cli.core.reference_model import model_config
-from dualpath_cli.core.tokenizer import ByteTokenizer
+from dualpath_cli.core.tokenizer import N_BYTE_TOKENS, ByteTokenizer
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.live import Draining, LiveCluster, TurnResult
 from dualpath_cli.services.restart import KeyConflict, check_key
@@ -125,14 +128,13 @@ def _sse(data: dict[str, Any]) -> bytes:
 # -- the router ------------------------------------------------------------------------------
 
 def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
-           turn_timeout: float = TURN_TIMEOUT_S, max_in_flight: int = 1024) -> APIRouter:
+           turn_timeout: float = TURN_TIMEOUT_S) -> APIRouter:
     """The OpenAI-compatible routes over ``live`` (see the module docstring).
 
     Args:
         live: the running cluster.
         max_tokens_limit: the largest ``max_tokens`` a request may ask for.
         turn_timeout: seconds a request waits for its turn before answering 504.
-        max_in_flight: turns waited on at once (more queue for a worker).
     """
     cfg = model_config(live.opts.model)
     model_id = live.opts.model
@@ -140,9 +142,6 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
     tokenizer = ByteTokenizer(cfg.vocab_size)
     created = int(time.time())
     r = APIRouter(route_class=OpenAIRoute, tags=["openai"])
-    # one worker per turn in flight (created on demand, reused; each ends its turn's wait
-    # within turn_timeout, and a closing cluster answers every ticket)
-    pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="openai-turn")
 
     def resolve(req: CommonRequest, tokens: list[int], session_header: str | None,
                 max_tokens: int | None) -> _Served:
@@ -174,9 +173,10 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
         try:
             if key is not None:
                 ticket = live.submit(served.tokens, served.gen, served.session,
-                                     key=check_key(key))
+                                     key=check_key(key), stream=served.stream)
             else:
-                ticket = live.submit(served.tokens, served.gen, served.session)
+                ticket = live.submit(served.tokens, served.gen, served.session,
+                                     stream=served.stream)
         except KeyConflict as err:
             raise OpenAIError(422, str(err), param="Idempotency-Key",
                               code="idempotency_key_reused") from None
@@ -184,7 +184,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             raise draining_error(err) from None
         except DualPathError as err:
             raise OpenAIError(400, str(err)) from None
-        return Turn(pool, live, ticket, turn_timeout, served.stream)
+        return Turn(live, ticket, turn_timeout)
 
     async def finish(turn: Turn) -> TurnResult:
         await turn.done
@@ -194,8 +194,13 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                      chunk: Callable[[str | None, str | None, list[int] | None],
                                      dict[str, Any]]) -> Response:
         # wait for the first token before answering, so an error before it is a status code
-        await turn.first
-        if turn.ticket.error is not None or not turn.ticket.first_event.is_set():
+        try:
+            await turn.started()
+        except BaseException:
+            turn.cancel()  # the client went away while its turn waited
+            raise
+        if turn.ticket.error is not None or (turn.done.done() and not turn.done.result()):
+            turn.cancel()
             turn_result(turn.ticket, turn_timeout)  # raises the error (or the timeout)
 
         def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -203,16 +208,33 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                     "model": served.model, "choices": choices}
 
         async def events() -> AsyncIterator[bytes]:
-            yield _sse(envelope([chunk("", None, None)]))
+            text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            sent: list[int] = []
+
+            def piece(ids: list[int], final: bool = False) -> bytes:
+                sent.extend(ids)
+                part = text.decode(bytes(t for t in ids if 0 <= t < N_BYTE_TOKENS), final)
+                if not part and not served.token_ids:
+                    return b""  # a character's first bytes: they go with its last
+                return _sse(envelope([chunk(part, None, ids if served.token_ids else None)]))
+
             try:
+                yield _sse(envelope([chunk("", None, None)]))
+                async for ids in turn.tokens():
+                    if data := piece(ids):
+                        yield data
                 r = await finish(turn)
             except OpenAIError as err:
                 yield _sse({"error": {"message": err.message, "type": err.type,
                                       "param": err.param, "code": err.code}})
                 yield b"data: [DONE]\n\n"
                 return
-            yield _sse(envelope([chunk(tokenizer.decode(r.tokens), None,
-                                       r.tokens if served.token_ids else None)]))
+            finally:
+                turn.cancel()  # the client went away mid-stream (a no-op once it ended)
+            rest = list(r.tokens[len(sent):])  # an engine that does not stream: all of it
+            if rest or text.getstate()[0]:  # (or bytes held back as a character's start)
+                if data := piece(rest, True):
+                    yield data
             yield _sse(envelope([chunk(None, "length", None)]))
             if served.include_usage:
                 yield _sse(envelope([]) | {"usage": _usage(served, r)})

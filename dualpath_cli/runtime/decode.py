@@ -32,6 +32,7 @@ from dualpath_cli.runtime.wire import (
     Layer,
     PrefillDone,
     ReadFailed,
+    Tokens,
     WireMessage,
 )
 from dualpath_cli.storage import LoadResult
@@ -67,6 +68,8 @@ class DecodeJob:
     started: bool = False
     facts: dict[str, object] = field(default_factory=dict)  # Done.facts: the DE's reads
     cancelled: bool = False
+    stream: bool = False  # report each step's tokens (Tokens)
+    reported: int = 0  # of ``out``, the tokens reported so far
 
 
 class DecodeWorker:
@@ -134,7 +137,7 @@ class DecodeWorker:
         tokens = m.prompt()
         job = DecodeJob(m.rid, m.att, tokens, m.gen, m.cached, list(m.keys), m.pe_tokens,
                         m.pe, m.shaped, np.zeros((ctx.n_layers, len(tokens), ctx.bpl), np.uint8),
-                        filled=[0] * ctx.n_layers)
+                        filled=[0] * ctx.n_layers, stream=m.stream)
         job.persisted = job.stored = len(job.keys)
         if job.keys:
             job.last_key = BlockKey.from_hex(job.keys[-1])
@@ -278,6 +281,19 @@ class DecodeWorker:
                 job.second_at = now
             self._persist_full_blocks(job)
 
+    def _report(self, jobs: list[DecodeJob]) -> None:
+        """The streamed turns' new tokens, in one message for the step (none streamed: no
+        message, so a turn that did not ask costs nothing)."""
+        fresh = [job for job in jobs if job.stream and len(job.out) > job.reported]
+        if not fresh:
+            return
+        ctx = self.ctx
+        ctx.to_ctl(Tokens(ctx.spec.engine_id, tuple(j.rid for j in fresh),
+                          tuple(j.att for j in fresh), tuple(j.reported for j in fresh),
+                          tuple(tuple(j.out[j.reported:]) for j in fresh)))
+        for job in fresh:
+            job.reported = len(job.out)
+
     def _finish(self, job: DecodeJob) -> None:
         self.ctx.hbm.free(job.rid)
         with self._lock:
@@ -324,6 +340,7 @@ class DecodeWorker:
             t0 = time.monotonic()
             batch = len(active)
             self._step(active)
+            self._report(active)
             for job in [j for j in active if len(j.out) >= j.gen]:
                 active.remove(job)
                 self._finish(job)

@@ -293,7 +293,7 @@ class Dispatching(ThresholdControl):
         self._send(pe_state.address, Prefill(
             f.rid, f.att, seqs[pe], TokenArray(f.prompt.array[start:]), f.cached, f.keys,
             pe_tokens, de_state.address, self.layerwise, self.shaped, start, f.req.gen,
-            seqs[de]))
+            seqs[de], f.req.stream))
 
     def _sources_kept(self) -> dict[str, str]:
         """The thresholds' sources as a decision keeps them: one copy, shared by every
@@ -320,7 +320,8 @@ class Dispatching(ThresholdControl):
                 e.charges.drop(seq)
         f.charges.clear()
 
-    def _requeue(self, f: Flight, reason: str, max_hit: int | None = None) -> None:
+    def _unqueue(self, f: Flight) -> None:
+        """Tell ``f``'s engines to drop its attempt and take it out of every queue."""
         for eid in (f.pe, f.de):
             e = self.engines.get(eid)
             if e is not None and e.alive and e.address:
@@ -333,6 +334,9 @@ class Dispatching(ThresholdControl):
                 q.remove(f)
                 self._routed_tok[g] -= len(f.req.tokens)
                 self._group_load_add(g, -len(f.req.tokens))
+
+    def _requeue(self, f: Flight, reason: str, max_hit: int | None = None) -> None:
+        self._unqueue(f)
         f.att += 1
         self._load_delta(f, -1)
         f.pe = f.de = f.de_group = -1

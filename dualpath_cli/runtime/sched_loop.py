@@ -18,7 +18,7 @@ from dualpath_cli.core.layout import KEY_BYTES, BlockKey
 from dualpath_cli.core.types import Role
 from dualpath_cli.runtime.engine_table import EngineState
 from dualpath_cli.runtime.sched_dispatch import Dispatching
-from dualpath_cli.runtime.turns import Flight, TurnResult
+from dualpath_cli.runtime.turns import Flight, TurnCancelled, TurnResult
 from dualpath_cli.runtime.wire import (
     Cancel,
     Done,
@@ -30,6 +30,7 @@ from dualpath_cli.runtime.wire import (
     Lead,
     QueueReport,
     ReadFailed,
+    Tokens,
     WireError,
     decode,
 )
@@ -204,6 +205,31 @@ class MessageLoop(Dispatching):
             f.first_at = msg.at
             self.ledger.first(f.rid, msg.facts)
             f.ticket.first_event.set()
+
+    def _on_tokens(self, e: EngineState, msg: Tokens, now: float) -> None:
+        """A DE's step of its streamed turns: each to its turn's ticket (a stale attempt's
+        or a gone turn's dropped)."""
+        flights = self.flights
+        for rid, att, start, tokens in zip(msg.rids, msg.atts, msg.starts, msg.tokens,
+                                           strict=True):
+            f = flights.get(rid)
+            if f is not None and f.att == att and f.ticket.stream is not None:
+                f.ticket.stream.put(start, tokens)
+
+    def cancel(self, rid: int) -> None:
+        """Drop turn ``rid`` (its caller gave it up): its engines are told to free what they
+        hold, its ticket fails with :class:`TurnCancelled`. Rare: linear in the queues."""
+        with self._lock:
+            f = self.flights.get(rid)
+            if f is None:
+                return
+            self._unqueue(f)
+            if f in self.queue:
+                self.queue.remove(f)
+            self._load_delta(f, -1)
+            del self.flights[rid]
+            self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
+            f.ticket.fail(TurnCancelled(f"turn {rid} was cancelled by its caller"))
 
     def _on_done(self, e: EngineState, msg: Done, now: float) -> None:
         f = self._flight_of(msg)

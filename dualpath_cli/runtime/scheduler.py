@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -67,7 +68,7 @@ from dualpath_cli.runtime.options import DEFAULT_BATCH_WINDOW_S
 from dualpath_cli.runtime.sched_loop import MessageLoop
 from dualpath_cli.runtime.sched_reads import SchedulerReads
 from dualpath_cli.runtime.sched_state import SchedulerState
-from dualpath_cli.runtime.turns import Flight, Ticket, TurnRequest
+from dualpath_cli.runtime.turns import Flight, Ticket, TokenStream, TurnRequest
 from dualpath_cli.runtime.wire import (
     Cancel,
     Done,
@@ -78,6 +79,7 @@ from dualpath_cli.runtime.wire import (
     QueueReport,
     ReadFailed,
     Stop,
+    Tokens,
     WireMessage,
 )
 from dualpath_cli.storage import KVStore
@@ -168,7 +170,8 @@ class SchedulerService(MessageLoop, SchedulerReads):
         # each kind an engine sends the scheduler -> its handler (other kinds: seen only)
         self._handlers: dict[type, Callable[[EngineState, Any, float], None]] = {
             Hello: self._on_hello, QueueReport: self._on_report, Heartbeat: self._on_heartbeat,
-            Fetch: self._on_fetch, First: self._on_first, Done: self._on_done,
+            Fetch: self._on_fetch, First: self._on_first, Tokens: self._on_tokens,
+            Done: self._on_done,
             ReadFailed: self._on_read_failed}
         self._m_ttft = self.registry.histogram("dualpath_ttft_seconds")
         self._m_tpot = self.registry.histogram("dualpath_tpot_seconds")
@@ -265,11 +268,12 @@ class SchedulerService(MessageLoop, SchedulerReads):
     def submit(self, req: TurnRequest, rid: int | None = None) -> Ticket:
         """Queue a turn; returns its ticket. ``rid``: the id a hierarchical root gave it
         (ids are global there); otherwise the next one. Later turns are numbered after it."""
-        ticket = Ticket()
         with self._lock:
             if rid is None:
                 rid = self._next_rid
             self._next_rid = rid + 1
+            ticket = Ticket(TokenStream(req.gen), functools.partial(self.cancel, rid)
+                            ) if req.stream else Ticket()
             flight = Flight(rid, req, ticket, time.monotonic())
             self._lookup(flight)
             self.flights[rid] = flight

@@ -17,9 +17,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.wire import KeyArray, TokenArray
 
-__all__ = ["TurnRequest", "TurnResult", "Latch", "Ticket", "RoutePass", "Routed", "Flight"]
+__all__ = ["TurnRequest", "TurnResult", "Latch", "TokenStream", "TurnCancelled", "Ticket",
+           "RoutePass", "Routed", "Flight"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class TurnRequest:
     turn: int
     tokens: np.ndarray
     gen: int
+    stream: bool = False  # report tokens as the DE makes them (a :class:`TokenStream`)
 
 
 @dataclass
@@ -95,18 +98,64 @@ class Latch:
         return self._set
 
 
+class TurnCancelled(DualPathError):
+    """The turn was cancelled by its caller (a streaming client went away)."""
+
+
+class TokenStream:
+    """A streamed turn's output so far, as its DE reports it (thread-safe, bounded by the
+    turn's ``gen``): the scheduler's thread :meth:`put`-s, a reader takes :meth:`since`.
+
+    ``notify`` (set by the reader) is called after each put that added tokens, on the
+    scheduler's thread: it must be quick and take no lock (hand the wake-up to the reader's
+    loop, coalesced). Positions make a retried attempt's repeat of tokens already here
+    harmless (greedy decoding gives the same tokens).
+    """
+
+    __slots__ = ("_tokens", "_lock", "limit", "notify")
+
+    def __init__(self, limit: int) -> None:
+        self._tokens: list[int] = []
+        self._lock = threading.Lock()
+        self.limit = limit
+        self.notify: Callable[[], None] | None = None
+
+    def put(self, start: int, tokens: tuple[int, ...]) -> None:
+        """Tokens from output position ``start`` on (a gap or a repeat is dropped)."""
+        with self._lock:
+            have = len(self._tokens)
+            if start > have or start + len(tokens) <= have:
+                return
+            self._tokens.extend(tokens[have - start:self.limit - start])
+        fn = self.notify
+        if fn is not None:
+            fn()
+
+    def since(self, n: int) -> list[int]:
+        """The tokens from position ``n`` on."""
+        with self._lock:
+            return self._tokens[n:]
 
 
 class Ticket:
-    """A handle to wait on a turn's result."""
+    """A handle to wait on a turn's result (and, when streamed, on its tokens so far)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: TokenStream | None = None,
+                 cancel: Callable[[], None] | None = None) -> None:
         self.event = Latch()
         self.result: TurnResult | None = None
         self.first_event = Latch()
         self.error: Exception | None = None
+        self.stream = stream
+        self._cancel = cancel
         self._callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """Give the turn up: its scheduler drops it and tells its engines to free what they
+        hold; the ticket fails with :class:`TurnCancelled`. No-op once done."""
+        if self._cancel is not None and not self.event.is_set():
+            self._cancel()
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the turn is done (at once if it already is).

@@ -17,7 +17,8 @@ block ``keys`` are a :class:`KeyArray`, one frame of raw 16-byte digests (hex on
 Kinds (direction):
 
 * engine -> scheduler: :class:`Hello`, :class:`QueueReport` (``rq``), :class:`Heartbeat`
-  (``hb``), :class:`Fetch`, :class:`First`, :class:`Done`, :class:`ReadFailed`;
+  (``hb``), :class:`Fetch`, :class:`First`, :class:`Tokens` (a streamed turn's step),
+  :class:`Done`, :class:`ReadFailed`;
 * scheduler -> engine: :class:`Stop`, :class:`MetricsRequest` (``metrics``), :class:`Cancel`,
   :class:`Decode`, :class:`Prefill`, :class:`SetQuota` (``quota``), :class:`Lead`,
   :class:`~dualpath_cli.faultspec.Fault` (``fault``: fault injection, one record);
@@ -43,7 +44,7 @@ from dualpath_cli.storage.warm import Warm
 from dualpath_cli.transfer.base import UNREADABLE, Endpoint
 
 __all__ = ["WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
-           "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
+           "Tokens", "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
            "SetQuota", "Lead", "GroupLeader", "Layer", "PrefillDone", "Fault", "Compact", "Warm",
            "WireMessage", "KINDS", "TIERS", "encode", "decode", "send", "TokenArray", "full_prompt"]
 
@@ -82,12 +83,10 @@ class TokenArray(Sequence[int]):
         return len(self.array)
 
     @typing.overload
-    def __getitem__(self, i: int) -> int:
-        ...
+    def __getitem__(self, i: int) -> int: ...
 
     @typing.overload
-    def __getitem__(self, i: slice) -> TokenArray:
-        ...
+    def __getitem__(self, i: slice) -> TokenArray: ...
 
     def __getitem__(self, i: int | slice) -> int | TokenArray:
         if isinstance(i, slice):
@@ -118,15 +117,10 @@ class TokenArray(Sequence[int]):
 
 class KeyArray(Sequence[str]):
     """Block keys (hex strings of one width) as one read-only 2-D uint8 array of raw
-    digests, one row per key (16 bytes for the store's keys): a message field sent as a
-    frame.
-
-    Why: a dispatch carries every hit block's key (~200 per turn at 48p96d); as a msgpack
-    list of hex strings that cost the scheduler and each engine tens of microseconds per
-    message. The digests are packed once (``bytes.fromhex`` of the joined hex) and turned
-    back into hex only where read, one key at a time. Compares equal to any sequence of
-    the same hex strings.
-    """
+    digests, one row per key: a message field sent as a frame. Why: a dispatch carries
+    every hit block's key (~200 per turn at 48p96d); as a msgpack list of hex strings that
+    cost tens of microseconds per message. Packed once, turned back into hex only where
+    read; compares equal to any sequence of the same hex strings."""
 
     __slots__ = ("array",)
 
@@ -162,12 +156,10 @@ class KeyArray(Sequence[str]):
         return int(self.array.shape[0])
 
     @typing.overload
-    def __getitem__(self, i: int) -> str:
-        ...
+    def __getitem__(self, i: int) -> str: ...
 
     @typing.overload
-    def __getitem__(self, i: slice) -> KeyArray:
-        ...
+    def __getitem__(self, i: slice) -> KeyArray: ...
 
     def __getitem__(self, i: int | slice) -> str | KeyArray:
         if isinstance(i, slice):
@@ -228,11 +220,10 @@ class QueueReport:
 class EngineCounters:
     """Totals an engine counts itself since it started (the bench summarises them).
 
-    Defined once, here: the engine's running :class:`~dualpath_cli.runtime.context.Counters`
-    hold these fields, and every :class:`Heartbeat` carries them flat, as header fields of
-    their own. ``kv_wait_s``/``kv_waits``: seconds the PE's prefills of a cached prefix
-    waited from their arrival until their KV let them queue for compute, and how many;
-    ``compactions``: HBM compactions done on request.
+    Defined once, here: the engine's :class:`~dualpath_cli.runtime.context.Counters` hold
+    them, every :class:`Heartbeat` carries them flat. ``kv_wait_s``/``kv_waits``: seconds
+    the PE's prefills of a cached prefix waited from arrival until their KV let them queue
+    for compute, and how many; ``compactions``: HBM compactions done on request.
     """
 
     busy_s: float = 0.0
@@ -327,6 +318,18 @@ class First:
 
 
 @dataclass(frozen=True, slots=True)
+class Tokens:
+    """A DE's decode step of its streamed turns (:attr:`Decode.stream`): one message."""
+
+    KIND: ClassVar[str] = "tokens"
+    eid: int
+    rids: tuple[int, ...]  # turn rids[i] (attempt atts[i]): tokens[i] from output starts[i]
+    atts: tuple[int, ...]
+    starts: tuple[int, ...]
+    tokens: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     """A DE finished a request: every generated token and its timeline (monotonic s)."""
 
@@ -406,6 +409,7 @@ class Decode:
     pe: str
     shaped: bool
     start: int = 0
+    stream: bool = False  # report each step's tokens (:class:`Tokens`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", TokenArray.of(self.tokens))
@@ -442,6 +446,7 @@ class Prefill:
     start: int = 0
     gen: int = 0  # the Decode's (when forwarded)
     de_seq: int = -1
+    stream: bool = False  # the Decode's (when forwarded)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", TokenArray.of(self.tokens))
@@ -462,7 +467,7 @@ class Prefill:
         if self.de_seq < 0:
             return None
         return Decode(self.rid, self.att, self.de_seq, self.tokens, self.gen, self.cached,
-                      self.keys, self.pe_tokens, pe, self.shaped, self.start)
+                      self.keys, self.pe_tokens, pe, self.shaped, self.start, self.stream)
 
 
 def _check_start(m: Decode | Prefill) -> None:
@@ -541,9 +546,9 @@ class PrefillDone:
     token: int
 
 
-WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Done | ReadFailed | Stop
-               | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Lead | GroupLeader
-               | Layer | PrefillDone | Fault | Compact | Warm)
+WireMessage = (Hello | QueueReport | Heartbeat | Fetch | First | Tokens | Done | ReadFailed
+               | Stop | MetricsRequest | Cancel | Decode | Prefill | SetQuota | Lead
+               | GroupLeader | Layer | PrefillDone | Fault | Compact | Warm)
 
 #: kind -> record class (every member of :data:`WireMessage`)
 KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(WireMessage)}
@@ -601,9 +606,8 @@ def _builder(codec: _Codec) -> Callable[[Mapping[str, Any]], Any] | None:
 
     Why: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
     and ``decode`` first copied the fields into a dict for it; for a heartbeat (34 fields,
-    ~1,150 a second at 48P96D) that was ~17 of its ~20 us at the scheduler, and the turns'
-    ``first`` and ``done`` pay it too. ``None`` (the generic path) for a record with buffer
-    frames, a ``__post_init__``, a factory default or no slots.
+    ~1,150 a second at 48P96D) that was ~17 of its ~20 us at the scheduler. ``None`` (the
+    generic path) for a record with frames, a ``__post_init__``, a factory default or no slots.
     """
     cls = codec.cls
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -687,8 +691,7 @@ def decode(header: Mapping[str, Any], buffers: Sequence[np.ndarray] = ()) -> Wir
                                 f"{'2-D byte' if array_cls is KeyArray else '1-D integer'} array "
                                 f"({buf.dtype}, shape {buf.shape})")
             values[name] = array_cls(buf)
-    msg: WireMessage = codec.cls(**values)
-    return msg
+    return cast(WireMessage, codec.cls(**values))
 
 
 def send(endpoint: Endpoint, to: str, msg: WireMessage) -> None:

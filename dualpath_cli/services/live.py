@@ -34,7 +34,7 @@ from dualpath_cli.errors import DualPathError
 from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.turns import Ticket, TurnRequest, TurnResult
+from dualpath_cli.runtime.turns import Ticket, TurnCancelled, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.storage.store import persists_access_counts
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
@@ -42,7 +42,7 @@ from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 # Ticket and TurnResult: what submit hands back and what its ticket answers (the API waits
 # on them without importing the runtime)
 __all__ = ["Draining", "EnginesLost", "StartError", "SchedulerChange", "AuditEntry", "DrainResult",
-           "LiveCluster", "Ticket", "TurnResult"]
+           "LiveCluster", "Ticket", "TurnCancelled", "TurnResult"]
 
 T = TypeVar("T")
 
@@ -236,8 +236,12 @@ class LiveCluster:
         return self.state == "ready" and not self._gone and not self._exited()
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None,
-               key: str | None = None) -> Ticket:
+               key: str | None = None, stream: bool = False) -> Ticket:
         """Admit one turn of ``session`` (a new anonymous agent when ``None``).
+
+        ``stream``: the ticket's :attr:`~Ticket.stream` gets the tokens as the DE makes
+        them, and :meth:`Ticket.cancel` gives the turn up (only such turns cost the
+        scheduler a message per decode step).
 
         ``key`` (a client's idempotency key): a turn already admitted under it is returned
         instead of admitting it again (running, or its kept answer; also after a scheduler
@@ -270,7 +274,8 @@ class LiveCluster:
                 self._sessions.move_to_end(session)
             turn = sess.turns
             sess.turns += 1
-            ticket = self.system.submit(TurnRequest(sess.agent, turn, token_ids(tokens), gen))
+            ticket = self.system.submit(TurnRequest(sess.agent, turn, token_ids(tokens), gen,
+                                                    stream))
             self._in_flight.add(ticket)
             if key is not None:
                 self.turn_keys.put(key, digest, ticket)

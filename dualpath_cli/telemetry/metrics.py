@@ -235,6 +235,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_scheduler_requeued_turns_total", _C, "", ("reason",),
                "Turns put back at the head of the FIFO (engine_dead, read_failed, "
                "scheduler_restart)."),
+    MetricSpec("dualpath_scheduler_cancelled_turns_total", _C, "", (),
+               "Turns their caller gave up before they finished (a streaming client that "
+               "disconnected): dropped, their engines told to free what they held."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
                "Engines by role and state (starting, ready, dead, left: its node left on "
                "purpose)."),
