@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from conftest import wait_until
 from openai.types.chat import ChatCompletionMessageParam
 from openai_server import Served, serve, serve_new
 
@@ -137,6 +138,66 @@ def test_streaming_chunks_concatenate_to_the_plain_text(served: Served) -> None:
     deltas = [c.choices[0].delta for c in stream if c.choices]
     assert deltas[0].role == "assistant"
     assert "".join(d.content or "" for d in deltas) == reply.choices[0].message.content
+
+
+def test_a_streamed_chat_arrives_in_several_chunks_equal_to_the_plain_answer(
+        served: Served) -> None:
+    """Tokens stream as the DE decodes them: content chunks before the end, joined equal to
+    the unstreamed reply; ``include_usage`` ends with an empty-choices usage chunk."""
+    client = _client(served)
+    msgs: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Stream a longer chat reply, token by token."}]
+    reply = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=48)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=48, stream=True,
+        stream_options={"include_usage": True}))
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    finish = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
+    assert len(content) >= 3, [c.choices[0].delta.content for c in content]
+    assert finish and all(chunks.index(c) < finish[0] for c in content)
+    assert "".join(c.choices[0].delta.content or "" for c in content) == \
+        reply.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 48
+
+
+def _inflight(s: Served) -> int:
+    r = httpx.get(f"{s.url}/api/v1/requests", params={"state": "inflight"}, timeout=10)
+    r.raise_for_status()
+    return int(r.json()["total"])
+
+
+def _de_hbm_used(s: Served) -> int:
+    """HBM blocks the DEs hold, from their heartbeats."""
+    return sum(hb.hbm_used_blocks for eid, hb in s.live.system.scheduler.heartbeats().items()
+               if hb is not None and s.live.system.scheduler.engines[eid].role == "decode")
+
+
+def _cancelled(s: Served) -> float:
+    text = httpx.get(f"{s.url}/metrics", timeout=10).text
+    rows = [line for line in text.splitlines()
+            if line.startswith("dualpath_scheduler_cancelled_turns_total")]
+    return float(rows[0].split()[-1]) if rows else 0.0
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_turn(served: Served) -> None:
+    """Closing the stream after its first content: the scheduler drops the turn (no turn
+    in flight), its DE frees the turn's HBM, the cancellation is counted."""
+    before = _cancelled(served)
+    body = {"model": MODEL, "prompt": "Cancel me once a few tokens came back.",
+            "max_tokens": 1000, "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        content = 0
+        for line in r.iter_lines():  # (leaving the loop closes the connection)
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                content += 1
+                if content >= 2:
+                    assert _inflight(served) == 1  # still decoding as the client goes
+                    break
+    wait_until(lambda: _inflight(served) == 0, 30, "the cancelled turn to leave the flights")
+    wait_until(lambda: _cancelled(served) == before + 1, 30, "the cancellation's count")
+    wait_until(lambda: _de_hbm_used(served) == 0, 30, "the DE to free the turn's HBM")
 
 
 def test_stream_is_server_sent_events_ending_with_done(served: Served) -> None:
