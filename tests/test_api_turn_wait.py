@@ -6,6 +6,7 @@ time, finished after the timeout, failed, streamed) is driven deterministically.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 from dualpath_cli.api.openai_routes import router
 from dualpath_cli.errors import NoAvailableEngine
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.runtime.turns import Ticket, TurnResult
+from dualpath_cli.runtime.turns import Ticket, TokenStream, TurnCancelled, TurnResult
 
 
 @dataclass
@@ -27,9 +28,14 @@ class HandCluster:
     tickets: list[Ticket] = field(default_factory=list)
     released: list[Ticket] = field(default_factory=list)
     submitted: threading.Event = field(default_factory=threading.Event)
+    cancelled: list[Ticket] = field(default_factory=list)
 
-    def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
-        ticket = Ticket()
+    def submit(self, tokens: list[int], gen: int, session: str | None = None,
+               stream: bool = False) -> Ticket:
+        def cancel() -> None:
+            self.cancelled.append(ticket)
+            ticket.fail(TurnCancelled("cancelled"))
+        ticket = Ticket(TokenStream(gen), cancel) if stream else Ticket()
         self.tickets.append(ticket)
         self.submitted.set()
         return ticket
@@ -110,7 +116,8 @@ def test_a_callback_added_after_the_end_runs_at_once() -> None:
     assert ticket.first_event.is_set()
 
 
-def test_a_streamed_turn_still_answers_through_the_worker() -> None:
+def test_a_streamed_turn_without_step_reports_answers_at_its_end() -> None:
+    """An engine that does not report steps (the emulated one): all the text at the end."""
     cluster = HandCluster()
     with _app(cluster, timeout=60) as client:
         finisher = _finish_when_submitted(cluster, [7, 8])
@@ -122,6 +129,56 @@ def test_a_streamed_turn_still_answers_through_the_worker() -> None:
     assert '"text":""' in text.replace(" ", "")  # the first chunk, then the tokens
 
 
+def test_streamed_tokens_arrive_as_chunks_and_split_characters_stay_whole() -> None:
+    """Tokens put on the ticket's stream go out as they come; a character whose UTF-8
+    bytes arrive in two steps is sent whole with its last byte."""
+    cluster = HandCluster()
+    euro = list("€".encode())  # three bytes
+
+    def steps() -> None:
+        assert cluster.submitted.wait(30)
+        stream = cluster.tickets[-1].stream
+        assert stream is not None
+        stream.put(0, (ord("a"),))
+        stream.put(1, (ord("b"), euro[0]))
+        stream.put(1, (ord("b"),))  # a repeat (a retried attempt): dropped
+        stream.put(3, tuple(euro[1:]))
+        _finish(cluster.tickets[-1], [ord("a"), ord("b"), *euro])
+
+    with _app(cluster, timeout=60) as client:
+        thread = threading.Thread(target=steps)
+        thread.start()
+        with client.stream("POST", "/v1/completions",
+                           json=_body(stream=True, max_tokens=5)) as r:
+            lines = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        thread.join()
+    texts = [c["choices"][0]["text"] for c in lines if c["choices"]]
+    assert "".join(texts) == "ab€"
+    assert all("\ufffd" not in t for t in texts)
+    assert cluster.released == cluster.tickets and not cluster.cancelled
+
+
+def test_a_stream_that_ends_early_cancels_its_turn() -> None:
+    """The client reads the first chunk and goes away: the turn is cancelled."""
+    cluster = HandCluster()
+    with _app(cluster, timeout=60) as client:
+        def first_token() -> None:
+            assert cluster.submitted.wait(30)
+            stream = cluster.tickets[-1].stream
+            assert stream is not None
+            stream.put(0, (ord("a"),))
+        thread = threading.Thread(target=first_token)
+        thread.start()
+        with client.stream("POST", "/v1/completions",
+                           json=_body(stream=True, max_tokens=100)) as r:
+            for line in r.iter_lines():
+                if '"text":"a"' in line.replace(" ", ""):
+                    break
+        thread.join()
+    assert cluster.cancelled == cluster.tickets
+    assert cluster.released == cluster.tickets
+
+
 @dataclass
 class LockingCluster(HandCluster):
     """A cluster whose ``submit`` holds its lock while it waits for the scheduler's, as
@@ -131,12 +188,13 @@ class LockingCluster(HandCluster):
     scheduler_lock: threading.Lock = field(default_factory=threading.Lock)
     second_holds_lock: threading.Event = field(default_factory=threading.Event)
 
-    def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
+    def submit(self, tokens: list[int], gen: int, session: str | None = None,
+               stream: bool = False) -> Ticket:
         with self.lock:
             if self.tickets:  # the second request: hold the lock, then want the scheduler's
                 self.second_holds_lock.set()
             with self.scheduler_lock:
-                return super().submit(tokens, gen, session)
+                return super().submit(tokens, gen, session, stream)
 
     deadlocked: bool = False
 

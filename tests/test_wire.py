@@ -32,6 +32,7 @@ from dualpath_cli.runtime.wire import (
     ReadFailed,
     SetQuota,
     Stop,
+    Tokens,
     Warm,
     WireError,
     WireMessage,
@@ -53,12 +54,15 @@ SAMPLES: list[WireMessage] = [
     Fetch(0, 0, "prefill"),
     Fetch(0, 0, "decode", ((0, 4, 2, 640), (1, 9, 3, 0))),
     First(0, 9, 1, 77, 12.5),
+    Tokens(3, (9, 11), (1, 0), (0, 3), ((77, 78), (5,))),
     Done(3, 9, 1, (77, 78, 79), 2048, 13.0, 12.75),
     ReadFailed(0, 9, 1, 2, "missing or corrupt block"),
     Stop(),
     MetricsRequest(),
     Cancel(9),
     Decode(9, 1, 4, (1, 2, 3, 4), 4, 16, ("ab" * 32,), 8, "inproc://engine0-1", True),
+    Decode(9, 1, 4, (1, 2, 3, 4), 4, 16, ("ab" * 32,), 8, "inproc://engine0-1", True,
+           stream=True),
     Prefill(9, 1, 5, (1, 2, 3, 4), 16, ("ab" * 32,), 8, "inproc://engine2-3", True, False),
     SetQuota(0.05),
     Lead(3),
@@ -74,7 +78,7 @@ SAMPLES: list[WireMessage] = [
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m).KIND for m in SAMPLES} == set(KINDS)
-    assert len(KINDS) == 20
+    assert len(KINDS) == 21
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).KIND)
