@@ -1,7 +1,7 @@
 """The HTTP API's costs: per-completion overhead, launch-to-ready, render time, a load run.
 
 Run: ``python bench/api.py [--duration 60] [--clients 16] [--samples 100] [--launch-runs 3]
-[--json]`` (CI: ``--duration 5 --samples 20 --launch-runs 1``). Four measurements:
+[--json]`` (CI: ``--duration 5 --samples 20 --launch-runs 1``). Five measurements:
 
 - ``overhead_p50_ms`` (goal <= 2 ms): the embedded default 1P2D (engine processes, a
   PosixStore in a temp dir) served by ``create_app`` on uvicorn in this process; ``samples``
@@ -14,6 +14,13 @@ Run: ``python bench/api.py [--duration 60] [--clients 16] [--samples 100] [--lau
   (from the server's call to ``LiveCluster.submit`` until a thread waiting on the ticket
   wakes). ``http_p50_ms`` and ``in_process_p50_ms`` (fresh prompts of the same shape
   submitted directly, interleaved) are reported beside it as a cross-check.
+- ``stream_first_chunk_ratio`` (goal <= 0.3): on the same embedded 1P2D, sequential
+  streamed ``/v1/completions`` (64-token fresh prompt, ``max_tokens`` 64) read by a
+  keep-alive httpx client in this process: the time to the first chunk with text over the
+  time to ``[DONE]``, the median over ``--stream-samples`` (a client's time to first token
+  against its whole wait: 1.0 when the text came in one piece at the end).
+  ``stream_ttft_ratio`` beside it is its floor: the turn's own time to first token (the
+  scheduler's, mostly the wait for the engines' next ``fetch``) over the same wait.
 - ``ready_s`` (goal <= 5 s): bench/launch.py's launch-to-``/readyz`` of ``dualpath launch``,
   median over ``--launch-runs`` fresh launches.
 - ``metrics_render_ms_1152`` (goal <= 50 ms each): the api's render benchmark
@@ -52,8 +59,8 @@ import numpy as np
 
 from dualpath_cli.api.listen import free_port
 
-GOALS = {"overhead_p50_ms": 2.0, "ready_s": 5.0, "metrics_render_ms_1152": 50.0,
-         "errors": 0}
+GOALS = {"overhead_p50_ms": 2.0, "stream_first_chunk_ratio": 0.3, "ready_s": 5.0,
+         "metrics_render_ms_1152": 50.0, "errors": 0}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -83,9 +90,10 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4,
             super().__post_init__()
             self.timings: dict[str, tuple[float, list[float], threading.Thread]] = {}
 
-        def submit(self, tokens: list[int], gen: int, session: str | None = None) -> Ticket:
+        def submit(self, tokens: list[int], gen: int, session: str | None = None,
+                   stream: bool = False) -> Ticket:
             t0 = time.perf_counter()
-            ticket = super().submit(tokens, gen, session)
+            ticket = super().submit(tokens, gen, session, stream=stream)
             if session is not None:
                 end: list[float] = []
 
@@ -146,6 +154,66 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4,
             "in_process_p50_ms": round(_pct(inproc_ms, 50), 3), "samples": samples,
             "client": f"{client} in its own process",
             "prompt_tokens": prompt_len, "max_tokens": gen}
+
+
+# -- streaming: time to the first chunk over the whole -------------------------------------
+
+def measure_stream(samples: int, prompt_len: int = 64, gen: int = 64) -> dict[str, Any]:
+    """Time to the first text chunk over the time to ``[DONE]`` (module docstring)."""
+    import httpx
+
+    from dualpath_cli.api.app import create_app
+    from dualpath_cli.api.auth import TokenAuth
+    from dualpath_cli.api.server import ServerThread
+    from dualpath_cli.config import load_config
+    from dualpath_cli.runtime.options import options_from_config
+    from dualpath_cli.services.live import LiveCluster
+    from dualpath_cli.telemetry.gpu import UnavailableGpu
+
+    store = Path(tempfile.mkdtemp(prefix="dualpath-api-bench-"))
+    live = LiveCluster(options_from_config(load_config(), processes=True, store_dir=store))
+    rng = np.random.default_rng(1)
+    ratios: list[float] = []
+    first_ms: list[float] = []
+    total_ms: list[float] = []
+    chunks: list[int] = []
+    floors: list[float] = []  # the turn's own TTFT over the client's whole wait
+    try:
+        live.start()
+        server = ServerThread(create_app(live, TokenAuth("bench-token"),
+                                         gpu=UnavailableGpu("bench"))).start()
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        with httpx.Client(timeout=120) as client:
+            for i in range(samples + 3):  # three warm-up rounds
+                body = {"model": live.opts.model, "max_tokens": gen, "stream": True,
+                        "prompt": rng.integers(0, 256, prompt_len).tolist()}
+                t0 = time.perf_counter()
+                first, n = 0.0, 0
+                with client.stream("POST", url, json=body) as r:
+                    r.raise_for_status()
+                    for line in r.iter_lines():
+                        if line.startswith("data: {") and json.loads(line[6:]).get(
+                                "choices", [{}])[0].get("text"):
+                            n += 1
+                            first = first or time.perf_counter()
+                total = time.perf_counter() - t0
+                story = live.requests("finished", 1)["requests"][-1]
+                if i >= 3 and first:
+                    floors.append(float(story["ttft_s"]) / total)
+                    ratios.append((first - t0) / total)
+                    first_ms.append((first - t0) * 1e3)
+                    total_ms.append(total * 1e3)
+                    chunks.append(n)
+        server.stop()
+    finally:
+        live.close()
+        shutil.rmtree(store, ignore_errors=True)
+    return {"stream_first_chunk_ratio": round(_pct(ratios, 50), 3),
+            "stream_first_chunk_ms": round(_pct(first_ms, 50), 2),
+            "stream_total_ms": round(_pct(total_ms, 50), 2),
+            "stream_chunks_p50": round(_pct([float(c) for c in chunks], 50), 1),
+            "stream_ttft_ratio": round(_pct(floors, 50), 3),
+            "stream_samples": samples, "stream_max_tokens": gen}
 
 
 # -- launch to ready -----------------------------------------------------------------------
@@ -358,23 +426,26 @@ def main(argv: list[str]) -> int:
                         help="sequential completions for the overhead")
     parser.add_argument("--client", choices=("http.client", "httpx"), default="http.client",
                         help="the overhead's HTTP client (module docstring)")
+    parser.add_argument("--stream-samples", type=int, default=20,
+                        help="streamed completions for the first-chunk ratio")
     parser.add_argument("--launch-runs", type=int, default=3,
                         help="launches for launch-to-ready")
-    parser.add_argument("--parts", default="overhead,ready,render,load",
+    parser.add_argument("--parts", default="overhead,stream,ready,render,load",
                         help="which measurements to run (comma-separated)")
     parser.add_argument("--no-boost", action="store_true",
                         help="do not raise this session's CPU priority while measuring")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    unknown = parts - {"overhead", "ready", "render", "load"}
+    unknown = parts - {"overhead", "stream", "ready", "render", "load"}
     if unknown:
         parser.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     nan = float("nan")
     result: dict[str, Any] = {
         "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
         "overhead_p50_ms": nan, "http_p50_ms": nan, "turn_p50_ms": nan,
-        "in_process_p50_ms": nan, "ready_s": nan, "metrics_render_ms_1152": nan,
+        "in_process_p50_ms": nan, "stream_first_chunk_ratio": nan, "ready_s": nan,
+        "metrics_render_ms_1152": nan,
         "api_metrics_render_ms_1152": nan, "errors": None, "error_samples": [],
         "duration_s": nan, "throughput_rps": nan, "tokens_per_s": nan}
     from dualpath_cli.telemetry.hostload import ForeignCpu, cpu_priority
@@ -384,6 +455,8 @@ def main(argv: list[str]) -> int:
         meter.start()
         if "overhead" in parts:
             result.update(measure_overhead(args.samples, client=args.client))
+        if "stream" in parts:
+            result.update(measure_stream(args.stream_samples))
         if "ready" in parts:
             result.update(measure_ready(args.launch_runs))
         if "render" in parts:
@@ -396,6 +469,8 @@ def main(argv: list[str]) -> int:
     result["goals"] = GOALS
     result["met"] = {
         "overhead_p50_ms": result["overhead_p50_ms"] <= GOALS["overhead_p50_ms"],
+        "stream_first_chunk_ratio": result["stream_first_chunk_ratio"]
+        <= GOALS["stream_first_chunk_ratio"],
         "ready_s": result["ready_s"] <= GOALS["ready_s"],
         "metrics_render_ms_1152": max(result["metrics_render_ms_1152"],
                                       result["api_metrics_render_ms_1152"])
@@ -411,6 +486,8 @@ def main(argv: list[str]) -> int:
         ("  HTTP / its turn / in-process p50",
          f"{result['http_p50_ms']:.1f} / {result['turn_p50_ms']:.1f} / "
          f"{result['in_process_p50_ms']:.1f} ms", "", None),
+        ("streamed: first chunk / whole (p50)", f"{result['stream_first_chunk_ratio']:.3f}",
+         "<= 0.3", result["met"]["stream_first_chunk_ratio"]),
         ("launch to ready (median)", f"{result['ready_s']:.2f} s", "<= 5 s",
          result["met"]["ready_s"]),
         ("/metrics render, 1,152 engines", f"{result['metrics_render_ms_1152']:.1f} ms",

@@ -205,6 +205,8 @@ class MessageLoop(Dispatching):
             f.first_at = msg.at
             self.ledger.first(f.rid, msg.facts)
             f.ticket.first_event.set()
+            if f.ticket.stream is not None:  # a streamed turn's text starts here
+                f.ticket.stream.put(0, (msg.token,))
 
     def _on_tokens(self, e: EngineState, msg: Tokens, now: float) -> None:
         """A DE's step of its streamed turns: each to its turn's ticket (a stale attempt's
