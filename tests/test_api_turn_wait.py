@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -31,7 +32,7 @@ class HandCluster:
     cancelled: list[Ticket] = field(default_factory=list)
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None,
-               stream: bool = False) -> Ticket:
+               key: str | None = None, stream: bool = False) -> Ticket:
         def cancel() -> None:
             self.cancelled.append(ticket)
             ticket.fail(TurnCancelled("cancelled"))
@@ -158,9 +159,12 @@ def test_streamed_tokens_arrive_as_chunks_and_split_characters_stay_whole() -> N
     assert cluster.released == cluster.tickets and not cluster.cancelled
 
 
-def test_a_stream_that_ends_early_cancels_its_turn() -> None:
-    """The client reads the first chunk and goes away: the turn is cancelled."""
+@pytest.mark.parametrize("key", [None, "retry-me"])
+def test_a_stream_that_ends_early_cancels_its_turn_unless_keyed(key: str | None) -> None:
+    """The client reads the first chunk and goes away: the turn is cancelled, unless it
+    has an idempotency key (its client comes back for it)."""
     cluster = HandCluster()
+    headers = {} if key is None else {"Idempotency-Key": key}
     with _app(cluster, timeout=60) as client:
         def first_token() -> None:
             assert cluster.submitted.wait(30)
@@ -169,13 +173,16 @@ def test_a_stream_that_ends_early_cancels_its_turn() -> None:
             stream.put(0, (ord("a"),))
         thread = threading.Thread(target=first_token)
         thread.start()
-        with client.stream("POST", "/v1/completions",
+        with client.stream("POST", "/v1/completions", headers=headers,
                            json=_body(stream=True, max_tokens=100)) as r:
             for line in r.iter_lines():
                 if '"text":"a"' in line.replace(" ", ""):
                     break
         thread.join()
-    assert cluster.cancelled == cluster.tickets
+        if key is not None:
+            assert not cluster.cancelled
+            _finish(cluster.tickets[-1], [ord("a")] * 100)
+    assert cluster.cancelled == ([] if key else cluster.tickets)
     assert cluster.released == cluster.tickets
 
 
@@ -189,12 +196,12 @@ class LockingCluster(HandCluster):
     second_holds_lock: threading.Event = field(default_factory=threading.Event)
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None,
-               stream: bool = False) -> Ticket:
+               key: str | None = None, stream: bool = False) -> Ticket:
         with self.lock:
             if self.tickets:  # the second request: hold the lock, then want the scheduler's
                 self.second_holds_lock.set()
             with self.scheduler_lock:
-                return super().submit(tokens, gen, session, stream)
+                return super().submit(tokens, gen, session, stream=stream)
 
     deadlocked: bool = False
 

@@ -21,7 +21,8 @@ it, so a launched cluster can be driven by them unchanged. What is served:
   the role), the finish chunk, and with ``stream_options.include_usage`` a last chunk with
   empty ``choices`` and the ``usage``. The joined text equals the unstreamed answer (bytes
   split across chunks are decoded incrementally). A client that disconnects cancels its
-  turn: the scheduler drops it and its engines free what they hold.
+  turn (the scheduler drops it, its engines free what they hold), unless it sent an
+  ``Idempotency-Key``: that turn runs on for its resubmission.
 - ``usage`` with ``prompt_tokens_details.cached_tokens``: the prompt tokens whose KV came
   from the cache (this turn's cached prefix).
 - Extension (as vLLM's): ``return_token_ids: true`` adds ``token_ids`` (generated ids) and
@@ -184,7 +185,7 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             raise draining_error(err) from None
         except DualPathError as err:
             raise OpenAIError(400, str(err)) from None
-        return Turn(live, ticket, turn_timeout)
+        return Turn(live, ticket, turn_timeout, keep=key is not None)
 
     async def finish(turn: Turn) -> TurnResult:
         await turn.done

@@ -28,8 +28,10 @@ class Turn:
     the API blocks: a streaming client that goes away cancels the turn (:meth:`cancel`).
     """
 
-    def __init__(self, live: LiveCluster, ticket: Ticket, timeout: float) -> None:
+    def __init__(self, live: LiveCluster, ticket: Ticket, timeout: float,
+                 keep: bool = False) -> None:
         loop = asyncio.get_running_loop()
+        self.keep = keep  # never cancel (an idempotency key's client comes back for it)
         self.loop = loop
         self.ticket = ticket
         self.live = live
@@ -101,8 +103,9 @@ class Turn:
             self._news.clear()
 
     def cancel(self) -> None:
-        """Give the turn up if it is still running (its client went away)."""
-        if not self.ticket.event.is_set():
+        """Give the turn up if it is still running (its client went away), unless it is
+        kept for a resubmission under its idempotency key."""
+        if not self.keep and not self.ticket.event.is_set():
             self.ticket.cancel()
 
 
