@@ -230,6 +230,7 @@ class MessageLoop(Dispatching):
                 self.queue.remove(f)
             self._load_delta(f, -1)
             del self.flights[rid]
+            self.ledger.forget(rid)
             self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
             f.ticket.fail(TurnCancelled(f"turn {rid} was cancelled by its caller"))
 
