@@ -29,6 +29,15 @@ def test_the_metric_row_count() -> None:
     assert _stated(r"is the single table: ([0-9,]+) rows") == len(METRICS)
 
 
+def test_the_wire_kinds() -> None:
+    from dualpath_cli.runtime.wire import KINDS
+
+    assert _stated(r"scheduler and engines \(([0-9]+) kinds: ") == len(KINDS)
+    listed = re.search(r"\([0-9]+ kinds: ([^)]+)\)", DOC.read_text(encoding="utf-8"))
+    assert listed is not None
+    assert {k.strip() for k in listed[1].replace("\n", " ").split(",")} == set(KINDS)
+
+
 def test_the_layer_contracts_listed_are_the_ones_checked() -> None:
     text = DOC.read_text(encoding="utf-8")
     section = text[text.index("## Layers\n"):text.index("## Packages\n")]
