@@ -344,8 +344,10 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         return _json(live.requests(state, limit, after))
 
     @r.get("/api/v1/requests/{rid}", responses=_ERRORS, tags=["read"])
-    def request_story(rid: Annotated[int, Path(ge=0, description="The request id (the "
-                                               "decision log's rid).")]) -> Response:
+    def request_story(rid: Annotated[str, Path(max_length=200, description=(
+            "The request id (the decision log's rid, the x-request-id header of its "
+            "answer), the OpenAI body's chatcmpl-/cmpl- id, or the client's own "
+            "x-request-id."))]) -> Response:
         """One request's story (``dualpath explain``): arrival, PE and DE with their
         classes and the thresholds, the read side and why, blocks hit per tier and missed
         per reason, bytes per NIC, per-layer slack, the TTFT breakdown."""

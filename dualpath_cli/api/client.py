@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -168,9 +169,12 @@ class DualPathClient:
         data = self._json("GET", "/api/v1/decisions", params={"since": since})
         return [decision_from_dict(d) for d in data["decisions"]]
 
-    def request(self, rid: int) -> RequestStory:
-        """One request's story (``dualpath explain``; diagnose/explain.py tells it)."""
-        return RequestStory.from_dict(self._json("GET", f"/api/v1/requests/{int(rid)}"))
+    def request(self, request_id: int | str) -> RequestStory:
+        """One request's story (``dualpath explain``; diagnose/explain.py tells it):
+        ``request_id`` is the integer id, the OpenAI body's id or a client's
+        ``x-request-id``."""
+        path = f"/api/v1/requests/{quote(str(request_id), safe='')}"
+        return RequestStory.from_dict(self._json("GET", path))
 
     def requests(self, state: str = "inflight", limit: int = 100,
                  after: int | None = None) -> RequestListing:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.api.errors import ApiError, Forbidden, Rejected, Unauthorized, Unreachable
 from dualpath_cli.faultspec import Fault
+from dualpath_cli.telemetry.request_ids import RequestAliases
 from dualpath_cli.telemetry.status import Status
 from dualpath_cli.telemetry.stories import RequestListing, RequestStory
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision, EngineView, NodeView
@@ -54,6 +55,7 @@ class FakeClient:
         self._decisions = list(decisions)
         self.outcomes: dict[int, dict[str, Any]] = {}  # rid -> outcome, in finish order
         self.inflight: list[dict[str, Any]] = [dict(r) for r in inflight]
+        self.aliases = RequestAliases()  # a turn's other ids, as the server keeps them
         self._metrics_text = metrics_text
         self._token = token
         self.client_token = client_token
@@ -126,17 +128,22 @@ class FakeClient:
         self._call("decisions")
         return [d for d in self._decisions if d.seq > since]
 
-    def request(self, rid: int) -> RequestStory:
-        """The story of ``rid`` from the given decisions (and ``outcomes``), like the server;
-        404 (:class:`Rejected`) when none is kept."""
-        from dualpath_cli.diagnose.explain import RequestNotFound, explain_request
+    def request(self, request_id: int | str) -> RequestStory:
+        """The story of a request (the integer id, a body id or an alias in ``aliases``)
+        from the given decisions (and ``outcomes``), like the server; 404
+        (:class:`Rejected`) when none is kept."""
+        from dualpath_cli.diagnose.explain import RequestNotFound, explain_request, unknown_id
 
         self._call("request")
+        rid = self.aliases.resolve(request_id)
+        if rid is None:
+            raise Rejected(f"{self.url}: HTTP 404: {unknown_id(request_id)}", 404)
         row = None if rid in self.outcomes else next(
             (r for r in self.inflight if r.get("rid") == rid), None)
         try:
             return RequestStory.from_dict(explain_request(
-                rid, self._decisions, self.outcomes.get(rid), progress=row))
+                rid, self._decisions, self.outcomes.get(rid), progress=row,
+                aliases=self.aliases.of(rid)))
         except RequestNotFound as err:
             raise Rejected(f"{self.url}: HTTP 404: {err}", 404) from None
 
@@ -165,7 +172,8 @@ class FakeClient:
         else:
             rids = (rids[rids.index(after) + 1:] if after in rids else rids)[:limit]
         return RequestListing.from_dict({"state": state, "at": at, "requests": finished_stories(
-            [(rid, self.outcomes[rid]) for rid in rids], self._decisions)})
+            [(rid, self.outcomes[rid]) for rid in rids], self._decisions,
+            aliases=self.aliases.of)})
 
     def status(self) -> Status:
         """Status derived from the current view and the audit so far."""

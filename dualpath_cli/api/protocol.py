@@ -70,8 +70,9 @@ class ClusterClient(Protocol):
         """Logged decisions with ``seq > since``, oldest first."""
         ...
 
-    def request(self, rid: int) -> RequestStory:
-        """Request ``rid``'s story."""
+    def request(self, request_id: int | str) -> RequestStory:
+        """A request's story: the integer id, the OpenAI body's id or a client's
+        ``x-request-id`` (telemetry/request_ids.py)."""
         ...
 
     def requests(self, state: str = "inflight", limit: int = 100,

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
 
 
-def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> RequestStory:
+def _story(request_id: str, ref: ClusterRef, from_file: Path | None) -> RequestStory:
     if from_file is not None:
         from dualpath_cli.diagnose.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
@@ -43,8 +43,10 @@ def _story(request_id: int, ref: ClusterRef, from_file: Path | None) -> RequestS
 
 
 def explain(
-    request_id: Annotated[int, typer.Argument(min=0, help="The request id (rid in the "
-                                              "decision log, dualpath monitor, recordings).")],
+    request_id: Annotated[str, typer.Argument(help=(
+        "The request id: rid in the decision log, dualpath monitor and recordings (the "
+        "x-request-id header of an OpenAI answer), the answer's chatcmpl-/cmpl- id, or the "
+        "x-request-id the client sent."))],
     url: UrlOption = None,
     port: PortOption = None,
     token_file: TokenFileOption = None,

@@ -32,10 +32,11 @@ waiting for later layers' KV, streamed or copied while earlier layers ran) and `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dualpath_cli.errors import UsageError
+from dualpath_cli.telemetry.request_ids import parse_request_id
 from dualpath_cli.telemetry.stories import InflightTurn, RequestStory
 from dualpath_cli.telemetry.view import NA, Decision
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestNotFound", "explain_request", "render_story", "side_reason", "PHASES",
            "inflight_row", "partial_outcome", "decisions_by_rid", "finished_stories",
-           "story_from_recording", "progress_text"]
+           "story_from_recording", "progress_text", "unknown_id", "recorded_id"]
 
 #: An in-flight turn's phases (the scheduler's ``in_flight``), in order, for people.
 PHASES: dict[str, str] = {
@@ -193,21 +194,31 @@ def partial_outcome(raw: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def finished_stories(done: Sequence[tuple[int, dict[str, Any]]],
-                     decisions: Iterable[Decision], block_tokens: int | None = None
+                     decisions: Iterable[Decision], block_tokens: int | None = None,
+                     aliases: Callable[[int], Sequence[str]] | None = None
                      ) -> list[dict[str, Any]]:
     """The stories of finished requests (``(rid, outcome)`` in finish order); a request
-    whose decisions the ring no longer holds is left out."""
+    whose decisions the ring no longer holds is left out. ``aliases``: a request's other
+    ids (the OpenAI body's id, a client's ``x-request-id``)."""
     by_rid = decisions_by_rid(decisions, (rid for rid, _ in done))
-    return [explain_request(rid, by_rid[rid], outcome, block_tokens=block_tokens)
+    return [explain_request(rid, by_rid[rid], outcome, block_tokens=block_tokens,
+                            aliases=aliases(rid) if aliases is not None else ())
             for rid, outcome in done if rid in by_rid]
 
 
+def unknown_id(request_id: int | str) -> str:
+    """The one line that says nothing is known of ``request_id``."""
+    return (f"request {request_id}: unknown id (not an integer request id, a chatcmpl-/cmpl- "
+            "id or a client's x-request-id known here)")
+
+
 def _pending(rid: int, progress: Mapping[str, Any],
-             block_tokens: int | None) -> dict[str, Any]:
+             block_tokens: int | None, aliases: Sequence[str]) -> dict[str, Any]:
     """The story of a turn not placed yet: what it is waiting for, its lookup."""
     look = dict(progress.get("lookup") or {})
     return {
-        "rid": rid, "agent": progress.get("agent"), "turn": progress.get("turn"),
+        "rid": rid, "aliases": list(aliases), "agent": progress.get("agent"),
+        "turn": progress.get("turn"),
         "state": f"in flight: {progress.get('phase')}", "attempts": [], "decided_at": None,
         "prompt_tokens": progress.get("prompt_tokens"),
         "cached_tokens": progress.get("cached_tokens"), "block_tokens": block_tokens,
@@ -224,7 +235,8 @@ def _pending(rid: int, progress: Mapping[str, Any],
 def explain_request(rid: int, decisions: Sequence[Decision],
                     outcome: dict[str, Any] | None = None, *,
                     block_tokens: int | None = None,
-                    progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    progress: Mapping[str, Any] | None = None,
+                    aliases: Sequence[str] = ()) -> dict[str, Any]:
     """The story of request ``rid`` as a JSON-ready dict.
 
     Args:
@@ -237,13 +249,15 @@ def explain_request(rid: int, decisions: Sequence[Decision],
             from the decision).
         progress: the turn's :func:`inflight_row` while it is in flight (``None``: finished,
             or not known to be running).
+        aliases: the request's other ids (``aliases``: the OpenAI body's id, a client's
+            ``x-request-id``), so a recording of the story finds it by them too.
 
     Raises:
         RequestNotFound: no decision of ``rid`` is kept and it is not in flight.
     """
     mine = [d for d in decisions if d.rid == rid and d.kind == "turn"]
     if not mine and progress is not None:
-        return _pending(rid, progress, block_tokens)
+        return _pending(rid, progress, block_tokens, aliases)
     if not mine:
         raise RequestNotFound(f"request {rid}: no decision kept for it (unknown id, or "
                               "older than the decision ring)")
@@ -253,7 +267,7 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     lookups = [x.inputs.get("lookup") or {} for x in mine]
     bt = block_tokens or (d.cached // look["hit_blocks"] if look.get("hit_blocks") else None)
     story: dict[str, Any] = {
-        "rid": rid, "agent": d.agent, "turn": d.turn,
+        "rid": rid, "aliases": list(aliases), "agent": d.agent, "turn": d.turn,
         "state": (f"in flight: {progress.get('phase')}" if progress is not None
                   else "finished" if outcome is not None else "running or not recorded"),
         "attempts": [{"seq": x.seq, "attempt": x.attempt, "at": x.at, "pe": x.pe, "de": x.de,
@@ -307,8 +321,20 @@ def explain_request(rid: int, decisions: Sequence[Decision],
     return story
 
 
-def story_from_recording(rec: Recording, rid: int, at: float | None = None) -> RequestStory:
-    """Request ``rid``'s story from a recording.
+def recorded_id(rec: Recording, request_id: int | str) -> int | None:
+    """The integer id ``request_id`` names in a recording: digits or a body id by
+    themselves, else the request whose recorded story lists it as an alias."""
+    if isinstance(request_id, str) and not request_id.isdigit():
+        for rid, story in rec.stories.items():
+            if request_id in (story.get("aliases") or ()):
+                return rid
+    return parse_request_id(request_id)
+
+
+def story_from_recording(rec: Recording, request_id: int | str,
+                         at: float | None = None) -> RequestStory:
+    """A request's story from a recording (``request_id``: the integer id, the OpenAI
+    body's id or a client's ``x-request-id``, found among the recorded stories' aliases).
 
     ``at``: a replay cursor's time: a request in flight at the sample there is told as it
     was then (decisions up to ``at``, the sample's in-flight row). Otherwise the story the
@@ -316,8 +342,11 @@ def story_from_recording(rec: Recording, rid: int, at: float | None = None) -> R
     the decision part only.
 
     Raises:
-        RequestNotFound: the recording holds nothing of ``rid``.
+        RequestNotFound: the recording holds nothing of it.
     """
+    rid = recorded_id(rec, request_id)
+    if rid is None:
+        raise RequestNotFound(unknown_id(request_id))
     decisions: Sequence[Decision] = rec.decisions
     bt = rec.header.get("block_tokens")
     if at is not None:
@@ -379,6 +408,8 @@ def render_story(story: RequestStory) -> list[str]:
              f"{story.state}, {len(story.attempts)} attempt(s) placed",
              f"  prompt {story.prompt_tokens} tokens, cached {story.cached_tokens} "
              f"tokens ({_na(lk.get('hit_blocks'))} of {_na(lk.get('blocks'))} blocks)"]
+    if story.aliases:
+        lines.insert(1, f"  also known as: {', '.join(story.aliases)}")
     if progress:
         lines.append(progress_text(progress))
     if lk.get("misses"):

@@ -272,8 +272,8 @@ class SchedulerService(MessageLoop, SchedulerReads):
             if rid is None:
                 rid = self._next_rid
             self._next_rid = rid + 1
-            ticket = Ticket(TokenStream(req.gen), functools.partial(self.cancel, rid)
-                            ) if req.stream else Ticket()
+            ticket = Ticket(TokenStream(req.gen), functools.partial(self.cancel, rid),
+                            rid=rid) if req.stream else Ticket(rid=rid)
             flight = Flight(rid, req, ticket, time.monotonic())
             self._lookup(flight)
             self.flights[rid] = flight
@@ -431,7 +431,7 @@ class SchedulerService(MessageLoop, SchedulerReads):
             front: list[Flight] = []
             for rid, req, att, submitted, hit, pe, de in sorted(state.flights,
                                                                 key=lambda r: r[0]):
-                f = Flight(rid, req, Ticket(), submitted)
+                f = Flight(rid, req, Ticket(rid=rid), submitted)
                 f.att = att + 1  # a new attempt: answers of the old one (if any) are stale
                 f.max_hit_blocks = hit
                 if state.where.get(rid) != "fifo":

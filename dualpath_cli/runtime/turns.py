@@ -138,10 +138,13 @@ class TokenStream:
 
 
 class Ticket:
-    """A handle to wait on a turn's result (and, when streamed, on its tokens so far)."""
+    """A handle to wait on a turn's result (and, when streamed, on its tokens so far).
+    ``rid``: the scheduler's request id of the turn (``None``: a kept answer restored
+    without one)."""
 
     def __init__(self, stream: TokenStream | None = None,
-                 cancel: Callable[[], None] | None = None) -> None:
+                 cancel: Callable[[], None] | None = None, *, rid: int | None = None) -> None:
+        self.rid = rid
         self.event = Latch()
         self.result: TurnResult | None = None
         self.first_event = Latch()

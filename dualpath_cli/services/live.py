@@ -37,6 +37,7 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import Ticket, TurnCancelled, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.storage.store import persists_access_counts
+from dualpath_cli.telemetry.request_ids import RequestAliases
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
 # Ticket and TurnResult: what submit hands back and what its ticket answers (the API waits
@@ -118,6 +119,7 @@ class LiveCluster:
         self._lock = threading.Lock()
         self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
         self._in_flight: set[Ticket] = set()
+        self.aliases = RequestAliases()
         self._prune_at = 256
         self._next_agent = 0
         self._drain: DrainResult | None = None
@@ -332,15 +334,26 @@ class LiveCluster:
         """Logged decisions with ``seq > since``, oldest first (bounded by the ring)."""
         return self.system.decisions(since)
 
-    def request(self, rid: int) -> dict[str, Any]:
-        """Request ``rid``'s story (diagnose/explain.py: ``dualpath explain``): the whole
-        story once it finished, what is known so far while it is in flight.
+    def name_turn(self, rid: int, names: Iterable[str | None]) -> None:
+        """Keep ``names`` (the OpenAI body's id, a client's ``x-request-id``) as aliases of
+        turn ``rid``: its story lists them and :meth:`request` finds it by any of them."""
+        self.aliases.add(rid, names)
+
+    def request(self, request_id: int | str) -> dict[str, Any]:
+        """A request's story (diagnose/explain.py: ``dualpath explain``): the whole story
+        once it finished, what is known so far while it is in flight. ``request_id``: the
+        integer id, the OpenAI body's id or a client's ``x-request-id``
+        (telemetry/request_ids.py).
 
         Raises:
-            RequestNotFound: not in flight, and no decision of it is kept.
+            RequestNotFound: an id nothing is known of, or a request not in flight with no
+                decision of it kept.
         """
         from dualpath_cli.diagnose import explain
 
+        rid = self.aliases.resolve(request_id)
+        if rid is None:
+            raise explain.RequestNotFound(explain.unknown_id(request_id))
         sched = self.system.scheduler
         decisions, outcome = sched.request(rid)
         progress = None
@@ -351,7 +364,8 @@ class LiveCluster:
                                                 now, time.time(), self._kv_bytes_per_token())
                 outcome = explain.partial_outcome(rows[0])
         return explain.explain_request(rid, decisions, outcome, progress=progress,
-                                       block_tokens=self.system.namespace.shape.block_tokens)
+                                       block_tokens=self.system.namespace.shape.block_tokens,
+                                       aliases=self.aliases.of(rid))
 
     def requests(self, state: str, limit: int, after: int | None = None) -> dict[str, Any]:
         """``GET /api/v1/requests``: the turns in flight (``inflight``: oldest first, at
@@ -370,7 +384,8 @@ class LiveCluster:
                                      now, at, kvb) for r in rows]}
         done = sched.ledger.finished_after(after, limit)
         return {"state": state, "at": at, "requests": explain.finished_stories(
-            done, sched.decisions(), self.system.namespace.shape.block_tokens)}
+            done, sched.decisions(), self.system.namespace.shape.block_tokens,
+            self.aliases.of)}
 
     def _kv_bytes_per_token(self) -> int:
         shape = self.system.shape

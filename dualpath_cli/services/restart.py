@@ -150,6 +150,8 @@ class TurnKeys:
                 item["result"] = {"tokens": r.tokens, "cached": r.cached,
                                   "attempts": r.attempts, "pe": r.pe, "de": r.de,
                                   "pe_tokens": r.pe_tokens, "rx_from_pe": r.rx_from_pe}
+                if ticket.rid is not None:
+                    item["result"]["rid"] = ticket.rid
             else:
                 continue  # answered with an error, or lost: the resubmission runs it
             out.append(item)
@@ -165,7 +167,8 @@ class TurnKeys:
                 ticket = tickets.get(int(item["rid"]))
             elif "result" in item:
                 r = item["result"]
-                ticket = Ticket()
+                rid = r.get("rid")
+                ticket = Ticket(rid=None if rid is None else int(rid))
                 ticket.result = TurnResult([int(t) for t in r["tokens"]], 0.0, 0.0, 0.0,
                                            int(r["cached"]), int(r["attempts"]), int(r["pe"]),
                                            int(r["de"]), int(r["pe_tokens"]),

@@ -92,6 +92,8 @@ class RequestStory:
     request's first token)."""
 
     rid: int
+    #: the request's other ids: the OpenAI body's id, a client's ``x-request-id``
+    aliases: tuple[str, ...] = ()
     agent: int | None = None
     turn: int | None = None
     state: str = ""
@@ -128,6 +130,7 @@ class RequestStory:
         """The record of a story as the API serves it."""
         known, extra = _split(cls, data)
         known["attempts"] = tuple(known.get("attempts") or ())
+        known["aliases"] = tuple(str(a) for a in known.get("aliases") or ())
         known["lookup"] = dict(known.get("lookup") or {})
         if known.get("layer_slack_s") is not None:
             known["layer_slack_s"] = tuple(known["layer_slack_s"])
@@ -139,6 +142,7 @@ class RequestStory:
         """The story as the API serves it."""
         out = {k: getattr(self, k) for k in _names(RequestStory)}
         out["attempts"] = list(self.attempts)
+        out["aliases"] = list(self.aliases)
         if self.layer_slack_s is not None:
             out["layer_slack_s"] = list(self.layer_slack_s)
         if self.progress is not None:
