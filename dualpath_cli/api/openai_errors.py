@@ -36,6 +36,11 @@ class OpenAIError(Exception):
         self.code = code
         self.headers = headers
 
+    def tagged(self, headers: Mapping[str, str]) -> OpenAIError:
+        """This error with ``headers`` added (a turn's ``x-request-id``)."""
+        self.headers = {**(self.headers or {}), **headers}
+        return self
+
     def response(self) -> JSONResponse:
         """The error as a response."""
         return JSONResponse({"error": {"message": self.message, "type": self.type,

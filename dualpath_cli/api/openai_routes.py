@@ -38,6 +38,12 @@ Sent again with the same request (a connection cut, a scheduler restarted after 
 it gets the turn already admitted under that key, still running or its kept answer, never a
 second run; the same key with a different request is refused (422). See docs/multinode.md.
 
+Request ids: every answer of an admitted turn (streamed or not, and its errors) carries
+``x-request-id``, the scheduler's integer request id (the decision log's ``rid``); the body's
+``id`` is ``chatcmpl-<rid>-<random>`` (``cmpl-`` for completions). A client's own
+``x-request-id`` request header is kept as an alias of the turn. ``dualpath explain`` and
+``GET /api/v1/requests/{id}`` take any of the three (telemetry/request_ids.py).
+
 Chat template (append-only, so turn n+1's rendering extends turn n's prompt and reply)::
 
     <|{role}|>\\n{content}<|end|>\\n     for every message, then
@@ -91,6 +97,7 @@ from dualpath_cli.core.tokenizer import N_BYTE_TOKENS, ByteTokenizer
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.live import Draining, LiveCluster, TurnResult
 from dualpath_cli.services.restart import KeyConflict, check_key
+from dualpath_cli.telemetry.request_ids import body_id, valid_alias
 
 __all__ = ["router", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "TURN_TIMEOUT_S"]
 
@@ -187,13 +194,23 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             raise OpenAIError(400, str(err)) from None
         return Turn(live, ticket, turn_timeout, keep=key is not None)
 
+    def name(turn: Turn, kind: str, client_id: str | None) -> tuple[str, dict[str, str]]:
+        """The turn's body id (``<kind>-<rid>-<random>``) and its ``x-request-id`` header
+        (the scheduler's id); the body id and the client's own id become its aliases."""
+        rid = turn.ticket.rid
+        if rid is None:  # a kept answer restored without its id (an older checkpoint)
+            return f"{kind}-{uuid.uuid4().hex}", {}
+        body = body_id(kind, rid)
+        live.name_turn(rid, (body, client_id if valid_alias(client_id) else None))
+        return body, {"x-request-id": str(rid)}
+
     async def finish(turn: Turn) -> TurnResult:
         await turn.done
         return turn_result(turn.ticket, turn_timeout)
 
     async def stream(served: _Served, turn: Turn, rid: str, obj: str,
                      chunk: Callable[[str | None, str | None, list[int] | None],
-                                     dict[str, Any]]) -> Response:
+                                     dict[str, Any]], id_headers: dict[str, str]) -> Response:
         # wait for the first token before answering, so an error before it is a status code
         try:
             await turn.started()
@@ -241,11 +258,11 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 yield _sse(envelope([]) | {"usage": _usage(served, r)})
             yield b"data: [DONE]\n\n"
 
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} | id_headers
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
-    def reply(body: dict[str, Any]) -> Response:
-        return JSONResponse(body)
+    def reply(body: dict[str, Any], headers: dict[str, str]) -> Response:
+        return JSONResponse(body, headers=headers)
 
     def encode(text: str) -> list[int]:
         try:
@@ -276,14 +293,17 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 "Session key: one session is one agent's prefix chain."))] = None,
             idempotency_key: Annotated[str | None, Header(description=(
                 "Names this turn: a resubmission gets the same turn's answer."))] = None,
+            x_request_id: Annotated[str | None, Header(description=(
+                "Your own id for this turn (1-200 printable characters, not all digits): "
+                "kept as an alias, so dualpath explain finds the turn by it."))] = None,
     ) -> Response:
         """Complete one prompt (text or token ids) greedily; ``stream`` for SSE chunks."""
         p = body.prompt  # one prompt after validation: text or token ids
         tokens = encode(p) if isinstance(p, str) else [
             t for t in p if isinstance(t, int)]
         served = resolve(body, tokens, x_session_id, body.max_tokens)
-        rid = f"cmpl-{uuid.uuid4().hex}"
         turn = admit(served, idempotency_key)
+        rid, id_headers = name(turn, "cmpl", x_request_id)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:
@@ -293,15 +313,18 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 c["token_ids"] = ids
             return c
 
-        if served.stream:
-            return await stream(served, turn, rid, "text_completion", chunk)
-        r = await finish(turn)
+        try:
+            if served.stream:
+                return await stream(served, turn, rid, "text_completion", chunk, id_headers)
+            r = await finish(turn)
+        except OpenAIError as err:
+            raise err.tagged(id_headers) from None
         choice = chunk(tokenizer.decode(r.tokens), "length", None)
         if served.token_ids:
             choice |= {"token_ids": list(r.tokens), "prompt_token_ids": served.tokens}
         return reply({"id": rid, "object": "text_completion",
                               "created": int(time.time()), "model": served.model,
-                              "choices": [choice], "usage": _usage(served, r)})
+                              "choices": [choice], "usage": _usage(served, r)}, id_headers)
 
     @r.post("/v1/chat/completions", response_model=ChatCompletion,
             responses=ERRORS | {200: {"content": SSE}})
@@ -311,13 +334,16 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 "Session key: one session is one agent's prefix chain."))] = None,
             idempotency_key: Annotated[str | None, Header(description=(
                 "Names this turn: a resubmission gets the same turn's answer."))] = None,
+            x_request_id: Annotated[str | None, Header(description=(
+                "Your own id for this turn (1-200 printable characters, not all digits): "
+                "kept as an alias, so dualpath explain finds the turn by it."))] = None,
     ) -> Response:
         """Reply to ``messages`` (rendered by the chat template) greedily."""
         tokens = encode(render_chat(body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens
         served = resolve(body, tokens, x_session_id, max_tokens)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
         turn = admit(served, idempotency_key)
+        rid, id_headers = name(turn, "chatcmpl", x_request_id)
 
         def chunk(text: str | None, finish_reason: str | None,
                   ids: list[int] | None) -> dict[str, Any]:
@@ -332,9 +358,12 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 c["token_ids"] = ids
             return c
 
-        if served.stream:
-            return await stream(served, turn, rid, "chat.completion.chunk", chunk)
-        r = await finish(turn)
+        try:
+            if served.stream:
+                return await stream(served, turn, rid, "chat.completion.chunk", chunk, id_headers)
+            r = await finish(turn)
+        except OpenAIError as err:
+            raise err.tagged(id_headers) from None
         choice: dict[str, Any] = {"index": 0, "message": {
             "role": "assistant", "content": tokenizer.decode(r.tokens)},
             "logprobs": None, "finish_reason": "length"}
@@ -342,6 +371,6 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             choice |= {"token_ids": list(r.tokens), "prompt_token_ids": served.tokens}
         return reply({"id": rid, "object": "chat.completion",
                               "created": int(time.time()), "model": served.model,
-                              "choices": [choice], "usage": _usage(served, r)})
+                              "choices": [choice], "usage": _usage(served, r)}, id_headers)
 
     return r
