@@ -343,7 +343,7 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         the stories of finished ones, from the scheduler's live state and its ledger."""
         return _json(live.requests(state, limit, after))
 
-    @r.get("/api/v1/requests/{rid}", responses=_ERRORS, tags=["read"])
+    @r.get("/api/v1/requests/{rid:path}", responses=_ERRORS, tags=["read"])
     def request_story(rid: Annotated[str, Path(max_length=200, description=(
             "The request id (the decision log's rid, the x-request-id header of its "
             "answer), the OpenAI body's chatcmpl-/cmpl- id, or the client's own "

@@ -1,0 +1,96 @@
+"""Request ids end to end: the official ``openai`` client against a real uvicorn server on
+loopback reads the scheduler's id in ``x-request-id``, and ``dualpath explain`` tells the
+same story by that id, the body's ``chatcmpl-``/``cmpl-`` id and the client's own id."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai_server import Served, serve_new
+from typer.testing import CliRunner
+
+from dualpath_cli.cli.app import app
+from dualpath_cli.runtime.options import RuntimeOptions
+
+pytestmark = pytest.mark.e2e  # an API server on loopback
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    opts = RuntimeOptions(block_tokens=8, flops_rate=5e9, fetch_s=0.005,
+                          heartbeat_timeout=10.0)
+    with serve_new(opts) as s:
+        yield s
+
+
+def _client(s: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused-on-loopback")
+
+
+def _explain(s: Served, request_id: str) -> dict[str, Any]:
+    got = CliRunner().invoke(app, ["explain", request_id, "--url", s.url, "--json"])
+    assert got.exit_code == 0, got.output
+    story: dict[str, Any] = json.loads(got.stdout)
+    return story
+
+
+def test_chat_answer_names_its_turn_by_every_id(served: Served) -> None:
+    client = _client(served)
+    msgs: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Which turn is this? Tell the operator."}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=msgs, max_tokens=4,
+        extra_headers={"x-request-id": "agent-run-17/turn-1"})
+    rid = raw.headers["x-request-id"]
+    assert rid.isdigit()
+    reply = raw.parse()
+    assert reply.id.startswith(f"chatcmpl-{rid}-")
+    by_int = _explain(served, rid)
+    assert by_int["rid"] == int(rid) and by_int["state"] == "finished"
+    assert by_int["aliases"] == [reply.id, "agent-run-17/turn-1"]
+    assert _explain(served, reply.id) == by_int
+    assert _explain(served, "agent-run-17/turn-1") == by_int
+    text = CliRunner().invoke(app, ["explain", reply.id, "--url", served.url])
+    assert text.exit_code == 0 and f"request {rid} " in text.stdout
+    assert "also known as: " in text.stdout
+
+
+def test_completions_and_streams_carry_the_scheduler_id(served: Served) -> None:
+    client = _client(served)
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="count: 1 2 3",
+                                                      max_tokens=3)
+    plain = raw.parse()
+    assert plain.id.startswith(f"cmpl-{raw.headers['x-request-id']}-")
+    ids = set()
+    for _ in range(2):  # two turns: two ids, each the body's
+        with client.completions.with_streaming_response.create(
+                model=MODEL, prompt="stream: 1 2 3", max_tokens=3, stream=True) as resp:
+            rid = resp.headers["x-request-id"]
+            events = [line for line in resp.iter_lines() if line.startswith("data: {")]
+        assert all(json.loads(e[6:])["id"].startswith(f"cmpl-{rid}-") for e in events)
+        ids.add(int(rid))
+    with client.chat.completions.with_streaming_response.create(
+            model=MODEL, max_tokens=3, stream=True,
+            messages=[{"role": "user", "content": "stream a reply"}],
+            extra_headers={"x-request-id": "stream-trace-1"}) as resp:
+        rid = resp.headers["x-request-id"]
+        list(resp.iter_lines())
+    ids.add(int(rid))
+    assert len(ids) == 3 and int(raw.headers["x-request-id"]) not in ids
+    assert _explain(served, "stream-trace-1")["rid"] == int(rid)
+
+
+def test_an_unknown_id_is_one_line(served: Served) -> None:
+    resp = httpx.get(f"{served.url}/api/v1/requests/no-such-trace")
+    assert resp.status_code == 404 and "unknown id" in resp.json()["detail"]
+    assert "\n" not in resp.json()["detail"]
+    got = CliRunner().invoke(app, ["explain", "no-such-trace", "--url", served.url])
+    assert got.exit_code == 2 and len(got.output.strip().splitlines()) == 1
