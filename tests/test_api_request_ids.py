@@ -11,10 +11,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI
 from openai.types.chat import ChatCompletionMessageParam
 from openai_server import Served, serve_new
 from typer.testing import CliRunner
 
+from dualpath_cli.api import openai_routes
+from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import app
 from dualpath_cli.runtime.options import RuntimeOptions
 
@@ -94,3 +97,21 @@ def test_an_unknown_id_is_one_line(served: Served) -> None:
     assert "\n" not in resp.json()["detail"]
     got = CliRunner().invoke(app, ["explain", "no-such-trace", "--url", served.url])
     assert got.exit_code == 2 and len(got.output.strip().splitlines()) == 1
+
+
+def test_an_error_after_admission_names_the_turn(served: Served) -> None:
+    """A turn that outlives the router's timeout is a 504 that carries its id."""
+    impatient = FastAPI()
+    impatient.include_router(openai_routes.router(served.live, turn_timeout=1e-3))
+    body = {"model": MODEL, "prompt": "a turn that outlives its timeout", "max_tokens": 16}
+    with ServerThread(impatient) as server:
+        for stream in (False, True):
+            resp = httpx.post(f"{server.url}/v1/completions", json=body | {"stream": stream},
+                              headers={"x-request-id": f"late-{stream}"}, timeout=60)
+            assert resp.status_code == 504, resp.text
+            assert resp.json()["error"]["code"] == "timeout"
+            assert resp.headers["x-request-id"].isdigit()
+            assert (served.live.aliases.resolve(f"late-{stream}")
+                    == int(resp.headers["x-request-id"]))
+    resp = httpx.post(f"{served.url}/v1/completions", json=body | {"model": "other"})
+    assert resp.status_code == 404 and "x-request-id" not in resp.headers  # never admitted
