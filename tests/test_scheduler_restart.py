@@ -156,13 +156,14 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
     first = LiveCluster(_opts(), checkpoint=path)
     first.start()
     try:
-        out0 = first.submit(p0, 4, session="a", key="k0").wait(60).tokens
+        t0 = first.submit(p0, 4, session="a", key="k0")
+        out0 = t0.wait(60).tokens
         assert first.submit(p0, 4, session="a", key="k0").result is not None  # same ticket
         assert first.durable is not None
         first.durable.writer.stop(final=False)  # this test writes the checkpoint itself
         sched = first.system.scheduler
         with sched._lock:  # the scheduler thread is held: k1 is admitted, not dispatched
-            first.submit(p1, 4, session="b", key="k1")
+            rid1 = first.submit(p1, 4, session="b", key="k1").rid
             first.durable.writer.write_now()  # what a kill -9 at this moment leaves behind
         left = {p: p.read_bytes() for p in tmp_path.glob("checkpoint-3.json*")}
         assert len(left) == 2  # the checkpoint and its prompt spool
@@ -185,7 +186,10 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
         assert again.event.is_set() and again.result is not None
         assert again.result.tokens == out0 == model.generate(p0, 4)
         assert sched._next_rid == rids  # answered from the checkpoint: not run again
-        out1 = second.submit(p1, 4, session="b", key="k1").wait(60).tokens
+        assert again.rid == t0.rid is not None  # and named by the id it ran under
+        t1 = second.submit(p1, 4, session="b", key="k1")
+        assert t1.rid == rid1 is not None
+        out1 = t1.wait(60).tokens
         assert out1 == model.generate(p1, 4) and sched._next_rid == rids
         with pytest.raises(KeyConflict, match="different turn"):
             second.submit(p1, 4, session="b", key="k0")
