@@ -114,4 +114,16 @@ def test_an_error_after_admission_names_the_turn(served: Served) -> None:
             assert (served.live.aliases.resolve(f"late-{stream}")
                     == int(resp.headers["x-request-id"]))
     resp = httpx.post(f"{served.url}/v1/completions", json=body | {"model": "other"})
-    assert resp.status_code == 404 and "x-request-id" not in resp.headers  # never admitted
+    assert resp.status_code == 404  # never admitted: a correlation id, not a scheduler's
+    assert resp.headers["x-request-id"].startswith("req-")
+
+
+def test_other_answers_carry_a_correlation_id(served: Served) -> None:
+    """Not a turn: the client's own id comes back, else a generated one (never digits)."""
+    mine = httpx.get(f"{served.url}/api/v1/status", headers={"x-request-id": "ops-check-1"})
+    assert mine.headers["x-request-id"] == "ops-check-1"
+    made = [httpx.get(f"{served.url}/v1/models").headers["x-request-id"] for _ in range(2)]
+    assert made[0] != made[1] and all(m.startswith("req-") for m in made)
+    refused = httpx.post(f"{served.url}/v1/completions", json={"model": "other", "prompt": "x"},
+                         headers={"x-request-id": "12"})  # digits are the scheduler's
+    assert refused.status_code == 404 and refused.headers["x-request-id"].startswith("req-")

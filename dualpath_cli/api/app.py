@@ -46,6 +46,7 @@ from dualpath_cli.api.encode import (
     view_dict,
 )
 from dualpath_cli.api.ratelimit import RateLimit, rate_in_force
+from dualpath_cli.api.request_id_header import RequestIdHeader
 from dualpath_cli.core.thresholds import read_seconds
 from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.faultspec import parse_faults
@@ -449,6 +450,7 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
     app.add_middleware(BodyLimit)  # 413 for a body over the limit, before any handler
+    app.add_middleware(RequestIdHeader)  # x-request-id on every answer (a turn's: its rid)
     rate = rate_limit if rate_limit is not None else rate_in_force(live.opts.api_rate_limit)
     app.add_middleware(RateLimit, rate=rate)  # outermost: 429 per client address, O(1)
     app.state.live = live
