@@ -218,8 +218,10 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             turn.cancel()  # the client went away while its turn waited
             raise
         if turn.ticket.error is not None or (turn.done.done() and not turn.done.result()):
-            turn.cancel()
-            turn_result(turn.ticket, turn_timeout)  # raises the error (or the timeout)
+            try:  # the error (or the timeout) is told before the cancel makes it "cancelled"
+                turn_result(turn.ticket, turn_timeout)
+            finally:
+                turn.cancel()
 
         def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
             return {"id": rid, "object": obj, "created": int(time.time()),
