@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import CLI, recording, run_cli, wait_for_turns
+from conftest import CLI, recording, run_cli, wait_for_turns, wait_until
 
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.diagnose import thresholds
@@ -134,19 +133,20 @@ def test_a_slowed_prefill_engine_reads_prefill_bound_live_and_from_a_recording(
             work.communicate(timeout=60)
             work = bench(6)
 
+            def pe_service_s() -> float | None:
+                pe = next(e for e in client.view().engines if e.role == "prefill")
+                return pe.service_time_s
+
+            # the PE's service time per request under the six agents, before the fault (a
+            # base read after it could already be slowed, and then never be beaten 4x)
+            wait_for_turns(client, client.view().scheduler.decisions.total + 12, work)
+            base = wait_until(pe_service_s, 60, "the PE's service time under six agents",
+                              pace=lambda: client.decisions(-1))
             client.set_faults(["slow_compute:engine=0,factor=8"])
             # wait (bounded) until the slowed compute shows: the PE's measured service time
-            # per request several times what it was, or a batch running past the window
-            base = None
-            deadline = time.monotonic() + 60
-            while True:
-                pe = next(e for e in client.view().engines if e.role == "prefill")
-                if base is None and pe.service_time_s:
-                    base = pe.service_time_s
-                if base and pe.service_time_s and pe.service_time_s > 4 * base:
-                    break
-                assert time.monotonic() < deadline, "the fault never slowed the PE"
-                client.decisions(-1)
+            # per request several times what it was
+            wait_until(lambda: (pe_service_s() or 0.0) > 4 * base, 60,
+                       "the fault to slow the PE 4x", pace=lambda: client.decisions(-1))
             with recording(env, url, "6s", rec):
                 live = _scaling(env, "--url", url, "--window", "6s")
             recorded = _scaling(env, "--from", str(rec))

@@ -194,6 +194,17 @@ class LocalCluster:
                                        name="cluster-supervisor")
         self._watch.start()
 
+    def wait_unlinked(self, timeout: float) -> bool:
+        """Wait (bounded) until the shared buckets' semaphore names are unlinked; whether
+        they are. Once every engine said hello they have all opened them, so this is quick;
+        the system waits for it before it calls itself started, so a SIGKILL to the whole
+        process group right after "ready" leaves no ``/dev/shm/sem.mp-*`` behind."""
+        th = self.unlinker
+        if th is None:
+            return True
+        th.join(timeout)
+        return not th.is_alive()
+
     def _supervise(self) -> None:
         pending = {p.sentinel: eid for eid, p in self._procs.items()}
         while pending and not self._closing.is_set():

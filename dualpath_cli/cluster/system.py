@@ -221,6 +221,8 @@ class RuntimeSystem:
                     if time.monotonic() >= deadline:
                         raise EngineFailed(f"the engines did not start within {timeout:g} s"
                                            ) from None
+            if isinstance(self.cluster, LocalCluster):  # every engine has opened the buckets
+                self.cluster.wait_unlinked(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.close()
             raise
