@@ -90,9 +90,10 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
     """Write a recording to ``path`` as it comes (the final name from the first line on).
 
     ``samples`` may be a generator (the live sampler): each sample is written as it comes,
-    so a long window never sits in memory; every ``flush_every_s`` the decisions and
-    ``stories`` (finished requests' stories, by ``rid``) that appeared meanwhile are written
-    too and the file is flushed (recording_stream.py), so a killed recorder loses seconds.
+    so a long window never sits in memory, followed by the decisions and ``stories``
+    (finished requests' stories, by ``rid``) that appeared meanwhile; every
+    ``flush_every_s`` the file is flushed (recording_stream.py), so a killed recorder loses
+    seconds.
     ``decisions`` and ``stories`` may grow while the samples come (the sampler fills them).
     ``audit``: the ``audit`` line, or a call made after the samples with the first and the
     last sample's time that returns it (the live recorder reads the audit log then;
@@ -130,8 +131,8 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
                 counts["samples"] += 1
                 first = sample.at if first is None else first
                 last = sample.at
+                more(out)  # what the sampler fetched with it
                 if clock() - flushed >= flush_every_s:
-                    more(out)
                     out.flush()
                     flushed = clock()
         except BaseException as err:  # noqa: BLE001 - the file is finished, then it goes on
