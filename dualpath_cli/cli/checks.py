@@ -10,7 +10,7 @@ docs/troubleshooting.md has the table.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import typer.core
 
@@ -49,7 +49,7 @@ class CheckCommand(typer.core.TyperCommand):
     with the ``--json`` object when ``--json`` was given. ``unknown_fields``: the command's
     own empty fields for that object."""
 
-    unknown_fields: dict[str, Any] = {}
+    unknown_fields: ClassVar[dict[str, Any]] = {}
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         given = list(args)  # Click consumes ``args`` as it parses

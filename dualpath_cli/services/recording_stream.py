@@ -53,7 +53,7 @@ class LineWriter:
 
     def __init__(self, path: Path) -> None:
         self._codec = _codec(path)
-        self._zstd = zstd_module() if self._codec == "zst" else None
+        self._zstd: Any = zstd_module() if self._codec == "zst" else None
         self._raw: IO[bytes] = path.open("wb")
         self._open: Any = None  # the current gzip member or zstd frame writer
         self._pending = False  # lines written since the last flush
