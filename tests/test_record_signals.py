@@ -57,24 +57,25 @@ def _recorded(path: Path) -> int:
         return 0
 
 
-def _start_recording(url: str, path: Path, tmp_path: Path) -> subprocess.Popen[str]:
+def _start_recording(url: str, path: Path, tmp_path: Path,
+                     *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
     env.pop("DUALPATH_URL", None)
     return subprocess.Popen([*CLI, "record", "--window", "10m", "--interval", "250ms",
-                             "-o", str(path), "--url", url], env=env, text=True,
+                             "-o", str(path), "--url", url, *extra], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-@pytest.mark.parametrize("signum,code,suffix", [
-    (signal.SIGINT, 130, ".jsonl.zst"),
-    (signal.SIGTERM, 143, ".jsonl.gz"),
+@pytest.mark.parametrize("signum,code,suffix,as_json", [
+    (signal.SIGINT, 130, ".jsonl.zst", False),
+    (signal.SIGTERM, 143, ".jsonl.gz", True),
 ])
 def test_an_interrupted_recording_is_finished_and_says_so(
         served: tuple[LiveCluster, str], tmp_path: Path, signum: int, code: int,
-        suffix: str) -> None:
+        suffix: str, as_json: bool) -> None:
     live, url = served
     path = tmp_path / f"incident{suffix}"
-    proc = _start_recording(url, path, tmp_path)
+    proc = _start_recording(url, path, tmp_path, *(["--json"] if as_json else []))
     try:
         wait_until(lambda: proc.poll() is not None or _recorded(path) >= 1, 60,
                    "the first sample on disk")
@@ -83,7 +84,7 @@ def test_an_interrupted_recording_is_finished_and_says_so(
         wait_until(lambda: proc.poll() is not None or _recorded(path) >= max(4, after), 60,
                    "samples after the turns on disk")
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -96,6 +97,9 @@ def test_an_interrupted_recording_is_finished_and_says_so(
     assert rec.complete and len(rec.samples) == samples >= 4
     assert rec.header["dropped_bytes"] == 0
     assert rec.decisions and rec.trace_lines  # the window's turns, and as a trace
+    if as_json:  # one object, with what the file holds
+        doc = json.loads(out)
+        assert doc["interrupted"] and doc["samples"] == samples and doc["output"] == str(path)
 
 
 def test_a_killed_recording_reads_up_to_its_last_flush(

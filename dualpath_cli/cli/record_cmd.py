@@ -51,7 +51,8 @@ def record(
     window: Annotated[str, typer.Option("--window", "-w", help="How long to record, e.g. 30s, "
                                         "10m.")] = "30s",
     output: Annotated[Path, typer.Option("--output", "-o", help="The recording: .jsonl, "
-                                         ".jsonl.gz, or .jsonl.zst (needs zstandard).")] = Path(
+                                         ".jsonl.gz, or .jsonl.zst (needs zstandard); "
+                                         "written as it goes, flushed every 2 s.")] = Path(
         "recording.jsonl.gz"),
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(at least 250ms).")] = "1s",
@@ -101,9 +102,10 @@ def record(
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (termination.py): the file is whole
             stderr.print(f"interrupted after {counts.get('samples', 0)} samples; "
                          f"{output} is complete up to then", highlight=False)
+            if as_json:  # the one object, with what the file holds
+                emit_json(_summary(output, counts, t0, interrupted=True))
             raise
-    summary = {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
-               "bytes": output.stat().st_size}
+    summary = _summary(output, counts, t0)
     if as_json:
         emit_json(summary)
     else:
@@ -112,3 +114,10 @@ def record(
                      f"finished requests' stories in "
                      f"{summary['seconds']} s -> {output} ({summary['bytes']} bytes)",
                      highlight=False, soft_wrap=True)
+
+
+def _summary(output: Path, counts: dict[str, int], t0: float,
+             interrupted: bool = False) -> dict[str, Any]:
+    """``record --json``'s object: the file, what it holds, how long it took."""
+    return {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
+            "bytes": output.stat().st_size, "interrupted": interrupted}
