@@ -3,8 +3,9 @@
 The recorder runs as a subprocess against a served cluster (an in-process LiveCluster behind
 the real API server): Ctrl-C (SIGINT) and SIGTERM finish its file (exit 130 / 143, "interrupted
 after N samples"); SIGKILL leaves a file that reads up to its last flush, in ``diagnose
---from`` too. ``stop`` signals a launcher whose drain cut a turn off (a stand-in that leaves
-that result in its state file, as ``dualpath launch`` does): it counts them and exits 1.
+--from`` too. ``stop`` of a launched cluster whose short drain timeout cuts a long turn
+off counts it and exits 1 (and, with a stand-in launcher that leaves a given drain in its
+state file, prints exactly the line).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.listen import free_port
 from dualpath_cli.api.server import ServerThread
+from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services import statefile
 from dualpath_cli.services.live import LiveCluster
@@ -130,6 +133,37 @@ def test_a_killed_recording_reads_up_to_its_last_flush(
     assert diag.returncode in (0, 1, 2), diag.stderr  # a verdict, not UNKNOWN
     assert 2 <= json.loads(diag.stdout)["samples"] <= len(rec.samples)  # strided by --window
     assert diag.stderr.count("cut short") <= 1  # said once, when a tail was dropped
+
+
+def test_stop_of_a_launched_cluster_whose_drain_cuts_a_long_turn_exits_1(
+        env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real launcher with a short --drain-timeout and a long turn in flight (the most
+    tokens the server takes: seconds here): stop (called in-process, so its SIGTERM lands at
+    once) reports the cut turn and exits 1; the turn was answered 503 (retryable)."""
+    from test_launch import Launched, _http, _in_flight
+
+    cluster = Launched(env, free_port(), "--store", str(tmp_path / "store"),
+                       "--drain-timeout", "0.2s")
+    answers: list[int] = []
+    try:
+        assert cluster.ready_line.startswith("ready in "), cluster.ready_line
+        long_turn = threading.Thread(target=lambda: answers.append(_http(
+            f"{cluster.url}/v1/completions", {"model": "tiny", "prompt": list(range(1, 65)),
+                                              "max_tokens": 1024, "temperature": 0},
+            timeout=120)[0]))
+        long_turn.start()
+        wait_until(lambda: cluster.proc.poll() is not None or _in_flight(cluster) > 0, 30,
+                   "the long turn to be in flight")
+        code = main(["stop", "--port", str(cluster.port), "--timeout", "60s"])
+        long_turn.join(60)
+        out = capsys.readouterr()
+        assert code == 1, out.out + out.err
+        assert "1 turns cut off by the drain timeout; stopped" in out.out, out.out
+        assert answers == [503]
+        cluster.finish()
+    finally:
+        if cluster.proc.poll() is None:
+            cluster.kill()
 
 
 _DRAIN_CUT = """
