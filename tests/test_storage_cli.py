@@ -76,7 +76,7 @@ def test_gc_evicts_to_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_bad_inputs_are_one_line_usage_errors(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["storage", "verify", str(tmp_path / "nope")]) == 2
+    assert main(["storage", "verify", str(tmp_path / "nope")]) == 3  # UNKNOWN: cannot look
     err = capsys.readouterr().err
     assert "not a directory" in err and "Traceback" not in err
     assert main(["storage", "gc", str(tmp_path), "--capacity", "lots"]) == 2

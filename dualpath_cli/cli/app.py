@@ -32,7 +32,7 @@ COMMANDS = (
      "Run the embedded 1P2D system on an agentic workload and compare policies."),
     ("launch", "launch_cmd", "launch",
      "Serve the configured cluster (default: embedded 1P2D) until SIGINT/SIGTERM."),
-    ("status", "status_cmd", "status",
+    ("status", "status_cmd", "register",
      "One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found."),
     ("stop", "status_cmd", "stop",
      "Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs."),

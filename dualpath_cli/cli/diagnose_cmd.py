@@ -1,20 +1,21 @@
 """``dualpath diagnose WORKFLOW``: collect evidence, print findings, exit with a verdict.
 
-Exit codes are the contract cron and CI branch on: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.
-Bad arguments, an unreadable recording and an unreachable cluster are UNKNOWN (3) here, not
-Click's usage code 2, which would read as CRITICAL. The rules are pure functions in
-dualpath_cli/diagnose/rules.py; this module only collects samples and renders.
+Exit codes are the contract cron and CI branch on: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
+(cli/checks.py). Bad arguments, an unreadable recording and an unreachable cluster are
+UNKNOWN (3) here, not Click's usage code 2, which would read as CRITICAL. The rules are
+pure functions in dualpath_cli/diagnose/rules.py; this module only collects samples and
+renders.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
-import typer.core
 
+from dualpath_cli.cli.checks import CheckCommand, Unknown, emit_unknown
 from dualpath_cli.cli.options import JsonOption, PortOption, TokenFileOption, UrlOption
 from dualpath_cli.errors import DualPathError
 
@@ -25,9 +26,8 @@ if TYPE_CHECKING:
     from dualpath_cli.cli.source import ClusterRef
     from dualpath_cli.diagnose.model import Evidence, Report
 
-__all__ = ["diagnose", "register", "render_reports", "EXIT_UNKNOWN", "WORKFLOW_NAMES"]
+__all__ = ["diagnose", "register", "render_reports", "WORKFLOW_NAMES"]
 
-EXIT_UNKNOWN = 3
 #: What diagnose decodes of a recording at most: samples, and samples x engines (evenly
 #: spaced, the first and the last always). The rules judge shares of samples and
 #: first-to-last deltas, which an even stride keeps; decoding every 1 s sample of 1,152
@@ -45,27 +45,10 @@ _FIXABLE = ("hbm-frag", "long-tail")
 RECHECK_WINDOW = "2s"
 
 
-class Unknown(DualPathError):
-    """Diagnose could not reach a verdict (bad arguments, no cluster, bad recording)."""
+class _DiagnoseCommand(CheckCommand):
+    """Click's usage errors are UNKNOWN (3); the ``--json`` object has no reports."""
 
-    exit_code = EXIT_UNKNOWN
-
-
-def _click() -> Any:
-    return getattr(typer.core, "_click", None) or __import__("click")  # Typer >= 0.29 vendors it
-
-
-class _DiagnoseCommand(typer.core.TyperCommand):
-    """Maps Click's usage errors (exit 2 = CRITICAL here) to UNKNOWN (3)."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except _click().exceptions.UsageError as err:
-            err.exit_code = EXIT_UNKNOWN
-            if "--json" in args:
-                _emit_unknown(err.format_message())
-            raise
+    unknown_fields: ClassVar[dict[str, Any]] = {"reports": []}
 
 
 def register(app: typer.Typer) -> None:
@@ -79,10 +62,11 @@ def _evidence(ref: ClusterRef, from_file: Path | None, window: str,
     from dualpath_cli.diagnose.model import Evidence
 
     if from_file is not None:
+        from dualpath_cli.cli.output import warn
         from dualpath_cli.services.recording import read_recording
 
         rec = read_recording(from_file, max_samples=MAX_SAMPLES,
-                             max_engine_samples=MAX_ENGINE_SAMPLES)
+                             max_engine_samples=MAX_ENGINE_SAMPLES, on_cut=warn)
         in_file = int(rec.header.get("samples_in_file", len(rec.samples)))
         # a recording with an ``audit`` line names a change by its audit entry; an older
         # one (audit None) has its changes read off the samples' thresholds
@@ -169,20 +153,11 @@ def diagnose(
                          from_file, by_layer, fix, as_json)
     except DualPathError as err:  # usage, recording, unreachable: no verdict
         if as_json:
-            _emit_unknown(str(err))
+            emit_unknown(str(err), reports=[])
         if isinstance(err, Unknown):
             raise
         raise Unknown(str(err)) from None
     raise typer.Exit(code)
-
-
-def _emit_unknown(message: str) -> None:
-    """``--json`` always prints one object: a cron line appending it to a log keeps the
-    UNKNOWN verdict and its reason there (the error line still goes to stderr)."""
-    from dualpath_cli.cli.output import emit_json
-
-    emit_json({"severity": "UNKNOWN", "exit_code": EXIT_UNKNOWN, "error": message,
-               "reports": []})
 
 
 def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,

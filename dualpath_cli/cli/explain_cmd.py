@@ -29,12 +29,13 @@ def register(app: typer.Typer) -> None:
 
 def _story(request_id: str, ref: ClusterRef, from_file: Path | None) -> RequestStory:
     if from_file is not None:
+        from dualpath_cli.cli.output import warn
         from dualpath_cli.diagnose.explain import story_from_recording
         from dualpath_cli.services.recording import read_recording
 
         # the story the cluster served when the request finished (whole), else the
         # decision part; samples are not needed for either
-        rec = read_recording(from_file, max_samples=2)
+        rec = read_recording(from_file, max_samples=2, on_cut=warn)
         return story_from_recording(rec, request_id)
     from dualpath_cli.cli import source
 

@@ -382,9 +382,10 @@ def live_samples(ref: ClusterRef, interval_s: float, with_metrics: bool,
 
 def recorded_samples(path: Path) -> Iterator[Sample]:
     """The samples of a recording, oldest first."""
+    from dualpath_cli.cli.output import warn
     from dualpath_cli.services.recording import read_recording
 
-    yield from read_recording(path).samples
+    yield from read_recording(path, on_cut=warn).samples
 
 
 # --- the command -----------------------------------------------------------------------------

@@ -41,3 +41,9 @@ def emit_json(payload: Any) -> None:
 def fail(message: str) -> None:
     """Print a one-line error on stderr (the caller then exits with its code)."""
     stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning on stderr (the command goes on)."""
+    stderr.print(f"[yellow]warning:[/] {message}", markup=True, highlight=False,
+                 soft_wrap=True)

@@ -6,6 +6,10 @@ that finished (what ``dualpath explain`` tells; services/recording.py) and the a
 entries in reach of the window (diagnose names a change by its audit entry); every command
 that takes ``--url`` also takes ``--from`` such a file, so last night's incident can be
 diagnosed in the morning.
+
+The file is written as the window goes (services/recording_stream.py): Ctrl-C or SIGTERM
+finishes it (exit 130 / 143, "interrupted after N samples"), and a killed recorder's file
+reads up to its last flush, a few seconds before it died.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def record(
     window: Annotated[str, typer.Option("--window", "-w", help="How long to record, e.g. 30s, "
                                         "10m.")] = "30s",
     output: Annotated[Path, typer.Option("--output", "-o", help="The recording: .jsonl, "
-                                         ".jsonl.gz, or .jsonl.zst (needs zstandard).")] = Path(
+                                         ".jsonl.gz, or .jsonl.zst (needs zstandard); "
+                                         "written as it goes, flushed every 2 s.")] = Path(
         "recording.jsonl.gz"),
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(at least 250ms).")] = "1s",
@@ -61,7 +66,8 @@ def record(
     from dualpath_cli.cli import source
     from dualpath_cli.cli.output import emit_json, stderr, stdout
     from dualpath_cli.cli.sampling import parse_interval
-    from dualpath_cli.services.recording import _zstd, collect, write_recording
+    from dualpath_cli.services.recording import collect, write_recording
+    from dualpath_cli.services.recording_stream import zstd_module
     from dualpath_cli.telemetry.view import Decision
     from dualpath_cli.units import parse_duration
 
@@ -72,7 +78,7 @@ def record(
     if not output.parent.is_dir():
         raise UsageError(f"{output.parent}: no such directory for the recording")
     if output.name.lower().endswith(".zst"):
-        _zstd()  # refused before the window is spent, not after
+        zstd_module()  # refused before the window is spent, not after
     decisions: list[Decision] = []
     stories: dict[int, dict[str, Any]] = {}
     t0 = time.monotonic()
@@ -85,13 +91,21 @@ def record(
                          highlight=False)
         header = {"source": target, "interval_s": interval_s, "window_s": window_s,
                   "created": time.time()}
-        counts = write_recording(output, header,
-                                 collect(client, window_s, interval_s,
-                                         decisions_out=decisions, stories_out=stories,
-                                         inflight=True), decisions, stories.values(),
-                                 lambda first, last: audit_in_reach(client, first, last))
-    summary = {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
-               "bytes": output.stat().st_size}
+        counts: dict[str, int] = {}
+        try:
+            write_recording(output, header,
+                            collect(client, window_s, interval_s, decisions_out=decisions,
+                                    stories_out=stories, inflight=True),
+                            decisions, stories.values(),
+                            lambda first, last: audit_in_reach(client, first, last),
+                            counts=counts)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (termination.py): the file is whole
+            stderr.print(f"interrupted after {counts.get('samples', 0)} samples; "
+                         f"{output} is complete up to then", highlight=False)
+            if as_json:  # the one object, with what the file holds
+                emit_json(_summary(output, counts, t0, interrupted=True))
+            raise
+    summary = _summary(output, counts, t0)
     if as_json:
         emit_json(summary)
     else:
@@ -100,3 +114,10 @@ def record(
                      f"finished requests' stories in "
                      f"{summary['seconds']} s -> {output} ({summary['bytes']} bytes)",
                      highlight=False, soft_wrap=True)
+
+
+def _summary(output: Path, counts: dict[str, int], t0: float,
+             interrupted: bool = False) -> dict[str, Any]:
+    """``record --json``'s object: the file, what it holds, how long it took."""
+    return {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
+            "bytes": output.stat().st_size, "interrupted": interrupted}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 
+from dualpath_cli.cli.checks import CheckCommand, Unknown, emit_unknown
 from dualpath_cli.cli.launcher import LaunchError, flag_duration
 from dualpath_cli.cli.options import (
     JsonOption,
@@ -24,15 +25,29 @@ from dualpath_cli.cli.options import (
 )
 from dualpath_cli.cli.output import emit_json, stdout
 from dualpath_cli.cli.source import AmbiguousCluster, ClusterRef, NotRunning
+from dualpath_cli.errors import DualPathError
 from dualpath_cli.services import statefile
 
 if TYPE_CHECKING:
     from dualpath_cli.api.client import Status
 
-__all__ = ["status", "stop", "EXIT_NONE", "EXIT_UNHEALTHY"]
+__all__ = ["status", "stop", "register", "EXIT_NONE", "EXIT_UNHEALTHY", "EXIT_CUT"]
 
 EXIT_UNHEALTHY = 2
 EXIT_NONE = 3
+#: ``stop``: the cluster stopped, but its drain timeout cut turns off (they were answered 503).
+EXIT_CUT = 1
+
+
+class _StatusCommand(CheckCommand):
+    """Click's usage errors are UNKNOWN (3), with the ``--json`` object."""
+
+    unknown_fields: ClassVar[dict[str, Any]] = {"running": False, "state": "unknown"}
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``status`` to the ``dualpath`` app (a check-style command: cli/checks.py)."""
+    app.command("status", cls=_StatusCommand)(status)
 
 
 def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
@@ -77,13 +92,9 @@ def status(
         target, state = found.url, found.state
         with DualPathClient(target, found.token, timeout=5.0) as client:
             st = client.status()
-    except AmbiguousCluster as err:  # it cannot look: UNKNOWN, not "unhealthy"
-        if as_json:
-            emit_json({"running": False, "state": "unknown", "reason": str(err)})
-        raise
     except (NotRunning, Unreachable) as err:
         if as_json:
-            emit_json({"running": False, "state": "none", "reason": str(err)})
+            emit_unknown(str(err), running=False, state="none", reason=str(err))
         else:
             stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_NONE) from None
@@ -93,6 +104,10 @@ def status(
         else:
             stdout.print(f"unhealthy  {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_UNHEALTHY) from None
+    except DualPathError as err:  # two clusters, no token file...: it cannot look, UNKNOWN
+        if as_json:
+            emit_unknown(str(err), **_StatusCommand.unknown_fields, reason=str(err))
+        raise Unknown(str(err)) from None
     s = _summary(st, target, state.pid if state else None)
     if as_json:
         emit_json(s)
@@ -128,7 +143,8 @@ def stop(
 ) -> None:
     """Stop the launched cluster: SIGTERM, wait for its drain, report. Exit 3 if none runs.
 
-    Also 3 when several run here and neither --url nor --port names one. It signals the
+    Also 3 when several run here and neither --url nor --port names one; 1 when the drain
+    timeout cut turns off (they are counted). It signals the
     launcher's pid, so it stops a cluster launched on this host only, and needs no token."""
     import psutil
 
@@ -186,12 +202,15 @@ def stop(
         drain = final.drain if final is not None and final.stopped else {}
         result.update(drain=drain, seconds=round(time.monotonic() - t0, 3))
         if drain:
-            msg = f"drained {drain['drained']} turns in {drain['seconds']:.1f} s; stopped"
+            msg = f"drained {drain['drained']} turns in {drain['seconds']:.1f} s"
             if drain.get("abandoned"):
-                msg += f" ({drain['abandoned']} cut off by the drain timeout)"
+                msg += f"; {drain['abandoned']} turns cut off by the drain timeout"
+            msg += "; stopped"
         else:
             msg = "stopped"
     if as_json:
         emit_json({"stopped": True, **result})
     else:
         stdout.print(msg, highlight=False, soft_wrap=True)
+    if result.get("drain", {}).get("abandoned"):
+        raise typer.Exit(EXIT_CUT)  # stopped, but turns were answered 503: a WARNING

@@ -10,14 +10,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 from rich.table import Table
 
+from dualpath_cli.cli.checks import EXIT_CRITICAL, EXIT_OK, CheckCommand, Unknown, emit_unknown
 from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
 from dualpath_cli.cli.output import emit_json, stderr, stdout
-from dualpath_cli.errors import UsageError
+from dualpath_cli.errors import DualPathError, UsageError
 from dualpath_cli.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -208,14 +209,27 @@ def inspect(root: _Root, top: Annotated[int, typer.Option(
                      "run `dualpath storage verify`", highlight=False)
 
 
-@app.command()
+class _VerifyCommand(CheckCommand):
+    unknown_fields: ClassVar[dict[str, Any]] = {"checked": 0, "ok": 0, "corrupt": []}
+
+
+@app.command(cls=_VerifyCommand)
 def verify(root: _Root, json_out: _Json = False) -> None:
-    """Check every block's checksums; corrupt blocks are quarantined. Exit 0 clean, 2 not."""
+    """Check every block's checksums; corrupt blocks are quarantined. Exit 0 clean, 2 not.
+
+    Exit 3 (UNKNOWN) when it cannot look: no store at ROOT, or one it cannot read."""
     from dualpath_cli.storage.inspect import verify_store
 
-    report = verify_store(_open(root))
+    try:
+        report = verify_store(_open(root))
+    except (DualPathError, OSError) as err:  # it cannot look: UNKNOWN, not "corrupt"
+        message = str(err) if isinstance(err, DualPathError) else f"storage root {root}: {err}"
+        if json_out:
+            emit_unknown(message, root=str(root), **_VerifyCommand.unknown_fields)
+        raise Unknown(message) from None
     if json_out:
-        emit_json(report)
+        emit_json({**report.to_dict(), "severity": "CRITICAL" if report.corrupt else "OK",
+                   "exit_code": EXIT_CRITICAL if report.corrupt else EXIT_OK})
     else:
         for bad in report.corrupt:
             stdout.print(f"CORRUPT {bad['key']} ({bad['reason']}): {bad['detail']}",
@@ -223,7 +237,7 @@ def verify(root: _Root, json_out: _Json = False) -> None:
         stdout.print(f"checked {report.checked} blocks: {report.ok} ok, "
                      f"{len(report.corrupt)} corrupt (quarantined)", highlight=False)
     if report.corrupt:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_CRITICAL)
 
 
 @app.command()

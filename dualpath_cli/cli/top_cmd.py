@@ -53,11 +53,12 @@ def make_source(ref: ClusterRef, from_file: Path | None) -> Source:
     if from_file is not None:
         if ref.named:
             raise UsageError(f"--from and {ref.named} exclude each other")
+        from dualpath_cli.cli.output import warn
         from dualpath_cli.services.recording import read_recording
         from dualpath_cli.tui.source import ReplaySource
 
         rec = read_recording(from_file, max_samples=MAX_SAMPLES,
-                             max_engine_samples=MAX_ENGINE_SAMPLES)
+                             max_engine_samples=MAX_ENGINE_SAMPLES, on_cut=warn)
         stride = int(rec.header.get("sample_stride", 1) or 1)
         label = str(from_file) + (f" (every {stride} samples)" if stride > 1 else "")
         return ReplaySource(rec, label)

@@ -446,9 +446,11 @@ def suggest(
     if window_s is not None and window_s <= 0:
         raise UsageError(f"--window {window}: must be longer than 0 s")
     if from_file is not None:
+        from dualpath_cli.cli.output import warn
         from dualpath_cli.services.recording import read_recording
 
-        traffic = twin.traffic_from_recording(read_recording(from_file), str(from_file))
+        traffic = twin.traffic_from_recording(read_recording(from_file, on_cut=warn),
+                                               str(from_file))
     else:
         with _client(ref) as client:
             target = client.url

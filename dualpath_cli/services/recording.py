@@ -1,7 +1,8 @@
 """Recordings on disk: open, compress, write and read them; sample a live cluster into one.
 
-Why here: the file work (gzip/zstd by suffix, a temporary file renamed at the end, a reader
-that skips the samples it need not decode) and the live sampler talk to files and clients.
+Why here: the file work (gzip/zstd by suffix, written as it comes and readable however
+the writer ended -- services/recording_stream.py --, a reader that skips the samples it need
+not decode) and the live sampler talk to files and clients.
 What a recording *is* -- its lines and the types they decode to (:class:`Sample`,
 :class:`Recording`, ...) -- is plain data beside the view model, in telemetry/recording.py,
 so the TUI and diagnose read it without importing a service. The monitor, diagnose, the TUI
@@ -11,18 +12,22 @@ and the twin take ``--from FILE`` as well as ``--url``; they all read a recordin
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
-from dualpath_cli.errors import DualPathError, UsageError
+from dualpath_cli.errors import DualPathError
+from dualpath_cli.services.recording_stream import (
+    FLUSH_EVERY_S,
+    LineWriter,
+    Tail,
+    complete_lines,
+)
 from dualpath_cli.telemetry.recording import (
     FORMAT,
     VERSION,
@@ -40,10 +45,10 @@ from dualpath_cli.telemetry.recording import (
 )
 from dualpath_cli.telemetry.stories import RequestListing
 from dualpath_cli.telemetry.view import ClusterView, Decision
+from dualpath_cli.termination import deferred
 
-__all__ = ["MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "ViewSource", "open_text", "open_binary",
-           "read_recording", "write_recording", "collect", "trace_from_decisions",
-           "shared_links"]
+__all__ = ["MAX_OUTCOMES", "INFLIGHT_PER_SAMPLE", "ViewSource", "read_recording",
+           "write_recording", "collect", "trace_from_decisions", "shared_links"]
 
 
 def _loads(raw: bytes | str) -> Any:
@@ -75,76 +80,65 @@ class ViewSource(Protocol):
 
 
 # --- files -----------------------------------------------------------------------------------
-def _zstd() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise UsageError("a .zst recording needs the 'zstandard' module, which is not "
-                         "installed (pip install zstandard); use .jsonl.gz or .jsonl") from None
-    return zstandard
-
-
-def open_text(path: Path, mode: str) -> IO[str]:
-    """``path`` opened as text for ``"r"`` or ``"w"``, compressed by its suffix."""
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8",  # type: ignore[return-value]
-                         compresslevel=6)
-    if name.endswith(".zst"):
-        zstd = _zstd()
-        raw = path.open(mode + "b")
-        stream = (zstd.ZstdDecompressor().stream_reader(raw, closefd=True) if mode == "r"
-                  else zstd.ZstdCompressor(level=6).stream_writer(raw, closefd=True))
-        return io.TextIOWrapper(stream, encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
-
-
-def open_binary(path: Path) -> IO[bytes]:
-    """``path`` opened for reading as bytes, decompressed by its suffix.
-
-    Why bytes: a reader that skips most sample lines (a long window of a big cluster) need
-    not decode them as text first; ``json.loads`` takes the bytes of the lines it keeps.
-    """
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith(".zst"):
-        zstd = _zstd()
-        return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(path.open("rb"),
-                                                                        closefd=True))
-    return path.open("rb", buffering=1 << 20)
-
-
 def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
                     decisions: Sequence[Decision],
                     stories: Iterable[dict[str, Any]] = (),
                     audit: RecordedAudit | Callable[[float, float], RecordedAudit | None]
-                    | None = None) -> dict[str, int]:
-    """Write a whole recording to ``path`` (via a temporary file, renamed at the end).
+                    | None = None, *, counts: dict[str, int] | None = None,
+                    flush_every_s: float = FLUSH_EVERY_S,
+                    clock: Callable[[], float] = time.monotonic) -> dict[str, int]:
+    """Write a recording to ``path`` as it comes (the final name from the first line on).
 
     ``samples`` may be a generator (the live sampler): each sample is written as it comes,
-    so a long window never sits in memory. ``stories``: finished requests' stories (read
-    after the samples, so the sampler may fill them as it goes). ``audit``: the ``audit``
-    line, or a call made after the samples with the first and the last sample's time that
-    returns it (the live recorder reads the audit log then; ``None``: none is written).
-    Returns the counts written (``audit``: the entries written, absent without the line).
+    so a long window never sits in memory, followed by the decisions and ``stories``
+    (finished requests' stories, by ``rid``) that appeared meanwhile; every
+    ``flush_every_s`` the file is flushed (recording_stream.py), so a killed recorder loses
+    seconds.
+    ``decisions`` and ``stories`` may grow while the samples come (the sampler fills them).
+    ``audit``: the ``audit`` line, or a call made after the samples with the first and the
+    last sample's time that returns it (the live recorder reads the audit log then;
+    ``None``: none is written). When the samples stop with an exception (Ctrl-C, SIGTERM,
+    the cluster went away) the file is still finished (the rest, the trace and the ``end``
+    line) before the exception goes on. ``counts`` (filled as it goes, so a caller whose
+    run was interrupted knows them) is returned: lines of each kind written (``audit``: the
+    entries written, absent without the line).
     """
-    tmp = path.with_name(f".part-{path.name}")  # same suffix: same compression
-    counts = {"samples": 0, "decisions": 0, "trace": 0, "outcomes": 0}
+    counts = {} if counts is None else counts
+    counts.update({"samples": 0, "decisions": 0, "trace": 0, "outcomes": 0})
     first: float | None = None
     last: float | None = None
-    try:
-        with open_text(tmp, "w") as out:
-            out.write(json_line({"kind": "header", "format": FORMAT, "version": VERSION,
+    written: set[int] = set()  # rids of the stories written
+
+    def more(out: LineWriter) -> None:
+        for d in decisions[counts["decisions"]:]:
+            out.write(decision_line(d))
+            counts["decisions"] += 1
+        for story in list(stories):
+            if story["rid"] not in written:
+                written.add(story["rid"])
+                out.write(json_line({"kind": "outcome", "rid": story["rid"], "story": story}))
+                counts["outcomes"] += 1
+
+    with LineWriter(path) as out:
+        out.write(json_line({"kind": "header", "format": FORMAT, "version": VERSION,
                              **header}))
+        out.flush()
+        flushed = clock()
+        stopped: BaseException | None = None
+        try:
             for sample in samples:
                 out.write(sample_line(sample))
                 counts["samples"] += 1
                 first = sample.at if first is None else first
                 last = sample.at
-            for d in decisions:
-                out.write(decision_line(d))
-                counts["decisions"] += 1
+                more(out)  # what the sampler fetched with it
+                if clock() - flushed >= flush_every_s:
+                    out.flush()
+                    flushed = clock()
+        except BaseException as err:  # noqa: BLE001 - the file is finished, then it goes on
+            stopped = err
+        with deferred():  # a second signal waits for the end line
+            more(out)
             kept = audit
             if callable(audit):
                 kept = audit(first, last) if first is not None and last is not None else None
@@ -154,18 +148,15 @@ def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample
             for rec in _trace_records(decisions):
                 out.write(json_line({"kind": "trace", "record": rec}))
                 counts["trace"] += 1
-            for story in stories:
-                out.write(json_line({"kind": "outcome", "rid": story["rid"], "story": story}))
-                counts["outcomes"] += 1
             out.write(json_line({"kind": "end", **counts}))
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    if stopped is not None:
+        raise stopped
     return counts
 
+
 def read_recording(path: str | Path, max_samples: int | None = None,
-                   max_engine_samples: int | None = None) -> Recording:
+                   max_engine_samples: int | None = None,
+                   on_cut: Callable[[str], None] | None = None) -> Recording:
     """Read a recording written by ``dualpath record`` (or :func:`write_recording`).
 
     ``max_samples`` / ``max_engine_samples``: decode at most about this many samples (or
@@ -173,6 +164,10 @@ def read_recording(path: str | Path, max_samples: int | None = None,
     the last; the others are skipped without being parsed. Diagnose over a long window of a
     big cluster uses it (its rules judge shares of samples and first-to-last deltas, which
     an even stride keeps); ``header["samples_in_file"]`` then says how many there were.
+
+    A recording whose writer was killed reads up to its last flush: the incomplete tail is
+    dropped (``header["dropped_bytes"]``) and ``on_cut`` is called once with a line that
+    says so; its served turns are rebuilt from its decisions (a clean end writes them).
 
     Raises:
         RecordingError: missing file, not a recording, or a bad line (``FILE:LINE: why``).
@@ -191,54 +186,54 @@ def read_recording(path: str | Path, max_samples: int | None = None,
     stride = 1
     seen = 0
     pending: tuple[int, bytes] | None = None  # the last sample skipped (kept if it ends up last)
+    tail = Tail()
     try:
-        with open_binary(path) as src:
-            for number, raw in enumerate(src, start=1):
-                if header is not None and raw.startswith(b'{"kind":"sample"'):
-                    keep = seen % stride == 0
-                    seen += 1
-                    if not keep:
-                        pending = (number, raw)
-                        continue
-                    pending = None
-                elif pending is not None and raw.startswith(b'{"kind":"'):
-                    samples.append(sample_from_line(_loads(pending[1])))
-                    pending = None
-                if not raw.strip():
+        for number, raw in enumerate(complete_lines(path, tail), start=1):
+            if header is not None and raw.startswith(b'{"kind":"sample"'):
+                keep = seen % stride == 0
+                seen += 1
+                if not keep:
+                    pending = (number, raw)
                     continue
-                obj = _loads(raw)
-                kind = obj.get("kind") if isinstance(obj, dict) else None
-                if header is None:
-                    if kind != "header" or obj.get("format") != FORMAT:
-                        raise RecordingError(f"{path}:{number}: not a dualpath recording "
-                                             f"(the first line must be a {FORMAT!r} header)")
-                    if obj.get("version") != VERSION:
-                        raise RecordingError(f"{path}:{number}: recording version "
-                                             f"{obj.get('version')!r} is not {VERSION}")
-                    header = obj
-                    stride = _stride(obj, max_samples)
-                elif kind == "sample":
-                    samples.append(sample_from_line(obj))
-                    if len(samples) == 1 and max_engine_samples:
-                        per = max(2, max_engine_samples // max(1, len(samples[0].view.engines)))
-                        cap = per if not max_samples else min(per, max_samples)
-                        stride = max(stride, _stride(header, cap))
-                elif kind == "decision":
-                    obj.pop("kind")
-                    if "decision_kind" in obj:
-                        obj["kind"] = obj.pop("decision_kind")
-                    decisions.append(decision_from_line(obj))
-                elif kind == "trace":
-                    trace.append(obj["record"])
-                elif kind == "outcome":
-                    stories[int(obj["rid"])] = dict(obj["story"])
-                elif kind == "audit":
-                    audit = RecordedAudit.from_line(obj)
-                elif kind == "end":
-                    complete = True
-            if pending is not None:
-                number = pending[0]
+                pending = None
+            elif pending is not None and raw.startswith(b'{"kind":"'):
                 samples.append(sample_from_line(_loads(pending[1])))
+                pending = None
+            if not raw.strip():
+                continue
+            obj = _loads(raw)
+            kind = obj.get("kind") if isinstance(obj, dict) else None
+            if header is None:
+                if kind != "header" or obj.get("format") != FORMAT:
+                    raise RecordingError(f"{path}:{number}: not a dualpath recording "
+                                         f"(the first line must be a {FORMAT!r} header)")
+                if obj.get("version") != VERSION:
+                    raise RecordingError(f"{path}:{number}: recording version "
+                                         f"{obj.get('version')!r} is not {VERSION}")
+                header = obj
+                stride = _stride(obj, max_samples)
+            elif kind == "sample":
+                samples.append(sample_from_line(obj))
+                if len(samples) == 1 and max_engine_samples:
+                    per = max(2, max_engine_samples // max(1, len(samples[0].view.engines)))
+                    cap = per if not max_samples else min(per, max_samples)
+                    stride = max(stride, _stride(header, cap))
+            elif kind == "decision":
+                obj.pop("kind")
+                if "decision_kind" in obj:
+                    obj["kind"] = obj.pop("decision_kind")
+                decisions.append(decision_from_line(obj))
+            elif kind == "trace":
+                trace.append(obj["record"])
+            elif kind == "outcome":
+                stories[int(obj["rid"])] = dict(obj["story"])
+            elif kind == "audit":
+                audit = RecordedAudit.from_line(obj)
+            elif kind == "end":
+                complete = True
+        if pending is not None:
+            number = pending[0]
+            samples.append(sample_from_line(_loads(pending[1])))
     except RecordingError:
         raise
     except (ValueError, KeyError, TypeError, IndexError) as err:
@@ -248,7 +243,15 @@ def read_recording(path: str | Path, max_samples: int | None = None,
         raise RecordingError(f"{path}: cannot read: {err}") from None
     if header is None:
         raise RecordingError(f"{path}: empty file, not a dualpath recording")
-    header = {**header, "samples_in_file": seen, "sample_stride": stride}
+    if tail.cut and on_cut is not None:
+        on_cut(f"{path}: cut short (its recorder did not end cleanly): read up to its last "
+               f"complete line, dropped the last {tail.dropped} bytes")
+    if not trace and decisions:  # a recorder killed before its end wrote no trace lines
+        trace = list(_trace_records(decisions))
+    while len(stories) > MAX_OUTCOMES:  # the newest, as the recorder keeps them
+        del stories[next(iter(stories))]
+    header = {**header, "samples_in_file": seen, "sample_stride": stride,
+              "dropped_bytes": tail.dropped}
     return Recording(header, tuple(samples), tuple(decisions), tuple(trace), complete,
                      stories, None if audit is None else audit.entries,
                      None if audit is None else audit.alpha_s_per_token)

@@ -34,6 +34,10 @@ File: JSON Lines, optionally compressed by suffix (``.gz`` gzip; ``.zst`` zstd w
   in the config's units. Absent from older recordings (and where the status could not be
   read): changes are then read off the samples' thresholds.
 - ``end``: counts, written last (a file without it was cut short; it is still readable).
+
+The recorder writes as the window goes (services/recording_stream.py), so ``decision`` and
+``outcome`` lines follow the sample they were fetched with; readers take the kinds in any
+order.
 """
 
 from __future__ import annotations
