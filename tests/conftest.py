@@ -19,6 +19,7 @@ from tiers import (  # noqa: F401 - the test tiers' hooks and guard, run from he
     pytest_configure,
     pytest_runtest_setup,
     pytest_runtest_teardown,
+    quick_searches_in_one_process,
     quick_tests_start_nothing,
 )
 

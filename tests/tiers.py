@@ -25,7 +25,7 @@ import pytest
 
 __all__ = ["E2E_FIXTURES", "QUICK_PROGRAMS", "StartsAProcess", "pytest_configure",
            "pytest_collection_modifyitems", "pytest_runtest_setup", "pytest_runtest_teardown",
-           "quick_tests_start_nothing", "refused_starts"]
+           "quick_searches_in_one_process", "quick_tests_start_nothing", "refused_starts"]
 
 #: Fixtures that start processes or servers: a test that asks for one is ``e2e``.
 E2E_FIXTURES = frozenset({"launch_cluster"})
@@ -111,6 +111,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     _Running.quick = None
+
+
+@pytest.fixture(autouse=True)
+def quick_searches_in_one_process(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick test's twin search replays its settings in this process: the search's pool
+    of worker processes (its default wherever the process has no other thread) belongs to
+    the e2e tier, which tests that it answers the same (tests/test_twin.py)."""
+    if request.node.get_closest_marker("e2e") is None:
+        from dualpath_cli.sim import twin_search
+
+        monkeypatch.setattr(twin_search, "WORKERS", 1)
 
 
 @pytest.fixture(autouse=True)

@@ -209,6 +209,11 @@ def _predict_job(args: tuple[Traffic, World, Setting, str]) -> Prediction | str:
         return str(err)
 
 
+#: Processes a search uses when its caller names none (``None``: this machine's cores). The
+#: quick test tier sets 1, so that its tests run in one process (tests/tiers.py).
+WORKERS: int | None = None
+
+
 def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
             budget_s: float = 50.0,
             workers: int | None = None,
@@ -216,8 +221,8 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
     """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
 
     Today's setting and each dimension's candidates are independent replays, run on
-    ``workers`` processes (default: this machine's cores; 1, or a caller with other threads
-    running, runs them here); then the
+    ``workers`` processes (default :data:`WORKERS`, else this machine's cores; 1, or a caller
+    with other threads running, runs them here); then the
     combination of each dimension's best. Once ``budget_s`` is spent, replays not yet
     started are skipped and listed. Ranked by the measure :func:`ranking_measure` picks
     from the one-dimension replays (the JCT, or the mean trajectory time when arrivals set
@@ -239,6 +244,8 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
         if on_result is not None and dim != "current":
             on_result(got)
 
+    if workers is None:
+        workers = WORKERS
     n = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if n > 1 and threading.active_count() > 1:
         n = 1  # forking a process with other threads (a served cluster) can deadlock the child
