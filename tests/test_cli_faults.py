@@ -85,3 +85,48 @@ def test_fault_line_names_id_target_and_since() -> None:
     f = Fault("read_latency", node=2, latency_s=0.05, id=3, since=3600 * 3 + 602.0)
     assert fault_line(f) == "fault #3 read_latency node 2 latency 50ms (since 03:10:02 UTC)"
     assert Fault.from_dict(f.to_dict()) == f
+
+
+def _monitor_text(faults: tuple[Fault, ...]) -> str:
+    import io
+
+    from rich.console import Console
+
+    from dualpath_cli.cli.monitor_cmd import MONITOR_METRICS, History, render_table
+    from dualpath_cli.telemetry.recording import Sample
+
+    view = make_view(0, util={3: 0.9})
+    buf = io.StringIO()
+    Console(file=buf, width=160, color_system=None).print(render_table(
+        Sample(view.at, view), [MONITOR_METRICS["snic_util"]], "node", None, History(), False,
+        faults))
+    return buf.getvalue()
+
+
+def test_monitor_by_node_marks_the_degraded_node_beside_its_capacity() -> None:
+    text = _monitor_text((Fault("snic_throttle", node=3, fraction=0.25, id=4, since=1.0),))
+    line = next(x for x in text.splitlines() if "node D3" in x)
+    assert "90.0%" in line and "GB/s" in line and "! degraded: fault #4 snic_throttle" in line
+    assert "degraded" not in next(x for x in text.splitlines() if "node D2" in x)
+    assert "state" not in _monitor_text(())  # no degraded part: no state column
+
+
+def test_monitor_json_and_replay_name_the_faults_in_force() -> None:
+    from dualpath_cli.cli.monitor_cmd import MONITOR_METRICS, sample_json
+    from dualpath_cli.diagnose.degraded import faults_at
+    from dualpath_cli.telemetry.recording import Sample
+    from dualpath_cli.telemetry.view import AuditEntry
+
+    f = Fault("slow_compute", engine=3, factor=2.0, id=1, since=10.0)
+    audit = [AuditEntry(1, 10.0, "tok", "faults", {"faults": []}, {"faults": [f.to_dict()]}),
+             AuditEntry(2, 20.0, "tok", "faults", {"faults": [f.to_dict()]}, {"faults": []})]
+    assert faults_at(audit, 5.0) == () and faults_at(audit, 15.0) == (f,)
+    assert faults_at(audit, 25.0) == () and faults_at(None, 15.0) == ()
+    view = make_view(0)
+    obj = sample_json(Sample(view.at, view), [MONITOR_METRICS["snic_util"]], "node", None,
+                      False, {}, faults_at(audit, 15.0))
+    rows = {r["key"]: r for r in obj["metrics"]["snic_util"]["rows"]}
+    engine3_node = next(e.node for e in view.engines if e.engine_id == 3)
+    hit = [k for k, r in rows.items() if r["degraded"]]
+    assert len(hit) == 1 and rows[hit[0]]["node"] == engine3_node
+    assert rows[hit[0]]["faults"] == [1] and rows[hit[0]]["capacity_bytes_per_s"] > 0
