@@ -84,7 +84,8 @@ def status(
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found.
 
-    Also 3 when several run here and neither --url nor --port names one."""
+    Also 3 when several run here and neither --url nor --port names one. Under the line,
+    one line per injected fault in force (dualpath faults)."""
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.api.errors import ApiError, Unreachable
     from dualpath_cli.cli.source import resolve
