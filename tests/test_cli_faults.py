@@ -4,6 +4,7 @@ rendering, the ids, the audit, the one-line errors (no processes: the quick tier
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def test_fault_line_names_id_target_and_since() -> None:
     assert Fault.from_dict(f.to_dict()) == f
 
 
-def _monitor_text(faults: tuple[Fault, ...]) -> str:
+def _monitor_text(faults: tuple[Fault, ...], util: dict[int, float] | None = None) -> str:
     import io
 
     from rich.console import Console
@@ -95,7 +96,7 @@ def _monitor_text(faults: tuple[Fault, ...]) -> str:
     from dualpath_cli.cli.monitor_cmd import MONITOR_METRICS, History, render_table
     from dualpath_cli.telemetry.recording import Sample
 
-    view = make_view(0, util={3: 0.9})
+    view = make_view(0, util=util)
     buf = io.StringIO()
     Console(file=buf, width=160, color_system=None).print(render_table(
         Sample(view.at, view), [MONITOR_METRICS["snic_util"]], "node", None, History(), False,
@@ -106,9 +107,16 @@ def _monitor_text(faults: tuple[Fault, ...]) -> str:
 def test_monitor_by_node_marks_the_degraded_node_beside_its_capacity() -> None:
     text = _monitor_text((Fault("snic_throttle", node=3, fraction=0.25, id=4, since=1.0),))
     line = next(x for x in text.splitlines() if "node D3" in x)
-    assert "90.0%" in line and "GB/s" in line and "! degraded: fault #4 snic_throttle" in line
-    assert "degraded" not in next(x for x in text.splitlines() if "node D2" in x)
-    assert "state" not in _monitor_text(())  # no degraded part: no state column
+    assert "node D3 !" in line and "GB/s" in line  # the mark beside the name, the rate
+    assert "node D3 ! degraded: fault #4 snic_throttle" in text  # what it stands for
+    assert "!" not in next(x for x in text.splitlines() if "node D2" in x)
+    assert "degraded" not in _monitor_text(())  # nothing covers a part: no marks
+
+
+def test_monitor_by_node_marks_a_node_an_open_finding_covers() -> None:
+    text = _monitor_text((), util={3: 1.0})  # D3's NIC saturated, the others at 50%
+    assert re.search(r"node D3 !!? degraded: .*snic-imbalance", text), text
+    assert "!" not in next(x for x in text.splitlines() if "node D2" in x)
 
 
 def test_monitor_json_and_replay_name_the_faults_in_force() -> None:

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -258,11 +258,43 @@ def _fmt_delta(value: float | None, prev: float | None, unit: str) -> str:
     return f"{d:+g}"
 
 
+#: Samples the diagnose rules judge (the monitor's own recent window).
+FINDING_WINDOW = 30
+#: The rules judge every sample up to this many engines, every k-th beyond (k = engines /
+#: this, rounded up): at 1,152 engines they cost a few hundred ms over the window.
+RULES_ENGINES = 256
+
+
 class History:
-    """Past values per row key, for deltas and sparklines."""
+    """Past values per row key, for deltas and sparklines; recent samples for the rules."""
 
     def __init__(self) -> None:
         self._h: dict[tuple[str, str], deque[float | None]] = {}
+        self._samples: deque[Sample] = deque(maxlen=FINDING_WINDOW)
+        self._open: dict[str, list[tuple[bool, str]]] = {}
+        self._seen = 0
+
+    def open_findings(self, sample: Sample) -> dict[str, list[tuple[bool, str]]]:
+        """Subject (``node D1``, ``engine 3``) -> (critical, workflow) of each open
+        findings of the diagnose rules over the recent samples (every sample, or every
+        k-th on a large cluster: RULES_ENGINES; between runs the last verdicts stand)."""
+        self._samples.append(sample)
+        self._seen += 1
+        every = -(-len(sample.view.engines) // RULES_ENGINES) or 1
+        if (self._seen - 1) % every:
+            return self._open
+        from dualpath_cli.diagnose import rules
+        from dualpath_cli.diagnose.model import Evidence, Severity
+
+        found: dict[str, list[tuple[bool, str]]] = {}
+        for report in rules.run_all(Evidence(tuple(self._samples))):
+            for f in report.findings:
+                if f.subject and f.severity in (Severity.WARNING, Severity.CRITICAL):
+                    text = (f.severity is Severity.CRITICAL, f.workflow)
+                    if text not in found.setdefault(f.subject, []):
+                        found[f.subject].append(text)
+        self._open = found
+        return found
 
     def push(self, rows: list[Row]) -> dict[tuple[str, str], tuple[float | None, str]]:
         """Record ``rows``; returns each row's previous value and sparkline."""
@@ -308,11 +340,24 @@ def _covering(sample: Sample, faults: tuple[Fault, ...], row: Row) -> list[Fault
             if f.target in (("node", row.node), *(("engine", e) for e in engines))]
 
 
-def _mark_text(found: list[Fault]) -> str:
-    """``! degraded: fault #1 snic_throttle``; empty when nothing covers the part."""
-    if not found:
-        return ""
-    return "! degraded: " + ", ".join(f"fault #{f.id} {f.kind}" for f in found)
+def _subjects(sample: Sample, row: Row) -> list[str]:
+    """What findings would name the row's part: its node and its engine(s)."""
+    roles = {n.node: n.role for n in sample.view.nodes}
+    engines = ({row.engine} if row.engine is not None else
+               {e.engine_id for e in sample.view.engines if e.node == row.node})
+    out = [f"node {_node_label(roles.get(row.node), row.node)}"] if row.node is not None else []
+    return out + [f"engine {e}" for e in sorted(engines)]
+
+
+def _mark(found: list[Fault], findings: Sequence[tuple[bool, str]] = ()) -> tuple[str, str]:
+    """The part's mark and what it stands for: ``("!", "fault #1 snic_throttle")``, or
+    ``("!!", "hbm-frag")`` when an open finding is CRITICAL (a fault in force, degraded on
+    purpose, and a WARNING are ``!``); ``("", "")`` when nothing covers the part."""
+    words = [f"fault #{f.id} {f.kind}" for f in found]
+    words += [w for i, (_, w) in enumerate(findings) if w not in [x for _, x in findings[:i]]]
+    if not words:
+        return "", ""
+    return ("!!" if any(c for c, _ in findings) else "!"), ", ".join(words)
 
 
 def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
@@ -355,27 +400,32 @@ def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
     table = Table(title=title, title_justify="left", expand=False)
     with_capacity = any(m.name in _CAPACITY for m in metrics)
     per_metric = [(m, rows_for(m, sample, by, role)) for m in metrics]
-    marks = {(r.metric, r.key): _mark_text(_covering(sample, faults, r))
+    open_findings = history.open_findings(sample)
+    marks = {r.key: _mark(_covering(sample, faults, r), [
+                 w for subj in _subjects(sample, r) for w in open_findings.get(subj, [])])
              for _, found in per_metric for r in found}
-    with_state = any(marks.values())  # a column only while some part is degraded
     cols = ["metric", "where", "role", "value", *(["capacity"] if with_capacity else []),
-            "delta", "trend", *(["state"] if with_state else [])]
+            "delta", "trend"]
     for col in cols:
         table.add_column(col, justify="right" if col in ("value", "delta", "capacity")
                          else "left")
+    # a degraded part: its mark beside its name, what covers it under the table
+    why = [f"{key} {mark} degraded: {words}" for key, (mark, words) in marks.items() if mark]
+    if why:
+        table.caption, table.caption_justify = "\n".join(why), "left"
     for m, found in per_metric:
         hist = history.push(found)
         for row in found:
             prev, spark = hist[(row.metric, row.key)]
             cap = _capacity(sample, row) if m.name in _CAPACITY else None
-            cells = [m.name, row.key, row.role or "", _fmt(row.value, m.unit)]
+            mark = marks[row.key][0]
+            where = (f"{escape(row.key)} [bold {'red' if mark == '!!' else 'yellow'}]{mark}[/]"
+                     if mark else escape(row.key))
+            cells = [m.name, where, row.role or "", _fmt(row.value, m.unit)]
             if with_capacity:
                 cells.append("" if m.name not in _CAPACITY else
                              "n/a" if cap is None else format_bandwidth(cap))
             cells += [_fmt_delta(row.value, prev, m.unit), spark]
-            if with_state:
-                mark = marks[(row.metric, row.key)]
-                cells.append(f"[bold yellow]{escape(mark)}[/]" if mark else "")
             table.add_row(*cells)
         if not found:
             table.add_row(m.name, "(none)", role or "", "n/a",
