@@ -60,7 +60,9 @@ class Fault:
     """One fault: its kind, its target (a node or an engine) and its parameters.
 
     Unused parameters keep their defaults. ``on=False`` undoes the fault of this kind on this
-    target. The record is also the wire message of kind ``fault``.
+    target. The record is also the wire message of kind ``fault``. ``id`` and ``since`` are
+    given by the cluster when it injects the fault (0: not injected yet), so an operator can
+    name one fault to clear and see how long a part has been degraded.
     """
 
     KIND: ClassVar[str] = "fault"
@@ -75,6 +77,8 @@ class Fault:
     count: int = 0
     blocks: tuple[str, ...] = ()
     on: bool = True
+    id: int = 0
+    since: float = 0.0
 
     @property
     def target(self) -> tuple[str, int]:
@@ -118,7 +122,16 @@ class Fault:
                   "slow_compute": {"factor": self.factor},
                   "fabric_drop": {}}
         d.update(table[self.kind])
+        if self.id:
+            d.update(id=self.id, since=self.since)
         return d
+
+    def describe(self) -> str:
+        """``snic_throttle node 1 fraction 0.25``: kind, target and parameters in words."""
+        key, value = self.target
+        params = self.spec().partition(",")[2]
+        words = " ".join(p.replace("=", " ", 1) for p in params.split(",") if p)
+        return f"{self.kind} {key} {value}" + (f" {words}" if words else "")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fault:
@@ -136,7 +149,8 @@ class Fault:
                    latency_s=float(data.get("latency_s", 0.0)),
                    rate=float(data.get("rate", 0.0)), factor=float(data.get("factor", 1.0)),
                    stride=int(data.get("stride", 0)), count=int(data.get("count", 0)),
-                   blocks=tuple(str(b) for b in data.get("blocks") or ()))
+                   blocks=tuple(str(b) for b in data.get("blocks") or ()),
+                   id=int(data.get("id", 0)), since=float(data.get("since", 0.0)))
 
 
 def _number(kind: str, key: str, text: str) -> float:

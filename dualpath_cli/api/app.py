@@ -390,6 +390,21 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
         log.info("faults cleared (%d) by %s", entry.seq, token)
         return _json(_audit_dict(entry))
 
+    @r.delete("/api/v1/faults/{fault_id}", response_model=ChangeResult, responses=_ERRORS,
+              tags=["control"])
+    def delete_fault(fault_id: Annotated[int, Path(ge=1, description="The fault's id (the "
+                                                   "``id`` status lists).")],
+                     token: Annotated[str, Depends(require_token)]) -> Response:
+        """Undo one injected fault, named by its id (audited; 404: none in force has it)."""
+        from dualpath_cli.faultspec import FaultError
+
+        try:
+            entry = live.clear_fault(fault_id, token)
+        except FaultError as err:
+            return _json({"detail": str(err)}, 404)
+        log.info("fault #%d cleared (%d) by %s", fault_id, entry.seq, token)
+        return _json(_audit_dict(entry))
+
     @r.post("/api/v1/engines/{engine_id}/compact", response_model=ChangeResult,
             responses=_ERRORS, tags=["control"])
     def compact_engine(engine_id: Annotated[int, Path(ge=0)],

@@ -234,6 +234,11 @@ class DualPathClient:
         """Undo every injected fault (token required)."""
         return audit_from_dict(self._json("DELETE", "/api/v1/faults"))
 
+    def clear_fault(self, fault_id: int) -> AuditEntry:
+        """Undo the one injected fault numbered ``fault_id`` (token required; ``Rejected``
+        when none in force has it)."""
+        return audit_from_dict(self._json("DELETE", f"/api/v1/faults/{int(fault_id)}"))
+
     def compact_hbm(self, engine_id: int) -> AuditEntry:
         """Defragment engine ``engine_id``'s HBM pool (token required); the entry's old and
         new hold its fragmentation, largest free run and free blocks around it."""

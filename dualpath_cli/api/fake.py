@@ -64,6 +64,7 @@ class FakeClient:
         self.url = url
         self.audit: list[AuditEntry] = []
         self.faults: list[Fault] = []  # injected faults, as status lists them
+        self._fault_ids = 0  # the last id given to an injected fault
         self.warmed: WarmUp | None = None  # the last warm-up started
         self.calls: list[str] = []
         self.fail_next: ApiError | None = None
@@ -268,7 +269,10 @@ class FakeClient:
         old = list(self.faults)
         by_key = {(f.kind, f.target): f for f in self.faults}
         for f in faults:
-            by_key[f.kind, f.target] = f
+            self._fault_ids += 1
+            by_key.pop((f.kind, f.target), None)  # a replaced one is listed as new
+            by_key[f.kind, f.target] = dataclasses.replace(f, id=self._fault_ids,
+                                                           since=time.time())
         self.faults = list(by_key.values())
         return self._audit_faults(old)
 
@@ -298,6 +302,20 @@ class FakeClient:
         self._call("clear_faults")
         self._check_token("/api/v1/faults")
         old, self.faults = self.faults, []
+        return self._audit_faults(old)
+
+    def clear_fault(self, fault_id: int) -> AuditEntry:
+        """Check the token; forget the fault numbered ``fault_id`` (404 like the server when
+        none in force has it)."""
+        path = f"/api/v1/faults/{int(fault_id)}"
+        self._call("clear_fault")
+        self._check_token(path)
+        if not any(f.id == fault_id for f in self.faults):
+            ids = ", ".join(f"#{f.id}" for f in self.faults) or "none"
+            raise Rejected(f"{self.url}{path}: HTTP 404: no fault #{fault_id} in force (in "
+                           f"force: {ids})")
+        old = list(self.faults)
+        self.faults = [f for f in self.faults if f.id != fault_id]
         return self._audit_faults(old)
 
     def compact_hbm(self, engine_id: int) -> AuditEntry:

@@ -103,6 +103,10 @@ class ClusterClient(Protocol):
         """Undo every injected fault."""
         ...
 
+    def clear_fault(self, fault_id: int) -> AuditEntry:
+        """Undo the one injected fault numbered ``fault_id``."""
+        ...
+
     def compact_hbm(self, engine_id: int) -> AuditEntry:
         """Defragment one engine's HBM pool."""
         ...

@@ -60,6 +60,8 @@ COMMANDS = (
      "Generate and inspect agent traces (Table 2 calibrated, or Mooncake)."),
     ("plugins", "plugins_cmd", "app",
      "Inspect plugins (pluggy hooks, entry-point group 'dualpath')."),
+    ("faults", "faults_cmd", "app",
+     "List, inject and clear faults on the running cluster (audited)."),
     ("storage", "storage_cmd", "app",
      "Inspect, verify, clean, benchmark and warm a KV block store."),
     ("sim", "sim_cmd", "app",

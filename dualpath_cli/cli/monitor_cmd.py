@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from dualpath_cli.cli.source import ClusterRef
+    from dualpath_cli.faultspec import Fault
     from dualpath_cli.telemetry.recording import Sample
 
 __all__ = ["MONITOR_METRICS", "MonitorMetric", "Row", "monitor", "main", "register",
@@ -257,11 +258,43 @@ def _fmt_delta(value: float | None, prev: float | None, unit: str) -> str:
     return f"{d:+g}"
 
 
+#: Samples the diagnose rules judge (the monitor's own recent window).
+FINDING_WINDOW = 30
+#: The rules judge every sample up to this many engines, every k-th beyond (k = engines /
+#: this, rounded up): at 1,152 engines they cost a few hundred ms over the window.
+RULES_ENGINES = 256
+
+
 class History:
-    """Past values per row key, for deltas and sparklines."""
+    """Past values per row key, for deltas and sparklines; recent samples for the rules."""
 
     def __init__(self) -> None:
         self._h: dict[tuple[str, str], deque[float | None]] = {}
+        self._samples: deque[Sample] = deque(maxlen=FINDING_WINDOW)
+        self._open: dict[str, list[tuple[bool, str]]] = {}
+        self._seen = 0
+
+    def open_findings(self, sample: Sample) -> dict[str, list[tuple[bool, str]]]:
+        """Subject (``node D1``, ``engine 3``) -> (critical, workflow) of each open
+        findings of the diagnose rules over the recent samples (every sample, or every
+        k-th on a large cluster: RULES_ENGINES; between runs the last verdicts stand)."""
+        self._samples.append(sample)
+        self._seen += 1
+        every = -(-len(sample.view.engines) // RULES_ENGINES) or 1
+        if (self._seen - 1) % every:
+            return self._open
+        from dualpath_cli.diagnose import rules
+        from dualpath_cli.diagnose.model import Evidence, Severity
+
+        found: dict[str, list[tuple[bool, str]]] = {}
+        for report in rules.run_all(Evidence(tuple(self._samples))):
+            for f in report.findings:
+                if f.subject and f.severity in (Severity.WARNING, Severity.CRITICAL):
+                    text = (f.severity is Severity.CRITICAL, f.workflow)
+                    if text not in found.setdefault(f.subject, []):
+                        found[f.subject].append(text)
+        self._open = found
+        return found
 
     def push(self, rows: list[Row]) -> dict[tuple[str, str], tuple[float | None, str]]:
         """Record ``rows``; returns each row's previous value and sparkline."""
@@ -285,12 +318,57 @@ def kv_wait(sample: Sample, role: str | None = None) -> float | None:
     return statistics.median(waits) if waits else None
 
 
+#: Metrics whose rows show the part's capacity beside the utilisation.
+_CAPACITY = {"snic_util"}
+
+
+def _capacity(sample: Sample, row: Row) -> float | None:
+    """The storage-NIC rate the row's node runs at (bytes/s; a throttled NIC's lowered rate;
+    ``None``: unshaped or not known)."""
+    for n in sample.view.nodes:
+        if n.node == row.node:
+            return n.snic_bandwidth_bytes_per_s
+    return None
+
+
+def _covering(sample: Sample, faults: tuple[Fault, ...], row: Row) -> list[Fault]:
+    """The faults in force on the row's part: its node's, and its engine's (or, for a node
+    row, its engines')."""
+    engines = ({row.engine} if row.engine is not None else
+               {e.engine_id for e in sample.view.engines if e.node == row.node})
+    return [f for f in faults
+            if f.target in (("node", row.node), *(("engine", e) for e in engines))]
+
+
+def _subjects(sample: Sample, row: Row) -> list[str]:
+    """What findings would name the row's part: its node and its engine(s)."""
+    roles = {n.node: n.role for n in sample.view.nodes}
+    engines = ({row.engine} if row.engine is not None else
+               {e.engine_id for e in sample.view.engines if e.node == row.node})
+    out = [f"node {_node_label(roles.get(row.node), row.node)}"] if row.node is not None else []
+    return out + [f"engine {e}" for e in sorted(engines)]
+
+
+def _mark(found: list[Fault], findings: Sequence[tuple[bool, str]] = ()) -> tuple[str, str]:
+    """The part's mark and what it stands for: ``("!", "fault #1 snic_throttle")``, or
+    ``("!!", "hbm-frag")`` when an open finding is CRITICAL (a fault in force, degraded on
+    purpose, and a WARNING are ``!``); ``("", "")`` when nothing covers the part."""
+    words = [f"fault #{f.id} {f.kind}" for f in found]
+    words += [w for i, (_, w) in enumerate(findings) if w not in [x for _, x in findings[:i]]]
+    if not words:
+        return "", ""
+    return ("!!" if any(c for c, _ in findings) else "!"), ", ".join(words)
+
+
 def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
-                 role: str | None, history: History, by_layer: bool) -> RenderableType:
-    """The table shown for one sample (rich renderable)."""
+                 role: str | None, history: History, by_layer: bool,
+                 faults: tuple[Fault, ...] = ()) -> RenderableType:
+    """The table shown for one sample (rich renderable); ``faults``: those in force, marked
+    on the rows of the parts they cover."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from dualpath_cli.units import format_duration
+    from dualpath_cli.units import format_bandwidth, format_duration
 
     when = time.strftime("%H:%M:%S", time.gmtime(sample.at))
     title = (f"dualpath-monitor  {sample.view.pd}  {sample.view.state}  {when} UTC  "
@@ -320,24 +398,47 @@ def render_table(sample: Sample, metrics: list[MonitorMetric], by: str | None,
             table.caption_justify = "left"
         return table
     table = Table(title=title, title_justify="left", expand=False)
-    for col in ("metric", "where", "role", "value", "delta", "trend"):
-        table.add_column(col, justify="right" if col in ("value", "delta") else "left")
-    for m in metrics:
-        found = rows_for(m, sample, by, role)
+    with_capacity = any(m.name in _CAPACITY for m in metrics)
+    per_metric = [(m, rows_for(m, sample, by, role)) for m in metrics]
+    open_findings = history.open_findings(sample)
+    marks = {r.key: _mark(_covering(sample, faults, r), [
+                 w for subj in _subjects(sample, r) for w in open_findings.get(subj, [])])
+             for _, found in per_metric for r in found}
+    cols = ["metric", "where", "role", "value", *(["capacity"] if with_capacity else []),
+            "delta", "trend"]
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("value", "delta", "capacity")
+                         else "left")
+    # a degraded part: its mark beside its name, what covers it under the table
+    why = [f"{key} {mark} degraded: {words}" for key, (mark, words) in marks.items() if mark]
+    if why:
+        table.caption, table.caption_justify = "\n".join(why), "left"
+    for m, found in per_metric:
         hist = history.push(found)
         for row in found:
             prev, spark = hist[(row.metric, row.key)]
-            table.add_row(m.name, row.key, row.role or "", _fmt(row.value, m.unit),
-                          _fmt_delta(row.value, prev, m.unit), spark)
+            cap = _capacity(sample, row) if m.name in _CAPACITY else None
+            mark = marks[row.key][0]
+            where = (f"{escape(row.key)} [bold {'red' if mark == '!!' else 'yellow'}]{mark}[/]"
+                     if mark else escape(row.key))
+            cells = [m.name, where, row.role or "", _fmt(row.value, m.unit)]
+            if with_capacity:
+                cells.append("" if m.name not in _CAPACITY else
+                             "n/a" if cap is None else format_bandwidth(cap))
+            cells += [_fmt_delta(row.value, prev, m.unit), spark]
+            table.add_row(*cells)
         if not found:
-            table.add_row(m.name, "(none)", role or "", "n/a", "", "")
+            table.add_row(m.name, "(none)", role or "", "n/a",
+                          *([""] * (len(cols) - 4)))
     return table
 
 
 def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
-                role: str | None, by_layer: bool, prev: dict[tuple[str, str], float | None]
-                ) -> dict[str, Any]:
-    """One JSON Lines object for a sample (``delta``: change since the previous sample)."""
+                role: str | None, by_layer: bool, prev: dict[tuple[str, str], float | None],
+                faults: tuple[Fault, ...] = ()) -> dict[str, Any]:
+    """One JSON Lines object for a sample (``delta``: change since the previous sample;
+    ``faults``: the ids of the faults in force on the row's part, ``degraded`` when any;
+    ``capacity_bytes_per_s``: the storage NIC's rate beside its utilisation)."""
     obj: dict[str, Any] = {"at": sample.at, "pd": sample.view.pd, "state": sample.view.state}
     if by_layer:
         obj["layers"] = layer_rows(sample, role)
@@ -349,10 +450,16 @@ def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
         items = []
         for r in rows:
             before = prev.get((r.metric, r.key))
-            items.append({"key": r.key, "role": r.role, "node": r.node, "engine": r.engine,
-                          "value": r.value,
-                          "delta": None if r.value is None or before is None
-                          else r.value - before})
+            covering = _covering(sample, faults, r)
+            item: dict[str, Any] = {"key": r.key, "role": r.role, "node": r.node,
+                                    "engine": r.engine,
+                                    "value": r.value,
+                                    "delta": None if r.value is None or before is None
+                                    else r.value - before,
+                                    "degraded": bool(covering), "faults": [f.id for f in covering]}
+            if m.name in _CAPACITY:
+                item["capacity_bytes_per_s"] = _capacity(sample, r)
+            items.append(item)
             prev[(r.metric, r.key)] = r.value
         out[m.name] = {"metric": m.metric, "unit": m.unit, "rows": items}
     obj["metrics"] = out
@@ -360,9 +467,14 @@ def sample_json(sample: Sample, metrics: list[MonitorMetric], by: str | None,
 
 
 # --- sources ---------------------------------------------------------------------------------
+#: A sample and the injected faults in force then.
+Look = tuple["Sample", tuple["Fault", ...]]
+
+
 def live_samples(ref: ClusterRef, interval_s: float, with_metrics: bool,
-                 count: int | None) -> Iterator[Sample]:
-    """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever)."""
+                 count: int | None) -> Iterator[Look]:
+    """Samples of a live cluster every ``interval_s`` (``count`` of them, or forever), each
+    with the faults in force (``/api/v1/status``)."""
     from dualpath_cli.cli import source
     from dualpath_cli.telemetry.recording import Extras, Sample, extras_from_metrics_text
 
@@ -376,16 +488,20 @@ def live_samples(ref: ClusterRef, interval_s: float, with_metrics: bool,
             view = client.view()
             extras = (extras_from_metrics_text(client.metrics_text()) if with_metrics
                       else Extras())
-            yield Sample(view.at, view, extras)
+            yield Sample(view.at, view, extras), tuple(client.status().faults)
             i += 1
 
 
-def recorded_samples(path: Path) -> Iterator[Sample]:
-    """The samples of a recording, oldest first."""
+def recorded_samples(path: Path) -> Iterator[Look]:
+    """The samples of a recording, oldest first, each with the faults in force then (read
+    off the recorded audit trail)."""
     from dualpath_cli.cli.output import warn
+    from dualpath_cli.diagnose.degraded import faults_at
     from dualpath_cli.services.recording import read_recording
 
-    yield from read_recording(path, on_cut=warn).samples
+    rec = read_recording(path, on_cut=warn)
+    for s in rec.samples:
+        yield s, faults_at(rec.audit, s.at)
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -440,7 +556,7 @@ def monitor(
     tty = sys.stdout.isatty()
     with_metrics = any(m.source == "metrics" for m in metrics) and not by_layer
     if from_file is not None:  # a recording plays whole unless --once/--count says otherwise
-        samples: Iterator[Sample] = recorded_samples(from_file)
+        samples: Iterator[Look] = recorded_samples(from_file)
         if once:
             samples, count = iter(list(samples)[-1:]), 1
         elif count is not None:
@@ -453,27 +569,27 @@ def monitor(
         from dualpath_cli.cli.output import emit_json
 
         prev: dict[tuple[str, str], float | None] = {}
-        for s in samples:
-            emit_json(sample_json(s, metrics, by, role, by_layer, prev))
+        for s, faults in samples:
+            emit_json(sample_json(s, metrics, by, role, by_layer, prev, faults))
         return
     from dualpath_cli.cli.output import stdout
 
     history = History()
     if not tty or count == 1:
-        for s in samples:
-            stdout.print(render_table(s, metrics, by, role, history, by_layer))
+        for s, faults in samples:
+            stdout.print(render_table(s, metrics, by, role, history, by_layer, faults))
         return
     _live_loop(stdout, samples, metrics, by, role, history, by_layer)
 
 
-def _live_loop(console: Console, samples: Iterator[Sample], metrics: list[MonitorMetric],
+def _live_loop(console: Console, samples: Iterator[Look], metrics: list[MonitorMetric],
                by: str | None, role: str | None, history: History, by_layer: bool) -> None:
     from rich.live import Live
 
     live: Live | None = None
     try:
-        for s in samples:
-            table = render_table(s, metrics, by, role, history, by_layer)
+        for s, faults in samples:
+            table = render_table(s, metrics, by, role, history, by_layer, faults)
             if live is None:
                 live = Live(table, console=console, auto_refresh=False, transient=False)
                 live.start()

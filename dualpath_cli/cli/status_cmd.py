@@ -71,6 +71,8 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         "ready_s": st.ready_s, "uptime_s": st.uptime_s, "url": url, "pid": pid,
         "hierarchical": sched.get("hierarchical"), "sub_schedulers": sched.get("sub_schedulers"),
         "nodes_per_group": sched.get("nodes_per_group"),
+        # injected faults in force: the parts running degraded on purpose
+        "faults": [f.to_dict() for f in st.faults],
     }
 
 
@@ -82,7 +84,8 @@ def status(
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found.
 
-    Also 3 when several run here and neither --url nor --port names one."""
+    Also 3 when several run here and neither --url nor --port names one. Under the line,
+    one line per injected fault in force (dualpath faults)."""
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.api.errors import ApiError, Unreachable
     from dualpath_cli.cli.source import resolve
@@ -126,7 +129,16 @@ def status(
         if s["state"] not in ("ready", "starting"):
             parts.append(f"state {s['state']}")
         stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
+        _print_faults(st)
     raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
+
+
+def _print_faults(st: Status) -> None:
+    """A line per injected fault in force (the degraded parts), under the status line."""
+    from dualpath_cli.cli.faults_cmd import fault_line
+
+    for f in st.faults:
+        stdout.print(fault_line(f), highlight=False, soft_wrap=True)
 
 
 # --- stop ----------------------------------------------------------------------------------

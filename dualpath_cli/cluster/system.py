@@ -145,6 +145,7 @@ class RuntimeSystem:
         self.started_at = 0.0
         self.closed = False
         self._faults: dict[tuple[str, tuple[str, int]], Fault] = {}
+        self._fault_ids = 0  # the last id given to an injected fault
 
     def _specs(self, store_spec: dict[str, Any]) -> list[EngineSpec]:
         o = self.opts
@@ -356,6 +357,9 @@ class RuntimeSystem:
             self._check_fault(f)
         old = [f.to_dict() for f in self._faults.values()]
         for f in faults:
+            self._fault_ids += 1
+            f = dataclasses.replace(f, id=self._fault_ids, since=time.time())
+            self._faults.pop((f.kind, f.target), None)  # a replaced one is listed as new
             self._faults[f.kind, f.target] = f
             self._send_fault(f)
         self._scale_nics()
@@ -447,6 +451,23 @@ class RuntimeSystem:
         self._faults.clear()
         self._scale_nics()
         return old, []
+
+    def clear_fault(self, fault_id: int) -> tuple[list[dict[str, Any]],
+                                                  list[dict[str, Any]]]:
+        """Undo the one fault numbered ``fault_id``; returns the active faults before and
+        after.
+
+        Raises:
+            FaultError: no fault in force has that id (nothing changes).
+        """
+        found = [key for key, f in self._faults.items() if f.id == fault_id]
+        if not found:
+            ids = ", ".join(f"#{f.id}" for f in self._faults.values()) or "none"
+            raise FaultError(f"no fault #{fault_id} in force (in force: {ids})")
+        old = [f.to_dict() for f in self._faults.values()]
+        self._send_fault(dataclasses.replace(self._faults.pop(found[0]), on=False))
+        self._scale_nics()
+        return old, [f.to_dict() for f in self._faults.values()]
 
     def close(self) -> None:
         """Stop engines and the scheduler."""

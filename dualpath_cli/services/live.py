@@ -416,6 +416,12 @@ class LiveCluster:
             old, new = self.system.clear_faults()
             return self.record_audit("faults", {"faults": old}, {"faults": new}, token_id)
 
+    def clear_fault(self, fault_id: int, token_id: str) -> AuditEntry:
+        """Undo the fault numbered ``fault_id`` and audit it (action ``faults``)."""
+        with self._fault_lock:
+            old, new = self.system.clear_fault(fault_id)
+            return self.record_audit("faults", {"faults": old}, {"faults": new}, token_id)
+
     def compact_hbm(self, engine_id: int, token_id: str) -> AuditEntry:
         """Defragment one engine's HBM pool (the hbm-frag remedy) and audit it (action
         ``compact``; old and new are the engine's HBM facts around it)."""

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dualpath_cli.core.balance import max_over_avg
 from dualpath_cli.core.pe_fetch import PEClass, classify_pe
 from dualpath_cli.core.types import EngineSnapshot, Role
+from dualpath_cli.diagnose.model import Severity
+from dualpath_cli.faultspec import Fault
 from dualpath_cli.telemetry.recording import Sample
 from dualpath_cli.telemetry.view import NA, ClusterView, Decision, EngineView, NodeView
 from dualpath_cli.units import format_bytes, format_duration, format_tokens
@@ -26,7 +28,33 @@ from dualpath_cli.units import format_bytes, format_duration, format_tokens
 __all__ = ["ENGINE_COLUMNS", "CLASS_WORDS", "EngineRow", "engine_rows", "engine_class",
            "node_name", "sparkline", "Quadrant", "nic_quadrants", "layer_rows",
            "decision_rows", "decision_detail", "alert_rows", "status_line", "clock",
-           "pct", "QUADRANTS"]
+           "pct", "QUADRANTS", "GRADE_MARKS", "node_grades", "graded_name"]
+
+#: A part's mark and colour by the worst grade covering it (diagnose's; the mark is shown so
+#: the grade is never colour alone, as under NO_COLOR).
+GRADE_MARKS: dict[Severity, tuple[str, str]] = {Severity.WARNING: ("!", "bold yellow"),
+                                                Severity.CRITICAL: ("!!", "bold red")}
+
+
+def node_grades(reports: Iterable[Any], faults: Iterable[Fault],
+                view: ClusterView | None) -> dict[int, Severity]:
+    """Node -> the worst grade covering it (its open findings and its engines', and the
+    faults in force on them: diagnose/degraded.py); nodes nothing covers are left out."""
+    if view is None:
+        return {}
+    from dualpath_cli.diagnose.degraded import node_grade, worst_by_subject
+
+    worst = worst_by_subject(reports, faults, view)
+    if not worst:
+        return {}
+    grades = {n.node: node_grade(worst, view, n.node) for n in view.nodes}
+    return {node: g for node, g in grades.items() if g in GRADE_MARKS}
+
+
+def graded_name(name: str, grade: Severity | None) -> str:
+    """``D1!``: a node's name with its grade's mark (unchanged when nothing covers it)."""
+    mark = GRADE_MARKS.get(grade, ("", ""))[0] if grade is not None else ""
+    return name + mark
 
 #: The class word shown beside an engine (the paper's C1/C2/C3), so class is never colour alone.
 CLASS_WORDS = {PEClass.OVERLOADED: "overloaded", PEClass.SHORT_READ: "short-rq",
@@ -87,9 +115,10 @@ def _ratio(value: int | None, limit: int) -> str:
 
 
 def engine_rows(view: ClusterView, text: str = "", sort: str = "id",
-                reverse: bool = False) -> list[EngineRow]:
+                reverse: bool = False,
+                grades: Mapping[int, Severity] | None = None) -> list[EngineRow]:
     """The engine table: filtered by ``text`` (any cell contains it, case-insensitive),
-    sorted by column ``sort``."""
+    sorted by column ``sort``; an engine's node is marked by ``grades`` (node_grades)."""
     th = view.scheduler.thresholds
     alpha, beta = th.alpha_tokens, th.beta_tokens
     nodes = {n.node: n for n in view.nodes}
@@ -100,7 +129,8 @@ def engine_rows(view: ClusterView, text: str = "", sort: str = "id",
         snic = n.snic_utilization if n else None
         cnic = n.cnic_utilization if n else None
         cls = engine_class(e, alpha, beta)
-        cells = (str(e.engine_id), node_name(e.role, e.node), cls,
+        cells = (str(e.engine_id),
+                 graded_name(node_name(e.role, e.node), (grades or {}).get(e.node)), cls,
                  _ratio(e.tokens, beta), _ratio(e.read_queue_tokens, alpha), pct(snic),
                  pct(cnic), NA if e.hbm_used_bytes is None else format_bytes(e.hbm_used_bytes),
                  NA if e.hbm_fragmentation is None else f"{e.hbm_fragmentation:.2f}",
@@ -157,10 +187,14 @@ class Quadrant:
     mean: tuple[float | None, ...]
     max_avg: float | None
     nodes: tuple[tuple[str, float | None, tuple[float | None, ...]], ...]
+    #: per node (as ``nodes``), the worst grade covering it (OK: nothing does)
+    grades: tuple[Severity, ...] = ()
 
 
-def nic_quadrants(history: Sequence[Sample]) -> list[Quadrant]:
-    """The four quadrants (PE/DE x storage/compute NIC) over ``history``."""
+def nic_quadrants(history: Sequence[Sample],
+                  grades: Mapping[int, Severity] | None = None) -> list[Quadrant]:
+    """The four quadrants (PE/DE x storage/compute NIC) over ``history``; ``grades``:
+    node -> the worst grade covering it (node_grades)."""
     out = []
     for role, attr, title in QUADRANTS:
         series: dict[int, list[float | None]] = {}
@@ -181,7 +215,8 @@ def nic_quadrants(history: Sequence[Sample]) -> list[Quadrant]:
         ratio = max_over_avg(now) if now else math.nan
         nodes = tuple((node_name(n.role, n.node), getattr(n, attr),
                        tuple(series.get(n.node, ()))) for n in last)
-        out.append(Quadrant(title, tuple(means), None if math.isnan(ratio) else ratio, nodes))
+        out.append(Quadrant(title, tuple(means), None if math.isnan(ratio) else ratio, nodes,
+                            tuple((grades or {}).get(n.node, Severity.OK) for n in last)))
     return out
 
 

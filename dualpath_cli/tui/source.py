@@ -75,7 +75,8 @@ class Frame:
         source: the URL or the recording's path.
         replay: the scrubber's position (``None`` when live).
         token_id: ``tok-xxxxxxxx`` of the token control calls send (``None``: read-only).
-        faults: injected faults the cluster reports (live only).
+        faults: injected faults in force (live: the cluster's status; a replay: the
+            recorded audit trail's at the cursor).
         inflight: the in-flight listing (``total``, ``requests`` rows; ``None``: the source
             serves none: an older server or recording).
     """
@@ -331,8 +332,10 @@ class ReplaySource:
         pos = ReplayPos(i, self.total, self.playing, self.speed, self._times[0],
                         self._times[-1])
         recorded = history[-1].inflight
+        from dualpath_cli.diagnose.degraded import faults_at
+
         return Frame(history[-1].view, history, decisions, audit or (), self._cache[i], None,
-                     self.label, pos, None, (),
+                     self.label, pos, None, faults_at(audit, at),
                      None if recorded is None else RequestListing.from_dict(recorded))
 
     def story(self, rid: int) -> RequestStory:

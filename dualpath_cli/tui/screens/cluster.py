@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
-from dualpath_cli.tui.format import ENGINE_COLUMNS, engine_rows
+from dualpath_cli.tui.format import ENGINE_COLUMNS, engine_rows, node_grades
 from dualpath_cli.tui.screens.base import CockpitScreen
 from dualpath_cli.tui.source import Frame
 from dualpath_cli.tui.widgets.engine_table import EngineTable
@@ -56,7 +56,8 @@ class ClusterScreen(CockpitScreen):
         table = self.query_one("#engines", EngineTable)
         if frame.view is None:
             return
-        rows = engine_rows(frame.view, self.filter_text, self.sort_key, self.reverse)
+        rows = engine_rows(frame.view, self.filter_text, self.sort_key, self.reverse,
+                           node_grades(frame.reports, frame.faults, frame.view))
         table.set_rows(rows, keep=table.cursor_engine)
         counts: dict[str, int] = {}
         for r in rows:

@@ -7,11 +7,12 @@ nodes now, and each node's utilisation with its own trend.
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from dualpath_cli.tui.format import Quadrant, pct, sparkline
+from dualpath_cli.tui.format import GRADE_MARKS, Quadrant, graded_name, pct, sparkline
 
 __all__ = ["QuadrantView"]
 
@@ -61,6 +62,8 @@ class QuadrantView(Vertical):
             self.query_one(Sparkline).data = series or [0.0]
         table = self.query_one(DataTable)
         table.clear()
-        for name, util, trend in q.nodes:
-            table.add_row(name, pct(util),
+        for i, (name, util, trend) in enumerate(q.nodes):
+            grade = q.grades[i] if i < len(q.grades) else None
+            style = GRADE_MARKS[grade][1] if grade in GRADE_MARKS else ""
+            table.add_row(Text(graded_name(name, grade), style=style), pct(util),
                           sparkline(trend, TREND_WIDTH, self.ascii_only, top=1.0), key=name)
