@@ -187,8 +187,8 @@ def test_recheck_after_a_live_alpha_change_compares_reads_before_and_after(
 
             decided(30)
             with recording(env, url, "10s", rec, interval="500ms"):
-                # the recorder samples once its file exists
-                wait_until((tmp_path / f".part-{rec.name}").exists, 60, "the recorder to start",
+                # the recorder samples once its file exists (it writes it as it goes)
+                wait_until(rec.exists, 60, "the recorder to start",
                            pace=lambda: client.decisions(-1))
                 decided(20)
                 done = run_cli(env, "tune", "set", "alpha=1s", "--yes", "--url", url, "--json")
