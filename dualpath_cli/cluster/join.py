@@ -12,6 +12,7 @@ out of scheduling (its in-flight turns are re-queued by the scheduler).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,9 @@ __all__ = ["JoinPlan", "JoinService", "NODE_ROLES"]
 
 #: Roles a joining node may take.
 NODE_ROLES = (Role.PREFILL.value, Role.DECODE.value)
+#: A node's name: one URL path segment (``DELETE /api/v1/join/NAME`` must reach it), a
+#: metric label and a word in status lines.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Engines one node may bring (a GPU each).
 MAX_GPUS = 64
 
@@ -96,8 +100,10 @@ class JoinService:
             raise UsageError(f"role {role!r}: a node is one of {', '.join(NODE_ROLES)}")
         if not 1 <= gpus <= MAX_GPUS:
             raise UsageError(f"gpus {gpus}: a node brings 1 to {MAX_GPUS} engines")
-        if not name or len(name) > 128 or not name.isprintable():
-            raise UsageError(f"node name {name!r}: 1-128 printable characters")
+        if not NODE_NAME.fullmatch(name):
+            raise UsageError(f"node name {name!r}: 1-64 letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit (it is a URL path segment: "
+                             "DELETE /api/v1/join/NAME)")
         sched = self.system.scheduler
         o = self.system.opts
         shaped = self.system.shaped
@@ -113,7 +119,7 @@ class JoinService:
             eids = list(range(self._next_eid, self._next_eid + gpus))
             self._next_eid += gpus
             for eid in eids:
-                sched.register(eid, role, node, node)
+                sched.register(eid, role, node, node, name)
             plan = JoinPlan(
                 name=name, node=node, role=role, engine_ids=eids, ctl=sched.address,
                 store=str(o.store_dir) if o.store_dir is not None else None, model=o.model,

@@ -43,7 +43,8 @@ from dualpath_cli.runtime.scheduler_protocol import Scheduler
 from dualpath_cli.runtime.turns import Ticket, TurnRequest
 from dualpath_cli.storage import KVStore, MemoryStore, PosixStore, TokenBucket
 from dualpath_cli.storage.warm import Warm
-from dualpath_cli.telemetry.view import ClusterView, Decision, NodeView
+from dualpath_cli.telemetry.membership import Membership, build_membership
+from dualpath_cli.telemetry.view import ClusterView, Decision, EngineView, NodeView
 from dualpath_cli.transfer import InProcFabric, ZmqFabric
 from dualpath_cli.transfer.curve import CurveKeys, curve_wanted
 from dualpath_cli.transfer.shaping import make_bucket
@@ -175,7 +176,8 @@ class RuntimeSystem:
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
                     flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s,
                     curve=self.curve))
-                self.scheduler.register(eid, role, node, group)
+                index = node if role == "prefill" else node - o.prefill_nodes
+                self.scheduler.register(eid, role, node, group, f"{role[0].upper()}{index}")
                 eid += 1
         return specs
 
@@ -266,8 +268,27 @@ class RuntimeSystem:
             state = "ready" if self.scheduler.all_hello() and self.started_at else "starting"
         uptime = time.monotonic() - self.started_at if self.started_at else 0.0
         nodes = self._throttled(nodes)
-        return ClusterView(time.time(), state, f"{o.prefill_nodes}P{o.decode_nodes}D",
-                           o.model, uptime, engines, nodes, sched)
+        members = self.membership(engines)
+        return ClusterView(time.time(), state, members.of, o.model, uptime, engines, nodes,
+                           sched, members)
+
+    def membership(self, engines: tuple[EngineView, ...]) -> Membership:
+        """The one membership record (telemetry/membership.py) of ``engines``: what was
+        configured is the launch's ``--pd``, or, for joined nodes, the names that joined
+        (a node removed before its hello was never the cluster's)."""
+        o = self.opts
+        rows = [(e.node_name or f"node {e.node}", e.node, e.role, e.state,
+                 e.heartbeat_age_s is not None) for e in engines]
+        gaps = self.scheduler.role_gap_list()
+        if o.local_engines:
+            return build_membership(rows, {"prefill": o.prefill_nodes,
+                                           "decode": o.decode_nodes}, gaps)
+        first = build_membership(rows, {}, gaps)
+        names: dict[str, set[str]] = {"prefill": set(), "decode": set()}
+        for n in first.nodes:
+            if n.said_hello or n.state != "left":
+                names.setdefault(n.role, set()).add(n.name)
+        return build_membership(rows, {r: len(v) for r, v in names.items()}, gaps)
 
     def _throttled(self, nodes: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
         """A throttled node's storage NIC runs at its bucket's lowered rate: report that rate

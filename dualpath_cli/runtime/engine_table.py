@@ -62,6 +62,7 @@ class EngineState:
     role: str
     node: int
     group: int
+    name: str = ""  # the operator's name of its node (``--node D0``; ``P0``/``D0`` launched)
     address: str = ""
     pid: int = 0
     last_seen: float = 0.0

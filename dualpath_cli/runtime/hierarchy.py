@@ -176,6 +176,16 @@ class HierarchicalScheduler:
             raise UsageError(f"no engine {engine_id} in this cluster")
         return self.subs[k]
 
+    def role_gap_list(self) -> dict[str, tuple[float, str]]:
+        """A role is missing when no sub has a ready engine of it: since the latest sub
+        lost its last one."""
+        gaps = [sub.role_gap_list() for sub in self.subs]
+        out: dict[str, tuple[float, str]] = {}
+        for role in {r for g in gaps for r in g}:
+            if all(role in g for g in gaps):
+                out[role] = max(g[role] for g in gaps)
+        return out
+
     def sub_schedulers(self) -> tuple[SchedulerService, ...]:
         """The sub-schedulers, in order."""
         return tuple(self.subs)
@@ -190,10 +200,11 @@ class HierarchicalScheduler:
         return self.subs[0].address
 
     # -- lifecycle ----------------------------------------------------------------------
-    def register(self, engine_id: int, role: str, node: int, group: int) -> None:
+    def register(self, engine_id: int, role: str, node: int, group: int,
+                 name: str = "") -> None:
         """Declare an engine with the sub that owns its group."""
         k = self.sub_of_group(role, group)
-        self.subs[k].register(engine_id, role, node, group)
+        self.subs[k].register(engine_id, role, node, group, name)
         self._engine_sub[engine_id] = k
         self._engine_role[engine_id] = role
 

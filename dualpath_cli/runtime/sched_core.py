@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -118,12 +119,18 @@ class SchedulerCore:
     _live_version: int
     _live_key: tuple[int, int]
     _live: dict[str, dict[int, list[EngineState]]]
+    # -- membership (telemetry/membership.py): role -> (since, why); role -> "D0 left" ------
+    role_gaps: dict[str, tuple[float, str]]
+    last_gone: dict[str, str]
 
     def _send(self, to: str, msg: WireMessage) -> None:
         header, frames = encode(msg)
         self.ep.send(to, header, frames)
 
     def _count_engines(self) -> None:
+        """Engines by role and state (the gauges), and the roles' gaps: a role with no
+        ready engine is open since the first count that found none (see
+        ``telemetry.membership``), with the last departure of that role as its why."""
         for role in (Role.PREFILL.value, Role.DECODE.value):
             counts = dict.fromkeys(ENGINE_STATES, 0)
             for e in self.engines.values():
@@ -131,6 +138,11 @@ class SchedulerCore:
                     counts[e.state] += 1
             for state, n in counts.items():
                 self.registry.gauge("dualpath_scheduler_engines", role=role, state=state).set(n)
+                self.registry.gauge("dualpath_engines", role=role, state=state).set(n)
+            if counts["ready"]:
+                self.role_gaps.pop(role, None)
+            elif role not in self.role_gaps:
+                self.role_gaps[role] = (time.time(), self.last_gone.get(role, ""))
 
     # -- prefix lookup ------------------------------------------------------------------
     def _lookup(self, f: Flight) -> None:

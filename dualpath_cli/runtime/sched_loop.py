@@ -40,6 +40,9 @@ __all__ = ["MessageLoop", "BATCH_MAX"]
 
 log = logging.getLogger(__name__)
 
+#: How a departure reads in a missing role's line (``no decode engine since ... (D0 left)``).
+_GONE_WORDS = {"left": "left", "exited": "died", "silent": "fell silent"}
+
 #: the most messages one batch handles before the loop looks at its timers again (a burst
 #: bigger than this is handled in several passes, without the wait between them)
 BATCH_MAX = 512
@@ -300,6 +303,8 @@ class MessageLoop(Dispatching):
             return
         e.alive = False
         e.dead_why = why
+        self.last_gone[e.role] = (f"{e.name or f'engine {e.engine_id}'} "
+                                  f"{_GONE_WORDS.get(why, why)}")
         self._live_version += 1
         e.charges.clear()
         self.dead_events.append((engine_id, time.monotonic()))

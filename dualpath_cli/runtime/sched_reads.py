@@ -8,6 +8,7 @@ nothing here is on a turn's path.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -172,6 +173,8 @@ class SchedulerReads(SchedulerCore):
                 seq[e.engine_id], tok[e.engine_id], e.rq if e.hb is not None else None, e.hb,
                 now - e.last_seen if e.address else None, e.compute)
                 for e in sorted(self.engines.values(), key=lambda x: x.engine_id))
+            engines = tuple(dataclasses.replace(v, node_name=self.engines[v.engine_id].name
+                                                or None) for v in engines)
             by_node: dict[int, list[EngineState]] = collections.defaultdict(list)
             for e in self.engines.values():
                 by_node[e.node].append(e)
@@ -187,6 +190,8 @@ class SchedulerReads(SchedulerCore):
                     sum(r for r in snic if r is not None) if live and None not in snic else None,
                     sum(r for r in cnic if r is not None) if live and None not in cnic else None,
                     snic_bw, cnic_bw))
+                if members[0].name:
+                    nodes[-1] = dataclasses.replace(nodes[-1], name=members[0].name)
             sched = SchedulerView(
                 policy=self.policy_name, fifo_length=len(self.queue),
                 private_queues={g: len(q) for g, q in sorted(self.private.items())},

@@ -235,13 +235,17 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self._live_version = 0  # bumped when an engine says hello, dies or comes back
         self._live_key: tuple[int, int] = (-1, -1)
         self._live: dict[str, dict[int, list[EngineState]]] = {}
+        self.role_gaps: dict[str, tuple[float, str]] = {}
+        self.last_gone: dict[str, str] = {}
 
 
     # -- lifecycle ---------------------------------------------------------------------
-    def register(self, engine_id: int, role: str, node: int, group: int) -> None:
-        """Declare an engine before it starts (its address comes with ``hello``)."""
+    def register(self, engine_id: int, role: str, node: int, group: int,
+                 name: str = "") -> None:
+        """Declare an engine before it starts (its address comes with ``hello``); ``name``:
+        its node's operator name (``--node D0``)."""
         with self._lock:
-            self.engines[engine_id] = EngineState(engine_id, role, node, group,
+            self.engines[engine_id] = EngineState(engine_id, role, node, group, name=name,
                                                   last_seen=time.monotonic())
             self._count_engines()
 
@@ -253,17 +257,24 @@ class SchedulerService(MessageLoop, SchedulerReads):
         """Block until every registered engine has said hello."""
         deadline = time.monotonic() + timeout
         with self._registered:
-            while not all(e.address for e in self.engines.values()):
+            while not all(e.address for e in self.engines.values() if e.alive):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [e.engine_id for e in self.engines.values() if not e.address]
+                    missing = [e.engine_id for e in self.engines.values()
+                               if e.alive and not e.address]
                     raise TimeoutError(f"engines {missing} did not start within {timeout} s")
                 self._registered.wait(left)
 
     def all_hello(self) -> bool:
-        """Whether every registered engine has said hello."""
+        """Whether every registered engine that is still the cluster's has said hello (one
+        removed before its hello is not waited for)."""
         with self._lock:
-            return all(e.address for e in self.engines.values())
+            return all(e.address for e in self.engines.values() if e.alive)
+
+    def role_gap_list(self) -> dict[str, tuple[float, str]]:
+        """Roles with no ready engine: since when (wall clock) and the last departure."""
+        with self._lock:
+            return dict(self.role_gaps)
 
     def submit(self, req: TurnRequest, rid: int | None = None) -> Ticket:
         """Queue a turn; returns its ticket. ``rid``: the id a hierarchical root gave it

@@ -241,6 +241,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
                "Engines by role and state (starting, ready, dead, left: its node left on "
                "purpose)."),
+    MetricSpec("dualpath_engines", _G, "", ("role", "state"),
+               "Engines by role and state, from the one membership record (as "
+               "dualpath_scheduler_engines; status, /readyz and diagnose read the same "
+               "record): a role with no ready engine makes the cluster unready."),
     MetricSpec("dualpath_scheduler_decision_latency_seconds", _H, "seconds", ("kind",),
                "Wall time of one scheduling call that found work, by kind (de_fetch: route "
                "the FIFO and place on a DE group's engines; pe_fetch: choose PEs and read "

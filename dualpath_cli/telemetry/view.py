@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from dualpath_cli.telemetry.membership import Membership, membership_from_dict
+
 __all__ = ["NA", "na", "fmt_na", "LayerHits", "EngineView", "NodeView", "Thresholds",
            "DecisionCounts", "LatencyHistogram", "SchedulerView", "Decision", "AuditEntry",
            "ClusterView", "view_from_dict", "decision_from_dict"]
@@ -80,6 +82,8 @@ class EngineView:
         heartbeat_age_s: seconds since the engine was last heard from.
         service_time_s: busy seconds per batched request over that window (a decode step
             or a prefill batch item; ``None`` when it ran nothing): a slow engine's is high.
+        node_name: the operator's name of its node (``--node D0``; ``P0``/``D0`` in a
+            launch); ``None`` from an older server.
         kv_wait_s: over that window, the mean time the engine's prefills of a cached prefix
             waited from their arrival for their KV before they could compute (the runtime
             loads a prefill's whole hit first, so a slow store read shows here, not in the
@@ -106,6 +110,7 @@ class EngineView:
     heartbeat_age_s: float | None = None
     service_time_s: float | None = None
     kv_wait_s: float | None = None
+    node_name: str | None = None  # the operator's name of its node (``--node D0``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,12 @@ class NodeView:
     read_queue_blocks: int | None = None
     dram_buffer_bytes: int | None = None
     storage_read_bytes: int | None = None
+    name: str | None = None  # the operator's name (``--node D0``); None: an older server
+
+    @property
+    def label(self) -> str:
+        """How front-ends name the node: its operator's name, else ``node N``."""
+        return self.name or f"node {self.node}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +276,9 @@ class ClusterView:
     """A snapshot of the whole system at ``at`` (wall-clock seconds since the epoch).
 
     ``state`` is ``starting``, ``ready``, ``draining`` or ``stopped``; ``ready`` only when
-    every engine has said hello. ``started_at`` is wall-clock start; ``uptime_s`` seconds
+    every engine that is still the cluster's has said hello. ``membership`` (None in an
+    older recording) says what serves now and which role has no serving engine: the
+    cluster is ready to serve only when ``state`` is ``ready`` and it is complete. ``started_at`` is wall-clock start; ``uptime_s`` seconds
     since then.
     """
 
@@ -277,6 +290,7 @@ class ClusterView:
     engines: tuple[EngineView, ...]
     nodes: tuple[NodeView, ...]
     scheduler: SchedulerView
+    membership: Membership | None = None  # what serves beside what was configured
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``None`` stays ``None``; tuples become lists)."""
@@ -325,4 +339,5 @@ def view_from_dict(data: dict[str, Any]) -> ClusterView:
             tuple((float(le), int(c)) for le, c in h.get("buckets", ())))
             for k, h in (s.get("decision_latency") or {}).items()}})
     return _build(ClusterView, {**data, "engines": engines, "nodes": nodes,
-                                "scheduler": sched})
+                                "scheduler": sched,
+                                "membership": membership_from_dict(data.get("membership"))})
