@@ -40,7 +40,7 @@ def test_a_node_that_leaves_is_left_and_one_that_dies_is_dead(tmp_path: Path) ->
 
 def test_status_counts_only_the_clusters_engines() -> None:
     view: Any = SimpleNamespace(
-        state="ready", pd="1P2D", model="tiny", uptime_s=1.0,
+        state="ready", pd="1P2D", model="tiny", uptime_s=1.0, membership=None,
         engines=[SimpleNamespace(state=s) for s in ("ready", "ready", "left", "left", "dead")],
         scheduler=SimpleNamespace(
             policy="dualpath", fifo_length=0, private_queues={}, pe_queue_length=0,
@@ -53,6 +53,7 @@ def test_status_counts_only_the_clusters_engines() -> None:
         scheduler=SimpleNamespace(sub_schedulers=lambda: ()),  # a flat one
         shape=SimpleNamespace(n_layers=2, bytes_per_token_layer=64, block_tokens=8),
         shaped=True, flops_rate=0.0)
-    live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system)
+    live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system,
+                                readiness=lambda: (True, "ready"))
     out = _status(live, view)
     assert out["engines"] == {"healthy": 2, "total": 3}

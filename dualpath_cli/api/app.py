@@ -13,6 +13,7 @@ non-loopback bind) every endpoint does. Errors are JSON ``{"detail": "<one line>
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -131,10 +132,12 @@ class ReplicateBody(BaseModel):
 
 
 class Health(BaseModel):
-    """Liveness or readiness."""
+    """Liveness or readiness (``state`` as ``/api/v1/status`` says it; ``ready`` as
+    ``/readyz``)."""
 
     status: str
     state: str | None = None
+    ready: bool | None = None
 
 
 class EngineCount(BaseModel):
@@ -161,6 +164,9 @@ class Status(BaseModel):
     faults: list[dict[str, Any]]
     version: str
     scheduling: dict[str, Any] = {}
+    membership: dict[str, Any] | None = None
+    ready: bool | None = None
+    not_ready: str = ""
 
 
 class ChangeResult(BaseModel):
@@ -233,7 +239,11 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
     s = view.scheduler
     th = s.thresholds
     units = _units(live)
+    ready, why = live.readiness()
+    members = view.membership
     return {
+        "membership": dataclasses.asdict(members) if members is not None else None,
+        "ready": ready, "not_ready": "" if ready else why,
         "state": view.state, "pd": view.pd, "model": view.model, "policy": s.policy,
         # engines of a node that left on purpose are not this cluster's any more
         "engines": {"healthy": sum(1 for e in view.engines if e.state == "ready"),
@@ -284,19 +294,19 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
 
     @r.get("/healthz", response_model=Health, tags=["health"])
     def healthz() -> dict[str, Any]:
-        """The process is alive and serving HTTP."""
-        return {"status": "ok", "state": live.state}
+        """Liveness: the process is alive and serving HTTP (always 200). ``state`` and
+        ``ready`` are those ``/api/v1/status`` and ``/readyz`` give."""
+        ready, _ = live.readiness()
+        return {"status": "ok", "state": live.phase(), "ready": ready}
 
     @r.get("/readyz", response_model=Health, responses=_ERRORS, tags=["health"])
     def readyz() -> Response:
-        """200 when every engine has said hello and the cluster admits turns; else 503."""
-        state = live.state
-        if live.ready():
-            view_state = live.view().state
-            if view_state == "ready":
-                return _json({"status": "ready", "state": view_state})
-            state = view_state
-        return _json({"detail": f"not ready: cluster is {state}"}, 503)
+        """Readiness: 200 when the cluster admits turns, every engine that is the cluster's
+        said hello and each role has a serving engine; else 503 with the reason."""
+        ready, why = live.readiness()
+        if ready:
+            return _json({"status": "ready", "state": "ready", "ready": True})
+        return _json({"detail": f"not ready: {why}"}, 503)
 
     @r.get("/api/v1/status", response_model=Status, tags=["read"])
     def status() -> Response:

@@ -100,10 +100,19 @@ MONITOR_METRICS: dict[str, MonitorMetric] = {m.name: m for m in (
 )}
 
 
-def _node_label(role: str | None, node: int | None) -> str:
+def _node_label(role: str | None, node: int | None, names: dict[int, str] | None = None
+                ) -> str:
+    """The operator's name of a node (``--node D0``, from the view), else ``P0``/``D1``."""
     if node is None:
         return "?"
+    if names and node in names:
+        return names[node]
     return f"{'P' if role == 'prefill' else 'D'}{node}"
+
+
+def _names(sample: Sample) -> dict[int, str]:
+    """Node index -> the operator's name, as the membership record gives them."""
+    return {n.node: n.name for n in sample.view.nodes if n.name}
 
 
 def _bubble(layers: Any) -> float | None:
@@ -127,21 +136,22 @@ _NODE_GET: dict[str, Callable[[Any], float | None]] = {
 def _natural_rows(metric: MonitorMetric, sample: Sample) -> list[Row]:
     view = sample.view
     roles = {n.node: n.role for n in view.nodes}
+    names = _names(sample)
     if metric.name in _ENGINE_GET:
         get = _ENGINE_GET[metric.name]
         return [Row(metric.name, f"engine {e.engine_id}", e.role, e.node, e.engine_id,
                     get(e)) for e in view.engines]
     if metric.name in _NODE_GET:
         get = _NODE_GET[metric.name]
-        return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,
+        return [Row(metric.name, f"node {_node_label(n.role, n.node, names)}", n.role, n.node, None,
                     get(n)) for n in view.nodes]
     if metric.name == "warm":
         left = sample.extras.warm_blocks_remaining
-        return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,
+        return [Row(metric.name, f"node {_node_label(n.role, n.node, names)}", n.role, n.node, None,
                     None if n.node not in left else float(left[n.node])) for n in view.nodes]
     if metric.name == "prefetch_accuracy":
         acc = sample.extras.prefetch_accuracy
-        return [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node, None,
+        return [Row(metric.name, f"node {_node_label(n.role, n.node, names)}", n.role, n.node, None,
                     acc.get(n.node)) for n in view.nodes]
     if metric.name == "cache_hit":
         out = []
@@ -149,10 +159,10 @@ def _natural_rows(metric: MonitorMetric, sample: Sample) -> list[Row]:
             node_s, _, tier = key.partition("/")
             node = int(node_s) if node_s.lstrip("-").isdigit() else None
             role = roles.get(node) if node is not None else None
-            out.append(Row(metric.name, f"node {_node_label(role, node)} {tier}", role, node,
+            out.append(Row(metric.name, f"node {_node_label(role, node, names)} {tier}", role, node,
                            None, value))
         if not out:  # the family is absent: say so per node
-            out = [Row(metric.name, f"node {_node_label(n.role, n.node)}", n.role, n.node,
+            out = [Row(metric.name, f"node {_node_label(n.role, n.node, names)}", n.role, n.node,
                        None, None) for n in view.nodes]
         return out
     raise UsageError(f"metric {metric.name!r} has no extractor")  # pragma: no cover
@@ -163,6 +173,7 @@ def rows_for(metric: MonitorMetric, sample: Sample, by: str | None = None,
     """The rows of ``metric`` in ``sample``, grouped ``by`` engine or node (default: the
     metric's own scope), only engines/nodes of ``role`` when given."""
     rows = _natural_rows(metric, sample)
+    names = _names(sample)
     by = by or metric.scope
     if by == "node" and metric.scope == "engine":
         groups: dict[int, list[Row]] = {}
@@ -171,7 +182,7 @@ def rows_for(metric: MonitorMetric, sample: Sample, by: str | None = None,
         rows = []
         for node, members in sorted(groups.items()):
             vals = [r.value for r in members if r.value is not None]
-            rows.append(Row(metric.name, f"node {_node_label(members[0].role, node)}",
+            rows.append(Row(metric.name, f"node {_node_label(members[0].role, node, names)}",
                             members[0].role, node, None,
                             sum(vals) / len(vals) if vals else None))
     elif by == "engine" and metric.scope == "node":

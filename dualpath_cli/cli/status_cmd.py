@@ -55,11 +55,21 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
     from dualpath_cli.units import format_duration_rounded, format_tokens
 
     th = st.thresholds
-    ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
+    members = st.membership
+    if st.ready is not None:  # the server's one readiness (/readyz)
+        ok = st.ready and 0 < st.engines_total == st.engines_healthy
+    else:  # an older server
+        ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
     alpha_s = th.alpha_s
     sched = dict(st.scheduling or {})  # None: a null from the server
     return {
         "running": ok, "state": st.state, "pd": st.pd, "policy": st.policy,
+        # what serves now beside what was configured, and the roles with no serving engine
+        "serving": members.serving if members is not None else None,
+        "missing": [{"role": g.role, "since": g.since, "why": g.why}
+                    for g in members.missing] if members is not None else [],
+        "missing_line": members.missing_line() if members is not None else "",
+        "not_ready": st.not_ready,
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
         # alpha as the config gives it (seconds of reading), its tokens beside
@@ -117,7 +127,12 @@ def status(
     else:
         word = "running" if s["running"] else ("starting" if s["state"] == "starting"
                                                 else "unhealthy")
-        parts = [word, str(s["pd"]), f"{s['healthy']}/{s['engines']} engines healthy",
+        shape = (f"{s['serving']} (of {s['pd']})" if s["serving"] not in (None, s["pd"])
+                 else str(s["pd"]))
+        parts = [word, shape]
+        if s["missing_line"] and s["state"] == "ready":
+            parts.append(s["missing_line"])
+        parts += [f"{s['healthy']}/{s['engines']} engines healthy",
                  f"queue {s['queue'] if s['queue'] is not None else 'n/a'}"]
         for key in ("alpha", "beta"):
             source = s[key + "_source"]

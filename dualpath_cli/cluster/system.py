@@ -176,8 +176,9 @@ class RuntimeSystem:
                     codec=o.codec, dram_cache_bytes=o.dram_cache_bytes, quota_s=o.quota_s,
                     flops_rate=self.flops_rate, heartbeat_s=o.heartbeat_s, fetch_s=o.fetch_s,
                     curve=self.curve))
-                index = node if role == "prefill" else node - o.prefill_nodes
-                self.scheduler.register(eid, role, node, group, f"{role[0].upper()}{index}")
+                # named as the operator stories and diagnose name a launch's nodes (P0, D1:
+                # the role's letter and the node index, which --inject node=N targets)
+                self.scheduler.register(eid, role, node, group, f"{role[0].upper()}{node}")
                 eid += 1
         return specs
 

@@ -205,6 +205,7 @@ class SchedulerConfig:
     read_side: str
     fetch_period: float
     batch_window: float
+    no_engine_wait: float
     reference_context: int
     reference_append: int
     layerwise_prefill: bool

@@ -178,6 +178,9 @@ BYTES = Kind("bytes", "bytes", _positive(parse_bytes))
 BYTES_ANY = Kind("bytes", "bytes", parse_bytes)  # 0 allowed (0: off)
 BANDWIDTH = Kind("bandwidth", "bytes/s", _positive(parse_bandwidth))
 DURATION = Kind("duration", "seconds", _positive(parse_duration))
+NO_ENGINE_WAIT = Kind("duration", "seconds",
+                      _at_most(_at_least(parse_duration, 0.0, "at least 0"), 600.0,
+                               "at most 10m"))
 BATCH_WINDOW = Kind("duration", "seconds", _at_most(parse_duration, 0.05, "at most 50ms"))
 FLOP_RATE = Kind("FLOP/s", "FLOP/s", _positive(parse_flops))
 FRACTION = Kind("fraction", "ratio", _fraction)
@@ -376,6 +379,10 @@ KEYS: tuple[Key, ...] = (
         "taking the next ones, and handles what arrived meanwhile in one pass: fewer "
         "wake-ups and lock passes (about 0.05 of a core at 48P96D) for at most this "
         "much added latency per message. 0: each message handled as it arrives."),
+    Key("scheduler", "no_engine_wait", NO_ENGINE_WAIT, "30s",
+        "How long a turn waits for a role with no serving engine (no prefill or no decode "
+        "engine: its nodes left or died) to come back before it is answered 503, stated in "
+        "the error; a turn sent once that long has passed is answered at once. 0: at once."),
     Key("scheduler", "reference_context", TOKENS, "32K",
         "Cached context of the reference turn at which beta in seconds is converted to tokens "
         "(the 64K trace's mean context is about 32K)."),

@@ -88,11 +88,12 @@ class Report:
 
 
 def node_name(node: NodeView | EngineView | int, role: str | None = None) -> str:
-    """``P0`` / ``D1``: the role's letter and the node id (how the operator stories name nodes)."""
+    """The operator's name of a node (``--node D0``; ``P0``/``D0`` in a launch), as the
+    membership record has it; from a view without names, the role's letter and the node id."""
     if isinstance(node, NodeView):
-        return f"{'P' if node.role == 'prefill' else 'D'}{node.node}"
+        return node.name or f"{'P' if node.role == 'prefill' else 'D'}{node.node}"
     if isinstance(node, EngineView):
-        return f"{'P' if node.role == 'prefill' else 'D'}{node.node}"
+        return node.node_name or f"{'P' if node.role == 'prefill' else 'D'}{node.node}"
     return f"{'P' if role == 'prefill' else 'D'}{node}"
 
 

@@ -18,6 +18,7 @@ from dualpath_cli.diagnose.model import Evidence, Finding, Report
 from dualpath_cli.diagnose.workflows.cache_hit import cache_hit
 from dualpath_cli.diagnose.workflows.hbm_frag import hbm_frag
 from dualpath_cli.diagnose.workflows.long_tail import long_tail
+from dualpath_cli.diagnose.workflows.membership import membership
 from dualpath_cli.diagnose.workflows.scaling import scaling
 from dualpath_cli.diagnose.workflows.snic_imbalance import snic_imbalance
 
@@ -30,6 +31,7 @@ WORKFLOWS: dict[str, Callable[[Evidence], list[Finding]]] = {
     "hbm-frag": hbm_frag,
     "cache-hit": cache_hit,
     "scaling": scaling,
+    "membership": membership,
 }
 #: Other names a workflow answers to (the seed calls 6.1 "performance drop").
 ALIASES = {"perf-drop": "snic-imbalance"}

@@ -70,6 +70,8 @@ class RuntimeOptions:
             older ones are dropped, counts by class are kept apart).
         prefix_cache_tokens: prompt tokens the scheduler keeps to reuse agents' prefix keys
             (least recently used agents dropped beyond it).
+        no_engine_wait_s: how long a live cluster's turn waits for a role with no serving
+            engine to come back before it is answered 503 (``scheduler.no_engine_wait``).
         batch_window_s: the scheduler loop's wait between two batches of messages
             (``scheduler.batch_window``, :data:`DEFAULT_BATCH_WINDOW_S`; 0: none).
         sources: where alpha, beta, z_factor, the quota and the read side came from
@@ -126,6 +128,7 @@ class RuntimeOptions:
     decision_ring: int = 10_000
     prefix_cache_tokens: int = 32 << 20
     batch_window_s: float = DEFAULT_BATCH_WINDOW_S
+    no_engine_wait_s: float = 30.0
     sources: dict[str, str] = field(default_factory=dict)
     layerwise_prefill: bool = True
     controllers: dict[str, bool] = field(default_factory=dict)
@@ -248,6 +251,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "decision_ring": cfg.scheduler.decision_ring,
         "prefix_cache_tokens": cfg.scheduler.prefix_cache_tokens,
         "batch_window_s": cfg.scheduler.batch_window,
+        "no_engine_wait_s": cfg.scheduler.no_engine_wait,
         "replica_dirs": tuple(Path(r).expanduser() for r in cfg.storage.replica_roots),
         "dram_cache_bytes": cfg.storage.dram_cache,
         "nodes_per_group": cfg.cluster.nodes_per_group,

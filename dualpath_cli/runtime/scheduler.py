@@ -60,6 +60,7 @@ from dualpath_cli.core.controllers import CONTROLLERS, Controllers
 from dualpath_cli.core.de_schedule import GroupLoads
 from dualpath_cli.core.layout import Namespace, PrefixKeyCache, PresentPrefixCache
 from dualpath_cli.core.policies import SchedParams, get_policy
+from dualpath_cli.core.types import Role
 from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.decisions import DecisionLog
 from dualpath_cli.runtime.engine_table import EngineState, EngineTable
@@ -235,7 +236,9 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self._live_version = 0  # bumped when an engine says hello, dies or comes back
         self._live_key: tuple[int, int] = (-1, -1)
         self._live: dict[str, dict[int, list[EngineState]]] = {}
-        self.role_gaps: dict[str, tuple[float, str]] = {}
+        # no engine yet: both roles are missing until one says hello (_count_engines)
+        self.role_gaps: dict[str, tuple[float, str]] = dict.fromkeys(
+            (Role.PREFILL.value, Role.DECODE.value), (time.time(), ""))
         self.last_gone: dict[str, str] = {}
 
 

@@ -37,6 +37,7 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import Ticket, TurnCancelled, TurnRequest, TurnResult
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.storage.store import persists_access_counts
+from dualpath_cli.telemetry.membership import RoleGap
 from dualpath_cli.telemetry.request_ids import RequestAliases
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView, Decision
 
@@ -128,6 +129,11 @@ class LiveCluster:
         self._t0 = time.monotonic()
         self.turn_keys = TurnKeys()  # Idempotency-Key -> the turn admitted under it
         self.joins = None if self.opts.local_engines else JoinService(self.system)
+        # turns waiting for a role with no serving engine are answered after this long
+        self.no_engine_wait_s = self.opts.no_engine_wait_s
+        self._watch_stop = threading.Event()
+        self._watch = threading.Thread(target=self._watch_roles, name="dualpath-roles",
+                                       daemon=True)
         # a hierarchical scheduler is not checkpointed (runtime/hierarchy.py): no restart
         self.durable = (LiveCheckpoint(self, self.checkpoint)
                         if self.checkpoint is not None and not self.opts.hierarchical
@@ -168,6 +174,7 @@ class LiveCluster:
                 self.durable.restore()
             system.scheduler.start()
             system.cluster.start(system.specs)
+            self._watch.start()
             if self.durable is not None:
                 self.durable.start()
         except BaseException:
@@ -234,8 +241,67 @@ class LiveCluster:
 
     def ready(self) -> bool:
         """Serving: every engine said hello and none has exited since (``/readyz``)."""
+        return self.readiness()[0]
+
+    def phase(self) -> str:
+        """``starting``, ``ready``, ``draining`` or ``stopped``: the ``state`` every
+        surface gives (``/healthz``, ``/api/v1/status``, the view)."""
+        if self.state != "ready":
+            return self.state
+        return "ready" if self.system.scheduler.all_hello() else "starting"
+
+    def readiness(self) -> tuple[bool, str]:
+        """The one definition of ready (``/readyz``, ``/healthz``'s ``ready``, ``status``):
+        the cluster admits turns (``ready``, not starting, draining or stopped), every engine
+        that is the cluster's said hello, none of its processes has exited since, and each
+        role has a serving engine (the membership record). The reason when not."""
+        if self.state != "ready":
+            return False, f"cluster is {self.state}"
         # _gone: engines whose process sentinel fired before their exit code is known
-        return self.state == "ready" and not self._gone and not self._exited()
+        if self._gone or self._exited():
+            return False, "an engine process has exited"
+        if not self.system.scheduler.all_hello():
+            return False, "cluster is starting"
+        gaps = self.missing_roles()
+        if gaps:
+            return False, gaps
+        return True, "ready"
+
+    def missing_roles(self) -> str:
+        """The roles with no serving engine, in one line (``no decode engine since
+        03:12:07 (D0 left)``), empty when none."""
+        return "; ".join(RoleGap(role, since, why).line() for role, (since, why)
+                         in sorted(self.system.scheduler.role_gap_list().items()))
+
+    def _no_engine(self, waited: bool) -> EnginesLost | None:
+        """The 503 a turn gets when a role has had no serving engine for the bounded wait
+        (``scheduler.no_engine_wait``), else None."""
+        gaps = self.system.scheduler.role_gap_list()
+        if not gaps:
+            return None
+        since = min(s for s, _ in gaps.values())
+        wait = self.no_engine_wait_s
+        if time.time() - since < wait:
+            return None
+        what = self.missing_roles()
+        how = (f"waited {wait:g} s (scheduler.no_engine_wait) for one to come back"
+               if waited else f"more than scheduler.no_engine_wait ({wait:g} s) ago")
+        return EnginesLost(f"{what}; {how}; retry when the node has rejoined")
+
+    def _watch_roles(self) -> None:
+        """Answer the turns waiting on a role with no serving engine once the bounded wait
+        has passed: no turn waits unbounded for an engine that is not coming back."""
+        period = max(0.05, min(0.25, self.no_engine_wait_s / 4))
+        while not self._watch_stop.wait(period):
+            if self.state != "ready":
+                continue
+            err = self._no_engine(waited=True)
+            if err is None:
+                continue
+            with self._lock:
+                left = [t for t in self._in_flight if not t.event.is_set()]
+            for ticket in left:
+                ticket.fail(err)
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None,
                key: str | None = None, stream: bool = False) -> Ticket:
@@ -264,6 +330,9 @@ class LiveCluster:
             lost = self._role_lost()
             if lost is not None:
                 raise EnginesLost(lost)
+            gone = self._no_engine(waited=False)
+            if gone is not None:
+                raise gone
             sess = self._sessions.get(session) if session is not None else None
             if sess is None:
                 sess = _Session(self._next_agent)
@@ -486,6 +555,7 @@ class LiveCluster:
                 return
             self.state = "stopped"
             left = [t for t in self._in_flight if not t.event.is_set()]
+        self._watch_stop.set()
         if self.durable is not None:  # every admitted turn gets its answer below: nothing
             self.durable.stop(keep=False)  # is left to restore (only kill -9 leaves one)
         for ticket in left:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dualpath_cli.faultspec import Fault, FaultError
+from dualpath_cli.telemetry.membership import Membership, membership_from_dict
 from dualpath_cli.telemetry.view import AuditEntry, Thresholds
 
 __all__ = ["Status", "status_from_dict"]
@@ -41,6 +42,11 @@ class Status:
     version: str = ""
     #: flat or hierarchical (``sub_schedulers``), ``nodes_per_group``; empty from an older API
     scheduling: dict[str, Any] = field(default_factory=dict)
+    #: what serves beside what was configured (None from an older API)
+    membership: Membership | None = None
+    #: the one readiness (as ``/readyz``), and why not; None from an older API
+    ready: bool | None = None
+    not_ready: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,7 +67,10 @@ def status_from_dict(data: dict[str, Any]) -> Status:
         uptime_s=float(data.get("uptime_s", 0.0)),
         audit=tuple(_fields_of(AuditEntry, a) for a in data.get("audit", ())),
         faults=faults, version=str(data.get("version", "")),
-        scheduling=dict(data.get("scheduling") or {}), extra=extra)
+        scheduling=dict(data.get("scheduling") or {}),
+        membership=membership_from_dict(data.get("membership")),
+        ready=None if data.get("ready") is None else bool(data["ready"]),
+        not_ready=str(data.get("not_ready") or ""), extra=extra)
 
 
 def _faults(data: Sequence[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[dict[str, Any]]]:

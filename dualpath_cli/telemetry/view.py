@@ -278,7 +278,8 @@ class ClusterView:
     ``state`` is ``starting``, ``ready``, ``draining`` or ``stopped``; ``ready`` only when
     every engine that is still the cluster's has said hello. ``membership`` (None in an
     older recording) says what serves now and which role has no serving engine: the
-    cluster is ready to serve only when ``state`` is ``ready`` and it is complete. ``started_at`` is wall-clock start; ``uptime_s`` seconds
+    cluster is ready to serve only when ``state`` is ``ready`` and it is complete.
+    ``started_at`` is wall-clock start; ``uptime_s`` seconds
     since then.
     """
 

@@ -80,8 +80,11 @@ def clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(at))
 
 
-def node_name(role: str | None, node: int | None) -> str:
-    """``P0`` / ``D1`` (how the operator stories and diagnose name nodes)."""
+def node_name(role: str | None, node: int | None, name: str | None = None) -> str:
+    """The operator's name (``--node D0``, from the view) when known, else ``P0`` / ``D1``
+    (how the operator stories and diagnose name a launch's nodes)."""
+    if name:
+        return name
     if node is None:
         return "?"
     return f"{'P' if role == 'prefill' else 'D'}{node}"
@@ -130,7 +133,8 @@ def engine_rows(view: ClusterView, text: str = "", sort: str = "id",
         cnic = n.cnic_utilization if n else None
         cls = engine_class(e, alpha, beta)
         cells = (str(e.engine_id),
-                 graded_name(node_name(e.role, e.node), (grades or {}).get(e.node)), cls,
+                 graded_name(node_name(e.role, e.node, e.node_name),
+                             (grades or {}).get(e.node)), cls,
                  _ratio(e.tokens, beta), _ratio(e.read_queue_tokens, alpha), pct(snic),
                  pct(cnic), NA if e.hbm_used_bytes is None else format_bytes(e.hbm_used_bytes),
                  NA if e.hbm_fragmentation is None else f"{e.hbm_fragmentation:.2f}",
@@ -213,7 +217,7 @@ def nic_quadrants(history: Sequence[Sample],
             if history else []
         now = [float(v) for v in (getattr(n, attr) for n in last) if v is not None]
         ratio = max_over_avg(now) if now else math.nan
-        nodes = tuple((node_name(n.role, n.node), getattr(n, attr),
+        nodes = tuple((node_name(n.role, n.node, n.name), getattr(n, attr),
                        tuple(series.get(n.node, ()))) for n in last)
         out.append(Quadrant(title, tuple(means), None if math.isnan(ratio) else ratio, nodes,
                             tuple((grades or {}).get(n.node, Severity.OK) for n in last)))
