@@ -9,11 +9,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from dualpath_cli.api.app import _status
 from dualpath_cli.cluster.join import JoinService
 from dualpath_cli.cluster.system import RuntimeSystem
+from dualpath_cli.diagnose.model import Severity
+from dualpath_cli.diagnose.workflows.membership import membership
+from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.storage import MemoryStore
+from dualpath_cli.telemetry.membership import Membership, NodeMember, RoleGap
 
 
 def test_a_node_that_leaves_is_left_and_one_that_dies_is_dead(tmp_path: Path) -> None:
@@ -57,3 +63,43 @@ def test_status_counts_only_the_clusters_engines() -> None:
                                 readiness=lambda: (True, "ready"))
     out = _status(live, view)
     assert out["engines"] == {"healthy": 2, "total": 3}
+
+
+def test_a_node_removed_before_its_hello_is_not_waited_for(tmp_path: Path) -> None:
+    """Issue 34 item 4: join then DELETE before the hello left the cluster "starting" for
+    good; and a name that is no URL path segment could never be removed."""
+    opts = RuntimeOptions(local_engines=False, store_dir=tmp_path / "store")
+    system = RuntimeSystem(opts, MemoryStore())
+    try:
+        joins = JoinService(system)
+        joins.join("plain", "decode", 1)
+        assert not system.scheduler.all_hello()
+        joins.leave("plain")
+        assert system.scheduler.all_hello()
+        members = system.view().membership
+        assert members is not None
+        assert [(n.name, n.state, n.said_hello) for n in members.nodes] == [
+            ("plain", "left", False)]
+        assert members.of == "0P0D"  # it never served: not configured
+        assert "no decode engine since" in members.missing_line()
+        for bad in ("a/b", "", "x" * 65, "-lead", "sp ace"):
+            with pytest.raises(UsageError, match="node name"):
+                joins.join(bad, "decode", 1)
+    finally:
+        system.close()
+
+
+def test_diagnose_membership_is_critical_for_a_missing_role() -> None:
+    gap = RoleGap("decode", 1_000.0, "D0 left")
+    members = Membership("1P0D", "1P1D", (NodeMember("P0", 0, "prefill", "serving", 1, 1),
+                                          NodeMember("D0", 1, "decode", "left", 1, 0)),
+                         (gap,))
+    view: Any = SimpleNamespace(state="ready", pd="1P1D", membership=members)
+    ev: Any = SimpleNamespace(samples=[SimpleNamespace(view=view)])
+    (finding,) = membership(ev)
+    assert finding.severity == Severity.CRITICAL
+    assert finding.title.startswith("no decode engine since ")
+    assert "(D0 left): 1P0D (of 1P1D) serve" in finding.title
+    ok: Any = SimpleNamespace(samples=[SimpleNamespace(view=SimpleNamespace(
+        state="ready", pd="1P1D", membership=Membership("1P1D", "1P1D")))])
+    assert [f.severity for f in membership(ok)] == [Severity.OK]

@@ -56,7 +56,9 @@ def view_dict(view: ClusterView) -> dict[str, Any]:
     return {"at": view.at, "state": view.state, "pd": view.pd, "model": view.model,
             "uptime_s": view.uptime_s, "engines": [engine_dict(e) for e in view.engines],
             "nodes": [node_dict(n) for n in view.nodes],
-            "scheduler": scheduler_dict(view.scheduler)}
+            "scheduler": scheduler_dict(view.scheduler),
+            "membership": (dataclasses.asdict(view.membership)
+                           if view.membership is not None else None)}
 
 
 def decision_dict(d: Decision) -> dict[str, Any]:
