@@ -42,7 +42,8 @@ class _Scheduler:
     def __init__(self) -> None:
         self.engines: dict[int, Any] = {}
 
-    def register(self, engine_id: int, role: str, node: int, group: int) -> None:
+    def register(self, engine_id: int, role: str, node: int, group: int,
+                 name: str = "") -> None:
         self.engines[engine_id] = SimpleNamespace(alive=True, role=role, node=node)
 
 
