@@ -141,9 +141,10 @@ def complete(client: httpx.Client, url: str, model: str, prompt: list[int], gen:
                     raise RemoteError(str(event["error"].get("message", event["error"])))
                 if not first_at:
                     first_at = now
-                for choice in event.get("choices") or ():
+                for choice in event.get("choices") or ():  # each chunk: the ids it adds
                     if choice.get("token_ids") is not None:
-                        tokens, done_at = [int(t) for t in choice["token_ids"]], now
+                        tokens = [*(tokens or ()), *(int(t) for t in choice["token_ids"])]
+                        done_at = now
                 usage = event.get("usage")
                 if usage:
                     cached = int((usage.get("prompt_tokens_details") or {}).get(
