@@ -243,8 +243,8 @@ def test_record_then_explain_from_the_recording_tells_the_same_story(
 
     def workload() -> None:
         prompt = [(i * 5) % 250 + 1 for i in range(33)]
-        try:
-            for turn in range(8):
+        try:  # turns until the recording ends (it must see some in flight), 48 at most
+            for turn in range(48):
                 if stop.is_set():
                     return
                 ticket = live.submit(prompt, 4, "recorded")
