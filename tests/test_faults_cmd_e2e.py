@@ -31,13 +31,13 @@ def test_faults_inject_show_in_status_and_monitor_then_clear(
 
     done = run_cli(env, "faults", "inject", THROTTLE, "slow_compute:engine=0,factor=2", *at)
     assert done.returncode == 0, done.stderr
-    assert "fault #1 snic_throttle node 1 fraction 0.25 (since " in done.stdout
+    assert "fault #1 snic_throttle node D1 fraction 0.25 (since " in done.stdout
 
     done = run_cli(env, "status", *at)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("running"), done.stdout
-    assert lines[1].startswith("fault #1 snic_throttle node 1 fraction 0.25 (since ")
+    assert lines[1].startswith("fault #1 snic_throttle node D1 fraction 0.25 (since ")
     assert lines[2].startswith("fault #2 slow_compute engine 0 factor 2 (since ")
     data = json.loads(run_cli(env, "status", "--json", *at).stdout)
     assert [f["id"] for f in data["faults"]] == [1, 2]

@@ -10,6 +10,7 @@ audits the change (action ``faults``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,6 +22,7 @@ from dualpath_cli.errors import UsageError
 if TYPE_CHECKING:
     from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.faultspec import Fault
+    from dualpath_cli.telemetry.status import Status
     from dualpath_cli.telemetry.view import AuditEntry
 
 __all__ = ["app", "fault_line", "list_faults", "inject", "clear"]
@@ -31,11 +33,21 @@ app = typer.Typer(help="List, inject and clear faults on the running cluster (au
 _TIMEOUT_S = 10.0
 
 
-def fault_line(f: Fault) -> str:
-    """``fault #3 snic_throttle node 1 fraction 0.25 (since 03:10:02)``: one line a fault."""
+def node_names(st: Status) -> dict[int, str]:
+    """Node index -> the operator's name (``D1``), from the status's membership record."""
+    return {n.node: n.name for n in st.membership.nodes} if st.membership else {}
+
+
+def fault_line(f: Fault, names: Mapping[int, str] | None = None) -> str:
+    """``fault #3 snic_throttle node D1 fraction 0.25 (since 03:10:02 UTC)``: one line a
+    fault, its node under the operator's name where ``names`` has it (as monitor shows it)."""
     since = (f" (since {time.strftime('%H:%M:%S', time.gmtime(f.since))} UTC)" if f.since
              else "")
-    return f"fault #{f.id} {f.describe()}{since}"
+    words = f.describe()
+    key, value = f.target
+    if key == "node" and names and isinstance(value, int) and value in names:
+        words = words.replace(f"node {value}", f"node {names[value]}", 1)
+    return f"fault #{f.id} {words}{since}"
 
 
 def _client(url: str | None, port: int | None, token_file: Any) -> ClusterClient:
@@ -44,14 +56,15 @@ def _client(url: str | None, port: int | None, token_file: Any) -> ClusterClient
     return source.connect(source.ClusterRef(url, port, token_file), timeout=_TIMEOUT_S)
 
 
-def _print_faults(faults: tuple[Fault, ...] | list[Fault]) -> None:
+def _print_faults(faults: tuple[Fault, ...] | list[Fault],
+                  names: Mapping[int, str] | None = None) -> None:
     if not faults:
         stdout.print("no faults in force", highlight=False)
     for f in faults:
-        stdout.print(fault_line(f), highlight=False, soft_wrap=True)
+        stdout.print(fault_line(f, names), highlight=False, soft_wrap=True)
 
 
-def _changed(entry: AuditEntry, as_json: bool) -> None:
+def _changed(entry: AuditEntry, as_json: bool, names: Mapping[int, str] | None = None) -> None:
     """Report an audited change: the faults in force after it."""
     from dualpath_cli.faultspec import Fault
 
@@ -62,7 +75,7 @@ def _changed(entry: AuditEntry, as_json: bool) -> None:
         return
     stdout.print(f"audit #{entry.seq}: {len(now)} fault(s) in force", highlight=False)
     for f in now:
-        stdout.print(fault_line(f), highlight=False, soft_wrap=True)
+        stdout.print(fault_line(f, names), highlight=False, soft_wrap=True)
 
 
 @app.command("list")
@@ -74,11 +87,11 @@ def list_faults(
 ) -> None:
     """The injected faults in force, one line each (id, kind, target, since when)."""
     with _client(url, port, token_file) as client:
-        faults = client.status().faults
+        st = client.status()
     if as_json:
-        emit_json({"faults": [f.to_dict() for f in faults]})
+        emit_json({"faults": [f.to_dict() for f in st.faults]})
         return
-    _print_faults(faults)
+    _print_faults(st.faults, node_names(st))
 
 
 @app.command()
@@ -101,7 +114,8 @@ def inject(
     parse_faults(specs)  # a bad SPEC fails here, in one line, before the cluster is asked
     with _client(url, port, token_file) as client:
         entry = client.set_faults(specs)
-    _changed(entry, as_json)
+        names = node_names(client.status()) if not as_json else {}
+    _changed(entry, as_json, names)
 
 
 @app.command()

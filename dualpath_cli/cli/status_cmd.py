@@ -150,10 +150,11 @@ def status(
 
 def _print_faults(st: Status) -> None:
     """A line per injected fault in force (the degraded parts), under the status line."""
-    from dualpath_cli.cli.faults_cmd import fault_line
+    from dualpath_cli.cli.faults_cmd import fault_line, node_names
 
+    names = node_names(st)
     for f in st.faults:
-        stdout.print(fault_line(f), highlight=False, soft_wrap=True)
+        stdout.print(fault_line(f, names), highlight=False, soft_wrap=True)
 
 
 # --- stop ----------------------------------------------------------------------------------
