@@ -59,6 +59,16 @@ import numpy as np
 
 from dualpath_cli.api.listen import free_port
 
+
+def _launch_config() -> Any:
+    """The configuration `dualpath launch` serves: the defaults with the launcher's own
+    (its 5 ms fetch period, cli/launcher.py LAUNCH_DEFAULTS), as a launched cluster runs."""
+    from dualpath_cli.cli.launcher import LAUNCH_DEFAULTS
+    from dualpath_cli.config import load_config
+
+    return load_config(overrides=[f"{k}={v}" for k, v in LAUNCH_DEFAULTS.items()])
+
+
 GOALS = {"overhead_p50_ms": 2.0, "stream_first_chunk_ratio": 0.3, "ready_s": 5.0,
          "metrics_render_ms_1152": 50.0, "errors": 0}
 
@@ -75,7 +85,6 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4,
     from dualpath_cli.api.app import create_app
     from dualpath_cli.api.auth import TokenAuth
     from dualpath_cli.api.server import ServerThread
-    from dualpath_cli.config import load_config
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.runtime.turns import Ticket
     from dualpath_cli.services.live import LiveCluster
@@ -107,7 +116,7 @@ def measure_overhead(samples: int, prompt_len: int = 64, gen: int = 4,
             return ticket
 
     store = Path(tempfile.mkdtemp(prefix="dualpath-api-bench-"))
-    loaded = load_config()  # what `dualpath launch` serves
+    loaded = _launch_config()
     live = Recording(options_from_config(loaded, processes=True, store_dir=store))
     rng = np.random.default_rng(0)
     http_ms: list[float] = []
@@ -165,13 +174,12 @@ def measure_stream(samples: int, prompt_len: int = 64, gen: int = 64) -> dict[st
     from dualpath_cli.api.app import create_app
     from dualpath_cli.api.auth import TokenAuth
     from dualpath_cli.api.server import ServerThread
-    from dualpath_cli.config import load_config
     from dualpath_cli.runtime.options import options_from_config
     from dualpath_cli.services.live import LiveCluster
     from dualpath_cli.telemetry.gpu import UnavailableGpu
 
     store = Path(tempfile.mkdtemp(prefix="dualpath-api-bench-"))
-    live = LiveCluster(options_from_config(load_config(), processes=True, store_dir=store))
+    live = LiveCluster(options_from_config(_launch_config(), processes=True, store_dir=store))
     rng = np.random.default_rng(1)
     ratios: list[float] = []
     first_ms: list[float] = []
