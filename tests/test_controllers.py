@@ -112,7 +112,8 @@ def test_the_running_scheduler_steps_logs_and_shows_its_controllers() -> None:
                    "a controller step in the decision log")
         moves = [d for d in system.decisions() if d.kind == "control"]
         view = system.view()
-        live = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system)
+        live = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system,
+                               readiness=lambda: (True, ""))
         status = _status(live, view)  # type: ignore[arg-type]
     assert not result.errors
     first = moves[0]
