@@ -225,6 +225,12 @@ class RuntimeSystem:
                     if time.monotonic() >= deadline:
                         raise EngineFailed(f"the engines did not start within {timeout:g} s"
                                            ) from None
+            # an engine that died before its hello is no longer waited for (the scheduler
+            # skips dead engines), but a start with one dead is a failed start
+            dead = self.cluster.exited()
+            if dead:
+                raise EngineFailed(f"{describe_exits(dead)} exited during start-up; "
+                                   "see its messages above")
             if isinstance(self.cluster, LocalCluster):  # every engine has opened the buckets
                 self.cluster.wait_unlinked(max(1.0, deadline - time.monotonic()))
         except BaseException:
