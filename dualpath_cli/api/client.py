@@ -8,10 +8,9 @@ line: no server at the URL is :class:`~dualpath_cli.api.errors.Unreachable` nami
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -34,6 +33,7 @@ from dualpath_cli.telemetry.view import (
     LayerHits,
     NodeView,
     decision_from_dict,
+    fields_of,
     view_from_dict,
 )
 from dualpath_cli.telemetry.warmup import Template, WarmUp
@@ -43,28 +43,20 @@ __all__ = ["DualPathClient", "AuditEntry", "audit_from_dict", "engine_from_dict"
 
 DEFAULT_TIMEOUT = 10.0
 
-T = TypeVar("T")
-
-
-def _build(cls: type[T], data: dict[str, Any]) -> T:
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in data.items() if k in names})
-
-
 def audit_from_dict(data: dict[str, Any]) -> AuditEntry:
     """An :class:`AuditEntry` from its JSON form."""
-    return _build(AuditEntry, data)
+    return fields_of(AuditEntry, data)
 
 
 def engine_from_dict(data: dict[str, Any]) -> EngineView:
     """An :class:`EngineView` from its JSON form."""
-    layers = tuple(_build(LayerHits, x) for x in data.get("layers", ()))
-    return _build(EngineView, {**data, "layers": layers})
+    layers = tuple(fields_of(LayerHits, x) for x in data.get("layers", ()))
+    return fields_of(EngineView, {**data, "layers": layers})
 
 
 def node_from_dict(data: dict[str, Any]) -> NodeView:
     """A :class:`NodeView` from its JSON form."""
-    return _build(NodeView, {**data, "engines": tuple(data.get("engines", ()))})
+    return fields_of(NodeView, {**data, "engines": tuple(data.get("engines", ()))})
 
 
 class DualPathClient:

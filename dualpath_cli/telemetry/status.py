@@ -10,16 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from dualpath_cli.faultspec import Fault, FaultError
 from dualpath_cli.telemetry.membership import Membership, membership_from_dict
-from dualpath_cli.telemetry.view import AuditEntry, Thresholds
+from dualpath_cli.telemetry.view import AuditEntry, Thresholds, fields_of
 
 __all__ = ["Status", "status_from_dict"]
-
-T = TypeVar("T")
-
 
 @dataclass(frozen=True, slots=True)
 class Status:
@@ -62,10 +59,10 @@ def status_from_dict(data: dict[str, Any]) -> Status:
         state=data["state"], pd=data["pd"], model=data["model"], policy=data["policy"],
         engines_healthy=int(engines.get("healthy", 0)),
         engines_total=int(engines.get("total", 0)),
-        queue=dict(data.get("queue", {})), thresholds=_fields_of(Thresholds, data["thresholds"]),
+        queue=dict(data.get("queue", {})), thresholds=fields_of(Thresholds, data["thresholds"]),
         decisions=int(data.get("decisions", 0)), ready_s=data.get("ready_s"),
         uptime_s=float(data.get("uptime_s", 0.0)),
-        audit=tuple(_fields_of(AuditEntry, a) for a in data.get("audit", ())),
+        audit=tuple(fields_of(AuditEntry, a) for a in data.get("audit", ())),
         faults=faults, version=str(data.get("version", "")),
         scheduling=dict(data.get("scheduling") or {}),
         membership=membership_from_dict(data.get("membership")),
@@ -85,8 +82,3 @@ def _faults(data: Sequence[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[dic
     return tuple(known), unknown
 
 
-def _fields_of(cls: type[T], data: dict[str, Any]) -> T:
-    """``cls`` from the keys of ``data`` it has fields for (a newer server's extra keys are
-    left out)."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in data.items() if k in names})

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from dualpath_cli.telemetry.membership import Membership, membership_from_dict
 
-__all__ = ["NA", "na", "fmt_na", "LayerHits", "EngineView", "NodeView", "Thresholds",
+__all__ = ["fields_of", "NA", "na", "fmt_na", "LayerHits", "EngineView", "NodeView", "Thresholds",
            "DecisionCounts", "LatencyHistogram", "SchedulerView", "Decision", "AuditEntry",
            "ClusterView", "view_from_dict", "decision_from_dict"]
 
@@ -305,7 +305,9 @@ class ClusterView:
         raise KeyError(f"no engine {engine_id} in this view")
 
 
-def _build(cls: type[T], data: dict[str, Any]) -> T:
+def fields_of(cls: type[T], data: dict[str, Any]) -> T:
+    """``cls`` from the keys of ``data`` it has fields for (a newer server's extra keys are
+    left out): the one way the read model's records are built from their JSON form."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -316,7 +318,7 @@ def _int_keys(d: dict[Any, int]) -> dict[int, int]:
 
 def decision_from_dict(data: dict[str, Any]) -> Decision:
     """A :class:`Decision` from its JSON form (unknown keys ignored)."""
-    return _build(Decision, data)
+    return fields_of(Decision, data)
 
 
 def view_from_dict(data: dict[str, Any]) -> ClusterView:
@@ -325,20 +327,20 @@ def view_from_dict(data: dict[str, Any]) -> ClusterView:
     Unknown keys are ignored so an older client reads a newer server's views.
     """
     engines = tuple(
-        _build(EngineView, {**e, "layers": tuple(_build(LayerHits, x)
+        fields_of(EngineView, {**e, "layers": tuple(fields_of(LayerHits, x)
                                                  for x in e.get("layers", ()))})
         for e in data["engines"])
-    nodes = tuple(_build(NodeView, {**n, "engines": tuple(n.get("engines", ()))})
+    nodes = tuple(fields_of(NodeView, {**n, "engines": tuple(n.get("engines", ()))})
                   for n in data["nodes"])
     s = data["scheduler"]
-    sched = _build(SchedulerView, {
+    sched = fields_of(SchedulerView, {
         **s, "private_queues": _int_keys(s.get("private_queues", {})),
-        "thresholds": _build(Thresholds, s["thresholds"]),
-        "decisions": _build(DecisionCounts, s.get("decisions", {})),
+        "thresholds": fields_of(Thresholds, s["thresholds"]),
+        "decisions": fields_of(DecisionCounts, s.get("decisions", {})),
         "decision_latency": {str(k): LatencyHistogram(
             int(h.get("count", 0)), float(h.get("sum_s", 0.0)),
             tuple((float(le), int(c)) for le, c in h.get("buckets", ())))
             for k, h in (s.get("decision_latency") or {}).items()}})
-    return _build(ClusterView, {**data, "engines": engines, "nodes": nodes,
+    return fields_of(ClusterView, {**data, "engines": engines, "nodes": nodes,
                                 "scheduler": sched,
                                 "membership": membership_from_dict(data.get("membership"))})
