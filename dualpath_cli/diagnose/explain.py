@@ -25,8 +25,9 @@ outcome (reads by tier, bytes per NIC, slack, the TTFT breakdown) not available.
 TTFT breakdown (seconds, summing to the TTFT on one machine, whose monotonic clock the
 scheduler and engines share): ``queueing`` (the scheduler's queues until dispatch, plus the
 PE's compute queue once the KV was ready), ``loading`` (dispatch until the first layer's KV
-was in the PE's HBM, or every layer's without layerwise prefill), ``transfer`` (compute
-waiting for later layers' KV, streamed or copied while earlier layers ran) and ``prefill``
+was in the PE's HBM, or every layer's without layerwise prefill; it ends where compute
+starts, if earlier), ``transfer`` (compute waiting for layers' KV, streamed or copied while
+earlier layers ran) and ``prefill``
 (compute itself).
 """
 
@@ -108,8 +109,10 @@ def _split(outcome: dict[str, Any]) -> dict[str, float | None]:
     arrived, ready = float(pe["arrived"]), float(pe["kv_ready"])
     compute, bubble = float(pe["compute"]), float(pe.get("kv_bubble_s", 0.0))
     ready = max(ready, arrived)
+    # layerwise compute may start before layer 0 is loaded: its wait is in the bubble, so
+    # loading ends where compute starts (else the wait would count twice)
     return {"queueing_s": max(0.0, disp - sub) + max(0.0, compute - ready),
-            "loading_s": max(0.0, ready - disp),
+            "loading_s": max(0.0, min(ready, compute) - disp),
             "transfer_s": bubble,
             "prefill_s": max(0.0, first - compute - bubble)}
 
