@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dualpath_cli.runtime.context import EngineSpec
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "Respawns"]
 
 
 class Cluster(Protocol):
@@ -32,4 +32,17 @@ class Cluster(Protocol):
     def exited(self) -> dict[int, int]:
         """Engines whose process has ended, with exit codes (negative: killed by a signal);
         empty where exits are not tracked per engine."""
+        ...
+
+
+@runtime_checkable
+class Respawns(Protocol):
+    """A cluster that can start a dead engine again (engines as processes: LocalCluster).
+
+    In-process engines (threads of the launcher, tests' fake) and emulated engines (many to
+    a host process, which dies with all of them) cannot: their deaths are final.
+    """
+
+    def respawn(self, spec: EngineSpec) -> int:
+        """Start a new process for the dead engine ``spec`` describes; its pid."""
         ...

@@ -17,6 +17,7 @@ opened them (:func:`~dualpath_cli.transfer.shaping.unlink_shared`): a kill then 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
+from dualpath_cli.storage import TokenBucket
 from dualpath_cli.transfer.shaping import SharedTokenBucket, unlink_shared
 
 __all__ = ["LocalCluster", "EngineFailed", "engine_main", "exit_with_parent", "dead_role",
@@ -130,6 +132,17 @@ def unlink_when_opened(opened: list[Any], buckets: list[Any]) -> threading.Threa
     return th
 
 
+def own_bucket(bucket: TokenBucket, fresh: dict[int, TokenBucket]) -> TokenBucket:
+    """``bucket``, or a new shared bucket of its rate when it is a shared bucket whose
+    semaphore name is gone (it cannot be passed to a new process any more); ``fresh`` keeps
+    the new one per old bucket, so a bucket that two fields share stays one bucket."""
+    if isinstance(bucket, SharedTokenBucket) and bucket.semaphore is None:
+        if id(bucket) not in fresh:
+            fresh[id(bucket)] = SharedTokenBucket(bucket.rate, bucket.burst_bytes)
+        return fresh[id(bucket)]
+    return bucket
+
+
 def spec_buckets(specs: list[EngineSpec]) -> list[Any]:
     """Every NIC bucket the specs carry (a node's storage NICs repeat: unlinked once)."""
     return [b for s in specs for b in (s.snic_read, s.snic_write, s.cnic)]
@@ -158,6 +171,10 @@ class LocalCluster:
     def __init__(self, on_death: Callable[[int], None] | None = None) -> None:
         self.on_death = on_death
         self._procs: dict[int, Any] = {}
+        #: processes a restart replaced: (engine id, pid, exit code), oldest first
+        self.replaced: list[tuple[int, int, int | None]] = []
+        self._reported: set[int] = set()  # pids whose exit was reported through on_death
+        self._procs_lock = threading.Lock()
         self._closing = threading.Event()
         self._ctx = mp.get_context("spawn")
         self._watch: threading.Thread | None = None
@@ -175,15 +192,7 @@ class LocalCluster:
         try:
             with _bare_main():
                 for spec in specs:
-                    ours, theirs = self._ctx.Pipe(duplex=False)
-                    opened.append(ours)
-                    p = self._ctx.Process(target=engine_main, args=(spec, theirs),
-                                          daemon=True, name=f"dualpath-engine-{spec.engine_id}")
-                    try:
-                        p.start()
-                    finally:
-                        theirs.close()
-                    self._procs[spec.engine_id] = p
+                    opened.append(self._spawn(spec))
         finally:
             for k, v in env_keep.items():
                 if v is None:
@@ -205,36 +214,99 @@ class LocalCluster:
         th.join(timeout)
         return not th.is_alive()
 
+    def _spawn(self, spec: EngineSpec) -> Any:
+        """Start one engine's process (under :func:`_bare_main`); the reading end of its
+        "arguments opened" pipe (:func:`unlink_when_opened`)."""
+        ours, theirs = self._ctx.Pipe(duplex=False)
+        p = self._ctx.Process(target=engine_main, args=(spec, theirs),
+                              daemon=True, name=f"dualpath-engine-{spec.engine_id}")
+        try:
+            p.start()
+        finally:
+            theirs.close()
+        with self._procs_lock:
+            self._procs[spec.engine_id] = p
+        return ours
+
+    def respawn(self, spec: EngineSpec) -> int:
+        """Start a new process for a dead engine (a restart); its pid.
+
+        The node's shared NIC buckets were unlinked once every first process had opened them
+        (they cannot be passed to a new process), so a restarted engine paces its NICs with
+        new buckets at the same rates (unlinked in turn once it opened them): on a node of
+        one engine (a launch's default) that is the same NIC; on a node of several, the
+        restarted engine no longer shares the node's NIC budget with its siblings.
+
+        Raises:
+            EngineFailed: the engine is still running, or the cluster is stopping.
+        """
+        eid = spec.engine_id
+        with self._procs_lock:
+            old = self._procs.get(eid)
+        if self._closing.is_set():
+            raise EngineFailed(f"engine {eid}: not restarted, the cluster is stopping")
+        if old is not None and old.exitcode is None:
+            raise EngineFailed(f"engine {eid} is still running (pid {old.pid}); not restarted")
+        fresh: dict[int, TokenBucket] = {}  # one new bucket per unlinked one (a node's
+        # storage NIC is one bucket in two specs' fields)
+        spec = dataclasses.replace(spec, snic_read=own_bucket(spec.snic_read, fresh),
+                                   snic_write=own_bucket(spec.snic_write, fresh),
+                                   cnic=own_bucket(spec.cnic, fresh))
+        with _bare_main():
+            opened = self._spawn(spec)
+        unlink_when_opened([opened], list(fresh.values()))
+        if old is not None:
+            with self._procs_lock:
+                self.replaced.append((eid, int(old.pid), old.exitcode))
+        return self.pid(eid)
+
     def _supervise(self) -> None:
-        pending = {p.sentinel: eid for eid, p in self._procs.items()}
-        while pending and not self._closing.is_set():
+        """Report each process's exit once, through ``on_death``; a respawned engine's new
+        process is watched from the next round (every 0.2 s at most)."""
+        while not self._closing.is_set():
+            with self._procs_lock:
+                pending = {p.sentinel: (eid, int(p.pid)) for eid, p in self._procs.items()
+                           if int(p.pid) not in self._reported}
+            if not pending:
+                if self._closing.wait(0.2):
+                    return
+                continue
             ready = multiprocessing.connection.wait(list(pending), timeout=0.2)
             for sentinel in ready:
-                eid = pending.pop(int(sentinel))  # type: ignore[arg-type]
+                eid, pid = pending[int(sentinel)]  # type: ignore[call-overload]
+                self._reported.add(pid)
                 if not self._closing.is_set() and self.on_death:
                     self.on_death(eid)
 
     def pid(self, engine_id: int) -> int:
-        """OS pid of an engine."""
-        return int(self._procs[engine_id].pid)
+        """OS pid of an engine (its current process)."""
+        with self._procs_lock:
+            return int(self._procs[engine_id].pid)
 
     def pids(self) -> dict[int, int]:
-        """OS pids of all started engines by engine id."""
-        return {eid: int(p.pid) for eid, p in self._procs.items()}
+        """OS pids of all started engines by engine id (their current processes)."""
+        with self._procs_lock:
+            return {eid: int(p.pid) for eid, p in self._procs.items()}
 
     def exited(self) -> dict[int, int]:
-        """Engines whose process has ended, with exit codes (negative: killed by signal)."""
-        return {eid: int(p.exitcode) for eid, p in self._procs.items()
-                if p.exitcode is not None}
+        """Engines whose current process has ended, with exit codes (negative: killed by
+        signal); a restarted engine is listed again only if its new process ends."""
+        with self._procs_lock:
+            procs = list(self._procs.items())
+        return {eid: int(p.exitcode) for eid, p in procs if p.exitcode is not None}
 
     def kill(self, engine_id: int) -> None:
-        self._procs[engine_id].kill()
+        with self._procs_lock:
+            proc = self._procs[engine_id]
+        proc.kill()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._closing.set()
-        for p in self._procs.values():
+        with self._procs_lock:
+            procs = list(self._procs.values())
+        for p in procs:
             p.join(timeout)
-        for p in self._procs.values():
+        for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(1.0)

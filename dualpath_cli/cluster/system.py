@@ -26,10 +26,12 @@ from dualpath_cli.cluster.emulated import (
 )
 from dualpath_cli.cluster.inproc import InProcCluster
 from dualpath_cli.cluster.local import EngineFailed, LocalCluster, describe_exits
+from dualpath_cli.cluster.supervisor import EngineSupervisor, restart_names
 from dualpath_cli.core.groups import group_start
 from dualpath_cli.core.layout import BlockShape, Namespace
 from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.core.reference_model import model_config
+from dualpath_cli.core.restart_policy import CAP_S, RestartPolicy
 from dualpath_cli.errors import ConfigError, DualPathError, UsageError
 from dualpath_cli.faultspec import Fault, FaultError
 from dualpath_cli.runtime.calibrate import calibrate_flops_rate
@@ -143,6 +145,14 @@ class RuntimeSystem:
             else InProcCluster(self.fabric, self.scheduler.mark_dead))
         self.node_nics: dict[int, tuple[TokenBucket, TokenBucket]] = {}
         self.specs = self._specs(store_spec)
+        # the launcher as the engines' service manager: a death goes to the scheduler and,
+        # with cluster.restart, the engine restarts with backoff (cluster/supervisor.py)
+        self.supervisor = EngineSupervisor(
+            self.scheduler, self.cluster, self.specs, restart_names(self.specs),
+            RestartPolicy(base_s=opts.restart_backoff_s,
+                          cap_s=max(opts.restart_backoff_s, CAP_S)),
+            enabled=opts.restart)
+        self.cluster.on_death = self.supervisor.on_death
         self.started_at = 0.0
         self.closed = False
         self._faults: dict[tuple[str, tuple[str, int]], Fault] = {}
@@ -237,6 +247,15 @@ class RuntimeSystem:
             self.close()
             raise
         self.started_at = time.monotonic()
+        self.supervisor.arm()
+
+    def down(self) -> dict[int, int]:
+        """Engines down for good, with exit codes: exited and not coming back (no restart
+        due or under way: ``cluster.restart`` off, a crash loop, or a cluster that cannot
+        restart engines). What a run or a live cluster judges lost roles by."""
+        coming = self.supervisor.restarting()
+        return {eid: code for eid, code in self.cluster.exited().items()
+                if eid not in coming}
 
     def submit(self, req: TurnRequest) -> Ticket:
         """Submit one turn."""
@@ -289,7 +308,8 @@ class RuntimeSystem:
         gaps = self.scheduler.role_gap_list()
         if o.local_engines:
             return build_membership(rows, {"prefill": o.prefill_nodes,
-                                           "decode": o.decode_nodes}, gaps)
+                                           "decode": o.decode_nodes}, gaps,
+                                    supervision=self.supervisor.by_node())
         first = build_membership(rows, {}, gaps)
         names: dict[str, set[str]] = {"prefill": set(), "decode": set()}
         for n in first.nodes:
@@ -500,5 +520,6 @@ class RuntimeSystem:
     def close(self) -> None:
         """Stop engines and the scheduler."""
         self.closed = True
+        self.supervisor.stop()
         self.scheduler.stop()
         self.cluster.shutdown()

@@ -96,6 +96,8 @@ class ClusterConfig:
     nodes_per_group: int
     curve: str
     api_rate_limit: float
+    restart: bool = True
+    restart_backoff: float = 0.5
 
     @property
     def prefill_nodes(self) -> int:

@@ -181,6 +181,9 @@ DURATION = Kind("duration", "seconds", _positive(parse_duration))
 NO_ENGINE_WAIT = Kind("duration", "seconds",
                       _at_most(_at_least(parse_duration, 0.0, "at least 0"), 600.0,
                                "at most 10m"))
+RESTART_BACKOFF = Kind("duration", "seconds",
+                       _at_most(_at_least(parse_duration, 0.001, "at least 1ms"), 30.0,
+                                "at most 30s"))
 BATCH_WINDOW = Kind("duration", "seconds", _at_most(parse_duration, 0.05, "at most 50ms"))
 FLOP_RATE = Kind("FLOP/s", "FLOP/s", _positive(parse_flops))
 FRACTION = Kind("fraction", "ratio", _fraction)
@@ -305,6 +308,14 @@ KEYS: tuple[Key, ...] = (
         "Retry-After past it). Read-only GETs (status, metrics) have four times this in a "
         "bucket of their own, so monitoring is never throttled by work. 0: no limit; "
         "DUALPATH_LIMIT_API_RATE overrides it for one server."),
+    Key("cluster", "restart", BOOL, True,
+        "Restart an engine whose process died (launch, bench): its turns are re-queued, it "
+        "restarts after a backoff (cluster.restart_backoff, doubling to 30s, afresh once it "
+        "has run 60s) and says hello again; five deaths in 60s is a crash loop: it stays "
+        "down (a CRITICAL membership finding). false: a dead engine stays dead."),
+    Key("cluster", "restart_backoff", RESTART_BACKOFF, "500ms",
+        "Wait before an engine's first restart; each quick restart after it waits twice the "
+        "last, up to 30s (tests set a few ms to reach a crash loop quickly)."),
     # hardware
     Key("hardware", "profile", _choices((*HARDWARE_PROFILES, CUSTOM)), "cpu",
         "Hardware profile the fields below default to ('custom': set them all)."),

@@ -93,6 +93,10 @@ class RuntimeOptions:
             fresh pair in memory for this run).
         api_rate_limit: requests per second per client address the HTTP API serves
             (``cluster.api_rate_limit``; 0: no limit; :mod:`dualpath_cli.api.ratelimit`).
+        restart: restart an engine whose process died (``cluster.restart``; engines as
+            processes only: :mod:`dualpath_cli.cluster.supervisor`).
+        restart_backoff_s: the first restart's wait, doubling to 30 s
+            (``cluster.restart_backoff``).
         nodes_per_group: nodes per engine group (``cluster.nodes_per_group``;
             :mod:`dualpath_cli.core.groups`); nodes that join keep one node per group.
         hierarchical: a root routes each new turn to one of ``sub_schedulers``
@@ -143,6 +147,8 @@ class RuntimeOptions:
     local_engines: bool = True
     curve: str = "auto"
     api_rate_limit: float = 5000.0
+    restart: bool = True
+    restart_backoff_s: float = 0.5
     curve_key_file: Path | None = None
     nodes_per_group: int = 1
     hierarchical: bool = False
@@ -245,6 +251,8 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
         "layerwise_prefill": cfg.scheduler.layerwise_prefill,
         "curve": cfg.cluster.curve,
         "api_rate_limit": cfg.cluster.api_rate_limit,
+        "restart": cfg.cluster.restart,
+        "restart_backoff_s": cfg.cluster.restart_backoff,
         "controllers": {name: bool(getattr(cfg.scheduler, key))
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,

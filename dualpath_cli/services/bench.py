@@ -465,7 +465,7 @@ def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Traject
             run = run_agents(system, trajectories, aps=aps, on_turn=on_turn)
             reports = system.scheduler.fresh_reports(time.monotonic())
             rep = _summarise(policy, system, run, reports, slo)
-            rep.dead_engines = sorted(system.cluster.exited())  # before the shutdown
+            rep.dead_engines = sorted(system.down())  # before the shutdown; restarted ones serve
         rep.retried_turns = sum(1 for t in run.turns if t.attempts > 1)
         kept = keep_quarantine(store, store_root, policy)
         if kept is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dualpath_cli.cluster.join import JoinService
+from dualpath_cli.cluster.local import LocalCluster
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import token_ids
 from dualpath_cli.errors import DualPathError
@@ -140,11 +141,14 @@ class LiveCluster:
                         else None)
         cluster = self.system.cluster
         told = cluster.on_death
-        self._gone: dict[int, int | None] = {}  # engines the cluster saw exit (code may lag)
+        # engines the cluster saw exit for good (code may lag): not those it restarts
+        self._gone: dict[int, int | None] = {}
         if told is not None:  # after the scheduler hears of a death, check the roles
             def on_death(engine_id: int) -> None:
-                told(engine_id)
-                self._gone[engine_id] = self._exited().get(engine_id)
+                told(engine_id)  # the supervisor: the scheduler, then a restart or not
+                if engine_id in self.system.supervisor.restarting():
+                    return  # its turns wait for it (re-queued), bounded by no_engine_wait
+                self._gone[engine_id] = self.system.cluster.exited().get(engine_id)
                 self._fail_if_role_lost()
 
             cluster.on_death = on_death
@@ -206,13 +210,15 @@ class LiveCluster:
             self.close()
             raise
         system.started_at = time.monotonic()
+        system.supervisor.arm()  # from now on a dead engine restarts (cluster.restart)
         self.ready_s = time.monotonic() - self._t0
         self.state = "ready"
         return self.ready_s
 
     def _exited(self) -> dict[int, int]:
-        """Engine processes that have exited, with their exit codes (in-process: none)."""
-        return self.system.cluster.exited()
+        """Engine processes that have exited for good, with their exit codes (in-process:
+        none; an engine the launcher restarts is not among them)."""
+        return self.system.down()
 
     def _role_lost(self) -> str | None:
         """Why no turn can finish (every engine of a role has exited), else None."""
@@ -574,15 +580,17 @@ class LiveCluster:
         A temp file is never a visible block (blocks appear by rename), but it is litter;
         its name carries the writer's pid (``.<block>.<pid>.<thread>.tmp``).
         """
-        exited = self._exited()
+        exited = self.system.cluster.exited()
         root = self.system.opts.store_dir  # the store's root (none: a memory store)
-        if not exited or root is None:
-            return
         pids = self.system.cluster.pids()
-        for eid, code in exited.items():
-            if code == 0 or eid not in pids:
-                continue
-            for tmp in Path(root).glob(f"blocks/*/*/.*.{pids[eid]}.*.tmp"):
+        cut = {pids[eid] for eid, code in exited.items() if code != 0 and eid in pids}
+        cluster = self.system.cluster  # and the processes a restart replaced
+        if isinstance(cluster, LocalCluster):
+            cut.update(pid for _, pid, code in cluster.replaced if code != 0)
+        if not cut or root is None:
+            return
+        for pid in sorted(cut):
+            for tmp in Path(root).glob(f"blocks/*/*/.*.{pid}.*.tmp"):
                 try:
                     os.unlink(tmp)
                 except OSError:

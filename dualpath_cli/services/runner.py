@@ -157,7 +157,7 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
                 r = ticket.wait(min(_CHECK_S, max(0.0, deadline - time.monotonic())))
                 break
             except TimeoutError:
-                reason = lost[0] if lost else dead_role(system.cluster.exited(), roles)
+                reason = lost[0] if lost else dead_role(system.down(), roles)
                 if reason is not None:
                     lost.append(reason)
                     raise RoleLost(reason) from None

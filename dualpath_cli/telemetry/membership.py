@@ -37,6 +37,8 @@ class NodeMember:
     engines: int
     serving: int
     said_hello: bool = True
+    restarts: int = 0  # its engines' restarts by the launcher (cluster.restart)
+    crash_loop: bool = False  # an engine died too often and is left down
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +119,13 @@ def membership_from_dict(data: dict[str, Any] | None) -> Membership | None:
 def build_membership(engines: list[tuple[str, int, str, str, bool]],
                      configured: dict[str, int],
                      gaps: dict[str, tuple[float, str]], *,
-                     draining: bool = False) -> Membership:
+                     draining: bool = False,
+                     supervision: dict[int, tuple[int, bool]] | None = None) -> Membership:
     """The record from each engine's ``(node name, node index, role, state, said hello)``,
     the nodes
     configured by role (a launch's ``--pd``; for joined nodes, the names that joined and
-    did not leave before their hello) and the scheduler's open gaps by role."""
+    did not leave before their hello) and the scheduler's open gaps by role;
+    ``supervision``: per node index, its engines' restarts and whether one crash-loops."""
     by_node: dict[int, list[tuple[str, int, str, str, bool]]] = {}
     for row in engines:
         by_node.setdefault(row[1], []).append(row)
@@ -135,8 +139,9 @@ def build_membership(engines: list[tuple[str, int, str, str, bool]],
         for s in states:
             counts.setdefault(role, {})[s] = counts.setdefault(role, {}).get(s, 0) + 1
         state, said = node_state(states, any(r[4] for r in rows), draining=draining)
+        restarts, loop = (supervision or {}).get(node, (0, False))
         nodes.append(NodeMember(name, node, role, state, len(rows),
-                                sum(1 for s in states if s == "ready"), said))
+                                sum(1 for s in states if s == "ready"), said, restarts, loop))
         if state in ("serving", "draining"):
             serving[role] = serving.get(role, 0) + 1
     missing = tuple(RoleGap(role, *gaps[role]) for role in ROLES

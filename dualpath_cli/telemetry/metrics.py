@@ -245,6 +245,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Engines by role and state, from the one membership record (as "
                "dualpath_scheduler_engines; status, /readyz and diagnose read the same "
                "record): a role with no ready engine makes the cluster unready."),
+    MetricSpec("dualpath_engine_restarts_total", _C, "", ("role",),
+               "Engines the launcher restarted after their process died (cluster.restart: "
+               "backoff 0.5 s doubling to 30 s; five deaths in 60 s is a crash loop and the "
+               "engine stays down)."),
     MetricSpec("dualpath_scheduler_decision_latency_seconds", _H, "seconds", ("kind",),
                "Wall time of one scheduling call that found work, by kind (de_fetch: route "
                "the FIFO and place on a DE group's engines; pe_fetch: choose PEs and read "
