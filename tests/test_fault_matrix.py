@@ -302,8 +302,9 @@ def _detected_since(live: LiveCluster, eid: int, t0: float, timeout: float) -> f
 # -- scenarios ---------------------------------------------------------------------------
 def _kill(role: str, tmp: Path) -> FaultRow:
     store = tmp / "store"
-    t_start = time.monotonic()
-    with _cluster(_opts(store)) as live:
+    t_start = time.monotonic()  # restart off: the engine stays dead (restart rows:
+    # tests/test_engine_restart.py)
+    with _cluster(_opts(store, restart=False)) as live:
         s = Sessions(live)
         s.run(range(0, 1))
         threads = s.start(range(1, 3))
@@ -725,11 +726,12 @@ def test_fault(name: str) -> None:
 
 
 def test_losing_every_prefill_engine_answers_admitted_turns_at_once(tmp_path: Path) -> None:
-    """kill -9 of the only PE (1P2D): the admitted turns fail at once with one line (HTTP
-    503), not after their client's timeout; new turns are refused the same way."""
+    """kill -9 of the only PE (1P2D) with cluster.restart off: the admitted turns fail at
+    once with one line (HTTP 503), not after their client's timeout; new turns are refused
+    the same way."""
     from dualpath_cli.services.live import EnginesLost
 
-    with _cluster(_opts(tmp_path / "store", prefill_nodes=1)) as live:
+    with _cluster(_opts(tmp_path / "store", prefill_nodes=1, restart=False)) as live:
         prompts = [append_token_ids(t, 0, VOCAB).tolist() for t in AGENTS]
         tickets = [live.submit(p, 64) for p in prompts]
         t0 = time.monotonic()

@@ -232,7 +232,8 @@ def test_after_the_leaders_death_members_report_through_its_heir(tmp_path: Path)
     could all land on the DE side)."""
     opts = RuntimeOptions(policy="layerwise", block_tokens=8, processes=True,
                           gpus_per_node=3, store_dir=tmp_path / "store", fetch_s=0.01,
-                          heartbeat_timeout=3600.0)  # deaths seen through the process exit
+                          heartbeat_timeout=3600.0,  # deaths seen through the exit
+                          restart=False)  # the leader stays dead: its heir leads
     with RuntimeSystem(opts) as system:
         sched = system.scheduler
         assert isinstance(sched, SchedulerService)

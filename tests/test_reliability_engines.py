@@ -35,7 +35,8 @@ def test_dead_role_names_the_role_and_how_its_engines_ended() -> None:
 
 def _opts(tmp_path: Path) -> RuntimeOptions:
     return RuntimeOptions(policy="dualpath", block_tokens=8, processes=True,
-                          store_dir=tmp_path / "store", heartbeat_timeout=3600.0)
+                          store_dir=tmp_path / "store", heartbeat_timeout=3600.0,
+                          restart=False)  # cluster.restart off: a dead engine stays dead
 
 
 def test_losing_the_only_prefill_engine_stops_the_run_at_once(tmp_path: Path) -> None:

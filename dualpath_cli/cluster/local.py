@@ -246,6 +246,8 @@ class LocalCluster:
         if self._closing.is_set():
             raise EngineFailed(f"engine {eid}: not restarted, the cluster is stopping")
         if old is not None and old.exitcode is None:
+            old.join(1.0)  # its sentinel fires as it closes its files, just before its exit
+        if old is not None and old.exitcode is None:
             raise EngineFailed(f"engine {eid} is still running (pid {old.pid}); not restarted")
         fresh: dict[int, TokenBucket] = {}  # one new bucket per unlinked one (a node's
         # storage NIC is one bucket in two specs' fields)

@@ -14,7 +14,8 @@ __all__ = ["membership"]
 
 
 def membership(ev: Evidence) -> list[Finding]:
-    """CRITICAL per role with no serving engine at the end of the window; else what serves."""
+    """CRITICAL per crash-looping node (the launcher left its engine down) and per role with
+    no serving engine at the end of the window; else what serves."""
     wf = "membership"
     if not ev.samples:
         return [no_samples(wf)]
@@ -27,6 +28,19 @@ def membership(ev: Evidence) -> list[Finding]:
         return [Finding(wf, OK, f"starting: {record.serving} of {record.of} serve so far",
                         evidence={"serving": record.serving, "of": record.of})]
     out = []
+    for n in record.nodes:
+        if n.crash_loop:
+            out.append(Finding(
+                wf, CRITICAL, f"node {n.name} is crash-looping: its {n.role} engine died "
+                f"too often (restarted {n.restarts} times) and is left down",
+                subject=f"node {n.name}",
+                evidence={"node": n.name, "role": n.role, "state": n.state,
+                          "restarts": n.restarts, "serving": record.serving,
+                          "of": record.of},
+                cause="its engine process died five times within 60 s (cluster.restart "
+                      "stops restarting a crash loop); see the launcher's log for its exits",
+                action="fix the cause in the launcher's log, then restart the cluster "
+                       "(dualpath stop, then dualpath launch)"))
     for gap in record.missing:
         out.append(Finding(
             wf, CRITICAL, f"{gap.line()}: {record.serving} (of {record.of}) serve",
