@@ -20,8 +20,9 @@ Faults and soak (issue 17, items 3 and 5), each its own part::
     nice -n 19 python bench/reliability.py --no-fuzz --faults          # the fault matrix
     nice -n 19 python bench/reliability.py --no-fuzz --soak 10000      # bench/soak.py
 
-``--faults`` runs every scenario of tests/test_fault_matrix.py and the ``scheduler_kill`` row
-of tests/test_scheduler_restart.py (``--fault NAME`` picks some) and adds ``faults``: one row
+``--faults`` runs every scenario of tests/test_fault_matrix.py, the ``scheduler_kill`` row
+of tests/test_scheduler_restart.py and the ``restart_pe`` and ``crash_loop_pe`` rows of
+tests/test_engine_restart.py (``--fault NAME`` picks some) and adds ``faults``: one row
 per fault with ``detected_s`` (and its bound ``limit_s``), ``lost_turns``,
 ``tokens_identical``, ``served_corrupt``, ``temp_files``, ``serving_after`` and ``ok``
 (every goal met), or ``skipped`` with the reason. ``--soak N`` adds
@@ -179,15 +180,24 @@ def run_fuzz(per_command: int, per_file_kind: int, seed: int = 0,
 
 # -- faults and soak (issue 17, items 3 and 5) ---------------------------------------------
 def run_faults(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """One row per fault of tests/test_fault_matrix.py (all of them, slow ones included)
-    and tests/test_scheduler_restart.py (the scheduler killed with -9 and restarted)."""
+    """One row per fault of tests/test_fault_matrix.py (all of them, slow ones included),
+    tests/test_scheduler_restart.py (the scheduler killed with -9 and restarted) and
+    tests/test_engine_restart.py (the only PE killed and restarted; a PE's crash loop)."""
+    import tempfile
+
+    from test_engine_restart import RESTART_FAULTS
     from test_fault_matrix import FAULTS, MountRefused, run_fault
     from test_scheduler_restart import SCHEDULER_FAULTS
 
+    def engine_restart(name: str) -> Any:
+        with tempfile.TemporaryDirectory(prefix="dualpath-fault-") as tmp:
+            return RESTART_FAULTS[name](Path(tmp))
+
     rows: list[dict[str, Any]] = []
-    for name in names or [*FAULTS, *SCHEDULER_FAULTS]:
+    for name in names or [*FAULTS, *SCHEDULER_FAULTS, *RESTART_FAULTS]:
         try:
-            row = SCHEDULER_FAULTS[name]() if name in SCHEDULER_FAULTS else run_fault(name)
+            row = (SCHEDULER_FAULTS[name]() if name in SCHEDULER_FAULTS
+                   else engine_restart(name) if name in RESTART_FAULTS else run_fault(name))
         except MountRefused as err:
             rows.append({"fault": name, "skipped": str(err)})
             continue
