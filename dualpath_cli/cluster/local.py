@@ -275,7 +275,7 @@ class LocalCluster:
                 continue
             ready = multiprocessing.connection.wait(list(pending), timeout=0.2)
             for sentinel in ready:
-                eid, pid = pending[int(sentinel)]  # type: ignore[call-overload]
+                eid, pid = pending[sentinel]
                 self._reported.add(pid)
                 if not self._closing.is_set() and self.on_death:
                     self.on_death(eid)
