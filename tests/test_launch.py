@@ -303,9 +303,13 @@ def test_launch_status_stop_status(launched: Launched, env: dict[str, str],
     os.kill(engines[-1], signal.SIGKILL)
 
     def restarted() -> bool:
-        now = [c.pid for c in psutil.Process(launched.proc.pid).children(recursive=True)
-               if "spawn_main" in " ".join(psutil.Process(c.pid).cmdline())]
-        return len(set(now) - set(engines)) >= 1
+        for c in psutil.Process(launched.proc.pid).children(recursive=True):
+            try:  # the killed engine is a zombie until the launcher reaps it
+                if c.pid not in engines and "spawn_main" in " ".join(c.cmdline()):
+                    return True
+            except psutil.Error:
+                continue
+        return False
 
     wait_until(restarted, 60, "the killed engine to be restarted")
     wait_until(lambda: run_cli(env, "status").returncode == 0, 60, "status to say healthy")
