@@ -82,12 +82,15 @@ def test_arrivals_no_setting_slows_or_speeds_keep_todays() -> None:
     res = twin_search.suggest(tr, world, workers=1)
     assert res.ranked_by == "mean_trajectory" and res.best is res.current
     assert all(abs(res.trajectory_change(p)) <= twin_search.MIN_GAIN for p in res.ranked)
-    assert res.to_dict()["best"][0]["command"] == "(no change)"
+    data = res.to_dict()
+    assert data["best"][0]["command"] is None and data["apply"] is None  # nothing to run
+    assert data["decision"] == "keep"
+    assert "is inside its band" in data["why"] or "predicted better than today" in data["why"]
 
 
 def _prediction(jct_s: float, trajectory_s: float) -> twin_replay.Prediction:
-    return twin_replay.Prediction(poor_read_side().current, jct_s, trajectory_s, 0.1, 0.2, 1.0, 0.0,
-                           "alpha")
+    return twin_replay.Prediction(poor_read_side().current, jct_s, trajectory_s, 0.1, 0.2, 1.0,
+                                  "alpha")
 
 
 def test_a_jct_that_moves_beyond_the_noise_either_way_ranks() -> None:
@@ -148,4 +151,5 @@ def test_tune_suggest_says_which_measure_ranked(tmp_path: Path,
     assert f"; {BY_TRAJECTORY})" in words and "traj. change" in words
     line = next(x for x in out.splitlines() if x.startswith("best: "))
     assert " mean trajectory time (" in line and "JCT: arrivals set it); apply with: " in line
+    assert line.startswith(f"best: {best['mean_trajectory_change']:+.1%} +-{best['band']:.1%} ")
     assert line.endswith(f"dualpath tune set read_side={best['read_side']}")

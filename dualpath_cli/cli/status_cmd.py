@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
 def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
     """The fields of the status line from a typed ``/api/v1/status``."""
-    from dualpath_cli.units import format_duration_rounded, format_tokens
+    from dualpath_cli.cli.threshold_text import alpha_text, beta_text
 
     th = st.thresholds
     members = st.membership
@@ -73,11 +73,10 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
         # alpha as the config gives it (seconds of reading), its tokens beside
-        "alpha": (format_duration_rounded(alpha_s) if alpha_s is not None
-                  else f"{format_tokens(th.alpha_tokens)} tok"),
+        "alpha": alpha_text(th.alpha_tokens, alpha_s),
         "alpha_tokens": th.alpha_tokens, "alpha_s": alpha_s,
         "alpha_source": th.source.get("alpha"),
-        "beta": f"{format_tokens(th.beta_tokens)} tok", "beta_source": th.source.get("beta"),
+        "beta": beta_text(th.beta_tokens), "beta_source": th.source.get("beta"),
         "ready_s": st.ready_s, "uptime_s": st.uptime_s, "url": url, "pid": pid,
         "hierarchical": sched.get("hierarchical"), "sub_schedulers": sched.get("sub_schedulers"),
         "nodes_per_group": sched.get("nodes_per_group"),

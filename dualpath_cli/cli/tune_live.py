@@ -156,28 +156,26 @@ def _live_dry_run(client: ClusterClient, url: str, body: dict[str, Any], hardwar
         return
     _predictions_table(f"tune set --dry-run: {url} (nothing applied; {len(traffic.plans)} "
                        f"agents, {traffic.turns} served turns replayed)", before, [after],
-                       per_token_s=_alpha_per_token_s(traffic, world))
+                       per_token_s=_alpha_per_token_s(traffic))
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
 
 
-def _alpha_per_token_s(traffic: Traffic, world: Any) -> float | None:
-    """Seconds one token of alpha stands for (its KV read at the node's storage NICs), so
-    alpha reads as the config gives it; None where the cluster's NICs have no rate."""
-    from dualpath_cli.core.thresholds import read_seconds
-
-    return read_seconds(1, world.model.kv_bytes_per_token,
-                        traffic.snic_bytes_per_s or 0.0)
+def _alpha_per_token_s(traffic: Traffic) -> float | None:
+    """Seconds one token of alpha stands for as the cluster's status says it (None: the
+    cluster did not say; alpha then reads in tokens, as ``status`` shows it)."""
+    return traffic.alpha_s_per_token
 
 
 def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -> str:
-    """A setting's fields (alpha in seconds of reading where ``per_token_s`` is known); with
+    """A setting's fields as ``status`` shows thresholds (cli/threshold_text.py); with
     ``today``, only the fields that differ from it (a narrow terminal keeps one line)."""
-    alpha = (format_duration_rounded(s.alpha * per_token_s) if per_token_s
-             else format_tokens(s.alpha))
-    fields = [("alpha", s.alpha, f"alpha {alpha}"),
-              ("beta", s.beta, f"beta {format_tokens(s.beta)}"),
-              ("quota_s", s.quota_s, f"quota {format_duration(s.quota_s)}"),
+    from dualpath_cli.cli.threshold_text import alpha_text, beta_text, quota_text
+
+    fields = [("alpha", s.alpha, "alpha " + alpha_text(
+                  s.alpha, s.alpha * per_token_s if per_token_s else None)),
+              ("beta", s.beta, f"beta {beta_text(s.beta)}"),
+              ("quota_s", s.quota_s, f"quota {quota_text(s.quota_s)}"),
               ("read_side", s.read_side, s.read_side), ("pd", s.pd, s.pd)]
     if today is not None:
         fields = [f for f in fields if getattr(today, f[0]) != f[1]] or [("", 0, "as today")]
@@ -185,24 +183,33 @@ def _setting_text(s: Any, today: Any = None, per_token_s: float | None = None) -
 
 
 def _predictions_table(title: str, current: Any, others: list[Any],
-                       ranked_by: str = "jct", per_token_s: float | None = None) -> None:
+                       ranked_by: str = "jct", per_token_s: float | None = None,
+                       band: Any = None, refused: list[tuple[Any, str]] | None = None
+                       ) -> None:
     """Today's prediction and ``others`` (each by what it changes); ranked by the mean
-    trajectory time (the twin's ``ranked_by``), its change has a column too."""
+    trajectory time (the twin's ``ranked_by``), its change has a column too. ``band``
+    (a prediction -> its band) adds the band column; ``refused``: settings the simulator
+    would not replay, each a row with its reason."""
     by_traj = ranked_by == "mean_trajectory"
     table = Table("setting", "JCT", "change", "mean traj.",
-                  *(("traj. change",) if by_traj else ()), "TTFT mean", "TTFT p90",
-                  "SNIC Max/Avg", title=title, title_justify="left")
+                  *(("traj. change",) if by_traj else ()), *(("band",) if band else ()),
+                  "TTFT mean", "TTFT p90", "SNIC Max/Avg", title=title, title_justify="left")
     for p in [current, *others]:
         change = "" if p is current else f"{(p.jct_s - current.jct_s) / current.jct_s:+.1%}"
         now = current.mean_trajectory_s
         traj = "" if p is current or not by_traj else format_metric(
             (p.mean_trajectory_s - now) / now if now > 0 else math.nan, "+.1%")
+        width = "" if p is current or not band else f"+-{band(p):.1%}"
         table.add_row("today" if p is current
                       else _setting_text(p.setting, current.setting, per_token_s),
                       format_metric(p.jct_s, "duration"), change,
                       format_metric(p.mean_trajectory_s, "duration"), *((traj,) if by_traj else ()),
+                      *((width,) if band else ()),
                       format_metric(p.ttft_mean_s, "duration"),
                       format_metric(p.ttft_p90_s, "duration"), format_metric(p.snic_max_avg, ".2f"))
+    for st, why in refused or []:
+        table.add_row(_setting_text(st, current.setting, per_token_s),
+                      f"not replayed: {why}", *[""] * (5 + by_traj + bool(band)))
     stdout.print(table)
     stdout.print(f"today: {_setting_text(current.setting, None, per_token_s)}",
                  highlight=False, soft_wrap=True)
@@ -405,14 +412,24 @@ def suggest(
         "--from", help="A recording (dualpath record) instead of the live cluster.")] = None,
     pd: Annotated[str | None, typer.Option(
         "--pd", help="Also try other P/D splits (applied by relaunching): auto (those of the "
-        "same node count in the bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D.")] = None,
+        "same node count in the bottleneck-free range) or a list, e.g. 4P8D,3P9D,6P6D (each "
+        "listed split is a row of the answer).")] = None,
     hardware: Annotated[str | None, typer.Option(
         "--hardware", help="Hardware profile for a cluster of a model profile (default: "
         "hopper).")] = None,
     top: Annotated[int, typer.Option("--top", help="Best settings to print.")] = 3,
-    budget: Annotated[str, typer.Option(
-        "--budget", help="Stop searching after about this long (the rest is listed as "
-        "skipped).")] = "50s",
+    max_settings: Annotated[int, typer.Option(
+        "--max-settings", help="Most settings to replay besides today's and the listed P/D "
+        "splits (the rest is listed as skipped).")] = 40,
+    replicates: Annotated[int, typer.Option(
+        "--replicates", help="Replays per setting: the spread of the replicates (arrivals and "
+        "compute perturbed by seed) is each change's band.")] = 3,
+    remeasure: Annotated[bool, typer.Option(
+        "--remeasure", help="Measure this host's compute again (the embedded world keeps its "
+        "first measurement, so that answers repeat).")] = False,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", hidden=True, help="Ignored: the search is bounded by --max-settings, not "
+        "by time.")] = None,
     window: Annotated[str | None, typer.Option(
         "--window", help="Live cluster: replay only the turns decided in this last stretch, e.g. "
         "10m (default: every decision the scheduler still keeps).")] = None,
@@ -422,12 +439,16 @@ def suggest(
 
     Searches alpha, beta, the compute quota and the read-side policy (with --pd also the
     P/D split) one at a time around today's, then the best of each together; prints the
-    predicted JCT, TTFT and SNIC Max/Avg of the best few beside today's and the command
-    that applies the best. A recording with finished requests' stories (dualpath record
-    keeps them) first calibrates the simulator to itself: the engines' busy time, the
-    turns' hand-off and the client's gap between turns; a note says what was fitted.
-    Ranked by predicted JCT; when the recorded arrivals set the JCT (no setting moves it
-    by more than 1%), by the mean trajectory time, and the output says which.
+    predicted JCT, TTFT and SNIC Max/Avg of the best few (and every listed P/D split)
+    beside today's, each change with its band, and the command that applies the best. A
+    change is suggested only when it beats today's by more than its band (the spread of
+    --replicates seeded replays; at least 1%); otherwise "keep today's settings" and why.
+    The same recording and options give the same answer (with --json, all but wall_s). A
+    recording with finished requests' stories (dualpath record keeps them) first
+    calibrates the simulator to itself: the engines' busy time, the turns' hand-off and
+    the client's gap between turns; a note says what was fitted. Ranked by predicted JCT;
+    when the recorded arrivals set the JCT (no setting moves it by more than 1%), by the
+    mean trajectory time, and the output says which.
     """
     from dualpath_cli.services import twin
     from dualpath_cli.sim import twin_search
@@ -437,7 +458,10 @@ def suggest(
         raise UsageError(f"--from and {ref.named} exclude each other")
     if top < 1:
         raise UsageError(f"--top {top}: must be at least 1")
-    budget_s = parse_duration(budget)
+    if max_settings < 0 or replicates < 1:
+        raise UsageError("--max-settings must be at least 0 and --replicates at least 1")
+    if budget is not None:
+        parse_duration(budget)  # still a duration, as before; no longer a bound
     splits = _pd_choice(pd)
     window_s = parse_duration(window) if window is not None else None
     if window_s is not None and from_file is not None:
@@ -465,29 +489,47 @@ def suggest(
         stderr.print(f"replaying {len(traffic.plans)} agents ({traffic.turns} turns) of "
                      f"{traffic.source} on {traffic.pd} {traffic.model}{groups} ...",
                      highlight=False)
+        if budget is not None:
+            stderr.print("note: --budget is ignored: the search is bounded by "
+                         "--max-settings, so that it answers the same twice", highlight=False)
+    if remeasure:
+        twin.forget_compute()
     world = twin.world_for(traffic, hardware=hardware)
-    res = twin_search.suggest(traffic, world, pd=splits, budget_s=budget_s)
+    res = twin_search.suggest(traffic, world, pd=splits, max_settings=max_settings,
+                              replicates=replicates)
     if as_json:
         emit_json(res.to_dict(top))
         return
-    best = [p for p in res.ranked if p is not res.current][:top]
+    _print_suggestion(res, top)
+
+
+def _print_suggestion(res: Any, top: int) -> None:
+    """``tune suggest``'s table, notes and verdict line."""
+    traffic, world = res.traffic, res.world
+    per_token_s = _alpha_per_token_s(traffic)
+    rows = [p for p in res.ranked if p is not res.current][:top]
+    asked = [p for p in res.rows() if p.setting.pd in res.asked and p.setting.pd != traffic.pd
+             and p not in rows]
+    refused = [(s, why) for s, why in res.refused if s.pd in res.asked]
     _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
-                       f"{len(res.ranked)} settings in {res.wall_s:.1f} s; {res.ranking})",
-                       res.current, best, res.ranked_by,
-                       _alpha_per_token_s(traffic, world))
+                       f"{len(res.ranked)} settings x {res.replicates} replays; "
+                       f"{res.ranking})", res.current, rows + asked, res.ranked_by,
+                       per_token_s, res.band, refused)
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
     if res.skipped:
         stderr.print(f"note: {len(res.skipped)} settings skipped: " + "; ".join(res.skipped),
                      highlight=False, soft_wrap=True)
-    measure = "JCT" if res.ranked_by == "jct" else "mean trajectory time"
+
+    def label(s: Any) -> str:
+        return _setting_text(s, traffic.current, per_token_s)
+
     if res.best is res.current:
-        stdout.print(f"keep today's settings: nothing predicted more than "
-                     f"{twin_search.MIN_GAIN:.0%} better ({res.ranking})", highlight=False,
+        stdout.print(f"keep today's settings: {res.why(label)}", highlight=False,
                      soft_wrap=True)
-    else:
-        jct = "" if res.ranked_by == "jct" else (
-            f" ({res.change(res.best):+.1%} JCT: arrivals set it)")
-        stdout.print(f"best: {res.gain(res.best):+.1%} {measure}{jct}; apply with: "
-                     f"{res.best.setting.command(traffic.current)}", highlight=False,
-                     soft_wrap=True)
+        return
+    best = res.best
+    measure = "JCT" if res.ranked_by == "jct" else "mean trajectory time"
+    jct = "" if res.ranked_by == "jct" else f" ({res.change(best):+.1%} JCT: arrivals set it)"
+    stdout.print(f"best: {res.gain(best):+.1%} +-{res.band(best):.1%} {measure}{jct}; "
+                 f"apply with: {res.command(best)}", highlight=False, soft_wrap=True)

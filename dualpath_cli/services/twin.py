@@ -55,6 +55,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dualpath_cli.errors import UsageError
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 
 __all__ = ["traffic_from_recording", "traffic_from_decisions", "world_for", "measure_compute",
            "measured_from_recording", "nodes_per_group_of", "cockpit_predictor",
+           "host_compute", "forget_compute", "compute_path", "COMPUTE_FILE",
            "BLOCK_HEADER_BYTES"]
 
 
@@ -127,7 +129,8 @@ def _traffic(view: ClusterView, plans: list[AgentPlan], source: str,
     snic = _mean_positive([n.snic_bandwidth_bytes_per_s for n in view.nodes])
     return Traffic(source, view.model, view.pd, current, float(th.z_factor), tuple(plans),
                    sum(p.num_turns for p in plans), window_s, snic,
-                   nodes_per_group=nodes_per_group_of(view))
+                   nodes_per_group=nodes_per_group_of(view),
+                   alpha_s_per_token=th.alpha_s_per_token)
 
 
 def nodes_per_group_of(view: ClusterView) -> int:
@@ -166,7 +169,8 @@ def traffic_from_recording(rec: Recording, source: str) -> Traffic:
     if starts is not None and len(starts) != len(traffic.plans):
         starts = None  # a trace that is not the decisions' own: replay offline
     return replace(traffic, measured=measured, starts=starts,
-                   block_tokens=traffic.block_tokens or _block_tokens(rec.decisions))
+                   block_tokens=traffic.block_tokens or _block_tokens(rec.decisions),
+                   alpha_s_per_token=traffic.alpha_s_per_token or rec.alpha_s_per_token)
 
 
 def _recorded_starts(rec: Recording) -> tuple[float, ...]:
@@ -240,7 +244,8 @@ def world_for(traffic: Traffic, *, hardware: str | None = None,
         hardware: profile world: the hardware profile (default hopper).
         host_cores: embedded world: cores the engines share (default: this machine's).
         measure: embedded world: ``(model, context) -> {"flops", "prefill_overhead_s",
-            "decode_step_s"}`` (default: measured now with the reference model).
+            "decode_step_s"}`` (default: :func:`host_compute`, measured once on this host
+            and kept, so that the same recording gives the same answer twice).
         calibrate: fit the world to what ``traffic`` measured (:func:`fit_world`) when it
             holds measurements.
     """
@@ -269,7 +274,7 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
     mc = MODEL_CONFIGS[traffic.model]
     model = mc.to_profile()
     context = _mean_context(traffic.plans)
-    compute = (measure or measure_compute)(traffic.model, context)
+    compute = (measure or host_compute)(traffic.model, context)
     bt = traffic.block_tokens or cfg.storage.block_size
     block = mc.n_layers * bt * mc.kv_bytes_per_token_layer
     notes = [f"compute measured here: {compute['flops'] / 1e9:.3g} GFLOP/s prefill, "
@@ -303,6 +308,49 @@ def _mean_context(plans: Sequence[AgentPlan]) -> int:
             n += 1
             ctx += t.append + t.gen
     return max(1, total // max(1, n))
+
+
+#: Where :func:`host_compute` keeps this host's measurements (in the state directory,
+#: services/statefile.py: per user, gone with the runtime directory).
+COMPUTE_FILE = "twin-compute.json"
+
+
+def compute_path() -> Path:
+    """The file of this host's kept compute measurements (:data:`COMPUTE_FILE`)."""
+    from dualpath_cli.services.statefile import state_dir
+
+    return state_dir() / COMPUTE_FILE
+
+
+def host_compute(model: str, context: int) -> dict[str, float]:
+    """:func:`measure_compute` of ``model`` at ``context``, measured once on this host and
+    kept in :func:`compute_path` (``tune suggest --remeasure`` measures again).
+
+    Why: a fresh measurement on a loaded host moves by several percent from run to run, and
+    every prediction with it; the twin answers the same twice only with the same compute.
+    """
+    from dualpath_cli.atomicio import atomic_write_text
+
+    path = compute_path()
+    key = f"{model}@{context}"
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    if not isinstance(kept, dict):
+        kept = {}
+    got = kept.get(key)
+    if isinstance(got, dict) and {"flops", "prefill_overhead_s", "decode_step_s"} <= set(got):
+        return {k: float(got[k]) for k in ("flops", "prefill_overhead_s", "decode_step_s")}
+    got = measure_compute(model, context)
+    kept[key] = got
+    atomic_write_text(path, json.dumps(kept, indent=1, sort_keys=True) + "\n", mode=0o600)
+    return got
+
+
+def forget_compute() -> None:
+    """Drop the kept measurements (the next world measures this host again)."""
+    compute_path().unlink(missing_ok=True)
 
 
 def measure_compute(model: str, context: int) -> dict[str, float]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,8 @@ if TYPE_CHECKING:
     from dualpath_cli.sim.measured import TimedSimulation
 
 __all__ = ["Setting", "Traffic", "Measured", "World", "Fit", "Prediction", "fit_world",
-           "predict", "median_of", "FIT_ROUNDS", "FIT_TOLERANCE", "FIT_SCALE_BOUNDS"]
+           "predict", "replicate", "median_of", "REPLICATE_COMPUTE",
+           "REPLICATE_ARRIVAL", "FIT_ROUNDS", "FIT_TOLERANCE", "FIT_SCALE_BOUNDS"]
 
 
 #: Most replays the calibration runs (it stops earlier once a round changes nothing by more
@@ -63,26 +63,39 @@ class Setting:
         return {"alpha": self.alpha, "beta": self.beta, "quota": self.quota_s,
                 "read_side": self.read_side}
 
-    def command(self, current: Setting) -> str:
-        """The ``dualpath tune set`` line that applies what differs from ``current``."""
+    def command(self, current: Setting, nodes_per_group: int = 1) -> str | None:
+        """The line that applies this setting where the cluster runs ``current``, as it runs
+        when pasted: ``dualpath tune set`` with what differs (alpha and beta in tokens, the
+        scheduler's units, so nothing is rounded on the way); for another P/D the
+        ``dualpath launch`` line that relaunches with every threshold of the setting (a
+        relaunch reads the config, not what was set live). ``None``: nothing to apply."""
+        if self.pd != current.pd:
+            sets = [f"scheduler.alpha={self.alpha}", f"scheduler.beta={self.beta}",
+                    f"scheduler.compute_quota={_ms(self.quota_s)}",
+                    f"scheduler.read_side={self.read_side}"]
+            if nodes_per_group > 1:
+                sets.append(f"cluster.nodes_per_group={nodes_per_group}")
+            return f"dualpath launch --pd {self.pd} " + " ".join(f"--set {x}" for x in sets)
         parts = []
         if self.alpha != current.alpha:
             parts.append(f"alpha={self.alpha}")
         if self.beta != current.beta:
             parts.append(f"beta={self.beta}")
         if not math.isclose(self.quota_s, current.quota_s):
-            parts.append(f"quota={self.quota_s * 1e3:.4g}ms")
+            parts.append(f"quota={_ms(self.quota_s)}")
         if self.read_side != current.read_side:
             parts.append(f"read_side={self.read_side}")
-        line = f"dualpath tune set {' '.join(parts)}" if parts else "(no change)"
-        if self.pd != current.pd:
-            line += f"  # and relaunch as {self.pd}"
-        return line
+        return f"dualpath tune set {' '.join(parts)}" if parts else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form."""
         return {"alpha_tokens": self.alpha, "beta_tokens": self.beta,
                 "quota_s": self.quota_s, "read_side": self.read_side, "pd": self.pd}
+
+
+def _ms(seconds: float) -> str:
+    """A quota as ``tune set``/``--set`` take it (milliseconds)."""
+    return f"{seconds * 1e3:.6g}ms"
 
 
 @dataclass(frozen=True)
@@ -102,11 +115,15 @@ class Traffic:
     starts: tuple[float, ...] | None = None  # per plan: its first arrival (None: all at 0)
     block_tokens: int | None = None  # the cluster's block size, when its lookups show it
     nodes_per_group: int = 1  # nodes an engine group spans (cluster.nodes_per_group)
+    #: seconds of reading one alpha token stands for, as the cluster's status gives alpha
+    #: (``alpha_s / alpha_tokens``); None where the cluster did not say (alpha in tokens)
+    alpha_s_per_token: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form (no plans)."""
         return {"source": self.source, "model": self.model, "pd": self.pd,
                 "nodes_per_group": self.nodes_per_group,
+                "alpha_s_per_token": self.alpha_s_per_token,
                 "agents": len(self.plans), "turns": self.turns, "window_s": self.window_s,
                 "snic_bytes_per_s": self.snic_bytes_per_s, "z_factor": self.z_factor,
                 "current": self.current.to_dict(),
@@ -239,9 +256,11 @@ class Prediction:
     ttft_mean_s: float
     ttft_p90_s: float
     snic_max_avg: float
-    wall_s: float
     dimension: str = "current"
     cross_hit_share: float = 0.0  # hit tokens another conversation's shared prefix gave
+    #: (JCT, mean trajectory time) of each replicate replay (:func:`predict` with a seed):
+    #: the same setting with arrivals and compute perturbed, for the uncertainty band
+    replicates: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form."""
@@ -249,7 +268,7 @@ class Prediction:
                 "mean_trajectory_s": self.mean_trajectory_s, "ttft_mean_s": self.ttft_mean_s,
                 "ttft_p90_s": self.ttft_p90_s, "snic_max_avg": self.snic_max_avg,
                 "cross_conversation_hit_share": self.cross_hit_share,
-                "wall_s": self.wall_s, "varied": self.dimension}
+                "varied": self.dimension}
 
 
 def _simulation(traffic: Traffic, world: World, setting: Setting,
@@ -370,9 +389,43 @@ def fit_world(traffic: Traffic, world: World) -> World:
     return replace(out, fit=fit, notes=(*world.notes, fit.note()))
 
 
+#: Largest relative change of the compute speed (prefill and decode, each on its own) in a
+#: replicate replay: about the spread of this host's compute measurements under load.
+REPLICATE_COMPUTE = 0.05
+#: Largest shift of an agent's first arrival in a replicate replay, as a fraction of today's
+#: mean trajectory time: the recording pins arrivals no closer than the engines' timing.
+REPLICATE_ARRIVAL = 0.05
+
+
+def replicate(traffic: Traffic, world: World, seed: int, scale_s: float
+              ) -> tuple[Traffic, World]:
+    """``traffic`` and ``world`` as replicate ``seed`` replays them (0: unchanged).
+
+    Each agent's first arrival moves later by up to :data:`REPLICATE_ARRIVAL` x ``scale_s``
+    (today's mean trajectory time) and the prefill and decode speeds by up to
+    :data:`REPLICATE_COMPUTE` either way, drawn from ``seed`` alone, so replicate ``k`` of
+    every setting sees the same perturbation and the run answers the same twice.
+    """
+    import random
+
+    if seed == 0:
+        return traffic, world
+    rng = random.Random(seed)
+    shift = REPLICATE_ARRIVAL * scale_s if math.isfinite(scale_s) and scale_s > 0 else 0.0
+    base = traffic.starts or (0.0,) * len(traffic.plans)
+    starts = tuple(t + rng.uniform(0.0, shift) for t in base)
+    prefill = 1.0 + rng.uniform(-REPLICATE_COMPUTE, REPLICATE_COMPUTE)
+    decode = 1.0 + rng.uniform(-REPLICATE_COMPUTE, REPLICATE_COMPUTE)
+    return (replace(traffic, starts=starts),
+            _scaled_world(world, prefill, decode, world.handoff_s, world.turn_gap_s))
+
+
 def predict(traffic: Traffic, world: World, setting: Setting,
-            dimension: str = "current") -> Prediction:
-    """Replay ``traffic`` under ``setting`` (offline: every agent starts at t = 0).
+            dimension: str = "current", *, replicates: int = 1,
+            scale_s: float = math.nan) -> Prediction:
+    """Replay ``traffic`` under ``setting`` (agents at their recorded first arrivals, or
+    all at t = 0), and ``replicates - 1`` replicate replays (:func:`replicate`, seeds 1,
+    2, ...; ``scale_s``: today's mean trajectory time, the arrivals' shift scale).
 
     Raises:
         UsageError: a setting the simulator refuses (e.g. beta below one block), named.
@@ -381,11 +434,15 @@ def predict(traffic: Traffic, world: World, setting: Setting,
 
     sim = _simulation(traffic, world, setting)
     sim.record = True  # TTFT samples of every turn, as an online run keeps them
-    t0 = time.perf_counter()
     res = sim.run_offline()
-    wall = time.perf_counter() - t0
     ttft = latency_stats([s[1] for s in sim.samples]) if sim.samples else None
     nan = float("nan")
+    reps = []
+    for seed in range(1, max(1, replicates)):
+        tr, w = replicate(traffic, world, seed, scale_s)
+        r = _simulation(tr, w, setting).run_offline()
+        reps.append((r.jct, float(r.extra.get("mean_trajectory_s", nan))))
     return Prediction(setting, res.jct, float(res.extra.get("mean_trajectory_s", nan)),
                       ttft.mean if ttft else nan, ttft.p90 if ttft else nan,
-                      res.snic_max_avg, wall, dimension, res.cross_conversation_hit_share)
+                      res.snic_max_avg, dimension, res.cross_conversation_hit_share,
+                      tuple(reps))

@@ -6,7 +6,9 @@ quota, the read-side policy; with ``pd`` the P/D splits of the same node count),
 best value of each dimension together; ranked by predicted JCT, unless the JCT cannot tell
 the settings apart because the recorded arrivals set it (:func:`ranking_measure`): then by
 the mean trajectory time (each agent from its own first arrival to its last token). Each
-candidate is a replay (sim/twin_replay.py :func:`predict`).
+candidate is a replay (sim/twin_replay.py :func:`predict`) and its replicates, whose spread
+is the band a change must clear to be suggested (:meth:`Suggestion.band`). Nothing in it
+reads the clock but the reported ``wall_s``: the same traffic and world give the same answer.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ if TYPE_CHECKING:
     from dualpath_cli.core.profiles import HardwareProfile
 
 __all__ = ["Suggestion", "suggest", "candidates", "ranking_measure", "proposed_setting",
-           "READ_SIDES", "MIN_GAIN", "RANKINGS"]
+           "READ_SIDES", "MIN_GAIN", "RANKINGS", "REPLICATES", "MAX_SETTINGS"]
 
 
 #: Read-side policies the search tries (core's policy names; the runtime takes them live).
 READ_SIDES = ("dualpath", "round-robin", "split")
-#: A setting must beat today's predicted JCT (or mean trajectory time, when that ranks) by
-#: this fraction to be suggested (smaller differences are below what the simulator
-#: resolves); a JCT that moves by less under every candidate does not tell them apart.
+#: The narrowest band (:meth:`Suggestion.band`): smaller differences are below what the
+#: simulator resolves; a JCT that moves by less under every candidate does not tell them
+#: apart.
 MIN_GAIN = 0.01
 #: The measures :func:`suggest` ranks by (:func:`ranking_measure`) and how the table and the
 #: JSON say which ranked.
@@ -137,8 +139,10 @@ class Suggestion:
     """The ranked predictions (best first), today's, and what was searched.
 
     ``ranked_by``: the measure that ranked them (a key of :data:`RANKINGS`,
-    :func:`ranking_measure`); the best beats today's on it by :data:`MIN_GAIN`, else it is
-    today's.
+    :func:`ranking_measure`). ``best`` is the best-ranked change that beats today's by more
+    than its uncertainty band (:meth:`band`), else today's. ``asked``: the P/D splits the
+    caller listed (each is a row even when it loses); ``refused``: the settings the
+    simulator would not replay, each with its reason.
     """
 
     traffic: Traffic
@@ -148,10 +152,13 @@ class Suggestion:
     wall_s: float
     skipped: list[str] = field(default_factory=list)
     ranked_by: str = "jct"
+    replicates: int = 1
+    asked: tuple[str, ...] = ()
+    refused: list[tuple[Setting, str]] = field(default_factory=list)
 
     @property
     def best(self) -> Prediction:
-        """The best setting found (may be the current one)."""
+        """The setting suggested (today's when no change clears its band)."""
         return self.ranked[0]
 
     @property
@@ -173,6 +180,64 @@ class Suggestion:
         """Predicted relative change of the ranking measure (``ranked_by``) of ``p``."""
         return self.change(p) if self.ranked_by == "jct" else self.trajectory_change(p)
 
+    def band(self, p: Prediction) -> float:
+        """Half-width of ``p``'s uncertainty band on :meth:`gain` (0 for today's).
+
+        Each replicate replay (sim/twin_replay.py :func:`replicate`: arrivals and compute
+        perturbed by seed ``k``, the same for every setting) gives its own change of ``p``
+        against today's replicate ``k``; the band is the farthest one lies from the nominal
+        change, and never under :data:`MIN_GAIN` (what the simulator resolves).
+        """
+        if p is self.current:
+            return 0.0
+        nominal = self.gain(p)
+        i = 0 if self.ranked_by == "jct" else 1
+        spread = 0.0
+        for mine, today in zip(p.replicates, self.current.replicates, strict=False):
+            if math.isfinite(mine[i]) and math.isfinite(today[i]) and today[i] > 0:
+                spread = max(spread, abs((mine[i] - today[i]) / today[i] - nominal))
+        return max(spread, MIN_GAIN)
+
+    def clears(self, p: Prediction) -> bool:
+        """Whether ``p`` beats today's by more than its band (only such a change is
+        suggested)."""
+        g = self.gain(p)
+        return p is not self.current and math.isfinite(g) and g < -self.band(p)
+
+    def rows(self) -> list[Prediction]:
+        """Every replayed setting, today's included, by the ranking measure (best first)."""
+        return sorted(self.ranked, key=lambda p: _order(p, self.ranked_by))
+
+    def runner_up(self) -> Prediction | None:
+        """The best-ranked change, whether or not it clears its band (None: none ran)."""
+        return next((p for p in self.rows() if p is not self.current), None)
+
+    def why(self, label: Callable[[Setting], str] | None = None) -> str:
+        """Why ``best`` is what it is, in one clause (``label`` words a setting by what it
+        changes; default: :meth:`Setting.command`'s ``key=value`` pairs)."""
+        name = label or self._label
+        measure = "JCT" if self.ranked_by == "jct" else "mean trajectory time"
+        if self.best is not self.current:
+            p = self.best
+            return (f"{name(p.setting)} {self.gain(p):+.1%} {measure} beats today's by more "
+                    f"than its band +-{self.band(p):.1%}")
+        p = self.runner_up()
+        if p is None:
+            return "no other setting could be replayed"
+        g = self.gain(p)
+        if not math.isfinite(g) or g >= 0:
+            return f"no setting is predicted better than today's ({self.ranking})"
+        return (f"best change {name(p.setting)} {g:+.1%} {measure} is inside its band "
+                f"+-{self.band(p):.1%}")
+
+    def _label(self, s: Setting) -> str:
+        cur = self.traffic.current
+        parts = [f"{k}={v}" for k, v, now in (
+            ("alpha", s.alpha, cur.alpha), ("beta", s.beta, cur.beta),
+            ("quota", f"{s.quota_s:g}s", f"{cur.quota_s:g}s"),
+            ("read_side", s.read_side, cur.read_side)) if v != now]
+        return " ".join(([s.pd] if s.pd != cur.pd else []) + parts) or "today's"
+
     def best_by_dimension(self) -> dict[str, Prediction]:
         """Per varied dimension (``alpha``, ``beta``, ...), its best replay, today's excluded.
 
@@ -180,31 +245,51 @@ class Suggestion:
         an operator asking "what alpha?" wants the best that varies alpha alone.
         """
         out: dict[str, Prediction] = {}
-        for p in self.ranked:  # best first: the first of each dimension is its best
+        for p in self.rows():  # best first: the first of each dimension is its best
             if p is not self.current and p.dimension not in out:
                 out[p.dimension] = p
         return out
 
+    def command(self, p: Prediction) -> str | None:
+        """The line that applies ``p`` (None: today's, nothing to apply)."""
+        return p.setting.command(self.traffic.current, self.traffic.nodes_per_group)
+
     def _entry(self, p: Prediction) -> dict[str, Any]:
+        band = self.band(p)
         return {**p.to_dict(), "jct_change": self.change(p),
                 "mean_trajectory_change": self.trajectory_change(p),
-                "command": p.setting.command(self.traffic.current)}
+                "band": band, "clears_band": self.clears(p),
+                "asked": p.setting.pd in self.asked and p.setting.pd != self.traffic.pd,
+                "command": self.command(p)}
 
     def to_dict(self, top: int = 3) -> dict[str, Any]:
-        """Plain form (``--json``)."""
+        """Plain form (``--json``): the same recording and arguments give the same object,
+        but for ``wall_s``."""
+        refused = [{**s.to_dict(), "varied": "pd" if s.pd != self.traffic.pd else "",
+                    "asked": s.pd in self.asked, "error": why} for s, why in self.refused]
         return {"traffic": self.traffic.to_dict(), "world": self.world.to_dict(),
                 "ranked_by": self.ranked_by, "ranking": self.ranking,
                 "current": self.current.to_dict(),
                 "best": [self._entry(p) for p in self.ranked[:top]],
                 "by_dimension": {d: self._entry(p)
                                  for d, p in self.best_by_dimension().items()},
+                "decision": "keep" if self.best is self.current else "change",
+                "why": self.why(), "apply": self.command(self.best),
+                "replicates": self.replicates,
+                "rows": [self._entry(p) for p in self.rows()] + refused,
                 "searched": len(self.ranked), "skipped": self.skipped, "wall_s": self.wall_s}
 
 
-def _predict_job(args: tuple[Traffic, World, Setting, str]) -> Prediction | str:
-    """One replay in a worker process (a refused setting comes back as its message)."""
+def _order(p: Prediction, ranked_by: str) -> tuple[float, float]:
+    return (_score(p, ranked_by), p.ttft_mean_s if math.isfinite(p.ttft_mean_s) else 0.0)
+
+
+def _predict_job(args: tuple[Traffic, World, Setting, str, int, float]) -> Prediction | str:
+    """One setting's replays in a worker process (a refused setting comes back as its
+    message)."""
+    traffic, world, setting, dim, replicates, scale_s = args
     try:
-        return predict(*args)
+        return predict(traffic, world, setting, dim, replicates=replicates, scale_s=scale_s)
     except UsageError as err:
         return str(err)
 
@@ -212,37 +297,64 @@ def _predict_job(args: tuple[Traffic, World, Setting, str]) -> Prediction | str:
 #: Processes a search uses when its caller names none (``None``: this machine's cores). The
 #: quick test tier sets 1, so that its tests run in one process (tests/tiers.py).
 WORKERS: int | None = None
+#: Replays per setting: the nominal one and ``REPLICATES - 1`` replicates whose spread is
+#: the band (:meth:`Suggestion.band`).
+REPLICATES = 3
+#: Most settings a search replays besides today's and the P/D splits the caller lists (the
+#: search is bounded by a count, not by time, so that it answers the same twice).
+MAX_SETTINGS = 40
 
 
 def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
-            budget_s: float = 50.0,
+            max_settings: int = MAX_SETTINGS, replicates: int = REPLICATES,
             workers: int | None = None,
             on_result: Callable[[Prediction], None] | None = None) -> Suggestion:
-    """Search settings for ``traffic`` (module docstring) within about ``budget_s``.
+    """Search settings for ``traffic`` (module docstring).
 
-    Today's setting and each dimension's candidates are independent replays, run on
-    ``workers`` processes (default :data:`WORKERS`, else this machine's cores; 1, or a caller
-    with other threads running, runs them here); then the
-    combination of each dimension's best. Once ``budget_s`` is spent, replays not yet
-    started are skipped and listed. Ranked by the measure :func:`ranking_measure` picks
-    from the one-dimension replays (the JCT, or the mean trajectory time when arrivals set
-    the JCT); the best must beat today's on it by :data:`MIN_GAIN`.
+    Today's setting and each dimension's candidates (at most ``max_settings``; the listed
+    P/D splits always) are independent replays, each with ``replicates - 1`` replicate
+    replays for its band, run on ``workers`` processes (default :data:`WORKERS`, else this
+    machine's cores; 1, or a caller with other threads running, runs them here; the answer
+    is the same either way); then the combination of each dimension's best. Ranked by the
+    measure :func:`ranking_measure` picks; the best that beats today's by more than its
+    band is suggested (:meth:`Suggestion.band`).
     """
     t0 = time.perf_counter()
     done: dict[tuple[Any, ...], Prediction] = {}
     skipped: list[str] = []
-    jobs = [("current", traffic.current)]
+    refused: list[tuple[Setting, str]] = []
+    asked = tuple(pd) if not isinstance(pd, bool) else ()
+    jobs: list[tuple[str, Setting]] = [("current", traffic.current)]
+    extra = 0
     for dim, st in candidates(traffic, world, pd=pd):
-        if st.key() not in {j[1].key() for j in jobs}:
-            jobs.append((dim, st))
+        if st.key() in {j[1].key() for j in jobs}:
+            continue
+        if not (dim == "pd" and st.pd in asked):
+            if extra >= max_settings:
+                skipped.append(f"{dim}: over the limit of {max_settings} settings: "
+                               f"{st.to_dict()}")
+                continue
+            extra += 1
+        jobs.append((dim, st))
 
     def keep(dim: str, st: Setting, got: Prediction | str) -> None:
         if isinstance(got, str):
             skipped.append(f"{dim}: {got}")
+            refused.append((st, got))
             return
         done[st.key()] = got
         if on_result is not None and dim != "current":
             on_result(got)
+
+    try:  # the replicates' arrival scale: today's mean trajectory time (else its JCT)
+        nominal = predict(traffic, world, traffic.current)
+    except UsageError as err:
+        raise UsageError(f"today's setting cannot be replayed: current: {err}") from None
+    scale_s = (nominal.mean_trajectory_s if math.isfinite(nominal.mean_trajectory_s)
+               else nominal.jct_s)
+
+    def job(dim: str, st: Setting) -> tuple[Traffic, World, Setting, str, int, float]:
+        return (traffic, world, st, dim, replicates, scale_s)
 
     if workers is None:
         workers = WORKERS
@@ -251,33 +363,18 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
         n = 1  # forking a process with other threads (a served cluster) can deadlock the child
     if n <= 1:
         for dim, st in jobs:
-            if dim != "current" and time.perf_counter() - t0 > budget_s:
-                skipped.append(f"{dim}: over the budget: {st.to_dict()}")
-                continue
-            keep(dim, st, _predict_job((traffic, world, st, dim)))
+            keep(dim, st, _predict_job(job(dim, st)))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-            futures = [(dim, st, pool.submit(_predict_job, (traffic, world, st, dim)))
-                       for dim, st in jobs]
-            for dim, st, fut in futures:
-                if dim != "current" and time.perf_counter() - t0 > budget_s and fut.cancel():
-                    skipped.append(f"{dim}: over the budget: {st.to_dict()}")
-                    continue
+            futures = [(dim, st, pool.submit(_predict_job, job(dim, st))) for dim, st in jobs]
+            for dim, st, fut in futures:  # in the jobs' order: the same answer as in one
                 keep(dim, st, fut.result())
     if traffic.current.key() not in done:
         raise UsageError(f"today's setting cannot be replayed: {skipped[0]}")
     current = done[traffic.current.key()]
-
-    def run(dim: str, st: Setting) -> None:
-        if st.key() in done:
-            return
-        if time.perf_counter() - t0 > budget_s:
-            skipped.append(f"{dim}: over the budget: {st.to_dict()}")
-            return
-        keep(dim, st, _predict_job((traffic, world, st, dim)))
 
     ranked_by = ranking_measure(traffic, current, list(done.values()))
 
@@ -294,14 +391,15 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
         for dim, p in best_by_dim.items():
             attr = "quota_s" if dim == "quota" else dim
             combo = replace(combo, **{attr: getattr(p.setting, attr)})
-        run("combined", combo)
-    ranked = sorted(done.values(), key=lambda p: (score(p), p.ttft_mean_s
-                                                  if math.isfinite(p.ttft_mean_s) else 0.0))
-    if ranked[0] is not current and score(ranked[0]) > score(current) * (1 - MIN_GAIN):
-        ranked.remove(current)  # within the noise of the model: keep what is in force
-        ranked.insert(0, current)
-    return Suggestion(traffic, world, current, ranked, time.perf_counter() - t0, skipped,
-                      ranked_by)
+        if combo.key() not in done:
+            keep("combined", combo, _predict_job(job("combined", combo)))
+    res = Suggestion(traffic, world, current, list(done.values()), 0.0, skipped, ranked_by,
+                     max(1, replicates), asked, refused)
+    rows = res.rows()
+    best = next((p for p in rows if res.clears(p)), current)
+    res.ranked = [best, *(p for p in rows if p is not best)]
+    res.wall_s = time.perf_counter() - t0
+    return res
 
 
 def proposed_setting(traffic: Traffic, world: World, body: dict[str, Any]) -> Setting:
