@@ -82,7 +82,7 @@ class Setting:
         if self.beta != current.beta:
             parts.append(f"beta={self.beta}")
         if not math.isclose(self.quota_s, current.quota_s):
-            parts.append(f"quota={_ms(self.quota_s)}")
+            parts.append(f"compute_quota={_ms(self.quota_s)}")
         if self.read_side != current.read_side:
             parts.append(f"read_side={self.read_side}")
         return f"dualpath tune set {' '.join(parts)}" if parts else None
