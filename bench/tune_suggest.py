@@ -17,7 +17,8 @@ world, the synthetic Table 2 workload at 32K) instead.
 
 ``suggest_s``: wall seconds of ``dualpath tune suggest --from FILE --json`` in a fresh
 process (CLI start, reading the file, measuring this host's compute for the embedded world,
-every replay of the search). Goal: under 60 s. ``suggest_cpu_s`` is the child's CPU time.
+every replay of the search, each setting with its replicates for the band). Goal: under
+60 s. ``suggest_cpu_s`` is the child's CPU time.
 ``--stories`` also writes each turn's story, as ``dualpath record`` keeps them, so the twin
 first calibrates to the recording (``calibration_replays`` replays of the recorded setting,
 in ``suggest_s``).
@@ -140,11 +141,13 @@ def _exe() -> str:
 
 def run_suggest(path: Path, *extra: str) -> tuple[float, float, dict[str, Any]]:
     """(wall s, CPU s, the JSON answer) of one ``tune suggest --from`` process (``extra``:
-    more of its flags). bench/twin_check.py runs the twin through this too."""
+    more of its flags), measuring this host's compute afresh (``--remeasure``: the twin
+    otherwise keeps its first measurement). bench/twin_check.py runs the twin through this
+    too."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([_exe(), "tune", "suggest", "--from", str(path), "--json",
-                           "--budget", "300s", *extra], capture_output=True, text=True,
+                           "--remeasure", *extra], capture_output=True, text=True,
                           check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -167,6 +170,7 @@ def bench_suggest(model: str = "tiny", snic: float = 4e6,
             "suggest_goal_s": GOAL_S, "suggest_ok": wall < GOAL_S,
             "recording": {"pd": "2P4D", "model": model, "window_s": WINDOW_S, **facts},
             "settings_searched": answer["searched"], "skipped": len(answer["skipped"]),
+            "replicates": answer.get("replicates"), "decision": answer.get("decision"),
             "best_jct_change": best["jct_change"], "best_command": best["command"],
             "ranked_by": answer.get("ranked_by"),
             "best_mean_trajectory_change": best.get("mean_trajectory_change"),

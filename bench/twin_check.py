@@ -137,7 +137,7 @@ def chosen(answer: dict[str, Any], apply: str) -> dict[str, Any] | None:
     """The suggestion to apply (``alpha``: the best varying alpha alone; ``best``)."""
     if apply == "best":
         top = answer["best"][0]
-        return None if top["command"] == "(no change)" else top
+        return None if top["command"] is None else top
     entry = answer["by_dimension"].get(apply)
     if entry is None or entry["jct_change"] >= 0:
         return None
@@ -212,7 +212,7 @@ def main() -> int:
                 if pick is None:
                     print(f"the twin finds no better {args.apply}; nothing to apply",
                           file=sys.stderr)
-                    out["command"] = "(no change)"
+                    out["command"] = None
                     print(json.dumps(out) if args.json else out)
                     return 1
                 out["command"] = pick["command"]

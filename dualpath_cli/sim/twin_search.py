@@ -217,18 +217,18 @@ class Suggestion:
         changes; default: :meth:`Setting.command`'s ``key=value`` pairs)."""
         name = label or self._label
         measure = "JCT" if self.ranked_by == "jct" else "mean trajectory time"
-        if self.best is not self.current:
-            p = self.best
-            return (f"{name(p.setting)} {self.gain(p):+.1%} {measure} beats today's by more "
-                    f"than its band +-{self.band(p):.1%}")
-        p = self.runner_up()
-        if p is None:
+        best = self.best
+        if best is not self.current:
+            return (f"{name(best.setting)} {self.gain(best):+.1%} {measure} beats today's by "
+                    f"more than its band +-{self.band(best):.1%}")
+        other = self.runner_up()
+        if other is None:
             return "no other setting could be replayed"
-        g = self.gain(p)
+        g = self.gain(other)
         if not math.isfinite(g) or g >= 0:
             return f"no setting is predicted better than today's ({self.ranking})"
-        return (f"best change {name(p.setting)} {g:+.1%} {measure} is inside its band "
-                f"+-{self.band(p):.1%}")
+        return (f"best change {name(other.setting)} {g:+.1%} {measure} is inside its band "
+                f"+-{self.band(other):.1%}")
 
     def _label(self, s: Setting) -> str:
         cur = self.traffic.current
