@@ -18,7 +18,9 @@ from dualpath_cli.api.fake import FakeClient
 from dualpath_cli.cli import source
 from dualpath_cli.cli.app import main
 from dualpath_cli.cli.threshold_text import alpha_text
+from dualpath_cli.cli.tune_live import print_suggestion
 from dualpath_cli.config import load_config
+from dualpath_cli.errors import UsageError
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services import twin
 from dualpath_cli.sim import twin_replay, twin_search
@@ -177,3 +179,26 @@ def test_thresholds_read_as_status_shows_them(
     out = capsys.readouterr().out
     today = next(ln for ln in out.splitlines() if ln.startswith("today: "))
     assert today.startswith("today: alpha 3s, beta ") and " tok, quota 300ms" in today
+
+
+def test_a_listed_split_the_simulator_refuses_is_a_row_with_its_reason(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tr = twin.traffic_from_decisions(cluster_view("round-robin"),
+                                     served(agentic_workload(4, turns=3)), "live")
+    world = twin.world_for(tr, measure=stub_measure, host_cores=2)
+    real = twin_search.predict
+
+    def predict(traffic: Any, w: Any, setting: twin_replay.Setting, *args: Any,
+                **kw: Any) -> twin_replay.Prediction:
+        if setting.pd == "2P1D":
+            raise UsageError("2P1D: the decode engines' HBM cannot hold the context")
+        return real(traffic, w, setting, *args, **kw)
+
+    monkeypatch.setattr(twin_search, "predict", predict)
+    res = twin_search.suggest(tr, world, pd=["2P1D", "1P3D"], workers=1)
+    rows = {(r["varied"], r["pd"]): r for r in res.to_dict()["rows"]}
+    assert rows[("pd", "2P1D")]["asked"] and "HBM cannot hold" in rows[("pd", "2P1D")]["error"]
+    assert rows[("pd", "1P3D")]["asked"] and "band" in rows[("pd", "1P3D")]
+    print_suggestion(res, 1)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "2P1D" in ln)
+    assert "not replayed: 2P1D: the decode engines' HBM" in line

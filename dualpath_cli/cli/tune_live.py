@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dualpath_cli.cli.source import ClusterRef, Target
     from dualpath_cli.sim.twin_replay import Traffic
 
-__all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric"]
+__all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric", "print_suggestion"]
 
 
 def format_metric(value: float, fmt: str) -> str:
@@ -500,17 +500,17 @@ def suggest(
     if as_json:
         emit_json(res.to_dict(top))
         return
-    _print_suggestion(res, top)
+    print_suggestion(res, top)
 
 
-def _print_suggestion(res: Any, top: int) -> None:
+def print_suggestion(res: Any, top: int) -> None:
     """``tune suggest``'s table, notes and verdict line."""
     traffic, world = res.traffic, res.world
     per_token_s = _alpha_per_token_s(traffic)
     rows = [p for p in res.ranked if p is not res.current][:top]
     asked = [p for p in res.rows() if p.setting.pd in res.asked and p.setting.pd != traffic.pd
              and p not in rows]
-    refused = [(s, why) for s, why in res.refused if s.pd in res.asked]
+    refused = [(s, why) for dim, s, why in res.refused if dim == "pd" and s.pd in res.asked]
     _predictions_table(f"tune suggest: {traffic.source} ({world.kind} world, "
                        f"{len(res.ranked)} settings x {res.replicates} replays; "
                        f"{res.ranking})", res.current, rows + asked, res.ranked_by,

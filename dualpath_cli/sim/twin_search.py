@@ -142,7 +142,7 @@ class Suggestion:
     :func:`ranking_measure`). ``best`` is the best-ranked change that beats today's by more
     than its uncertainty band (:meth:`band`), else today's. ``asked``: the P/D splits the
     caller listed (each is a row even when it loses); ``refused``: the settings the
-    simulator would not replay, each with its reason.
+    simulator would not replay, each as (varied dimension, setting, reason).
     """
 
     traffic: Traffic
@@ -154,7 +154,7 @@ class Suggestion:
     ranked_by: str = "jct"
     replicates: int = 1
     asked: tuple[str, ...] = ()
-    refused: list[tuple[Setting, str]] = field(default_factory=list)
+    refused: list[tuple[str, Setting, str]] = field(default_factory=list)
 
     @property
     def best(self) -> Prediction:
@@ -265,8 +265,8 @@ class Suggestion:
     def to_dict(self, top: int = 3) -> dict[str, Any]:
         """Plain form (``--json``): the same recording and arguments give the same object,
         but for ``wall_s``."""
-        refused = [{**s.to_dict(), "varied": "pd" if s.pd != self.traffic.pd else "",
-                    "asked": s.pd in self.asked, "error": why} for s, why in self.refused]
+        refused = [{**s.to_dict(), "varied": dim, "asked": dim == "pd" and s.pd in self.asked,
+                    "error": why} for dim, s, why in self.refused]
         return {"traffic": self.traffic.to_dict(), "world": self.world.to_dict(),
                 "ranked_by": self.ranked_by, "ranking": self.ranking,
                 "current": self.current.to_dict(),
@@ -322,7 +322,7 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
     t0 = time.perf_counter()
     done: dict[tuple[Any, ...], Prediction] = {}
     skipped: list[str] = []
-    refused: list[tuple[Setting, str]] = []
+    refused: list[tuple[str, Setting, str]] = []
     asked = tuple(pd) if not isinstance(pd, bool) else ()
     jobs: list[tuple[str, Setting]] = [("current", traffic.current)]
     extra = 0
@@ -340,7 +340,7 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
     def keep(dim: str, st: Setting, got: Prediction | str) -> None:
         if isinstance(got, str):
             skipped.append(f"{dim}: {got}")
-            refused.append((st, got))
+            refused.append((dim, st, got))
             return
         done[st.key()] = got
         if on_result is not None and dim != "current":
