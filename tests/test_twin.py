@@ -216,6 +216,11 @@ def test_live_dry_run_uses_the_twin_and_applies_nothing(
     assert data["live"] is True and data["applied"] is False
     assert data["proposed"]["read_side"] == "dualpath"
     assert data["jct_change"] < -0.05
+    assert data["band"] >= twin_search.MIN_GAIN and data["clears_band"] is True
+    assert "wall_s" not in data["proposed"] and data["replicates"] == twin_search.REPLICATES
+    assert main(["tune", "set", "read_side=dualpath", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "beats today's by more than its band" in out and "band" in out
     assert fake.audit == []
 
 

@@ -73,18 +73,21 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def _tokens(value: Any) -> str:
-    return f"{format_tokens(value)} tokens" if isinstance(value, int | float) else str(value)
-
-
 def _value_text(field: str, value: Any) -> str:
-    """A threshold as an operator reads it (audit values are scheduler units)."""
+    """A threshold as ``status`` shows it (cli/threshold_text.py; audit values are
+    scheduler units: alpha in tokens)."""
+    from dualpath_cli.cli.threshold_text import alpha_text, beta_text, quota_text
+
     if value is None:
         return "-"
-    if field in ("quota", "quota_s") and isinstance(value, int | float):
-        return format_duration(float(value))
-    if field in ("alpha", "beta", "alpha_tokens", "beta_tokens"):
-        return _tokens(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return str(value)
+    if field in ("quota", "quota_s"):
+        return quota_text(float(value))
+    if field in ("alpha", "alpha_tokens"):
+        return alpha_text(value)
+    if field in ("beta", "beta_tokens"):
+        return beta_text(value)
     return str(value)
 
 
@@ -124,8 +127,11 @@ def set_live(target: Target, ref: ClusterRef, pairs: dict[str, str], dry_run: bo
             return
         th = client.status().thresholds
         if not as_json:
-            now = {"alpha": _tokens(th.alpha_tokens), "beta": _tokens(th.beta_tokens),
-                   "quota": format_duration(th.quota_s), "read_side": th.read_side}
+            from dualpath_cli.cli.threshold_text import alpha_text, beta_text, quota_text
+
+            now = {"alpha": alpha_text(th.alpha_tokens, th.alpha_s),
+                   "beta": beta_text(th.beta_tokens), "quota": quota_text(th.quota_s),
+                   "read_side": th.read_side}
             for k, v in body.items():
                 stderr.print(f"{k}: {now[k]} ({th.source.get(k, 'launch')}) -> {v}",
                              highlight=False)
@@ -142,23 +148,29 @@ def set_live(target: Target, ref: ClusterRef, pairs: dict[str, str], dry_run: bo
 
 def _live_dry_run(client: ClusterClient, url: str, body: dict[str, Any], hardware: str | None,
                   as_json: bool) -> None:
-    from dualpath_cli.sim import twin_replay, twin_search
+    from dualpath_cli.sim import twin_search
 
     traffic, world = _live_twin(client, url, hardware)
     proposed = twin_search.proposed_setting(traffic, world, body)
-    before = twin_replay.predict(traffic, world, traffic.current)
-    after = twin_replay.predict(traffic, world, proposed, "proposed")
+    res = twin_search.compare(traffic, world, proposed)
+    before = res.current
+    after = next(p for p in res.ranked if p is not before)
     if as_json:
         emit_json({"url": url, "live": True, "dry_run": True, "applied": False,
                    "traffic": traffic.to_dict(), "world": world.to_dict(),
                    "current": before.to_dict(), "proposed": after.to_dict(),
-                   "jct_change": (after.jct_s - before.jct_s) / before.jct_s})
+                   "jct_change": res.change(after), "band": res.band(after),
+                   "clears_band": res.clears(after), "replicates": res.replicates})
         return
     _predictions_table(f"tune set --dry-run: {url} (nothing applied; {len(traffic.plans)} "
                        f"agents, {traffic.turns} served turns replayed)", before, [after],
-                       per_token_s=_alpha_per_token_s(traffic))
+                       per_token_s=_alpha_per_token_s(traffic), band=res.band)
     for note in world.notes:
         stderr.print(f"note: {note}", highlight=False, soft_wrap=True)
+    verdict = ("beats today's by more than its band" if res.clears(after)
+               else "is inside its band: not a change the twin can tell from today's")
+    stdout.print(f"proposed: {res.change(after):+.1%} +-{res.band(after):.1%} JCT {verdict}",
+                 highlight=False, soft_wrap=True)
 
 
 def _alpha_per_token_s(traffic: Traffic) -> float | None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dualpath_cli.core.profiles import HardwareProfile
 
 __all__ = ["Suggestion", "suggest", "candidates", "ranking_measure", "proposed_setting",
-           "READ_SIDES", "MIN_GAIN", "RANKINGS", "REPLICATES", "MAX_SETTINGS"]
+           "READ_SIDES", "MIN_GAIN", "RANKINGS", "REPLICATES", "MAX_SETTINGS", "compare"]
 
 
 #: Read-side policies the search tries (core's policy names; the runtime takes them live).
@@ -346,12 +346,7 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
         if on_result is not None and dim != "current":
             on_result(got)
 
-    try:  # the replicates' arrival scale: today's mean trajectory time (else its JCT)
-        nominal = predict(traffic, world, traffic.current)
-    except UsageError as err:
-        raise UsageError(f"today's setting cannot be replayed: current: {err}") from None
-    scale_s = (nominal.mean_trajectory_s if math.isfinite(nominal.mean_trajectory_s)
-               else nominal.jct_s)
+    scale_s = _arrival_scale(traffic, world)
 
     def job(dim: str, st: Setting) -> tuple[Traffic, World, Setting, str, int, float]:
         return (traffic, world, st, dim, replicates, scale_s)
@@ -398,6 +393,36 @@ def suggest(traffic: Traffic, world: World, *, pd: bool | Sequence[str] = False,
     rows = res.rows()
     best = next((p for p in rows if res.clears(p)), current)
     res.ranked = [best, *(p for p in rows if p is not best)]
+    res.wall_s = time.perf_counter() - t0
+    return res
+
+
+def _arrival_scale(traffic: Traffic, world: World) -> float:
+    """The replicates' arrival scale: today's mean trajectory time (else its JCT)."""
+    try:
+        nominal = predict(traffic, world, traffic.current)
+    except UsageError as err:
+        raise UsageError(f"today's setting cannot be replayed: current: {err}") from None
+    return (nominal.mean_trajectory_s if math.isfinite(nominal.mean_trajectory_s)
+            else nominal.jct_s)
+
+
+def compare(traffic: Traffic, world: World, proposed: Setting, *,
+            replicates: int = REPLICATES) -> Suggestion:
+    """Today's setting against ``proposed`` (live ``tune set --dry-run``), each with its
+    replicates, ranked by JCT: ``band(ranked row)`` is the proposed change's band and
+    ``best`` is the proposal only when it beats today's by more than it.
+
+    Raises:
+        UsageError: either setting cannot be replayed.
+    """
+    t0 = time.perf_counter()
+    scale_s = _arrival_scale(traffic, world)
+    today = predict(traffic, world, traffic.current, replicates=replicates, scale_s=scale_s)
+    after = predict(traffic, world, proposed, "proposed", replicates=replicates,
+                    scale_s=scale_s)
+    res = Suggestion(traffic, world, today, [today, after], 0.0, replicates=max(1, replicates))
+    res.ranked = [after, today] if res.clears(after) else [today, after]
     res.wall_s = time.perf_counter() - t0
     return res
 
