@@ -86,6 +86,14 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
     }
 
 
+def _token_problem(err: Exception) -> str:
+    """One line for a status the API refused (401: no token sent, 403: not its token)."""
+    what = ("the cluster's token was not sent" if getattr(err, "status", None) == 401
+            else "the token sent is not the cluster's")
+    return (f"cannot read the status: {what} ({err}); pass --token-file, set "
+            "DUALPATH_TOKEN or launch from this host (its state file names the token file)")
+
+
 def status(
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -94,10 +102,11 @@ def status(
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found.
 
-    Also 3 when several run here and neither --url nor --port names one. Under the line,
+    Also 3 when several run here and neither --url nor --port names one, or when the
+    cluster refuses the token (401/403). Under the line,
     one line per injected fault in force (dualpath faults)."""
     from dualpath_cli.api.client import DualPathClient
-    from dualpath_cli.api.errors import ApiError, Unreachable
+    from dualpath_cli.api.errors import ApiError, Forbidden, Unauthorized, Unreachable
     from dualpath_cli.cli.source import resolve
 
     try:
@@ -111,6 +120,11 @@ def status(
         else:
             stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_NONE) from None
+    except (Unauthorized, Forbidden) as err:  # the token is the problem: state unknown
+        why = _token_problem(err)
+        if as_json:
+            emit_unknown(why, **_StatusCommand.unknown_fields, reason=why)
+        raise Unknown(why) from None
     except ApiError as err:  # it answers, but not with a status
         if as_json:
             emit_json({"running": False, "state": "unhealthy", "reason": str(err)})
