@@ -307,6 +307,13 @@ class HierarchicalScheduler:
         ticket.add_done_callback(done)
         return ticket
 
+    def cancel(self, rid: int, error: Exception | None = None) -> None:
+        """Drop turn ``rid`` in the sub that queued it (``SchedulerService.cancel``)."""
+        with self._load_lock:
+            k = self._rid_sub.get(rid)
+        if k is not None:
+            self.subs[k].cancel(rid, error)
+
     # -- reads, merged ------------------------------------------------------------------
     def decisions(self, since: int = -1) -> list[Decision]:
         """Logged decisions with ``seq > since``, oldest first (one log for all subs)."""

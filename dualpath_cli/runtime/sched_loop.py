@@ -221,9 +221,11 @@ class MessageLoop(Dispatching):
             if f is not None and f.att == att and f.ticket.stream is not None:
                 f.ticket.stream.put(start, tokens)
 
-    def cancel(self, rid: int) -> None:
-        """Drop turn ``rid`` (its caller gave it up): its engines are told to free what they
-        hold, its ticket fails with :class:`TurnCancelled`. Rare: linear in the queues."""
+    def cancel(self, rid: int, error: Exception | None = None) -> None:
+        """Drop turn ``rid``: its engines are told to free what they hold, its ticket fails
+        with ``error`` (None: its caller gave it up, :class:`TurnCancelled`; else the
+        answer the service gave it, e.g. a 503 after ``scheduler.no_engine_wait``, so it
+        never runs later for nobody). Rare: linear in the queues."""
         with self._lock:
             f = self.flights.get(rid)
             if f is None:
@@ -234,8 +236,10 @@ class MessageLoop(Dispatching):
             self._load_delta(f, -1)
             del self.flights[rid]
             self.ledger.forget(rid)
-            self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
-            f.ticket.fail(TurnCancelled(f"turn {rid} was cancelled by its caller"))
+            if error is None:
+                self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
+                error = TurnCancelled(f"turn {rid} was cancelled by its caller")
+            f.ticket.fail(error)
 
     def _on_done(self, e: EngineState, msg: Done, now: float) -> None:
         f = self._flight_of(msg)

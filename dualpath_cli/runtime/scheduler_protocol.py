@@ -97,6 +97,10 @@ class Scheduler(Protocol):
 
     def submit(self, req: TurnRequest) -> Ticket: ...
 
+    def cancel(self, rid: int, error: Exception | None = None) -> None:
+        """Drop turn ``rid`` from the queues and answer it with ``error``."""
+        ...
+
     # -- reads and controls ---------------------------------------------------------
     def decisions(self, since: int = -1) -> list[Decision]: ...
 
