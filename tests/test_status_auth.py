@@ -55,3 +55,32 @@ def test_status_refused_token_is_unknown(env: dict[str, str], monkeypatch: pytes
         assert what in got["error"]
     finally:
         statefile.remove_state(PORT)
+
+
+def test_status_names_a_draining_node(env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A node that is leaving gets its own line under the status line (and ``draining``
+    in ``--json``); the cluster still runs."""
+    from dualpath_cli.telemetry.membership import Membership, NodeMember
+    from dualpath_cli.telemetry.status import Status
+    from dualpath_cli.telemetry.view import Thresholds
+
+    _fake_launch()
+    st = Status(state="ready", pd="1P2D", model="tiny", policy="dualpath",
+                engines_healthy=3, engines_total=3, queue={"fifo": 0, "in_flight": 1},
+                thresholds=Thresholds(1, 1, 1.05, 0.3, "dualpath"), decisions=0,
+                ready_s=1.0, uptime_s=2.0, ready=True,
+                membership=Membership("1P2D", "1P2D", (
+                    NodeMember("P0", 0, "prefill", "serving", 1, 1),
+                    NodeMember("D0", 1, "decode", "draining", 1, 0),
+                    NodeMember("D1", 2, "decode", "serving", 1, 1))))
+    monkeypatch.setattr(DualPathClient, "status", lambda self: st)
+    try:
+        assert main(["status"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[0].startswith("running  1P2D  3/3 engines healthy"), lines
+        assert lines[1].startswith("node D0 draining: leaving"), lines
+        assert main(["status", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["draining"] == ["D0"]
+    finally:
+        statefile.remove_state(PORT)

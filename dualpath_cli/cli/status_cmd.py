@@ -69,6 +69,9 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         "missing": [{"role": g.role, "since": g.since, "why": g.why}
                     for g in members.missing] if members is not None else [],
         "missing_line": members.missing_line() if members is not None else "",
+        # nodes leaving one by one (the whole cluster stopping is its state, not a node's)
+        "draining": [n.name for n in members.nodes if n.state == "draining"]
+        if members is not None and st.state != "draining" else [],
         "not_ready": st.not_ready,
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
@@ -158,6 +161,9 @@ def status(
         if s["state"] not in ("ready", "starting"):
             parts.append(f"state {s['state']}")
         stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
+        for name in s["draining"]:
+            stdout.print(f"node {name} draining: leaving, it finishes its turns and takes "
+                         "no new ones", highlight=False, soft_wrap=True)
         _print_faults(st)
     raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
 

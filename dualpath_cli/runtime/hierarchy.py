@@ -228,6 +228,12 @@ class HierarchicalScheduler:
         for sub in self.subs:
             sub.stop()
 
+    def drain_engines(self, engine_ids: list[int], timeout_s: float) -> None:
+        """Engines whose node leaves: left at once here (their turns re-queued), as before
+        the flat scheduler let them finish first."""
+        for eid in engine_ids:
+            self.mark_dead(eid, "left")
+
     def mark_dead(self, engine_id: int, why: str = "exited") -> None:
         """Declare an engine dead now (``why`` as the flat scheduler's
         :meth:`~dualpath_cli.runtime.scheduler.SchedulerService.mark_dead`): its sub

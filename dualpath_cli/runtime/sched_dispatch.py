@@ -120,7 +120,8 @@ class Dispatching(ThresholdControl):
             for r, groups in self._members()[0].items():
                 live[r] = {}
                 for g, members in groups.items():
-                    alive = [e for e in members if e.alive and e.address]
+                    alive = [e for e in members if e.alive and e.address
+                             and not e.drain_until]  # draining: no new turns
                     if alive:
                         live[r][g] = alive
             self._live, self._live_key = live, key

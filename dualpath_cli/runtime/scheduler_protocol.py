@@ -95,6 +95,10 @@ class Scheduler(Protocol):
 
     def mark_dead(self, engine_id: int, why: str = "exited") -> None: ...
 
+    def drain_engines(self, engine_ids: list[int], timeout_s: float) -> None:
+        """Let a leaving node's engines finish their turns (``draining``), then leave."""
+        ...
+
     def submit(self, req: TurnRequest) -> Ticket: ...
 
     def cancel(self, rid: int, error: Exception | None = None) -> None:
