@@ -79,6 +79,10 @@ def test_de_side_read_names_the_side_and_its_queues(
     assert story.pe["engine"] == d.pe and story.pe["class"] == d.pe_class
     assert story.de["engine"] == d.de and story.de["class"] == d.de_class
     assert story.thresholds["alpha"] == d.inputs["alpha"]
+    # the nodes under the names status and top give them (P0, D1 in a launch)
+    names = {e.engine_id: e.node_name for e in served[0].view().engines}
+    assert story.pe["node_name"] == names[d.pe] and story.de["node_name"] == names[d.de]
+    assert names[d.pe].startswith("P") and names[d.de].startswith("D")
     # the outcome: the DE read every cached block, and streamed them to the PE
     hits = story.hits
     assert hits["de"]["store"] + hits["de"]["dram"] == d.cached // BT
@@ -141,6 +145,8 @@ def test_explain_cli_live_and_from_a_recording(
     assert "read side: de" in got.stdout
     assert f"PE node {d.pe_read_q} tokens, DE node {d.de_read_q} tokens" in got.stdout
     assert "outcome: not available" in got.stdout  # a recording holds decisions only
+    names = {e.engine_id: e.node_name for e in live.view().engines}
+    assert f"node {names[d.pe]}," in got.stdout and f"on node {names[d.de]} " in got.stdout
     bad = runner.invoke(app, ["explain", "999999", "--from", str(rec)])
     assert bad.exit_code == 2 and "no decision kept" in bad.output
 

@@ -103,3 +103,97 @@ def test_diagnose_membership_is_critical_for_a_missing_role() -> None:
     ok: Any = SimpleNamespace(samples=[SimpleNamespace(view=SimpleNamespace(
         state="ready", pd="1P1D", membership=Membership("1P1D", "1P1D")))])
     assert [f.severity for f in membership(ok)] == [Severity.OK]
+
+
+def _hello(system: RuntimeSystem, eids: list[int]) -> None:
+    """The engines ``eids`` said hello (no process runs in this test)."""
+    sched = system.scheduler
+    with sched._lock:
+        for eid in eids:
+            sched.engines[eid].address = f"inproc://engine-{eid}"
+        sched._live_version += 1
+        sched._count_engines()
+
+
+def test_a_leaving_node_drains_then_leaves(tmp_path: Path) -> None:
+    """Issue 32: a node that leaves (DELETE /api/v1/join/NAME, its agent's Ctrl-C) is
+    ``draining`` in the membership record, status and ``dualpath_engines{state}`` while it
+    finishes its turns; no new turn goes to it; it is ``left`` once it holds none."""
+    import numpy as np
+
+    from dualpath_cli.runtime.turns import TurnRequest
+
+    opts = RuntimeOptions(local_engines=False, store_dir=tmp_path / "store")
+    system = RuntimeSystem(opts, MemoryStore())
+    try:
+        joins = JoinService(system)
+        p0 = joins.join("P0", "prefill", 1).engine_ids
+        d0 = joins.join("D0", "decode", 1).engine_ids
+        d1 = joins.join("D1", "decode", 1).engine_ids
+        _hello(system, p0 + d0 + d1)
+        sched = system.scheduler
+        # a turn running on D0 (prefilled on P0, decoding there)
+        ticket = sched.submit(TurnRequest(0, 0, np.arange(1, 40, dtype=np.int64), 4))
+        assert ticket.rid is not None
+        with sched._lock:
+            f = sched.flights[ticket.rid]
+            sched.queue.remove(f)
+            f.pe, f.de, f.de_group, f.prefilled = p0[0], d0[0], sched.engines[d0[0]].group, True
+            sched._load_delta(f, 1)
+
+        joins.leave("D0")
+        assert sched.engines[d0[0]].state == "draining"
+        assert joins.status("D0")["engines"] == {str(d0[0]): "draining"}
+        members = system.view().membership
+        assert members is not None
+        assert {n.name: n.state for n in members.nodes} == {
+            "P0": "serving", "D0": "draining", "D1": "serving"}
+        assert not members.missing  # it still serves its turn: no role is missing
+        gauge = sched.registry.gauge("dualpath_engines", role="decode", state="draining")
+        assert gauge.value == 1
+        with sched._lock:  # no new turn goes to it: only D1's group is offered work
+            assert set(sched._live_members("decode")) == {sched.engines[d1[0]].group}
+            sched._settle_drains()  # still busy: stays
+        assert sched.engines[d0[0]].state == "draining"
+
+        sched.cancel(ticket.rid)  # its turn is over
+        with sched._lock:
+            sched._settle_drains()
+        assert sched.engines[d0[0]].state == "left"
+        assert gauge.value == 0
+        members = system.view().membership
+        assert members is not None
+        assert {n.name: n.state for n in members.nodes}["D0"] == "left"
+    finally:
+        system.close()
+
+
+def test_a_drain_is_bounded(tmp_path: Path) -> None:
+    """A node whose turn outlasts the drain's bound is left anyway, the turn re-queued."""
+    import numpy as np
+
+    from dualpath_cli.runtime.turns import TurnRequest
+
+    opts = RuntimeOptions(local_engines=False, store_dir=tmp_path / "store")
+    system = RuntimeSystem(opts, MemoryStore())
+    try:
+        joins = JoinService(system)
+        p0 = joins.join("P0", "prefill", 1).engine_ids
+        d0 = joins.join("D0", "decode", 1).engine_ids
+        _hello(system, p0 + d0)
+        sched = system.scheduler
+        ticket = sched.submit(TurnRequest(0, 0, np.arange(1, 40, dtype=np.int64), 4))
+        assert ticket.rid is not None
+        with sched._lock:
+            f = sched.flights[ticket.rid]
+            sched.queue.remove(f)
+            f.pe, f.de, f.de_group, f.prefilled = p0[0], d0[0], sched.engines[d0[0]].group, True
+            sched._load_delta(f, 1)
+        joins.leave("D0", drain_s=0.0)
+        with sched._lock:
+            sched._settle_drains()
+        assert sched.engines[d0[0]].state == "left"
+        assert list(sched.queue) == [sched.flights[ticket.rid]]  # re-queued, not lost
+        assert not ticket.event.is_set()
+    finally:
+        system.close()

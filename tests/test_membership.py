@@ -123,6 +123,9 @@ def test_membership_names_shape_and_a_missing_decode_role(cluster: dict[str, Any
     assert "no decode engine" in error["message"]
     assert "scheduler.no_engine_wait" in error["message"]
     assert took < NO_ENGINE_WAIT_S + 10
+    # answered, so out of the scheduler's queues: it will not run later for nobody
+    queue = http.get("/api/v1/status").json()["queue"]
+    assert (queue["fifo"], queue["in_flight"]) == (0, 0), queue
 
 
 def test_join_then_delete_before_hello_leaves_the_cluster_ready(

@@ -32,6 +32,21 @@ def test_compact_form_round_trips_and_the_full_dict_form_reads() -> None:
     assert decode_view(enc).engines == view.engines
 
 
+def test_the_membership_record_is_kept() -> None:
+    """Issue 32: a recording keeps the membership record (diagnose's membership workflow
+    and the operator's node names in replay read it); it was dropped from samples."""
+    import dataclasses
+
+    from dualpath_cli.telemetry.membership import Membership, NodeMember, RoleGap
+
+    members = Membership("1P0D", "1P1D", (NodeMember("P0", 0, "prefill", "serving", 1, 1),
+                                          NodeMember("D0", 1, "decode", "left", 1, 0)),
+                         (RoleGap("decode", 1_000.0, "D0 left"),),
+                         {"decode": {"left": 1}})
+    view = dataclasses.replace(make_view(2), membership=members)
+    assert decode_view(json.loads(json.dumps(encode_view(view)))).membership == members
+
+
 def test_strided_read_keeps_first_and_last(tmp_path: Path) -> None:
     path = tmp_path / "long.jsonl"
     samples = [Sample(v.at, v) for v in (make_view(i) for i in range(100))]

@@ -164,6 +164,9 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
         sched = first.system.scheduler
         with sched._lock:  # the scheduler thread is held: k1 is admitted, not dispatched
             rid1 = first.submit(p1, 4, session="b", key="k1").rid
+            assert rid1 is not None
+            body = f"chatcmpl-{rid1}-abc123"  # its OpenAI id and the client's own id
+            first.name_turn(rid1, (body, "client-k1"))
             first.durable.writer.write_now()  # what a kill -9 at this moment leaves behind
         left = {p: p.read_bytes() for p in tmp_path.glob("checkpoint-3.json*")}
         assert len(left) == 2  # the checkpoint and its prompt spool
@@ -180,6 +183,7 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
         restored = second.durable.restored if second.durable else None
         assert restored is not None
         assert restored["flights"] == 1 and restored["keys"] == 2
+        assert restored["aliases"] == 1  # the names of the turn it carries
         sched = second.system.scheduler
         rids = sched._next_rid
         again = second.submit(p0, 4, session="a", key="k0")
@@ -191,6 +195,10 @@ def test_live_cluster_restored_answers_once(tmp_path: Path) -> None:
         assert t1.rid == rid1 is not None
         out1 = t1.wait(60).tokens
         assert out1 == model.generate(p1, 4) and sched._next_rid == rids
+        # explain finds the turn admitted before the restart by the names it had then
+        for name in ("client-k1", body):
+            story = second.request(name)
+            assert story["rid"] == rid1 and story["aliases"] == [body, "client-k1"]
         with pytest.raises(KeyConflict, match="different turn"):
             second.submit(p1, 4, session="b", key="k0")
     finally:

@@ -30,7 +30,7 @@ from dualpath_cli.services.recording import read_recording, write_recording
 from dualpath_cli.telemetry.recording import Recording, Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.app import TopApp
-from dualpath_cli.tui.format import engine_rows, nic_quadrants, sparkline
+from dualpath_cli.tui.format import GRADE_MARKS, engine_rows, nic_quadrants, sparkline
 from dualpath_cli.tui.source import LiveSource, ReplaySource
 
 Pilot = Any
@@ -262,8 +262,37 @@ def test_a_node_is_graded_by_its_worst_finding_or_fault() -> None:
     qs = nic_quadrants([Sample(v.at, v) for v in views], grades)
     de = next(q for q in qs if q.title == "DE storage NIC")
     assert dict(zip([n[0] for n in de.nodes], de.grades, strict=True))["D3"] == grades[3]
-    assert next(r for r in engine_rows(views[-1], grades=grades)
-                if r.engine_id == 3).cells[1].startswith("D3!")
+    rows = {r.engine_id: r for r in engine_rows(views[-1], grades=grades)}
+    assert rows[3].cells[1].startswith("D3!")
+    # and coloured by that grade (issue 32: top never drew the node in a warning colour)
+    assert rows[3].node_style == GRADE_MARKS[grades[3]][1]
+    assert all(r.node_style == "" for r in rows.values()
+               if views[-1].engines[r.engine_id].node not in grades)
+
+
+def test_the_cluster_screen_draws_a_graded_node_in_its_colour(tmp_path: Path) -> None:
+    """Replay: the node a finding grades is drawn in the grade's colour in the engines
+    table (its mark beside the name says it without colour)."""
+    from rich.style import Style
+
+    from dualpath_cli.tui.widgets.engine_table import EngineTable
+
+    app = replay_app(tmp_path)
+
+    async def scenario(pilot: Pilot) -> None:
+        await pilot.press("end")
+        table = app.screen.query_one("#engines", EngineTable)
+        await wait_for(pilot, lambda: any(r.node_style for r in table.rows), "a graded row")
+        y = next(i for i, r in enumerate(table.rows) if r.node_style) + 1
+        segments = list(table.render_line(y))
+        node = next(s for s in segments if "!" in s.text)
+        want = Style.parse(table.rows[y - 1].node_style)
+        assert node.style is not None and node.style.color == want.color
+        others = [s for s in segments if s.text.strip() and "!" not in s.text]
+        assert others and all(s.style is None or s.style.color != want.color
+                              for s in others)
+
+    run(app, scenario)
 
 
 def test_nic_quadrants_follow_the_window() -> None:

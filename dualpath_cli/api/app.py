@@ -245,8 +245,10 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
         "membership": dataclasses.asdict(members) if members is not None else None,
         "ready": ready, "not_ready": "" if ready else why,
         "state": view.state, "pd": view.pd, "model": view.model, "policy": s.policy,
-        # engines of a node that left on purpose are not this cluster's any more
-        "engines": {"healthy": sum(1 for e in view.engines if e.state == "ready"),
+        # engines of a node that left on purpose are not this cluster's any more; those of
+        # one that is leaving still serve their turns (the membership says ``draining``)
+        "engines": {"healthy": sum(1 for e in view.engines
+                                   if e.state in ("ready", "draining")),
                     "total": sum(1 for e in view.engines if e.state != "left")},
         "queue": {"fifo": s.fifo_length, "private": sum(s.private_queues.values()),
                   "pe": s.pe_queue_length, "in_flight": s.in_flight},

@@ -69,6 +69,9 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         "missing": [{"role": g.role, "since": g.since, "why": g.why}
                     for g in members.missing] if members is not None else [],
         "missing_line": members.missing_line() if members is not None else "",
+        # nodes leaving one by one (the whole cluster stopping is its state, not a node's)
+        "draining": [n.name for n in members.nodes if n.state == "draining"]
+        if members is not None and st.state != "draining" else [],
         "not_ready": st.not_ready,
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
@@ -85,6 +88,14 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
     }
 
 
+def _token_problem(err: Exception) -> str:
+    """One line for a status the API refused (401: no token sent, 403: not its token)."""
+    what = ("the cluster's token was not sent" if getattr(err, "status", None) == 401
+            else "the token sent is not the cluster's")
+    return (f"cannot read the status: {what} ({err}); pass --token-file, set "
+            "DUALPATH_TOKEN or launch from this host (its state file names the token file)")
+
+
 def status(
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -93,10 +104,11 @@ def status(
 ) -> None:
     """One line about the launched cluster. Exit 0 running, 2 unhealthy, 3 none found.
 
-    Also 3 when several run here and neither --url nor --port names one. Under the line,
+    Also 3 when several run here and neither --url nor --port names one, or when the
+    cluster refuses the token (401/403). Under the line,
     one line per injected fault in force (dualpath faults)."""
     from dualpath_cli.api.client import DualPathClient
-    from dualpath_cli.api.errors import ApiError, Unreachable
+    from dualpath_cli.api.errors import ApiError, Forbidden, Unauthorized, Unreachable
     from dualpath_cli.cli.source import resolve
 
     try:
@@ -110,6 +122,11 @@ def status(
         else:
             stdout.print(f"none  {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_NONE) from None
+    except (Unauthorized, Forbidden) as err:  # the token is the problem: state unknown
+        why = _token_problem(err)
+        if as_json:
+            emit_unknown(why, **_StatusCommand.unknown_fields, reason=why)
+        raise Unknown(why) from None
     except ApiError as err:  # it answers, but not with a status
         if as_json:
             emit_json({"running": False, "state": "unhealthy", "reason": str(err)})
@@ -143,6 +160,9 @@ def status(
         if s["state"] not in ("ready", "starting"):
             parts.append(f"state {s['state']}")
         stdout.print("  ".join(parts), highlight=False, soft_wrap=True)
+        for name in s["draining"]:
+            stdout.print(f"node {name} draining: leaving, it finishes its turns and takes "
+                         "no new ones", highlight=False, soft_wrap=True)
         _print_faults(st)
     raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
 

@@ -7,7 +7,8 @@ wrong one is refused there); after it, engines speak the usual wire protocol to 
 scheduler's control endpoint, which the answer names. :class:`JoinService` is the scheduler
 side: it gives a node an index (its group), engine ids, and every engine setting the node
 must not choose itself (model, block size, quota, NIC rates), and takes a node that leaves
-out of scheduling (its in-flight turns are re-queued by the scheduler).
+out of scheduling: ``draining`` (no new turns; it finishes those it runs, at most
+:data:`LEAVE_DRAIN_S`), then ``left`` (what it still held is re-queued).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.types import Role
 from dualpath_cli.errors import UsageError
 
-__all__ = ["JoinPlan", "JoinService", "NODE_ROLES"]
+__all__ = ["JoinPlan", "JoinService", "LEAVE_DRAIN_S", "NODE_ROLES"]
 
 #: Roles a joining node may take.
 NODE_ROLES = (Role.PREFILL.value, Role.DECODE.value)
@@ -31,6 +32,9 @@ NODE_ROLES = (Role.PREFILL.value, Role.DECODE.value)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Engines one node may bring (a GPU each).
 MAX_GPUS = 64
+#: How long a leaving node's engines may take to finish their turns (state ``draining``)
+#: before they are left anyway and the rest re-queued.
+LEAVE_DRAIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,9 @@ class JoinService:
             self._next_node = max(self._next_node, int(state.get("next_node", 0)))
             self._next_eid = max(self._next_eid, int(state.get("next_eid", 0)))
 
-    def leave(self, name: str) -> int:
-        """Take node ``name`` out of scheduling now (its turns are re-queued); engines taken.
+    def leave(self, name: str, drain_s: float = LEAVE_DRAIN_S) -> int:
+        """Take node ``name`` out of scheduling: no new turns now, ``left`` once it finished
+        its turns (at most ``drain_s``; then the rest are re-queued); engines taken.
 
         Raises:
             UsageError: no node of that name.
@@ -165,12 +170,12 @@ class JoinService:
             plan = self._nodes.get(name)
         if plan is None:
             raise UsageError(f"no node {name!r} joined this cluster")
-        for eid in plan.engine_ids:
-            self.system.scheduler.mark_dead(eid, "left")
+        self.system.scheduler.drain_engines(list(plan.engine_ids), drain_s)
         return len(plan.engine_ids)
 
     def status(self, name: str) -> dict[str, Any]:
-        """Node ``name``'s engines and their states (``starting``, ``ready``, ``dead``).
+        """Node ``name``'s engines and their states (``starting``, ``ready``, ``draining``,
+        ``dead``, ``left``).
 
         Raises:
             UsageError: no node of that name.

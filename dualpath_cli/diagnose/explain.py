@@ -84,17 +84,41 @@ def side_reason(d: Decision) -> str:
     return f"{policy}: {d.side} side ({q})"
 
 
+def _node_name(d: Decision, role: str, node: Any) -> str | None:
+    """The operator's name of the chosen ``role`` engine's node (``--node D0``; ``P0``/``D1``
+    in a launch), as the decision kept it; a decision logged before names were kept (an
+    older recording) gets the index name diagnose and top use (``D1``)."""
+    kept = d.inputs.get(f"{role}_node_name")
+    if kept:
+        return str(kept)
+    if node is None:
+        return None
+    return f"{role[0].upper()}{node}"
+
+
 def _engine(d: Decision, role: str) -> dict[str, Any]:
     """The chosen engine's snapshot before the decision (PE from the fetch, DE from its
-    placement)."""
+    placement), with its node's name (``node_name``)."""
     if role == "pe":
         snaps = d.inputs.get("pe_engines", ())
         snap: dict[str, Any] = next((e for e in snaps if e.get("id") == d.pe), {})
         return {"engine": d.pe, "class": d.pe_class, **{k: snap.get(k) for k in
-                                                         ("node", "seq", "tok", "read_q")}}
+                                                         ("node", "seq", "tok", "read_q")},
+                "node_name": _node_name(d, "pe", snap.get("node"))}
     snap = d.inputs.get("de_engine", {}) or {}
     return {"engine": d.de, "group": d.de_group, "class": d.de_class, "z": d.z,
-            **{k: snap.get(k) for k in ("node", "seq", "tok", "read_q", "hbm_free")}}
+            **{k: snap.get(k) for k in ("node", "seq", "tok", "read_q", "hbm_free")},
+            "node_name": _node_name(d, "de", snap.get("node"))}
+
+
+def _node_of(part: Mapping[str, Any], letter: str) -> str:
+    """A story's PE/DE node for people: its name, else (a story served before names were
+    kept) the index name, else n/a."""
+    name = part.get("node_name")
+    if name:
+        return str(name)
+    node = part.get("node")
+    return NA if node is None else f"{letter}{node}"
 
 
 def _split(outcome: dict[str, Any]) -> dict[str, float | None]:
@@ -427,9 +451,10 @@ def render_story(story: RequestStory) -> list[str]:
     src = th.get("sources") or {}
     z_text = NA if de["z"] is None else f"{de['z']:.2f}"  # not 906.1500000000001
     lines += [
-        f"  PE {pe['engine']} (class {pe['class'] or NA}; node {pe.get('node', NA)}, "
+        f"  PE {pe['engine']} (class {pe['class'] or NA}; node {_node_of(pe, 'P')}, "
         f"{pe.get('seq', NA)} requests / {pe.get('tok', NA)} tokens before)",
-        f"  DE {de['engine']} in group {de['group']} (class {de['class'] or NA}, "
+        f"  DE {de['engine']} on node {_node_of(de, 'D')} in group {de['group']} (class "
+        f"{de['class'] or NA}, "
         f"Z {z_text}; {de.get('seq', NA)} requests / "
         f"{de.get('tok', NA)} tokens, {de.get('hbm_free', NA)} HBM tokens free before)",
         f"  thresholds: alpha {th.get('alpha', NA)} ({src.get('alpha', NA)}), beta "

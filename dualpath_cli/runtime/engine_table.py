@@ -18,7 +18,7 @@ from dualpath_cli.runtime.wire import Heartbeat
 __all__ = ["ENGINE_STATES", "Charges", "EngineState", "EngineTable"]
 
 #: States an engine is in, as the scheduler sees it.
-ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "dead", "left")
+ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "draining", "dead", "left")
 
 
 class Charges:
@@ -68,6 +68,7 @@ class EngineState:
     last_seen: float = 0.0
     alive: bool = True
     dead_why: str = ""  # "exited" (the cluster saw it go), "silent" (heartbeat timeout), "left"
+    drain_until: float = 0.0  # its node is leaving: no new turns; left by then (monotonic)
     orphans: set[int] = field(default_factory=set)  # requests re-queued away from it
     hb: Heartbeat | None = None  # the last heartbeat
     hb_at: float = 0.0  # when it arrived (monotonic)
@@ -90,10 +91,13 @@ class EngineState:
 
     @property
     def state(self) -> str:
-        """``starting`` (no hello yet), ``ready``, ``dead``, or ``left`` (its node left)."""
+        """``starting`` (no hello yet), ``ready``, ``draining`` (its node is leaving: it
+        finishes its turns, takes no new ones), ``dead``, or ``left`` (its node left)."""
         if not self.alive:
             return "left" if self.dead_why == "left" else "dead"
-        return "ready" if self.address else "starting"
+        if not self.address:
+            return "starting"
+        return "draining" if self.drain_until else "ready"
 
     @property
     def report(self) -> dict[str, Any]:

@@ -228,6 +228,12 @@ class HierarchicalScheduler:
         for sub in self.subs:
             sub.stop()
 
+    def drain_engines(self, engine_ids: list[int], timeout_s: float) -> None:
+        """Engines whose node leaves: left at once here (their turns re-queued), as before
+        the flat scheduler let them finish first."""
+        for eid in engine_ids:
+            self.mark_dead(eid, "left")
+
     def mark_dead(self, engine_id: int, why: str = "exited") -> None:
         """Declare an engine dead now (``why`` as the flat scheduler's
         :meth:`~dualpath_cli.runtime.scheduler.SchedulerService.mark_dead`): its sub
@@ -306,6 +312,13 @@ class HierarchicalScheduler:
 
         ticket.add_done_callback(done)
         return ticket
+
+    def cancel(self, rid: int, error: Exception | None = None) -> None:
+        """Drop turn ``rid`` in the sub that queued it (``SchedulerService.cancel``)."""
+        with self._load_lock:
+            k = self._rid_sub.get(rid)
+        if k is not None:
+            self.subs[k].cancel(rid, error)
 
     # -- reads, merged ------------------------------------------------------------------
     def decisions(self, since: int = -1) -> list[Decision]:

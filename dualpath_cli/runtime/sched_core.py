@@ -122,6 +122,7 @@ class SchedulerCore:
     # -- membership (telemetry/membership.py): role -> (since, why); role -> "D0 left" ------
     role_gaps: dict[str, tuple[float, str]]
     last_gone: dict[str, str]
+    _draining: set[int]
 
     def _send(self, to: str, msg: WireMessage) -> None:
         header, frames = encode(msg)
@@ -139,7 +140,7 @@ class SchedulerCore:
             for state, n in counts.items():
                 self.registry.gauge("dualpath_scheduler_engines", role=role, state=state).set(n)
                 self.registry.gauge("dualpath_engines", role=role, state=state).set(n)
-            if counts["ready"]:
+            if counts["ready"] or counts["draining"]:  # draining: until it has left
                 self.role_gaps.pop(role, None)
             elif role not in self.role_gaps:
                 self.role_gaps[role] = (time.time(), self.last_gone.get(role, ""))

@@ -120,7 +120,8 @@ class Dispatching(ThresholdControl):
             for r, groups in self._members()[0].items():
                 live[r] = {}
                 for g, members in groups.items():
-                    alive = [e for e in members if e.alive and e.address]
+                    alive = [e for e in members if e.alive and e.address
+                             and not e.drain_until]  # draining: no new turns
                     if alive:
                         live[r][g] = alive
             self._live, self._live_key = live, key
@@ -269,7 +270,10 @@ class Dispatching(ThresholdControl):
                     "de_route": f.route, "de_place": f.place, "ordinal": self._ordinal - 1,
                     "alpha": params.alpha, "beta": params.beta,
                     "z_factor": params.z_factor, "quota_s": self.quota_s,
-                    "read_side": self.read_side, "sources": self._sources_kept()},
+                    "read_side": self.read_side, "sources": self._sources_kept(),
+                    # the operator's names of the chosen nodes, as they were (explain)
+                    "pe_node_name": self.engines[pe_id].name,
+                    "de_node_name": self.engines[de.engine_id].name},
                 self.ledger.last_lookup(f.rid)))
 
     def _dispatch(self, f: Flight, pe: int, de: int, pe_tokens: int) -> None:

@@ -80,9 +80,36 @@ class MessageLoop(Dispatching):
                 time.sleep(window)
 
     def _sweep(self) -> None:
-        """The loop's periodic pass: silent engines, and the cost sample."""
+        """The loop's periodic pass: silent engines, leaving ones, and the cost sample."""
         self._check_heartbeats()
+        if self._draining:
+            self._settle_drains()
         self._sample_cost()
+
+    def _start_drains(self) -> None:
+        """Turns placed on a draining DE but not started go back to the FIFO, and so do
+        those routed to a DE group with no engine left to take them."""
+        for f in [f for f in self.pe_queue if f.de in self._draining]:
+            self._requeue(f, "engine_left")
+        live = self._live_members(Role.DECODE.value)
+        for g in [g for g, q in self.private.items() if q and g not in live]:
+            stranded = self.private.pop(g)
+            self._routed_tok.pop(g, None)
+            self._group_loads = None
+            self.queue.extendleft(reversed(stranded))
+
+    def _settle_drains(self) -> None:
+        """Draining engines that hold no turn any more (or whose drain timed out) leave."""
+        busy = {f.de for f in self.flights.values() if f.de >= 0}
+        busy.update(f.pe for f in self.flights.values() if f.pe >= 0 and not f.prefilled)
+        now = time.monotonic()
+        for eid in sorted(self._draining):
+            e = self.engines.get(eid)
+            if e is None or not e.alive:
+                self._draining.discard(eid)
+            elif eid not in busy or now >= e.drain_until:
+                self._draining.discard(eid)
+                self._dead(eid, "left")
 
     def _sample_cost(self) -> None:
         """Move the timed scheduling calls into their histograms and count the service
@@ -221,9 +248,11 @@ class MessageLoop(Dispatching):
             if f is not None and f.att == att and f.ticket.stream is not None:
                 f.ticket.stream.put(start, tokens)
 
-    def cancel(self, rid: int) -> None:
-        """Drop turn ``rid`` (its caller gave it up): its engines are told to free what they
-        hold, its ticket fails with :class:`TurnCancelled`. Rare: linear in the queues."""
+    def cancel(self, rid: int, error: Exception | None = None) -> None:
+        """Drop turn ``rid``: its engines are told to free what they hold, its ticket fails
+        with ``error`` (None: its caller gave it up, :class:`TurnCancelled`; else the
+        answer the service gave it, e.g. a 503 after ``scheduler.no_engine_wait``, so it
+        never runs later for nobody). Rare: linear in the queues."""
         with self._lock:
             f = self.flights.get(rid)
             if f is None:
@@ -234,8 +263,10 @@ class MessageLoop(Dispatching):
             self._load_delta(f, -1)
             del self.flights[rid]
             self.ledger.forget(rid)
-            self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
-            f.ticket.fail(TurnCancelled(f"turn {rid} was cancelled by its caller"))
+            if error is None:
+                self.registry.counter("dualpath_scheduler_cancelled_turns_total").inc()
+                error = TurnCancelled(f"turn {rid} was cancelled by its caller")
+            f.ticket.fail(error)
 
     def _on_done(self, e: EngineState, msg: Done, now: float) -> None:
         f = self._flight_of(msg)
@@ -303,6 +334,8 @@ class MessageLoop(Dispatching):
             return
         e.alive = False
         e.dead_why = why
+        e.drain_until = 0.0
+        self._draining.discard(engine_id)
         self.last_gone[e.role] = (f"{e.name or f'engine {e.engine_id}'} "
                                   f"{_GONE_WORDS.get(why, why)}")
         self._live_version += 1

@@ -240,6 +240,7 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self.role_gaps: dict[str, tuple[float, str]] = dict.fromkeys(
             (Role.PREFILL.value, Role.DECODE.value), (time.time(), ""))
         self.last_gone: dict[str, str] = {}
+        self._draining: set[int] = set()  # engines whose node is leaving (_settle_drains)
 
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -300,6 +301,28 @@ class SchedulerService(MessageLoop, SchedulerReads):
         unhealthy engine)."""
         with self._lock:
             self._dead(engine_id, why)
+
+    def drain_engines(self, engine_ids: list[int], timeout_s: float) -> None:
+        """Let engines leave politely (their node is leaving): no new turn goes to them,
+        turns placed on them and not started go back to the queue, those they run finish;
+        each is ``left`` once it holds none, or at ``timeout_s`` (the rest re-queued).
+        One that never said hello is left at once."""
+        with self._lock:
+            until = time.monotonic() + timeout_s
+            for eid in engine_ids:
+                e = self.engines.get(eid)
+                if e is None or not e.alive:
+                    continue
+                if not e.address:
+                    self._dead(eid, "left")
+                    continue
+                e.drain_until = until
+                self._draining.add(eid)
+                self.last_gone[e.role] = f"{e.name or f'engine {eid}'} left"
+            self._live_version += 1
+            self._start_drains()
+            self._settle_drains()
+            self._count_engines()
 
     def stop(self) -> None:
         """Tell engines to stop and end the service thread."""

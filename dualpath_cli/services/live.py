@@ -243,7 +243,7 @@ class LiveCluster:
         with self._lock:
             left = [t for t in self._in_flight if not t.event.is_set()]
         for ticket in left:
-            ticket.fail(EnginesLost(why))
+            self._give_up(ticket, EnginesLost(why))
 
     def ready(self) -> bool:
         """Serving: every engine said hello and none has exited since (``/readyz``)."""
@@ -299,15 +299,27 @@ class LiveCluster:
         has passed: no turn waits unbounded for an engine that is not coming back."""
         period = max(0.05, min(0.25, self.no_engine_wait_s / 4))
         while not self._watch_stop.wait(period):
-            if self.state != "ready":
-                continue
-            err = self._no_engine(waited=True)
-            if err is None:
-                continue
-            with self._lock:
-                left = [t for t in self._in_flight if not t.event.is_set()]
-            for ticket in left:
-                ticket.fail(err)
+            if self.state == "ready":
+                self._answer_role_waiters()
+
+    def _answer_role_waiters(self) -> None:
+        """One pass of :meth:`_watch_roles`: once the bounded wait has passed, every turn
+        not finished is answered 503 and taken out of the scheduler's queues."""
+        err = self._no_engine(waited=True)
+        if err is None:
+            return
+        with self._lock:
+            left = [t for t in self._in_flight if not t.event.is_set()]
+        for ticket in left:
+            self._give_up(ticket, err)
+
+    def _give_up(self, ticket: Ticket, err: Exception) -> None:
+        """Answer ``ticket`` with ``err`` and take its turn out of the scheduler's queues:
+        a turn answered 503 must not run later for nobody, nor keep the queue long."""
+        if ticket.rid is not None:
+            self.system.scheduler.cancel(ticket.rid, err)
+        if not ticket.event.is_set():  # a restored turn's ticket has no flight
+            ticket.fail(err)
 
     def submit(self, tokens: list[int], gen: int, session: str | None = None,
                key: str | None = None, stream: bool = False) -> Ticket:

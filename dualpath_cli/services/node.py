@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from dualpath_cli.cluster.join import JoinPlan
+from dualpath_cli.cluster.join import LEAVE_DRAIN_S, JoinPlan
 from dualpath_cli.cluster.local import LocalCluster, _bare_main, exit_with_parent
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
@@ -272,18 +272,41 @@ class NodeAgent:
             self.cluster = None
 
     def close(self, leave: bool = True) -> None:
-        """Leave the cluster (its turns are re-queued at once) and stop the engines (again:
-        a no-op)."""
+        """Leave the cluster and stop the engines (again: a no-op). Leaving drains: the
+        scheduler sends no new turn and the engines finish theirs (state ``draining``, at
+        most :data:`~dualpath_cli.cluster.join.LEAVE_DRAIN_S`) before they stop."""
         if self._http.is_closed:
             return
         if leave and self.plan is not None:
             try:
                 self._http.delete(f"/api/v1/join/{self.name}")
+                self._wait_left(LEAVE_DRAIN_S + 5.0)
             except httpx.HTTPError:
                 pass  # the scheduler is gone or busy: our heartbeats stop anyway
         self._drop_warm()
         self._stop_engines()
         self._http.close()
+
+    def _wait_left(self, timeout: float) -> None:
+        """Until the scheduler holds every engine of this node left (it finished its turns),
+        the engines exited, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        told = False
+        while time.monotonic() < deadline:
+            resp = self._http.get(f"/api/v1/join/{self.name}")
+            if resp.status_code != 200:
+                return
+            states = set((resp.json().get("engines") or {}).values())
+            if states <= {"left", "dead"}:
+                return
+            if self.cluster is not None and len(self.cluster.exited()) == len(
+                    self.cluster.pids()):
+                return
+            if not told and self.on_event is not None:
+                told = True
+                self.on_event(f"node {self.name!r}: draining (finishing its turns, at most "
+                              f"{LEAVE_DRAIN_S:g} s)")
+            time.sleep(0.1)  # polling a remote state (no condition to wait on)
 
     def _drop_warm(self) -> None:
         """Stop engine processes started for a join that did not happen."""

@@ -5,7 +5,8 @@ what it admitted outlive its process (issue 16, item 3). :class:`TurnKeys` maps 
 idempotency key (HTTP ``Idempotency-Key``) to the turn it admitted, so a resubmission gets
 the same turn (running, or its kept answer) instead of a second run. :class:`LiveCheckpoint`
 writes the scheduler's section (:mod:`dualpath_cli.runtime.checkpoint`) with the live
-cluster's own (sessions, keys with their answers) and the joined nodes
+cluster's own (sessions, keys with their answers, the names of the turns it carries:
+chatcmpl- ids and clients' x-request-id) and the joined nodes
 (:class:`~dualpath_cli.cluster.join.JoinService`) into one file, and puts them all back into
 a new process before its scheduler starts.
 
@@ -34,6 +35,7 @@ from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.sched_state import SchedulerState
 from dualpath_cli.runtime.scheduler import SchedulerService
 from dualpath_cli.runtime.turns import Ticket, TurnResult
+from dualpath_cli.telemetry.request_ids import RequestAliases
 from dualpath_cli.telemetry.view import AuditEntry
 
 __all__ = ["KEYS_KEPT", "KeyConflict", "TurnKeys", "Admissions", "LiveCheckpoint",
@@ -203,6 +205,9 @@ class Admissions(Protocol):
     @property
     def turn_keys(self) -> TurnKeys: ...
 
+    @property
+    def aliases(self) -> RequestAliases: ...
+
     def export_sessions(self, during: Callable[[], T]
                         ) -> tuple[T, list[tuple[str, int, int]], int]: ...
 
@@ -244,7 +249,7 @@ class LiveCheckpoint:
         joins = self.live.joins
         return (sched.next_request_id, len(sched.flights), sched.log.last_seq,
                 sched.requeued, len(sched.dead_events), sched.revived, len(sched.engines),
-                len(self.live.audit),
+                len(self.live.audit), self.live.aliases.version,
                 joins.snapshot()["next_node"] if joins is not None else 0)
 
     def collect(self) -> dict[str, Any]:
@@ -258,10 +263,13 @@ class LiveCheckpoint:
             return grabbed, live.turn_keys.snapshot(rids)
 
         (grabbed, keys), sessions, next_agent = live.export_sessions(scheduler_and_keys)
+        # the names (chatcmpl- ids, a client's x-request-id) of the turns it carries: after
+        # a restart, explain and GET /api/v1/requests/{id} still find them by those
+        aliases = live.aliases.export(grabbed.tickets)
         joins = live.joins
         return {"scheduler": ckpt.build(grabbed, self.spool),
                 "live": {"sessions": [list(row) for row in sessions],
-                         "next_agent": next_agent, "keys": keys,
+                         "next_agent": next_agent, "keys": keys, "aliases": aliases,
                          "flops_rate": live.system.flops_rate, "written": time.time()},
                 "joins": joins.snapshot() if joins is not None else None}
 
@@ -305,10 +313,12 @@ class LiveCheckpoint:
             items = list(own["keys"])
             keys = live.import_sessions(sessions, int(own["next_agent"]), tickets.values(),
                                         lambda: live.turn_keys.restore(items, tickets))
+            named = live.aliases.restore(own.get("aliases") or ())  # none: an older file
         except (KeyError, TypeError, ValueError) as err:
             raise ckpt.CheckpointError(f"checkpoint {self.path}: its live section does "
                                        f"not fit ({type(err).__name__}: {err})") from None
-        return {**done.to_dict(), "keys": keys, "control_port_kept": rebound,
+        return {**done.to_dict(), "keys": keys, "aliases": named,
+                "control_port_kept": rebound,
                 "age_s": round(time.time() - float(own.get("written", time.time())), 3)}
 
     def start(self) -> None:

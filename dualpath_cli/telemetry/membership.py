@@ -7,8 +7,10 @@ which the scheduler's engine table derives (plain data, so a recording or a clie
 without the runtime).
 
 Node states: ``joining`` (its engines have not all said hello), ``serving``, ``draining``
-(the cluster stops), ``left`` (it left on purpose, or was removed; ``said_hello`` False when
-that was before its first hello), ``dead`` (its engines exited or fell silent).
+(it is leaving, ``DELETE /api/v1/join/NAME`` or its agent's Ctrl-C: it finishes its turns and
+takes no new ones; or the whole cluster stops), ``left`` (it left on purpose, or was removed;
+``said_hello`` False when that was before its first hello), ``dead`` (its engines exited or
+fell silent).
 """
 
 from __future__ import annotations
@@ -90,10 +92,12 @@ def shape(counts: dict[str, int]) -> str:
 
 def node_state(engine_states: list[str], said: bool, *,
                draining: bool = False) -> tuple[str, bool]:
-    """A node's state from its engines' (``starting``/``ready``/``dead``/``left``) and
-    whether any of them said hello."""
+    """A node's state from its engines' (``starting``/``ready``/``draining``/``dead``/
+    ``left``) and whether any of them said hello."""
     if any(s == "ready" for s in engine_states):
         return ("draining" if draining else "serving"), True
+    if any(s == "draining" for s in engine_states):
+        return "draining", True
     if engine_states and all(s == "left" for s in engine_states):
         return "left", said
     if any(s == "dead" for s in engine_states):

@@ -233,14 +233,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "Scheduling decisions, by the chosen PE's class (C1, C2, C3), the chosen DE's "
                "class (normal, high_token) and the read side (pe, de, split)."),
     MetricSpec("dualpath_scheduler_requeued_turns_total", _C, "", ("reason",),
-               "Turns put back at the head of the FIFO (engine_dead, read_failed, "
-               "scheduler_restart)."),
+               "Turns put back at the head of the FIFO (engine_dead, engine_left: placed "
+               "on a node that began to leave, read_failed, scheduler_restart)."),
     MetricSpec("dualpath_scheduler_cancelled_turns_total", _C, "", (),
                "Turns their caller gave up before they finished (a streaming client that "
                "disconnected): dropped, their engines told to free what they held."),
     MetricSpec("dualpath_scheduler_engines", _G, "", ("role", "state"),
-               "Engines by role and state (starting, ready, dead, left: its node left on "
-               "purpose)."),
+               "Engines by role and state (starting, ready, draining: its node is leaving "
+               "and finishes its turns, dead, left: its node left on purpose)."),
     MetricSpec("dualpath_engines", _G, "", ("role", "state"),
                "Engines by role and state, from the one membership record (as "
                "dualpath_scheduler_engines; status, /readyz and diagnose read the same "

@@ -226,8 +226,10 @@ def encode_view(view: ClusterView) -> dict[str, Any]:
     for row in nodes:
         row[2] = list(row[2])
     sched = dataclasses.asdict(view.scheduler)
+    # the membership record: diagnose's membership workflow and the names replay reads
+    members = dataclasses.asdict(view.membership) if view.membership is not None else None
     return {"at": view.at, "state": view.state, "pd": view.pd, "model": view.model,
-            "uptime_s": view.uptime_s, "scheduler": sched,
+            "uptime_s": view.uptime_s, "scheduler": sched, "membership": members,
             "engines": {"cols": list(_ENGINE_COLS), "rows": engines},
             "nodes": {"cols": list(_NODE_COLS), "rows": nodes}}
 

@@ -19,7 +19,8 @@ import collections
 import re
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = ["RequestAliases", "body_id", "parse_request_id", "valid_alias", "ALIASES_MAX"]
 
@@ -69,10 +70,13 @@ class RequestAliases:
         self._ids: dict[str, int] = {}
         self._names: collections.OrderedDict[int, list[str]] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self.version = 0
+        """Moves on every :meth:`add`: a checkpoint writer's cheap "something changed"."""
 
     def add(self, rid: int, names: Iterable[str | None]) -> None:
         """Name turn ``rid`` (``None`` and empty names are skipped)."""
         with self._lock:
+            self.version += 1
             kept = self._names.setdefault(rid, [])
             self._names.move_to_end(rid)
             for name in names:
@@ -104,3 +108,27 @@ class RequestAliases:
             if rid is not None and not text.isdigit():
                 return rid
         return parse_request_id(text)
+
+    def export(self, rids: Iterable[int]) -> list[list[Any]]:
+        """``[[rid, [name, ...]], ...]`` for those of ``rids`` that have names, oldest
+        first (a checkpoint keeps the names of the turns it carries)."""
+        want = set(rids)
+        with self._lock:
+            return [[rid, list(names)] for rid, names in self._names.items()
+                    if rid in want and names]
+
+    def restore(self, items: Iterable[Sequence[Any]]) -> int:
+        """Put back what :meth:`export` gave (a restored scheduler's turns answer to their
+        names again); how many turns came back named.
+
+        Raises:
+            ValueError: an item that is not ``[rid, [name, ...]]``.
+        """
+        n = 0
+        for item in items:
+            rid, names = item
+            if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+                raise ValueError(f"aliases of request {rid!r} are not a list of names")
+            self.add(int(rid), names)
+            n += 1
+        return n

@@ -102,12 +102,14 @@ def engine_class(e: EngineView, alpha: int, beta: int) -> str:
 @dataclass(frozen=True, slots=True)
 class EngineRow:
     """One engine table row: its id, the cells, the class word (the row's style) and the
-    values it sorts by."""
+    values it sorts by; ``node_style``: its node's cell colour by the worst grade covering
+    the node (GRADE_MARKS; empty when none)."""
 
     engine_id: int
     cells: tuple[str, ...]
     cls: str
     sort: tuple[Any, ...]
+    node_style: str = ""
 
 
 def _ratio(value: int | None, limit: int) -> str:
@@ -145,7 +147,9 @@ def engine_rows(view: ClusterView, text: str = "", sort: str = "id",
                      _num(e.read_queue_tokens), _num(snic), _num(cnic),
                      _num(e.hbm_used_bytes), _num(e.hbm_fragmentation), e.seq, e.role,
                      e.state)
-        rows.append(EngineRow(e.engine_id, cells, cls, sort_vals))
+        grade = (grades or {}).get(e.node)
+        rows.append(EngineRow(e.engine_id, cells, cls, sort_vals,
+                              GRADE_MARKS[grade][1] if grade in GRADE_MARKS else ""))
     keys = [k for k, _, _ in ENGINE_COLUMNS]
     col = keys.index(sort) if sort in keys else 0
     rows.sort(key=lambda r: (r.sort[col], r.engine_id), reverse=reverse)

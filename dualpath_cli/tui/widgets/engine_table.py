@@ -98,9 +98,22 @@ class EngineTable(ScrollView, can_focus=True):
             style = base + self._class_styles.get(row.cls, Style())
             if i == self.cursor:
                 style += self.get_component_rich_style("engine-table--cursor")
+            if row.node_style:  # the node's cell in its grade's colour (diagnose's)
+                return self._graded_line(row, style, scroll_x, width)
             text = self._cell_line(row)
         text = text.ljust(max(self._width, scroll_x + width))
         return Strip([Segment(text, style)]).crop(scroll_x, scroll_x + width)
+
+    def _graded_line(self, row: EngineRow, style: Style, scroll_x: int, width: int) -> Strip:
+        """A row whose ``node`` cell is drawn in the node's grade colour."""
+        graded = style + Style.parse(row.node_style)
+        segments = []
+        for c, (key, _, w) in zip(row.cells, self.columns, strict=False):
+            segments.append(Segment(f" {c[:w]:<{w}} ", graded if key == "node" else style))
+        pad = max(self._width, scroll_x + width) - self._width
+        if pad > 0:
+            segments.append(Segment(" " * pad, style))
+        return Strip(segments).crop(scroll_x, scroll_x + width)
 
     # -- moving ------------------------------------------------------------------------------
     def _show_cursor(self) -> None:
