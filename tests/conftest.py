@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, settings
 from tiers import (  # noqa: F401 - the test tiers' hooks and guard, run from here
     pytest_collection_modifyitems,
     pytest_configure,
@@ -26,6 +27,11 @@ from tiers import (  # noqa: F401 - the test tiers' hooks and guard, run from he
 from dualpath_cli.api.listen import free_port
 
 T = TypeVar("T")
+
+# A loaded CI machine makes hypothesis's example generation and each example slow: that is
+# the machine, not the property, so neither its deadline nor its too-slow check applies.
+settings.register_profile("loaded", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("loaded")
 
 #: The first-party plugin's source tree, a plain package directory: the tests import it from
 #: here (``sweep_path``), since the README's install does not pip-install it.
