@@ -62,6 +62,9 @@ COMMANDS = (
      "Inspect plugins (pluggy hooks, entry-point group 'dualpath')."),
     ("faults", "faults_cmd", "app",
      "List, inject and clear faults on the running cluster (audited)."),
+    ("drill", "drill_cmd", "register",
+     "Rehearse every incident under load: one scorecard. Exit 0 all passed, 2 not, 3 no "
+     "verdict."),
     ("storage", "storage_cmd", "app",
      "Inspect, verify, clean, benchmark and warm a KV block store."),
     ("sim", "sim_cmd", "app",

@@ -1,0 +1,299 @@
+"""``dualpath drill``: rehearse every incident under load and score the operator surface.
+
+Why: each surface (status, diagnose, the metrics, the fixes the findings offer) is tested
+on its own; an operator uses them together, at 03:00, on a real fault. The drill makes each
+fault the project can make (drill_rows.py), under a bounded agent load (drill_load.py),
+and watches the cluster the way an operator would: every ``INTERVAL_S`` it reads
+``/api/v1/status`` (the record ``status --json`` summarises), ``/metrics`` and the view and
+decisions ``diagnose`` judges, and runs every diagnose workflow over the samples taken since
+the fault was made. It records when each surface first reported the fault, applies the fix
+the right finding offers (``tune set alpha=``, ``diagnose hbm-frag --fix``'s compaction,
+``long-tail --fix``'s replicas), clears the fault, waits for the cluster to be back to OK,
+and holds the load's tokens against a reference run of the same prompts on the healthy
+cluster. The verdict is drill_score.py's.
+
+The client is any object with the API client's methods (services cannot import the API);
+the front-end (cli/drill_cmd.py) builds it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose.model import Evidence
+from dualpath_cli.errors import DualPathError
+from dualpath_cli.services.drill_load import AgentLoad, drill_agents
+from dualpath_cli.services.drill_rows import ROWS, Made, Row, Target
+from dualpath_cli.services.drill_score import (
+    MetricSample,
+    RowResult,
+    matching_findings,
+    parse_metrics,
+    rank,
+    worst_grade,
+)
+from dualpath_cli.telemetry.recording import Sample, extras_from_metrics_text
+
+__all__ = ["run_drill", "pick_rows", "INTERVAL_S"]
+
+#: Time between looks at the cluster while a fault is watched.
+INTERVAL_S = 0.5
+#: How long a row watches past its deadline before it gives up on a surface (a late
+#: detection is recorded, and fails).
+GRACE_S = 10.0
+#: How long the cluster may take to be back to OK after the fault is cleared (an engine
+#: restarted, the queues drained).
+RECOVER_S = 45.0
+#: Load before the fault: turns answered, so the store holds blocks to read back.
+WARM_TURNS = 8
+#: The diagnose window after a fault is cleared (the cluster judged healthy again).
+CLEAR_WINDOW_S = 4.0
+
+
+def pick_rows(only: Sequence[str]) -> list[Row]:
+    """The rows ``--only`` names (every row when none), in catalogue order.
+
+    Raises:
+        UsageError: a name that is no row.
+    """
+    from dualpath_cli.errors import UsageError
+
+    names = [r.name for r in ROWS]
+    bad = [n for n in only if n not in names]
+    if bad:
+        raise UsageError(f"--only: unknown row {', '.join(bad)}; choose from "
+                         f"{', '.join(names)}")
+    return [r for r in ROWS if not only or r.name in only]
+
+
+class _Watch:
+    """Samples of the cluster since a moment, and diagnose over them."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.samples: list[Sample] = []
+        self.decisions: list[Any] = []
+        self.since = -1
+        self.status: Any = None
+        self.metrics: list[MetricSample] = []
+
+    def reset(self) -> None:
+        self.samples, self.decisions = [], []
+
+    def look(self) -> None:
+        """One look: status, view, metrics, the decisions logged since the last look."""
+        c = self.client
+        self.status = c.status()
+        view = c.view()
+        text = c.metrics_text()
+        self.metrics = parse_metrics(text)
+        new = c.decisions(self.since)
+        if new:
+            self.since = max(self.since, max(d.seq for d in new))
+            self.decisions.extend(new)
+        self.samples.append(Sample(view.at, view, extras_from_metrics_text(text)))
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Every diagnose workflow over the samples so far (``--json``'s report dicts)."""
+        if not self.samples:
+            return []
+        th = self.status.thresholds
+        ev = Evidence(self.samples, self.decisions, audit=self.status.audit,
+                      alpha_s_per_token=th.alpha_s_per_token)
+        return [r.to_dict() for r in rules.run_all(ev)]
+
+
+def _ok(st: Any) -> bool:
+    """``status``'s "running": ready, every engine healthy, no fault in force."""
+    ready = st.ready if st.ready is not None else st.state == "ready"
+    return bool(ready) and 0 < st.engines_total == st.engines_healthy and not st.faults
+
+
+def _wait(pred: Callable[[], bool], timeout: float, step: float = INTERVAL_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
+
+
+def _fix_for(client: Any, finding: dict[str, Any], made: Made) -> tuple[str, Callable[[], None]]:
+    """Apply the fix ``finding`` offers, if the drill can; (label, undo) or ("", no-op)."""
+    action = str(finding.get("action") or "")
+    ev = finding.get("evidence") or {}
+    if action.startswith("dualpath tune set alpha="):
+        new = action.split("=", 1)[1].split()[0]
+        entry = client.update_scheduler(alpha=new)
+        old_tokens = (entry.old or {}).get("alpha_tokens") or (entry.old or {}).get("alpha")
+
+        def undo() -> None:
+            if old_tokens is not None:
+                client.update_scheduler(alpha=int(old_tokens))
+
+        return f"alpha -> {new}", undo
+    if "diagnose hbm-frag --fix" in action and isinstance(ev.get("engine"), int):
+        client.compact_hbm(int(ev["engine"]))
+        return f"compact engine {ev['engine']}", lambda: None
+    if "diagnose long-tail --fix" in action and ev.get("hot_blocks"):
+        try:
+            client.replicate_blocks(list(ev["hot_blocks"]), None)
+        except DualPathError as err:
+            made.detail["fix_refused"] = str(err)
+            return "", lambda: None
+        return f"replicate {len(ev['hot_blocks'])} blocks", lambda: None
+    return "", lambda: None
+
+
+def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
+            reference: dict[tuple[int, int], tuple[int, ...]],
+            inject: Callable[[Sequence[str]], int]) -> RowResult:
+    """Make one fault under load, watch, fix, clear, recover; the scored row."""
+    res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s)
+    why = row.skip_reason(target)
+    if why:
+        res.skipped = why
+        return res
+    watch = _Watch(client)
+    load.start()
+    made: Made | None = None
+    undo_fix: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        _wait(lambda: load.turns >= WARM_TURNS, 120)
+        watch.look()
+        base = watch.metrics
+        watch.reset()
+        t0 = time.monotonic()
+        made = row.make(target, inject)
+        res.target = made.label
+        res.deadline_s = made.expect.deadline_s
+        best: list[dict[str, Any]] = []
+        give_up = t0 + made.expect.deadline_s + GRACE_S
+        while time.monotonic() < give_up:
+            watch.look()
+            now = time.monotonic() - t0
+            if res.status_s is None and row.status_reports(made, watch.status):
+                res.status_s = now
+            if res.metrics_s is None and row.metrics_report(made, base, watch.metrics):
+                res.metrics_s = now
+            found = matching_findings(watch.reports(), made.expect)
+            if found and res.diagnose_s is None:
+                res.diagnose_s, best = now, found
+            elif found and rank(worst_grade(found)) > rank(worst_grade(best)):
+                best = found
+            if res.detected_s is not None and worst_grade(best) == made.expect.grade:
+                break
+            time.sleep(max(0.0, INTERVAL_S - (time.monotonic() - t0 - now)))
+        if best:
+            top = dict(best[0])
+            res.grade, res.workflow = str(top["severity"]), str(top["workflow"])
+            res.subject, res.subject_right = str(top.get("subject")), True
+            res.finding = str(top.get("title") or "")
+            res.fix, undo_fix = _fix_for(client, top, made)
+            if res.fix:
+                before = res.grade
+                watch.reset()
+                res.fix_helped = _wait(lambda: _better(watch, made, before),
+                                       made.expect.deadline_s + GRACE_S)
+        else:
+            other = _any_subject(watch.reports(), made) if watch.samples else []
+            res.grade = worst_grade(other) if other else ""
+            res.subject = str(other[0].get("subject") or "none") if other else "none"
+            res.finding = str(other[0].get("title") or "") if other else ""
+    except DualPathError as err:
+        res.error = str(err)
+    except (OSError, ValueError) as err:
+        res.error = f"{type(err).__name__}: {err}"
+    finally:
+        _clear(client, made, res)
+        undo_fix()
+        tally = load.stop()
+        res.turns, res.turns_lost = len(tally.tokens), tally.lost()
+        res.tokens_identical = tally.differing(reference) == 0 and res.turns_lost == 0
+        if tally.errors:
+            res.notes.append(f"lost: {tally.errors[0]}")
+    res.cleared = res.cleared and _recovered(client, made) if made else False
+    return res
+
+
+def _better(watch: _Watch, made: Made, before: str) -> bool:
+    watch.look()
+    return rank(worst_grade(matching_findings(watch.reports(), made.expect))) < rank(before)
+
+
+def _any_subject(reports: list[dict[str, Any]], made: Made) -> list[dict[str, Any]]:
+    """The findings of the expected workflow whatever their subject (what diagnose said
+    instead, for the table)."""
+    wf = made.expect.workflow
+    return [f for r in reports for f in r.get("findings", ())
+            if (wf is None or f.get("workflow") == wf)
+            and f.get("severity") in ("WARNING", "CRITICAL")]
+
+
+def _clear(client: Any, made: Made | None, res: RowResult) -> None:
+    """Undo the fault: clear it through the API, or wait for the engine to come back."""
+    if made is None:
+        return
+    try:
+        if made.fault_id:
+            client.clear_fault(made.fault_id)
+        if made.undo is not None:
+            made.undo()
+        res.cleared = True
+    except DualPathError as err:
+        res.notes.append(f"clear failed: {err}")
+
+
+def _recovered(client: Any, made: Made) -> bool:
+    """Back to OK: status running with no fault, and diagnose over a fresh window names
+    nothing about the subject at WARNING or worse."""
+    if not _wait(lambda: _ok(client.status()), RECOVER_S):
+        return False
+    watch = _Watch(client)
+    end = time.monotonic() + CLEAR_WINDOW_S
+    while time.monotonic() < end:
+        watch.look()
+        time.sleep(INTERVAL_S)
+    return not matching_findings(watch.reports(), made.expect)
+
+
+def run_drill(client: Any, rows: Sequence[Row], *, url: str, token: str | None,
+              local: bool, store: Path | None, repeat: int = 1,
+              on_row: Callable[[RowResult], None] | None = None) -> list[RowResult]:
+    """Every row ``repeat`` times against the cluster ``client`` talks to.
+
+    Raises:
+        DualPathError: the cluster is not healthy to begin with, or the reference run failed.
+    """
+    if not _wait(lambda: _ok(client.status()), RECOVER_S):
+        raise DrillError("the cluster is not OK before the drill (status: not running, or "
+                         "faults in force): clear them first (dualpath faults clear --all)")
+
+    def inject(specs: Sequence[str]) -> int:
+        entry = client.set_faults(list(specs))
+        ids = [int(f.get("id", 0)) for f in entry.new.get("faults", [])]
+        return max(ids, default=0)
+
+    out: list[RowResult] = []
+    with AgentLoad(url, token, drill_agents()) as load:
+        reference = load.reference()
+        for _ in range(max(1, repeat)):
+            for row in rows:
+                st, view = client.status(), client.view()
+                target = Target(st, view, local, store)
+                res = run_row(client, row, target, load, reference, inject)
+                out.append(res)
+                if on_row is not None:
+                    on_row(res)
+    return out
+
+
+class DrillError(DualPathError):
+    """The drill could not start (exit 3: no verdict)."""
+
+    exit_code = 3

@@ -1,0 +1,285 @@
+"""The drill's rows: one per fault class the project can make, and what each must show.
+
+Why a catalogue: the rows are the acceptance test of the operator surface, so what each
+expects (workflow, subject, grade, deadline, the metric that must move) is written down in
+one place, from the issue's contract (deaths and leaves within 2 s at CRITICAL, degradation
+within 10 s) and never tuned to what the product says today. A row that cannot be made here
+(no joined node to stop, no way to fill the store) is kept, skipped with its reason.
+
+Each row makes its fault through the same doors an operator has: ``PATCH /api/v1/faults``
+(audited, token needed) for the injectable kinds (faultspec.py), a signal to an engine
+process for a death (only where the cluster runs on this host), a flipped byte in a stored
+block file for a corrupt block (only where the store is a local directory).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dualpath_cli.services.drill_score import Expect, MetricSample, metric_values
+from dualpath_cli.telemetry.status import Status
+from dualpath_cli.telemetry.view import ClusterView
+
+__all__ = ["Target", "Made", "Row", "ROWS", "row_names", "DEGRADE_S", "DEATH_S"]
+
+#: The issue's deadlines: a death or a leave within 2 s, a degradation within 10 s.
+DEATH_S = 2.0
+DEGRADE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the rows need to know of the cluster under test (read once, healthy)."""
+
+    status: Status
+    view: ClusterView
+    local: bool  # its processes run on this host (a state file here names it)
+    store: Path | None  # its store directory, where it is local
+
+    def node_name(self, node: int) -> str:
+        """The operator's name of ``node`` (``D1``), else ``N``."""
+        m = self.status.membership
+        return (m.name_of(node) if m is not None else None) or str(node)
+
+    def engines(self, role: str) -> list[Any]:
+        """The ready engines of ``role``, by id."""
+        return sorted((e for e in self.view.engines if e.role == role and e.state == "ready"),
+                      key=lambda e: e.engine_id)
+
+    def storage_node(self) -> int:
+        """The node a storage fault targets: the first decode node (D1 in the default
+        1P2D), else node 0."""
+        decode = self.engines("decode")
+        return decode[0].node if decode else 0
+
+
+@dataclass
+class Made:
+    """A fault as made: its label, the id to clear it by, and how to undo it."""
+
+    label: str
+    expect: Expect
+    fault_id: int = 0
+    engine: int = -1
+    node: int = -1
+    undo: Callable[[], None] | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One fault class.
+
+    Args:
+        name: what ``--only`` takes.
+        how: ``api`` (a fault SPEC), ``kill`` (a signal to an engine), ``corrupt`` (a block
+            file), ``leave`` (a joined node's launcher told to stop), ``none`` (cannot be
+            made: ``why_not``).
+        spec: the SPEC, ``{node}``/``{engine}`` filled from the target.
+        role: for engine rows, the role of the engine to fault.
+        workflow / grade / deadline_s: what diagnose must say, by when.
+        metric: the metric family that must move (``None``: none exists, which fails).
+        why_not: for ``none`` rows, why the fault cannot be made.
+    """
+
+    name: str
+    how: str
+    workflow: str | None = None
+    grade: str = "WARNING"
+    deadline_s: float = DEGRADE_S
+    spec: str = ""
+    role: str = "decode"
+    metric: str | None = None
+    why_not: str = ""
+
+    def skip_reason(self, t: Target) -> str:
+        """Why this row cannot run against ``t`` ("": it can)."""
+        if self.how == "none":
+            return self.why_not
+        if self.how == "kill" and not t.local:
+            return "the engines run on another host: a death is made with a signal here"
+        if self.how == "kill" and not t.engines(self.role):
+            return f"no ready {self.role} engine"
+        if self.how == "kill" and not all(e.pid for e in t.engines(self.role)):
+            return "in-process engines have no process to kill"
+        if self.how == "corrupt" and (t.store is None or not (t.store / "blocks").is_dir()):
+            return "the store is not a local directory with blocks"
+        if self.how == "leave":
+            joined = [n for n in (t.status.membership.nodes if t.status.membership else ())
+                      if n.role == "decode"]
+            if not t.local or len(joined) < 2 or not _joined_launcher(t):
+                return ("no joined node (launch --role ... --join) on this host to stop; the "
+                        "embedded default runs every node in one launcher")
+        return ""
+
+    def make(self, t: Target, inject: Callable[[Sequence[str]], int]) -> Made:
+        """Make the fault on ``t`` (``inject`` sends SPECs through the API, returning the
+        new fault's id)."""
+        node = t.storage_node()
+        if self.how == "api":
+            engine = _engine_on(t, self.role)
+            spec = self.spec.format(node=node, engine=engine)
+            fid = inject([spec])
+            on_node = spec.split(":", 1)[1].startswith("node=")
+            subject = (f"node {t.node_name(node)}" if on_node else f"engine {engine}")
+            subjects = ((subject, "block ") if self.name == "hot_blocks" else (subject,))
+            # a fault on an engine is also rightly named by its node (one engine a node)
+            if not on_node:
+                subjects += (f"node {t.node_name(_node_of(t, engine))}",)
+            return Made(spec, Expect(self.workflow, subjects, self.grade, self.deadline_s),
+                        fault_id=fid, engine=engine, node=node if on_node else
+                        _node_of(t, engine))
+        if self.how == "kill":
+            victim = t.engines(self.role)[-1]
+            os.kill(int(victim.pid), signal.SIGKILL)
+            name = t.node_name(victim.node)
+            return Made(f"kill -9 {self.role} engine {victim.engine_id} ({name})",
+                        Expect(self.workflow, (f"engine {victim.engine_id}", f"node {name}",
+                                               f"role {self.role}"),
+                               self.grade, self.deadline_s),
+                        engine=victim.engine_id, node=victim.node)
+        if self.how == "corrupt":
+            assert t.store is not None
+            path, key = corrupt_one_block(t.store)
+            return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (f"block {key}",
+                        f"block {key[:12]}", "block "), self.grade, self.deadline_s),
+                        detail={"block": key, "path": str(path)})
+        if self.how == "leave":
+            pid, node, name = _joined_launcher(t) or (0, -1, "")
+            os.kill(pid, signal.SIGTERM)
+            return Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
+                        "role decode"), self.grade, self.deadline_s), node=node)
+        raise ValueError(f"row {self.name}: nothing to make")
+
+    def status_reports(self, made: Made, st: Status) -> bool:
+        """Whether ``status`` shows the fault: listed among the faults in force, an engine
+        or node not serving; a corrupt block has no place in status (False)."""
+        if self.how == "api":
+            return any(f.id == made.fault_id for f in st.faults)
+        if self.how in ("kill", "leave"):
+            m = st.membership
+            node_down = m is not None and any(n.node == made.node and n.state != "serving"
+                                              for n in m.nodes)
+            return st.engines_healthy < st.engines_total or node_down
+        return False
+
+    def metrics_report(self, made: Made, base: list[MetricSample],
+                       now: list[MetricSample]) -> bool:
+        """Whether the row's metric moved as the fault makes it move."""
+        if self.metric is None:
+            return False
+        m = self.metric
+        if m == "dualpath_engine_up":
+            return any(s.name == m and s.labels.get("engine") == str(made.engine)
+                       and s.value == 0 for s in now) or not any(
+                s.name == m and s.labels.get("engine") == str(made.engine) for s in now)
+        if m == "dualpath_storage_shaped_bandwidth_bytes_per_second":
+            node = str(made.node)
+            return metric_values(now, m, node=node) < metric_values(base, m, node=node)
+        if m == "dualpath_hbm_fragmentation_ratio":
+            return metric_values(now, m, engine=str(made.engine)) >= 0.5
+        if m == "dualpath_storage_read_latency_seconds":
+            node = str(made.node)
+
+            def mean(ss: list[MetricSample]) -> tuple[float, float]:
+                return (metric_values(ss, m + "_sum", node=node, tier="store"),
+                        metric_values(ss, m + "_count", node=node, tier="store"))
+
+            (s0, c0), (s1, c1) = mean(base), mean(now)
+            return c1 > c0 and (s1 - s0) / (c1 - c0) >= 0.5 * _latency_s(made.label)
+        if m == "dualpath_kv_miss_blocks_total":
+            return (metric_values(now, m, reason="read_failed")
+                    > metric_values(base, m, reason="read_failed"))
+        return metric_values(now, m) > metric_values(base, m)  # a counter that grew
+
+
+def _latency_s(spec: str) -> float:
+    from dualpath_cli.faultspec import parse_fault
+
+    try:
+        return parse_fault(spec).latency_s
+    except ValueError:
+        return 0.0
+
+
+def _engine_on(t: Target, role: str) -> int:
+    engines = t.engines(role) or t.engines("decode") or t.engines("prefill")
+    return engines[0].engine_id if engines else 0
+
+
+def _node_of(t: Target, engine: int) -> int:
+    return next((e.node for e in t.view.engines if e.engine_id == engine), engine)
+
+
+def _joined_launcher(t: Target) -> tuple[int, int, str] | None:
+    """A decode node's own launcher process on this host (pid, node, name): the parent of
+    its engines when that is not the cluster's launcher; None when every node runs in
+    one launcher (the embedded default)."""
+    import psutil
+
+    parents: dict[int, set[int]] = {}
+    for e in t.engines("decode"):
+        try:
+            parents.setdefault(e.node, set()).add(psutil.Process(int(e.pid)).ppid())
+        except (psutil.Error, TypeError, ValueError):
+            continue
+    roots = set().union(*parents.values()) if parents else set()
+    if len(roots) < 2:
+        return None
+    node = max(parents)
+    return next(iter(parents[node])), node, t.node_name(node)
+
+
+def corrupt_one_block(store: Path) -> tuple[Path, str]:
+    """Flip one payload byte of the first stored block file (its checksum tells; the header
+    does not): the block a reader meets next is corrupt on disk."""
+    files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
+    if not files:
+        raise FileNotFoundError(f"no block files under {store / 'blocks'}")
+    path = files[0]
+    with open(path, "r+b") as f:
+        f.seek(4096 + 7)
+        byte = f.read(1)
+        f.seek(4096 + 7)
+        f.write(bytes([byte[0] ^ 0x5A]) if byte else b"\x01")
+    return path, path.name.removesuffix(".kv")
+
+
+ROWS: tuple[Row, ...] = (
+    Row("snic_throttle", "api", "snic-imbalance", "CRITICAL",
+        spec="snic_throttle:node={node},fraction=0.25",
+        metric="dualpath_storage_shaped_bandwidth_bytes_per_second"),
+    Row("read_latency", "api", "snic-imbalance", "WARNING",
+        spec="read_latency:node={node},latency=200ms",
+        metric="dualpath_storage_read_latency_seconds"),
+    Row("read_errors", "api", None, "WARNING", spec="read_errors:node={node},rate=0.5",
+        metric="dualpath_kv_miss_blocks_total"),
+    Row("store_full", "none", why_not="no fault fills the store: faultspec.py has no kind "
+        "for it and filling a file system needs a mount (tests/test_fault_matrix.py)"),
+    Row("hot_blocks", "api", "long-tail", "WARNING",
+        spec="hot_blocks:node={node},count=4,rate=50",
+        metric="dualpath_storage_read_blocks_total"),
+    Row("hbm_frag", "api", "hbm-frag", "WARNING", spec="hbm_frag:engine={engine},stride=4",
+        metric="dualpath_hbm_fragmentation_ratio"),
+    Row("slow_compute", "api", "long-tail", "WARNING",
+        spec="slow_compute:engine={engine},factor=8", metric=None),
+    Row("fabric_drop", "api", None, "WARNING", spec="fabric_drop:engine={engine}",
+        role="prefill", metric="dualpath_scheduler_requeued_turns_total"),
+    Row("kill_decode", "kill", "membership", "CRITICAL", DEATH_S, role="decode",
+        metric="dualpath_engine_up"),
+    Row("kill_prefill", "kill", "membership", "CRITICAL", DEATH_S, role="prefill",
+        metric="dualpath_engine_up"),
+    Row("node_leave", "leave", "membership", "CRITICAL", DEATH_S, metric="dualpath_engine_up"),
+    Row("corrupt_block", "corrupt", None, "WARNING",
+        metric="dualpath_storage_corrupt_blocks_total"),
+)
+
+
+def row_names() -> list[str]:
+    """What ``--only`` accepts."""
+    return [r.name for r in ROWS]
