@@ -19,7 +19,7 @@ the front-end (cli/drill_cmd.py) builds it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ def _wait(pred: Callable[[], bool], timeout: float, step: float = INTERVAL_S) ->
         time.sleep(step)
 
 
-def _fix_for(client: Any, finding: dict[str, Any], made: Made) -> tuple[str, Callable[[], None]]:
+def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, Callable[[], None]]:
     """Apply the fix ``finding`` offers, if the drill can; (label, undo) or ("", no-op)."""
     action = str(finding.get("action") or "")
     ev = finding.get("evidence") or {}
@@ -172,7 +172,7 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         made = row.make(target, inject)
         res.target = made.label
         res.deadline_s = made.expect.deadline_s
-        best: list[dict[str, Any]] = []
+        best: list[Mapping[str, Any]] = []
         give_up = t0 + made.expect.deadline_s + GRACE_S
         while time.monotonic() < give_up:
             watch.look()

@@ -127,7 +127,8 @@ class Row:
             fid = inject([spec])
             on_node = spec.split(":", 1)[1].startswith("node=")
             subject = (f"node {t.node_name(node)}" if on_node else f"engine {engine}")
-            subjects = ((subject, "block ") if self.name == "hot_blocks" else (subject,))
+            subjects: tuple[str, ...] = ((subject, "block ") if self.name == "hot_blocks"
+                                         else (subject,))
             # a fault on an engine is also rightly named by its node (one engine a node)
             if not on_node:
                 subjects += (f"node {t.node_name(_node_of(t, engine))}",)
@@ -152,8 +153,10 @@ class Row:
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
             os.kill(pid, signal.SIGTERM)
+            engine = next((e.engine_id for e in t.engines("decode") if e.node == node), -1)
             return Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
-                        "role decode"), self.grade, self.deadline_s), node=node)
+                        "role decode"), self.grade, self.deadline_s), node=node,
+                        engine=engine)
         raise ValueError(f"row {self.name}: nothing to make")
 
     def status_reports(self, made: Made, st: Status) -> bool:

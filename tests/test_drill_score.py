@@ -1,0 +1,137 @@
+"""The drill's scorecard (services/drill_score.py) and its row catalogue: pure, quick tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dualpath_cli.errors import UsageError
+from dualpath_cli.services.drill import pick_rows
+from dualpath_cli.services.drill_rows import DEATH_S, DEGRADE_S, ROWS, corrupt_one_block
+from dualpath_cli.services.drill_score import (
+    Expect,
+    RowResult,
+    exit_code,
+    matching_findings,
+    metric_values,
+    parse_metrics,
+    scorecard,
+    worst_grade,
+)
+
+
+def _passing(**kw: object) -> RowResult:
+    base: dict[str, object] = dict(fault="snic_throttle", want="CRITICAL", deadline_s=10.0,
+                                   status_s=0.5, diagnose_s=4.0, metrics_s=1.0,
+                                   grade="CRITICAL", subject="node D1", subject_right=True,
+                                   cleared=True, turns=12, tokens_identical=True)
+    base.update(kw)
+    return RowResult(**base)  # type: ignore[arg-type]
+
+
+def test_a_row_passes_only_when_every_promise_held() -> None:
+    ok = _passing()
+    assert ok.passed and ok.detected_s == 4.0 and exit_code([ok]) == 0
+    failing = [
+        _passing(diagnose_s=None),  # diagnose never named it
+        _passing(diagnose_s=10.5),  # too late
+        _passing(grade="WARNING"),  # the wrong grade
+        _passing(subject_right=False),
+        _passing(fix="alpha -> 1s", fix_helped=False),
+        _passing(cleared=False),
+        _passing(turns_lost=1),
+        _passing(tokens_identical=False),
+        _passing(turns=0),  # no load: nothing proven
+        _passing(skipped="cannot be made here"),
+        _passing(error="boom"),
+    ]
+    for r in failing:
+        assert not r.passed, r
+        assert exit_code([ok, r]) == 2
+    assert exit_code([]) == 2  # nothing ran: no pass
+    assert _passing(fix="alpha -> 1s", fix_helped=True).passed
+
+
+def test_to_dict_has_passed_and_detected_s() -> None:
+    d = _passing(status_s=0.12345).to_dict()
+    assert d["passed"] is True and d["detected_s"] == 4.0 and d["status_s"] == 0.123
+    assert _passing(metrics_s=None).to_dict()["detected_s"] is None
+
+
+def test_parse_metrics_and_sum_by_labels() -> None:
+    text = ('# HELP x\n'
+            'dualpath_engine_up{engine="1",node="1",role="decode"} 0\n'
+            'dualpath_engine_up{engine="2",node="2",role="decode"} 1\n'
+            'dualpath_kv_miss_blocks_total{reason="read_failed"} 3.0\n'
+            'dualpath_kv_miss_blocks_total{reason="absent"} 5.0\n'
+            'other_metric 9\n')
+    samples = parse_metrics(text)
+    assert len(samples) == 4
+    assert metric_values(samples, "dualpath_kv_miss_blocks_total") == 8.0
+    assert metric_values(samples, "dualpath_kv_miss_blocks_total", reason="read_failed") == 3.0
+    assert metric_values(samples, "dualpath_engine_up", engine="2") == 1.0
+    assert metric_values(samples, "nothing") == 0.0
+
+
+def test_matching_findings_want_workflow_subject_and_a_grade() -> None:
+    reports = [{"workflow": "snic-imbalance", "findings": [
+        {"workflow": "snic-imbalance", "severity": "WARNING", "subject": "node D1"},
+        {"workflow": "snic-imbalance", "severity": "CRITICAL", "subject": "node D2"},
+        {"workflow": "snic-imbalance", "severity": "OK", "subject": "node D1"}]},
+        {"workflow": "long-tail", "findings": [
+            {"workflow": "long-tail", "severity": "CRITICAL", "subject": "node D1"},
+            {"workflow": "long-tail", "severity": "WARNING", "subject": "block 7f3a00"}]}]
+    exp = Expect("snic-imbalance", ("node D1",), "CRITICAL", 10.0)
+    found = matching_findings(reports, exp)
+    assert [f["severity"] for f in found] == ["WARNING"]  # not D2's, not the OK one
+    anyw = Expect(None, ("node D1",), "CRITICAL", 10.0)
+    assert [f["workflow"] for f in matching_findings(reports, anyw)] == ["long-tail",
+                                                                       "snic-imbalance"]
+    blocks = Expect("long-tail", ("block ",), "WARNING", 10.0)
+    assert [f["subject"] for f in matching_findings(reports, blocks)] == ["block 7f3a00"]
+    assert worst_grade(found) == "WARNING" and worst_grade([]) == "OK"
+
+
+def test_scorecard_cells() -> None:
+    rows = [_passing(fix="alpha -> 1s", fix_helped=True),
+            RowResult("store_full", skipped="no fault fills the store"),
+            _passing(fault="kill_decode", grade="", subject="none", subject_right=False,
+                     diagnose_s=None, tokens_identical=False)]
+    cells = scorecard(rows)
+    assert cells[0]["grade (want)"] == "CRITICAL (CRITICAL)" and cells[0]["passed"] == "yes"
+    assert cells[1]["detected"] == "skipped" and cells[1]["passed"] == "skip"
+    assert cells[2]["detected"] == "-" and cells[2]["tokens"] == "DIFFER"
+    assert cells[2]["subject"] == "none (wrong)" and cells[2]["passed"] == "NO"
+
+
+def test_catalogue_deadlines_follow_the_issue_and_only_picks() -> None:
+    names = [r.name for r in ROWS]
+    assert len(set(names)) == len(names)
+    for r in ROWS:
+        if r.how in ("kill", "leave"):
+            assert r.deadline_s == DEATH_S == 2.0 and r.grade == "CRITICAL"
+        else:
+            assert r.deadline_s == DEGRADE_S == 10.0
+    # every injectable fault kind has its row
+    from dualpath_cli.faultspec import FAULT_KINDS
+
+    assert set(FAULT_KINDS) <= set(names)
+    assert [r.name for r in pick_rows(["kill_decode", "snic_throttle"])] == [
+        "snic_throttle", "kill_decode"]
+    assert len(pick_rows([])) == len(ROWS)
+    with pytest.raises(UsageError, match="unknown row nope"):
+        pick_rows(["nope"])
+
+
+def test_corrupt_one_block_flips_a_payload_byte(tmp_path: Path) -> None:
+    d = tmp_path / "blocks" / "ab"
+    d.mkdir(parents=True)
+    block = d / "abcdef.kv"
+    block.write_bytes(bytes(8192))
+    path, key = corrupt_one_block(tmp_path)
+    assert path == block and key == "abcdef"
+    data = block.read_bytes()
+    assert len(data) == 8192 and data[4096 + 7] == 0x5A and data.count(0) == 8191
+    with pytest.raises(FileNotFoundError):
+        corrupt_one_block(tmp_path / "empty")
