@@ -169,7 +169,8 @@ def test_the_checker_finds_the_old_break() -> None:
 #: as the commands with a ``--url``, so a new one is checked without being listed here.
 CLUSTER_COMMANDS = {"monitor", "record", "diagnose", "explain", "top", "tune set", "tune show",
                     "tune rollback", "tune auto", "tune suggest", "storage warm", "status",
-                    "stop", "bench", "faults list", "faults inject", "faults clear"}
+                    "stop", "bench", "faults list", "faults inject", "faults clear",
+                    "drill"}
 #: Exceptions: ``top`` is a full screen (no data to print as JSON); ``stop`` signals the
 #: launcher's pid on this host and needs no token.
 NO_JSON = {"top"}

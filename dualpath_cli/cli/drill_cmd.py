@@ -41,7 +41,7 @@ def drill(
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Run only this row (repeatable): snic_throttle, read_latency, "
         "read_errors, store_full, hot_blocks, hbm_frag, slow_compute, fabric_drop, "
-        "kill_decode, kill_prefill, node_leave, corrupt_block.", show_default=False,
+        "corrupt_block, kill_decode, kill_prefill, node_leave.", show_default=False,
         metavar="NAME")] = None,
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=20,
                                         help="Run every row this many times.")] = 1,

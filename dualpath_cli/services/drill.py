@@ -284,9 +284,14 @@ def run_drill(client: Any, rows: Sequence[Row], *, url: str, token: str | None,
         reference = load.reference()
         for _ in range(max(1, repeat)):
             for row in rows:
-                st, view = client.status(), client.view()
-                target = Target(st, view, local, store)
-                res = run_row(client, row, target, load, reference, inject)
+                if not _wait(lambda: _ok(client.status()), RECOVER_S):
+                    res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s,
+                                    error="the cluster was not OK before this row (an "
+                                    "earlier row left it so)")
+                else:
+                    st, view = client.status(), client.view()
+                    res = run_row(client, row, Target(st, view, local, store), load,
+                                  reference, inject)
                 out.append(res)
                 if on_row is not None:
                     on_row(res)

@@ -29,6 +29,8 @@ __all__ = ["LoadTally", "AgentLoad", "drill_agents"]
 
 #: A turn not answered within this is lost (the load never waits unbounded).
 TURN_TIMEOUT_S = 60.0
+#: An agent whose turn failed waits this long before its next cycle.
+RETRY_PAUSE_S = 1.0
 
 
 def drill_agents(agents: int = 4, turns: int = 3) -> list[Trajectory]:
@@ -147,9 +149,12 @@ class AgentLoad:
 
         def run(traj: Trajectory) -> None:
             while not self._stop.is_set() and time.monotonic() < deadline:
+                lost = self._tally.lost()
                 self.cycle(traj, self._tally)
                 with self._lock:
                     self._cycles += 1
+                if self._tally.lost() > lost:  # refused: do not hammer a broken cluster
+                    self._stop.wait(RETRY_PAUSE_S)
 
         self._threads = [threading.Thread(target=run, args=(t,), daemon=True,
                                           name=f"drill-agent-{t.agent_id}")

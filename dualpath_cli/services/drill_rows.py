@@ -273,13 +273,13 @@ ROWS: tuple[Row, ...] = (
         spec="slow_compute:engine={engine},factor=8", metric=None),
     Row("fabric_drop", "api", None, "WARNING", spec="fabric_drop:engine={engine}",
         role="prefill", metric="dualpath_scheduler_requeued_turns_total"),
+    Row("corrupt_block", "corrupt", None, "WARNING",
+        metric="dualpath_storage_corrupt_blocks_total"),
     Row("kill_decode", "kill", "membership", "CRITICAL", DEATH_S, role="decode",
         metric="dualpath_engine_up"),
     Row("kill_prefill", "kill", "membership", "CRITICAL", DEATH_S, role="prefill",
         metric="dualpath_engine_up"),
     Row("node_leave", "leave", "membership", "CRITICAL", DEATH_S, metric="dualpath_engine_up"),
-    Row("corrupt_block", "corrupt", None, "WARNING",
-        metric="dualpath_storage_corrupt_blocks_total"),
 )
 
 
