@@ -143,9 +143,9 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
     if "diagnose long-tail --fix" in action and ev.get("hot_blocks"):
         try:
             client.replicate_blocks(list(ev["hot_blocks"]), None)
-        except DualPathError as err:
+        except DualPathError as err:  # e.g. no replica roots: the offered fix cannot apply
             made.detail["fix_refused"] = str(err)
-            return "", lambda: None
+            return "replicate (refused)", lambda: None
         return f"replicate {len(ev['hot_blocks'])} blocks", lambda: None
     return "", lambda: None
 
@@ -195,7 +195,10 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             res.subject, res.subject_right = str(top.get("subject")), True
             res.finding = str(top.get("title") or "")
             res.fix, undo_fix = _fix_for(client, top, made)
-            if res.fix:
+            if made.detail.get("fix_refused"):
+                res.fix_helped = False
+                res.notes.append(f"fix refused: {made.detail['fix_refused']}")
+            elif res.fix:
                 before = res.grade
                 watch.reset()
                 res.fix_helped = _wait(lambda: _better(watch, made, before),
@@ -217,7 +220,11 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         res.tokens_identical = tally.differing(reference) == 0 and res.turns_lost == 0
         if tally.errors:
             res.notes.append(f"lost: {tally.errors[0]}")
-    res.cleared = res.cleared and _recovered(client, made) if made else False
+    if made is not None and res.cleared:
+        why = _not_recovered(client, made)
+        res.cleared = not why
+        if why:
+            res.notes.append(why)
     return res
 
 
@@ -249,17 +256,25 @@ def _clear(client: Any, made: Made | None, res: RowResult) -> None:
         res.notes.append(f"clear failed: {err}")
 
 
-def _recovered(client: Any, made: Made) -> bool:
-    """Back to OK: status running with no fault, and diagnose over a fresh window names
-    nothing about the subject at WARNING or worse."""
+def _not_recovered(client: Any, made: Made) -> str:
+    """Why the cluster is not back to OK ("": it is): status running with no fault within
+    :data:`RECOVER_S`, and diagnose over a fresh window naming nothing about the subject at
+    WARNING or worse."""
     if not _wait(lambda: _ok(client.status()), RECOVER_S):
-        return False
+        st = client.status()
+        return (f"status not OK {RECOVER_S:g} s after the fault was cleared: {st.state}, "
+                f"{st.engines_healthy}/{st.engines_total} engines healthy, "
+                f"{len(st.faults)} faults in force")
     watch = _Watch(client)
     end = time.monotonic() + CLEAR_WINDOW_S
     while time.monotonic() < end:
         watch.look()
         time.sleep(INTERVAL_S)
-    return not matching_findings(watch.reports(), made.expect)
+    still = matching_findings(watch.reports(), made.expect)
+    if still:
+        return (f"diagnose still says after the fault was cleared: {still[0].get('severity')} "
+                f"{still[0].get('title')}")
+    return ""
 
 
 def run_drill(client: Any, rows: Sequence[Row], *, url: str, token: str | None,

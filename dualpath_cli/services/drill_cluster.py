@@ -3,7 +3,8 @@
 Why the launcher and not an in-process LiveCluster: the drill rehearses what an operator
 meets, so the cluster is the one ``dualpath launch`` runs (its API, its token, its state
 file, its engine processes and whatever restarts them), on a free port and a store of its
-own in a temporary directory, and it is stopped with ``dualpath stop`` afterwards (the
+own in a temporary directory (with a replica root, so hot blocks can be copied), and it is
+stopped with ``dualpath stop`` afterwards (the
 store removed). Bounded: the launch and the stop each have a timeout.
 """
 
@@ -59,8 +60,9 @@ def launch_embedded(extra: list[str] | None = None) -> Embedded:
     work = Path(tempfile.mkdtemp(prefix="dualpath-drill-"))
     port = _free_port()
     store = work / "store"
+    # a replica root, so that the fix long-tail offers for hot blocks (copies) can be applied
     cmd = [*_CLI, "launch", "--detach", "--json", "--port", str(port), "--store", str(store),
-           *(extra or [])]
+           "--replica-root", str(work / "replica"), *(extra or [])]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
