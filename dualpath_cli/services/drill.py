@@ -184,9 +184,12 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             found = matching_findings(watch.reports(), made.expect)
             if found and res.diagnose_s is None:
                 res.diagnose_s, best = now, found
-            elif found and rank(worst_grade(found)) > rank(worst_grade(best)):
-                best = found
-            if res.detected_s is not None and worst_grade(best) == made.expect.grade:
+            elif (found and now <= made.expect.deadline_s
+                  and rank(worst_grade(found)) > rank(worst_grade(best))):
+                best = found  # the grade counts as reached within the deadline
+            want = rank(made.expect.grade)
+            if res.detected_s is not None and (rank(worst_grade(best)) >= want
+                                               or now > made.expect.deadline_s):
                 break
             time.sleep(max(0.0, INTERVAL_S - (time.monotonic() - t0 - now)))
         if best:

@@ -71,7 +71,7 @@ class RowResult:
     status_s: float | None = None  # injection -> status reported it (None: never)
     diagnose_s: float | None = None
     metrics_s: float | None = None
-    grade: str = ""  # the matching finding's grade when diagnose first named the subject
+    grade: str = ""  # the worst grade the right findings reached within the deadline
     workflow: str = ""
     subject: str = ""
     subject_right: bool = False
