@@ -2,10 +2,11 @@
 deaths and leaves, within 10 s for degradation.
 
 Runs ``dualpath drill``'s rows (services/drill.py) ``--repeat`` times (3 by default) on a
-fresh embedded cluster (launched and stopped here, as ``dualpath drill`` does with none
-running) or on the cluster ``--port``/``--url`` names, and prints one line per row: tries
-passed, the detection times (median and worst) against the row's deadline, and why the
-tries that failed failed. A skipped row counts as not passed::
+fresh embedded cluster (launched, relaunched after a row that left it broken, and stopped,
+as ``dualpath drill`` does with none running) or on the cluster ``--port``/``--url``
+names, and prints one line per row: tries passed, the detection times (median and worst)
+against the row's deadline, and why the tries that failed failed. A skipped row counts as
+not passed::
 
     nice -n 19 python bench/drill.py                     # every row, 3 times
     nice -n 19 python bench/drill.py --only snic_throttle --only kill_decode
@@ -29,9 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.cli import source
-from dualpath_cli.services import drill_cluster
+from dualpath_cli.cli.drill_cmd import DrillSessions
 from dualpath_cli.services.drill import pick_rows, run_drill
 from dualpath_cli.services.drill_score import RowResult
 
@@ -64,26 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = pick_rows(args.only)
     t0 = time.monotonic()
-    embedded = None
     target = source.running(source.ClusterRef(args.url, args.port, None)) if (
         args.url or args.port) else None
-    if target is None:
-        embedded = drill_cluster.launch_embedded()
-        target = source.resolve(source.ClusterRef(embedded.url, None, embedded.token_file))
-    token = target.require_token("bench/drill.py")
-    store = embedded.store if embedded else (
-        Path(target.state.store) if target.state and target.state.store else None)
-    try:
-        with DualPathClient(target.url, token, timeout=10.0) as client:
-            done = run_drill(client, rows, url=target.url, token=token,
-                             local=embedded is not None or target.state is not None,
-                             store=store, repeat=args.repeat,
-                             on_row=None if args.json else lambda r: print(
-                                 f"  {r.fault}: {'pass' if r.passed else 'FAIL'}",
-                                 file=sys.stderr))
-    finally:
-        if embedded is not None:
-            drill_cluster.stop_embedded(embedded)
+    with DrillSessions(target, quiet=args.json) as sessions:
+        done = run_drill(sessions.first(), rows, repeat=args.repeat,
+                         relaunch=sessions.relaunch if target is None else None,
+                         on_row=None if args.json else lambda r: print(
+                             f"  {r.fault}: {'pass' if r.passed else 'FAIL'}",
+                             file=sys.stderr))
     by = summarise(done, args.repeat)
     doc = {"rows": [r.to_dict() for r in done], "by_fault": by,
            "goal_met": bool(by) and all(v["goal_met"] for v in by.values()),

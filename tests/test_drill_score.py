@@ -91,6 +91,13 @@ def test_matching_findings_want_workflow_subject_and_a_grade() -> None:
     blocks = Expect("long-tail", ("block ",), "WARNING", 10.0)
     assert [f["subject"] for f in matching_findings(reports, blocks)] == ["block 7f3a00"]
     assert worst_grade(found) == "WARNING" and worst_grade([]) == "OK"
+    # a corrupt block must be found corrupt: a finding that it is hot is not about that
+    corrupt = Expect(None, ("block 7f3a00",), "WARNING", 10.0, words=("corrupt",))
+    assert matching_findings(reports, corrupt) == []
+    reports[1]["findings"].append({"workflow": "cache-hit", "severity": "WARNING",
+                                   "subject": "block 7f3a00",
+                                   "title": "block 7f3a00 corrupt (checksum), quarantined"})
+    assert [f["workflow"] for f in matching_findings(reports, corrupt)] == ["cache-hit"]
 
 
 def test_scorecard_cells() -> None:

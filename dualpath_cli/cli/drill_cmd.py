@@ -10,6 +10,7 @@ no token, bad arguments, the cluster not OK to begin with).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
@@ -21,9 +22,11 @@ from dualpath_cli.errors import DualPathError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dualpath_cli.cli import source
+    from dualpath_cli.services.drill import Session
     from dualpath_cli.services.drill_score import RowResult
 
-__all__ = ["drill", "register", "render_rows"]
+__all__ = ["drill", "register", "render_rows", "DrillSessions"]
 
 
 class _DrillCommand(CheckCommand):
@@ -62,47 +65,84 @@ def drill(
 
 def _drill(only: list[str], repeat: int, url: str | None, port: int | None,
            token_file: Any, as_json: bool) -> int:
-    from pathlib import Path
-
-    from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.cli import source
     from dualpath_cli.cli.output import stderr, stdout
-    from dualpath_cli.services import drill_cluster
     from dualpath_cli.services.drill import pick_rows, run_drill
     from dualpath_cli.services.drill_score import exit_code
 
     rows = pick_rows(only)
     ref = source.ClusterRef(url, port, token_file)
     target = source.running(ref)
-    embedded = None
-    if target is None:
-        if not as_json:
-            stderr.print("no cluster running: launching a fresh embedded one for the drill",
-                         highlight=False)
-        embedded = drill_cluster.launch_embedded()
-        target = source.resolve(source.ClusterRef(embedded.url, None, embedded.token_file))
-    token = target.require_token("drill")
-    state = target.state
-    store = (embedded.store if embedded is not None else
-             Path(state.store) if state is not None and state.store else None)
-    try:
-        with DualPathClient(target.url, token, timeout=10.0) as client:
-            done = run_drill(client, rows, url=target.url, token=token,
-                             local=state is not None or embedded is not None, store=store,
-                             repeat=repeat,
-                             on_row=None if as_json else lambda r: _progress(stderr, r))
-    finally:
-        if embedded is not None:
-            drill_cluster.stop_embedded(embedded)
+    with DrillSessions(target, quiet=as_json) as sessions:
+        done = run_drill(sessions.first(), rows, repeat=repeat,
+                         relaunch=sessions.relaunch if target is None else None,
+                         on_row=None if as_json else lambda r: _progress(stderr, r))
     code = exit_code(done)
     if as_json:
         from dualpath_cli.cli.output import emit_json
 
         emit_json({"passed": sum(r.passed for r in done), "rows": [r.to_dict() for r in done],
-                   "exit_code": code, "cluster": "embedded" if embedded else target.url})
+                   "exit_code": code,
+                   "cluster": "embedded" if target is None else target.url})
     else:
         render_rows(stdout, done)
     return code
+
+
+class DrillSessions:
+    """The cluster under drill: the running one (``target``), or with none a fresh embedded
+    one, relaunched when a row left it broken, and stopped at the end."""
+
+    def __init__(self, target: source.Target | None, quiet: bool) -> None:
+        self.target = target
+        self.quiet = quiet
+        self.embedded: Any = None
+        self.client: Any = None
+
+    def __enter__(self) -> DrillSessions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        from dualpath_cli.services import drill_cluster
+
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.embedded is not None:
+            drill_cluster.stop_embedded(self.embedded)
+            self.embedded = None
+
+    def first(self) -> Session:
+        if self.target is not None:
+            return self._session(self.target, None)
+        return self.relaunch()
+
+    def relaunch(self) -> Session:
+        from dualpath_cli.cli import source
+        from dualpath_cli.cli.output import stderr
+        from dualpath_cli.services import drill_cluster
+
+        self._close()
+        if not self.quiet:
+            stderr.print("drill: launching a fresh embedded cluster", highlight=False)
+        self.embedded = drill_cluster.launch_embedded()
+        target = source.resolve(source.ClusterRef(self.embedded.url, None,
+                                                  self.embedded.token_file))
+        return self._session(target, self.embedded.store)
+
+    def _session(self, target: source.Target, store: Path | None) -> Session:
+        from dualpath_cli.api.client import DualPathClient
+        from dualpath_cli.services.drill import Session
+
+        token = target.require_token("drill")
+        state = target.state
+        if store is None and state is not None and state.store:
+            store = Path(state.store)
+        self.client = DualPathClient(target.url, token, timeout=10.0)
+        return Session(self.client, target.url, token, state is not None, store)
 
 
 def _progress(console: Console, r: RowResult) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from dualpath_cli.services.drill_score import (
 )
 from dualpath_cli.telemetry.recording import Sample, extras_from_metrics_text
 
-__all__ = ["run_drill", "pick_rows", "INTERVAL_S"]
+__all__ = ["Session", "run_drill", "run_row", "pick_rows", "DrillError", "INTERVAL_S"]
 
 #: Time between looks at the cluster while a fault is watched.
 INTERVAL_S = 0.5
@@ -111,6 +112,11 @@ def _ok(st: Any) -> bool:
     """``status``'s "running": ready, every engine healthy, no fault in force."""
     ready = st.ready if st.ready is not None else st.state == "ready"
     return bool(ready) and 0 < st.engines_total == st.engines_healthy and not st.faults
+
+
+def _ok_within(client: Any, timeout: float) -> bool:
+    """Whether the cluster is (or becomes) OK within ``timeout``."""
+    return _wait(lambda: _ok(client.status()), timeout)
 
 
 def _wait(pred: Callable[[], bool], timeout: float, step: float = INTERVAL_S) -> bool:
@@ -280,40 +286,72 @@ def _not_recovered(client: Any, made: Made) -> str:
     return ""
 
 
-def run_drill(client: Any, rows: Sequence[Row], *, url: str, token: str | None,
-              local: bool, store: Path | None, repeat: int = 1,
-              on_row: Callable[[RowResult], None] | None = None) -> list[RowResult]:
-    """Every row ``repeat`` times against the cluster ``client`` talks to.
+@dataclass
+class Session:
+    """The cluster under drill: a client of its API, the API's URL and token, whether its
+    processes run on this host, and its store directory (where it is local)."""
+
+    client: Any
+    url: str
+    token: str | None
+    local: bool
+    store: Path | None
+
+
+def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
+              on_row: Callable[[RowResult], None] | None = None,
+              relaunch: Callable[[], Session] | None = None) -> list[RowResult]:
+    """Every row ``repeat`` times against ``session``'s cluster.
+
+    A row starts only on an OK cluster: when an earlier row left it broken (an engine that
+    was not brought back), ``relaunch`` (the drill's own embedded cluster) gives a fresh one
+    and the row says so; without it the row fails with that reason.
 
     Raises:
         DualPathError: the cluster is not healthy to begin with, or the reference run failed.
     """
-    if not _wait(lambda: _ok(client.status()), RECOVER_S):
+    s = session
+    if not _ok_within(s.client, RECOVER_S):
         raise DrillError("the cluster is not OK before the drill (status: not running, or "
                          "faults in force): clear them first (dualpath faults clear --all)")
+    out: list[RowResult] = []
+    load = AgentLoad(s.url, s.token, drill_agents())
+    try:
+        reference = load.reference()
+        for _ in range(max(1, repeat)):
+            for row in rows:
+                note = ""
+                if not _ok_within(s.client, RECOVER_S) and relaunch:
+                    load.close()
+                    s = relaunch()
+                    load = AgentLoad(s.url, s.token, drill_agents())
+                    note = "ran on a relaunched cluster: an earlier row left it not OK"
+                if not _ok(s.client.status()):
+                    res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s,
+                                    error="the cluster was not OK before this row (an "
+                                    "earlier row left it so)")
+                else:
+                    res = run_row(s.client, row, Target(s.client.status(), s.client.view(),
+                                                        s.local, s.store), load, reference,
+                                  _injector(s.client))
+                if note:
+                    res.notes.append(note)
+                out.append(res)
+                if on_row is not None:
+                    on_row(res)
+    finally:
+        load.close()
+    return out
 
+
+def _injector(client: Any) -> Callable[[Sequence[str]], int]:
+    """Inject SPECs through the API (audited); the id of the newest fault in force."""
     def inject(specs: Sequence[str]) -> int:
         entry = client.set_faults(list(specs))
         ids = [int(f.get("id", 0)) for f in entry.new.get("faults", [])]
         return max(ids, default=0)
 
-    out: list[RowResult] = []
-    with AgentLoad(url, token, drill_agents()) as load:
-        reference = load.reference()
-        for _ in range(max(1, repeat)):
-            for row in rows:
-                if not _wait(lambda: _ok(client.status()), RECOVER_S):
-                    res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s,
-                                    error="the cluster was not OK before this row (an "
-                                    "earlier row left it so)")
-                else:
-                    st, view = client.status(), client.view()
-                    res = run_row(client, row, Target(st, view, local, store), load,
-                                  reference, inject)
-                out.append(res)
-                if on_row is not None:
-                    on_row(res)
-    return out
+    return inject
 
 
 class DrillError(DualPathError):

@@ -148,7 +148,8 @@ class Row:
             assert t.store is not None
             path, key = corrupt_one_block(t.store)
             return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (f"block {key}",
-                        f"block {key[:12]}"), self.grade, self.deadline_s),
+                        f"block {key[:12]}"), self.grade, self.deadline_s,
+                        words=("corrupt", "checksum", "quarantin")),
                         detail={"block": key, "path": str(path)})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")

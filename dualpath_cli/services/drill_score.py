@@ -43,12 +43,15 @@ class Expect:
         grade: the grade that finding must have (CRITICAL for what stops service, WARNING
             for what degrades it).
         deadline_s: from the injection to the last of status, diagnose and metrics.
+        words: where given, a right finding's title or cause says one of them (a corrupt
+            block must be found corrupt, not merely hot).
     """
 
     workflow: str | None
     subjects: tuple[str, ...]
     grade: str
     deadline_s: float
+    words: tuple[str, ...] = ()
 
     def subject_matches(self, subject: str | None) -> bool:
         """Whether a finding about ``subject`` is about the faulted part."""
@@ -152,13 +155,16 @@ def metric_values(samples: Iterable[MetricSample], name: str, **labels: str) -> 
 def matching_findings(reports: Sequence[Mapping[str, Any]], expect: Expect
                       ) -> list[Mapping[str, Any]]:
     """The findings (``Report.to_dict()``'s) about the faulted subject, in the expected
-    workflow, at WARNING or worse, worst first."""
+    workflow (saying one of the expected words, if any), at WARNING or worse, worst first."""
     out = []
     for rep in reports:
         for f in rep.get("findings", ()):
             if expect.workflow is not None and f.get("workflow") != expect.workflow:
                 continue
             if f.get("severity") not in ("WARNING", "CRITICAL"):
+                continue
+            said = f"{f.get('title') or ''} {f.get('cause') or ''}".lower()
+            if expect.words and not any(w in said for w in expect.words):
                 continue
             if expect.subject_matches(f.get("subject")):
                 out.append(f)
