@@ -66,9 +66,12 @@ def launch_embedded(extra: list[str] | None = None) -> Embedded:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        shutil.rmtree(work, ignore_errors=True)
+        stop_embedded(Embedded(f"http://127.0.0.1:{port}", port, Path(), store, work))
         raise LaunchFailed(f"the drill's cluster was not ready within {LAUNCH_TIMEOUT_S} s"
                            ) from None
+    except BaseException:  # Ctrl-C while it starts: the detached launcher must not outlive us
+        stop_embedded(Embedded(f"http://127.0.0.1:{port}", port, Path(), store, work))
+        raise
     if done.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
         why = (done.stderr.strip().splitlines() or ["no message"])[-1]
