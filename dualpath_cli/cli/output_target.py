@@ -32,7 +32,8 @@ def output_path(value: str | os.PathLike[str], *, option: str = "-o/--output",
     """The file to write, or ``None`` for standard output.
 
     Raises:
-        UsageError: an empty value, a directory, or ``-`` together with ``--json`` (both would be stdout).
+        UsageError: an empty value, a directory, or ``-`` together with ``--json`` (both
+            would be stdout).
     """
     text = os.fspath(value)
     if not text.strip():
