@@ -79,7 +79,7 @@ def parse_pd(text: object) -> PDSpec:
     if prefill < 1 or decode < 1:
         raise UsageError(f"invalid P/D spec {text!r}: needs at least one prefill and one "
                          "decode node")
-    check("nodes", prefill + decode, f"P/D spec {text.strip()}")
+    check("nodes", prefill + decode, f"P/D spec {prefill}P{decode}D")
     return PDSpec(prefill, decode)
 
 
