@@ -105,6 +105,8 @@ class Limit:
 _LIMITS = (
     Limit("engines", _engines_default, "engine processes",
           f"one process per engine, about {ENGINE_MEMORY // 2**20} MiB each"),
+    Limit("nodes", 10_000, "nodes",
+          "every node is built in memory; the paper's largest deployment, 48P96D, has 144"),
     Limit("agents", 100_000, "agents", "one thread and one trajectory per agent"),
     Limit("turns", 100_000, "turns per agent", "every turn is served in order"),
     Limit("total_turns", 1_000_000, "turns in all", "every turn runs the model"),

@@ -237,15 +237,15 @@ def test_concurrent_requests_are_all_served(served: Served) -> None:
 
 
 @pytest.mark.parametrize(("kw", "status", "words"), [
-    ({"temperature": 0.7}, 422, "temperature 0.7 is not supported"),
+    ({"temperature": 0.7}, 400, "temperature 0.7 is not supported"),
     ({"max_tokens": 100_000}, 400, "above this server's limit"),
-    ({"prompt": ""}, 422, "prompt is empty"),
-    ({"prompt": []}, 422, "prompt is empty"),
+    ({"prompt": ""}, 400, "prompt is empty"),
+    ({"prompt": []}, 400, "prompt is empty"),
     ({"model": "gpt-4o"}, 404, "'gpt-4o' is not served"),
-    ({"n": 2}, 422, "one choice per request"),
-    ({"prompt": ["a", "b"]}, 422, "one prompt per request"),
+    ({"n": 2}, 400, "one choice per request"),
+    ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
     ({"prompt": [1, 2, 999]}, 400, "token id 999 is outside the vocabulary"),
-    ({"stop": ["\n"]}, 422, "stop sequences are not supported"),
+    ({"stop": ["\n"]}, 400, "stop sequences are not supported"),
 ])
 def test_bad_requests_get_a_4xx_with_the_reason(served: Served, kw: dict[str, Any],
                                                 status: int, words: str) -> None:
@@ -261,21 +261,21 @@ def test_bad_requests_get_a_4xx_with_the_reason(served: Served, kw: dict[str, An
 
 def test_bad_chat_and_malformed_bodies(served: Served) -> None:
     client = _client(served, max_retries=0)
-    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model=MODEL, temperature=1.0,
                                        messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=[])
     r = httpx.post(f"{served.url}/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
-    assert r.status_code == 422 and "error" in r.json()
+    assert r.status_code == 400 and "error" in r.json()
     r = httpx.post(f"{served.url}/v1/completions",  # JSON allows a lone surrogate
                    content=b'{"model": "tiny", "prompt": "a\\udc80"}',
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": "x",
                                                           "frobnicate": 1})
-    assert r.status_code == 422 and "frobnicate" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "frobnicate" in r.json()["error"]["message"]
 
 
 def test_models_lists_the_one_served_model(served: Served) -> None:

@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dualpath_cli import __version__
 from dualpath_cli.api.auth import AuthError, TokenAuth
 from dualpath_cli.api.bodylimit import BodyLimit
+from dualpath_cli.api.contain_errors import ContainErrors
 from dualpath_cli.api.control import SystemUnits, parse_scheduler_change
 from dualpath_cli.api.encode import (
     decision_dict,
@@ -46,6 +47,7 @@ from dualpath_cli.api.encode import (
     node_dict,
     view_dict,
 )
+from dualpath_cli.api.params import int_path, int_query
 from dualpath_cli.api.ratelimit import RateLimit, rate_in_force
 from dualpath_cli.api.request_id_header import RequestIdHeader
 from dualpath_cli.core.thresholds import read_seconds
@@ -335,7 +337,7 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
 
     @r.get("/api/v1/decisions", response_model=DecisionsOut, responses=_ERRORS,
            tags=["read"])
-    def decisions(since: Annotated[int, Query(ge=-1, description=(
+    def decisions(since: Annotated[int, int_query(ge=-1, description=(
             "Return decisions with seq greater than this (-1: all kept)."))] = -1
                   ) -> Response:
         """The bounded decision log after ``since``, each decision with its inputs."""
@@ -347,9 +349,9 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
             state: Annotated[str, Query(pattern="^(inflight|finished)$", description=(
                 "inflight: the turns not finished yet; finished: the stories of finished "
                 "requests (as GET /api/v1/requests/{id} serves them)."))] = "inflight",
-            limit: Annotated[int, Query(ge=1, le=1000, description=(
+            limit: Annotated[int, int_query(ge=1, le=1000, description=(
                 "At most this many (inflight: the oldest; finished: see after)."))] = 100,
-            after: Annotated[int | None, Query(ge=0, description=(
+            after: Annotated[int | None, int_query(ge=0, description=(
                 "finished only: those that finished after this request did, in finish "
                 "order (a reader's cursor); absent: the newest."))] = None) -> Response:
         """Requests in flight (phase, PE, DE, read side, KV bytes read, TTFT so far), or
@@ -404,8 +406,8 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
 
     @r.delete("/api/v1/faults/{fault_id}", response_model=ChangeResult, responses=_ERRORS,
               tags=["control"])
-    def delete_fault(fault_id: Annotated[int, Path(ge=1, description="The fault's id (the "
-                                                   "``id`` status lists).")],
+    def delete_fault(fault_id: Annotated[int, int_path(ge=1, description="The fault's id "
+                                                       "(the ``id`` status lists).")],
                      token: Annotated[str, Depends(require_token)]) -> Response:
         """Undo one injected fault, named by its id (audited; 404: none in force has it)."""
         from dualpath_cli.faultspec import FaultError
@@ -419,7 +421,7 @@ def _routes(live: LiveCluster, gpu: GpuBackend) -> APIRouter:
 
     @r.post("/api/v1/engines/{engine_id}/compact", response_model=ChangeResult,
             responses=_ERRORS, tags=["control"])
-    def compact_engine(engine_id: Annotated[int, Path(ge=0)],
+    def compact_engine(engine_id: Annotated[int, int_path(ge=0)],
                        token: Annotated[str, Depends(require_token)]) -> Response:
         """Defragment one engine's HBM pool now (audited; old/new: its HBM facts)."""
         entry = live.compact_hbm(engine_id, token)
@@ -476,6 +478,7 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
     app = FastAPI(title="dualpath", version=__version__, dependencies=deps,
                   description="A live DualPath cluster: read model, control, Prometheus, "
                               "OpenAI-compatible serving.")
+    app.add_middleware(ContainErrors)  # innermost: a bug is a 500, the connection stays
     app.add_middleware(BodyLimit)  # 413 for a body over the limit, before any handler
     app.add_middleware(RequestIdHeader)  # x-request-id on every answer (a turn's: its rid)
     rate = rate_limit if rate_limit is not None else rate_in_force(live.opts.api_rate_limit)
@@ -518,11 +521,5 @@ def create_app(live: LiveCluster, auth: TokenAuth, *, allow_remote: bool = False
         else:
             code = 500
         return JSONResponse({"detail": _one_line(str(err))}, code)
-
-    @app.exception_handler(Exception)
-    async def _bug(_request: Request, err: Exception) -> JSONResponse:
-        log.exception("unhandled error in a request")
-        return JSONResponse({"detail": _one_line(f"internal error: {type(err).__name__}: "
-                                                 f"{err}")}, 500)
 
     return app

@@ -1,14 +1,17 @@
 """The OpenAI-compatible routes' request and response schemas, and the chat template.
 
-Requests are validated here (what greedy decoding of the reference model cannot honour is a
-422 that says so); response models document the OpenAPI schema (bodies are built as dicts).
+Requests are validated here, strictly as OpenAI does (``max_tokens: "5"`` or ``true``,
+``stream: "yes"`` and a user message without content are refused, not coerced); what greedy
+decoding of the reference model cannot honour is refused with a reason. Both are a 400 in
+OpenAI's error shape (api/openai_errors.py). Response models document the OpenAPI schema
+(bodies are built as dicts).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 __all__ = ["CHAT_GENERATION_PROMPT", "StreamOptions", "CommonRequest", "Prompt",
            "CompletionRequest", "TextPart", "ChatMessage", "ChatCompletionRequest",
@@ -16,6 +19,9 @@ __all__ = ["CHAT_GENERATION_PROMPT", "StreamOptions", "CommonRequest", "Prompt",
            "AssistantMessage", "ChatChoice", "ChatCompletion", "ModelCard", "ModelList", "SSE"]
 
 CHAT_GENERATION_PROMPT = "<|assistant|>\n"
+
+#: Every request model: unknown fields refused by name, no type coerced (``"5"`` is not 5).
+_STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -29,14 +35,14 @@ def _only(value: Any, allowed: tuple[Any, ...], why: str) -> Any:
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a final usage chunk."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class CommonRequest(BaseModel):
     """Fields shared by both endpoints (unknown fields are refused, by name)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str = Field(examples=["tiny"])
     max_tokens: int | None = Field(None, ge=1, description="Tokens to generate (default 16).")
@@ -146,7 +152,7 @@ class CompletionRequest(CommonRequest):
 class TextPart(BaseModel):
     """A text content part of a chat message."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     type: Literal["text"]
     text: str
 
@@ -154,10 +160,21 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message (text content only)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_needed(cls, v: str | list[TextPart] | None, info: ValidationInfo
+                        ) -> str | list[TextPart] | None:
+        # as OpenAI: only an assistant's content may be null (its tool calls carry it)
+        role = info.data.get("role")
+        if v is None and role is not None and role != "assistant":
+            raise ValueError(f"a {role} message needs content (a string or an array of "
+                             "text parts), not null")
+        return v
 
     def text(self) -> str:
         """The message's text (parts joined)."""

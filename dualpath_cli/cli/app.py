@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from dualpath_cli import __version__
+from dualpath_cli.cli.lost_output import guard_stdout
 
 if TYPE_CHECKING:
     import typer
@@ -183,6 +184,7 @@ def _terminated(err: BaseException | None) -> int | None:
     return None
 
 
+@guard_stdout
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, print errors as one line, return the code."""
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # before any import

@@ -120,16 +120,16 @@ def init(
     as_json: JsonOption = False,
 ) -> None:
     """Write a commented YAML config for a preset; it loads back to the same values."""
+    from dualpath_cli.cli.output_target import output_path, writes_stdout
     from dualpath_cli.config import default_user_file, load_preset
     from dualpath_cli.config.render import atomic_write_text, render_yaml
 
     text = render_yaml(load_preset(preset))
-    if output == "-":
+    if writes_stdout(output):
         sys.stdout.write(text)
         return
-    if output is not None and not output.strip():
-        raise UsageError("-o/--output: empty path; name a file, or '-' for stdout")
-    path = Path(output) if output is not None else default_user_file(os.environ)
+    path = (output_path(output) if output is not None else None) or default_user_file(
+        os.environ)
     if path.exists() and not force:
         raise UsageError(f"{path}: already exists; use --force to overwrite")
     try:

@@ -15,7 +15,6 @@ inside the command so ``dualpath --help`` stays fast.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dualpath_cli.cli.lost_output import guard_stdout
 from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
 from dualpath_cli.cli.sampling import parse_interval
 from dualpath_cli.errors import UsageError, pick
@@ -621,6 +621,7 @@ def register(app: typer.Typer) -> None:
     diagnose_cmd.register(app)
 
 
+@guard_stdout
 def main(argv: list[str] | None = None) -> int:
     """The ``dualpath-monitor`` console script: one-line errors, exit codes as ``dualpath``."""
     import typer.core
@@ -642,11 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     except click_mod.exceptions.ClickException as err:
         fail(f"dualpath-monitor: {err.format_message()} (see 'dualpath-monitor --help')")
         return int(err.exit_code or EXIT_USAGE)
-    except (KeyboardInterrupt, click_mod.exceptions.Abort):
+    except (KeyboardInterrupt, getattr(click_mod.exceptions, "Abort", typer.Abort)):
         return 130
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     return code if isinstance(code, int) else 0
 
 

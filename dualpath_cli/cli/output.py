@@ -6,6 +6,7 @@ streams) on stdout. NO_COLOR is honoured by rich itself.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import sys
@@ -13,10 +14,21 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["stdout", "stderr", "emit_json", "to_jsonable", "fail"]
+__all__ = ["OutputConsole", "stdout", "stderr", "emit_json", "to_jsonable", "fail"]
 
-stdout = Console()
-stderr = Console(stderr=True)
+
+class OutputConsole(Console):
+    """A rich console whose closed pipe raises :class:`BrokenPipeError` (rich's own answer
+    is a silent exit 1), so the entry point reports it as every lost write
+    (:mod:`dualpath_cli.cli.lost_output`)."""
+
+    def on_broken_pipe(self) -> None:
+        """Raise, so the console script's guard prints its one line."""
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+stdout = OutputConsole()
+stderr = OutputConsole(stderr=True)
 
 
 def to_jsonable(value: Any) -> Any:

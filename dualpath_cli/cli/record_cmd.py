@@ -14,6 +14,7 @@ reads up to its last flush, a few seconds before it died.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dualpath_cli.cli.options import PortOption, TokenFileOption, UrlOption, json_option
+from dualpath_cli.cli.output_target import output_path, writes_stdout
 from dualpath_cli.errors import DualPathError, UsageError
 
 if TYPE_CHECKING:
@@ -52,7 +54,8 @@ def record(
                                         "10m.")] = "30s",
     output: Annotated[Path, typer.Option("--output", "-o", help="The recording: .jsonl, "
                                          ".jsonl.gz, or .jsonl.zst (needs zstandard); "
-                                         "written as it goes, flushed every 2 s.")] = Path(
+                                         "written as it goes, flushed every 2 s; '-': "
+                                         "plain JSONL on stdout.")] = Path(
         "recording.jsonl.gz"),
     interval: Annotated[str, typer.Option("--interval", "-i", help="Time between samples "
                                           "(at least 250ms).")] = "1s",
@@ -75,9 +78,10 @@ def record(
     interval_s = parse_interval(interval)
     if window_s < interval_s:
         raise UsageError(f"--window {window} is shorter than --interval {interval}")
-    if not output.parent.is_dir():
-        raise UsageError(f"{output.parent}: no such directory for the recording")
-    if output.name.lower().endswith(".zst"):
+    path = output_path(output, as_json=as_json)
+    if path is not None and not path.parent.is_dir():
+        raise UsageError(f"{path.parent}: no such directory for the recording")
+    if path is not None and path.name.lower().endswith(".zst"):
         zstd_module()  # refused before the window is spent, not after
     decisions: list[Decision] = []
     stories: dict[int, dict[str, Any]] = {}
@@ -93,7 +97,7 @@ def record(
                   "created": time.time()}
         counts: dict[str, int] = {}
         try:
-            write_recording(output, header,
+            write_recording(sys.stdout.buffer if path is None else path, header,
                             collect(client, window_s, interval_s, decisions_out=decisions,
                                     stories_out=stories, inflight=True),
                             decisions, stories.values(),
@@ -109,15 +113,17 @@ def record(
     if as_json:
         emit_json(summary)
     else:
-        stdout.print(f"recorded {counts['samples']} samples, {counts['decisions']} decisions, "
-                     f"{max(0, counts['trace'] - 1)} agents' turns, {counts['outcomes']} "
-                     f"finished requests' stories in "
-                     f"{summary['seconds']} s -> {output} ({summary['bytes']} bytes)",
-                     highlight=False, soft_wrap=True)
+        where = "stdout" if path is None else f"{output} ({summary['bytes']} bytes)"
+        say = stderr if path is None else stdout  # the recording owns stdout with -o -
+        say.print(f"recorded {counts['samples']} samples, {counts['decisions']} decisions, "
+                  f"{max(0, counts['trace'] - 1)} agents' turns, {counts['outcomes']} "
+                  f"finished requests' stories in {summary['seconds']} s -> {where}",
+                  highlight=False, soft_wrap=True)
 
 
 def _summary(output: Path, counts: dict[str, int], t0: float,
              interrupted: bool = False) -> dict[str, Any]:
     """``record --json``'s object: the file, what it holds, how long it took."""
     return {"output": str(output), **counts, "seconds": round(time.monotonic() - t0, 2),
-            "bytes": output.stat().st_size, "interrupted": interrupted}
+            "bytes": None if writes_stdout(output) else output.stat().st_size,
+            "interrupted": interrupted}

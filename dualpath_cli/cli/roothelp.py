@@ -71,12 +71,13 @@ class RootGroup(typer.core.TyperGroup):
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from rich import box
-        from rich.console import Console
         from rich.panel import Panel
         from rich.table import Table
         from rich.text import Text
 
-        console = Console(highlight=False)
+        from dualpath_cli.cli.output import OutputConsole
+
+        console = OutputConsole(highlight=False)
         console.print()
         pieces = " ".join(self.collect_usage_pieces(ctx))
         console.print(Text.assemble(" ", ("Usage: ", "yellow"),

@@ -56,8 +56,8 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
 
     th = st.thresholds
     members = st.membership
-    if st.ready is not None:  # the server's one readiness (/readyz)
-        ok = st.ready and 0 < st.engines_total == st.engines_healthy
+    if st.ready is not None:  # the server's one readiness, as /readyz answers it
+        ok = st.ready
     else:  # an older server
         ok = st.state == "ready" and 0 < st.engines_total == st.engines_healthy
     alpha_s = th.alpha_s

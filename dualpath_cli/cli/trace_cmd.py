@@ -15,10 +15,13 @@ from rich.table import Table
 
 from dualpath_cli.cli.options import JsonOption
 from dualpath_cli.cli.output import emit_json, stderr, stdout
+from dualpath_cli.cli.output_target import output_path, write_stdout_lines
 from dualpath_cli.errors import UsageError
 from dualpath_cli.units import format_tokens, parse_tokens
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dualpath_cli.workload.stats import TraceStats
     from dualpath_cli.workload.table2 import Table2Row
     from dualpath_cli.workload.trace_io import TraceFormat
@@ -38,7 +41,8 @@ _COLUMNS = ("turns", "append", "gen", "total", "context")
 
 @app.command("gen")
 def gen(
-    output: Annotated[str, typer.Option("-o", "--output", help="Trace file to write (JSONL).")],
+    output: Annotated[str, typer.Option("-o", "--output", help="Trace file to write (JSONL; "
+                                        "'-' for stdout).")],
     max_len: Annotated[str, typer.Option(
         "--max-len", help="Cap on every trajectory's total tokens; 32K, 48K and 64K are the "
         "paper's Table 2 rows (K = 1000).")] = "64K",
@@ -57,16 +61,17 @@ def gen(
     from dualpath_cli.workload.build import synthetic_trace
     from dualpath_cli.workload.stats import trace_stats
     from dualpath_cli.workload.table2 import targets_for
+    from dualpath_cli.workload.trace_format import encode_lines
     from dualpath_cli.workload.trace_io import write_trace
 
-    if not output:
-        raise UsageError("-o/--output: empty path; name the trace file to write")
-    try:  # before the trace is drawn: a bad target costs nothing
-        written = write_target(output)
-    except OSError as err:
-        raise UsageError(f"{output}: cannot write: {err.strerror}") from None
-    if written.exists() and not force:
-        raise UsageError(f"{output}: already exists; use --force to overwrite")
+    path = output_path(output, as_json=as_json)
+    if path is not None:
+        try:  # before the trace is drawn: a bad target costs nothing
+            written = write_target(path)
+        except OSError as err:
+            raise UsageError(f"{output}: cannot write: {err.strerror}") from None
+        if written.exists() and not force:
+            raise UsageError(f"{output}: already exists; use --force to overwrite")
     check_count("trace_agents", agents, "--agents")
     check_count("trace_agents", base_agents, "--base-agents")
     length = parse_tokens(max_len)
@@ -75,16 +80,20 @@ def gen(
         raise UsageError(f"--max-len {max_len!r}: must be at least 1 token")
     trace = synthetic_trace(length, agents, seed, base_agents=base_agents)
     stats = trace_stats(trace.trajectories)
-    write_trace(output, trace)
+    if path is None:
+        write_stdout_lines(encode_lines(trace))
+    else:
+        write_trace(path, trace)
     target = targets_for(length)
     if as_json:
         emit_json({"path": str(output), "format": "dualpath", "max_len": length,
                    "seed": seed, "augmented": trace.header.generator["augmented"],
                    "stats": stats.to_dict(), "targets": target.to_dict()})
         return
-    stderr.print(f"wrote {output}", highlight=False)
+    stderr.print(f"wrote {'the trace to stdout' if path is None else output}", highlight=False)
     _render_dualpath(stats, length, target, title=f"{output}: {agents} agents, max_len "
-                     f"{format_tokens(length)}, seed {seed}")
+                     f"{format_tokens(length)}, seed {seed}",
+                     console=stderr if path is None else stdout)
 
 
 @app.command("stats")
@@ -139,7 +148,8 @@ def stats(
 @app.command("convert")
 def convert(
     path: Annotated[Path, typer.Argument(help="A Mooncake request log (JSONL).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="dualpath trace to write.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="dualpath trace to write "
+                                        "('-' for stdout).")],
     as_json: JsonOption = False,
 ) -> None:
     """Link a Mooncake request log into agent trajectories (a dualpath trace).
@@ -149,23 +159,29 @@ def convert(
     counts are printed. `sim` and `bench --trace` also take the log directly.
     """
     from dualpath_cli.workload.mooncake_link import LINK_RULE, link_requests
+    from dualpath_cli.workload.trace_format import encode_lines
     from dualpath_cli.workload.trace_io import detect_format, read_mooncake, write_trace
 
+    target = output_path(output, as_json=as_json)
     if detect_format(path) != "mooncake":
         raise UsageError(f"{path}: not a Mooncake request log (a dualpath trace needs no "
                          "conversion)")
     trace, counts = link_requests(read_mooncake(path), path.name)
-    write_trace(output, trace)
+    if target is None:
+        write_stdout_lines(encode_lines(trace))
+    else:
+        write_trace(target, trace)
     if as_json:
         emit_json({"path": str(path), "output": str(output), "rule": LINK_RULE,
                    **counts.to_dict()})
         return
-    stdout.print(f"{counts.requests:,} requests -> {counts.trajectories:,} trajectories "
+    say = stderr if target is None else stdout  # the data owns stdout with -o -
+    say.print(f"{counts.requests:,} requests -> {counts.trajectories:,} trajectories "
                  f"({counts.linked:,} requests linked as later turns, "
                  f"{counts.single_turn:,} single-turn, longest {counts.max_turns} turns, "
                  f"max_len {counts.max_len:,}) -> {output}", highlight=False, soft_wrap=True)
     if counts.shared_prefix_trajectories:
-        stdout.print(f"{counts.shared_prefix_trajectories:,} trajectories open with a prefix "
+        say.print(f"{counts.shared_prefix_trajectories:,} trajectories open with a prefix "
                      f"another one shares ({counts.shared_prefix_tokens:,} tokens in all)",
                      highlight=False, soft_wrap=True)
     stderr.print(f"rule: {LINK_RULE}", highlight=False, soft_wrap=True)
@@ -193,7 +209,7 @@ def _table(title: str, *, with_target: bool) -> Table:
 
 
 def _render_dualpath(result: TraceStats, max_len: int, target: Table2Row | None, *,
-                     title: str) -> None:
+                     title: str, console: Console = stdout) -> None:
     from dualpath_cli.workload.table2 import TABLE2
 
     exact = target is not None and any(r.max_len == max_len for r in TABLE2)
@@ -215,7 +231,7 @@ def _render_dualpath(result: TraceStats, max_len: int, target: Table2Row | None,
     table.add_row("replay hit ratio", f"{result.hit_ratio:.2%}", *extra)
     table.add_row("hits across conversations", f"{result.cross_conversation_hit_share:.2%}",
                   *extra)
-    stdout.print(table)
+    console.print(table)
 
 
 def _number(value: float) -> str:

@@ -15,6 +15,7 @@ from typing import Literal
 
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.errors import UsageError
+from dualpath_cli.limits import check
 
 __all__ = [
     "PDSpec",
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 _PD = re.compile(r"^\s*(\d+)\s*P\s*(\d+)\s*D\s*$", re.IGNORECASE)
+
+#: Longest P/D text read: ``int()`` of thousands of digits raises, and none is a real shape.
+_PD_CHARS = 64
 
 ThresholdForm = Literal["bytes", "tokens", "seconds", "flops"]
 
@@ -58,17 +62,24 @@ class PDSpec:
 def parse_pd(text: object) -> PDSpec:
     """Parse "1P2D" / "48P96D" into a :class:`PDSpec`.
 
+    The node count is checked against the ``nodes`` limit here, where every command
+    (sim, tune, plan, bench, config) reads a shape, so nothing is sized from it first.
+
     Raises:
         UsageError: for anything that is not ``<n>P<m>D`` with n, m >= 1 (e.g. "2X4D").
+        LimitError: more nodes than the ``nodes`` limit (:mod:`dualpath_cli.limits`).
     """
-    match = _PD.match(str(text)) if isinstance(text, str) else None
+    match = _PD.match(text) if isinstance(text, str) and len(text) <= _PD_CHARS else None
     if not match:
-        raise UsageError(f"invalid P/D spec {text!r}: expected <prefill nodes>P<decode nodes>D, "
+        shown = repr(text) if not isinstance(text, str) or len(text) <= _PD_CHARS else (
+            f"of {len(text):,} characters")
+        raise UsageError(f"invalid P/D spec {shown}: expected <prefill nodes>P<decode nodes>D, "
                          "e.g. 1P2D or 2P4D")
     prefill, decode = int(match.group(1)), int(match.group(2))
     if prefill < 1 or decode < 1:
         raise UsageError(f"invalid P/D spec {text!r}: needs at least one prefill and one "
                          "decode node")
+    check("nodes", prefill + decode, f"P/D spec {prefill}P{decode}D")
     return PDSpec(prefill, decode)
 
 

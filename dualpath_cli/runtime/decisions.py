@@ -121,7 +121,8 @@ class DecisionLog:
         with self._lock:
             if not self._ring:
                 return []
-            skip = max(0, seq + 1 - self._ring[0][0])
+            # at most the ring's length: islice refuses a start past sys.maxsize
+            skip = min(len(self._ring), max(0, seq + 1 - self._ring[0][0]))
             return [self._decision(*e) for e in itertools.islice(self._ring, skip, None)]
 
     def of_request(self, rid: int) -> list[Decision]:

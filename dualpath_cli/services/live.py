@@ -250,8 +250,10 @@ class LiveCluster:
         return self.readiness()[0]
 
     def phase(self) -> str:
-        """``starting``, ``ready``, ``draining`` or ``stopped``: the ``state`` every
-        surface gives (``/healthz``, ``/api/v1/status``, the view)."""
+        """``starting``, ``ready``, ``draining`` or ``stopped``: the lifecycle ``state``
+        every surface gives (``/healthz``, ``/readyz``, ``/api/v1/status``, the view,
+        ``dualpath status``). ``ready`` here means started; whether turns can be served
+        now is :meth:`readiness` (docs/troubleshooting.md, "Liveness and readiness")."""
         if self.state != "ready":
             return self.state
         return "ready" if self.system.scheduler.all_hello() else "starting"
@@ -411,11 +413,11 @@ class LiveCluster:
             self._in_flight.discard(ticket)
 
     def view(self) -> ClusterView:
-        """A snapshot of the whole system (``state`` is ``draining`` while this drains)."""
+        """A snapshot of the whole system; its ``state`` is :meth:`phase` (``stopped`` once
+        the system stopped), so the view, ``/api/v1/status`` and ``/healthz`` agree."""
         view = self.system.view()
-        if self.state == "draining" and view.state != "stopped":
-            view = replace(view, state="draining")
-        return view
+        state = "stopped" if view.state == "stopped" else self.phase()
+        return view if view.state == state else replace(view, state=state)
 
     def decisions(self, since: int = -1) -> list[Decision]:
         """Logged decisions with ``seq > since``, oldest first (bounded by the ring)."""

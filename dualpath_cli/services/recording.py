@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import orjson
 
@@ -80,14 +80,15 @@ class ViewSource(Protocol):
 
 
 # --- files -----------------------------------------------------------------------------------
-def write_recording(path: Path, header: dict[str, Any], samples: Iterable[Sample],
+def write_recording(path: Path | IO[bytes], header: dict[str, Any], samples: Iterable[Sample],
                     decisions: Sequence[Decision],
                     stories: Iterable[dict[str, Any]] = (),
                     audit: RecordedAudit | Callable[[float, float], RecordedAudit | None]
                     | None = None, *, counts: dict[str, int] | None = None,
                     flush_every_s: float = FLUSH_EVERY_S,
                     clock: Callable[[], float] = time.monotonic) -> dict[str, int]:
-    """Write a recording to ``path`` as it comes (the final name from the first line on).
+    """Write a recording to ``path`` as it comes (the final name from the first line on),
+    or as plain lines to an open binary stream (``record -o -``: standard output).
 
     ``samples`` may be a generator (the live sampler): each sample is written as it comes,
     so a long window never sits in memory, followed by the decisions and ``stories``

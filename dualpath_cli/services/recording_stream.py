@@ -51,10 +51,13 @@ class LineWriter:
     everything up to the last flush.
     """
 
-    def __init__(self, path: Path) -> None:
-        self._codec = _codec(path)
+    def __init__(self, path: Path | IO[bytes]) -> None:
+        """``path``: the file to create, or an open binary stream (standard output) that
+        gets plain lines and is flushed, never closed."""
+        self._owned = isinstance(path, Path)
+        self._codec = _codec(path) if isinstance(path, Path) else "plain"
         self._zstd: Any = zstd_module() if self._codec == "zst" else None
-        self._raw: IO[bytes] = path.open("wb")
+        self._raw: IO[bytes] = path.open("wb") if isinstance(path, Path) else path
         self._open: Any = None  # the current gzip member or zstd frame writer
         self._pending = False  # lines written since the last flush
 
@@ -87,11 +90,12 @@ class LineWriter:
         self._pending = False
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Flush and close the file (a stream given open is only flushed)."""
         try:
             self.flush()
         finally:
-            self._raw.close()
+            if self._owned:
+                self._raw.close()
 
     def __enter__(self) -> LineWriter:
         return self

@@ -40,6 +40,7 @@ import numpy as np
 from dualpath_cli.core.costs import build_cost_model
 from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.errors import UsageError
+from dualpath_cli.limits import check
 from dualpath_cli.sim.control import ControlStage
 from dualpath_cli.sim.decode import DecodeStage
 from dualpath_cli.sim.events import EventLoop
@@ -48,7 +49,7 @@ from dualpath_cli.sim.kv_reads import ReadStage
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg, snic_series
 from dualpath_cli.sim.online import StopRule, check_online
 from dualpath_cli.sim.prefill import PrefillStage
-from dualpath_cli.sim.setup import MAX_NODES, SimSetup, check_fits_decode_hbm, derive_thresholds
+from dualpath_cli.sim.setup import SimSetup, check_fits_decode_hbm, derive_thresholds
 from dualpath_cli.sim.state import Req
 from dualpath_cli.sim.topology import build_topology
 from dualpath_cli.sim.trace import AgentPlan
@@ -75,9 +76,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         if setup.prefill_nodes < 1 or setup.decode_nodes < 1:
             raise UsageError(f"invalid deployment {setup.pd}: need at least one prefill and "
                              "one decode node")
-        if setup.prefill_nodes + setup.decode_nodes > MAX_NODES:
-            raise UsageError(f"deployment {setup.pd} has more than the {MAX_NODES:,} nodes one "
-                             "run simulates (the paper's largest, 48P96D, has 144)")
+        check("nodes", setup.prefill_nodes + setup.decode_nodes, f"deployment {setup.pd}")
         if not plans:
             raise UsageError("the workload has no agents")
         self.setup = setup

@@ -14,7 +14,7 @@ from dualpath_cli.core.thresholds import tokens_processable, tokens_readable
 from dualpath_cli.errors import ConfigError, UsageError
 from dualpath_cli.sim.trace import AgentPlan
 
-__all__ = ["MAX_NODES", "SimSetup", "check_fits_decode_hbm", "derive_thresholds"]
+__all__ = ["SimSetup", "check_fits_decode_hbm", "derive_thresholds"]
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,6 @@ def derive_thresholds(cost: CostModel, plans: Sequence[AgentPlan]) -> tuple[int,
     c, a = ctx_sum // n, max(1, app_sum // n)
     rate = cost.hardware.prompt_tokens_per_s(cost.model, c, a)
     return alpha, tokens_processable(rate, cal.beta_window_s)
-
-
-MAX_NODES = 10_000
-"""Most machines one run builds (70x the paper's 144); beyond it, building alone takes long."""
 
 
 def check_fits_decode_hbm(plans: Sequence[AgentPlan], de_hbm_tokens: int,
