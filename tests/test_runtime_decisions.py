@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -91,3 +93,75 @@ def test_deferred_inputs_are_written_at_once_to_the_file(tmp_path: Path) -> None
     log.close()
     row = json.loads((tmp_path / "d.jsonl").read_text())
     assert row["inputs"] == {"beta": 2} and row["rid"] == 3
+
+
+def _rich_inputs(rid: int) -> dict[str, Any]:
+    """Inputs shaped like a PE fetch's: nested dicts (int keys among them), lists, floats,
+    None, a shared sources mapping."""
+    return {"pe_queue_head": [rid, rid + 1], "pe_engines": [
+        {"id": e, "role": "prefill", "node": 0, "group": 0, "seq": rid, "tok": 7 * e,
+         "read_q": 0, "hbm_free": 262144} for e in range(4)],
+        "de_route": {"queue_head": [rid], "group_loads": {1: 0, 2: rid}, "group": 1},
+        "z": 130.20000000000002, "ratio": 1 / 3, "lookup": {"evicted_age_s": None,
+                                                            "misses": {}, "lead": "fd48"}}
+
+
+def test_ring_keeps_the_last_n_within_its_byte_budget() -> None:
+    from dualpath_cli.runtime.packed_ring import BATCH
+
+    log = DecisionLog(1000, MetricsRegistry(), budget=1 << 30)
+    for rid in range(5 * 1000 + 7):
+        fields = _fields(rid)
+        fields["inputs"] = functools.partial(_rich_inputs, rid)
+        log.record(**fields)
+    kept = log.since(-1)
+    assert [d.seq for d in kept] == list(range(4008, 5008))  # the last 1,000, every one
+    assert len(log) == 1000 and log.last_seq == 5007
+    assert log.nbytes <= 1000 * 200  # packed: well under the ~3 KB a decision as objects
+    assert log.counts().total == 5007
+    # a byte budget smaller than 1,000 decisions need: fewer kept, the newest, within it
+    small = DecisionLog(1000, MetricsRegistry(), budget=4 * log.nbytes // 10)
+    for rid in range(3000):
+        fields = _fields(rid)
+        fields["inputs"] = functools.partial(_rich_inputs, rid)
+        small.record(**fields)
+    assert 0 < small.nbytes <= 4 * log.nbytes // 10 and BATCH <= len(small) < 1000
+    seqs = [d.seq for d in small.since(-1)]
+    assert seqs == list(range(3001 - len(seqs), 3001))
+    assert [d.rid for d in small.of_request(2999)] == [2999]
+    assert small.of_request(0) == []  # dropped with its batch
+
+
+def test_a_packed_decision_reads_back_as_the_same_json(tmp_path: Path) -> None:
+    from dualpath_cli.runtime.packed_ring import BATCH
+
+    log = DecisionLog(10_000, MetricsRegistry(), tmp_path / "d.jsonl")
+    for rid in range(3 * BATCH + 5):
+        fields = _fields(rid, side="split" if rid % 3 else "de")
+        fields.update(gen=rid % 5 or None, z=None if rid % 7 else 0.1 + 0.2,
+                      inputs=functools.partial(_rich_inputs, rid))
+        log.record(**fields)
+    log.record_control(at=2.5, name="alpha", inputs={"signal": 0.91, "old": 5, "new": None})
+    log.close()
+    written = (tmp_path / "d.jsonl").read_text().splitlines()  # built when recorded
+    read = [json.dumps(dataclasses.asdict(d)) for d in log.since(-1)]
+    assert read == written
+    assert json.dumps(dataclasses.asdict(log.of_request(7)[0])) == written[7]
+    assert [d.seq for d in log.since(BATCH + 3)] == list(range(BATCH + 4, 3 * BATCH + 7))
+
+
+def test_ledger_outcomes_page_and_are_found_once_packed() -> None:
+    from dualpath_cli.core.layout import BlockShape, Namespace
+    from dualpath_cli.runtime.ledger import RequestLedger
+
+    ns = Namespace("tiny", "layer_major", BlockShape(2, 4, 8))
+    ledger = RequestLedger(MetricsRegistry(), ns, outcomes=300)
+    for rid in range(1000):
+        ledger.finished(rid, 0, [1, 2], [3] * 8, {"submitted": rid / 3, "attempts": 1})
+    assert ledger.outcome(699) is None  # forgotten: older than the last 300
+    assert ledger.outcome(700) == {"submitted": 700 / 3, "attempts": 1, "dispatched": None,
+                                   "pe": None, "tokens_out": 2}
+    assert [rid for rid, _ in ledger.finished_after(None, 3)] == [997, 998, 999]
+    assert [rid for rid, _ in ledger.finished_after(800, 2)] == [801, 802]
+    assert [rid for rid, _ in ledger.finished_after(5, 2)] == [700, 701]  # forgotten: oldest
+    assert ledger.finished_after(999, 5) == []

@@ -229,6 +229,7 @@ class SchedulerConfig:
     dynamic_quota: bool
     random_seed: int
     decision_ring: int
+    decision_ring_bytes: int
     prefix_cache_tokens: int
 
 

@@ -423,8 +423,13 @@ KEYS: tuple[Key, ...] = (
         "Seed of the 'random' policy's read side (and the simulator's online arrivals)."),
     Key("scheduler", "decision_ring", Kind("integer", "count", _integer(1)), 10_000,
         "Decisions the running scheduler keeps in memory for the read model, the API and "
-        "recordings (a ring: the oldest go first). Each costs about 5 KB of the launcher's "
-        "memory with its inputs."),
+        "recordings (a ring: the oldest go first), and as many finished requests' "
+        "timelines. Kept packed: about 50 bytes a decision and 200 a timeline at the "
+        "default configuration."),
+    Key("scheduler", "decision_ring_bytes", BYTES, 8 << 20,
+        "Bytes the packed decisions may hold (and, apart, the timelines): with larger "
+        "inputs (big engine groups) fewer than decision_ring are kept, not more memory. "
+        "The default holds 10,000 decisions of up to about 800 bytes packed."),
     Key("scheduler", "prefix_cache_tokens", Kind("integer", "count", _integer(0)), 32 << 20,
         "Prompt tokens the scheduler keeps (4 bytes each) so an agent's next turn hashes "
         "only its new blocks. Beyond it the least recently used agents are dropped and "

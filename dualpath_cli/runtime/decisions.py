@@ -11,27 +11,36 @@ Why the ring keeps fields, not :class:`Decision` records: the scheduler records 
 dispatched turn (2,400 a second at the paper's 48P96D) and a reader looks at few of them,
 so a record is built when it is read. Its ``inputs`` may likewise be a function that
 builds the mapping from values captured at the decision (it is called once, when the
-decision is first read or written to the file).
+decision is first read, written to the file, or packed).
+
+Why packed: kept as objects a decision cost about 3 KB (its fields' dict, its inputs'
+snapshots), 30 MB of a launcher for the default 10,000. The ring
+(:class:`~dualpath_cli.runtime.packed_ring.PackedRing`) packs each batch of 128 into one
+compressed pickle, about 50 bytes a decision at the default configuration, and holds at
+most ``budget`` bytes of them (``scheduler.decision_ring_bytes``): with inputs as large as a
+1,152-engine group's it keeps fewer than ``size`` decisions rather than grow.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import itertools
 import json
 import threading
 from pathlib import Path
 from typing import IO, Any
 
+from dualpath_cli.runtime.packed_ring import PackedRing
 from dualpath_cli.telemetry.registry import Counter, MetricsRegistry
 from dualpath_cli.telemetry.view import Decision, DecisionCounts
 
-__all__ = ["PE_CLASSES", "DE_CLASSES", "SIDES", "DecisionLog"]
+__all__ = ["PE_CLASSES", "DE_CLASSES", "SIDES", "DecisionLog", "RING_BYTES"]
 
 PE_CLASSES: tuple[str, ...] = ("C1", "C2", "C3")
 DE_CLASSES: tuple[str, ...] = ("normal", "high_token")
 SIDES: tuple[str, ...] = ("pe", "de", "split")
+RING_BYTES = 8 << 20
+"""The ring's default byte budget (``scheduler.decision_ring_bytes``): 10,000 decisions
+at up to about 800 bytes each, packed."""
 
 
 class DecisionLog:
@@ -41,15 +50,18 @@ class DecisionLog:
         size: how many decisions the ring keeps (>= 1).
         registry: where ``dualpath_scheduler_decisions_total`` is counted.
         path: a JSONL file every decision is appended to (``None``: memory only).
+        budget: bytes the packed decisions may hold (module doc).
     """
 
-    def __init__(self, size: int, registry: MetricsRegistry, path: Path | None = None) -> None:
+    def __init__(self, size: int, registry: MetricsRegistry, path: Path | None = None,
+                 budget: int = RING_BYTES) -> None:
         if size < 1:
             raise ValueError(f"decision ring size must be >= 1, got {size}")
+        if budget < 1:
+            raise ValueError(f"decision ring byte budget must be >= 1, got {budget}")
         self.size = size
-        # (seq, the Decision's other fields): built into a Decision when read
-        self._ring: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(
-            maxlen=size)
+        # by seq, keyed by rid: the Decision's other fields, built into a Decision when read
+        self._ring = PackedRing(size, budget, settle=_settled)
         self._lock = threading.Lock()
         self._seq = 0
         self._total = 0
@@ -69,7 +81,7 @@ class DecisionLog:
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self._ring.append((seq, fields))
+            self._ring.append(seq, fields["rid"], fields)
             self._total += 1
             for counts, key in ((self._pe, pe_class), (self._de, de_class),
                                 (self._side, side)):
@@ -90,10 +102,7 @@ class DecisionLog:
     def _decision(seq: int, fields: dict[str, Any]) -> Decision:
         """The record of a kept entry; a deferred ``inputs`` is built once, here (under
         the lock: the entry's dict is shared with the ring)."""
-        inputs = fields.get("inputs")
-        if callable(inputs):
-            fields["inputs"] = inputs()
-        return Decision(seq=seq, **fields)
+        return Decision(seq=seq, **_settled(fields))
 
     def _write(self, d: Decision) -> None:
         assert self._file is not None
@@ -110,7 +119,7 @@ class DecisionLog:
                 "cached": 0, "pe": -1, "de": -1, "de_group": -1, "side": name, "pe_tokens": 0,
                 "de_tokens": 0, "pe_read_q": 0, "de_read_q": 0, "inputs": inputs,
                 "kind": "control"}
-            self._ring.append((self._seq, fields))
+            self._ring.append(self._seq, -1, fields)
             d = self._decision(self._seq, fields)
             if self._file is not None:
                 self._write(d)
@@ -119,18 +128,13 @@ class DecisionLog:
     def since(self, seq: int) -> list[Decision]:
         """Kept decisions with ``seq`` greater than ``seq``, oldest first."""
         with self._lock:
-            if not self._ring:
-                return []
-            # at most the ring's length: islice refuses a start past sys.maxsize
-            skip = min(len(self._ring), max(0, seq + 1 - self._ring[0][0]))
-            return [self._decision(*e) for e in itertools.islice(self._ring, skip, None)]
+            return [self._decision(s, fields) for s, _, fields in self._ring.after(seq)]
 
     def of_request(self, rid: int) -> list[Decision]:
         """Kept decisions of request ``rid`` (one per attempt), oldest first (a scan of the
-        ring: about a millisecond at its default 10,000)."""
+        ring's request ids; only the batches holding ``rid`` are unpacked)."""
         with self._lock:
-            found = [self._decision(*e) for e in reversed(self._ring) if e[1]["rid"] == rid]
-        return found[::-1]
+            return [self._decision(s, fields) for s, _, fields in self._ring.of_key(rid)]
 
     @property
     def last_seq(self) -> int | None:
@@ -154,9 +158,23 @@ class DecisionLog:
         with self._lock:
             return len(self._ring)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed decisions (what the budget bounds)."""
+        with self._lock:
+            return self._ring.nbytes
+
     def close(self) -> None:
         """Close the JSONL file (the ring stays readable)."""
         with self._lock:
             f, self._file = self._file, None
         if f is not None:
             f.close()
+
+
+def _settled(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a deferred ``inputs`` built (once: the dict is the ring's)."""
+    inputs = fields.get("inputs")
+    if callable(inputs):
+        fields["inputs"] = inputs()
+    return fields

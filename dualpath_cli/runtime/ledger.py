@@ -25,12 +25,15 @@ lookup's summary goes into the request's decision (``inputs["lookup"]``).
 
 **Outcomes.** When a turn ends, its timeline (submitted, dispatched, the PE's and DE's facts
 from ``first``/``done``) is kept in a bounded ring by request id, for ``dualpath explain``
-and ``GET /api/v1/requests/{id}`` (diagnose/explain.py tells the story from it).
+and ``GET /api/v1/requests/{id}`` (diagnose/explain.py tells the story from it). The ring
+packs them (:class:`~dualpath_cli.runtime.packed_ring.PackedRing`): a timeline's dicts
+cost about 1.5 KB as objects, a few hundred bytes packed.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -40,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from dualpath_cli.core.layout import KEY_BYTES, BlockKey, Namespace, chain_digests
+from dualpath_cli.runtime.packed_ring import PackedRing
 from dualpath_cli.storage.tickets import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
@@ -131,11 +135,13 @@ class RequestLedger:
         agents: agents whose last stored chain is remembered (LRU).
         quarantine_record: quarantined keys remembered.
         outcomes: finished requests whose timeline is kept (the decision ring's size).
+        outcomes_bytes: bytes those timelines may hold, packed (the decision ring's
+            budget).
     """
 
     def __init__(self, registry: MetricsRegistry, namespace: Namespace, *,
                  agents: int = 4096, quarantine_record: int = 65_536,
-                 outcomes: int = 10_000) -> None:
+                 outcomes: int = 10_000, outcomes_bytes: int = 8 << 20) -> None:
         self.ns = namespace
         self.bt = namespace.shape.block_tokens
         self._agents_max = agents
@@ -148,8 +154,9 @@ class RequestLedger:
         self._lookups: dict[int, Lookup] = {}
         self._dispatched: dict[int, float] = {}
         self._first: dict[int, dict[str, Any]] = {}
-        self._outcomes: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
-        self._outcomes_max = max(1, outcomes)
+        # by finishing order (seq), keyed by request id
+        self._outcomes = PackedRing(max(1, outcomes), max(1, outcomes_bytes))
+        self._finished_n = 0
         self._lock = threading.Lock()
         self.m_req = {t: registry.counter("dualpath_kv_requested_tokens_total", tier=t)
                       for t in ("store", "hbm")}
@@ -227,8 +234,8 @@ class RequestLedger:
     def outcome(self, rid: int) -> dict[str, Any] | None:
         """The finished request's timeline (``None``: unknown, running or forgotten)."""
         with self._lock:
-            out = self._outcomes.get(rid)
-        return dict(out) if out is not None else None
+            found = self._outcomes.newest(rid)
+            return dict(found[2]) if found is not None else None
 
     def progress(self, rids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """What is known so far of requests in flight (a read accessor for the in-flight
@@ -249,13 +256,13 @@ class RequestLedger:
         request ``after`` did (from the oldest kept when it is forgotten), so a reader pages
         forward. A read accessor (a recorder's cursor)."""
         with self._lock:
-            newer: list[int] = []
-            for rid in reversed(self._outcomes):
-                if rid == after or (after is None and len(newer) >= limit):
-                    break
-                newer.append(rid)
-            newer.reverse()
-            return [(rid, dict(self._outcomes[rid])) for rid in newer[:limit]]
+            if after is None:
+                since: int | None = self._finished_n - max(0, limit)
+            else:
+                found = self._outcomes.newest(after)
+                since = found[0] if found is not None else None
+            return [(rid, dict(out)) for _, rid, out in
+                    itertools.islice(self._outcomes.after(since), max(0, limit))]
 
     def last_lookup(self, rid: int) -> Lookup | None:
         """The request's last lookup (``None`` if none). What :meth:`Lookup.as_dict`
@@ -292,9 +299,8 @@ class RequestLedger:
             self._failed.pop(rid, None)
             out = {**timeline, "dispatched": self._dispatched.pop(rid, None),
                    "pe": self._first.pop(rid, None), "tokens_out": len(output)}
-            self._outcomes[rid] = out
-            if len(self._outcomes) > self._outcomes_max:
-                self._outcomes.popitem(last=False)
+            self._finished_n += 1
+            self._outcomes.append(self._finished_n, rid, out)
         if look is None:
             return b""
         # only the tokens after the prompt's keyed blocks are hashed, so only they are

@@ -68,6 +68,9 @@ class RuntimeOptions:
         decision_log: JSONL file for scheduler decisions.
         decision_ring: decisions the scheduler keeps in memory for the read model (a ring;
             older ones are dropped, counts by class are kept apart).
+        decision_ring_bytes: bytes the ring's packed decisions may hold (fewer than
+            ``decision_ring`` are kept when they need more); the same again for the
+            finished requests' timelines.
         prefix_cache_tokens: prompt tokens the scheduler keeps to reuse agents' prefix keys
             (least recently used agents dropped beyond it).
         no_engine_wait_s: how long a live cluster's turn waits for a role with no serving
@@ -130,6 +133,7 @@ class RuntimeOptions:
     heartbeat_timeout: float = 5.0
     decision_log: Path | None = None
     decision_ring: int = 10_000
+    decision_ring_bytes: int = 8 << 20
     prefix_cache_tokens: int = 32 << 20
     batch_window_s: float = DEFAULT_BATCH_WINDOW_S
     no_engine_wait_s: float = 30.0
@@ -166,7 +170,8 @@ class RuntimeOptions:
         if self.curve not in ("auto", "on", "off"):
             raise ConfigError(f"cluster.curve {self.curve!r}: expected auto, on or off")
         for name in ("prefill_nodes", "decode_nodes", "gpus_per_node", "block_tokens",
-                     "hbm_blocks", "decision_ring", "emulated_hosts", "nodes_per_group"):
+                     "hbm_blocks", "decision_ring", "decision_ring_bytes", "emulated_hosts",
+                     "nodes_per_group"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runtime option {name} must be >= 1, got "
                                   f"{getattr(self, name)}")
@@ -257,6 +262,7 @@ def options_from_config(loaded: LoadedConfig, **overrides: Any) -> RuntimeOption
                         for name, key in CONFIG_KEYS.items()},
         "random_seed": cfg.scheduler.random_seed,
         "decision_ring": cfg.scheduler.decision_ring,
+        "decision_ring_bytes": cfg.scheduler.decision_ring_bytes,
         "prefix_cache_tokens": cfg.scheduler.prefix_cache_tokens,
         "batch_window_s": cfg.scheduler.batch_window,
         "no_engine_wait_s": cfg.scheduler.no_engine_wait,

@@ -62,7 +62,7 @@ from dualpath_cli.core.layout import Namespace, PrefixKeyCache, PresentPrefixCac
 from dualpath_cli.core.policies import SchedParams, get_policy
 from dualpath_cli.core.types import Role
 from dualpath_cli.errors import UsageError
-from dualpath_cli.runtime.decisions import DecisionLog
+from dualpath_cli.runtime.decisions import RING_BYTES, DecisionLog
 from dualpath_cli.runtime.engine_table import EngineState, EngineTable
 from dualpath_cli.runtime.ledger import RequestLedger
 from dualpath_cli.runtime.options import DEFAULT_BATCH_WINDOW_S
@@ -107,6 +107,8 @@ class SchedulerService(MessageLoop, SchedulerReads):
         heartbeat_timeout: seconds without a heartbeat before an engine is declared dead.
         decision_log: JSONL path for decisions (None: keep them in memory only).
         decision_ring: how many decisions the in-memory ring keeps (default 10,000).
+        decision_ring_bytes: bytes the ring's packed decisions may hold (and, apart, the
+            ledger's finished requests' timelines).
         prefix_cache_tokens: prompt tokens kept to reuse agents' prefix keys (the
             :class:`~dualpath_cli.core.layout.PrefixKeyCache` bound).
         quota_s: the PE compute quota the engines start with (seconds).
@@ -125,6 +127,7 @@ class SchedulerService(MessageLoop, SchedulerReads):
     def __init__(self, fabric: Fabric, store: KVStore, namespace: Namespace, policy: str,
                  params: SchedParams, hbm_tokens: int, *, heartbeat_timeout: float = 5.0,
                  decision_log: Path | None = None, decision_ring: int = 10_000,
+                 decision_ring_bytes: int = RING_BYTES,
                  prefix_cache_tokens: int = 32 << 20,
                  quota_s: float = 0.3, sources: Mapping[str, str] | None = None,
                  layerwise_prefill: bool = True, controllers: Mapping[str, bool] | None = None,
@@ -161,8 +164,10 @@ class SchedulerService(MessageLoop, SchedulerReads):
         self.flights: dict[int, Flight] = {}
         self.registry = MetricsRegistry()
         """Scheduler-side metrics (TTFT/TPOT, decisions, requeues, engines by state)."""
-        self.log = DecisionLog(decision_ring, self.registry, decision_log)
-        self.ledger = RequestLedger(self.registry, namespace, outcomes=decision_ring)
+        self.log = DecisionLog(decision_ring, self.registry, decision_log,
+                               budget=decision_ring_bytes)
+        self.ledger = RequestLedger(self.registry, namespace, outcomes=decision_ring,
+                                    outcomes_bytes=decision_ring_bytes)
         """Why each request's blocks missed, and finished requests' timelines (explain)."""
         self.dead_events: list[tuple[int, float]] = []
         self.requeued = 0
