@@ -15,11 +15,12 @@ what was left behind.
     nice -n 19 python bench/soak.py --turns 300 --json # the CI version (tests/test_soak.py)
 
 The scheduler keeps its last ``scheduler.decision_ring`` decisions (and as many finished
-requests' timelines in its ledger): a bounded ring that grows the launcher's RSS until it is
-full (about 5 KB a turn). ``--decision-ring N`` launches with that ring size (``--set
+requests' timelines in its ledger), packed: a bounded ring that grows the launcher's RSS
+until it is full, by about 0.2 KB a turn at the default configuration (``scheduler.
+decision_ring_bytes`` bounds it). ``--decision-ring N`` launches with that ring size (``--set
 scheduler.decision_ring=N``), and the default warm-up then lasts at least N turns, so the
-ring is full before growth is measured; with the default ring (10,000) a run shows the ring
-filling, not a leak. ``--set KEY=VALUE`` passes any other config key to ``launch``.
+ring is full before growth is measured. ``--set KEY=VALUE`` passes any other config key to
+``launch``.
 
 JSON keys: ``soak_rss_growth`` (fraction, goal < 0.05), ``fd_growth`` (descriptors, goal 0),
 ``leftover_temp_files`` (goal 0: ``*.tmp`` in the store and files left in the launcher's

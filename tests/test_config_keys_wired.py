@@ -201,6 +201,14 @@ def test_decision_ring_bounds_the_decisions_a_running_scheduler_keeps() -> None:
     assert len({d.seq for d in system.decisions()}) == 3
 
 
+def test_decision_ring_bytes_is_the_running_rings_byte_budget() -> None:
+    assert _opts().decision_ring_bytes == 8 << 20
+    opts = _opts("scheduler.decision_ring_bytes=64KiB")
+    assert opts.decision_ring_bytes == 64 << 10
+    _, system = _run(opts)
+    assert system.scheduler.log.budget == 64 << 10
+
+
 def test_prefix_cache_tokens_bounds_the_prompts_a_running_scheduler_keeps() -> None:
     assert _opts().prefix_cache_tokens == 32 << 20
     opts = _opts("scheduler.prefix_cache_tokens=0")

@@ -60,6 +60,7 @@ class DecisionLog:
         if budget < 1:
             raise ValueError(f"decision ring byte budget must be >= 1, got {budget}")
         self.size = size
+        self.budget = budget
         # by seq, keyed by rid: the Decision's other fields, built into a Decision when read
         self._ring = PackedRing(size, budget, settle=_settled)
         self._lock = threading.Lock()
