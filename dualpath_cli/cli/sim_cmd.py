@@ -48,9 +48,9 @@ _MaxLen = Annotated[str | None, typer.Option(
 _Seed = Annotated[int, typer.Option(
     "--seed", help="Seed of the synthetic workload, and of the augmentation of a --trace.")]
 _Trace = Annotated[Path | None, typer.Option(
-    "--trace", help="Replay this dualpath trace file (docs/trace-format.md) instead of the "
-    "synthetic workload; more agents than it holds are made from it as the paper does (a "
-    "synthetic first round).")]
+    "--trace", help="Replay this dualpath trace file (docs/trace-format.md), Mooncake request "
+    "log or recording (dualpath record) instead of the synthetic workload; more agents than "
+    "it holds are made from it as the paper does (a synthetic first round).")]
 _Horizon = Annotated[float, typer.Option(
     "--horizon", help="Online: longest run, seconds (the paper's rule may end it sooner: TTFT "
     "over the last 150 s above 4 s, or steady state).")]
@@ -114,7 +114,8 @@ def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
 
 def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
                      default_max_len: str = "64K") -> Workload:
-    """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked)."""
+    """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked):
+    a dualpath trace, a Mooncake request log or a recording (told apart by content)."""
     from dualpath_cli.sim import Workload
 
     if trace is None:
@@ -122,6 +123,12 @@ def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
     if max_len is not None:
         raise UsageError("--max-len sets the synthetic workload's length; a --trace has its "
                          "own (drop one of them)")
+    from dualpath_cli.services.recording_trace import is_recording, read_recording_trace
+
+    if is_recording(trace):
+        from dualpath_cli.cli.output import warn
+
+        return Workload.from_trace(read_recording_trace(trace, on_cut=warn), str(trace), seed)
     return Workload.from_file(trace, seed)
 
 
