@@ -48,6 +48,7 @@ from dualpath_cli.sim.kv_reads import ReadStage
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg, snic_series
 from dualpath_cli.sim.online import StopRule, check_online
 from dualpath_cli.sim.prefill import PrefillStage
+from dualpath_cli.sim.progress import PROGRESS_TICK_S, ProgressFn, RunProgress
 from dualpath_cli.sim.setup import MAX_NODES, SimSetup, check_fits_decode_hbm, derive_thresholds
 from dualpath_cli.sim.state import Req
 from dualpath_cli.sim.topology import build_topology
@@ -126,6 +127,9 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.K_CHECK = ev.register(self._check_stop)
         self.K_IO_RETRY = ev.register(self._start_io)
         self.K_CONTROL = ev.register(self._control)
+        self.K_PROGRESS = ev.register(self._report_progress)
+        #: called every PROGRESS_TICK_S simulated seconds while a run goes (sim/progress.py)
+        self.progress: ProgressFn | None = None
         self._init_control()
         topo = build_topology(setup, cost)
         self.nodes, self.pe_groups, self.de_groups = topo.nodes, topo.pe_groups, topo.de_groups
@@ -227,6 +231,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
             self.agent_start[agent] = 0.0
             self._start_turn(agent)
         self._start_control()
+        self._start_progress(None)
         self.loop.run()
         end = max(self.agent_end) if self.plans else 0.0
         if any(math.isnan(x) for x in self.agent_end):
@@ -275,6 +280,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.record = True
         self.stop_rule = stop_rule
         self._start_control()
+        self._start_progress(horizon)
         if stop_rule is None:
             self.loop.run(until=horizon)
         else:
@@ -298,6 +304,21 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         res.extra["unfinished_turns"] = float(len(self.reqs))
         res.extra["oldest_waiting_s"] = max(waiting) if waiting else 0.0
         return res
+
+    def _start_progress(self, horizon: float | None) -> None:
+        """The first progress tick, when a run was given a callback (none otherwise)."""
+        if self.progress is not None:
+            self.loop.at(self.loop.now + PROGRESS_TICK_S, self.K_PROGRESS, horizon)
+
+    def _report_progress(self, horizon: float | None) -> None:
+        """Report, then tick again while the run has other events (sim/progress.py)."""
+        loop = self.loop
+        loop.events -= 1  # the tick is not one of the simulation's events
+        assert self.progress is not None
+        self.progress(RunProgress(loop.now, self.turns_done,
+                                  None if horizon else self._total_turns, horizon))
+        if loop.heap:
+            loop.at(loop.now + PROGRESS_TICK_S, self.K_PROGRESS, horizon)
 
     def _result(self, mode: str, sim_time: float, jct: float, wall: float) -> SimResult:
         s = self.setup
