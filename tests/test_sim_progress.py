@@ -122,8 +122,10 @@ def test_ctrl_c_stops_a_long_capacity_search_with_one_line(tmp_path: Path) -> No
         wait_until(lambda: proc.poll() is not None or "probe 1" in "".join(err), 120,
                    "the search's progress")
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        reader.join(timeout=10)
+        proc.wait(timeout=60)
+        reader.join(timeout=30)  # stderr to its end (the reader alone reads it)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()

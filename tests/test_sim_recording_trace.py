@@ -107,6 +107,9 @@ def test_trace_convert_of_a_dualpath_trace_needs_none(
     capsys.readouterr()
     assert main(["trace", "convert", str(trace), "-o", str(tmp_path / "o.jsonl")]) == 2
     assert "needs no conversion" in capsys.readouterr().err
+    # the twin needs a recording's view of the cluster: a trace is named as such
+    assert main(["tune", "suggest", "--from", str(trace)]) == 2
+    assert "a dualpath trace, not a recording" in capsys.readouterr().err
 
 
 def test_start_s_round_trips_and_is_checked() -> None:
