@@ -48,9 +48,9 @@ _MaxLen = Annotated[str | None, typer.Option(
 _Seed = Annotated[int, typer.Option(
     "--seed", help="Seed of the synthetic workload, and of the augmentation of a --trace.")]
 _Trace = Annotated[Path | None, typer.Option(
-    "--trace", help="Replay this dualpath trace file (docs/trace-format.md) instead of the "
-    "synthetic workload; more agents than it holds are made from it as the paper does (a "
-    "synthetic first round).")]
+    "--trace", help="Replay this dualpath trace file (docs/trace-format.md), Mooncake request "
+    "log or recording (dualpath record) instead of the synthetic workload; more agents than "
+    "it holds are made from it as the paper does (a synthetic first round).")]
 _Horizon = Annotated[float, typer.Option(
     "--horizon", help="Online: longest run, seconds (the paper's rule may end it sooner: TTFT "
     "over the last 150 s above 4 s, or steady state).")]
@@ -114,7 +114,8 @@ def resolve_agents(value: int | None, workload: Workload, default: int) -> int:
 
 def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
                      default_max_len: str = "64K") -> Workload:
-    """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked)."""
+    """The synthetic workload at ``--max-len``, or the ``--trace`` file (read and checked):
+    a dualpath trace, a Mooncake request log or a recording (told apart by content)."""
     from dualpath_cli.sim import Workload
 
     if trace is None:
@@ -122,6 +123,12 @@ def resolve_workload(trace: Path | None, max_len: str | None, seed: int,
     if max_len is not None:
         raise UsageError("--max-len sets the synthetic workload's length; a --trace has its "
                          "own (drop one of them)")
+    from dualpath_cli.services.recording_trace import is_recording, read_recording_trace
+
+    if is_recording(trace):
+        from dualpath_cli.cli.output import warn
+
+        return Workload.from_trace(read_recording_trace(trace, on_cut=warn), str(trace), seed)
     return Workload.from_file(trace, seed)
 
 
@@ -166,8 +173,9 @@ def run(
     model: _Model = "ds660b", pd: _Pd = "2P4D", hardware: _Hardware = "hopper",
     max_len: _MaxLen = None, trace: _Trace = None,
     agents: Annotated[int | None, typer.Option(
-        "--agents", help="Agents, all starting at t=0 (offline) (default: 2048, or every "
-        "trajectory of a --trace).")] = None,
+        "--agents", help="Agents, all starting at t=0 (offline; a --trace with arrivals, such "
+        "as a recording, starts each at its own) (default: 2048, or every trajectory of a "
+        "--trace).")] = None,
     policy: Annotated[str | None, typer.Option(
         "--policy", help=f"One of: {', '.join(SIM_POLICY_NAMES)}, or a plugin's (default: the "
         "config's scheduler.read_side, dualpath).")] = None,
@@ -196,6 +204,7 @@ def run(
     if series and not json_out:
         raise UsageError("--series adds the per-node series to the JSON output; "
                          "pass --json too")
+    from dualpath_cli.cli.sim_progress import sim_progress
     from dualpath_cli.sim import online_agents, simulate_offline, simulate_online
     from dualpath_cli.sim.plots import check_png_path, render_series_terminal, write_series_png
 
@@ -204,11 +213,14 @@ def run(
     if plot is not None:
         check_png_path(plot)
     wl = resolve_workload(trace, max_len, seed)
-    if aps is None:
-        res = simulate_offline(setup, wl.plans(resolve_agents(agents, wl, 2048)))
-    else:
-        res = simulate_online(setup, aps, horizon=horizon, early_stop=not full_horizon,
-                              plans=wl.plans(online_agents(aps, horizon)))
+    with sim_progress("sim run", as_json=json_out) as progress:
+        if aps is None:
+            res = simulate_offline(setup, wl.plans(resolve_agents(agents, wl, 2048)),
+                                   progress=progress)
+        else:
+            res = simulate_online(setup, aps, horizon=horizon, early_stop=not full_horizon,
+                                  plans=wl.plans(online_agents(aps, horizon)),
+                                  progress=progress)
     title = f"{model} {pd} {workload_label(wl)} {policy} ({res.mode})"
     if json_out:
         emit_json({**res.to_dict(series=series), **workload_keys(wl)})
@@ -254,7 +266,8 @@ def compare(
     overrides: _Set = None, dynamic: _Dynamic = None,
 ) -> None:
     """Run several policies on the same workload and compare JCT (online: TTFT, TPOT)."""
-    from dualpath_cli.sim import online_agents, simulate_offline, simulate_online
+    from dualpath_cli.cli.sim_progress import sim_progress
+    from dualpath_cli.sim import online_agents, relabelled, simulate_offline, simulate_online
     from dualpath_cli.sim.plots import check_png_path, render_compare_terminal, write_compare_png
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -268,14 +281,17 @@ def compare(
     n = resolve_agents(agents, wl, 1024) if aps is None else online_agents(aps, horizon)
     plans = wl.plans(n)  # every policy replays the same agents
     results = []
-    for setup in setups:
-        if not json_out:
-            stderr.print(f"simulating {setup.policy.name} ...", highlight=False)
-        if aps is None:
-            results.append(simulate_offline(setup, plans))
-        else:
-            results.append(simulate_online(setup, aps, horizon=horizon, plans=plans,
-                                           early_stop=not full_horizon))
+    with sim_progress("sim compare", as_json=json_out) as progress:
+        for i, setup in enumerate(setups):
+            report = None if progress is None else relabelled(
+                progress, i, len(setups), setup.policy.name)
+            if not json_out and progress is None:
+                stderr.print(f"simulating {setup.policy.name} ...", highlight=False)
+            if aps is None:
+                results.append(simulate_offline(setup, plans, progress=report))
+            else:
+                results.append(simulate_online(setup, aps, horizon=horizon, plans=plans,
+                                               early_stop=not full_horizon, progress=report))
     title = (f"{model} {pd} {workload_label(wl)}, {n} agents" if aps is None
              else f"{model} {pd} {workload_label(wl)}, {aps:g} agents/s for {horizon:g}s")
     head: dict[str, object] = {"model": model, "pd": pd, "agents": n, **workload_keys(wl)}
@@ -358,6 +374,7 @@ def capacity(
     overrides: _Set = None, dynamic: _Dynamic = None,
 ) -> None:
     """Highest agents/s meeting TTFT <= 4 s and TPOT <= 50 ms (bisection)."""
+    from dualpath_cli.cli.sim_progress import sim_progress
     from dualpath_cli.sim import online_agents, simulate_capacity
     from dualpath_cli.sim.online import check_aps_range
 
@@ -369,8 +386,10 @@ def capacity(
 
     check_count("steps", steps, "--steps", least=0)  # each step is one whole simulation
     check_finite(horizon, "--horizon", positive=True)
-    res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,
-                            plans=wl.plans(online_agents(hi, horizon)))
+    plans = wl.plans(online_agents(hi, horizon))
+    with sim_progress("sim capacity", as_json=json_out) as progress:
+        res = simulate_capacity(setup, lo=lo, hi=hi, horizon=horizon, steps=steps,
+                                plans=plans, progress=progress)
     if json_out:
         emit_json({"model": model, "pd": pd, "policy": policy, **workload_keys(wl),
                    **res.to_dict()})

@@ -147,33 +147,41 @@ def stats(
 
 @app.command("convert")
 def convert(
-    path: Annotated[Path, typer.Argument(help="A Mooncake request log (JSONL).")],
+    path: Annotated[Path, typer.Argument(
+        help="A Mooncake request log (JSONL) or a recording (dualpath record).")],
     output: Annotated[str, typer.Option("-o", "--output", help="dualpath trace to write "
                                         "('-' for stdout).")],
     as_json: JsonOption = False,
 ) -> None:
-    """Link a Mooncake request log into agent trajectories (a dualpath trace).
+    """Turn a Mooncake request log or a recording into a dualpath trace.
 
-    A request continues the conversation whose last request's whole full-block prefix it
-    starts with (shared leading hash ids) and whose input it extends; the rule and the
-    counts are printed. `sim` and `bench --trace` also take the log directly.
+    A Mooncake request continues the conversation whose last request's whole full-block
+    prefix it starts with (shared leading hash ids) and whose input it extends; the rule
+    and the counts are printed. A recording gives its served turns (every prompt and
+    generated length, per agent) and each agent's first arrival (start_s), as the twin
+    replays them. `sim` and `bench --trace` also take either file directly.
     """
+    from dualpath_cli.services.recording_trace import is_recording
+
+    if is_recording(path):
+        _convert_recording(path, output, as_json)
+        return
     from dualpath_cli.workload.mooncake_link import LINK_RULE, link_requests
     from dualpath_cli.workload.trace_format import encode_lines
     from dualpath_cli.workload.trace_io import detect_format, read_mooncake, write_trace
 
     target = output_path(output, as_json=as_json)
     if detect_format(path) != "mooncake":
-        raise UsageError(f"{path}: not a Mooncake request log (a dualpath trace needs no "
-                         "conversion)")
+        raise UsageError(f"{path}: not a Mooncake request log or a recording (a dualpath "
+                         "trace needs no conversion)")
     trace, counts = link_requests(read_mooncake(path), path.name)
     if target is None:
         write_stdout_lines(encode_lines(trace))
     else:
         write_trace(target, trace)
     if as_json:
-        emit_json({"path": str(path), "output": str(output), "rule": LINK_RULE,
-                   **counts.to_dict()})
+        emit_json({"path": str(path), "output": str(output), "from": "mooncake",
+                   "rule": LINK_RULE, **counts.to_dict()})
         return
     say = stderr if target is None else stdout  # the data owns stdout with -o -
     say.print(f"{counts.requests:,} requests -> {counts.trajectories:,} trajectories "
@@ -189,6 +197,43 @@ def convert(
         stderr.print(f"note: {counts.clamped_appends} turns appended less than the previous "
                      f"answer (counted as 1 token), {counts.zero_outputs} requests had "
                      "output_length 0 (counted as 1)", highlight=False, soft_wrap=True)
+
+
+def _convert_recording(path: Path, output: str, as_json: bool) -> None:
+    """``trace convert`` of a recording: its served turns with their arrivals."""
+    from dualpath_cli.cli.output import warn
+    from dualpath_cli.services.recording_trace import read_recording_trace
+    from dualpath_cli.workload.trace_format import encode_lines
+    from dualpath_cli.workload.trace_io import write_trace
+
+    target = output_path(output, as_json=as_json)
+    trace = read_recording_trace(path, on_cut=warn)
+    if target is None:
+        write_stdout_lines(encode_lines(trace))
+    else:
+        write_trace(target, trace)
+    trajs = trace.trajectories
+    counts = {"trajectories": len(trajs), "turns": sum(t.num_turns for t in trajs),
+              "max_turns": max((t.num_turns for t in trajs), default=0),
+              "max_len": trace.header.max_len,
+              "with_arrivals": sum(t.start_s is not None for t in trajs),
+              "last_arrival_s": max((t.start_s or 0.0 for t in trajs), default=0.0),
+              "shared_prefix_trajectories": sum(bool(t.shared) for t in trajs)}
+    if as_json:
+        emit_json({"path": str(path), "output": str(output), "from": "recording",
+                   "gen": trace.header.generator.get("gen"), **counts})
+        return
+    say = stderr if target is None else stdout  # the data owns stdout with -o -
+    say.print(f"recording -> {counts['trajectories']:,} trajectories "
+                 f"({counts['turns']:,} turns, longest {counts['max_turns']} turns, max_len "
+                 f"{counts['max_len']:,}; arrivals over {counts['last_arrival_s']:.3g} s for "
+                 f"{counts['with_arrivals']:,}) -> {output}", highlight=False, soft_wrap=True)
+    if counts["shared_prefix_trajectories"]:
+        say.print(f"{counts['shared_prefix_trajectories']:,} trajectories open with a "
+                     "prefix another conversation shares", highlight=False, soft_wrap=True)
+    stderr.print(f"generated lengths: {trace.header.generator.get('gen')}; not carried: "
+                 "token ids, block hashes, the cluster's own hits, time between turns "
+                 "(docs/trace-format.md)", highlight=False, soft_wrap=True)
 
 
 def _format(value: str) -> TraceFormat:

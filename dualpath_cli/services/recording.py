@@ -205,6 +205,10 @@ def read_recording(path: str | Path, max_samples: int | None = None,
             obj = _loads(raw)
             kind = obj.get("kind") if isinstance(obj, dict) else None
             if header is None:
+                if isinstance(obj, dict) and obj.get("format") == "dualpath-trace":  # ours
+                    raise RecordingError(f"{path}: a dualpath trace, not a recording (a "
+                                         "trace has no view of the cluster; `dualpath sim "
+                                         "compare --trace` replays one)")
                 if kind != "header" or obj.get("format") != FORMAT:
                     raise RecordingError(f"{path}:{number}: not a dualpath recording "
                                          f"(the first line must be a {FORMAT!r} header)")

@@ -116,15 +116,28 @@ class Tail:
         return self.dropped > 0
 
 
+#: The first bytes of a gzip member and of a zstd frame.
+_MAGIC = ((b"\x1f\x8b", "gz"), (b"\x28\xb5\x2f\xfd", "zst"))
+
+
+def _sniffed(raw: IO[bytes]) -> str:
+    """The compression of an open file by its first bytes (``plain`` for neither), so a
+    recording reads whatever its name says; the file is left at its start."""
+    head = raw.read(4)
+    raw.seek(0)
+    return next((codec for magic, codec in _MAGIC if head.startswith(magic)), "plain")
+
+
 def complete_lines(path: Path, tail: Tail) -> Iterator[bytes]:
-    """The complete lines of ``path`` (decompressed by its suffix), newline included; what
-    follows the last of them is counted in ``tail.dropped`` (bytes of the file), not read.
+    """The complete lines of ``path`` (decompressed as its first bytes say: gzip, zstd or
+    none), newline included; what follows the last of them is counted in ``tail.dropped``
+    (bytes of the file), not read.
 
     Raises:
-        OSError: the file cannot be read, or is not the compression its suffix names.
+        OSError: the file cannot be read, or its compressed data is broken.
     """
-    codec = _codec(path)
     with path.open("rb") as raw:
+        codec = _sniffed(raw)
         if codec == "plain":
             yield from _plain(raw, tail)
         else:

@@ -155,44 +155,19 @@ def traffic_from_recording(rec: Recording, source: str) -> Traffic:
     if not rec.samples:
         raise UsageError(f"{source}: the recording has no samples (no view of the cluster)")
     view = rec.samples[-1].view
-    if rec.trace_lines:
-        from dualpath_cli.sim import plans_from_trajectories
-        from dualpath_cli.workload.trace_format import decode_lines
+    from dualpath_cli.services.recording_trace import recorded_starts, recorded_trace
+    from dualpath_cli.sim import plans_from_trajectories
 
-        trace = decode_lines((json.dumps(r) for r in rec.trace_lines), f"{source} (trace)")
-        traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source,
-                           rec.window_s)
-    else:
-        traffic = traffic_from_decisions(view, rec.decisions, source, rec.window_s)
+    trace = recorded_trace(rec, source)
+    traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source,
+                       rec.window_s)
     measured = measured_from_recording(rec)
-    starts = None if measured is None else _recorded_starts(rec)
+    starts = None if measured is None else recorded_starts(rec)
     if starts is not None and len(starts) != len(traffic.plans):
         starts = None  # a trace that is not the decisions' own: replay offline
     return replace(traffic, measured=measured, starts=starts,
-                   block_tokens=traffic.block_tokens or _block_tokens(rec.decisions),
+                   block_tokens=_block_tokens(rec.decisions),
                    alpha_s_per_token=traffic.alpha_s_per_token or rec.alpha_s_per_token)
-
-
-def _recorded_starts(rec: Recording) -> tuple[float, ...]:
-    """Per agent of the replay (the trace's order: agent ids sorted), the second its first
-    turn arrived after the first agent's: the story's arrival, else the first turn's
-    decision time; 0 for an agent whose first turn is not in the window."""
-    first: dict[int, float] = {}
-    agents: set[int] = set()
-    rid_of: dict[int, int] = {}
-    for d in rec.decisions:
-        if d.kind != "turn":
-            continue
-        agents.add(d.agent)
-        if d.turn == 0 and d.agent not in first:
-            first[d.agent] = d.at
-            rid_of[d.agent] = d.rid
-    for agent, rid in rid_of.items():
-        arrival = (rec.stories.get(rid) or {}).get("arrival")
-        if isinstance(arrival, int | float) and math.isfinite(arrival):
-            first[agent] = min(first[agent], float(arrival))
-    t0 = min(first.values(), default=0.0)
-    return tuple(first[a] - t0 if a in first else 0.0 for a in sorted(agents))
 
 
 def measured_from_recording(rec: Recording) -> Measured | None:

@@ -29,11 +29,12 @@ from dualpath_cli.sim.online import (
     meets_slo,
 )
 from dualpath_cli.sim.policies import get_sim_policy
+from dualpath_cli.sim.progress import ProgressFn, RunProgress
 from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.trace import AgentPlan, synthetic_plans
 
 __all__ = ["make_setup", "simulate_offline", "simulate_online", "simulate_capacity",
-           "online_agents", "SimKnobs", "knobs_from_config"]
+           "online_agents", "SimKnobs", "knobs_from_config", "relabelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +101,20 @@ def make_setup(model: str = "ds660b", pd: str = "2P4D", policy: str | Policy = "
 
 def simulate_offline(setup: SimSetup, plans: list[AgentPlan] | None = None, *,
                      agents: int = 2048, max_len: int = 64_000,
-                     trace_seed: int = 1) -> SimResult:
-    """Offline JCT: ``agents`` agents (or ``plans``) start at t = 0."""
+                     trace_seed: int = 1, progress: ProgressFn | None = None) -> SimResult:
+    """Offline JCT: ``agents`` agents (or ``plans``) start at t = 0 (or at their plans'
+    ``start_s``). ``progress`` is told how far the run is (sim/progress.py)."""
     plans = plans if plans is not None else synthetic_plans(max_len, agents, trace_seed)
-    return simulation(setup, plans).run_offline()
+    sim = simulation(setup, plans)
+    sim.progress = progress
+    return sim.run_offline()
 
 
 def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
                     warmup: float | None = None, max_len: int = 64_000,
                     trace_seed: int = 1, plans: list[AgentPlan] | None = None,
-                    slo: SLO | None = None, early_stop: bool = True) -> SimResult:
+                    slo: SLO | None = None, early_stop: bool = True,
+                    progress: ProgressFn | None = None) -> SimResult:
     """One online run at ``aps`` agents/s for at most ``horizon`` s.
 
     Latencies count turns arriving after ``warmup`` (default: a third of the horizon).
@@ -121,7 +126,9 @@ def simulate_online(setup: SimSetup, aps: float, *, horizon: float = 1800.0,
     slo = slo or SLO()
     if plans is None:
         plans = synthetic_plans(max_len, online_agents(aps, horizon), trace_seed)
-    res = simulation(setup, plans).run_online(
+    sim = simulation(setup, plans)
+    sim.progress = progress
+    res = sim.run_online(
         aps, horizon, warmup=horizon / 3 if warmup is None else warmup,
         stop_rule=StopRule(ttft_bound=slo.ttft_s) if early_stop else None)
     res.slo_ok = meets_slo(res, slo)
@@ -150,10 +157,13 @@ def online_agents(aps: float, horizon: float) -> int:
 def simulate_capacity(setup: SimSetup, *, lo: float = 0.05, hi: float = 2.0,
                       horizon: float = 1200.0, max_len: int = 64_000, trace_seed: int = 1,
                       steps: int = 6, slo: SLO | None = None,
-                      plans: list[AgentPlan] | None = None) -> CapacityResult:
+                      plans: list[AgentPlan] | None = None,
+                      progress: ProgressFn | None = None) -> CapacityResult:
     """Highest APS meeting ``slo`` in ``[lo, hi]`` (bisection over online runs).
 
     ``plans`` must hold :func:`online_agents` ``(hi, horizon)`` agents when given.
+    ``progress`` hears each probe as run ``i`` of at most ``steps + 2`` (labelled with
+    its rate; a search that ends early skips the rest).
     """
     check_aps_range(lo, hi)
     if plans is None:
@@ -161,7 +171,25 @@ def simulate_capacity(setup: SimSetup, *, lo: float = 0.05, hi: float = 2.0,
 
     slo = slo or SLO()
 
+    probes = 0
+
     def run_at(aps: float) -> SimResult:
-        return simulate_online(replace(setup), aps, horizon=horizon, plans=plans, slo=slo)
+        nonlocal probes
+        report = None
+        if progress is not None:
+            report = relabelled(progress, probes, steps + 2, f"probe {probes + 1}: "
+                                 f"{aps:.3g} APS")
+        probes += 1
+        return simulate_online(replace(setup), aps, horizon=horizon, plans=plans, slo=slo,
+                               progress=report)
 
     return find_capacity(run_at, lo, hi, slo, steps)
+
+
+def relabelled(progress: ProgressFn, run: int, runs: int, label: str) -> ProgressFn:
+    """``progress`` for run ``run`` of ``runs`` (a probe, a compared policy), labelled."""
+
+    def report(p: RunProgress) -> None:
+        progress(replace(p, run=run, runs=runs, label=label))
+
+    return report

@@ -49,6 +49,7 @@ from dualpath_cli.sim.kv_reads import ReadStage
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg, snic_series
 from dualpath_cli.sim.online import StopRule, check_online
 from dualpath_cli.sim.prefill import PrefillStage
+from dualpath_cli.sim.progress import PROGRESS_TICK_S, ProgressFn, RunProgress
 from dualpath_cli.sim.setup import SimSetup, check_fits_decode_hbm, derive_thresholds
 from dualpath_cli.sim.state import Req
 from dualpath_cli.sim.topology import build_topology
@@ -125,6 +126,9 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.K_CHECK = ev.register(self._check_stop)
         self.K_IO_RETRY = ev.register(self._start_io)
         self.K_CONTROL = ev.register(self._control)
+        self.K_PROGRESS = ev.register(self._report_progress)
+        #: called every PROGRESS_TICK_S simulated seconds while a run goes (sim/progress.py)
+        self.progress: ProgressFn | None = None
         self._init_control()
         topo = build_topology(setup, cost)
         self.nodes, self.pe_groups, self.de_groups = topo.nodes, topo.pe_groups, topo.de_groups
@@ -215,12 +219,18 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
 
     # ----------------------------------------------------------------- runs
     def run_offline(self) -> SimResult:
-        """All agents start at t = 0; the job ends when the last one finishes (JCT)."""
+        """All agents start at t = 0 (or at their plan's ``start_s``, a recording's
+        arrivals); the job ends when the last one finishes (JCT)."""
         wall = time.perf_counter()
-        for agent in range(len(self.plans)):
+        timed = any(p.start_s for p in self.plans)
+        for agent, plan in enumerate(self.plans):
+            if plan.start_s:  # a recorded arrival: the agent arrives then
+                self.loop.at(plan.start_s, self.K_AGENT, agent)
+                continue
             self.agent_start[agent] = 0.0
             self._start_turn(agent)
         self._start_control()
+        self._start_progress(None)
         self.loop.run()
         end = max(self.agent_end) if self.plans else 0.0
         if any(math.isnan(x) for x in self.agent_end):
@@ -228,7 +238,9 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         res = self._result("offline", end, end, time.perf_counter() - wall)
         # the JCT is the slowest trajectory's critical path; the mean says how the typical
         # one fared (docs/reproduction.md: the two speedups over basic differ)
-        res.extra["mean_trajectory_s"] = float(np.mean(self.agent_end))
+        res.extra["mean_trajectory_s"] = float(np.mean(
+            [e - s for e, s in zip(self.agent_end, self.agent_start, strict=True)]
+            if timed else self.agent_end))
         return res
 
     def _check_stop(self, _: object) -> None:
@@ -267,6 +279,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.record = True
         self.stop_rule = stop_rule
         self._start_control()
+        self._start_progress(horizon)
         if stop_rule is None:
             self.loop.run(until=horizon)
         else:
@@ -290,6 +303,21 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         res.extra["unfinished_turns"] = float(len(self.reqs))
         res.extra["oldest_waiting_s"] = max(waiting) if waiting else 0.0
         return res
+
+    def _start_progress(self, horizon: float | None) -> None:
+        """The first progress tick, when a run was given a callback (none otherwise)."""
+        if self.progress is not None:
+            self.loop.at(self.loop.now + PROGRESS_TICK_S, self.K_PROGRESS, horizon)
+
+    def _report_progress(self, horizon: float | None) -> None:
+        """Report, then tick again while the run has other events (sim/progress.py)."""
+        loop = self.loop
+        loop.events -= 1  # the tick is not one of the simulation's events
+        assert self.progress is not None
+        self.progress(RunProgress(loop.now, self.turns_done,
+                                  None if horizon else self._total_turns, horizon))
+        if loop.heap:
+            loop.at(loop.now + PROGRESS_TICK_S, self.K_PROGRESS, horizon)
 
     def _result(self, mode: str, sim_time: float, jct: float, wall: float) -> SimResult:
         s = self.setup

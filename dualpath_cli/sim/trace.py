@@ -25,11 +25,13 @@ __all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_tr
 
 @dataclass(frozen=True, slots=True)
 class AgentPlan:
-    """One agent's replay: its turns in order, and the shared-prefix segments its first
-    turn opens with (``Trajectory.shared``; a global KV store hits them across agents)."""
+    """One agent's replay: its turns in order, the shared-prefix segments its first turn
+    opens with (``Trajectory.shared``; a global KV store hits them across agents), and when
+    its first turn arrives in an offline run (``Trajectory.start_s``; ``None``: t = 0)."""
 
     turns: tuple[Turn, ...]
     shared: tuple[tuple[int, int], ...] = ()
+    start_s: float | None = None
 
     @property
     def num_turns(self) -> int:
@@ -39,7 +41,7 @@ class AgentPlan:
 
 def plans_from_trajectories(trajectories: Sequence[Trajectory]) -> list[AgentPlan]:
     """Replay each trajectory as it is."""
-    plans = [AgentPlan(t.turns, t.shared) for t in trajectories if t.turns]
+    plans = [AgentPlan(t.turns, t.shared, t.start_s) for t in trajectories if t.turns]
     if not plans:
         raise UsageError("the workload has no trajectory with turns")
     return plans
@@ -90,9 +92,18 @@ class Workload:
             UsageError: a trace without a trajectory with turns.
         """
         trace, _ = read_agent_trace(path)
+        return cls.from_trace(trace, os.fspath(path), seed)
+
+    @classmethod
+    def from_trace(cls, trace: Trace, source: str, seed: int = 1) -> Workload:
+        """A trace already read (a recording's served turns, services/recording_trace.py).
+
+        Raises:
+            UsageError: a trace without a trajectory with turns.
+        """
         if not any(t.turns for t in trace.trajectories):
-            raise UsageError(f"{path}: the trace has no trajectory with turns")
-        return cls(trace.header.max_len, seed, trace, os.fspath(path))
+            raise UsageError(f"{source}: the trace has no trajectory with turns")
+        return cls(trace.header.max_len, seed, trace, source)
 
     @property
     def trace_agents(self) -> int | None:

@@ -6,6 +6,7 @@ Layout (docs/trace-format.md is the reference)::
     {"agent_id": 0, "token_seed": 123, "turns": [[A_1, g_1], [A_2, g_2], ...]}
     {"agent_id": 1, "token_seed": 456, "prefix_seed": 789, "source": 17, "turns": [...]}
     {"agent_id": 2, "token_seed": 457, "shared": [[42, 2048]], "turns": [...]}
+    {"agent_id": 3, "token_seed": 3, "start_s": 1.25, "turns": [...]}
 
 Decoding raises :class:`~dualpath_cli.errors.TraceError` with ``SOURCE:LINE: reason`` for the
 first bad line. File access lives in ``trace_io``; this module only sees strings.
@@ -14,6 +15,7 @@ first bad line. File access lives in ``trace_io``; this module only sees strings
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -38,7 +40,7 @@ FORMAT_VERSION = 1
 
 _HEADER_KEYS = {"format", "version", "max_len", "generator"}
 _REQUIRED = ("agent_id", "token_seed", "turns")
-_OPTIONAL = ("prefix_seed", "source", "shared")
+_OPTIONAL = ("prefix_seed", "source", "shared", "start_s")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ def encode_lines(trace: Trace) -> Iterator[str]:
             record["source"] = traj.source
         if traj.shared:
             record["shared"] = [[seed, n] for seed, n in traj.shared]
+        if traj.start_s is not None:
+            record["start_s"] = traj.start_s
         record["turns"] = [[t.append, t.gen] for t in traj.turns]
         yield json.dumps(record, separators=(",", ":"))
 
@@ -168,7 +172,7 @@ def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
     turns = _turns(obj["turns"], where)
     shared = _shared(obj.get("shared"), where, turns[0].append)
     traj = Trajectory(agent_id, turns, token_seed=token_seed, prefix_seed=prefix_seed,
-                      source=src, shared=shared)
+                      source=src, shared=shared, start_s=_start_s(obj.get("start_s"), where))
     if traj.total > max_len:
         raise TraceError(f"{where}: agent {agent_id}: total {traj.total} tokens exceeds "
                          f"max_len {max_len}")
@@ -194,6 +198,17 @@ def _shared(value: object, where: str, first_append: int) -> tuple[tuple[int, in
         raise TraceError(f"{where}: the shared prefix ({total} tokens) is longer than the "
                          f"first turn's append ({first_append})")
     return tuple(out)
+
+
+def _start_s(value: object, where: str) -> float | None:
+    """The optional first arrival ``start_s`` (seconds >= 0 after the trace's first)."""
+    if value is None:
+        return None
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value) or value < 0):
+        raise TraceError(f"{where}: field 'start_s' must be a number of seconds >= 0, "
+                         f"got {value!r}")
+    return float(value)
 
 
 def _bounded(value: object, name: str, where: str, low: int, high: int) -> int:

@@ -46,6 +46,9 @@ class Trajectory:
             ``(seed, tokens)``, whose token ids depend on the segment alone
             (``workload.tokens.shared_prefix_ids``): a system prompt that other
             conversations send too, so a global KV store hits it across conversations.
+        start_s: seconds after the trace's first arrival at which this agent's first turn
+            arrived (a recording's arrivals, ``dualpath trace convert``); ``None``: not
+            known, an offline replay starts the agent at t = 0.
     """
 
     agent_id: int
@@ -54,6 +57,7 @@ class Trajectory:
     prefix_seed: int | None = None
     source: int | None = None
     shared: tuple[tuple[int, int], ...] = ()
+    start_s: float | None = None
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -142,7 +146,7 @@ def truncate(traj: Trajectory, max_len: int) -> Trajectory:
         break
     shared = _clip_shared(traj.shared, kept[0].append if kept else 0)
     return Trajectory(traj.agent_id, tuple(kept), traj.token_seed, traj.prefix_seed,
-                      traj.source, shared)
+                      traj.source, shared, traj.start_s)
 
 
 def _clip_shared(shared: tuple[tuple[int, int], ...], room: int
