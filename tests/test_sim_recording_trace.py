@@ -87,6 +87,19 @@ def test_trace_convert_keeps_chains_lengths_and_arrivals(
     assert trace_with_arrivals(rec, "r").trajectories == trace.trajectories
 
 
+def test_trace_convert_of_a_recording_to_stdout(
+        recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``-o -`` is stdout for a recording as for a Mooncake log: the trace there, the
+    summary on stderr, and no file named ``-``."""
+    file_path = tmp_path / "agents.jsonl"
+    assert main(["trace", "convert", str(recording), "-o", str(file_path)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "convert", str(recording), "-o", "-"]) == 0
+    out = capsys.readouterr()
+    assert decode_lines(out.out.splitlines(), "-") == read_trace(file_path)
+    assert "trajectories" in out.err and not Path("-").exists()
+
+
 def test_not_a_workload_file_is_one_line(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     packed = tmp_path / "notes.jsonl"
