@@ -180,15 +180,19 @@ def test_nic_throttled_to_a_quarter_on_one_node_is_critical_and_names_it() -> No
                 if f.subject and f.subject != "node D3" and f.severity]
 
 
-def test_a_throttled_nic_that_reads_already_avoid_is_a_warning_without_another_step() -> None:
-    """The walk: after `tune set alpha=` the CRITICAL asked to halve alpha again, forever."""
+def test_a_throttled_nic_that_reads_already_avoid_keeps_its_grade_without_another_step(
+        ) -> None:
+    """The walk: after `tune set alpha=` the CRITICAL asked to halve alpha again, forever.
+    Now the grade is the link's (rule snic-link), whatever share of reads reached it; the
+    action stops asking for a step once reads avoid it."""
     def make(i: int) -> ClusterView:
         return make_view(i, bw={3: 0.1 * SNIC_BW})
     steered = window(make, decisions=[decision(s, de=2 + s % 2 * 2, side="de")
                                       for s in range(1, 20)])  # DEs 2 and 4 only
     report = rules.run_workflow("snic-imbalance", steered)
     (f,) = named(report.findings, "node D3")
-    assert f.severity is Severity.WARNING and report.severity is Severity.WARNING
+    assert f.severity is Severity.CRITICAL and f.rule == "snic-link"
+    assert f.why and "10% of expected over 10 samples: CRITICAL" in f.why
     assert "still at 10% of expected" in f.title and "reads to D3 0% (0/19)" in f.title
     assert f.action and "tune set" not in f.action and f.evidence["reads_sent"] == 0
     # the same link while reads still go there stays CRITICAL and says how many
@@ -235,8 +239,9 @@ def test_after_a_live_alpha_change_the_recheck_says_how_reads_to_the_slow_node_m
     (f,) = [f for f in named(report.findings, "node D3") if "storage NIC" in f.title]
     assert f.title == ("node D3 storage NIC still slow; reads to D3 down from 40% to 4% since "
                        "alpha 2s -> 1s (audit #17)")
-    # the share fell within its share of the storage bandwidth: the rule's WARNING, no step
-    assert f.severity is Severity.WARNING and f.action and "tune set" not in f.action
+    # the share fell within its share of the storage bandwidth: no further step; the grade
+    # is still the link's (25% of expected: CRITICAL)
+    assert f.severity is Severity.CRITICAL and f.action and "tune set" not in f.action
     assert f.cause and "25% of expected" in f.cause
     e = f.evidence
     assert (e["share_before"], e["share_after"], e["audit_seq"]) == (0.4, 0.04, 17)

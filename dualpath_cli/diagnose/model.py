@@ -7,7 +7,7 @@ over 1,152 engines and 600 samples walks the views a few times, not once per rul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -47,6 +47,8 @@ class Finding:
         evidence: the numbers behind it, for ``--json`` and for people.
         cause: the likely cause.
         action: the recommended action, as the exact command when there is one.
+        rule: the graded rule behind the severity (diagnose/verdict.py), if one.
+        why: why it has its grade: the rule's value, its evidence count and thresholds.
     """
 
     workflow: str
@@ -56,12 +58,15 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     cause: str | None = None
     action: str | None = None
+    rule: str | None = None
+    why: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (severity by name)."""
         return {"workflow": self.workflow, "severity": self.severity.name,
                 "title": self.title, "subject": self.subject, "evidence": self.evidence,
-                "cause": self.cause, "action": self.action}
+                "cause": self.cause, "action": self.action, "rule": self.rule,
+                "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -149,11 +154,15 @@ class Evidence:
             shortly before it can be judged against the reads before the change.
         alpha_s_per_token: seconds of reading per alpha token (status' ``alpha_s`` over
             ``alpha_tokens``), to write alpha as the config gives it; None: as tokens.
+        previous: the previous verdicts of the graded rules on this cluster, by
+            ``verdict.verdict_key`` (``None``: none known); the rules' hysteresis keeps a
+            grade while its value stays inside the band around a threshold.
     """
 
     def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = (), *,
                  audit: Sequence[AuditEntry] | None = None, earlier: Sequence[Decision] = (),
-                 alpha_s_per_token: float | None = None) -> None:
+                 alpha_s_per_token: float | None = None,
+                 previous: Mapping[str, Severity] | None = None) -> None:
         self.samples = tuple(samples)
         self.decisions = tuple(d for d in decisions if d.kind == "turn")  # not controller moves
         first = min((d.seq for d in decisions), default=None)
@@ -164,6 +173,7 @@ class Evidence:
         self.controls = tuple(d for d in (*before, *decisions) if d.kind == "control")
         self.audit = None if audit is None else tuple(audit)
         self.alpha_s_per_token = alpha_s_per_token
+        self.previous = None if previous is None else dict(previous)
 
     @classmethod
     def from_views(cls, views: Sequence[ClusterView],

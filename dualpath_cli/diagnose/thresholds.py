@@ -94,3 +94,26 @@ DECISION_MIN_CALLS = 20
 #: above it the calls mostly waited for a CPU (a loaded host, the GIL held by the launcher's
 #: other threads), which hierarchical scheduling would not fix.
 DECISION_WAIT_FACTOR = 1.5
+
+# --- evidence minimums and hysteresis bands of the graded rules (diagnose/verdict.py) ------
+#: Fewest samples for a per-sample rule (a link's rate, a share of samples) to grade: a
+#: window is two samples at least.
+MIN_SAMPLES = 2
+#: Hysteresis: with the previous verdict of a rule on a subject known, its value must pass a
+#: threshold by more than the rule's band to change the grade (a steady fault measured a
+#: little differently in each window keeps its grade).
+SNIC_BW_BAND = 0.05
+SNIC_MAX_AVG_BAND = 0.1
+#: The band of the rules that grade a share of samples or of turns.
+SHARE_BAND = 0.1
+#: Fewest decisions of an engine before the share of them misclassed is judged.
+MISCLASS_MIN_DECISIONS = 10
+MISCLASS_BAND = 0.03
+TAIL_RATIO_BAND = 0.5
+SLOW_SERVICE_BAND = 0.2
+HBM_FRAG_BAND = 0.05
+#: Fewest samples of an engine that measured a KV wait before its mean is graded.
+KV_WAIT_MIN_SAMPLES = 2
+KV_WAIT_BAND_S = 0.005
+SCHED_CPU_BAND = 0.05
+DECISION_P99_BAND = 0.1

@@ -8,12 +8,10 @@ runs it); thresholds are diagnose/thresholds.py's.
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from dualpath_cli.diagnose.grading import (
-    CRITICAL,
     OK,
     WARNING,
     mean_of,
@@ -22,28 +20,25 @@ from dualpath_cli.diagnose.grading import (
     role_nodes,
     share_of,
     tok_text,
+    values_of,
 )
 from dualpath_cli.diagnose.model import Change, Evidence, Finding, engine_name, node_name
 from dualpath_cli.diagnose.thresholds import (
     CHANGE_MIN_READS,
     CHANGE_REACH_MIN_S,
-    MISCLASS_WARN,
-    PERSIST_FRACTION,
     SNIC_BUSY_MIN,
-    SNIC_BW_CRIT,
-    SNIC_BW_WARN,
-    SNIC_MAX_AVG_CRIT,
-    SNIC_MAX_AVG_WARN,
     SNIC_SATURATED,
 )
+from dualpath_cli.diagnose.verdict import RULES, Verdict, grade, not_enough, previous_of
 from dualpath_cli.telemetry.view import Decision
 
 __all__ = ["snic_imbalance", "change_reach_s"]
 
 
 def snic_imbalance(ev: Evidence) -> list[Finding]:
-    """Storage NICs per node and role: Max/Avg, bandwidth against peers, saturation, read
-    queues over alpha that decisions ignored, classes the inputs contradict, NIC errors."""
+    """Storage NICs per node and role: each node's link rate against the fastest node's,
+    Max/Avg, saturation, read queues over alpha that decisions ignored, classes the inputs
+    contradict, NIC errors. Each is a graded rule (diagnose/verdict.py)."""
     wf = "snic-imbalance"
     if not ev.samples:
         return [no_samples(wf)]
@@ -53,67 +48,15 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     rq = ev.node_series("read_queue_tokens")
     alpha = ev.alpha_series
     all_bw = {n: m for n, m in ((n, mean_of(s)) for n, s in bw.items()) if m}
+    out.extend(_links(ev, bw, all_bw, alpha))
     for role, ids in sorted(role_nodes(ev).items()):
-        means = {n: mean_of(util.get(n, ())) for n in ids}
-        known = {n: m for n, m in means.items() if m is not None}
-        if len(known) >= 2:
-            avg = sum(known.values()) / len(known)
-            hot = max(known, key=lambda n: known[n])
-            if avg >= SNIC_BUSY_MIN:
-                ratio = known[hot] / avg
-                sev = (CRITICAL if ratio >= SNIC_MAX_AVG_CRIT else
-                       WARNING if ratio >= SNIC_MAX_AVG_WARN else OK)
-                name = node_name(hot, role)
-                out.append(Finding(
-                    wf, sev, f"{role} storage NICs Max/Avg {ratio:.2f} over "
-                    f"{ev.window_s:.0f} s (busiest node {name} at {pct(known[hot])})",
-                    subject=f"node {name}" if sev else None,
-                    evidence={"role": role, "max_avg": round(ratio, 3),
-                              "utilization": {node_name(n, role): round(v, 3)
-                                              for n, v in known.items()}},
-                    cause=f"reads pile onto node {name}" if sev else None,
-                    action=("dualpath-monitor --metric snic_util --by-node --interval 1s"
-                            if sev else None)))
-        # bandwidth against the role's median (a throttled or degraded link)
-        bws = {n: mean_of(bw.get(n, ())) for n in ids}
-        known_bw = {n: b for n, b in bws.items() if b}
-        if len(known_bw) >= 2:
-            for n, b in sorted(known_bw.items()):
-                # expected: what the role's other nodes have (a pair judges each by the other)
-                med = statistics.median(v for m, v in known_bw.items() if m != n)
-                frac = b / med if med else 1.0
-                if frac < SNIC_BW_WARN:
-                    out.append(_degraded_link(ev, n, role, b, med, frac, all_bw, alpha))
+        out.extend(_balance(ev, role, ids, util))
         for n in ids:
-            name = node_name(n, role)
-            if share_of(util.get(n, ()), lambda v: v >= SNIC_SATURATED) >= PERSIST_FRACTION:
-                busy = share_of(util[n], lambda v: v >= SNIC_SATURATED)
-                out.append(Finding(
-                    wf, WARNING, f"node {name} storage NIC saturated (>= "
-                    f"{pct(SNIC_SATURATED)}) in {pct(busy)} of samples",
-                    subject=f"node {name}",
-                    evidence={"node": name, "mean_utilization": mean_of(util[n])},
-                    cause=f"more reads than {name}'s storage NIC can carry",
-                    action="dualpath tune suggest --window 10m"))
-            series = rq.get(n, [])
-            over = [q > a for q, a in zip(series, alpha, strict=False) if q is not None]
-            if over and sum(over) / len(over) >= PERSIST_FRACTION:
-                sent = _reads_to_node(ev, n)
-                total = sum(1 for d in ev.decisions)
-                mean_q = mean_of(series) or 0.0
-                out.append(Finding(
-                    wf, WARNING, f"node {name} read queue {tok_text(mean_q)} tok over alpha "
-                    f"{tok_text(alpha[-1])} in {pct(sum(over) / len(over))} of samples; "
-                    f"{sent}/{total} reads still sent to {name}",
-                    subject=f"node {name}",
-                    evidence={"node": name, "mean_read_queue_tokens": mean_q,
-                              "alpha_tokens": alpha[-1], "reads_sent": sent,
-                              "decisions": total},
-                    cause=f"{name} reads slower than it is given work",
-                    action=f"dualpath tune set alpha={tok_text(max(1, alpha[-1] // 2))}"))
+            out.extend(_saturated(ev, n, role, util.get(n, [])))
+            out.extend(_read_queue(ev, n, role, rq.get(n, []), alpha))
     out.extend(_misclassified(ev, wf))
     out.extend(_nic_errors(ev, wf))
-    if not out:
+    if not any(f.severity for f in out):
         shaped = any(v is not None for s in util.values() for v in s)
         out.append(Finding(wf, OK, "storage NICs: no imbalance, no degraded link, read queues "
                            "within alpha" + ("" if shaped else
@@ -122,12 +65,122 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     return out
 
 
+def _links(ev: Evidence, bw: dict[int, list[Any]], all_bw: dict[int, float],
+           alpha: Sequence[int]) -> list[Finding]:
+    """Rule snic-link: each node's storage-NIC rate against the fastest node's (the nodes
+    share one configured rate: ``hardware.snic_bandwidth``), worst first. The rate is the
+    link's (shaped or negotiated) rate, which does not depend on how many reads landed on
+    the node, so a steady fault keeps its grade; every degraded node is its own finding."""
+    rule = RULES["snic-link"]
+    if len(all_bw) < 2:
+        return []
+    expected = max(all_bw.values())
+    out = []
+    for n, b in sorted(all_bw.items(), key=lambda nb: nb[1]):
+        role = ev.nodes[n].role
+        name = node_name(n, role)
+        subject = f"node {name}"
+        frac = b / expected if expected else 1.0
+        counted = len(values_of(bw.get(n, ())))
+        if counted < rule.minimum:
+            if frac < rule.warn:
+                out.append(not_enough(rule, counted, f"{subject} storage NIC", subject))
+            continue
+        v = grade(rule, frac, counted, previous_of(ev.previous, rule, subject),
+                  shown=f"{pct(frac)} of expected")
+        if v.severity:
+            out.append(_degraded_link(ev, n, role, b, expected, frac, all_bw, alpha, v))
+    return out
+
+
+def _balance(ev: Evidence, role: str, ids: list[int],
+             util: dict[int, list[Any]]) -> list[Finding]:
+    """Rule snic-balance: the busiest node's mean utilisation over the role's mean."""
+    wf, rule = "snic-imbalance", RULES["snic-balance"]
+    means = {n: mean_of(util.get(n, ())) for n in ids}
+    known = {n: m for n, m in means.items() if m is not None}
+    if len(known) < 2:
+        return []
+    avg = sum(known.values()) / len(known)
+    if avg < SNIC_BUSY_MIN:
+        return []
+    hot = max(known, key=lambda n: known[n])
+    ratio = known[hot] / avg
+    name = node_name(hot, role)
+    counted = min(len(values_of(util.get(n, ()))) for n in known)
+    if counted < rule.minimum:
+        return [not_enough(rule, counted, f"{role} storage NICs Max/Avg", f"node {name}")]
+    v = grade(rule, ratio, counted, previous_of(ev.previous, rule, f"node {name}"),
+              shown=f"Max/Avg {ratio:.2f}")
+    sev = v.severity
+    return [Finding(
+        wf, sev, f"{role} storage NICs Max/Avg {ratio:.2f} over "
+        f"{ev.window_s:.0f} s (busiest node {name} at {pct(known[hot])})",
+        subject=f"node {name}" if sev else None,
+        evidence={"role": role, "max_avg": round(ratio, 3), "samples": counted,
+                  "utilization": {node_name(n, role): round(v, 3) for n, v in known.items()}},
+        cause=f"reads pile onto node {name}" if sev else None,
+        action=("dualpath-monitor --metric snic_util --by-node --interval 1s"
+                if sev else None), rule=rule.name, why=v.why)]
+
+
+def _saturated(ev: Evidence, n: int, role: str, series: list[Any]) -> list[Finding]:
+    """Rule snic-saturated: the share of samples with the node's NIC saturated."""
+    rule = RULES["snic-saturated"]
+    name = node_name(n, role)
+    counted = len(values_of(series))
+    if counted < rule.minimum:
+        return []
+    busy = share_of(series, lambda v: v >= SNIC_SATURATED)
+    v = grade(rule, busy, counted, previous_of(ev.previous, rule, f"node {name}"),
+              shown=f"{pct(busy)} of samples saturated")
+    if not v.severity:
+        return []
+    return [Finding(
+        "snic-imbalance", v.severity, f"node {name} storage NIC saturated (>= "
+        f"{pct(SNIC_SATURATED)}) in {pct(busy)} of samples",
+        subject=f"node {name}",
+        evidence={"node": name, "mean_utilization": mean_of(series), "samples": counted},
+        cause=f"more reads than {name}'s storage NIC can carry",
+        action="dualpath tune suggest --window 10m", rule=rule.name, why=v.why)]
+
+
+def _read_queue(ev: Evidence, n: int, role: str, series: list[Any],
+                alpha: Sequence[int]) -> list[Finding]:
+    """Rule read-queue: the share of samples with the node's read queue over alpha."""
+    rule = RULES["read-queue"]
+    name = node_name(n, role)
+    over = [q > a for q, a in zip(series, alpha, strict=False) if q is not None]
+    if len(over) < rule.minimum:
+        return []
+    share = sum(over) / len(over)
+    v = grade(rule, share, len(over), previous_of(ev.previous, rule, f"node {name}"),
+              shown=f"{pct(share)} of samples over alpha")
+    if not v.severity:
+        return []
+    sent = _reads_to_node(ev, n)
+    total = len(ev.decisions)
+    mean_q = mean_of(series) or 0.0
+    return [Finding(
+        "snic-imbalance", v.severity, f"node {name} read queue {tok_text(mean_q)} tok over "
+        f"alpha {tok_text(alpha[-1])} in {pct(share)} of samples; "
+        f"{sent}/{total} reads still sent to {name}",
+        subject=f"node {name}",
+        evidence={"node": name, "mean_read_queue_tokens": mean_q,
+                  "alpha_tokens": alpha[-1], "reads_sent": sent,
+                  "decisions": total, "samples": len(over)},
+        cause=f"{name} reads slower than it is given work",
+        action=f"dualpath tune set alpha={tok_text(max(1, alpha[-1] // 2))}",
+        rule=rule.name, why=v.why)]
+
+
 def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: float,
-                   all_bw: dict[int, float], alpha: Sequence[int]) -> Finding:
-    """A node's storage NIC below its peers' bandwidth. Lowering alpha cannot mend the link,
-    only steer reads away, so once the node takes no more than its share of the cluster's
-    storage bandwidth in reads the finding is a WARNING that asks for no further step (the
-    operator who applied the CRITICAL's ``tune set`` was told to halve alpha again forever).
+                   all_bw: dict[int, float], alpha: Sequence[int], v: Verdict) -> Finding:
+    """A node's storage NIC below the fastest node's, graded by rule snic-link alone (the
+    link's rate, not the reads that happened to reach it). Lowering alpha cannot mend the
+    link, only steer reads away, so once the node takes no more than its share of the
+    cluster's storage bandwidth in reads the finding asks for no further step (the operator
+    who applied its ``tune set`` was told to halve alpha again forever); its grade stays.
 
     After a change of alpha or the read side in reach (:func:`change_reach_s`), the reads
     since it are judged, and the finding says how the node's share of reads moved: before
@@ -139,18 +192,22 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     evidence: dict[str, Any] = {"node": name, "bandwidth_bytes_per_s": b,
                                 "expected_bytes_per_s": med, "fraction": round(frac, 3),
                                 "reads_sent": sent, "decisions": reads,
-                                "bandwidth_share": round(fair, 3)}
+                                "bandwidth_share": round(fair, 3),
+                                "samples": len(values_of(ev.node_series(
+                                    "snic_bandwidth_bytes_per_s").get(n, ())))}
     moved = _reads_since_change(ev, n)
     if moved is not None:
         evidence.update(moved["evidence"])
     if moved is not None and moved["compared"]:
         sent, reads = moved["after"]  # what the change left is what counts now
     steered = reads > 0 and sent / reads <= fair
-    link = f"{_gbs(b)} vs {_gbs(med)}, the other {role} nodes' median"
+    link = f"{_gbs(b)} vs {_gbs(med)}, the fastest node's"
     check = f"check the storage NIC of {name} (ethtool -S, dmesg)"
-    severe = CRITICAL if frac < SNIC_BW_CRIT else WARNING
+    sev = v.severity
     steer = (f"{check}; meanwhile steer reads away: dualpath tune set alpha="
              f"{tok_text(max(1, min(alpha) // 2))}")
+    kw: dict[str, Any] = {"subject": f"node {name}", "evidence": evidence,
+                          "rule": "snic-link", "why": v.why}
     if moved is not None and moved["compared"]:
         (b_sent, b_reads), share = moved["before"], sent / reads
         before = b_sent / b_reads
@@ -161,31 +218,27 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
                  f"{moved['since']}")
         if steered:
             return Finding(
-                "snic-imbalance", WARNING, title, subject=f"node {name}", evidence=evidence,
+                "snic-imbalance", sev, title, **kw,
                 cause=f"a degraded or throttled storage link on {name} (at {pct(frac)} of "
                       f"expected: {link}); reads to it ({sent}/{reads}) are within its "
                       f"{pct(fair)} share of the storage bandwidth", action=check)
         return Finding(
-            "snic-imbalance", severe, title, subject=f"node {name}", evidence=evidence,
+            "snic-imbalance", sev, title, **kw,
             cause=f"a degraded or throttled storage link on {name} (at {pct(frac)} of "
                   f"expected: {link}); reads to it ({sent}/{reads}) still over its "
                   f"{pct(fair)} share of the storage bandwidth", action=steer)
     title = f"node {name} storage NIC at {pct(frac)} of expected ({link})"
     if steered:
         return Finding(
-            "snic-imbalance", WARNING, f"node {name} storage NIC still at {pct(frac)} of expected "
+            "snic-imbalance", sev, f"node {name} storage NIC still at {pct(frac)} of expected "
             f"({_gbs(b)} vs {_gbs(med)}); reads to {name} {pct(sent / reads)} ({sent}/"
-            f"{reads}), within its {pct(fair)} share of the storage bandwidth",
-            subject=f"node {name}", evidence=evidence,
+            f"{reads}), within its {pct(fair)} share of the storage bandwidth", **kw,
             cause=f"a degraded or throttled storage link on {name}; reads already avoid it",
             action=check)
     if reads:
         title += f"; {pct(sent / reads)} of reads ({sent}/{reads}) still sent to {name}"
-    return Finding(
-        "snic-imbalance", severe, title,
-        subject=f"node {name}", evidence=evidence,
-        cause=f"a degraded or throttled storage link on {name}",
-        action=steer)
+    return Finding("snic-imbalance", sev, title, **kw,
+                   cause=f"a degraded or throttled storage link on {name}", action=steer)
 
 
 def change_reach_s(window_s: float) -> float:
@@ -317,16 +370,22 @@ def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
         per_engine[d.pe][0] += 1
         per_engine[d.pe][1] += int(bad)
     out = []
+    rule = RULES["misclassified"]
     for eid, (total, bad) in sorted(per_engine.items()):
-        if total and bad / total >= MISCLASS_WARN and eid in engines:
+        if eid not in engines or total < rule.minimum:
+            continue  # too few decisions of this PE to call a share of them
+        v = grade(rule, bad / total, total, previous_of(ev.previous, rule, f"engine {eid}"),
+                  shown=f"{pct(bad / total)} contradicted")
+        if v.severity:
             e = engines[eid]
             out.append(Finding(
-                wf, WARNING, f"{engine_name(e)}: {bad} of {total} decisions classed it "
+                wf, v.severity, f"{engine_name(e)}: {bad} of {total} decisions classed it "
                 "against what its read queue and tokens say (alpha/beta)",
                 subject=f"engine {eid}", evidence={"engine": eid, "decisions": total,
                                                    "contradicted": bad},
                 cause="stale read-queue reports (slow heartbeats) or thresholds that do not "
-                      "fit the load", action="dualpath tune suggest --window 10m"))
+                      "fit the load", action="dualpath tune suggest --window 10m",
+                rule=rule.name, why=v.why))
     return out
 
 
