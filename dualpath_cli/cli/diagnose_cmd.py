@@ -176,6 +176,9 @@ def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
         if from_file is not None:
             raise UsageError("--fix acts on a live cluster, not a recording (drop --from)")
     ev, source, in_file = _evidence(ref, from_file, window, interval)
+    live = from_file is None
+    if live:
+        ev = _with_previous(ev, source)
     reports = _run(rules, workflow, ev, by_layer)
     worst = max(int(r.severity) for r in reports)
     fixes: list[dict[str, Any]] | None = None
@@ -183,9 +186,14 @@ def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
     if fix:
         fixes = _apply_fixes(ref, reports)
         if any(f["applied"] for f in fixes):  # judge again what the cluster reports now
+            # (afresh: the fix changed what the previous verdict was about)
             ev, source, in_file = _evidence(ref, None, RECHECK_WINDOW, interval)
             reports = _run(rules, workflow, ev, by_layer)
             worst = max(int(r.severity) for r in reports)
+    if live and ev.samples:
+        from dualpath_cli.cli.verdict_memory import save_verdicts
+
+        save_verdicts(source, ev.samples[-1].at, reports)
     names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
     if as_json:
         from dualpath_cli.cli.output import emit_json
@@ -210,6 +218,17 @@ def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
             _render_fixes(stdout, fixes)
         render_reports(stdout, reports, source, by_layer, in_file)
     return worst
+
+
+def _with_previous(ev: Evidence, target: str) -> Evidence:
+    """``ev`` with the previous verdicts on ``target`` where one run ended just before this
+    window (cli/verdict_memory.py): the rules' hysteresis reads them."""
+    from dualpath_cli.cli.verdict_memory import load_previous
+
+    if not ev.samples:
+        return ev
+    ev.previous = load_previous(target, ev.samples[0].at, ev.window_s)
+    return ev
 
 
 def _run(rules: Any, workflow: str, ev: Evidence, by_layer: bool) -> list[Report]:
@@ -327,6 +346,8 @@ def render_reports(console: Console, reports: list[Report], source: str,
             console.print(f"{pad}likely: {escape(f.cause)}", highlight=False, soft_wrap=True)
         if f.action:
             console.print(f"{pad}do:     {escape(f.action)}", highlight=False, soft_wrap=True)
+        if f.why:
+            console.print(f"{pad}why:    {escape(f.why)}", highlight=False, soft_wrap=True)
         layers = f.evidence.get("layers") if by_layer else None
         if layers:
             _layer_table(console, layers)

@@ -132,9 +132,15 @@ def previous_grades(findings: list[Finding]) -> dict[str, Severity]:
     """What to keep of a run's findings for the next: each graded finding's grade."""
     out: dict[str, Severity] = {}
     for f in findings:
-        if f.rule and f.severity in (Severity.OK, Severity.WARNING, Severity.CRITICAL):
-            key = verdict_key(f.rule, f.subject)
-            out[key] = max(out.get(key, Severity.OK), f.severity)
+        graded = dict(f.evidence.get("rule_grades") or {})  # a finding of several rules
+        if f.rule and f.rule not in graded:
+            graded[f.rule] = f.severity.name
+        for rule, name in graded.items():
+            sev = Severity[name] if name in Severity.__members__ else Severity.UNKNOWN
+            if sev is Severity.UNKNOWN:
+                continue
+            key = verdict_key(rule, f.subject)
+            out[key] = max(out.get(key, Severity.OK), sev)
     return out
 
 

@@ -15,13 +15,11 @@ from dualpath_cli.diagnose.model import Evidence, Finding, engine_name, node_nam
 from dualpath_cli.diagnose.thresholds import (
     BUBBLE_LAYERS_CRIT,
     BUBBLE_TOLERANCE_S,
-    KV_WAIT_CRIT_S,
     KV_WAIT_WARN_S,
     PREFETCH_ACCURACY_WARN,
     PREFETCH_MIN_BLOCKS,
-    PREFIX_HIT_WARN,
-    PREFIX_MIN_TURNS,
 )
+from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
 from dualpath_cli.telemetry.view import LayerHits
 
 __all__ = ["cache_hit", "layer_table", "kv_waits"]
@@ -78,23 +76,24 @@ def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
         return [no_samples(wf)]
     out: list[Finding] = []
     follow = [d for d in ev.decisions if d.turn > 0 and d.attempt == 0]
-    if len(follow) >= PREFIX_MIN_TURNS:
+    rule = RULES["prefix-hit"]
+    if len(follow) >= rule.minimum:
         prompt = sum(d.length for d in follow)
         cached = sum(d.cached for d in follow)
         ratio = cached / prompt if prompt else 0.0
+        v = grade(rule, ratio, len(follow), previous_of(ev.previous, rule, None),
+                  shown=f"{pct(ratio)} cached")
         out.append(Finding(
-            wf, WARNING if ratio < PREFIX_HIT_WARN else OK,
+            wf, v.severity,
             f"follow-up turns found {pct(ratio)} of their prompt tokens cached "
             f"({len(follow)} turns)", evidence={"prefix_hit_ratio": round(ratio, 4),
                                                 "turns": len(follow)},
             cause=("the prefix store lost blocks (evicted, gc, capacity) or sessions are not "
-                   "kept on their chain") if ratio < PREFIX_HIT_WARN else None,
+                   "kept on their chain") if v.severity else None,
             action="dualpath storage verify <store>; dualpath-monitor --metric cache_hit "
-                   "--by-layer" if ratio < PREFIX_HIT_WARN else None))
+                   "--by-layer" if v.severity else None, rule=rule.name, why=v.why))
     else:
-        out.append(Finding(wf, OK, f"prefix hits: {len(follow)} follow-up turns in the "
-                           f"window (< {PREFIX_MIN_TURNS}), no verdict",
-                           evidence={"turns": len(follow)}))
+        out.append(not_enough(rule, len(follow), "prefix hits of follow-up turns"))
     rows = layer_table(ev)
     judged = [r for r in rows if r["layer"] > 0]  # layer 0 has no layer to overlap with
     late = [r for r in judged
@@ -148,22 +147,29 @@ def _kv_wait(ev: Evidence, wf: str) -> list[Finding]:
     if not waits:
         return []
     out = []
+    rule = RULES["kv-wait"]
+    counts = {eid: len(values_of(s)) for eid, s in ev.engine_series("kv_wait_s").items()}
     for eid, mean in sorted(waits.items()):
-        if mean < KV_WAIT_WARN_S:
+        if counts.get(eid, 0) < rule.minimum:
             continue
         e = ev.engines[eid]
+        subject = f"node {node_name(e)}"
+        v = grade(rule, mean, counts[eid], previous_of(ev.previous, rule, subject),
+                  shown=f"{mean * 1e3:.1f} ms mean KV wait")
+        if not v.severity:
+            continue
         svc = mean_of(ev.engine_series("service_time_s").get(eid, ()))
         vs = f" (its compute per request {svc * 1e3:.1f} ms)" if svc else ""
         out.append(Finding(
-            wf, CRITICAL if mean >= KV_WAIT_CRIT_S else WARNING,
+            wf, v.severity,
             f"{engine_name(e)}: prefills of a cached prefix wait {mean * 1e3:.1f} ms on "
             f"average for their KV before computing{vs}", subject=f"node {node_name(e)}",
             evidence={"engine": eid, "node": node_name(e), "mean_kv_wait_s": round(mean, 6),
-                      "service_time_s": svc},
+                      "service_time_s": svc, "samples": counts[eid]},
             cause=f"slow store reads on node {node_name(e)} (read latency, a slow or throttled "
                   "storage NIC): the prefill cannot start until its hit is loaded",
             action="dualpath diagnose snic-imbalance --window 60s; dualpath storage bench "
-                   "--root <store>"))
+                   "--root <store>", rule=rule.name, why=v.why))
     if not out:
         worst = max(waits.values())
         out.append(Finding(wf, OK, f"prefills wait at most {worst * 1e3:.1f} ms on average for "

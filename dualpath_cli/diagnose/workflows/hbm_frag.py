@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dualpath_cli.diagnose.grading import CRITICAL, OK, WARNING, no_samples, tok_text, values_of
+from dualpath_cli.diagnose.grading import CRITICAL, OK, no_samples, tok_text, values_of
 from dualpath_cli.diagnose.model import Evidence, Finding, engine_name
-from dualpath_cli.diagnose.thresholds import HBM_FRAG_CRIT, HBM_FRAG_WARN
+from dualpath_cli.diagnose.verdict import RULES, grade, previous_of
 
 __all__ = ["hbm_frag"]
 
@@ -32,16 +32,19 @@ def hbm_frag(ev: Evidence) -> list[Finding]:
                 free_tok[int(rec["id"])] = int(rec["hbm_free"])
     out = []
     worst = 0.0
+    rule = RULES["hbm-frag"]
     for eid, series in sorted(frag.items()):
         vals = values_of(series)
-        if not vals:
+        if len(vals) < rule.minimum:
             continue
-        last = vals[-1]
+        last = vals[-1]  # the pool as it is now: a compaction mends it at once
         worst = max(worst, last)
-        if last < HBM_FRAG_WARN:
+        v = grade(rule, last, len(vals), previous_of(ev.previous, rule, f"engine {eid}"),
+                  shown=f"fragmentation {last:.2f}")
+        if not v.severity:
             continue
         e = ev.engines[eid]
-        sev = CRITICAL if last >= HBM_FRAG_CRIT else WARNING
+        sev, why = v.severity, v.why
         largest = None
         if eid in free_tok:
             largest = int((1.0 - last) * free_tok[eid])
@@ -57,11 +60,14 @@ def hbm_frag(ev: Evidence) -> list[Finding]:
             if largest < need[eid]:
                 sev = CRITICAL
                 extra += " (does not fit)"
+                why += (f"; CRITICAL: the largest free run (~{largest} tok) is smaller than "
+                        f"the largest request placed on it ({need[eid]} tok)")
         out.append(Finding(
             wf, sev, f"{engine_name(e)} HBM fragmentation {last:.2f}{extra}",
             subject=f"engine {eid}", evidence=ev_d,
             cause="KV blocks freed out of order left the pool in small runs",
-            action=f"dualpath diagnose hbm-frag --fix   (compacts engine {eid}'s HBM)"))
+            action=f"dualpath diagnose hbm-frag --fix   (compacts engine {eid}'s HBM)",
+            rule=rule.name, why=why))
     if not out:
         out.append(Finding(wf, OK, f"HBM fragmentation at most {worst:.2f} on "
                            f"{len(frag)} engines", evidence={"max_fragmentation": worst}))

@@ -28,15 +28,12 @@ from dualpath_cli.diagnose.thresholds import (
     HOT_BLOCK_FACTOR,
     HOT_BLOCK_MIN_READS,
     HOT_BLOCK_SHARE,
-    PERSIST_FRACTION,
     SLOW_ENGINE_FACTOR,
     SLOW_ENGINE_MIN_SEQ,
-    SLOW_SERVICE_FACTOR,
     SLOW_SERVICE_MIN_SAMPLES,
-    TAIL_RATIO_CRIT,
-    TAIL_RATIO_WARN,
     TTFT_MIN_TURNS,
 )
+from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
 from dualpath_cli.diagnose.workflows.hbm_frag import hbm_frag
 
 __all__ = ["long_tail"]
@@ -63,26 +60,30 @@ def long_tail(ev: Evidence) -> list[Finding]:
     out: list[Finding] = []
     buckets, scope = _ttft_window(ev)
     turns = buckets[-1][1] if buckets else 0
-    if buckets and turns >= TTFT_MIN_TURNS:
+    rule = RULES["ttft-tail"]
+    if not buckets:
+        out.append(Finding(wf, OK, "TTFT tail: histogram not available",
+                           evidence={"turns": 0}))
+    elif turns < rule.minimum:
+        out.append(not_enough(rule, int(turns), f"TTFT tail ({scope})"))
+    else:
         p50 = histogram_quantile(0.5, buckets)
         p99 = histogram_quantile(0.99, buckets)
         if p50 and p99:
             ratio = p99 / p50
-            sev = (CRITICAL if ratio >= TAIL_RATIO_CRIT else
-                   WARNING if ratio >= TAIL_RATIO_WARN else OK)
-            if scope != "window":  # since start mixes in warm-up and old incidents
-                sev = min(sev, WARNING)
+            v = grade(rule, ratio, int(turns), previous_of(ev.previous, rule, None),
+                      shown=f"P99/P50 {ratio:.1f}")
+            sev, why = v.severity, v.why
+            if scope != "window" and sev > WARNING:  # since start mixes in warm-up and old
+                sev, why = WARNING, why + "; capped at WARNING: histogram since start"
             out.append(Finding(
                 wf, sev, f"TTFT P99/P50 {ratio:.1f} (P50 {p50 * 1e3:.0f} ms, P99 "
                 f"{p99 * 1e3:.0f} ms, {turns:.0f} turns {scope})",
                 evidence={"p50_s": p50, "p99_s": p99, "ratio": round(ratio, 3),
                           "turns": turns, "scope": scope},
                 cause="see the hot-block, engine and HBM findings" if sev else None,
-                action="dualpath tune set quota=150ms" if sev else None))
-    else:
-        out.append(Finding(wf, OK, f"TTFT tail: too few turns ({turns:.0f} < "
-                           f"{TTFT_MIN_TURNS}) or histogram {scope}",
-                           evidence={"turns": turns}))
+                action="dualpath tune set quota=150ms" if sev else None,
+                rule=rule.name, why=why))
     out.extend(_hot_blocks(ev, wf))
     out.extend(_slow_engines(ev, wf))
     out.extend(_slow_service(ev, wf))
@@ -163,7 +164,9 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         action=f"dualpath diagnose long-tail --fix   (copies the {len(names)} hot blocks "
                f"to every replica root, at least {max(needed.values())} copies each; a store "
                "without them: launch --replica-root DIR; dualpath storage inspect <root> "
-               "--top 20 lists the hot blocks)"))
+               "--top 20 lists the hot blocks)",
+        why=f"hot block: {top_v} reads in the window, >= {HOT_BLOCK_MIN_READS} and >= "
+            f"{basis} on its busiest copy: WARNING (no band: a count)"))
     return out
 
 
@@ -201,14 +204,20 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
         for eid in ids:
             e = ev.engines[eid]
             over = [t > b for t, b in zip(tokens.get(eid, ()), beta, strict=False)]
-            if over and sum(over) / len(over) >= PERSIST_FRACTION:
+            ob = RULES["over-beta"]
+            v = (grade(ob, sum(over) / len(over), len(over),
+                       previous_of(ev.previous, ob, f"engine {eid}"),
+                       shown=f"{pct(sum(over) / len(over))} of samples over beta")
+                 if len(over) >= ob.minimum else None)
+            if v is not None and v.severity:
                 out.append(Finding(
-                    wf, WARNING, f"{engine_name(e)} over beta {tok_text(beta[-1])} tok in "
+                    wf, v.severity, f"{engine_name(e)} over beta {tok_text(beta[-1])} tok in "
                     f"{pct(sum(over) / len(over))} of samples", subject=f"engine {eid}",
                     evidence={"engine": eid, "mean_tokens": mean_of(tokens[eid]),
-                              "beta_tokens": beta[-1]},
+                              "beta_tokens": beta[-1], "samples": len(over)},
                     cause="the scheduler keeps this engine overloaded",
-                    action=f"dualpath tune set beta={tok_text(max(1, beta[-1] * 3 // 4))}"))
+                    action=f"dualpath tune set beta={tok_text(max(1, beta[-1] * 3 // 4))}",
+                    rule=ob.name, why=v.why))
                 continue
             if len(ids) < 2:
                 continue
@@ -224,10 +233,16 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
                     med = medians[role][i] if i < len(medians[role]) else None
                 if med is not None and v >= SLOW_ENGINE_FACTOR * max(med, 0.5):
                     behind += 1
-            if mine and behind / len(mine) >= PERSIST_FRACTION:
+            se = RULES["slow-engine"]
+            if len(mine) < se.minimum:
+                continue
+            v = grade(se, behind / len(mine), len(mine),
+                      previous_of(ev.previous, se, f"engine {eid}"),
+                      shown=f"{pct(behind / len(mine))} of samples behind")
+            if v.severity:
                 util = mean_of(ev.engine_series("gpu_utilization").get(eid, ()))
                 out.append(Finding(
-                    wf, WARNING, f"{engine_name(e)} holds {mean_of(mine):.1f} unfinished "
+                    wf, v.severity, f"{engine_name(e)} holds {mean_of(mine):.1f} unfinished "
                     f"requests on average, >= {SLOW_ENGINE_FACTOR:g}x its {role} peers, in "
                     f"{pct(behind / len(mine))} of samples",
                     subject=f"engine {eid}",
@@ -236,7 +251,8 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
                               "gpu_utilization": util},
                     cause="a slow engine (throttled GPU, noisy neighbour) finishing its "
                           "turns late", action="dualpath stop && dualpath launch   (restart; "
-                          "or drain the node) ; dynamic quota: dualpath tune set quota=150ms"))
+                          "or drain the node) ; dynamic quota: dualpath tune set quota=150ms",
+                    rule=se.name, why=v.why))
     return out
 
 
@@ -260,14 +276,19 @@ def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
         # a big role's median barely moves for one slow engine; a small one judges each
         # engine by the others alone
         role_med = statistics.median(m for m, _ in means.values())
+        rule = RULES["slow-service"]
         for eid, (mean, n) in sorted(means.items()):
             med = (statistics.median(m for p, (m, _) in means.items() if p != eid)
                    if len(means) <= 3 else role_med)
-            if med <= 0 or mean < SLOW_SERVICE_FACTOR * med:
+            if med <= 0:
+                continue
+            v = grade(rule, mean / med, n, previous_of(ev.previous, rule, f"engine {eid}"),
+                      shown=f"{mean / med:.1f}x its peers")
+            if not v.severity:
                 continue
             e = ev.engines[eid]
             out.append(Finding(
-                wf, WARNING, f"{engine_name(e)} serves a request in {mean * 1e3:.1f} ms of "
+                wf, v.severity, f"{engine_name(e)} serves a request in {mean * 1e3:.1f} ms of "
                 f"compute, {mean / med:.1f}x its {role} peers' {med * 1e3:.1f} ms ({n} "
                 "samples)", subject=f"engine {eid}",
                 evidence={"engine": eid, "mean_service_time_s": mean,
@@ -275,5 +296,6 @@ def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
                           "samples": n},
                 cause="a slow engine (throttled GPU, noisy neighbour): its turns finish late",
                 action="drain and restart it: dualpath stop && dualpath launch ; meanwhile "
-                       "dynamic quota: dualpath tune set quota=150ms"))
+                       "dynamic quota: dualpath tune set quota=150ms", rule=rule.name,
+                why=v.why))
     return out

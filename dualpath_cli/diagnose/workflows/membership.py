@@ -51,7 +51,10 @@ def membership(ev: Evidence) -> list[Finding]:
             cause=f"every {gap.role} node left or died; turns cannot finish and are "
                   "answered 503 after scheduler.no_engine_wait",
             action=f"start a {gap.role} node: dualpath launch --role {gap.role} --node NAME "
-                   "--join HOST:PORT (or restart the cluster)"))
+                   "--join HOST:PORT (or restart the cluster)",
+            why=f"membership record of the window's last sample: no {gap.role} engine "
+                f"serves ({record.serving} of {record.of} serve): CRITICAL (a fact: no "
+                "minimum, no band)"))
     if not out:
         out.append(Finding(wf, OK, f"{record.serving} serve (of {record.of})",
                            evidence={"serving": record.serving, "of": record.of}))

@@ -25,18 +25,15 @@ from dualpath_cli.diagnose.model import Evidence, Finding, node_name
 from dualpath_cli.diagnose.thresholds import (
     CNIC_MAX_AVG_WARN,
     DECISION_MIN_CALLS,
-    DECISION_P99_CRIT,
-    DECISION_P99_WARN,
     DECISION_WAIT_FACTOR,
     ENGINE_HEADROOM_UTIL,
     FIFO_GROWTH_WARN,
     PD_BUSY_HIGH,
     PD_BUSY_LOW,
     PD_QUEUE_MIN,
-    SCHED_CPU_CRIT,
-    SCHED_CPU_WARN,
     SNIC_BUSY_MIN,
 )
+from dualpath_cli.diagnose.verdict import RULES, grade, previous_of
 from dualpath_cli.telemetry.view import SchedulerView
 
 __all__ = ["scaling", "scheduler_cost", "role_busy"]
@@ -201,13 +198,20 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
             p99[kind] = q
     worst = max(p99, key=lambda k: p99[k]) if p99 else None
     load = p99[worst] * rate if worst is not None else None  # p99 over the arrival gap
-    severity = OK
-    if (cores is not None and cores >= SCHED_CPU_CRIT) or (
-            load is not None and load >= DECISION_P99_CRIT):
-        severity = CRITICAL
-    elif (cores is not None and cores >= SCHED_CPU_WARN) or (
-            load is not None and load >= DECISION_P99_WARN):
-        severity = WARNING
+    verdicts = {}  # rule -> its verdict; the finding's grade is the worst of them
+    if cores is not None:
+        rule = RULES["scheduler-cpu"]
+        verdicts[rule.name] = grade(rule, cores, len(ev.samples),
+                                    previous_of(ev.previous, rule, "scheduler"),
+                                    shown=f"{cores:.2f} cores")
+    if load is not None and worst is not None:
+        rule = RULES["decision-p99"]
+        verdicts[rule.name] = grade(rule, load, calls[worst],
+                                    previous_of(ev.previous, rule, "scheduler"),
+                                    shown=f"p99 {load:.2f} of the arrival gap")
+    severity = max((v.severity for v in verdicts.values()), default=OK)
+    why = "; ".join(v.why for v in verdicts.values()) or None
+    rule_name = max(verdicts, key=lambda r: verdicts[r].severity) if verdicts else None
     parts = [f"scheduler thread {'n/a' if cores is None else f'{cores:.2f}'} cores busy"]
     if cpu_per is not None:
         parts.append(f"{cpu_per * 1e3:.2f} ms CPU per decision at {decided / dt:.1f} "
@@ -227,9 +231,10 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
         "decision_p99_s": {k: round(v, 6) for k, v in p99.items()},
         "decision_calls": calls,
         "decision_p99_over_arrival_gap": None if load is None else round(load, 4),
-        "decision_wall_s": round(wall, 4)}
+        "decision_wall_s": round(wall, 4),
+        "rule_grades": {r: v.severity.name for r, v in verdicts.items()}}
     if severity is OK:
-        return [Finding(wf, OK, "; ".join(parts), evidence=evidence)]
+        return [Finding(wf, OK, "; ".join(parts), evidence=evidence, rule=rule_name, why=why)]
     cpu_s = cores * dt if cores is not None else None
     if cpu_s is not None and wall > DECISION_WAIT_FACTOR * cpu_s:
         return [Finding(
@@ -241,7 +246,7 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
                   "threads holding the GIL); a hierarchy would not help",
             action="free a core for the launcher: move other work off its host (uptime; top "
                    "-H -p <launcher pid> shows its threads), then dualpath diagnose scaling "
-                   "again")]
+                   "again", rule=rule_name, why=why)]
     return [Finding(
         wf, severity, "; ".join(parts) + (" (the scheduler is the bottleneck)"
                                             if severity is CRITICAL else
@@ -250,7 +255,7 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
         cause="one scheduler thread makes every decision: near one core, or with calls "
               "as long as the gap between requests, requests wait for the scheduler and "
               "more engines or nodes add no throughput",
-        action=_scale_scheduler(s1, last.pd))]
+        action=_scale_scheduler(s1, last.pd), rule=rule_name, why=why)]
 
 
 def role_busy(ev: Evidence) -> tuple[dict[str, float | None], int]:

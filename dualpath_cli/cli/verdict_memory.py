@@ -1,0 +1,77 @@
+"""The previous diagnose verdicts on a cluster, kept between runs for the rules' hysteresis.
+
+Why a file: ``dualpath diagnose`` runs in a fresh process each time (cron, an operator, the
+drill), so the grade a rule gave the same subject a window ago is read back from
+``diagnose-verdicts.json`` in the state directory (services/statefile.py), one entry per
+cluster URL. An entry counts only for the window right after it: when it ended no longer
+ago than one window length (at least :data:`REACH_MIN_S`) before the new window started;
+an older one says nothing about the fault now. Diagnosing a recording uses none and keeps
+none: its verdict is a function of the file alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from dualpath_cli.atomicio import atomic_write_text
+from dualpath_cli.diagnose.model import Report, Severity
+from dualpath_cli.diagnose.verdict import RULES, previous_grades
+from dualpath_cli.services.statefile import state_dir
+
+__all__ = ["load_previous", "save_verdicts", "REACH_MIN_S", "FILE_NAME"]
+
+FILE_NAME = "diagnose-verdicts.json"
+#: A previous verdict counts when it ended at most one window, and at least this many
+#: seconds, before the new window started.
+REACH_MIN_S = 60.0
+#: Clusters kept in the file (the most recent).
+_KEEP = 16
+
+
+def _read() -> dict[str, Any]:
+    try:
+        data = json.loads((state_dir() / FILE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_previous(target: str, start: float, window_s: float) -> dict[str, Severity] | None:
+    """The previous verdicts on ``target`` if they ended close enough before ``start``
+    (``None``: none in reach: the rules grade by their thresholds alone)."""
+    entry = _read().get(target)
+    if not isinstance(entry, dict):
+        return None
+    end = entry.get("end")
+    grades = entry.get("grades")
+    if not isinstance(end, int | float) or not isinstance(grades, dict):
+        return None
+    if not (start - max(window_s, REACH_MIN_S) <= end <= start + window_s):
+        return None
+    return {str(k): Severity[v] for k, v in grades.items()
+            if isinstance(v, str) and v in Severity.__members__}
+
+
+def save_verdicts(target: str, end: float, reports: list[Report]) -> None:
+    """Keep ``reports``' graded verdicts on ``target``: those of the workflows run replace
+    theirs, the other workflows' kept ones stay (a file that cannot be written is skipped:
+    hysteresis is a help, not a duty)."""
+    grades: Mapping[str, Severity] = previous_grades(
+        [f for r in reports for f in r.findings])
+    ran = {r.workflow for r in reports}
+    data = _read()
+    old = data.get(target)
+    old = old if isinstance(old, dict) else {}
+    kept = {k: v for k, v in (old.get("grades") or {}).items()
+            if k.split("|", 1)[0] in RULES
+            and RULES[k.split("|", 1)[0]].workflow not in ran}
+    data[target] = {"end": end, "grades": {**kept, **{k: v.name for k, v in grades.items()}}}
+    if len(data) > _KEEP:
+        newest = sorted(data, key=lambda k: -float((data[k] or {}).get("end", 0) or 0))
+        data = {k: data[k] for k in newest[:_KEEP]}
+    try:
+        atomic_write_text(state_dir() / FILE_NAME, json.dumps(data, indent=1))
+    except OSError:
+        return
