@@ -78,6 +78,7 @@ def test_human_rendering_has_severity_evidence_cause_and_command(
                                "expected") for line in lines)
     assert "likely: a degraded or throttled storage link on D3" in out
     assert "do:     check the storage NIC of D3" in out
+    assert "why:    snic-link 25% of expected over 10 samples: CRITICAL" in out
     assert out.rstrip().splitlines()[-1].startswith("CRITICAL (exit 2): 1 workflow over 9 s")
 
 
@@ -112,7 +113,9 @@ def test_live_recheck_after_tune_set_compares_reads_before_and_after_the_audited
             if f["subject"] == "node D3" and "storage NIC" in f["title"]]
     assert f["title"] == ("node D3 storage NIC still slow; reads to D3 down from 40% to 4% "
                           "since alpha 100K -> 50K (audit #17)")
-    assert rc == 1 and f["severity"] == "WARNING"
+    # reads now avoid D3, yet its link is still at 25%: the grade is the link's (snic-link)
+    assert rc == 2 and f["severity"] == "CRITICAL" and f["rule"] == "snic-link"
+    assert "tune set" not in f["action"]  # no further step: reads already avoid it
     e = f["evidence"]
     assert (e["share_before"], e["share_after"], e["audit_seq"]) == (0.4, 0.04, 17)
     assert doc["decisions"] == 25  # the window's own; the earlier ones only judge the change
@@ -129,8 +132,8 @@ def test_recheck_from_a_recording_that_covers_the_change(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = record(_recorded_change(), tmp_path / "w.jsonl.gz")
     rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path)], capsys)
-    assert rc == 1
-    assert ("WARNING  snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
+    assert rc == 2  # the link is still at 25% (rule snic-link), whatever the reads did
+    assert ("CRITICAL snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
             "to 0% since alpha 100K -> 50K (set by api, seen in the samples +5 s into the "
             "window)") in out
 
@@ -165,8 +168,8 @@ def test_a_recording_keeps_the_audit_log_and_its_recheck_names_the_audit_entry(
     assert len(rec.samples) == 10 and rec.audit == (change,)
     assert rec.alpha_s_per_token == pytest.approx(2.0 / ALPHA)
     rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path)], capsys)
-    assert rc == 1
-    assert ("WARNING  snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
+    assert rc == 2
+    assert ("CRITICAL snic-imbalance  node D3 storage NIC still slow; reads to D3 down from 50% "
             "to 0% since alpha 2s -> 1s (audit #17)") in out
     rc, out, _ = run(["diagnose", "snic-imbalance", "--from", str(path), "--json"], capsys)
     (f,) = [f for f in json.loads(out)["reports"][0]["findings"]

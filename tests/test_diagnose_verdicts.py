@@ -119,16 +119,25 @@ def test_a_role_whose_every_node_is_degraded_is_judged_against_the_fastest_node(
 
 
 def test_below_the_minimum_evidence_a_rule_says_so_and_does_not_guess() -> None:
-    one = window(lambda i: make_view(i, bw={3: 0.25 * SNIC_BW}), n=1)
-    findings = rules.run_workflow("snic-imbalance", one).findings
-    (f,) = [f for f in findings if f.rule == "snic-link"]
-    assert f.severity is OK and "not enough evidence: 1 samples (< 2)" in f.title
-    assert f.evidence["about"] == "node D3"
     # TTFT: 10 turns a second for 2 samples is 20 turns, under TTFT_MIN_TURNS
     short = window(n=2)
     (t,) = [f for f in rules.run_workflow("long-tail", short).findings
             if f.rule == "ttft-tail"]
     assert t.severity is OK and "not enough evidence: 20 turns (< 50)" in t.title
+    assert t.why and "no grade" in t.why
+    # prefix hits: 4 follow-up turns, all cache misses, under PREFIX_MIN_TURNS
+    few = window(decisions=[decision(s, cached=0) for s in range(1, 5)])
+    (p,) = [f for f in rules.run_workflow("cache-hit", few).findings
+            if f.rule == "prefix-hit"]
+    assert p.severity is OK and "not enough evidence: 4 turns (< 10)" in p.title
+    # misclassed PE classes: 9 decisions of engine 1, all contradicted, are not judged
+    ds = [decision(s, pe=1, pe_class="C2", pe_read_q=10**6) for s in range(1, 10)]
+    assert not [f for f in rules.run_workflow("snic-imbalance", window(decisions=ds)).findings
+                if f.rule == "misclassified"]
+    ds = [decision(s, pe=1, pe_class="C2", pe_read_q=10**6) for s in range(1, 11)]
+    (m,) = [f for f in rules.run_workflow("snic-imbalance", window(decisions=ds)).findings
+            if f.rule == "misclassified"]
+    assert m.severity is WARNING and "over 10 decisions" in (m.why or "")
 
 
 def test_every_finding_of_a_graded_rule_says_why_with_its_counts() -> None:

@@ -96,9 +96,10 @@ DECISION_MIN_CALLS = 20
 DECISION_WAIT_FACTOR = 1.5
 
 # --- evidence minimums and hysteresis bands of the graded rules (diagnose/verdict.py) ------
-#: Fewest samples for a per-sample rule (a link's rate, a share of samples) to grade: a
-#: window is two samples at least.
-MIN_SAMPLES = 2
+#: Fewest samples for a per-sample rule (a link's rate, a share of samples) to grade: one
+#: sample is a snapshot, not a guess (``dualpath top`` grades its first); the finding's why
+#: says how many samples it stands on.
+MIN_SAMPLES = 1
 #: Hysteresis: with the previous verdict of a rule on a subject known, its value must pass a
 #: threshold by more than the rule's band to change the grade (a steady fault measured a
 #: little differently in each window keeps its grade).

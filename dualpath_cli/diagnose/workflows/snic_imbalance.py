@@ -48,9 +48,11 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     rq = ev.node_series("read_queue_tokens")
     alpha = ev.alpha_series
     all_bw = {n: m for n, m in ((n, mean_of(s)) for n, s in bw.items()) if m}
-    out.extend(_links(ev, bw, all_bw, alpha))
-    for role, ids in sorted(role_nodes(ev).items()):
+    roles = sorted(role_nodes(ev).items())
+    for role, ids in roles:
         out.extend(_balance(ev, role, ids, util))
+    out.extend(_links(ev, bw, all_bw, alpha))
+    for role, ids in roles:
         for n in ids:
             out.extend(_saturated(ev, n, role, util.get(n, [])))
             out.extend(_read_queue(ev, n, role, rq.get(n, []), alpha))
