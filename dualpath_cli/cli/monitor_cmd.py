@@ -284,6 +284,7 @@ class History:
         self._samples: deque[Sample] = deque(maxlen=FINDING_WINDOW)
         self._open: dict[str, list[tuple[bool, str]]] = {}
         self._seen = 0
+        self._previous: dict[str, Any] | None = None
 
     def open_findings(self, sample: Sample) -> dict[str, list[tuple[bool, str]]]:
         """Subject (``node D1``, ``engine 3``) -> (critical, workflow) of each open
@@ -296,9 +297,14 @@ class History:
             return self._open
         from dualpath_cli.diagnose import rules
         from dualpath_cli.diagnose.model import Evidence, Severity
+        from dualpath_cli.diagnose.verdict import previous_grades
 
         found: dict[str, list[tuple[bool, str]]] = {}
-        for report in rules.run_all(Evidence(tuple(self._samples))):
+        # the last run's verdicts are the rules' previous ones (hysteresis: a steady fault
+        # keeps its mark from tick to tick)
+        reports = rules.run_all(Evidence(tuple(self._samples), previous=self._previous))
+        self._previous = previous_grades([f for r in reports for f in r.findings])
+        for report in reports:
             for f in report.findings:
                 if f.subject and f.severity in (Severity.WARNING, Severity.CRITICAL):
                     text = (f.severity is Severity.CRITICAL, f.workflow)
