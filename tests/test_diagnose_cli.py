@@ -202,7 +202,12 @@ def test_not_a_recording_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture
     bad = tmp_path / "trace.jsonl"
     bad.write_text('{"format": "dualpath-trace", "version": 1, "max_len": 10}\n')
     rc, _, err = run(["diagnose", "all", "--from", str(bad)], capsys)
-    assert rc == 3 and "not a dualpath recording" in err
+    assert rc == 3 and "a dualpath trace, not a recording" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    other = tmp_path / "notes.jsonl"
+    other.write_text('{"hello": 1}\n')
+    rc, _, err = run(["diagnose", "all", "--from", str(other)], capsys)
+    assert rc == 3 and "not a dualpath recording" in err, err
 
 
 def test_record_writes_samples_decisions_and_a_trace(monkeypatch: pytest.MonkeyPatch,
