@@ -25,6 +25,9 @@ SPEC text is ``KIND:key=value,...``:
   are closed (what they queue is lost) and every KV message it sends is lost until the fault
   is cleared; control messages still reach the scheduler. Each turn whose KV was lost is
   run again (its peer could not finish it).
+* ``store_full:node=N`` -- node N's store refuses every block write with ENOSPC, as a full
+  disk does: new KV is not persisted (turns are still served, later ones hit less), each
+  refused write is counted in ``dualpath_storage_write_errors_total{reason="full"}``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ FAULT_KINDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "hbm_frag": ("engine", (), ("stride",)),
     "slow_compute": ("engine", ("factor",), ()),
     "fabric_drop": ("engine", (), ()),
+    "store_full": ("node", (), ()),
 }
 
 
@@ -120,7 +124,8 @@ class Fault:
                                  "rate": self.rate},
                   "hbm_frag": {"stride": self.stride},
                   "slow_compute": {"factor": self.factor},
-                  "fabric_drop": {}}
+                  "fabric_drop": {},
+                  "store_full": {}}
         d.update(table[self.kind])
         if self.id:
             d.update(id=self.id, since=self.since)
@@ -259,6 +264,7 @@ _EXAMPLES = {
     "hbm_frag": "hbm_frag:engine=2,stride=4",
     "slow_compute": "slow_compute:engine=1,factor=4",
     "fabric_drop": "fabric_drop:engine=0",
+    "store_full": "store_full:node=1",
 }
 
 

@@ -99,7 +99,7 @@ def inject(
     specs: Annotated[list[str], typer.Argument(
         help="Faults as launch --inject takes them: KIND:key=value,... e.g. "
         "snic_throttle:node=1,fraction=0.25 (kinds: snic_throttle, read_latency, "
-        "read_errors, hot_blocks, hbm_frag, slow_compute, fabric_drop).",
+        "read_errors, store_full, hot_blocks, hbm_frag, slow_compute, fabric_drop).",
         show_default=False, metavar="SPEC")],
     url: UrlOption = None,
     port: PortOption = None,

@@ -38,6 +38,7 @@ from dualpath_cli.runtime.wire import (
     WireMessage,
     encode,
 )
+from dualpath_cli.runtime.write_refusals import WriteRefusals
 from dualpath_cli.storage import (
     HEADER_SIZE,
     KVStore,
@@ -209,6 +210,8 @@ class EngineContext:
         self._out: queue.Queue[tuple[str, Layer | PrefillDone | Decode, bool] | None] = (
             queue.Queue())
         self.fabric_down = False  # a fabric_drop fault: KV sends are lost (fabric_cut)
+        #: called before each block write (a store_full fault: raises as a full disk does)
+        self.write_hook: Callable[[KVStore, BlockKey], None] | None = None
         self._dropped_turns: set[tuple[int, int]] = set()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name=f"send-{spec.engine_id}")
@@ -238,8 +241,7 @@ class EngineContext:
                             for layer in range(self.n_layers)] if role == "prefill" else []
         self.m_hbm_bytes = {side: r.counter("dualpath_kv_read_bytes_total", tier="hbm",
                                             side=side) for side in ("pe", "de")}
-        self.m_write_errors = r.counter("dualpath_storage_write_errors_total", node=node,
-                                        role=role)
+        self.write_refusals = WriteRefusals(r, node, role, self.spec.engine_id)
 
     def layer_hits(self, layer: int, tier: str, blocks: int) -> None:
         """Count ``blocks`` Layer Blocks of ``layer`` served by ``tier``."""
@@ -501,12 +503,13 @@ class EngineContext:
         if shaped:
             pay(self.spec.snic_write, header.file_nbytes)
         try:
+            refuse = self.write_hook
+            if refuse is not None:  # a store_full fault: refused as the file system would
+                refuse(self.store, key)
             self.store.put(header, payload)
         except (OSError, StorageError) as err:  # a full or failing store loses this block,
-            # not the engine (PosixStore raises StorageError for ENOSPC/EROFS/EIO)
-            self.m_write_errors.inc()
-            log.warning("engine %d: could not persist block %s: %s", self.spec.engine_id,
-                        key.hex, err)
+            # not the engine (PosixStore raises WriteRefused for ENOSPC/EROFS/EIO)
+            self.write_refusals.count(key.hex, err)
             return False
         self.counters.add(snic_write_bytes=header.file_nbytes, blocks_persisted=1)
         self.m_nic["snic", "write"].inc(header.file_nbytes)

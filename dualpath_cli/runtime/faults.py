@@ -2,19 +2,23 @@
 
 Why: a :class:`~dualpath_cli.faultspec.Fault` (parsed from ``--inject`` or ``PATCH
 /api/v1/faults``) reaches each engine it targets as a wire message; the engine applies it to
-its own plumbing here (a throttled storage NIC, slow or failing reads, hot blocks, a
-fragmented HBM pool, slow compute, a cut fabric) and undoes it when told ``on=False``.
+its own plumbing here (a throttled storage NIC, slow or failing reads, a full store, hot
+blocks, a fragmented HBM pool, slow compute, a cut fabric) and undoes it when told ``on=False``.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import random
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.faultspec import Fault
+from dualpath_cli.storage.errors import WriteRefused
 
 if TYPE_CHECKING:
     from dualpath_cli.runtime.context import EngineContext
@@ -45,6 +49,13 @@ class _SlowModel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
+
+
+def _refuse_full(store: object, key: BlockKey) -> None:
+    """A ``store_full`` fault's write: refused with ENOSPC, the error a store on a full file
+    system raises (storage/posix.py), so the engine counts and logs it as that."""
+    where = getattr(store, "root", None) or type(store).__name__
+    raise WriteRefused(f"{where}/{key.hex}", errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 class FaultInjector:
@@ -93,6 +104,8 @@ class FaultInjector:
             ctx.model = _SlowModel(self._base_model, f.factor)
         elif f.kind == "fabric_drop":
             ctx.fabric_cut(True)
+        elif f.kind == "store_full":
+            ctx.write_hook = _refuse_full
 
     def _undo(self, kind: str) -> None:
         ctx = self.ctx
@@ -114,6 +127,8 @@ class FaultInjector:
             ctx.model = self._base_model
         elif kind == "fabric_drop":
             ctx.fabric_cut(False)
+        elif kind == "store_full":
+            ctx.write_hook = None
 
     def _wrap_reads(self) -> None:
         if self._reads_hooked:
@@ -132,7 +147,8 @@ class FaultInjector:
                         if op.buffer is not None:
                             op.buffer.release()
                             op.buffer = None
-                        op.header, op.missing, op.io_error = None, True, "injected read error"
+                        op.header, op.missing = None, True
+                        op.io_error = f"{os.strerror(errno.EIO)} (injected read error)"
             return started
 
         loader.set_read_hook(faulty)
@@ -152,8 +168,6 @@ class FaultInjector:
                     stop.wait(0.2)
                     continue
             t0 = time.monotonic()
-            from dualpath_cli.core.layout import BlockKey
-
             for key in keys:  # a cached copy would not touch the store: each read must
                 ctx.loader.cache.discard(BlockKey.from_hex(key))
             landed = threading.Event()

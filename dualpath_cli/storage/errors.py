@@ -8,6 +8,8 @@ into a miss (the engine recomputes) and counts it in
 
 from __future__ import annotations
 
+import errno
+
 from dualpath_cli.errors import DualPathError, UsageError
 
 __all__ = [
@@ -18,7 +20,16 @@ __all__ = [
     "TruncatedBlock",
     "ForeignHeader",
     "CapacityError",
+    "WriteRefused",
+    "WRITE_REFUSALS",
+    "write_refusal_of",
 ]
+
+#: Why a store refused a block write (the ``reason`` label of
+#: ``dualpath_storage_write_errors_total``): full (ENOSPC, EDQUOT, or a block larger than
+#: the store's capacity), read_only (EROFS), failed (any other error: EIO...).
+WRITE_REFUSALS: tuple[str, ...] = ("full", "read_only", "failed")
+_BY_ERRNO = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "read_only"}
 
 
 class StorageError(DualPathError):
@@ -60,3 +71,23 @@ class ForeignHeader(CorruptBlockError):
 
 class CapacityError(StorageError):
     """A block is larger than the store's whole capacity."""
+
+
+class WriteRefused(StorageError):
+    """The store could not write a block: the file system said ``errno`` (no temp file is
+    left behind). ``reason`` is one of :data:`WRITE_REFUSALS`."""
+
+    def __init__(self, path: str, err: int | None, strerror: str | None) -> None:
+        super().__init__(f"{path}: cannot write block ({strerror or 'failed'})")
+        self.path = path
+        self.errno = err
+        self.reason = _BY_ERRNO.get(err or 0, "failed")
+
+
+def write_refusal_of(err: BaseException) -> str:
+    """Why a write failed, as :data:`WRITE_REFUSALS` names it."""
+    if isinstance(err, WriteRefused):
+        return err.reason
+    if isinstance(err, CapacityError):
+        return "full"
+    return _BY_ERRNO.get(getattr(err, "errno", None) or 0, "failed")

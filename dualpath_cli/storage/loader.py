@@ -505,6 +505,7 @@ class StorageLoader:
         latencies: list[float] = []
         read_bytes = hits = misses = prefetched = 0
         corrupt: dict[str, int] = {}
+        failed: dict[str, int] = {}
         cache = self.cache
         caching = cache.capacity_bytes > 0
         queue = self._queue
@@ -542,6 +543,8 @@ class StorageLoader:
                         corrupt[op.error.reason] = corrupt.get(op.error.reason, 0) + 1
                         cache.discard(pending.key)
                     reason = miss_reason_of(op, self._closed)
+                    if op.error is None and op.io_error is not None:
+                        failed[reason] = failed.get(reason, 0) + 1
                     for ticket, index in waiters:
                         ticket.result.misses += 1
                         ticket.result.corrupt += op.error is not None
@@ -557,5 +560,5 @@ class StorageLoader:
             metrics.publish_queue(queue)
             metrics.m_cache_bytes.set(cache.bytes)
             metrics.count_bandwidth(now, read_bytes, self.shaper.rate)
-        metrics.count_reads(read_bytes, hits, prefetched, corrupt, latencies)
+        metrics.count_reads(read_bytes, hits, prefetched, corrupt, latencies, failed)
         return finished

@@ -38,6 +38,8 @@ class LoaderMetrics:
                         for t in ("dram", "store")}
         self.m_cache_bytes = r.gauge("dualpath_storage_cache_bytes", node=n)
         self.m_cancel = r.counter("dualpath_storage_cancelled_reads_total", node=n)
+        self.m_read_errors = {why: r.counter("dualpath_storage_read_errors_total", node=n,
+                                             reason=why) for why in ("read_failed", "timed_out")}
         side = _SIDE.get(role, role)
         self.m_kv_req = r.counter("dualpath_kv_requested_tokens_total", tier="dram")
         self.m_kv_hit = r.counter("dualpath_kv_hit_tokens_total", tier="dram")
@@ -110,8 +112,10 @@ class LoaderMetrics:
             self._bw_window = (start, total)
 
     def count_reads(self, read_bytes: int, hits: int, prefetched: int,
-                    corrupt: dict[str, int], latencies: list[float]) -> None:
-        """A delivered batch of store reads: bytes, blocks, corrupt blocks, latencies."""
+                    corrupt: dict[str, int], latencies: list[float],
+                    failed: dict[str, int] | None = None) -> None:
+        """A delivered batch of store reads: bytes, blocks, corrupt blocks, latencies, and
+        the reads that failed (by miss reason: read_failed, timed_out)."""
         if read_bytes:
             self.m_bytes.inc(read_bytes)
             self.m_blocks.inc(hits)
@@ -121,4 +125,6 @@ class LoaderMetrics:
         for reason, count in corrupt.items():
             self._registry.counter("dualpath_storage_corrupt_blocks_total", node=self.node,
                                    reason=reason).inc(count)
+        for reason, count in (failed or {}).items():
+            self.m_read_errors[reason].inc(count)
         self.m_lat["store"].observe_many(latencies)

@@ -49,7 +49,11 @@ from dualpath_cli.atomicio import atomic_write_text
 from dualpath_cli.core.layout import BlockKey
 from dualpath_cli.storage.buffers import BufferPool
 from dualpath_cli.storage.engines import ReadEngine, make_engine
-from dualpath_cli.storage.errors import CapacityError, StorageError, StorageUsageError
+from dualpath_cli.storage.errors import (
+    CapacityError,
+    StorageUsageError,
+    WriteRefused,
+)
 from dualpath_cli.storage.header import BlockHeader, pack_header, padded
 from dualpath_cli.storage.reads import EngineReads, PageCacheReads, UringReads
 from dualpath_cli.storage.store import BoundedReads, GcReport, ReadOp, ReadPath, StoreUsage
@@ -170,7 +174,7 @@ class PosixStore:
             os.replace(tmp, path)
         except OSError as err:  # full, read-only, failing: no temp file may stay behind
             _unlink_quiet(tmp)
-            raise StorageError(f"{path}: cannot write block ({err.strerror})") from None
+            raise WriteRefused(str(path), err.errno, err.strerror) from None
         if self.fsync:
             _fsync_dir(path.parent)
         h = header.key.hex

@@ -113,6 +113,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Hits over lookups since start, by tier (the seed's cache_hit_ratio)."),
     MetricSpec("dualpath_storage_cache_bytes", _G, "bytes", ("node",),
                "Bytes held by a node's DRAM buffer cache."),
+    MetricSpec("dualpath_storage_read_errors_total", _C, "", ("node", "reason"),
+               "Block reads from the store by a node's loader that failed (read_failed: an "
+               "I/O error such as EIO; timed_out): each is a miss, re-read or recomputed."),
     MetricSpec("dualpath_storage_corrupt_blocks_total", _C, "", ("node", "reason"),
                "Blocks found corrupt (checksum, truncated, foreign header) and quarantined."),
     MetricSpec("dualpath_storage_cancelled_reads_total", _C, "", ("node",),
@@ -137,9 +140,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Blocks evicted by a store's capacity limit or by gc."),
     MetricSpec("dualpath_storage_replicated_blocks_total", _C, "", ("root",),
                "Hot blocks copied to an extra store root."),
-    MetricSpec("dualpath_storage_write_errors_total", _C, "", ("node", "role"),
-               "Full Blocks a node's engines could not persist (the store refused the write: "
-               "full, read-only, failing); the block is recomputed when next needed."),
+    MetricSpec("dualpath_storage_write_errors_total", _C, "", ("node", "role", "reason"),
+               "Full Blocks a node's engines could not persist, by why the store refused the "
+               "write (full: ENOSPC or over capacity, read_only: EROFS, failed: EIO or any "
+               "other error); the block is recomputed when next needed."),
     MetricSpec("dualpath_storage_block_reads_total", _C, "", ("node", "block"),
                "Reads of one block from the store by a node's engines since start, for each "
                "engine's 8 most-read blocks only (hot-spot evidence with bounded labels)."),

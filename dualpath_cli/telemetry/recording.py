@@ -94,6 +94,12 @@ class Extras:
             where it is 0).
         warm_blocks_remaining: blocks a warm-up has still to read, by node (empty: no
             engine has run one).
+        node_store_reads: Full Blocks read from the store by node since start (what its
+            failed reads are out of).
+        node_read_errors: store reads that failed (EIO, timed out) by node since start.
+        node_corrupt_blocks: blocks found corrupt and quarantined by node since start.
+        node_write_errors: block writes the store refused, by ``"<node>/<reason>"`` (full,
+            read_only, failed) since start.
     """
 
     ttft_buckets: tuple[tuple[float, int], ...] = ()
@@ -108,6 +114,10 @@ class Extras:
     store_block_reads: int | None = None
     block_copy_reads: dict[str, dict[str, int]] = field(default_factory=dict)
     warm_blocks_remaining: dict[int, int] = field(default_factory=dict)
+    node_store_reads: dict[int, int] = field(default_factory=dict)
+    node_read_errors: dict[int, int] = field(default_factory=dict)
+    node_corrupt_blocks: dict[int, int] = field(default_factory=dict)
+    node_write_errors: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
@@ -135,7 +145,16 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
         block_copy_reads={str(k): {str(r): int(n) for r, n in v.items()}
                           for k, v in (data.get("block_copy_reads") or {}).items()},
         warm_blocks_remaining={int(k): int(v) for k, v in
-                               (data.get("warm_blocks_remaining") or {}).items()})
+                               (data.get("warm_blocks_remaining") or {}).items()},
+        node_store_reads=_by_node(data.get("node_store_reads")),
+        node_read_errors=_by_node(data.get("node_read_errors")),
+        node_corrupt_blocks=_by_node(data.get("node_corrupt_blocks")),
+        node_write_errors={str(k): int(v) for k, v in
+                           (data.get("node_write_errors") or {}).items()})
+
+
+def _by_node(data: dict[str, Any] | None) -> dict[int, int]:
+    return {int(k): int(v) for k, v in (data or {}).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +368,8 @@ def extras_from_metrics_text(text: str) -> Extras:
     store_reads: int | None = None
     copy_reads: dict[str, dict[str, int]] = {}  # block -> root -> reads
     warm: dict[int, int] = {}  # node -> blocks a warm-up has still to read
+    per_node: dict[str, dict[int, int]] = {name: {} for name in _PER_NODE}
+    write_errors: dict[str, int] = {}
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
             continue
@@ -360,6 +381,11 @@ def extras_from_metrics_text(text: str) -> Extras:
             value = float(raw)
         except ValueError:
             continue
+        if name in _PER_NODE:  # also read below (read_blocks_total: all nodes)
+            node = _labels(labels).get("node")
+            if node is not None and node.lstrip("-").isdigit():
+                into = per_node[name]
+                into[int(node)] = into.get(int(node), 0) + int(value)
         if name == "dualpath_ttft_seconds_bucket":
             le = _labels(labels).get("le", "+Inf")
             buckets[math.inf if le == "+Inf" else float(le)] = int(value)
@@ -392,10 +418,23 @@ def extras_from_metrics_text(text: str) -> Extras:
             node = _labels(labels).get("node")
             if node is not None and node.lstrip("-").isdigit():
                 warm[int(node)] = warm.get(int(node), 0) + int(value)
+        elif name == "dualpath_storage_write_errors_total":
+            lab = _labels(labels)
+            key = f"{lab.get('node', '?')}/{lab.get('reason', 'failed')}"
+            write_errors[key] = write_errors.get(key, 0) + int(value)
         elif name == "dualpath_storage_block_copy_reads_total":
             lab = _labels(labels)
             per_root = copy_reads.setdefault(lab.get("block", "?"), {})
             root = lab.get("root", "?")
             per_root[root] = per_root.get(root, 0) + int(value)
     return Extras(tuple(sorted(buckets.items())), count, total, errors, drops, prefetch,
-                  blocks, hits, prefetched, store_reads, copy_reads, warm)
+                  blocks, hits, prefetched, store_reads, copy_reads, warm,
+                  node_store_reads=per_node["dualpath_storage_read_blocks_total"],
+                  node_read_errors=per_node["dualpath_storage_read_errors_total"],
+                  node_corrupt_blocks=per_node["dualpath_storage_corrupt_blocks_total"],
+                  node_write_errors=write_errors)
+
+
+#: Per-node counters the storage-health rules read, summed over their other labels.
+_PER_NODE = ("dualpath_storage_read_blocks_total", "dualpath_storage_read_errors_total",
+             "dualpath_storage_corrupt_blocks_total")
