@@ -2,7 +2,8 @@
 
 Each workflow follows one section of the seed's troubleshooting guide (6.1 performance drop
 with storage-NIC imbalance, 6.2 long tail, 6.3 scaling) or one of its monitor commands
-(HBM fragmentation, per-layer cache hits), and is a pure function in its own module under
+(HBM fragmentation, per-layer cache hits), or one class of fault (membership, store
+health), and is a pure function in its own module under
 diagnose/workflows/ (:class:`Evidence` in, findings out). Thresholds are the named
 constants of diagnose/thresholds.py; every one is documented, with its reason, in
 docs/troubleshooting.md. A check whose inputs the cluster does not report says so (a
@@ -21,6 +22,7 @@ from dualpath_cli.diagnose.workflows.long_tail import long_tail
 from dualpath_cli.diagnose.workflows.membership import membership
 from dualpath_cli.diagnose.workflows.scaling import scaling
 from dualpath_cli.diagnose.workflows.snic_imbalance import snic_imbalance
+from dualpath_cli.diagnose.workflows.store_health import store_health
 
 __all__ = ["WORKFLOWS", "ALIASES", "run_workflow", "run_all"]
 
@@ -32,6 +34,7 @@ WORKFLOWS: dict[str, Callable[[Evidence], list[Finding]]] = {
     "cache-hit": cache_hit,
     "scaling": scaling,
     "membership": membership,
+    "store-health": store_health,
 }
 #: Other names a workflow answers to (the seed calls 6.1 "performance drop").
 ALIASES = {"perf-drop": "snic-imbalance"}

@@ -118,3 +118,21 @@ KV_WAIT_MIN_SAMPLES = 2
 KV_WAIT_BAND_S = 0.005
 SCHED_CPU_BAND = 0.05
 DECISION_P99_BAND = 0.1
+
+# --- store health (diagnose/workflows/store_health.py) -------------------------------------
+#: Share of a node's store reads in the window that failed (EIO, timed out): WARNING; at the
+#: second value the node's store serves almost none of its cached prefixes (every one is
+#: recomputed), CRITICAL. Judged over at least STORE_READ_MIN_READS reads of the node.
+STORE_READ_ERRORS_WARN = 0.02
+STORE_READ_ERRORS_CRIT = 0.9
+STORE_READ_ERRORS_BAND = 0.01
+STORE_READ_MIN_READS = 10
+#: Blocks found corrupt, and block writes the store refused, on one node in the window: any
+#: is WARNING (no data is lost: a corrupt block is quarantined and recomputed, a block not
+#: written is recomputed when next needed, but the store is failing or full). Counts are
+#: whole, so the threshold is half a block with a band of a quarter: one event grades
+#: WARNING from OK, none grades OK again.
+STORE_EVENTS_WARN = 0.5
+STORE_EVENTS_BAND = 0.25
+#: Fewest samples for a count in the window (a counter's growth needs two looks).
+STORE_MIN_SAMPLES = 2

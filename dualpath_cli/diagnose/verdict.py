@@ -190,6 +190,15 @@ def _rules() -> dict[str, Rule]:
              "between two arriving requests (the kind with the worst)", "calls",
              th.DECISION_MIN_CALLS, th.DECISION_P99_WARN, th.DECISION_P99_CRIT,
              th.DECISION_P99_BAND),
+        Rule("store-read-errors", "store-health", "share of a node's store reads in the "
+             "window that failed (EIO, timed out)", "reads", th.STORE_READ_MIN_READS,
+             th.STORE_READ_ERRORS_WARN, th.STORE_READ_ERRORS_CRIT, th.STORE_READ_ERRORS_BAND),
+        Rule("store-corrupt", "store-health", "blocks a node's loader found corrupt "
+             "(checksum, truncated, foreign header) and quarantined in the window", "samples",
+             th.STORE_MIN_SAMPLES, th.STORE_EVENTS_WARN, None, th.STORE_EVENTS_BAND),
+        Rule("store-writes", "store-health", "block writes a node's store refused in the "
+             "window (full, read-only, failing)", "samples", th.STORE_MIN_SAMPLES,
+             th.STORE_EVENTS_WARN, None, th.STORE_EVENTS_BAND),
     ]
     return {r.name: r for r in rules}
 

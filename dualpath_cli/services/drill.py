@@ -8,7 +8,8 @@ and watches the cluster the way an operator would: every ``INTERVAL_S`` it reads
 decisions ``diagnose`` judges, and runs every diagnose workflow over the samples taken since
 the fault was made. It records when each surface first reported the fault, applies the fix
 the right finding offers (``tune set alpha=``, ``diagnose hbm-frag --fix``'s compaction,
-``long-tail --fix``'s replicas), clears the fault, waits for the cluster to be back to OK,
+``long-tail --fix``'s replicas, ``dualpath storage verify`` of a local store), clears the
+fault, waits for the cluster to be back to OK,
 and holds the load's tokens against a reference run of the same prompts on the healthy
 cluster. The verdict is drill_score.py's.
 
@@ -153,7 +154,19 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
             made.detail["fix_refused"] = str(err)
             return "replicate (refused)", lambda: None
         return f"replicate {len(ev['hot_blocks'])} blocks", lambda: None
+    if "dualpath storage verify" in action and made.detail.get("store"):
+        return _verify(Path(made.detail["store"])), lambda: None
     return "", lambda: None
+
+
+def _verify(root: Path) -> str:
+    """``dualpath storage verify ROOT`` on the drill's local store: every block read and
+    checked, any other corrupt one quarantined (recomputed when next needed)."""
+    from dualpath_cli.storage import PosixStore
+    from dualpath_cli.storage.inspect import verify_store
+
+    report = verify_store(PosixStore(root))
+    return f"storage verify ({report.checked} checked, {len(report.corrupt)} corrupt)"
 
 
 def run_row(client: Any, row: Row, target: Target, load: AgentLoad,

@@ -7,9 +7,11 @@ within 10 s) and never tuned to what the product says today. A row that cannot b
 (no joined node to stop, no way to fill the store) is kept, skipped with its reason.
 
 Each row makes its fault through the same doors an operator has: ``PATCH /api/v1/faults``
-(audited, token needed) for the injectable kinds (faultspec.py), a signal to an engine
-process for a death (only where the cluster runs on this host), a flipped byte in a stored
-block file for a corrupt block (only where the store is a local directory).
+(audited, token needed) for the injectable kinds (faultspec.py: a store that fails reads
+with EIO, one that refuses writes as full, ...), a signal to an engine process for a death
+(only where the cluster runs on this host), a flipped byte in a stored block file for a
+corrupt block (only where the store is a local directory; the runtime keeps no DRAM copy
+by default, storage.dram_cache 0, so the next turn that needs the block reads it).
 """
 
 from __future__ import annotations
@@ -147,10 +149,11 @@ class Row:
         if self.how == "corrupt":
             assert t.store is not None
             path, key = corrupt_one_block(t.store)
-            return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (f"block {key}",
-                        f"block {key[:12]}"), self.grade, self.deadline_s,
-                        words=("corrupt", "checksum", "quarantin")),
-                        detail={"block": key, "path": str(path)})
+            # the store is shared: whichever node reads the block next finds it corrupt
+            return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (
+                        f"block {key}", f"block {key[:12]}", "node "), self.grade,
+                        self.deadline_s, words=("corrupt", "checksum", "quarantin")),
+                        detail={"block": key, "path": str(path), "store": str(t.store)})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
             os.kill(pid, signal.SIGTERM)
@@ -196,9 +199,12 @@ class Row:
 
             (s0, c0), (s1, c1) = mean(base), mean(now)
             return c1 > c0 and (s1 - s0) / (c1 - c0) >= 0.5 * _latency_s(made.label)
-        if m == "dualpath_kv_miss_blocks_total":
-            return (metric_values(now, m, reason="read_failed")
-                    > metric_values(base, m, reason="read_failed"))
+        if m in ("dualpath_storage_read_errors_total", "dualpath_storage_write_errors_total"):
+            # the faulted node's own counter (a refused write: refused as full)
+            labels = {"node": str(made.node)}
+            if m == "dualpath_storage_write_errors_total":
+                labels["reason"] = "full"
+            return metric_values(now, m, **labels) > metric_values(base, m, **labels)
         return metric_values(now, m) > metric_values(base, m)  # a counter that grew
 
 
@@ -261,10 +267,10 @@ ROWS: tuple[Row, ...] = (
     Row("read_latency", "api", "snic-imbalance", "WARNING",
         spec="read_latency:node={node},latency=200ms",
         metric="dualpath_storage_read_latency_seconds"),
-    Row("read_errors", "api", None, "WARNING", spec="read_errors:node={node},rate=0.5",
-        metric="dualpath_kv_miss_blocks_total"),
-    Row("store_full", "none", why_not="no fault fills the store: faultspec.py has no kind "
-        "for it and filling a file system needs a mount (tests/test_fault_matrix.py)"),
+    Row("read_errors", "api", "store-health", "WARNING",
+        spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total"),
+    Row("store_full", "api", "store-health", "WARNING", spec="store_full:node={node}",
+        metric="dualpath_storage_write_errors_total"),
     Row("hot_blocks", "api", "long-tail", "WARNING",
         spec="hot_blocks:node={node},count=4,rate=50",
         metric="dualpath_storage_read_blocks_total"),
@@ -274,7 +280,7 @@ ROWS: tuple[Row, ...] = (
         spec="slow_compute:engine={engine},factor=8", metric=None),
     Row("fabric_drop", "api", None, "WARNING", spec="fabric_drop:engine={engine}",
         role="prefill", metric="dualpath_scheduler_requeued_turns_total"),
-    Row("corrupt_block", "corrupt", None, "WARNING",
+    Row("corrupt_block", "corrupt", "store-health", "WARNING",
         metric="dualpath_storage_corrupt_blocks_total"),
     Row("kill_decode", "kill", "membership", "CRITICAL", DEATH_S, role="decode",
         metric="dualpath_engine_up"),
