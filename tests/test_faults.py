@@ -39,7 +39,7 @@ PROMPT = [(i * 7) % 250 + 1 for i in range(48)]  # 6 full blocks of 8 tokens
     "read_errors:node=2,rate=0.1", "hot_blocks:node=0,count=3,rate=5",
     "hot_blocks:node=0,blocks=" + "ab" * 16 + "+" + "cd" * 16 + ",rate=20",
     "hbm_frag:engine=2,stride=4",
-    "slow_compute:engine=1,factor=4"])
+    "slow_compute:engine=1,factor=4", "store_full:node=1"])
 def test_spec_round_trips_through_text_and_the_wire(spec: str) -> None:
     f = parse_fault(spec)
     assert parse_fault(f.spec()) == f and f.spec() == spec
@@ -74,6 +74,8 @@ def test_defaults_and_replacement() -> None:
     ("hbm_frag:engine=1,stride=1", "whole number >= 2"),
     ("slow_compute:engine=1,factor=0.5", "must be in [1, 100]"),
     ("slow_compute:engine=1,factor", "'factor' is not key=value"),
+    ("store_full:engine=1", "unknown key 'engine'"),
+    ("store_full:", "missing node (e.g. store_full:node=1)"),
 ])
 def test_bad_specs_give_one_line_naming_the_problem(spec: str, reason: str) -> None:
     with pytest.raises(FaultError) as err:
@@ -277,6 +279,59 @@ def test_read_latency_and_read_errors(served: tuple[LiveCluster, TokenAuth, str]
     assert live.view().scheduler.requeued_total > requeued
     client.clear_faults()
     assert _turn(live)[1] > 0  # reads work again
+
+
+def _store_counter(live: LiveCluster, name: str, **labels: str) -> float:
+    """A storage counter summed over the engines' fresh metrics, where its labels match."""
+    total = 0.0
+    for snap in live.system.metrics(fresh=True, timeout=5).values():
+        for row in snap["metrics"].get(name, []):
+            if all(row["labels"].get(k) == v for k, v in labels.items()):
+                total += row["value"]
+    return total
+
+
+@pytest.mark.e2e
+def test_read_errors_are_counted_on_the_node(served: tuple[LiveCluster, TokenAuth, str],
+                                             client: DualPathClient) -> None:
+    live, _, _ = served
+    _turn(live)
+    before = _store_counter(live, "dualpath_storage_read_errors_total", node="0",
+                            reason="read_failed")
+    client.set_faults(["read_errors:node=0,rate=1"])
+    _turn(live, gen=2)  # served: its failed reads re-queued, the prefix recomputed
+    assert _store_counter(live, "dualpath_storage_read_errors_total", node="0",
+                          reason="read_failed") > before
+
+
+@pytest.mark.e2e
+def test_store_full_refuses_writes_as_enospc_and_turns_are_still_served(
+        served: tuple[LiveCluster, TokenAuth, str], client: DualPathClient) -> None:
+    live, _, _ = served
+    _turn(live)
+    full = {"node": "1", "reason": "full"}  # node 1: the decode node, which persists KV
+    before = _store_counter(live, "dualpath_storage_write_errors_total", **full)
+    client.set_faults(["store_full:node=1"])
+    assert [f.kind for f in client.status().faults] == ["store_full"]
+    other = [(i * 11) % 250 + 1 for i in range(40)]  # a new prompt: new blocks to persist
+    tokens, _ = _serve(live, other, 3)
+    assert len(tokens) == 3  # served all the same
+    refused = _store_counter(live, "dualpath_storage_write_errors_total", **full)
+    assert refused > before
+    assert _serve(live, other, 1)[1] == 0  # nothing of it was kept: no hit
+    client.clear_faults()
+    _serve(live, other, 1)  # stored now
+    wait_until(lambda: _serve(live, other, 1)[1] > 0, 30,
+               "the prompt's blocks stored once the store takes writes again")
+    assert _store_counter(live, "dualpath_storage_write_errors_total", **full) == refused
+
+
+def _serve(live: LiveCluster, prompt: list[int], gen: int) -> tuple[list[int], int]:
+    """One turn of ``prompt``: (its tokens, cached tokens)."""
+    ticket = live.submit(list(prompt), gen)
+    r = ticket.wait(60)
+    live.done(ticket)
+    return r.tokens, r.cached
 
 
 @pytest.mark.e2e

@@ -57,6 +57,7 @@ from dualpath_cli.services.live import Draining, LiveCluster
 from dualpath_cli.telemetry.exposition import CONTENT_TYPE, render_prometheus
 from dualpath_cli.telemetry.gpu import GpuBackend, detect_gpu_backend
 from dualpath_cli.telemetry.host import host_facts
+from dualpath_cli.telemetry.storage_health import node_names, storage_of_frames
 from dualpath_cli.telemetry.view import ClusterView
 
 __all__ = ["create_app", "SchedulerPatch", "FaultsPatch", "ReplicateBody"]
@@ -265,6 +266,9 @@ def _status(live: LiveCluster, view: ClusterView) -> dict[str, Any]:
         "decisions": s.decisions.total, "ready_s": live.ready_s, "uptime_s": view.uptime_s,
         "audit": [_audit_dict(a) for a in list(live.audit)], "faults": live.faults(),
         "version": __version__, "scheduling": _scheduling(live),
+        # nodes whose store failed reads, held corrupt blocks or refused writes since start
+        "storage": [n.to_dict() for n in storage_of_frames(live.system.metric_frames(),
+                                                           node_names(view.nodes))],
     }
 
 

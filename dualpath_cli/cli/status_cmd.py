@@ -85,6 +85,8 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         "nodes_per_group": sched.get("nodes_per_group"),
         # injected faults in force: the parts running degraded on purpose
         "faults": [f.to_dict() for f in st.faults],
+        # nodes whose store failed reads, held corrupt blocks or refused writes since start
+        "storage": [n.to_dict() for n in st.storage],
     }
 
 
@@ -106,7 +108,8 @@ def status(
 
     Also 3 when several run here and neither --url nor --port names one, or when the
     cluster refuses the token (401/403). Under the line,
-    one line per injected fault in force (dualpath faults)."""
+    one line per injected fault in force (dualpath faults), and one per node whose store
+    failed reads, held corrupt blocks or refused writes since start."""
     from dualpath_cli.api.client import DualPathClient
     from dualpath_cli.api.errors import ApiError, Forbidden, Unauthorized, Unreachable
     from dualpath_cli.cli.source import resolve
@@ -164,6 +167,8 @@ def status(
             stdout.print(f"node {name} draining: leaving, it finishes its turns and takes "
                          "no new ones", highlight=False, soft_wrap=True)
         _print_faults(st)
+        for n in st.storage:
+            stdout.print(n.line(), highlight=False, soft_wrap=True)
     raise typer.Exit(0 if s["running"] else EXIT_UNHEALTHY)
 
 

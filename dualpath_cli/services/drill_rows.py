@@ -27,7 +27,8 @@ from dualpath_cli.services.drill_score import Expect, MetricSample, metric_value
 from dualpath_cli.telemetry.status import Status
 from dualpath_cli.telemetry.view import ClusterView
 
-__all__ = ["Target", "Made", "Row", "ROWS", "row_names", "DEGRADE_S", "DEATH_S"]
+__all__ = ["Target", "Made", "Row", "ROWS", "row_names", "corrupt_in", "DEGRADE_S",
+           "DEATH_S"]
 
 #: The issue's deadlines: a death or a leave within 2 s, a degradation within 10 s.
 DEATH_S = 2.0
@@ -148,12 +149,14 @@ class Row:
                         engine=victim.engine_id, node=victim.node)
         if self.how == "corrupt":
             assert t.store is not None
+            before = corrupt_in(t.status)
             path, key = corrupt_one_block(t.store)
             # the store is shared: whichever node reads the block next finds it corrupt
             return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (
                         f"block {key}", f"block {key[:12]}", "node "), self.grade,
                         self.deadline_s, words=("corrupt", "checksum", "quarantin")),
-                        detail={"block": key, "path": str(path), "store": str(t.store)})
+                        detail={"block": key, "path": str(path), "store": str(t.store),
+                                "corrupt_before": before})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
             os.kill(pid, signal.SIGTERM)
@@ -165,9 +168,11 @@ class Row:
 
     def status_reports(self, made: Made, st: Status) -> bool:
         """Whether ``status`` shows the fault: listed among the faults in force, an engine
-        or node not serving; a corrupt block has no place in status (False)."""
+        or node not serving, more corrupt blocks in its store lines than when it was made."""
         if self.how == "api":
             return any(f.id == made.fault_id for f in st.faults)
+        if self.how == "corrupt":
+            return corrupt_in(st) > int(made.detail.get("corrupt_before", 0))
         if self.how in ("kill", "leave"):
             m = st.membership
             node_down = m is not None and any(n.node == made.node and n.state != "serving"
@@ -243,6 +248,11 @@ def _joined_launcher(t: Target) -> tuple[int, int, str] | None:
         return None
     node = max(parents)
     return next(iter(parents[node])), node, t.node_name(node)
+
+
+def corrupt_in(st: Status) -> int:
+    """Corrupt blocks found since start, all nodes, as ``status`` lists them."""
+    return sum(n.corrupt_blocks for n in st.storage)
 
 
 def corrupt_one_block(store: Path) -> tuple[Path, str]:

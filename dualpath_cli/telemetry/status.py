@@ -14,6 +14,7 @@ from typing import Any
 
 from dualpath_cli.faultspec import Fault, FaultError
 from dualpath_cli.telemetry.membership import Membership, membership_from_dict
+from dualpath_cli.telemetry.storage_health import NodeStorage, storage_from_dicts
 from dualpath_cli.telemetry.view import AuditEntry, Thresholds, fields_of
 
 __all__ = ["Status", "status_from_dict"]
@@ -44,6 +45,9 @@ class Status:
     #: the one readiness (as ``/readyz``), and why not; None from an older API
     ready: bool | None = None
     not_ready: str = ""
+    #: nodes whose store failed reads, held corrupt blocks or refused writes since start
+    #: (empty from an older API, or when none did)
+    storage: tuple[NodeStorage, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,7 +71,8 @@ def status_from_dict(data: dict[str, Any]) -> Status:
         scheduling=dict(data.get("scheduling") or {}),
         membership=membership_from_dict(data.get("membership")),
         ready=None if data.get("ready") is None else bool(data["ready"]),
-        not_ready=str(data.get("not_ready") or ""), extra=extra)
+        not_ready=str(data.get("not_ready") or ""),
+        storage=storage_from_dicts(data.get("storage")), extra=extra)
 
 
 def _faults(data: Sequence[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[dict[str, Any]]]:
