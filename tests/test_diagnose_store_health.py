@@ -4,6 +4,7 @@ hand-made windows of the 2P4D of test_diagnose_rules.py (nodes P0 P1 D2..D5)."""
 
 from __future__ import annotations
 
+import pytest
 from test_diagnose_rules import window
 
 from dualpath_cli.diagnose import rules
@@ -121,3 +122,64 @@ def test_the_counters_are_read_from_metrics_and_kept_in_recordings() -> None:
     assert ex.node_read_errors == {2: 5} and ex.node_corrupt_blocks == {1: 2}
     assert ex.node_write_errors == {"2/full": 7}
     assert extras_from_dict(ex.to_dict()) == ex
+
+
+# --- the status record's store lines (telemetry/storage_health.py) -----------------------
+def test_status_lists_the_nodes_with_store_trouble_from_the_engines_frames() -> None:
+    from dualpath_cli.telemetry.frames import frame
+    from dualpath_cli.telemetry.registry import MetricsRegistry
+    from dualpath_cli.telemetry.storage_health import (
+        NodeStorage,
+        storage_from_dicts,
+        storage_of_frames,
+    )
+
+    def engine(node: str, failed: int, corrupt: int, full: int) -> dict[str, object]:
+        r = MetricsRegistry()
+        r.counter("dualpath_storage_read_blocks_total", node=node, role="decode").inc(50)
+        r.counter("dualpath_storage_read_errors_total", node=node, reason="read_failed").inc(
+            failed)
+        r.counter("dualpath_storage_write_errors_total", node=node, role="decode",
+                  reason="full").inc(full)
+        if corrupt:
+            r.counter("dualpath_storage_corrupt_blocks_total", node=node,
+                      reason="checksum").inc(corrupt)
+        return frame(r)
+
+    frames = {0: engine("0", 0, 0, 0), 1: engine("1", 6, 1, 0), 2: engine("2", 0, 0, 12)}
+    got = storage_of_frames(frames, {0: "P0", 1: "D1", 2: "D2"})
+    assert got == (NodeStorage(1, "D1", read_errors=6, corrupt_blocks=1),
+                   NodeStorage(2, "D2", writes_refused=12, full=12))
+    assert storage_of_frames(frames, {}) == storage_of_frames(frames, {}) != ()  # cached
+    assert got[0].line() == ("store on node D1: 6 reads failed, 1 corrupt block quarantined "
+                             "since start (dualpath diagnose store-health)")
+    assert "12 writes refused (full)" in got[1].line()
+    assert storage_from_dicts([n.to_dict() for n in got]) == got
+    assert storage_from_dicts(None) == () and storage_from_dicts([{"x": 1}]) == ()
+
+
+def test_refused_writes_are_counted_by_reason_and_logged_without_a_flood(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+    import logging
+
+    from dualpath_cli.runtime.write_refusals import LOG_EVERY_S, WriteRefusals
+    from dualpath_cli.storage.errors import CapacityError, WriteRefused, write_refusal_of
+    from dualpath_cli.telemetry.registry import MetricsRegistry
+
+    assert write_refusal_of(WriteRefused("/s/k", errno.ENOSPC, "No space")) == "full"
+    assert write_refusal_of(WriteRefused("/s/k", errno.EROFS, "Read-only")) == "read_only"
+    assert write_refusal_of(OSError(errno.EIO, "I/O")) == "failed"
+    assert write_refusal_of(CapacityError("too big")) == "full"
+    now = [0.0]
+    r = MetricsRegistry()
+    w = WriteRefusals(r, "1", "decode", 3, clock=lambda: now[0])
+    full = WriteRefused("/s/k", errno.ENOSPC, "No space left on device")
+    with caplog.at_level(logging.WARNING, "dualpath_cli.runtime.write_refusals"):
+        for i in range(100):
+            w.count(f"{i:032x}", full)
+        now[0] = LOG_EVERY_S + 1
+        w.count("f" * 32, full)
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 2 and "99 more refused since the last line" in lines[1]
+    assert w.counters["full"].value == 101 and w.counters["failed"].value == 0

@@ -102,7 +102,7 @@ def test_matching_findings_want_workflow_subject_and_a_grade() -> None:
 
 def test_scorecard_cells() -> None:
     rows = [_passing(fix="alpha -> 1s", fix_helped=True),
-            RowResult("store_full", skipped="no fault fills the store"),
+            RowResult("node_leave", skipped="no joined node"),
             _passing(fault="kill_decode", grade="", subject="none", subject_right=False,
                      diagnose_s=None, tokens_identical=False)]
     cells = scorecard(rows)

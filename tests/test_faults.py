@@ -319,6 +319,10 @@ def test_store_full_refuses_writes_as_enospc_and_turns_are_still_served(
     refused = _store_counter(live, "dualpath_storage_write_errors_total", **full)
     assert refused > before
     assert _serve(live, other, 1)[1] == 0  # nothing of it was kept: no hit
+    # status names the node whose store refused them (from the engines' metrics frames)
+    wait_until(lambda: any(n.node == 1 and n.writes_refused > 0 and n.full == n.writes_refused
+                           for n in client.status().storage), 30,
+               "status listing node 1's refused writes")
     client.clear_faults()
     _serve(live, other, 1)  # stored now
     wait_until(lambda: _serve(live, other, 1)[1] > 0, 30,

@@ -139,12 +139,12 @@ def _writes(ev: Evidence, refused: dict[str, int], samples: int) -> list[Finding
         name = _name(ev, node)
         subject = f"node {name}"
         main = max(reasons, key=lambda r: reasons[r])
-        title = f"{_REFUSED[main]} on node {name}: {total} writes refused"
+        title = f"{_REFUSED[main]} on node {name}: {total} write{'s' * (total != 1)} refused"
         if samples < rule.minimum:
             out.append(not_enough(rule, samples, title, subject))
             continue
         v = grade(rule, total, samples, previous_of(ev.previous, rule, subject),
-                  shown=f"{total} writes refused")
+                  shown=f"{total} refused writes")
         if not v.severity:
             continue
         cause = {"full": "the store's file system is full (ENOSPC): new KV is not kept, so "
