@@ -316,9 +316,9 @@ def test_store_full_refuses_writes_as_enospc_and_turns_are_still_served(
     other = [(i * 11) % 250 + 1 for i in range(40)]  # a new prompt: new blocks to persist
     tokens, _ = _serve(live, other, 3)
     assert len(tokens) == 3  # served all the same
-    refused = _store_counter(live, "dualpath_storage_write_errors_total", **full)
-    assert refused > before
+    assert _store_counter(live, "dualpath_storage_write_errors_total", **full) > before
     assert _serve(live, other, 1)[1] == 0  # nothing of it was kept: no hit
+    refused = _store_counter(live, "dualpath_storage_write_errors_total", **full)
     # status names the node whose store refused them (from the engines' metrics frames)
     wait_until(lambda: any(n.node == 1 and n.writes_refused > 0 and n.full == n.writes_refused
                            for n in client.status().storage), 30,

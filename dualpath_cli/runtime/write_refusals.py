@@ -28,7 +28,7 @@ LOG_EVERY_S = 10.0
 class WriteRefusals:
     """The refused writes of one engine, by reason (:data:`WRITE_REFUSALS`)."""
 
-    def __init__(self, registry: MetricsRegistry, node: str, role: str, engine: int,
+    def __init__(self, registry: MetricsRegistry, node: int | str, role: str, engine: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.clock = clock

@@ -129,9 +129,9 @@ def _writes(ev: Evidence, refused: dict[str, int], samples: int) -> list[Finding
     rule = RULES["store-writes"]
     by_node: dict[int, dict[str, int]] = {}
     for key, count in refused.items():
-        node, _, why = key.partition("/")
-        if count and node.lstrip("-").isdigit():
-            by_node.setdefault(int(node), {})[why if why in WRITE_REFUSALS else "failed"] = (
+        label, _, why = key.partition("/")
+        if count and label.lstrip("-").isdigit():
+            by_node.setdefault(int(label), {})[why if why in WRITE_REFUSALS else "failed"] = (
                 count)
     out = []
     for node, reasons in sorted(by_node.items()):
