@@ -57,9 +57,15 @@ def test_failed_reads_name_the_node_with_n_of_m_and_a_graded_severity() -> None:
     assert ok.severity is OK
 
 
-def test_too_few_reads_are_not_graded() -> None:
-    (f, *_) = _findings(_store(reads={4: 3}, failed={4: 3}))
-    assert f.severity is OK and "not enough evidence: 6 reads (< 10)" in f.title
+def test_a_few_reads_all_failing_warn_but_are_not_enough_for_critical() -> None:
+    """A healthy store fails no read: one failure is evidence of a failing store; that
+    nearly every read fails is claimed only over STORE_READ_CRIT_MIN_READS reads."""
+    (f,) = _findings(_store(reads={4: 3}, failed={4: 3}))
+    assert f.severity is WARNING and f.title == "node D4: 3 of 6 reads failed (EIO)"
+    (c,) = _findings(_store(reads={4: 0}, failed={4: 9}))
+    assert c.severity is WARNING and "capped at WARNING: CRITICAL needs 10 reads" in (c.why or "")
+    (c10,) = _findings(_store(reads={4: 0}, failed={4: 10}))
+    assert c10.severity is CRITICAL
 
 
 def test_two_failing_nodes_are_two_findings_worst_first() -> None:

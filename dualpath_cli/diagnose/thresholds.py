@@ -122,11 +122,14 @@ DECISION_P99_BAND = 0.1
 # --- store health (diagnose/workflows/store_health.py) -------------------------------------
 #: Share of a node's store reads in the window that failed (EIO, timed out): WARNING; at the
 #: second value the node's store serves almost none of its cached prefixes (every one is
-#: recomputed), CRITICAL. Judged over at least STORE_READ_MIN_READS reads of the node.
+#: recomputed), CRITICAL. A healthy store fails no read, so one failed read is evidence
+#: enough for WARNING (STORE_READ_MIN_READS); the claim that nearly every read fails needs
+#: STORE_READ_CRIT_MIN_READS reads of the node (below it the grade is capped at WARNING).
 STORE_READ_ERRORS_WARN = 0.02
 STORE_READ_ERRORS_CRIT = 0.9
 STORE_READ_ERRORS_BAND = 0.01
-STORE_READ_MIN_READS = 10
+STORE_READ_MIN_READS = 1
+STORE_READ_CRIT_MIN_READS = 10
 #: Blocks found corrupt, and block writes the store refused, on one node in the window: any
 #: is WARNING (no data is lost: a corrupt block is quarantined and recomputed, a block not
 #: written is recomputed when next needed, but the store is failing or full). Counts are

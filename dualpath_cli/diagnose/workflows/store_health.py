@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dualpath_cli.diagnose.grading import OK, no_samples
+from dualpath_cli.diagnose.grading import CRITICAL, OK, WARNING, no_samples
 from dualpath_cli.diagnose.model import Evidence, Finding, node_name
+from dualpath_cli.diagnose.thresholds import STORE_READ_CRIT_MIN_READS
 from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
 from dualpath_cli.storage.errors import WRITE_REFUSALS
 
@@ -81,10 +82,15 @@ def _read_errors(ev: Evidence, failed: dict[int, int], ok_reads: dict[int, int],
         share = bad / tried
         v = grade(rule, share, tried, previous_of(ev.previous, rule, subject),
                   shown=f"{bad} of {tried} reads failed ({share:.0%})")
-        if not v.severity:
+        sev, why = v.severity, v.why
+        if sev is CRITICAL and tried < STORE_READ_CRIT_MIN_READS:
+            sev = WARNING
+            why += (f"; capped at WARNING: CRITICAL needs {STORE_READ_CRIT_MIN_READS} reads "
+                    "(STORE_READ_CRIT_MIN_READS)")
+        if not sev:
             continue
         out.append(Finding(
-            WF, v.severity, f"node {name}: {bad} of {tried} reads failed (EIO)",
+            WF, sev, f"node {name}: {bad} of {tried} reads failed (EIO)",
             subject=subject, evidence={"node": name, "failed_reads": bad, "reads": tried,
                                        "share": round(share, 3)},
             cause="the node's store returns I/O errors (a failing disk, a flaky 3FS/NFS "
@@ -92,7 +98,7 @@ def _read_errors(ev: Evidence, failed: dict[int, int], ok_reads: dict[int, int],
                   "are served but slower",
             action=f"check the node's store mount and its kernel log (dmesg) on {name}; "
                    "then dualpath storage verify STORE_ROOT",
-            rule=rule.name, why=v.why))
+            rule=rule.name, why=why))
     return out
 
 
