@@ -63,3 +63,29 @@ def test_drill_launches_and_stops_its_own_cluster(env: dict[str, str]) -> None:
     assert json.loads(done.stdout)["cluster"] == "embedded"
     live, _ = statefile.live_states()
     assert live == []  # stopped after the drill
+
+
+def test_store_rows_are_seen_by_status_store_health_and_the_metrics(
+        env: dict[str, str], launch_cluster: Callable[..., Launched], tmp_path: Path) -> None:
+    """A store that refuses writes as full, and a corrupt block file: both are made, and
+    status, ``diagnose store-health`` (naming the node, saying what it counted) and the
+    node's counter report them; no turn is lost and the tokens are the reference's. (The
+    deadline is the drill's to judge: the machine may be loaded.)"""
+    url, port, _ = launch_cluster("--store", str(tmp_path / "store"))
+    done = run_cli(env, "drill", "--only", "store_full", "--only", "corrupt_block", "--json",
+                   "--port", str(port), timeout=400)
+    assert done.returncode in (0, 2), done.stderr
+    rows = {r["fault"]: r for r in json.loads(done.stdout)["rows"]}
+    for name, title in (("store_full", "store full on node D1: "),
+                        ("corrupt_block", " corrupt block")):
+        row = rows[name]
+        assert not row["skipped"] and not row["error"], row
+        assert None not in (row["status_s"], row["diagnose_s"], row["metrics_s"]), row
+        assert row["workflow"] == "store-health" and row["subject_right"], row
+        assert title in row["finding"] and row["grade"] == "WARNING", row
+        assert row["cleared"] and row["turns_lost"] == 0 and row["tokens_identical"], row
+    assert rows["corrupt_block"]["fix"].startswith("storage verify")
+    with DualPathClient.from_token_file(url, statefile.token_path(port)) as client:
+        st = client.status()
+    assert st.faults == ()
+    assert sum(n.corrupt_blocks for n in st.storage) >= 1  # status keeps the count since start
