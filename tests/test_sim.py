@@ -185,10 +185,10 @@ def test_dram_traffic_is_counted_per_node() -> None:
     assert oracle.run_offline().dram_util == 0.0
 
 
-def test_a_deployment_too_large_to_build_is_refused() -> None:
-    setup = make_setup("ds27b", "5000P5001D", "dualpath")
-    with pytest.raises(UsageError, match="5000P5001D has more than the 10,000 nodes"):
-        Simulation(setup, synthetic_plans(16_000, 2, 1))
+def test_a_deployment_too_large_to_build_is_refused_before_it_is_built() -> None:
+    """The node limit is checked where the P/D is parsed: nothing is sized from it first."""
+    with pytest.raises(UsageError, match="5000P5001D: 10,001 exceeds the limit of 10,000 nodes"):
+        make_setup("ds27b", "5000P5001D", "dualpath")
 
 
 def test_bad_names_are_usage_errors() -> None:
