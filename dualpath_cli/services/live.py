@@ -36,6 +36,7 @@ from dualpath_cli.faultspec import Fault
 from dualpath_cli.runtime.control import SchedulerChange
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import Ticket, TurnCancelled, TurnRequest, TurnResult
+from dualpath_cli.services import request_stories
 from dualpath_cli.services.restart import LiveCheckpoint, TurnKeys
 from dualpath_cli.storage.store import persists_access_counts
 from dualpath_cli.telemetry.membership import RoleGap
@@ -429,56 +430,14 @@ class LiveCluster:
         self.aliases.add(rid, names)
 
     def request(self, request_id: int | str) -> dict[str, Any]:
-        """A request's story (diagnose/explain.py: ``dualpath explain``): the whole story
-        once it finished, what is known so far while it is in flight. ``request_id``: the
-        integer id, the OpenAI body's id or a client's ``x-request-id``
-        (telemetry/request_ids.py).
-
-        Raises:
-            RequestNotFound: an id nothing is known of, or a request not in flight with no
-                decision of it kept.
-        """
-        from dualpath_cli.diagnose import explain
-
-        rid = self.aliases.resolve(request_id)
-        if rid is None:
-            raise explain.RequestNotFound(explain.unknown_id(request_id))
-        sched = self.system.scheduler
-        decisions, outcome = sched.request(rid)
-        progress = None
-        if outcome is None:
-            now, _, rows = sched.in_flight(rid=rid)
-            if rows:
-                progress = explain.inflight_row(rows[0], decisions[-1] if decisions else None,
-                                                now, time.time(), self._kv_bytes_per_token())
-                outcome = explain.partial_outcome(rows[0])
-        return explain.explain_request(rid, decisions, outcome, progress=progress,
-                                       block_tokens=self.system.namespace.shape.block_tokens,
-                                       aliases=self.aliases.of(rid))
+        """A request's story (``dualpath explain``), by any of its ids
+        (:func:`~dualpath_cli.services.request_stories.request_story`)."""
+        return request_stories.request_story(self.system, self.aliases, request_id)
 
     def requests(self, state: str, limit: int, after: int | None = None) -> dict[str, Any]:
-        """``GET /api/v1/requests``: the turns in flight (``inflight``: oldest first, at
-        most ``limit``, with ``total``) or the stories of finished requests (``finished``:
-        in finish order; the newest ``limit``, or the first after request ``after``)."""
-        from dualpath_cli.diagnose import explain
-
-        sched = self.system.scheduler
-        at = time.time()
-        if state == "inflight":
-            now, total, rows = sched.in_flight(limit)
-            by_rid = explain.decisions_by_rid(sched.decisions(), (r["rid"] for r in rows))
-            kvb = self._kv_bytes_per_token()
-            return {"state": state, "at": at, "total": total, "requests": [
-                explain.inflight_row(r, by_rid[r["rid"]][-1] if r["rid"] in by_rid else None,
-                                     now, at, kvb) for r in rows]}
-        done = sched.ledger.finished_after(after, limit)
-        return {"state": state, "at": at, "requests": explain.finished_stories(
-            done, sched.decisions(), self.system.namespace.shape.block_tokens,
-            self.aliases.of)}
-
-    def _kv_bytes_per_token(self) -> int:
-        shape = self.system.shape
-        return int(shape.n_layers * shape.bytes_per_token_layer)
+        """``GET /api/v1/requests``
+        (:func:`~dualpath_cli.services.request_stories.request_listing`)."""
+        return request_stories.request_listing(self.system, self.aliases, state, limit, after)
 
     def update_scheduler(self, change: SchedulerChange, token_id: str) -> AuditEntry:
         """Apply ``change`` to the running scheduler and audit it."""
