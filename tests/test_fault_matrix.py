@@ -612,7 +612,7 @@ def _fabric_drop(tmp: Path) -> FaultRow:
         detected: float | None = None
         try:
             with contextlib.suppress(AssertionError):
-                wait_until(lambda: _requeued(live, "read_failed") > 0, 30,
+                wait_until(lambda: _requeued(live, "kv_lost") > 0, 30,
                            "a turn re-queued after its KV was dropped")
                 detected = time.monotonic() - t0
         finally:
@@ -621,7 +621,7 @@ def _fabric_drop(tmp: Path) -> FaultRow:
         serving = _serving(live)
         state = next(e.state for e in live.view().engines if e.engine_id == victim)
         return _row("compute fabric drops a PE", s, live, store, detected, 5.0, t_start,
-                    serving, engine=victim, rerun=_requeued(live, "read_failed"),
+                    serving, engine=victim, rerun=_requeued(live, "kv_lost"),
                     state_after=state, dead_events=len(live.system.scheduler.dead_events))
 
 

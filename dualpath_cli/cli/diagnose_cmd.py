@@ -37,7 +37,7 @@ MAX_SAMPLES = 600
 MAX_ENGINE_SAMPLES = 60_000
 #: What WORKFLOW accepts (perf-drop is the seed's name for snic-imbalance).
 WORKFLOW_NAMES = ("perf-drop", "snic-imbalance", "long-tail", "hbm-frag", "cache-hit",
-                  "scaling", "membership", "store-health", "all")
+                  "scaling", "membership", "store-health", "fabric", "all")
 #: Workflows whose findings ``--fix`` can act on (hbm-frag: compaction; long-tail: copies of
 #: its hot blocks on the store's replica roots, and the HBM findings it borrows).
 _FIXABLE = ("hbm-frag", "long-tail")

@@ -51,6 +51,7 @@ class Supervised:
     starting_since: float | None = None  # respawned, no hello yet
     restarts: int = 0
     crash_loop: bool = False
+    down_since: float | None = None  # wall clock of the death, until the hello after it
 
 
 class EngineSupervisor:
@@ -108,6 +109,10 @@ class EngineSupervisor:
         """An engine's process ended: the scheduler re-queues its turns now; a restart is
         scheduled, or it is a crash loop."""
         self.scheduler.mark_dead(engine_id)
+        with self._lock:
+            s = self._engines.get(engine_id)
+            if s is not None and s.down_since is None:
+                s.down_since = time.time()
         if not (self.enabled and self._armed) or self._stop.is_set():
             return
         self._decide(engine_id, "its process exited")
@@ -184,7 +189,7 @@ class EngineSupervisor:
         e = self.scheduler.owner(eid).consistent_engines().get(eid)
         if e is not None and e.address and e.alive:
             with self._lock:
-                s.starting_since = None
+                s.starting_since = s.down_since = None
             log.warning("%s is back: said hello after its restart", self._who(s))
             return
         since = s.starting_since
@@ -212,6 +217,19 @@ class EngineSupervisor:
         """Restarts so far by engine id."""
         with self._lock:
             return {eid: s.restarts for eid, s in self._engines.items()}
+
+    def down_by_node(self) -> dict[int, tuple[float, bool]]:
+        """Per node index with an engine that died and has not said hello since: the
+        earliest such death (wall clock) and whether a restart is under way."""
+        out: dict[int, tuple[float, bool]] = {}
+        with self._lock:
+            for s in self._engines.values():
+                if s.down_since is None:
+                    continue
+                back = s.due is not None or s.starting_since is not None
+                since, restarting = out.get(s.spec.node, (s.down_since, False))
+                out[s.spec.node] = (min(since, s.down_since), restarting or back)
+        return out
 
     def by_node(self) -> dict[int, tuple[int, bool]]:
         """Per node index: its engines' restarts so far, and whether one crash-loops."""

@@ -310,7 +310,8 @@ class RuntimeSystem:
         if o.local_engines:
             return build_membership(rows, {"prefill": o.prefill_nodes,
                                            "decode": o.decode_nodes}, gaps,
-                                    supervision=self.supervisor.by_node())
+                                    supervision=self.supervisor.by_node(),
+                                    down=self.supervisor.down_by_node())
         first = build_membership(rows, {}, gaps)
         names: dict[str, set[str]] = {"prefill": set(), "decode": set()}
         for n in first.nodes:

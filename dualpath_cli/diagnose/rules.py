@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dualpath_cli.diagnose.grading import dataclass_replace
 from dualpath_cli.diagnose.model import Evidence, Finding, Report
 from dualpath_cli.diagnose.workflows.cache_hit import cache_hit
+from dualpath_cli.diagnose.workflows.fabric import fabric
 from dualpath_cli.diagnose.workflows.hbm_frag import hbm_frag
 from dualpath_cli.diagnose.workflows.long_tail import long_tail
 from dualpath_cli.diagnose.workflows.membership import membership
@@ -35,6 +36,7 @@ WORKFLOWS: dict[str, Callable[[Evidence], list[Finding]]] = {
     "scaling": scaling,
     "membership": membership,
     "store-health": store_health,
+    "fabric": fabric,
 }
 #: Other names a workflow answers to (the seed calls 6.1 "performance drop").
 ALIASES = {"perf-drop": "snic-imbalance"}

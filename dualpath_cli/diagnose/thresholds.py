@@ -139,3 +139,12 @@ STORE_EVENTS_WARN = 0.5
 STORE_EVENTS_BAND = 0.25
 #: Fewest samples for a count in the window (a counter's growth needs two looks).
 STORE_MIN_SAMPLES = 2
+
+# --- fabric (diagnose/workflows/fabric.py) ------------------------------------------------
+#: Fabric: turns of an engine run again in the window because a KV message on its compute-
+#: fabric link was lost. A healthy fabric loses none; a peer that died mid-send loses the
+#: one or two turns it held (those are membership's), a link that is down loses every turn
+#: it carries. Counts below the minimum are not graded.
+KV_LOST_MIN_TURNS = 3
+KV_LOST_WARN = 3
+KV_LOST_BAND = 1

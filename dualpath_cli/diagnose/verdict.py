@@ -183,6 +183,9 @@ def _rules() -> dict[str, Rule]:
         Rule("kv-wait", "cache-hit", "a prefill engine's mean wait for its cached KV (s), "
              "samples that measured one", "samples", th.KV_WAIT_MIN_SAMPLES,
              th.KV_WAIT_WARN_S, th.KV_WAIT_CRIT_S, th.KV_WAIT_BAND_S),
+        Rule("kv-lost", "fabric", "turns of the engine run again in the window because a KV "
+             "message on its compute-fabric link was lost", "turns", th.KV_LOST_MIN_TURNS,
+             th.KV_LOST_WARN, None, th.KV_LOST_BAND),
         Rule("scheduler-cpu", "scaling", "cores the scheduler thread used over the window",
              "samples", th.MIN_SAMPLES, th.SCHED_CPU_WARN, th.SCHED_CPU_CRIT,
              th.SCHED_CPU_BAND),

@@ -26,6 +26,7 @@ from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.wire import (
+    FABRIC_LOST,
     TIERS,
     Decode,
     EngineCounters,
@@ -442,8 +443,10 @@ class EngineContext:
                 pay(self.spec.cnic, nbytes)
             self.counters.add(cnic_tx_bytes=nbytes)
             self.m_nic["cnic", "tx"].inc(nbytes)
-            if self.fabric_down or self.ep.send(to, header, buffers) is False:
-                self._kv_dropped(to, msg)
+            if self.fabric_down:
+                self._kv_dropped(to, msg, "this engine's fabric link is down")
+            elif self.ep.send(to, header, buffers) is False:
+                self._kv_dropped(to, msg, "the peer did not take it")
 
     def fabric_cut(self, down: bool) -> None:
         """This engine's compute-fabric link down (``fabric_drop`` fault) or back up: while
@@ -453,7 +456,7 @@ class EngineContext:
         if down and isinstance(self.ep, ResetsPeers):
             self.ep.reset_peers({self.spec.ctl})
 
-    def _kv_dropped(self, to: str, msg: Layer | PrefillDone | Decode) -> None:
+    def _kv_dropped(self, to: str, msg: Layer | PrefillDone | Decode, how: str) -> None:
         """A KV message of a turn did not leave: the peer cannot finish the turn, so the
         scheduler is told to run it again (once per attempt)."""
         key = (msg.rid, msg.att)
@@ -465,7 +468,7 @@ class EngineContext:
         log.warning("engine %d: a KV message of request %d to %s was dropped; re-queueing it",
                     self.spec.engine_id, msg.rid, to)
         self.to_ctl(ReadFailed(self.spec.engine_id, msg.rid, msg.att, -1,
-                               f"fabric: a KV message to {to} was dropped"))
+                               f"{FABRIC_LOST} to {to} was dropped ({how})"))
 
     def h2d(self, nbytes: int, shaped: bool) -> None:
         """A host<->device copy through this engine's compute NIC (loopback RDMA write)."""

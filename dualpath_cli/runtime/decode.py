@@ -26,6 +26,7 @@ from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.context import EngineContext
 from dualpath_cli.runtime.hbm import HbmExhausted
 from dualpath_cli.runtime.wire import (
+    FABRIC_MISSING,
     Cancel,
     Decode,
     Done,
@@ -210,7 +211,7 @@ class DecodeWorker:
             self.jobs.pop(job.rid, None)
         job.cancelled = True
         self.ctx.to_ctl(ReadFailed(self.ctx.spec.engine_id, job.rid, job.att, -1,
-                                   f"fabric: KV rows from {job.pe} missing after its "
+                                   f"{FABRIC_MISSING} {job.pe} missing after its "
                                    "prefill finished"))
         return True
 

@@ -83,6 +83,7 @@ class EngineState:
     cnic_rate: Rate = field(default_factory=Rate)  # compute-NIC transmit bytes/s
     compute: EngineWindow = field(default_factory=EngineWindow)  # busy, service time, KV wait
     gpu_rate: Rate = field(default_factory=Rate)  # busy seconds per second (utilisation)
+    kv_lost: int = 0  # turns run again because a KV message on its fabric link was lost
 
     @property
     def read_q(self) -> int:

@@ -33,6 +33,7 @@ from dualpath_cli.runtime.wire import (
     Tokens,
     WireError,
     decode,
+    kv_loss_engine,
 )
 from dualpath_cli.transfer.base import Message
 
@@ -278,7 +279,11 @@ class MessageLoop(Dispatching):
         if f is not None:
             if msg.block >= 0:
                 self.ledger.failed(f.rid, msg.block, msg.why, f.keys)
-            self._requeue(f, "read_failed", max_hit=msg.block if msg.block >= 0 else None)
+            lost_on = kv_loss_engine(msg, f.pe, f.de)
+            if lost_on is not None and lost_on in self.engines:
+                self.engines[lost_on].kv_lost += 1  # diagnose's fabric workflow counts it
+            self._requeue(f, "kv_lost" if lost_on is not None else "read_failed",
+                          max_hit=msg.block if msg.block >= 0 else None)
 
     def _on_queue_report(self, e: EngineState, m: QueueReport | Heartbeat) -> None:
         self._take_report(e, m.n, m.seen, m.rq)

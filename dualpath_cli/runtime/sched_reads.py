@@ -174,7 +174,9 @@ class SchedulerReads(SchedulerCore):
                 now - e.last_seen if e.address else None, e.compute)
                 for e in sorted(self.engines.values(), key=lambda x: x.engine_id))
             engines = tuple(dataclasses.replace(v, node_name=self.engines[v.engine_id].name
-                                                or None) for v in engines)
+                                                or None,
+                                                kv_lost_turns=self.engines[v.engine_id].kv_lost)
+                            for v in engines)
             by_node: dict[int, list[EngineState]] = collections.defaultdict(list)
             for e in self.engines.values():
                 by_node[e.node].append(e)

@@ -193,6 +193,11 @@ class Row:
         if m == "dualpath_storage_shaped_bandwidth_bytes_per_second":
             node = str(made.node)
             return metric_values(now, m, node=node) < metric_values(base, m, node=node)
+        if m == "dualpath_engine_service_seconds":
+            return _slower_than_peers(now, m, made.engine)
+        if m == "dualpath_scheduler_requeued_turns_total":
+            return (metric_values(now, m, reason="kv_lost")
+                    > metric_values(base, m, reason="kv_lost"))
         if m == "dualpath_hbm_fragmentation_ratio":
             return metric_values(now, m, engine=str(made.engine)) >= 0.5
         if m == "dualpath_storage_read_latency_seconds":
@@ -211,6 +216,20 @@ class Row:
                 labels["reason"] = "full"
             return metric_values(now, m, **labels) > metric_values(base, m, **labels)
         return metric_values(now, m) > metric_values(base, m)  # a counter that grew
+
+
+def _slower_than_peers(now: list[MetricSample], m: str, engine: int) -> bool:
+    """Whether ``engine``'s compute per request is at least twice the median of its role
+    peers' (the slow-service rule's factor) in one scrape."""
+    mine = [s for s in now if s.name == m and s.labels.get("engine") == str(engine)]
+    if not mine:
+        return False
+    role = mine[0].labels.get("role")
+    peers = sorted(s.value for s in now if s.name == m and s.labels.get("role") == role
+                   and s.labels.get("engine") != str(engine))
+    if not peers or peers[len(peers) // 2] <= 0:
+        return False
+    return mine[0].value >= 2.0 * peers[len(peers) // 2]
 
 
 def _latency_s(spec: str) -> float:
@@ -284,11 +303,14 @@ ROWS: tuple[Row, ...] = (
     Row("hot_blocks", "api", "long-tail", "WARNING",
         spec="hot_blocks:node={node},count=4,rate=50",
         metric="dualpath_storage_read_blocks_total"),
-    Row("hbm_frag", "api", "hbm-frag", "WARNING", spec="hbm_frag:engine={engine},stride=4",
+    # CRITICAL by the documented rule (hbm-frag: CRITICAL >= 0.8): pinning every 4th free
+    # block leaves free runs of 3 blocks, a score of 1 - 3/free, about 1.0 (not 0.75)
+    Row("hbm_frag", "api", "hbm-frag", "CRITICAL", spec="hbm_frag:engine={engine},stride=4",
         metric="dualpath_hbm_fragmentation_ratio"),
     Row("slow_compute", "api", "long-tail", "WARNING",
-        spec="slow_compute:engine={engine},factor=8", metric=None),
-    Row("fabric_drop", "api", None, "WARNING", spec="fabric_drop:engine={engine}",
+        spec="slow_compute:engine={engine},factor=8",
+        metric="dualpath_engine_service_seconds"),
+    Row("fabric_drop", "api", "fabric", "WARNING", spec="fabric_drop:engine={engine}",
         role="prefill", metric="dualpath_scheduler_requeued_turns_total"),
     Row("corrupt_block", "corrupt", "store-health", "WARNING",
         metric="dualpath_storage_corrupt_blocks_total"),

@@ -72,7 +72,8 @@ _LABEL_PREFIX: dict[str, tuple[str, ...]] = {
 VIEW_FAMILIES: frozenset[str] = frozenset({
     "dualpath_cluster_ready", "dualpath_cluster_uptime_seconds", "dualpath_engine_up",
     "dualpath_engine_unfinished_requests", "dualpath_engine_unfinished_tokens",
-    "dualpath_engine_heartbeat_age_seconds", "dualpath_hbm_free_bytes",
+    "dualpath_engine_heartbeat_age_seconds", "dualpath_engine_service_seconds",
+    "dualpath_hbm_free_bytes",
     "dualpath_hbm_usage_bytes", "dualpath_hbm_fragmentation_ratio",
     "dualpath_gpu_utilization_ratio", "dualpath_layer_cache_hits_total",
     "dualpath_nic_bytes_total", "dualpath_snic_utilization_ratio",
@@ -138,6 +139,9 @@ def _from_view(view: ClusterView) -> Lines:
         head = family + '{engine="'
         out[family] = [f'{head}{i}"}} {v}\n' for i, n, r, e in engines
                        if (v := getattr(e, attr)) is not None and v == v]
+    out["dualpath_engine_service_seconds"] = [
+        f'dualpath_engine_service_seconds{{engine="{i}",role="{r}"}} {v}\n'
+        for i, n, r, e in engines if (v := e.service_time_s) is not None and v == v]
     out["dualpath_gpu_utilization_ratio"] = [
         f'dualpath_gpu_utilization_ratio{{engine="{i}",node="{n}",role="{r}"}} {v}\n'
         for i, n, r, e in engines if (v := e.gpu_utilization) is not None and v == v]

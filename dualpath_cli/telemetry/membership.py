@@ -41,6 +41,8 @@ class NodeMember:
     said_hello: bool = True
     restarts: int = 0  # its engines' restarts by the launcher (cluster.restart)
     crash_loop: bool = False  # an engine died too often and is left down
+    down_since: float | None = None  # wall clock of its engine's death, until it serves again
+    restarting: bool = False  # the launcher restarts its dead engine (due, or no hello yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +126,15 @@ def build_membership(engines: list[tuple[str, int, str, str, bool]],
                      configured: dict[str, int],
                      gaps: dict[str, tuple[float, str]], *,
                      draining: bool = False,
-                     supervision: dict[int, tuple[int, bool]] | None = None) -> Membership:
+                     supervision: dict[int, tuple[int, bool]] | None = None,
+                     down: dict[int, tuple[float, bool]] | None = None) -> Membership:
     """The record from each engine's ``(node name, node index, role, state, said hello)``,
     the nodes
     configured by role (a launch's ``--pd``; for joined nodes, the names that joined and
     did not leave before their hello) and the scheduler's open gaps by role;
-    ``supervision``: per node index, its engines' restarts and whether one crash-loops."""
+    ``supervision``: per node index, its engines' restarts and whether one crash-loops;
+    ``down``: per node index whose engine died and does not serve again yet, since when
+    (wall clock) and whether the launcher is restarting it."""
     by_node: dict[int, list[tuple[str, int, str, str, bool]]] = {}
     for row in engines:
         by_node.setdefault(row[1], []).append(row)
@@ -144,8 +149,10 @@ def build_membership(engines: list[tuple[str, int, str, str, bool]],
             counts.setdefault(role, {})[s] = counts.setdefault(role, {}).get(s, 0) + 1
         state, said = node_state(states, any(r[4] for r in rows), draining=draining)
         restarts, loop = (supervision or {}).get(node, (0, False))
+        since, restarting = (down or {}).get(node, (None, False))
         nodes.append(NodeMember(name, node, role, state, len(rows),
-                                sum(1 for s in states if s == "ready"), said, restarts, loop))
+                                sum(1 for s in states if s == "ready"), said, restarts, loop,
+                                since, restarting))
         if state in ("serving", "draining"):
             serving[role] = serving.get(role, 0) + 1
     missing = tuple(RoleGap(role, *gaps[role]) for role in ROLES

@@ -186,6 +186,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Requests assigned to an engine and not finished (the scheduler's seq)."),
     MetricSpec("dualpath_engine_unfinished_tokens", _G, "tokens", ("engine", "role"),
                "Tokens of the requests assigned to an engine and not finished (tok)."),
+    MetricSpec("dualpath_engine_service_seconds", _G, "seconds", ("engine", "role"),
+               "An engine's compute per batched request (a decode step or a prefill batch "
+               "item: busy seconds over requests batched) over its last window of about a "
+               "second; absent while it ran nothing. A slow engine's is high."),
     MetricSpec("dualpath_engine_heartbeat_age_seconds", _G, "seconds", ("engine",),
                "Seconds since the scheduler last heard from an engine."),
     MetricSpec("dualpath_hbm_free_bytes", _G, "bytes", ("engine",),
@@ -238,7 +242,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "class (normal, high_token) and the read side (pe, de, split)."),
     MetricSpec("dualpath_scheduler_requeued_turns_total", _C, "", ("reason",),
                "Turns put back at the head of the FIFO (engine_dead, engine_left: placed "
-               "on a node that began to leave, read_failed, scheduler_restart)."),
+               "on a node that began to leave, read_failed, kv_lost: a KV message lost on "
+               "the compute fabric, scheduler_restart)."),
     MetricSpec("dualpath_scheduler_cancelled_turns_total", _C, "", (),
                "Turns their caller gave up before they finished (a streaming client that "
                "disconnected): dropped, their engines told to free what they held."),

@@ -88,6 +88,9 @@ class EngineView:
             waited from their arrival for their KV before they could compute (the runtime
             loads a prefill's whole hit first, so a slow store read shows here, not in the
             per-layer slack); ``None`` when there was none, and on decode engines.
+        kv_lost_turns: turns since it (re)started that were run again because a KV message
+            on its compute-fabric link was lost (its link down, or its peer's), counted
+            against the engine the loss is on.
     """
 
     engine_id: int
@@ -111,6 +114,7 @@ class EngineView:
     service_time_s: float | None = None
     kv_wait_s: float | None = None
     node_name: str | None = None  # the operator's name of its node (``--node D0``)
+    kv_lost_turns: int = 0  # turns run again because KV on its fabric link was lost
 
 
 @dataclass(frozen=True, slots=True)

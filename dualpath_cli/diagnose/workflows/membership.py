@@ -1,4 +1,4 @@
-"""Membership: a role with no serving engine is an incident, not a queue.
+"""Membership: a dead engine, and a role with no serving engine, are incidents, not queues.
 
 A pure function over :class:`~dualpath_cli.diagnose.model.Evidence`: it reads the membership
 record (telemetry/membership.py) of the window's last view, the record ``status`` and
@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dualpath_cli.diagnose.grading import CRITICAL, OK, no_samples
 from dualpath_cli.diagnose.model import Evidence, Finding
+from dualpath_cli.telemetry.membership import NodeMember
+from dualpath_cli.telemetry.view import ClusterView
 
 __all__ = ["membership"]
 
 
 def membership(ev: Evidence) -> list[Finding]:
-    """CRITICAL per crash-looping node (the launcher left its engine down) and per role with
-    no serving engine at the end of the window; else what serves."""
+    """CRITICAL per node whose engine is dead or restarting after a death, per
+    crash-looping node (the launcher left its engine down) and per role with no serving
+    engine at the end of the window; else what serves."""
     wf = "membership"
     if not ev.samples:
         return [no_samples(wf)]
@@ -41,6 +44,8 @@ def membership(ev: Evidence) -> list[Finding]:
                       "stops restarting a crash loop); see the launcher's log for its exits",
                 action="fix the cause in the launcher's log, then restart the cluster "
                        "(dualpath stop, then dualpath launch)"))
+    out.extend(_down_node(wf, last, n) for n in record.nodes
+               if not n.crash_loop and _is_down(n))
     for gap in record.missing:
         out.append(Finding(
             wf, CRITICAL, f"{gap.line()}: {record.serving} (of {record.of}) serve",
@@ -59,3 +64,38 @@ def membership(ev: Evidence) -> list[Finding]:
         out.append(Finding(wf, OK, f"{record.serving} serve (of {record.of})",
                            evidence={"serving": record.serving, "of": record.of}))
     return out
+
+
+def _is_down(n: NodeMember) -> bool:
+    """A node whose engine died and does not serve again yet: dead, or coming back after a
+    death (a node joining for the first time is not down)."""
+    if n.state in ("serving", "draining", "left"):
+        return False
+    return n.state == "dead" or n.restarting or n.down_since is not None
+
+
+def _down_node(wf: str, view: ClusterView, n: NodeMember) -> Finding:
+    """``node D1: decode engine 2 died 0.8 s ago, restarting (1 restart)``: CRITICAL while
+    it is down (an engine lost is service lost, even while a peer serves its role)."""
+    ids = [e.engine_id for e in view.engines if e.node == n.node]
+    who = (f"{n.role} engine {', '.join(map(str, ids))}" if ids else f"its {n.role} engine")
+    ago = (f" {max(0.0, view.at - n.down_since):.1f} s ago"
+           if n.down_since is not None else "")
+    now = ("restarting" if n.restarting or n.state == "joining" else "not restarted")
+    times = f"{n.restarts} restart{'s' if n.restarts != 1 else ''}"
+    return Finding(
+        wf, CRITICAL, f"node {n.name}: {who} died{ago}, {now} ({times})",
+        subject=f"node {n.name}",
+        evidence={"node": n.name, "role": n.role, "state": n.state, "engines": ids,
+                  "down_since": n.down_since, "restarting": n.restarting,
+                  "restarts": n.restarts, "serving": n.serving},
+        cause="its engine process exited or fell silent; its turns were re-queued to the "
+              "engines that serve" + ("; the launcher restarts it with backoff "
+                                      "(cluster.restart)" if now == "restarting" else ""),
+        action=("wait for the restart (dualpath status shows it serving again); if it dies "
+                "again, read the launcher's log for its exits" if now == "restarting" else
+                "restart the cluster (dualpath stop, then dualpath launch), or set "
+                "cluster.restart so the launcher restarts dead engines"),
+        why=f"membership record of the window's last sample: node {n.name} is {n.state}"
+            f"{', restarting' if n.restarting else ''}: CRITICAL while it is down (a fact: "
+            "no minimum, no band)")
