@@ -58,7 +58,7 @@ def test_status_counts_only_the_clusters_engines() -> None:
         opts=SimpleNamespace(snic_bw=0.0, nodes_per_group=1),
         scheduler=SimpleNamespace(sub_schedulers=lambda: ()),  # a flat one
         shape=SimpleNamespace(n_layers=2, bytes_per_token_layer=64, block_tokens=8),
-        shaped=True, flops_rate=0.0)
+        shaped=True, flops_rate=0.0, metric_frames=dict)  # no store trouble reported
     live: Any = SimpleNamespace(ready_s=1.0, audit=[], faults=lambda: [], system=system,
                                 readiness=lambda: (True, "ready"))
     out = _status(live, view)
