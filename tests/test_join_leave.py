@@ -46,7 +46,7 @@ def test_a_node_that_leaves_is_left_and_one_that_dies_is_dead(tmp_path: Path) ->
 
 def test_status_counts_only_the_clusters_engines() -> None:
     view: Any = SimpleNamespace(
-        state="ready", pd="1P2D", model="tiny", uptime_s=1.0, membership=None,
+        state="ready", pd="1P2D", model="tiny", uptime_s=1.0, membership=None, nodes=[],
         engines=[SimpleNamespace(state=s) for s in ("ready", "ready", "left", "left", "dead")],
         scheduler=SimpleNamespace(
             policy="dualpath", fifo_length=0, private_queues={}, pe_queue_length=0,
