@@ -181,6 +181,30 @@ def test_thresholds_read_as_status_shows_them(
     assert today.startswith("today: alpha 3s, beta ") and " tok, quota 300ms" in today
 
 
+class _StatusKnowsTheNicRate(FakeClient):
+    """A live cluster: its view carries alpha in tokens only; its status, which knows the
+    storage NICs' rate, also in seconds (``/api/v1/status``'s ``alpha_s``)."""
+
+    def status(self) -> Any:
+        st = super().status()
+        return dataclasses.replace(st, thresholds=dataclasses.replace(st.thresholds,
+                                                                      alpha_s=3.0))
+
+
+def test_live_suggest_reads_alpha_as_status_shows_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(twin, "measure_compute", stub_measure)
+    view = cluster_view(alpha=300_000)
+    assert view.scheduler.thresholds.alpha_s is None
+    fake = _StatusKnowsTheNicRate(view, served(agentic_workload(4, turns=3)), metrics_text="")
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: fake)
+    monkeypatch.setenv("DUALPATH_URL", "http://fake")
+    assert main(["tune", "suggest", "--replicates", "1"]) == 0
+    out = capsys.readouterr().out
+    today = next(ln for ln in out.splitlines() if ln.startswith("today: "))
+    assert today.startswith("today: alpha 3s, beta "), today
+
+
 def test_a_listed_split_the_simulator_refuses_is_a_row_with_its_reason(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     tr = twin.traffic_from_decisions(cluster_view("round-robin"),

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from dualpath_cli.api.protocol import ClusterClient
     from dualpath_cli.cli.source import ClusterRef, Target
     from dualpath_cli.sim.twin_replay import Traffic
+    from dualpath_cli.telemetry.view import ClusterView
 
 __all__ = ["show", "rollback", "auto", "suggest", "set_live", "format_metric", "print_suggestion"]
 
@@ -104,11 +105,27 @@ def _print_audit(entry: Any, title: str) -> None:
     stdout.print(table)
 
 
+def _view_with_alpha_s(client: ClusterClient) -> ClusterView:
+    """The cluster's view, its thresholds carrying alpha in seconds as ``status`` has it
+    (the view itself does not know the NIC rate), so the twin writes alpha as ``status``
+    does (``alpha 3s``, not ``586K tok``)."""
+    from dataclasses import replace
+
+    view = client.view()
+    th = view.scheduler.thresholds
+    if th.alpha_s is None:
+        alpha_s = client.status().thresholds.alpha_s
+        if alpha_s is not None:
+            view = replace(view, scheduler=replace(view.scheduler, thresholds=replace(
+                th, alpha_s=alpha_s)))
+    return view
+
+
 def _live_twin(client: ClusterClient, url: str, hardware: str | None) -> tuple[Any, Any]:
     """(traffic, world) of the running cluster's served turns (its decision log)."""
     from dualpath_cli.services import twin
 
-    view = client.view()
+    view = _view_with_alpha_s(client)
     traffic = twin.traffic_from_decisions(view, client.decisions(-1), url)
     return traffic, twin.world_for(traffic, hardware=hardware)
 
@@ -490,7 +507,7 @@ def suggest(
     else:
         with _client(ref) as client:
             target = client.url
-            view = client.view()
+            view = _view_with_alpha_s(client)
             decisions = client.decisions(-1)
             if window_s is not None:  # the decisions' clock is the view's (recording.py)
                 decisions = [d for d in decisions if d.at >= view.at - window_s]
