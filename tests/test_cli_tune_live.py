@@ -238,3 +238,16 @@ def test_show_lists_what_the_controllers_did(capsys: pytest.CaptureFixture[str],
     assert main(["tune", "show"]) == 0
     out = capsys.readouterr().out
     assert "dynamic controllers" in out and "snic_util 0.93" in out and "above 80%" in out
+
+
+def test_the_applied_change_reads_as_status_shows_thresholds() -> None:
+    """The table after ``tune set alpha=1s``: ``alpha 3s -> 1s`` as status says it, not the
+    audit's ``alpha_tokens 586K tok -> 195K tok``."""
+    from dualpath_cli.cli.tune_live import _audit_rows
+
+    entry = AuditEntry(2, 0.0, "tok-1", "scheduler",
+                       {"alpha_tokens": 586_000, "quota_s": 0.3},
+                       {"alpha_tokens": 195_333, "quota_s": 0.15})
+    assert _audit_rows(entry, 3.0 / 586_000) == [("alpha", "3s", "1s"),
+                                                  ("quota", "300ms", "150ms")]
+    assert _audit_rows(entry)[0] == ("alpha", "586K tok", "195K tok")  # rate unknown

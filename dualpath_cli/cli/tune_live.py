@@ -74,9 +74,9 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def _value_text(field: str, value: Any) -> str:
+def _value_text(field: str, value: Any, alpha_s_per_token: float | None = None) -> str:
     """A threshold as ``status`` shows it (cli/threshold_text.py; audit values are
-    scheduler units: alpha in tokens)."""
+    scheduler units: alpha in tokens, in seconds too where ``alpha_s_per_token`` is known)."""
     from dualpath_cli.cli.threshold_text import alpha_text, beta_text, quota_text
 
     if value is None:
@@ -86,22 +86,28 @@ def _value_text(field: str, value: Any) -> str:
     if field in ("quota", "quota_s"):
         return quota_text(float(value))
     if field in ("alpha", "alpha_tokens"):
-        return alpha_text(value)
+        return alpha_text(value, value * alpha_s_per_token if alpha_s_per_token else None)
     if field in ("beta", "beta_tokens"):
         return beta_text(value)
     return str(value)
 
 
-def _audit_rows(entry: Any) -> list[tuple[str, str, str]]:
+#: An audit entry's scheduler field -> the name ``status`` and ``tune set`` give it.
+_FIELD_NAMES = {"alpha_tokens": "alpha", "beta_tokens": "beta", "quota_s": "quota"}
+
+
+def _audit_rows(entry: Any, alpha_s_per_token: float | None = None
+                ) -> list[tuple[str, str, str]]:
     keys = list(dict.fromkeys([*entry.old, *entry.new]))
-    return [(k, _value_text(k, entry.old.get(k)), _value_text(k, entry.new.get(k)))
-            for k in keys]
+    return [(_FIELD_NAMES.get(k, k), _value_text(k, entry.old.get(k), alpha_s_per_token),
+             _value_text(k, entry.new.get(k), alpha_s_per_token)) for k in keys]
 
 
-def _print_audit(entry: Any, title: str) -> None:
-    table = Table("field", "was", "now", title=title, title_justify="left")
-    for row in _audit_rows(entry):
+def _print_audit(entry: Any, title: str, alpha_s_per_token: float | None = None) -> None:
+    table = Table("field", "was", "now")  # the title on its own line: a narrow table wraps it
+    for row in _audit_rows(entry, alpha_s_per_token):
         table.add_row(*row)
+    stdout.print(title, highlight=False, soft_wrap=True)
     stdout.print(table)
 
 
@@ -159,7 +165,7 @@ def set_live(target: Target, ref: ClusterRef, pairs: dict[str, str], dry_run: bo
                    "audit": {"seq": entry.seq, "at": entry.at, "token_id": entry.token_id,
                              "old": entry.old, "new": entry.new}})
         return
-    _print_audit(entry, f"tune set: {target.url} (audit #{entry.seq})")
+    _print_audit(entry, f"tune set: {target.url} (audit #{entry.seq})", th.alpha_s_per_token)
     stderr.print("applied; `dualpath tune rollback` undoes it", highlight=False)
 
 
