@@ -82,6 +82,31 @@ def test_human_rendering_has_severity_evidence_cause_and_command(
     assert out.rstrip().splitlines()[-1].startswith("CRITICAL (exit 2): 1 workflow over 9 s")
 
 
+def test_findings_wrap_under_themselves_on_an_80_column_terminal() -> None:
+    """On a terminal each finding reads as a block at 80 columns (continuations under the
+    text they continue); on a pipe each part stays one line, whole for ``grep``."""
+    import io
+
+    from rich.console import Console
+
+    from dualpath_cli.cli.diagnose_cmd import render_reports
+    from dualpath_cli.diagnose.rules import run_workflow
+
+    reports = [run_workflow("snic-imbalance", nic_throttled())]
+    term = io.StringIO()
+    render_reports(Console(file=term, width=80, force_terminal=True, color_system=None),
+                   reports, "w.jsonl")
+    lines = term.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80, lines
+    do = next(i for i, line in enumerate(lines) if "do:     check the storage NIC" in line)
+    indent = lines[do].index("check")
+    assert lines[do + 1][:indent].strip() == "" and lines[do + 1][indent] != " "
+    pipe = io.StringIO()
+    render_reports(Console(file=pipe, width=80), reports, "w.jsonl")
+    assert any(len(line) > 80 for line in pipe.getvalue().splitlines())
+    assert len(pipe.getvalue().splitlines()) < len(lines)
+
+
 def test_live_window_through_the_client(monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     ev = nic_throttled()

@@ -329,6 +329,24 @@ def _render_fixes(console: Console, fixes: list[dict[str, Any]]) -> None:
 _STYLE = {"OK": "green", "WARNING": "yellow", "CRITICAL": "bold red", "UNKNOWN": "magenta"}
 
 
+def _print_wrapped(console: Console, head: str, indent: int, text: str,
+                   width: int | None) -> None:
+    """``head`` (markup) then ``text``; on a terminal of ``width`` columns the text wraps
+    under itself at ``indent`` (a finding reads as a block at 80 columns); on a pipe it
+    stays one line, so ``grep`` sees a whole finding."""
+    import textwrap
+
+    from rich.markup import escape
+
+    chunks = [text]
+    if width is not None:
+        chunks = textwrap.wrap(text, max(20, width - indent), break_long_words=False,
+                               break_on_hyphens=False) or [text]
+    console.print(head + escape(chunks[0]), highlight=False, soft_wrap=True)
+    for chunk in chunks[1:]:
+        console.print(" " * indent + escape(chunk), highlight=False, soft_wrap=True)
+
+
 def render_reports(console: Console, reports: list[Report], source: str,
                    by_layer: bool = False, in_file: int | None = None) -> None:
     """The human rendering: one block per finding, worst first, then a verdict line."""
@@ -338,16 +356,14 @@ def render_reports(console: Console, reports: list[Report], source: str,
     findings = sorted(((f, r) for r in reports for f in r.findings),
                       key=lambda fr: -int(fr[0].severity))
     pad = " " * (9 + width + 2)
+    wrap_at = console.width if console.is_terminal else None
     for f, _r in findings:
         sev = f.severity.name
-        console.print(f"[{_STYLE[sev]}]{sev:<8}[/] {f.workflow:<{width}}  {escape(f.title)}",
-                      highlight=False, soft_wrap=True)
-        if f.cause:
-            console.print(f"{pad}likely: {escape(f.cause)}", highlight=False, soft_wrap=True)
-        if f.action:
-            console.print(f"{pad}do:     {escape(f.action)}", highlight=False, soft_wrap=True)
-        if f.why:
-            console.print(f"{pad}why:    {escape(f.why)}", highlight=False, soft_wrap=True)
+        _print_wrapped(console, f"[{_STYLE[sev]}]{sev:<8}[/] {f.workflow:<{width}}  ",
+                       len(pad), f.title, wrap_at)
+        for label, text in (("likely: ", f.cause), ("do:     ", f.action), ("why:    ", f.why)):
+            if text:
+                _print_wrapped(console, pad + label, len(pad) + len(label), text, wrap_at)
         layers = f.evidence.get("layers") if by_layer else None
         if layers:
             _layer_table(console, layers)
