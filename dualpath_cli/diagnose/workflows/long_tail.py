@@ -128,8 +128,9 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         if reads[k] >= rule.minimum:
             by_subject.setdefault(_reader_subject(ev, k), []).append(k)
     out: list[Finding] = []
-    for subject, keys in sorted(by_subject.items()):
+    for reader, keys in sorted(by_subject.items()):
         top = max(keys, key=lambda k: (load[k], k))
+        subject = reader or f"block {top}"  # who read them not known: the hottest block
         share = load[top] / denom
         v = grade(rule, share, reads[top], previous_of(ev.previous, rule, subject),
                   shown=f"{pct(share)} of {basis} on its busiest copy")
@@ -144,16 +145,17 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         have = {k: len(spread[k][1]) for k in hot if k in spread}
         copied = (f"; {have[top]} copies, {spread[top][0]} reads on the busiest"
                   if top in have else "")
-        who = subject if subject.startswith("node ") else "one reader"
+        who = f"{reader} reads" if reader else "a reader (not reported) reads"
         out.append(Finding(
-            wf, v.severity, f"{who} hammers {len(hot)} hot blocks: block {top[:12]} read "
+            wf, v.severity, f"{who} {len(hot)} hot blocks: block {top[:12]} read "
             f"{reads[top]} times in {ev.window_s:.0f} s, {pct(share)} of {basis} on its "
             f"busiest copy{copied}", subject=subject,
             evidence={"hot_blocks": {k: reads[k] for k in hot}, "hot_share": round(share, 4),
                       "busiest_copy_reads": load[top], "mean_reads": sum(reads.values())
                       / len(reads), "store_block_reads": total, "copies_needed": needed,
                       "copies": have},
-            cause=f"storage hot spot: {who} reads these blocks far more than any other",
+            cause=f"storage hot spot: {reader or 'one reader, or many turns,'} reads these "
+                  "blocks far more than any other",
             action=f"dualpath diagnose long-tail --fix   (copies the {len(hot)} hot blocks "
                    f"to every replica root, at least {max(needed.values())} copies each; a "
                    "store without them: launch --replica-root DIR; dualpath storage inspect "
@@ -168,8 +170,8 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
 
 
 def _reader_subject(ev: Evidence, key: str) -> str:
-    """The node that read ``key`` most in the window (``node D1``), else ``block KEY`` (a
-    cluster that does not say which node read it)."""
+    """The node that read ``key`` most in the window (``node D1``), else "" (a cluster or
+    recording that does not say which node read it)."""
     x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
     now = x1.block_readers.get(key, {})
     before = x0.block_readers.get(key, {}) if len(ev.samples) > 1 else {}
@@ -177,7 +179,7 @@ def _reader_subject(ev: Evidence, key: str) -> str:
     nodes = ev.nodes
     counts = {n: c for n, c in counts.items() if c > 0 and n in nodes}
     if not counts:
-        return f"block {key}"
+        return ""
     node = max(counts, key=lambda n: (counts[n], -n))
     return f"node {node_name(nodes[node])}"
 
