@@ -134,8 +134,11 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         share = load[top] / denom
         v = grade(rule, share, reads[top], previous_of(ev.previous, rule, subject),
                   shown=f"{pct(share)} of {basis} on its busiest copy")
+        # copied blocks under the hot share say how their reads spread (even beside a block
+        # of the node still hot)
+        out.extend(_cooled(ev, wf, [k for k in keys if load[k] / denom < rule.warn or
+                                    not v.severity], reads, spread, load, denom, basis))
         if not v.severity:
-            out.extend(_cooled(ev, wf, keys, reads, spread, load, denom, basis))
             continue
         hot = sorted((k for k in keys if load[k] / denom >= rule.warn), key=lambda k: (
             -load[k], k))[:5] or [top]
