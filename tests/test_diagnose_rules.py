@@ -351,7 +351,9 @@ def test_hot_block_is_judged_by_its_share_of_the_store_reads() -> None:
     report = rules.run_workflow("long-tail", faulted)
     (f,) = [f for f in report.findings if f.subject and f.subject.startswith("block ")]
     assert f.severity is Severity.WARNING and len(f.evidence["hot_blocks"]) == 4
-    assert "of the store's block reads" in f.title
+    assert "% of the store's 1620 block reads on its busiest copy" in f.title
+    assert f.rule == "hot-block" and f.evidence["hot_share"] == pytest.approx(270 / 1620,
+                                                                              abs=1e-4)
     quiet = window(extras=lambda i: extras(i, 3))  # 8 blocks among 72 reads a second
     assert not [f for f in long_tail(quiet) if f.subject and "block" in f.subject]
 

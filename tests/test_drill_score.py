@@ -142,3 +142,45 @@ def test_corrupt_one_block_flips_a_payload_byte(tmp_path: Path) -> None:
     assert len(data) == 8192 and data[4096 + 7] == 0x5A and data.count(0) == 8191
     with pytest.raises(FileNotFoundError):
         corrupt_one_block(tmp_path / "empty")
+
+
+class _Looks:
+    """A watch whose looks yield prepared reports (what ``_better`` reads)."""
+
+    def __init__(self, reports: list[list[dict[str, object]]]) -> None:
+        self._reports = reports
+        self.samples: list[int] = []
+
+    def look(self) -> None:
+        self.samples.append(len(self.samples))
+
+    def reports(self) -> list[dict[str, object]]:
+        return [{"findings": self._reports[min(len(self.samples), len(self._reports)) - 1]}]
+
+
+def test_a_fix_judged_by_its_evidence_helps_when_the_value_falls_not_the_grade() -> None:
+    """hot_blocks: copies halve the busiest copy's share while the grade stays WARNING; the
+    first look after the fix counts since start and judges nothing."""
+    from dualpath_cli.services.drill import _better
+    from dualpath_cli.services.drill_rows import FIX_DROP, Made
+
+    (row,) = [r for r in ROWS if r.name == "hot_blocks"]
+    assert row.fix_drops == "hot_share" and row.grade == "WARNING"
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+
+    def finding(share: float) -> dict[str, object]:
+        return {"workflow": "long-tail", "severity": "WARNING", "subject": "node D1",
+                "evidence": {"hot_share": share}}
+
+    was = finding(0.26)
+    same = _Looks([[finding(0.13)], [finding(0.25)]])
+    assert not _better(same, made, "WARNING", "hot_share", was)  # type: ignore[arg-type]
+    assert not _better(same, made, "WARNING", "hot_share", was)  # type: ignore[arg-type]
+    halved = _Looks([[finding(0.26)], [finding(0.26 * FIX_DROP - 0.01)]])
+    notes: list[str] = []
+    assert not _better(halved, made, "WARNING", "hot_share", was, notes)  # type: ignore[arg-type]
+    assert _better(halved, made, "WARNING", "hot_share", was, notes)  # type: ignore[arg-type]
+    assert notes == ["fix: hot_share 0.26 -> 0.185 (grade WARNING)"]
+    # a row judged by its grade: the grade must drop
+    graded = _Looks([[finding(0.1)]])
+    assert not _better(graded, made, "WARNING")  # type: ignore[arg-type]

@@ -34,12 +34,14 @@ TAIL_RATIO_WARN = 4.0
 TAIL_RATIO_CRIT = 10.0
 #: Fewest turns in the window for a TTFT quantile to mean anything.
 TTFT_MIN_TURNS = 50
-#: A block is hot when it takes at least this share of the store's block reads in the
-#: window (or, where the store's total is not reported, this many times the mean reads of
-#: the reported blocks), and at least HOT_BLOCK_MIN_READS reads.
+#: A block is hot when its busiest copy takes at least this share of the store's block
+#: reads in the window (or, where the store's total is not reported, of the reported
+#: blocks' reads), and it was read at least HOT_BLOCK_MIN_READS times (rule hot-block).
 HOT_BLOCK_SHARE = 0.1
-HOT_BLOCK_FACTOR = 5.0
 HOT_BLOCK_MIN_READS = 20
+#: A hot block whose busiest copy takes this share of the store's block reads: CRITICAL (the
+#: storage target holding it serves little else).
+HOT_BLOCK_CRIT = 0.5
 #: An engine is slow when its mean service time (busy seconds per batched request) over the
 #: window is this multiple of its role peers' median, measured in at least
 #: SLOW_SERVICE_MIN_SAMPLES samples.
@@ -49,6 +51,10 @@ SLOW_SERVICE_MIN_SAMPLES = 2
 #: compute (the runtime loads the whole hit first): WARNING; CRITICAL at the second value.
 KV_WAIT_WARN_S = 0.025
 KV_WAIT_CRIT_S = 0.1
+#: A node's store reads (each block from queued to delivered) that take this long on average
+#: over the window: WARNING; CRITICAL at the second value.
+STORE_LATENCY_WARN_S = 0.1
+STORE_LATENCY_CRIT_S = 1.0
 #: An engine is slow/overloaded when its unfinished requests stay at this multiple of its
 #: role peers' median (and at least SLOW_ENGINE_MIN_SEQ) in most samples.
 SLOW_ENGINE_FACTOR = 3.0
@@ -116,7 +122,12 @@ HBM_FRAG_BAND = 0.05
 #: Fewest samples of an engine that measured a KV wait before its mean is graded.
 KV_WAIT_MIN_SAMPLES = 2
 KV_WAIT_BAND_S = 0.005
+#: Fewest store reads of a node in the window before their mean latency is graded.
+STORE_LATENCY_MIN_READS = 10
+STORE_LATENCY_BAND_S = 0.02
 SCHED_CPU_BAND = 0.05
+#: The band of rule hot-block (its busiest copy's share of the store's reads).
+HOT_BLOCK_BAND = 0.03
 DECISION_P99_BAND = 0.1
 
 # --- store health (diagnose/workflows/store_health.py) -------------------------------------

@@ -161,11 +161,18 @@ def _rules() -> dict[str, Rule]:
              None, th.SHARE_BAND),
         Rule("read-queue", snic, "share of samples with the node's read queue over alpha",
              "samples", th.MIN_SAMPLES, th.PERSIST_FRACTION, None, th.SHARE_BAND),
+        Rule("store-latency", snic, "a node's mean store read latency (each block from "
+             "queued to delivered) over the window", "reads", th.STORE_LATENCY_MIN_READS,
+             th.STORE_LATENCY_WARN_S, th.STORE_LATENCY_CRIT_S, th.STORE_LATENCY_BAND_S),
         Rule("misclassified", snic, "share of an engine's decisions whose PE class its "
              "inputs contradict", "decisions", th.MISCLASS_MIN_DECISIONS, th.MISCLASS_WARN,
              None, th.MISCLASS_BAND),
         Rule("ttft-tail", tail, "TTFT P99/P50 of the window's turns (histogram)", "turns",
              th.TTFT_MIN_TURNS, th.TAIL_RATIO_WARN, th.TAIL_RATIO_CRIT, th.TAIL_RATIO_BAND),
+        Rule("hot-block", tail, "the share of the store's block reads in the window taken "
+             "by the busiest copy of the most-read block of the node reading it (of the "
+             "reported blocks' reads where the store's total is not reported)", "reads",
+             th.HOT_BLOCK_MIN_READS, th.HOT_BLOCK_SHARE, th.HOT_BLOCK_CRIT, th.HOT_BLOCK_BAND),
         Rule("over-beta", tail, "share of samples with the engine's tokens over beta",
              "samples", th.MIN_SAMPLES, th.PERSIST_FRACTION, None, th.SHARE_BAND),
         Rule("slow-engine", tail, "share of samples with the engine's unfinished requests at "

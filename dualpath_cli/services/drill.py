@@ -29,7 +29,7 @@ from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.drill_load import AgentLoad, drill_agents
-from dualpath_cli.services.drill_rows import ROWS, Made, Row, Target
+from dualpath_cli.services.drill_rows import FIX_DROP, ROWS, Made, Row, Target
 from dualpath_cli.services.drill_score import (
     MetricSample,
     RowResult,
@@ -226,7 +226,8 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             elif res.fix:
                 before = res.grade
                 watch.reset()
-                res.fix_helped = _wait(lambda: _better(watch, made, before),
+                res.fix_helped = _wait(lambda: _better(watch, made, before, row.fix_drops,
+                                                       top, res.notes),
                                        made.expect.deadline_s + GRACE_S)
         else:
             other = _any_subject(watch.reports(), made) if watch.samples else []
@@ -253,8 +254,25 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
     return res
 
 
-def _better(watch: _Watch, made: Made, before: str) -> bool:
+def _better(watch: _Watch, made: Made, before: str, drops: str = "",
+            was: Mapping[str, Any] | None = None, notes: list[str] | None = None) -> bool:
+    """Whether the fix helped: the grade dropped, or, for a row judged by an evidence value
+    (``Row.fix_drops``), no finding is left or the value fell to :data:`FIX_DROP` of what it
+    was (over a window of two looks or more since the fix: one look counts since start)."""
     watch.look()
+    old = (was or {}).get("evidence", {}).get(drops) if drops else None
+    if isinstance(old, int | float) and old > 0:
+        if len(watch.samples) < 2:
+            return False  # one look counts since start: the reads before the fix too
+        found = matching_findings(watch.reports(), made.expect)
+        vals = [f["evidence"][drops] for f in found
+                if isinstance((f.get("evidence") or {}).get(drops), int | float)]
+        if not found or (vals and max(vals) <= FIX_DROP * old):
+            if notes is not None:
+                now = f"{max(vals):.3g}" if vals else "no finding"
+                notes.append(f"fix: {drops} {old:.3g} -> {now} (grade {worst_grade(found)})")
+            return True
+        return False
     return rank(worst_grade(matching_findings(watch.reports(), made.expect))) < rank(before)
 
 

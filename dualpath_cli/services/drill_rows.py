@@ -28,11 +28,14 @@ from dualpath_cli.telemetry.status import Status
 from dualpath_cli.telemetry.view import ClusterView
 
 __all__ = ["Target", "Made", "Row", "ROWS", "row_names", "corrupt_in", "DEGRADE_S",
-           "DEATH_S"]
+           "DEATH_S", "FIX_DROP"]
 
 #: The issue's deadlines: a death or a leave within 2 s, a degradation within 10 s.
 DEATH_S = 2.0
 DEGRADE_S = 10.0
+#: A fix judged by an evidence value (``Row.fix_drops``) helped when it took the value to
+#: at most this share of what it was (two copies of a block: about half).
+FIX_DROP = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,10 @@ class Row:
         workflow / grade / deadline_s: what diagnose must say, by when.
         metric: the metric family that must move (``None``: none exists, which fails).
         why_not: for ``none`` rows, why the fault cannot be made.
+        fix_drops: the finding's evidence value the applied fix must lower (by
+            :data:`FIX_DROP`) where the grade honestly stays: the fault's own reads keep
+            coming at its rate, so copies of hot blocks halve each copy's share of the
+            store's reads without taking it under the hot share. "": the grade must drop.
     """
 
     name: str
@@ -99,6 +106,7 @@ class Row:
     role: str = "decode"
     metric: str | None = None
     why_not: str = ""
+    fix_drops: str = ""
 
     def skip_reason(self, t: Target) -> str:
         """Why this row cannot run against ``t`` ("": it can)."""
@@ -302,7 +310,7 @@ ROWS: tuple[Row, ...] = (
         metric="dualpath_storage_write_errors_total"),
     Row("hot_blocks", "api", "long-tail", "WARNING",
         spec="hot_blocks:node={node},count=4,rate=50",
-        metric="dualpath_storage_read_blocks_total"),
+        metric="dualpath_storage_read_blocks_total", fix_drops="hot_share"),
     # CRITICAL by the documented rule (hbm-frag: CRITICAL >= 0.8): pinning every 4th free
     # block leaves free runs of 3 blocks, a score of 1 - 3/free, about 1.0 (not 0.75)
     Row("hbm_frag", "api", "hbm-frag", "CRITICAL", spec="hbm_frag:engine={engine},stride=4",

@@ -100,6 +100,11 @@ class Extras:
         node_corrupt_blocks: blocks found corrupt and quarantined by node since start.
         node_write_errors: block writes the store refused, by ``"<node>/<reason>"`` (full,
             read_only, failed) since start.
+        store_read_latency: by node, the store reads' latency since start as ``(seconds
+            summed, reads)`` (``dualpath_storage_read_latency_seconds{tier="store"}``: each
+            block from queued to delivered).
+        block_readers: store reads per block key since start, by the node that read them
+            (the exported most-read blocks only; which node hammers a hot block).
     """
 
     ttft_buckets: tuple[tuple[float, int], ...] = ()
@@ -118,6 +123,8 @@ class Extras:
     node_read_errors: dict[int, int] = field(default_factory=dict)
     node_corrupt_blocks: dict[int, int] = field(default_factory=dict)
     node_write_errors: dict[str, int] = field(default_factory=dict)
+    store_read_latency: dict[int, tuple[float, int]] = field(default_factory=dict)
+    block_readers: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (inf bucket bound written as the string ``"+Inf"``)."""
@@ -150,7 +157,11 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
         node_read_errors=_by_node(data.get("node_read_errors")),
         node_corrupt_blocks=_by_node(data.get("node_corrupt_blocks")),
         node_write_errors={str(k): int(v) for k, v in
-                           (data.get("node_write_errors") or {}).items()})
+                           (data.get("node_write_errors") or {}).items()},
+        store_read_latency={int(k): (float(v[0]), int(v[1])) for k, v in
+                            (data.get("store_read_latency") or {}).items()},
+        block_readers={str(k): {int(n): int(c) for n, c in v.items()}
+                       for k, v in (data.get("block_readers") or {}).items()})
 
 
 def _by_node(data: dict[str, Any] | None) -> dict[int, int]:
@@ -370,6 +381,8 @@ def extras_from_metrics_text(text: str) -> Extras:
     warm: dict[int, int] = {}  # node -> blocks a warm-up has still to read
     per_node: dict[str, dict[int, int]] = {name: {} for name in _PER_NODE}
     write_errors: dict[str, int] = {}
+    latency: dict[int, list[float]] = {}  # node -> [seconds, reads] of store reads
+    readers: dict[str, dict[int, int]] = {}  # block -> node -> reads
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
             continue
@@ -412,6 +425,17 @@ def extras_from_metrics_text(text: str) -> Extras:
             key = _labels(labels).get("block")
             if key:  # one series per node that reads the block
                 blocks[key] = blocks.get(key, 0) + int(value)
+                node = _labels(labels).get("node")
+                if node is not None and node.lstrip("-").isdigit():
+                    read_by = readers.setdefault(key, {})
+                    read_by[int(node)] = read_by.get(int(node), 0) + int(value)
+        elif name in ("dualpath_storage_read_latency_seconds_sum",
+                      "dualpath_storage_read_latency_seconds_count"):
+            lab = _labels(labels)
+            node = lab.get("node")
+            if lab.get("tier") == "store" and node is not None and node.lstrip("-").isdigit():
+                acc = latency.setdefault(int(node), [0.0, 0.0])
+                acc[0 if name.endswith("_sum") else 1] += value
         elif name == "dualpath_storage_read_blocks_total":
             store_reads = (store_reads or 0) + int(value)
         elif name == "dualpath_storage_warm_blocks_remaining":
@@ -432,7 +456,9 @@ def extras_from_metrics_text(text: str) -> Extras:
                   node_store_reads=per_node["dualpath_storage_read_blocks_total"],
                   node_read_errors=per_node["dualpath_storage_read_errors_total"],
                   node_corrupt_blocks=per_node["dualpath_storage_corrupt_blocks_total"],
-                  node_write_errors=write_errors)
+                  node_write_errors=write_errors,
+                  store_read_latency={n: (s, int(c)) for n, (s, c) in latency.items()},
+                  block_readers=readers)
 
 
 #: Per-node counters the storage-health rules read, summed over their other labels.

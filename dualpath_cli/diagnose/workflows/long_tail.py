@@ -23,9 +23,8 @@ from dualpath_cli.diagnose.grading import (
     tok_text,
     values_of,
 )
-from dualpath_cli.diagnose.model import Evidence, Finding, engine_name
+from dualpath_cli.diagnose.model import Evidence, Finding, engine_name, node_name
 from dualpath_cli.diagnose.thresholds import (
-    HOT_BLOCK_FACTOR,
     HOT_BLOCK_MIN_READS,
     HOT_BLOCK_SHARE,
     SLOW_ENGINE_FACTOR,
@@ -93,80 +92,115 @@ def long_tail(ev: Evidence) -> list[Finding]:
 
 
 def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
-    """Blocks read far more than the rest: a share of the store's reads in the window (the
-    runtime exports each engine's most-read blocks only), else against the reported mean."""
+    """Rule hot-block: blocks read far more than the rest, one finding per node that reads
+    them (the blocks listed), graded by the share of the store's block reads in the window
+    that the busiest copy of the node's most-read block takes.
+
+    Why the node as the subject: which of a few equally hot blocks is read most changes
+    from window to window; the reader hammering them does not. Why the busiest copy: a
+    block with copies is a hot spot only where one copy (its storage target) still takes the
+    share; copies added by ``--fix`` lower it even while the reads keep coming."""
     x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
     first, last = x0.block_reads, x1.block_reads
     if not last:
         return [Finding(wf, OK, "hot blocks: per-block read counts not available from this "
                         "cluster", evidence={"block_reads": None})]
     # a block that entered the exported top only later counts whole (an upper bound)
-    reads = {k: v - first.get(k, 0) for k, v in last.items()} if len(ev.samples) > 1 else last
+    windowed = len(ev.samples) > 1
+    reads = {k: v - first.get(k, 0) for k, v in last.items()} if windowed else dict(last)
     reads = {k: v for k, v in reads.items() if v > 0}
     if not reads:
         return []
     total = None
     if x1.store_block_reads is not None:
-        total = x1.store_block_reads - (x0.store_block_reads or 0 if len(ev.samples) > 1
-                                        else 0)
+        total = x1.store_block_reads - (x0.store_block_reads or 0 if windowed else 0)
         total = total if total > 0 else None
-    mean = sum(reads.values()) / len(reads)
-    if total is not None:
-        floor, basis = HOT_BLOCK_SHARE * total, (f"{pct(HOT_BLOCK_SHARE)} of the store's "
-                                                 f"{total} block reads")
-    else:
-        floor, basis = HOT_BLOCK_FACTOR * mean, f"{HOT_BLOCK_FACTOR:g}x the mean {mean:.1f}"
+    denom = total if total is not None else sum(reads.values())
+    basis = (f"the store's {total} block reads" if total is not None else
+             f"the {denom} reads of the reported blocks")
+    rule = RULES["hot-block"]
     spread = _copy_spread(ev, reads)
-    # a block with copies is a hot spot only where one copy still takes the hot share: the
-    # storage target holding that copy is what saturates (reads before the readers found
-    # the copies count against the busiest copy: an upper bound)
+    # reads before the readers found the copies count against the busiest copy (an upper
+    # bound)
     load = {k: spread[k][0] if k in spread else v for k, v in reads.items()}
-    hot = sorted(((v, k) for k, v in reads.items()
-                  if v >= HOT_BLOCK_MIN_READS and load[k] >= floor), reverse=True)
-    # a copied block read often enough to have been hot says how its reads spread, whatever
-    # share of the window's reads it still takes (a workload's contexts grow: the hot block's
-    # share of all reads falls while it is read as often, and the operator asks "did my
-    # copies take the reads?")
-    cooled = sorted(((v, k) for k, v in reads.items()
-                     if k in spread and v >= HOT_BLOCK_MIN_READS and load[k] < floor),
-                    reverse=True)
+    by_subject: dict[str, list[str]] = {}
+    for k in reads:
+        if reads[k] >= rule.minimum:
+            by_subject.setdefault(_reader_subject(ev, k), []).append(k)
     out: list[Finding] = []
-    for v, k in cooled[:5]:
-        busiest, per_root = spread[k]
+    for reader, keys in sorted(by_subject.items()):
+        top = max(keys, key=lambda k: (load[k], k))
+        subject = reader or f"block {top}"  # who read them not known: the hottest block
+        share = load[top] / denom
+        v = grade(rule, share, reads[top], previous_of(ev.previous, rule, subject),
+                  shown=f"{pct(share)} of {basis} on its busiest copy")
+        # copied blocks under the hot share say how their reads spread (even beside a block
+        # of the node still hot)
+        out.extend(_cooled(ev, wf, [k for k in keys if load[k] / denom < rule.warn or
+                                    not v.severity], reads, spread, load, denom, basis))
+        if not v.severity:
+            continue
+        hot = sorted((k for k in keys if load[k] / denom >= rule.warn), key=lambda k: (
+            -load[k], k))[:5] or [top]
+        floor = rule.warn * denom
+        # copies that would leave each one under half the hot share (what --fix asks for)
+        needed = {k: max(2, math.ceil(reads[k] / max(floor / 2, 1))) for k in hot}
+        have = {k: len(spread[k][1]) for k in hot if k in spread}
+        copied = (f"; {have[top]} copies, {spread[top][0]} reads on the busiest"
+                  if top in have else "")
+        who = f"{reader} reads" if reader else "a reader (not reported) reads"
         out.append(Finding(
-            wf, OK, f"block {k[:12]} read {v} times in {ev.window_s:.0f} s, spread over "
-            f"{len(per_root)} copies (at most {busiest} from one root: under the hot "
-            f"share, {basis})", evidence={"block": k, "reads": v, "copy_reads": per_root,
-                                         "busiest_copy_reads": busiest}))
-    if not hot:
-        if out:
-            return out
+            wf, v.severity, f"{who} {len(hot)} hot blocks: block {top[:12]} read "
+            f"{reads[top]} times in {ev.window_s:.0f} s, {pct(share)} of {basis} on its "
+            f"busiest copy{copied}", subject=subject,
+            evidence={"hot_blocks": {k: reads[k] for k in hot}, "hot_share": round(share, 4),
+                      "busiest_copy_reads": load[top], "mean_reads": sum(reads.values())
+                      / len(reads), "store_block_reads": total, "copies_needed": needed,
+                      "copies": have},
+            cause=f"storage hot spot: {reader or 'one reader, or many turns,'} reads these "
+                  "blocks far more than any other",
+            action=f"dualpath diagnose long-tail --fix   (copies the {len(hot)} hot blocks "
+                   f"to every replica root, at least {max(needed.values())} copies each; a "
+                   "store without them: launch --replica-root DIR; dualpath storage inspect "
+                   "<root> --top 20 lists the hot blocks)", rule=rule.name, why=v.why))
+    if not out:
         return [Finding(wf, OK, f"no hot block: the most-read block read "
                         f"{max(reads.values())} times in {ev.window_s:.0f} s (hot: >= "
-                        f"{HOT_BLOCK_MIN_READS} and >= {basis})",
+                        f"{HOT_BLOCK_MIN_READS} reads and >= {pct(HOT_BLOCK_SHARE)} of "
+                        f"{basis} on its busiest copy)",
                         evidence={"blocks": len(reads), "store_block_reads": total})]
-    names = [k for _, k in hot[:5]]
-    top_v, top_k = hot[0]
-    share = f", {pct(top_v / total)} of the store's block reads" if total else ""
-    # copies that would leave each one under half the hot share (what --fix asks for)
-    needed = {k: max(2, math.ceil(reads[k] / max(floor / 2, 1))) for k in names}
-    have = {k: len(spread[k][1]) for k in names if k in spread}
-    copied = (f"; {have[top_k]} copies, {spread[top_k][0]} reads on the busiest"
-              if top_k in have else "")
-    out.append(Finding(
-        wf, WARNING, f"block {top_k[:12]} read {top_v} times in {ev.window_s:.0f} s (hot"
-        f"{share}; {len(hot)} hot blocks{copied})",
-        subject=f"block {top_k}",
-        evidence={"hot_blocks": {k: reads[k] for k in names}, "mean_reads": mean,
-                  "store_block_reads": total, "copies_needed": needed,
-                  "copies": have},
-        cause="storage hot spot: many turns (or one reader) hammer these blocks",
-        action=f"dualpath diagnose long-tail --fix   (copies the {len(names)} hot blocks "
-               f"to every replica root, at least {max(needed.values())} copies each; a store "
-               "without them: launch --replica-root DIR; dualpath storage inspect <root> "
-               "--top 20 lists the hot blocks)",
-        why=f"hot block: {top_v} reads in the window, >= {HOT_BLOCK_MIN_READS} and >= "
-            f"{basis} on its busiest copy: WARNING (no band: a count)"))
+    return out
+
+
+def _reader_subject(ev: Evidence, key: str) -> str:
+    """The node that read ``key`` most in the window (``node D1``), else "" (a cluster or
+    recording that does not say which node read it)."""
+    x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
+    now = x1.block_readers.get(key, {})
+    before = x0.block_readers.get(key, {}) if len(ev.samples) > 1 else {}
+    counts = {n: c - before.get(n, 0) for n, c in now.items()}
+    nodes = ev.nodes
+    counts = {n: c for n, c in counts.items() if c > 0 and n in nodes}
+    if not counts:
+        return ""
+    node = max(counts, key=lambda n: (counts[n], -n))
+    return f"node {node_name(nodes[node])}"
+
+
+def _cooled(ev: Evidence, wf: str, keys: list[str], reads: dict[str, int],
+            spread: dict[str, tuple[int, dict[str, int]]], load: dict[str, int], denom: int,
+            basis: str) -> list[Finding]:
+    """Copied blocks read often enough to have been hot: how their reads spread, whatever
+    share they still take (the operator asks "did my copies take the reads?")."""
+    out = []
+    for k in sorted((k for k in keys if k in spread), key=lambda k: -reads[k])[:5]:
+        busiest, per_root = spread[k]
+        out.append(Finding(
+            wf, OK, f"block {k[:12]} read {reads[k]} times in {ev.window_s:.0f} s, spread over "
+            f"{len(per_root)} copies (at most {busiest} from one root, {pct(load[k] / denom)} "
+            f"of {basis}: under the hot share)",
+            evidence={"block": k, "reads": reads[k], "copy_reads": per_root,
+                      "busiest_copy_reads": busiest}))
     return out
 
 

@@ -52,6 +52,7 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     for role, ids in roles:
         out.extend(_balance(ev, role, ids, util))
     out.extend(_links(ev, bw, all_bw, alpha))
+    out.extend(_store_latency(ev))
     for role, ids in roles:
         for n in ids:
             out.extend(_saturated(ev, n, role, util.get(n, [])))
@@ -92,6 +93,63 @@ def _links(ev: Evidence, bw: dict[int, list[Any]], all_bw: dict[int, float],
                   shown=f"{pct(frac)} of expected")
         if v.severity:
             out.append(_degraded_link(ev, n, role, b, expected, frac, all_bw, alpha, v))
+    return out
+
+
+def store_latency_window(ev: Evidence) -> dict[int, tuple[float, int]]:
+    """Each node's store reads in the window as (mean latency in seconds, reads): the
+    latency histogram's sum and count, last sample less first (one sample: since start)."""
+    x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
+    out = {}
+    for n, (total, count) in x1.store_read_latency.items():
+        s0, c0 = x0.store_read_latency.get(n, (0.0, 0)) if len(ev.samples) > 1 else (0.0, 0)
+        reads = count - c0
+        if reads > 0:
+            out[n] = (max(0.0, total - s0) / reads, reads)
+    return out
+
+
+def _store_latency(ev: Evidence) -> list[Finding]:
+    """Rule store-latency: each node's mean store read latency over the window, worst first.
+
+    Why its own rule: a slow store read on a node (a slow disk or store target behind it)
+    does not slow its link, so snic-link cannot see it; and the node's reads are not only
+    prefills' (kv-wait): a decode node's loader reads for the reads the scheduler sends to
+    the decode side. The mean latency of the reads that did happen does not depend on how
+    many there were (once there are enough), so a steady fault keeps its grade."""
+    rule = RULES["store-latency"]
+    out = []
+    window = store_latency_window(ev)
+    nodes = ev.nodes
+    for n, (mean, reads) in sorted(window.items(), key=lambda kv: -kv[1][0]):
+        if n not in nodes:
+            continue
+        name = node_name(nodes[n])
+        subject = f"node {name}"
+        if reads < rule.minimum:
+            if mean >= rule.warn:
+                out.append(not_enough(rule, reads, f"{subject} store reads", subject))
+            continue
+        v = grade(rule, mean, reads, previous_of(ev.previous, rule, subject),
+                  shown=f"{mean * 1e3:.0f} ms mean")
+        if not v.severity:
+            continue
+        others = {node_name(nodes[m]): r[0] for m, r in window.items()
+                  if m != n and m in nodes}
+        peers = ", ".join(f"{k} {ms * 1e3:.0f} ms" for k, ms in sorted(others.items()))
+        peers = f"; the other nodes' {peers}" if peers else ""
+        out.append(Finding(
+            "snic-imbalance", v.severity, f"node {name} store reads take {mean * 1e3:.0f} ms "
+            f"on average ({reads} reads in {ev.window_s:.0f} s){peers}", subject=subject,
+            evidence={"node": name, "mean_read_latency_s": round(mean, 6), "reads": reads,
+                      "peers_read_latency_s": {k: round(s, 6) for k, s in others.items()}},
+            cause=f"slow store reads on {name} (its disk or store target, the path to it; "
+                  "its storage NIC's rate is graded by snic-link): every turn that reads "
+                  f"its cached prefix through {name} waits for them",
+            action=f"check the store behind {name}: dualpath storage bench --root <store> "
+                   f"(run on {name}); dmesg; the metric dualpath_storage_read_latency_seconds by "
+                   "node",
+            rule=rule.name, why=v.why))
     return out
 
 

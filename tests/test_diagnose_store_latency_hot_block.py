@@ -1,0 +1,148 @@
+"""Rules store-latency (a slow store behind any node, decode nodes too) and hot-block (the
+busiest copy's share, one finding per reading node, with a band), on hand-made windows of
+the 2P4D view test_diagnose_rules.py builds; and the /metrics lines they are read from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from test_diagnose_rules import dataclass_replace, named, ttft_extras, window
+
+from dualpath_cli.diagnose import rules
+from dualpath_cli.diagnose.model import Evidence, Finding, Severity
+from dualpath_cli.diagnose.verdict import previous_grades
+from dualpath_cli.diagnose.workflows.long_tail import long_tail
+from dualpath_cli.diagnose.workflows.snic_imbalance import snic_imbalance
+from dualpath_cli.telemetry.recording import Extras, extras_from_dict, extras_from_metrics_text
+
+
+def _latency(per_read: dict[int, float], reads_per_s: int = 5) -> Callable[[int], Extras]:
+    """Each node's store reads growing by ``reads_per_s`` a second at its latency (the
+    nodes not named: 10 ms)."""
+    def extras(i: int) -> Extras:
+        n = reads_per_s * i
+        lat = {node: (per_read.get(node, 0.01) * n, n) for node in range(6)}
+        return dataclass_replace(ttft_extras(i), store_read_latency=lat)
+    return extras
+
+
+def _store_latency(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.rule == "store-latency"]
+
+
+def test_a_slow_store_behind_a_decode_node_names_it_with_a_graded_severity() -> None:
+    ev = window(extras=_latency({3: 0.45}))  # D3's reads take 450 ms; the others 10 ms
+    report = rules.run_workflow("snic-imbalance", ev)
+    (f,) = _store_latency(list(report.findings))
+    assert f.subject == "node D3" and f.severity is Severity.WARNING
+    assert f.evidence["mean_read_latency_s"] == pytest.approx(0.45)
+    assert f.evidence["reads"] == 45 and f.evidence["peers_read_latency_s"]["P0"] == 0.01
+    assert "450 ms on average" in f.title and "store-latency" in (f.why or "")
+    assert "tune set alpha" not in (f.action or "")  # steering cannot mend a slow store
+    worse = _store_latency(snic_imbalance(window(extras=_latency({3: 1.5}))))
+    assert [g.severity for g in worse] == [Severity.CRITICAL]
+    assert not _store_latency(snic_imbalance(window(extras=_latency({}))))
+
+
+def test_too_few_reads_on_a_slow_node_is_not_enough_evidence_not_a_guess() -> None:
+    """The scheduler steers reads away from a slow node: a window with fewer than the
+    minimum reads there grades nothing."""
+    ev = window(extras=_latency({3: 0.45}, reads_per_s=1))  # 9 reads in the window
+    (f,) = [f for f in snic_imbalance(ev) if f.rule == "store-latency"]
+    assert f.severity is Severity.OK and "not enough evidence: 9 reads" in f.title
+    assert f.evidence["about"] == "node D3"
+
+
+def test_store_latency_keeps_its_grade_inside_the_band() -> None:
+    ev = window(extras=_latency({3: 0.09}))  # 90 ms: under WARNING's 100 ms, within 20 ms
+    assert not _store_latency(snic_imbalance(ev))
+    prev = previous_grades(_store_latency(snic_imbalance(window(extras=_latency({3: 0.3})))))
+    held = Evidence(ev.samples, ev.decisions, previous=prev)
+    (f,) = _store_latency(snic_imbalance(held))
+    assert f.severity is Severity.WARNING and "kept from the previous verdict" in (f.why or "")
+    gone = window(extras=_latency({3: 0.07}))  # back past the band: OK
+    assert not _store_latency(snic_imbalance(Evidence(gone.samples, gone.decisions,
+                                                      previous=prev)))
+
+
+def _hot(lead: int, *, per_s: int = 30, copies: int = 1, others: int = 60,
+         readers: bool = True, blocks: int = 2) -> Callable[[int], Extras]:
+    """Two blocks (or ``blocks``) node 3 reads ``per_s`` a second each (block ``lead`` a
+    little more), spread evenly over ``copies`` roots, among ``others`` other store reads a
+    second."""
+    keys = ["aa" * 16, "bb" * 16][:blocks]
+
+    def extras(i: int) -> Extras:
+        reads = {k: (per_s + (2 if j == lead else 0)) * i for j, k in enumerate(keys)}
+        copy_reads = ({k: {f"/r{c}": v // copies for c in range(copies)}
+                       for k, v in reads.items()} if copies > 1 else {})
+        return dataclass_replace(
+            ttft_extras(i), block_reads=reads,
+            store_block_reads=sum(reads.values()) + others * i, block_copy_reads=copy_reads,
+            block_readers={k: {3: v} for k, v in reads.items()} if readers else {})
+    return extras
+
+
+def _hot_blocks(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.rule == "hot-block"]
+
+
+def test_hot_blocks_are_one_finding_on_the_node_that_reads_them_whichever_leads() -> None:
+    subjects = set()
+    for lead in (0, 1):
+        (f,) = _hot_blocks(long_tail(window(extras=_hot(lead))))
+        assert f.severity is Severity.WARNING and f.rule == "hot-block"
+        assert set(f.evidence["hot_blocks"]) == {"aa" * 16, "bb" * 16}
+        assert "node D3 reads 2 hot blocks" in f.title
+        subjects.add(f.subject)
+    assert subjects == {"node D3"}
+    # a cluster that does not say who read them: the hottest block is the subject
+    (f,) = _hot_blocks(long_tail(window(extras=_hot(0, readers=False))))
+    assert f.subject == "block " + "aa" * 16
+
+
+def test_hot_block_grade_by_the_busiest_copys_share_and_copies_lower_it() -> None:
+    (one,) = _hot_blocks(long_tail(window(extras=_hot(0, per_s=100, others=20, blocks=1))))
+    assert one.severity is Severity.CRITICAL and one.evidence["hot_share"] >= 0.5
+    (two,) = _hot_blocks(long_tail(window(extras=_hot(0, per_s=100, others=20, blocks=1,
+                                                      copies=2))))
+    assert two.severity is Severity.WARNING  # the fault's reads go on; each copy takes half
+    assert two.evidence["hot_share"] == pytest.approx(one.evidence["hot_share"] / 2, rel=0.05)
+    spread = long_tail(window(extras=_hot(0, per_s=30, others=60, copies=4)))
+    assert not _hot_blocks(spread)
+    assert any("spread over 4 copies" in f.title for f in spread)
+
+
+def test_hot_block_keeps_its_grade_inside_the_band() -> None:
+    """30+2 reads a second of ~360: 8.9% on the busiest copy, under the 10% but within the
+    band of a previous WARNING."""
+    ev = window(extras=_hot(0, per_s=30, others=300))
+    assert not _hot_blocks(long_tail(ev))
+    prev = previous_grades(_hot_blocks(long_tail(window(extras=_hot(0)))))
+    (f,) = _hot_blocks(long_tail(Evidence(ev.samples, ev.decisions, previous=prev)))
+    assert f.severity is Severity.WARNING and "kept from the previous" in (f.why or "")
+    (few,) = [f for f in long_tail(window(n=2, extras=_hot(0, per_s=5, others=0)))
+              if "hot block" in f.title]
+    assert few.severity is Severity.OK and "no hot block" in few.title  # 7 reads < 20
+
+
+def test_latency_and_block_readers_come_from_the_metrics_page_and_survive_json() -> None:
+    text = "\n".join([
+        'dualpath_storage_read_latency_seconds_sum{node="1",tier="store"} 4.5',
+        'dualpath_storage_read_latency_seconds_count{node="1",tier="store"} 20',
+        'dualpath_storage_read_latency_seconds_sum{node="1",tier="dram"} 9',
+        'dualpath_storage_read_latency_seconds_count{node="1",tier="dram"} 900',
+        'dualpath_storage_block_reads_total{node="1",block="aa"} 30',
+        'dualpath_storage_block_reads_total{node="2",block="aa"} 4',
+    ])
+    x = extras_from_metrics_text(text)
+    assert x.store_read_latency == {1: (4.5, 20)}
+    assert x.block_reads == {"aa": 34} and x.block_readers == {"aa": {1: 30, 2: 4}}
+    import json
+
+    back = extras_from_dict(json.loads(json.dumps(x.to_dict())))
+    assert back.store_read_latency == x.store_read_latency
+    assert back.block_readers == x.block_readers
+    assert extras_from_dict({}).store_read_latency == {}  # an older recording
+    assert named(snic_imbalance(window()), "node D3") == []
