@@ -18,8 +18,9 @@ from dualpath_cli.diagnose.model import Evidence, Severity
 from dualpath_cli.diagnose.verdict import RULES
 from dualpath_cli.diagnose.workflows.fabric import fabric, lost_in_window
 from dualpath_cli.diagnose.workflows.membership import membership
+from dualpath_cli.runtime.fabric_loss import FABRIC_LOST, FABRIC_MISSING, kv_loss_engine
 from dualpath_cli.runtime.hbm import HbmPool
-from dualpath_cli.runtime.wire import FABRIC_LOST, FABRIC_MISSING, ReadFailed, kv_loss_engine
+from dualpath_cli.runtime.wire import ReadFailed
 from dualpath_cli.services.drill_rows import ROWS
 from dualpath_cli.services.drill_score import parse_metrics
 from dualpath_cli.telemetry.exposition import render_prometheus

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace
+from dualpath_cli.runtime.fabric_loss import FABRIC_LOST
 from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.kept_reports import KeptReports
 from dualpath_cli.runtime.ports import ModelPort
 from dualpath_cli.runtime.wire import (
-    FABRIC_LOST,
     TIERS,
     Decode,
     EngineCounters,

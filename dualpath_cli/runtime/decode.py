@@ -24,9 +24,9 @@ import numpy as np
 from dualpath_cli.core.layout import BlockKey, block_key
 from dualpath_cli.runtime.attempts import EndedAttempts
 from dualpath_cli.runtime.context import EngineContext
+from dualpath_cli.runtime.fabric_loss import FABRIC_MISSING
 from dualpath_cli.runtime.hbm import HbmExhausted
 from dualpath_cli.runtime.wire import (
-    FABRIC_MISSING,
     Cancel,
     Decode,
     Done,

@@ -17,6 +17,7 @@ import time
 from dualpath_cli.core.layout import KEY_BYTES, BlockKey
 from dualpath_cli.core.types import Role
 from dualpath_cli.runtime.engine_table import EngineState
+from dualpath_cli.runtime.fabric_loss import kv_loss_engine
 from dualpath_cli.runtime.sched_dispatch import Dispatching
 from dualpath_cli.runtime.turns import Flight, TurnCancelled, TurnResult
 from dualpath_cli.runtime.wire import (
@@ -33,7 +34,6 @@ from dualpath_cli.runtime.wire import (
     Tokens,
     WireError,
     decode,
-    kv_loss_engine,
 )
 from dualpath_cli.transfer.base import Message
 

@@ -43,8 +43,7 @@ from dualpath_cli.runtime.hbm import Compact
 from dualpath_cli.storage.warm import Warm
 from dualpath_cli.transfer.base import UNREADABLE, Endpoint
 
-__all__ = ["FABRIC_LOST", "FABRIC_MISSING", "kv_loss_engine",
-           "WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
+__all__ = ["WireError", "Hello", "QueueReport", "EngineCounters", "Heartbeat", "Fetch", "First",
            "Tokens", "Done", "ReadFailed", "Stop", "MetricsRequest", "Cancel", "Decode", "Prefill",
            "SetQuota", "Lead", "GroupLeader", "Layer", "PrefillDone", "Fault", "Compact", "Warm",
            "WireMessage", "KINDS", "TIERS", "encode", "decode", "send", "TokenArray", "full_prompt"]
@@ -359,27 +358,6 @@ class ReadFailed:
     att: int
     block: int
     why: str
-
-
-#: How a :class:`ReadFailed` says a KV message of the turn was lost on the compute fabric:
-#: dropped by its sender (``... (this engine's fabric link is down)`` or ``... (the peer did
-#: not take it)``), or found missing by the DE (``... from PE missing ...``).
-FABRIC_LOST = "fabric: a KV message"
-FABRIC_MISSING = "fabric: KV rows from"
-_PEER_GONE = "(the peer did not take it)"
-
-
-def kv_loss_engine(msg: ReadFailed, pe: int, de: int) -> int | None:
-    """The engine whose fabric link lost a turn's KV (``None``: ``msg`` is no fabric loss):
-    the sender whose own link is down, the peer that did not take a message, the PE whose
-    rows a DE found missing."""
-    if msg.block >= 0 or not msg.why.startswith("fabric:"):
-        return None
-    if msg.why.startswith(FABRIC_MISSING):
-        return pe
-    if _PEER_GONE in msg.why:
-        return de if msg.eid == pe else pe
-    return msg.eid
 
 
 # -- scheduler -> engine ----------------------------------------------------------------------
