@@ -197,3 +197,26 @@ def test_a_drain_is_bounded(tmp_path: Path) -> None:
         assert not ticket.event.is_set()
     finally:
         system.close()
+
+
+def test_diagnose_membership_warns_of_a_node_that_left_while_its_role_serves() -> None:
+    """Story 6 on a 1P2D: D1 leaves (Ctrl-C), D0 still serves: WARNING on node D1 (less
+    capacity, by an operator's hand), not CRITICAL; once D1 joins again (a new index under
+    the same name) nothing is left to report."""
+    def judge(*nodes: NodeMember, state: str = "ready") -> list[Any]:
+        members = Membership("1P1D", "1P2D", (NodeMember("P0", 0, "prefill", "serving", 1, 1),
+                                              NodeMember("D0", 1, "decode", "serving", 1, 1),
+                                              *nodes))
+        view: Any = SimpleNamespace(state=state, pd="1P2D", membership=members)
+        return membership(SimpleNamespace(samples=[SimpleNamespace(view=view)]))  # type: ignore[arg-type]
+
+    left = NodeMember("D1", 2, "decode", "left", 1, 0)
+    (finding,) = judge(left)
+    assert (finding.severity, finding.subject) == (Severity.WARNING, "node D1")
+    assert finding.title == "node D1 left: 1P1D (of 1P2D) serve"
+    (draining,) = judge(NodeMember("D1", 2, "decode", "draining", 1, 1))
+    assert draining.severity == Severity.WARNING and "leaving" in draining.title
+    back = NodeMember("D1", 3, "decode", "serving", 1, 1)
+    assert [f.severity for f in judge(left, back)] == [Severity.OK]
+    assert [f.severity for f in judge(NodeMember("D1", 2, "decode", "draining", 1, 1),
+                                      state="draining")] == [Severity.OK]

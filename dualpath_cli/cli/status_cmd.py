@@ -72,6 +72,9 @@ def _summary(st: Status, url: str, pid: int | None) -> dict[str, Any]:
         # nodes leaving one by one (the whole cluster stopping is its state, not a node's)
         "draining": [n.name for n in members.nodes if n.state == "draining"]
         if members is not None and st.state != "draining" else [],
+        # nodes stopped on purpose that did not join again (their role still served or not)
+        "left": [n.name for n in members.leaving() if n.state == "left"]
+        if members is not None else [],
         "not_ready": st.not_ready,
         "engines": st.engines_total, "healthy": st.engines_healthy,
         "queue": st.queue.get("fifo"), "in_flight": st.queue.get("in_flight"),
@@ -166,6 +169,9 @@ def status(
         for name in s["draining"]:
             stdout.print(f"node {name} draining: leaving, it finishes its turns and takes "
                          "no new ones", highlight=False, soft_wrap=True)
+        for name in s["left"]:
+            stdout.print(f"node {name} left: stopped on purpose; it serves again once it "
+                         "joins again (dualpath launch --join)", highlight=False, soft_wrap=True)
         _print_faults(st)
         for n in st.storage:
             stdout.print(n.line(), highlight=False, soft_wrap=True)

@@ -246,6 +246,9 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         res.tokens_identical = tally.differing(reference) == 0 and res.turns_lost == 0
         if tally.errors:
             res.notes.append(f"lost: {tally.errors[0]}")
+    if made is not None and made.detail.get("pid"):
+        res.notes.append(f"node {made.detail['rejoin']} started again with its own command: "
+                         f"pid {made.detail['pid']}, log {made.detail['log']}")
     if made is not None and res.cleared:
         why = _not_recovered(client, made)
         res.cleared = not why
@@ -295,8 +298,14 @@ def _clear(client: Any, made: Made | None, res: RowResult) -> None:
         if made.undo is not None:
             made.undo()
         res.cleared = True
-    except DualPathError as err:
+    except (DualPathError, OSError) as err:
         res.notes.append(f"clear failed: {err}")
+
+
+def _serves(st: Any, name: str) -> bool:
+    """Whether node ``name`` (the operator's) serves in ``st``'s membership record."""
+    m = st.membership
+    return m is not None and any(n.name == name and n.state == "serving" for n in m.nodes)
 
 
 def _not_recovered(client: Any, made: Made) -> str:
@@ -308,6 +317,10 @@ def _not_recovered(client: Any, made: Made) -> str:
         return (f"status not OK {RECOVER_S:g} s after the fault was cleared: {st.state}, "
                 f"{st.engines_healthy}/{st.engines_total} engines healthy, "
                 f"{len(st.faults)} faults in force")
+    name = made.detail.get("rejoin")
+    if name and not _wait(lambda: _serves(client.status(), str(name)), RECOVER_S):
+        return (f"node {name} did not serve again within {RECOVER_S:g} s of being started "
+                f"again (its log: {made.detail.get('log', 'none')})")
     watch = _Watch(client)
     watch.look()  # takes the decisions logged so far: the window holds only what follows
     time.sleep(SETTLE_S)  # the view's compute windows (about 1 s) end past the clear

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.drill_score import Expect, MetricSample, metric_values
 from dualpath_cli.telemetry.status import Status
 from dualpath_cli.telemetry.view import ClusterView
@@ -36,6 +37,9 @@ DEGRADE_S = 10.0
 #: A fix judged by an evidence value (``Row.fix_drops``) helped when it took the value to
 #: at most this share of what it was (two copies of a block: about half).
 FIX_DROP = 0.75
+#: How long a node told to leave may take to drain and exit before the drill starts it again
+#: (the node's own drain is bounded by 30 s).
+NODE_EXIT_S = 45.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,11 +171,14 @@ class Row:
                                 "corrupt_before": before})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
+            again = node_relauncher(pid)
             os.kill(pid, signal.SIGTERM)
             engine = next((e.engine_id for e in t.engines("decode") if e.node == node), -1)
-            return Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
+            made = Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
                         "role decode"), self.grade, self.deadline_s), node=node,
-                        engine=engine)
+                        engine=engine, detail={"rejoin": name})
+            made.undo = lambda: made.detail.update(again())
+            return made
         raise ValueError(f"row {self.name}: nothing to make")
 
     def status_reports(self, made: Made, st: Status) -> bool:
@@ -282,6 +289,56 @@ def corrupt_in(st: Status) -> int:
     return sum(n.corrupt_blocks for n in st.storage)
 
 
+def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
+    """How to start the launcher ``pid`` again with its own command, directory and
+    environment (read now, before it is told to stop): the undo of a leave. The returned
+    call waits (bounded) for the old launcher to finish draining and exit, starts the same
+    command in a session of its own (an operator's node outlives the drill), and returns
+    its pid and log file, for the row's notes.
+
+    Raises (the returned call):
+        DualPathError: the old launcher did not exit within :data:`NODE_EXIT_S`.
+    """
+    import subprocess
+    import tempfile
+
+    import psutil
+
+    proc = psutil.Process(pid)
+    cmd, cwd, env = proc.cmdline(), proc.cwd(), proc.environ()
+
+    def again() -> dict[str, Any]:
+        if not _exits(proc, NODE_EXIT_S):
+            raise DualPathError(f"the node's launcher (pid {pid}) did not exit within "
+                                f"{NODE_EXIT_S:g} s of its SIGTERM")
+        fd, log = tempfile.mkstemp(prefix="dualpath-drill-node-", suffix=".log")
+        with os.fdopen(fd, "w") as err:
+            new = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)
+        return {"pid": new.pid, "log": log}
+
+    return again
+
+
+def _exits(proc: Any, timeout: float) -> bool:
+    """Whether ``proc`` (a psutil.Process) exits within ``timeout``; a zombie has exited
+    (its parent, not the drill, reaps it)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def corrupt_one_block(store: Path) -> tuple[Path, str]:
     """Flip one payload byte of the first stored block file (its checksum tells; the header
     does not): the block a reader meets next is corrupt on disk."""
@@ -326,7 +383,9 @@ ROWS: tuple[Row, ...] = (
         metric="dualpath_engine_up"),
     Row("kill_prefill", "kill", "membership", "CRITICAL", DEATH_S, role="prefill",
         metric="dualpath_engine_up"),
-    Row("node_leave", "leave", "membership", "CRITICAL", DEATH_S, metric="dualpath_engine_up"),
+    # a leave on purpose while another decode node serves is less capacity, not an outage:
+    # WARNING (a role with no engine left is CRITICAL; the row needs two decode nodes)
+    Row("node_leave", "leave", "membership", "WARNING", DEATH_S, metric="dualpath_engine_up"),
 )
 
 

@@ -79,6 +79,14 @@ class Membership:
         """The missing roles in one line (empty when none)."""
         return "; ".join(g.line() for g in self.missing)
 
+    def leaving(self) -> tuple[NodeMember, ...]:
+        """The nodes leaving or gone on purpose (``draining``, or ``left`` after serving)
+        whose name has not joined again: what serves is less than what was configured
+        because an operator stopped them (a death is ``dead``, not here)."""
+        back = {n.name for n in self.nodes if n.state in ("joining", "serving")}
+        return tuple(n for n in self.nodes if n.name not in back and (
+            n.state == "draining" or (n.state == "left" and n.said_hello)))
+
     def name_of(self, node: int) -> str | None:
         """The operator's name of node index ``node`` (None: not known)."""
         for n in self.nodes:

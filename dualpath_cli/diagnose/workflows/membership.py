@@ -7,9 +7,9 @@ record (telemetry/membership.py) of the window's last view, the record ``status`
 
 from __future__ import annotations
 
-from dualpath_cli.diagnose.grading import CRITICAL, OK, no_samples
+from dualpath_cli.diagnose.grading import CRITICAL, OK, WARNING, no_samples
 from dualpath_cli.diagnose.model import Evidence, Finding
-from dualpath_cli.telemetry.membership import NodeMember
+from dualpath_cli.telemetry.membership import Membership, NodeMember
 from dualpath_cli.telemetry.view import ClusterView
 
 __all__ = ["membership"]
@@ -18,7 +18,9 @@ __all__ = ["membership"]
 def membership(ev: Evidence) -> list[Finding]:
     """CRITICAL per node whose engine is dead or restarting after a death, per
     crash-looping node (the launcher left its engine down) and per role with no serving
-    engine at the end of the window; else what serves."""
+    engine at the end of the window; WARNING per node leaving or left on purpose while its
+    role still serves (less capacity than configured, by an operator's hand); else what
+    serves."""
     wf = "membership"
     if not ev.samples:
         return [no_samples(wf)]
@@ -60,6 +62,7 @@ def membership(ev: Evidence) -> list[Finding]:
             why=f"membership record of the window's last sample: no {gap.role} engine "
                 f"serves ({record.serving} of {record.of} serve): CRITICAL (a fact: no "
                 "minimum, no band)"))
+    out += _left_nodes(record, last.state)
     if not out:
         out.append(Finding(wf, OK, f"{record.serving} serve (of {record.of})",
                            evidence={"serving": record.serving, "of": record.of}))
@@ -99,3 +102,30 @@ def _down_node(wf: str, view: ClusterView, n: NodeMember) -> Finding:
         why=f"membership record of the window's last sample: node {n.name} is {n.state}"
             f"{', restarting' if n.restarting else ''}: CRITICAL while it is down (a fact: "
             "no minimum, no band)")
+
+
+def _left_nodes(record: Membership, state: str) -> list[Finding]:
+    """WARNING per node draining or left (not joined again) whose role other nodes still
+    serve; a role it left empty is the CRITICAL role finding's, and the whole cluster
+    stopping (its state ``draining``) is no node's doing."""
+    if state == "draining":
+        return []
+    gone = {g.role for g in record.missing}
+    out = []
+    for n in record.leaving():
+        if n.role in gone:
+            continue
+        doing = "is leaving (draining its turns)" if n.state == "draining" else "left"
+        out.append(Finding(
+            "membership", WARNING, f"node {n.name} {doing}: {record.serving} (of "
+            f"{record.of}) serve", subject=f"node {n.name}",
+            evidence={"node": n.name, "role": n.role, "state": n.state,
+                      "serving": record.serving, "of": record.of},
+            cause=f"it was stopped on purpose (Ctrl-C on its launcher, or DELETE "
+                  f"/api/v1/join/{n.name}); other {n.role} nodes serve its share",
+            action=f"start it again: dualpath launch --role {n.role} --node {n.name} "
+                   "--join HOST:PORT",
+            why=f"membership record of the window's last sample: node {n.name} is {n.state} "
+                f"and other {n.role} engines serve: WARNING (a fact: no minimum, no band; "
+                "CRITICAL only when no engine of its role is left)"))
+    return out
