@@ -220,3 +220,26 @@ def test_diagnose_membership_warns_of_a_node_that_left_while_its_role_serves() -
     assert [f.severity for f in judge(left, back)] == [Severity.OK]
     assert [f.severity for f in judge(NodeMember("D1", 2, "decode", "draining", 1, 1),
                                       state="draining")] == [Severity.OK]
+
+
+def test_a_node_that_joins_again_after_a_death_replaces_its_dead_engines(
+        tmp_path: Path) -> None:
+    """A node whose engine was killed joins again under its name (its agent restarts it):
+    the dead engine is replaced (``left``), so status does not count it unhealthy for ever
+    (the drill's kill_decode on joined nodes read "3/4 engines healthy")."""
+    opts = RuntimeOptions(local_engines=False, store_dir=tmp_path / "store")
+    system = RuntimeSystem(opts, MemoryStore())
+    try:
+        joins = JoinService(system)
+        first = joins.join("D1", "decode", 1)
+        system.scheduler.mark_dead(first.engine_ids[0])
+        assert system.scheduler.engines[first.engine_ids[0]].state == "dead"
+        again = joins.join("D1", "decode", 1)
+        assert again.node != first.node
+        assert system.scheduler.engines[first.engine_ids[0]].state == "left"
+        members = system.view().membership
+        assert members is not None
+        assert [(n.name, n.state) for n in members.nodes] == [("D1", "left"), ("D1", "joining")]
+        assert members.leaving() == ()  # it is back: nothing left to report
+    finally:
+        system.close()

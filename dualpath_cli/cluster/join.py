@@ -95,7 +95,8 @@ class JoinService:
     def join(self, name: str, role: str, gpus: int) -> JoinPlan:
         """Register node ``name``'s ``gpus`` engines of ``role``; their plan.
 
-        A name whose engines are all dead (it died or left) joins again as a new node.
+        A name whose engines are all dead (it died or left) joins again as a new node; the
+        engines it replaces are ``left`` (not counted as unhealthy engines for ever).
 
         Raises:
             UsageError: a bad role, GPU count or name, or a name still serving.
@@ -118,6 +119,9 @@ class JoinService:
                     sched.engines[eid].alive for eid in old.engine_ids if eid in sched.engines):
                 raise UsageError(f"node {name!r} is already in the cluster (node "
                                  f"{old.node}); stop it first or choose another --node")
+            if old is not None:  # its dead engines are replaced: no longer the cluster's
+                for eid in old.engine_ids:
+                    sched.mark_dead(eid, "left")
             node = self._next_node
             self._next_node += 1
             eids = list(range(self._next_eid, self._next_eid + gpus))

@@ -28,12 +28,17 @@ import httpx
 
 from dualpath_cli.cluster.join import LEAVE_DRAIN_S, JoinPlan
 from dualpath_cli.cluster.local import LocalCluster, _bare_main, exit_with_parent
+from dualpath_cli.core.restart_policy import EngineRecord
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
 from dualpath_cli.transfer.shaping import SharedTokenBucket, make_bucket, unlink_shared
 from dualpath_cli.transfer.zmq_fabric import BIND_HOST_ENV
 
-__all__ = ["JoinError", "NodeAgent", "join_url"]
+__all__ = ["JoinError", "NodeAgent", "join_url", "DEAD_WAIT_S"]
+
+#: How long a node whose engines died waits for the scheduler to hold them dead (its
+#: heartbeat timeout, 1 s with ``--role scheduler``) before it joins again.
+DEAD_WAIT_S = 30.0
 
 
 def _store_spec(root: Path, replicas: list[str]) -> dict[str, Any]:
@@ -101,6 +106,7 @@ class NodeAgent:
         self._warm: WarmCluster | None = None  # engine processes started, not yet given specs
         self.joined_s: float | None = None
         self.dead: list[int] = []
+        self._deaths = EngineRecord(started_at=time.monotonic())  # for the restart policy
         self._http = httpx.Client(base_url=self.url, timeout=10.0, headers={
             "Authorization": f"Bearer {self.token}"})
 
@@ -208,8 +214,14 @@ class NodeAgent:
         lost_since: float | None = None
         while not stop.wait(check_s):
             assert self.cluster is not None
-            if len(self.cluster.exited()) == len(self.cluster.pids()):
-                return "every engine exited (the scheduler stopped them)"
+            exited = self.cluster.exited()
+            if len(exited) == len(self.cluster.pids()):
+                if not any(exited.values()):  # each exited 0: the scheduler stopped them
+                    return "every engine exited (the scheduler stopped them)"
+                why = self._restart_died(exited, stop)
+                if why:
+                    return why
+                continue
             try:
                 ok = self._http.get("/healthz").status_code == 200
             except httpx.HTTPError:
@@ -223,6 +235,54 @@ class NodeAgent:
             elif time.monotonic() - lost_since > unreachable_s:
                 return f"the scheduler at {self.url} has been unreachable for {unreachable_s:g} s"
         return "stopped"
+
+    def _restart_died(self, exited: dict[int, int], stop: threading.Event) -> str:
+        """This node's engines died unasked (a signal, a crash: a nonzero exit): start them
+        again, as the launcher's supervisor does on one host (core/restart_policy.py: its
+        backoff, and its crash-loop cut-off, after which the node leaves); why it gave up
+        ("": it joined again). The new engines join under the same name (a new index)
+        once the scheduler holds the dead ones dead (its heartbeat timeout), so their turns
+        were re-queued and none is lost."""
+        from dualpath_cli.core.restart_policy import RestartPolicy, decide_restart
+
+        policy = RestartPolicy()
+        now = time.monotonic()
+        decision = decide_restart(policy, self._deaths, now)
+        self._deaths = decision.record
+        codes = ", ".join(f"engine {eid} {_exit_text(code)}"
+                          for eid, code in sorted(exited.items()))
+        if decision.crash_loop:
+            return (f"its engines died {decision.recent_deaths} times within "
+                    f"{policy.loop_window_s:g} s ({codes}): a crash loop, not restarted")
+        if self.on_event is not None:
+            self.on_event(f"node {self.name!r}: its engines died ({codes}); starting them "
+                          f"again in {decision.delay_s:g} s")
+        if stop.wait(decision.delay_s) or not self._held_dead(stop, DEAD_WAIT_S):
+            return "stopped" if stop.is_set() else (
+                f"the scheduler did not hold its dead engines dead within {DEAD_WAIT_S:g} s")
+        try:
+            self._rejoin("its engines died")
+        except JoinError as err:
+            return f"could not join again after its engines died: {err}"
+        self._deaths = dataclasses.replace(self._deaths, started_at=time.monotonic())
+        return ""
+
+    def _held_dead(self, stop: threading.Event, timeout: float) -> bool:
+        """Until the scheduler holds every engine of this node dead or left (bounded)."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                resp = self._http.get(f"/api/v1/join/{self.name}")
+                if resp.status_code == 404:  # it forgot this node: nothing to wait for
+                    return True
+                states = set((resp.json().get("engines") or {}).values()) \
+                    if resp.status_code == 200 else set()
+            except (httpx.HTTPError, ValueError, AttributeError):
+                states = set()
+            if states and states <= {"dead", "left"}:
+                return True
+            stop.wait(0.1)  # polling a remote state (no condition to wait on)
+        return False
 
     def _forgotten_by_scheduler(self) -> bool:
         """Whether the scheduler no longer serves this node: it does not know it (it was
@@ -247,15 +307,15 @@ class NodeAgent:
         self._forgotten = 0
         return True
 
-    def _rejoin(self, timeout: float = 60.0) -> None:
+    def _rejoin(self, why: str = "the scheduler at {url} no longer serves this node "
+                "(restarted without its checkpoint?)", timeout: float = 60.0) -> None:
         """Stop this node's engines and join again (a new index and engine ids)."""
         self._forgotten = 0
         self._stop_engines()
         self.dead.clear()
         self.plan = None
         if self.on_event is not None:
-            self.on_event(f"node {self.name!r}: the scheduler at {self.url} no longer serves "
-                          "this node (restarted without its checkpoint?); joining again")
+            self.on_event(f"node {self.name!r}: {why.format(url=self.url)}; joining again")
         took = self.join(timeout)
         self.rejoins += 1
         if self.on_event is not None:
@@ -313,6 +373,16 @@ class NodeAgent:
         if self._warm is not None:
             self._warm.shutdown(timeout=2.0)
             self._warm = None
+
+
+def _exit_text(code: int) -> str:
+    """``killed by SIGKILL`` for -9, ``exit 1`` for 1."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
 
 
 def _detail(resp: httpx.Response) -> str:
