@@ -126,10 +126,11 @@ class Row:
             return "the store is not a local directory with blocks"
         if self.how == "leave":
             joined = [n for n in (t.status.membership.nodes if t.status.membership else ())
-                      if n.role == "decode"]
+                      if n.role == "decode" and n.state == "serving"]
             if not t.local or len(joined) < 2 or not _joined_launcher(t):
-                return ("no joined node (launch --role ... --join) on this host to stop; the "
-                        "embedded default runs every node in one launcher")
+                return ("no joined decode node (launch --role decode --join) on this host to "
+                        "stop while another serves; the embedded default runs every node in "
+                        "one launcher")
         return ""
 
     def make(self, t: Target, inject: Callable[[Sequence[str]], int]) -> Made:
