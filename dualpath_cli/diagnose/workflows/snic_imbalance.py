@@ -81,7 +81,7 @@ def _links(ev: Evidence, bw: dict[int, list[Any]], all_bw: dict[int, float],
     out = []
     for n, b in sorted(all_bw.items(), key=lambda nb: nb[1]):
         role = ev.nodes[n].role
-        name = node_name(n, role)
+        name = _name(ev, n, role)
         subject = f"node {name}"
         frac = b / expected if expected else 1.0
         counted = len(values_of(bw.get(n, ())))
@@ -166,7 +166,7 @@ def _balance(ev: Evidence, role: str, ids: list[int],
         return []
     hot = max(known, key=lambda n: known[n])
     ratio = known[hot] / avg
-    name = node_name(hot, role)
+    name = _name(ev, hot, role)
     counted = min(len(values_of(util.get(n, ()))) for n in known)
     if counted < rule.minimum:
         return [not_enough(rule, counted, f"{role} storage NICs Max/Avg", f"node {name}")]
@@ -178,7 +178,7 @@ def _balance(ev: Evidence, role: str, ids: list[int],
         f"{ev.window_s:.0f} s (busiest node {name} at {pct(known[hot])})",
         subject=f"node {name}" if sev else None,
         evidence={"role": role, "max_avg": round(ratio, 3), "samples": counted,
-                  "utilization": {node_name(n, role): round(v, 3) for n, v in known.items()}},
+                  "utilization": {_name(ev, n, role): round(v, 3) for n, v in known.items()}},
         cause=f"reads pile onto node {name}" if sev else None,
         action=("dualpath-monitor --metric snic_util --by-node --interval 1s"
                 if sev else None), rule=rule.name, why=v.why)]
@@ -187,7 +187,7 @@ def _balance(ev: Evidence, role: str, ids: list[int],
 def _saturated(ev: Evidence, n: int, role: str, series: list[Any]) -> list[Finding]:
     """Rule snic-saturated: the share of samples with the node's NIC saturated."""
     rule = RULES["snic-saturated"]
-    name = node_name(n, role)
+    name = _name(ev, n, role)
     counted = len(values_of(series))
     if counted < rule.minimum:
         return []
@@ -209,7 +209,7 @@ def _read_queue(ev: Evidence, n: int, role: str, series: list[Any],
                 alpha: Sequence[int]) -> list[Finding]:
     """Rule read-queue: the share of samples with the node's read queue over alpha."""
     rule = RULES["read-queue"]
-    name = node_name(n, role)
+    name = _name(ev, n, role)
     over = [q > a for q, a in zip(series, alpha, strict=False) if q is not None]
     if len(over) < rule.minimum:
         return []
@@ -245,7 +245,7 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     After a change of alpha or the read side in reach (:func:`change_reach_s`), the reads
     since it are judged, and the finding says how the node's share of reads moved: before
     the change (over as long before it as has passed since) against after it."""
-    name = node_name(n, role)
+    name = _name(ev, n, role)
     sent = _reads_to_node(ev, n)
     reads = sum(1 for d in ev.decisions if _is_read(d))
     fair = b / sum(all_bw.values()) if all_bw else 0.0
@@ -462,3 +462,10 @@ def _nic_errors(ev: Evidence, wf: str) -> list[Finding]:
                                cause="a faulty link, cable or switch port",
                                action="ip -s link; ethtool -S <device>"))
     return out
+
+
+def _name(ev: Evidence, n: int, role: str) -> str:
+    """Node index ``n``'s operator name (``--node D1``), from the window's views: joined
+    nodes' indexes follow the order they joined, not their names."""
+    view = ev.nodes.get(n)
+    return node_name(view) if view is not None else node_name(n, role)
