@@ -1,8 +1,9 @@
 """``dualpath drill`` on joined nodes (issue 33 item 4, story 6): a scheduler, a prefill node
 P0 and decode nodes D0 and D1, each its own ``dualpath launch --join`` on loopback. The
-``node_leave`` row SIGTERMs D1's launcher (it drains and leaves: membership WARNING on node
-D1, D0 still serves), starts it again with its own command (cleared means it serves again),
-and a storage row runs on the joined node's store; both must pass, with no turn lost.
+``node_leave`` row SIGTERMs one decode node's launcher (it drains and leaves: membership
+WARNING on that node while the other serves), starts it again with its own command
+(cleared means it serves again), and a storage row runs on the joined node's store; both
+must pass, with no turn lost.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ def test_drill_node_leave_and_a_storage_row_pass_on_joined_nodes(tmp_path: Path)
             restarted += [int(p) for n in row["notes"] for p in re.findall(r"pid (\d+)", n)]
         rows = {r["fault"]: r for r in doc["rows"]}
         leave = rows["node_leave"]
-        assert leave["target"] == "node D1 leaves", leave
+        name = leave["target"].removeprefix("node ").removesuffix(" leaves")
+        assert name in ("D0", "D1"), leave  # the newest decode node (join order varies)
         assert (leave["workflow"], leave["subject"], leave["grade"]) == (
-            "membership", "node D1", "WARNING"), leave
+            "membership", f"node {name}", "WARNING"), leave
         assert restarted, leave  # cleared = D1 started again and serves
         assert rows["snic_throttle"]["target"].startswith("snic_throttle:node="), rows
         assert all(r["turns_lost"] == 0 and r["tokens_identical"] for r in rows.values()), rows
