@@ -142,7 +142,9 @@ def test_corrupt_one_block_flips_a_payload_byte(tmp_path: Path) -> None:
     path, key = corrupt_one_block(tmp_path)
     assert path == block and key == "abcdef"
     data = block.read_bytes()
-    assert len(data) == 8192 and data[4096 + 7] == 0x5A and data.count(0) == 8191
+    assert len(data) == 8192 and data[4096 + 7] == 1 and data.count(0) == 8191
+    corrupt_one_block(tmp_path)  # a second drill before anything read it: still corrupt
+    assert block.read_bytes()[4096 + 7] == 2
     with pytest.raises(FileNotFoundError):
         corrupt_one_block(tmp_path / "empty")
 

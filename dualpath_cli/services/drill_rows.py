@@ -341,8 +341,9 @@ def _exits(proc: Any, timeout: float) -> bool:
 
 
 def corrupt_one_block(store: Path) -> tuple[Path, str]:
-    """Flip one payload byte of the first stored block file (its checksum tells; the header
-    does not): the block a reader meets next is corrupt on disk."""
+    """Change one payload byte of the first stored block file (its checksum tells; the header
+    does not): the block a reader meets next is corrupt on disk. The byte is incremented, not
+    XOR-ed, so a second drill on a block nobody read yet leaves it corrupt, not repaired."""
     files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
     if not files:
         raise FileNotFoundError(f"no block files under {store / 'blocks'}")
@@ -351,7 +352,7 @@ def corrupt_one_block(store: Path) -> tuple[Path, str]:
         f.seek(4096 + 7)
         byte = f.read(1)
         f.seek(4096 + 7)
-        f.write(bytes([byte[0] ^ 0x5A]) if byte else b"\x01")
+        f.write(bytes([(byte[0] + 1) & 0xFF]) if byte else b"\x01")
     return path, path.name.removesuffix(".kv")
 
 
