@@ -395,6 +395,7 @@ def trace_bytes_strategy() -> st.SearchStrategy[bytes]:
 def _stubs() -> list[tuple[Any, str, Callable[..., Any]]]:
     """(module, attribute, replacement): work that starts once the input is accepted."""
     import dualpath_cli.cli.bench_remote as bench_remote
+    import dualpath_cli.cli.drill_cmd as drill_cmd
     import dualpath_cli.cli.local_launch as local_launch
     import dualpath_cli.services.bench as bench
     import dualpath_cli.sim as sim
@@ -414,7 +415,8 @@ def _stubs() -> list[tuple[Any, str, Callable[..., Any]]]:
     stubs: list[tuple[Any, str, Callable[..., Any]]] = [
         (bench, "run_bench", reached), (bench, "calibrate_by_oracle", reached),
         (bench_remote, "bench_url", reached), (local_launch, "serve", reached),
-        (storage_bench, "make_dataset", reached), (build, "synthetic_trace", small_trace)]
+        (storage_bench, "make_dataset", reached), (build, "synthetic_trace", small_trace),
+        (drill_cmd.DrillSessions, "first", reached)]  # a drill launches or attaches a cluster
     for name in ("simulate_offline", "simulate_online", "simulate_capacity"):
         if hasattr(sim, name):
             stubs.append((sim, name, reached))

@@ -23,7 +23,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 #: The commands whose fuzzed lines can start engine processes or a server: e2e cases.
-STARTS_PROCESSES = {"bench", "drill", "launch"}
+STARTS_PROCESSES = {"bench", "launch"}
 
 
 @pytest.mark.parametrize("command", [

@@ -97,7 +97,8 @@ def test_diagnose_all_live_and_from_a_recording(served: tuple[LiveCluster, str],
     doc = json.loads(proc.stdout)
     assert doc["exit_code"] == proc.returncode and doc["samples"] >= 3
     assert [r["workflow"] for r in doc["reports"]] == [
-        "snic-imbalance", "long-tail", "hbm-frag", "cache-hit", "scaling", "membership"]
+        "snic-imbalance", "long-tail", "hbm-frag", "cache-hit", "scaling", "membership",
+        "store-health", "fabric"]
     rec = tmp_path / "rec.jsonl.gz"
     proc = _run([str(BIN / "dualpath"), "record", "--window", "1s", "--interval", "500ms",
                  "-o", str(rec), "--url", url], tmp_path)

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dualpath_cli.telemetry.frames import is_frame
 from dualpath_cli.telemetry.metrics import spec
 from dualpath_cli.telemetry.view import NodeView
 
@@ -68,6 +67,8 @@ def storage_of_frames(frames: Mapping[Any, Any], names: Mapping[int, str]
     Cheap at 1,152 engines: where each engine's frame keeps these counters is found once per
     frame layout (``lid``) and remembered; each call then reads a few values per engine.
     """
+    from dualpath_cli.telemetry.frames import is_frame  # numpy: the server side only
+
     counts: dict[int, dict[str, int]] = {}
     for fr in frames.values():
         if not is_frame(fr):
