@@ -149,6 +149,21 @@ def test_corrupt_one_block_flips_a_payload_byte(tmp_path: Path) -> None:
         corrupt_one_block(tmp_path / "empty")
 
 
+def test_corrupt_one_block_skips_blocks_with_a_copy(tmp_path: Path) -> None:
+    """A block copied to the replica root beside the store may be read from the copy: the
+    drill corrupts the first block without one."""
+    store = tmp_path / "store"
+    for key in ("aa11", "bb22"):
+        d = store / "blocks" / key[:2]
+        d.mkdir(parents=True)
+        (d / f"{key}.kv").write_bytes(bytes(8192))
+    (tmp_path / "replica" / "aa").mkdir(parents=True)
+    (tmp_path / "replica" / "aa" / "aa11.kv").write_bytes(bytes(8192))
+    path, key = corrupt_one_block(store)
+    assert key == "bb22" and path.read_bytes()[4096 + 7] == 1
+    assert (store / "blocks" / "aa" / "aa11.kv").read_bytes() == bytes(8192)
+
+
 class _Looks:
     """A watch whose looks yield prepared reports (what ``_better`` reads)."""
 

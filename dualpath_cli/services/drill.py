@@ -189,7 +189,11 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         _wait(lambda: load.turns >= WARM_TURNS, 120)
         watch.look()
         base = watch.metrics
+        pre = watch.samples[-1]
         watch.reset()
+        # the window starts just before the fault: counters diff from there (one look alone
+        # would count since the cluster started, earlier rows' hot blocks included)
+        watch.samples.append(pre)
         t0 = time.monotonic()
         made = row.make(target, inject)
         res.target = made.label

@@ -340,11 +340,23 @@ def _exits(proc: Any, timeout: float) -> bool:
     return False
 
 
+def _copied_keys(replica_root: Path) -> set[str]:
+    """Blocks with a copy on the replica root beside the store (the drill's own cluster puts
+    one there, and ``long-tail --fix`` copies hot blocks to it): a reader may take the copy,
+    so corrupting such a block's stored file proves nothing."""
+    if not replica_root.is_dir():
+        return set()
+    return {p.name.removesuffix(".kv") for p in replica_root.rglob("*.kv")}
+
+
 def corrupt_one_block(store: Path) -> tuple[Path, str]:
-    """Change one payload byte of the first stored block file (its checksum tells; the header
-    does not): the block a reader meets next is corrupt on disk. The byte is incremented, not
-    XOR-ed, so a second drill on a block nobody read yet leaves it corrupt, not repaired."""
-    files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
+    """Change one payload byte of the first stored block file with no copy on the replica
+    root beside the store (its checksum tells; the header does not): the block a reader
+    meets next is corrupt on disk. The byte is incremented, not XOR-ed, so a second drill on
+    a block nobody read yet leaves it corrupt, not repaired."""
+    copied = _copied_keys(store.parent / "replica")
+    files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith(".")
+                   and p.name.removesuffix(".kv") not in copied)
     if not files:
         raise FileNotFoundError(f"no block files under {store / 'blocks'}")
     path = files[0]
