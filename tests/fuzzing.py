@@ -415,6 +415,7 @@ def _stubs() -> list[tuple[Any, str, Callable[..., Any]]]:
     stubs: list[tuple[Any, str, Callable[..., Any]]] = [
         (bench, "run_bench", reached), (bench, "calibrate_by_oracle", reached),
         (bench_remote, "bench_url", reached), (local_launch, "serve", reached),
+        (local_launch, "detach", reached),  # its child is a real cluster that outlives the case
         (storage_bench, "make_dataset", reached), (build, "synthetic_trace", small_trace),
         (drill_cmd.DrillSessions, "first", reached)]  # a drill launches or attaches a cluster
     for name in ("simulate_offline", "simulate_online", "simulate_capacity"):
