@@ -30,7 +30,13 @@ from dualpath_cli.services.recording import read_recording, write_recording
 from dualpath_cli.telemetry.recording import Recording, Sample
 from dualpath_cli.telemetry.view import ClusterView, Decision
 from dualpath_cli.tui.app import TopApp
-from dualpath_cli.tui.format import GRADE_MARKS, engine_rows, nic_quadrants, sparkline
+from dualpath_cli.tui.format import (
+    GRADE_MARKS,
+    engine_rows,
+    graded_name,
+    nic_quadrants,
+    sparkline,
+)
 from dualpath_cli.tui.source import LiveSource, ReplaySource
 
 Pilot = Any
@@ -830,3 +836,14 @@ def test_a_big_recording_replays_evenly_spaced(tmp_path: Path,
     assert src.total < 20 and src.label.endswith("(every 4 samples)")
     frame = src.poll()  # the cursor starts on the last sample, always kept
     assert frame.view is not None and frame.view.at == faulted_view(19).at
+
+
+def test_a_long_node_name_is_cut_never_its_grade_mark() -> None:
+    """The engine table's node column is 4 wide: ``gpu-a!!`` would read ``gpu-`` (the
+    CRITICAL mark lost); the name is cut instead."""
+    from dualpath_cli.diagnose.model import Severity
+
+    assert graded_name("gpu-a", Severity.CRITICAL, 4) == "g…!!"
+    assert graded_name("D1", Severity.CRITICAL, 4) == "D1!!"
+    assert graded_name("gpu-a", None, 4) == "gpu…"
+    assert graded_name("gpu-a", Severity.WARNING) == "gpu-a!"  # no column: whole

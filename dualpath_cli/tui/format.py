@@ -51,9 +51,12 @@ def node_grades(reports: Iterable[Any], faults: Iterable[Fault],
     return {node: g for node, g in grades.items() if g in GRADE_MARKS}
 
 
-def graded_name(name: str, grade: Severity | None) -> str:
-    """``D1!``: a node's name with its grade's mark (unchanged when nothing covers it)."""
+def graded_name(name: str, grade: Severity | None, width: int | None = None) -> str:
+    """``D1!``: a node's name with its grade's mark (unchanged when nothing covers it); in
+    a column of ``width`` a long name is cut, never its mark (``gpu…!!``, not ``gpu-``)."""
     mark = GRADE_MARKS.get(grade, ("", ""))[0] if grade is not None else ""
+    if width is not None and len(name) + len(mark) > width:
+        name = name[:max(1, width - len(mark) - 1)] + "…"
     return name + mark
 
 #: The class word shown beside an engine (the paper's C1/C2/C3), so class is never colour alone.
@@ -65,6 +68,7 @@ ENGINE_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("read_q", "rq/alpha", 10), ("snic", "sNIC", 4), ("cnic", "cNIC", 4),
     ("hbm", "HBM", 7), ("frag", "frag", 4), ("seq", "seq", 3), ("role", "role", 7),
     ("state", "state", 8))
+_NODE_WIDTH = next(w for k, _, w in ENGINE_COLUMNS if k == "node")
 _SPARK_UNICODE = "▁▂▃▄▅▆▇█"
 _SPARK_ASCII = "_.-=+*#@"
 _SHADE_ASCII = " .:-=+*#%@"
@@ -136,7 +140,7 @@ def engine_rows(view: ClusterView, text: str = "", sort: str = "id",
         cls = engine_class(e, alpha, beta)
         cells = (str(e.engine_id),
                  graded_name(node_name(e.role, e.node, e.node_name),
-                             (grades or {}).get(e.node)), cls,
+                             (grades or {}).get(e.node), _NODE_WIDTH), cls,
                  _ratio(e.tokens, beta), _ratio(e.read_queue_tokens, alpha), pct(snic),
                  pct(cnic), NA if e.hbm_used_bytes is None else format_bytes(e.hbm_used_bytes),
                  NA if e.hbm_fragmentation is None else f"{e.hbm_fragmentation:.2f}",
