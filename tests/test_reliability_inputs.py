@@ -59,6 +59,10 @@ CASES = [
     (["config", "show", "--set", "scheduler.alpha=١٢٣"], "scheduler.alpha"),
     (["config", "init", "-o", ""], "empty path"),
     (["trace", "stats", "/dev/zero"], "/dev/zero", "longer than"),
+    # a URL with a newline was echoed into the token error, which then ran onto two lines
+    (["tune", "auto", "--max-drop", "0.1", "--url", "[\u00ae\n\u00960", "--yes"], "--url",
+     "not a URL"),
+    (["status", "--url", "http://a b"], "not a URL"),
 ]
 
 

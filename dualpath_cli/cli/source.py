@@ -136,6 +136,9 @@ def locate(ref: ClusterRef = ClusterRef()) -> tuple[str, ClusterState | None]:
     if url is None and ref.port is None:
         url = os.environ.get("DUALPATH_URL") or None
     if url:
+        if any(c.isspace() or not c.isprintable() for c in url):  # echoed in errors: one line
+            raise UsageError(f"--url/DUALPATH_URL {url!r}: not a URL (it holds spaces or "
+                             "control characters)")
         url = url.rstrip("/")
         live, _ = statefile.live_states()
         return url, next((s for s in live if s.url.rstrip("/") == url), None)
