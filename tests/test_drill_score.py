@@ -162,6 +162,13 @@ def test_corrupt_one_block_skips_blocks_with_a_copy(tmp_path: Path) -> None:
     path, key = corrupt_one_block(store)
     assert key == "bb22" and path.read_bytes()[4096 + 7] == 1
     assert (store / "blocks" / "aa" / "aa11.kv").read_bytes() == bytes(8192)
+    # every block copied: the first one is corrupted in the store and in its copy
+    (tmp_path / "replica" / "bb").mkdir()
+    (tmp_path / "replica" / "bb" / "bb22.kv").write_bytes(bytes(8192))
+    path, key = corrupt_one_block(store)
+    assert key == "aa11"
+    assert path.read_bytes()[4096 + 7] == 1
+    assert (tmp_path / "replica" / "aa" / "aa11.kv").read_bytes()[4096 + 7] == 1
 
 
 class _Looks:

@@ -352,20 +352,30 @@ def _copied_keys(replica_root: Path) -> set[str]:
 def corrupt_one_block(store: Path) -> tuple[Path, str]:
     """Change one payload byte of the first stored block file with no copy on the replica
     root beside the store (its checksum tells; the header does not): the block a reader
-    meets next is corrupt on disk. The byte is incremented, not XOR-ed, so a second drill on
-    a block nobody read yet leaves it corrupt, not repaired."""
-    copied = _copied_keys(store.parent / "replica")
-    files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith(".")
-                   and p.name.removesuffix(".kv") not in copied)
+    meets next is corrupt on disk. Where every block has a copy, the first block is
+    corrupted in every copy, so whichever a reader takes is corrupt. The byte is
+    incremented, not XOR-ed, so a second drill on a block nobody read yet leaves it corrupt,
+    not repaired."""
+    replica = store.parent / "replica"
+    copied = _copied_keys(replica)
+    files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
     if not files:
         raise FileNotFoundError(f"no block files under {store / 'blocks'}")
-    path = files[0]
+    alone = [p for p in files if p.name.removesuffix(".kv") not in copied]
+    path = (alone or files)[0]
+    key = path.name.removesuffix(".kv")
+    copies = [] if alone else sorted(replica.rglob(path.name))
+    for f in (path, *copies):
+        _bump_payload_byte(f)
+    return path, key
+
+
+def _bump_payload_byte(path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(4096 + 7)
         byte = f.read(1)
         f.seek(4096 + 7)
         f.write(bytes([(byte[0] + 1) & 0xFF]) if byte else b"\x01")
-    return path, path.name.removesuffix(".kv")
 
 
 ROWS: tuple[Row, ...] = (
