@@ -55,14 +55,11 @@ class DecisionLog:
 
     def __init__(self, size: int, registry: MetricsRegistry, path: Path | None = None,
                  budget: int = RING_BYTES) -> None:
-        if size < 1:
-            raise ValueError(f"decision ring size must be >= 1, got {size}")
-        if budget < 1:
-            raise ValueError(f"decision ring byte budget must be >= 1, got {budget}")
+        # by seq, keyed by rid: the Decision's other fields, built into a Decision when read
+        # (PackedRing checks size and budget: ValueError below 1)
+        self._ring = PackedRing(size, budget, settle=_settled)
         self.size = size
         self.budget = budget
-        # by seq, keyed by rid: the Decision's other fields, built into a Decision when read
-        self._ring = PackedRing(size, budget, settle=_settled)
         self._lock = threading.Lock()
         self._seq = 0
         self._total = 0
