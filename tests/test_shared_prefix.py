@@ -83,18 +83,24 @@ def _req(t: float, length: int, ids: list[int], out: int = 20) -> MooncakeReques
     return MooncakeRequest(t, length, out, tuple(ids))
 
 
-def test_mooncake_logs_link_shared_system_prompts_into_shared_segments() -> None:
+def test_mooncake_logs_keep_their_block_chains_and_arrivals() -> None:
     log = [_req(0, 1600, [1, 2, 3]), _req(10, 1400, [1, 2, 7]),  # two conversations
            _req(20, 2100, [1, 2, 3, 9, 10])]  # the first one's next turn
     trace, counts = link_requests(log)
     a, b = trace.trajectories
-    assert a.shared == ((1, 512), (2, 512)) and b.shared == ((1, 512), (2, 512))
+    assert a.blocks == ((1, 2, 3), (1, 2, 3, 9, 10)) and b.blocks == ((1, 2, 7),)
+    assert (a.start_s, b.start_s) == (0.0, 0.01)
     assert a.num_turns == 2 and counts.shared_prefix_trajectories == 2
     hit, cross = hit_split(log)
     assert cross == 1024 and hit == 1024 + 1536  # b's prompt; a's next turn is its own
+    stats = trace_stats(trace.trajectories)  # the same store, walked by the trajectories
+    assert stats.shared_hit_tokens == 1024
+    assert stats.hit_ratio * sum(t.prompt_length(i) for t in trace.trajectories
+                                 for i in range(t.num_turns)) == pytest.approx(hit)
     alone = [_req(0, 1500, [1, 2, 3]), _req(10, 1400, [4, 5, 6])]
     trace, counts = link_requests(alone)
-    assert all(not t.shared for t in trace.trajectories) and hit_split(alone) == (0, 0)
+    assert trace_stats(trace.trajectories).shared_hit_tokens == 0
+    assert hit_split(alone) == (0, 0)
 
 
 def test_the_simulator_hits_a_shared_system_prompt_across_agents() -> None:

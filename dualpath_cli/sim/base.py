@@ -25,6 +25,7 @@ from dualpath_cli.sim.online import StopRule
 from dualpath_cli.sim.setup import SimSetup
 from dualpath_cli.sim.state import DEngine, Group, Node, PEngine, Req
 from dualpath_cli.sim.trace import AgentPlan
+from dualpath_cli.workload.prefix_store import GlobalPrefixStore
 
 __all__ = ["SimBase"]
 
@@ -83,6 +84,8 @@ class SimBase(ABC):
     context: list[int]
     _shared_chains: list[list[int] | None]
     _stored_shared: set[int]
+    _prefix_store: GlobalPrefixStore | None
+    prompt_tokens: int
     hit_tokens: int
     shared_hit_tokens: int
     agent_start: list[float]

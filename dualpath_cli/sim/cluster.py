@@ -54,6 +54,7 @@ from dualpath_cli.sim.setup import SimSetup, check_fits_decode_hbm, derive_thres
 from dualpath_cli.sim.state import Req
 from dualpath_cli.sim.topology import build_topology
 from dualpath_cli.sim.trace import AgentPlan
+from dualpath_cli.workload.prefix_store import GlobalPrefixStore
 from dualpath_cli.workload.stats import shared_chain
 
 __all__ = ["STOP_CHECK_S", "Simulation"]
@@ -144,6 +145,11 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self._shared_chains = [shared_chain(p.shared) if p.shared else None
                                for p in self.plans]
         self._stored_shared = set()
+        # a trace with block chains (a request log's hash ids): one global store of them
+        chained = next((p for p in self.plans if p.blocks), None)
+        self._prefix_store = (GlobalPrefixStore(chained.block_tokens) if chained is not None
+                              else None)
+        self.prompt_tokens = 0
         self.hit_tokens = 0
         self.shared_hit_tokens = 0
         self.agent_start = [math.nan] * n
@@ -170,7 +176,8 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
 
     def _start_turn(self, agent: int) -> None:
         k = self.next_turn[agent]
-        t = self.plans[agent].turns[k]
+        plan = self.plans[agent]
+        t = plan.turns[k]
         append, gen = t.append, t.gen
         if append < 1:
             append = 1
@@ -179,16 +186,19 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.next_turn[agent] = k + 1
         cached = self.context[agent]
         self.context[agent] = cached + append + gen
-        if self._full_blocks:  # only whole blocks hit; the rest is new
+        if plan.blocks:  # a request log's chain: what the global store holds hits
+            cached, append = self._chain_hit(plan, k, cached + append)
+        elif self._full_blocks:  # only whole blocks hit; the rest is new
             bt = self._block_tokens
             hit = (cached // bt) * bt
             append += cached - hit
             cached = hit
-        if k == 0 and self._shared_chains[agent] is not None:
+        if k == 0 and self._shared_chains[agent] is not None and not plan.blocks:
             shared = self._shared_hit(agent, append)
             cached, append = shared, append - shared
             self.shared_hit_tokens += shared
         self.hit_tokens += cached
+        self.prompt_tokens += cached + append
         rid = self.rid = self.rid + 1
         req = Req(rid, agent, k, cached, append, gen, self.loop.now)
         self.reqs[rid] = req
@@ -201,6 +211,19 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
                 grp.idle = False
                 self._wake(grp, kind)
             pe_idle.clear()
+
+    def _chain_hit(self, plan: AgentPlan, k: int, prompt: int) -> tuple[int, int]:
+        """(hit, new) tokens of turn ``k``'s prompt by its block chain in the global store
+        (``workload.prefix_store``; whole engine blocks when only whole blocks hit; one token
+        is always computed); counts the cross-conversation part."""
+        store = self._prefix_store
+        assert store is not None
+        found = store.lookup(plan.blocks[k], prompt, plan.blocks[k - 1] if k else ())
+        hit = min(found.tokens, prompt - 1)
+        if self._full_blocks:
+            hit = (hit // self._block_tokens) * self._block_tokens
+        self.shared_hit_tokens += min(found.cross, hit)
+        return hit, prompt - hit
 
     def _shared_hit(self, agent: int, append: int) -> int:
         """First-turn tokens of ``agent``'s shared prefix that an earlier conversation has
@@ -340,6 +363,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
             dram_peak=dram_peak,
             read_tokens_pe_side=self.read_pe_tokens, read_tokens_de_side=self.read_de_tokens,
             hit_tokens=self.hit_tokens, shared_hit_tokens=self.shared_hit_tokens,
+            prompt_tokens=self.prompt_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
                    "snic_max_avg_bins": float(snic_bins),
                    **({"quota_s": float(self._quota),

@@ -163,7 +163,13 @@ class SimResult:
     extra: dict[str, float] = field(default_factory=dict)
     snic_series: SnicSeries | None = None
     hit_tokens: int = 0  # prompt tokens found in the store, own context and shared prefixes
-    shared_hit_tokens: int = 0  # ... of which another agent's shared prefix stored
+    shared_hit_tokens: int = 0  # ... of which another conversation stored
+    prompt_tokens: int = 0  # every prompt's tokens (hit and computed)
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of prompt tokens found in the store (0 when no prompt)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def cross_conversation_hit_share(self) -> float:
@@ -193,6 +199,7 @@ class SimResult:
             "read_tokens_de_side": self.read_tokens_de_side,
             "hit_tokens": self.hit_tokens, "shared_hit_tokens": self.shared_hit_tokens,
             "cross_conversation_hit_share": self.cross_conversation_hit_share,
+            "prompt_tokens": self.prompt_tokens, "hit_ratio": self.hit_ratio,
         }
         if self.mode == "online":
             out.update({

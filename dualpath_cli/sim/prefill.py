@@ -90,6 +90,10 @@ class PrefillStage(SimBase):
             chain = self._shared_chains[req.agent]
             if chain is not None:
                 self._stored_shared.update(chain)
+        if self._prefix_store is not None:  # ... and so are the prompt's blocks
+            blocks = self.plans[req.agent].blocks
+            if blocks:
+                self._prefix_store.store(blocks[req.turn])
         req.t_first = now
         if self._ttfts is not None:
             self._ttfts.append(now - req.t_arrive)

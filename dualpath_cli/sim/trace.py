@@ -16,7 +16,7 @@ from dualpath_cli.errors import UsageError
 from dualpath_cli.workload.augment import augment
 from dualpath_cli.workload.build import synthetic_trace
 from dualpath_cli.workload.mooncake_link import read_agent_trace
-from dualpath_cli.workload.trace_format import Trace
+from dualpath_cli.workload.trace_format import DEFAULT_BLOCK_TOKENS, Trace
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
 __all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_trajectories",
@@ -26,12 +26,16 @@ __all__ = ["AgentPlan", "MAX_AGENTS", "Workload", "check_agents", "plans_from_tr
 @dataclass(frozen=True, slots=True)
 class AgentPlan:
     """One agent's replay: its turns in order, the shared-prefix segments its first turn
-    opens with (``Trajectory.shared``; a global KV store hits them across agents), and when
-    its first turn arrives in an offline run (``Trajectory.start_s``; ``None``: t = 0)."""
+    opens with (``Trajectory.shared``; a global KV store hits them across agents), when
+    its first turn arrives in an offline run (``Trajectory.start_s``; ``None``: t = 0), and
+    each turn's chain of block ids (``Trajectory.blocks``, ids of ``block_tokens`` tokens;
+    empty: the turn hits its context, as the paper's replay does)."""
 
     turns: tuple[Turn, ...]
     shared: tuple[tuple[int, int], ...] = ()
     start_s: float | None = None
+    blocks: tuple[tuple[int, ...], ...] = ()
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
 
     @property
     def num_turns(self) -> int:
@@ -39,9 +43,11 @@ class AgentPlan:
         return len(self.turns)
 
 
-def plans_from_trajectories(trajectories: Sequence[Trajectory]) -> list[AgentPlan]:
-    """Replay each trajectory as it is."""
-    plans = [AgentPlan(t.turns, t.shared, t.start_s) for t in trajectories if t.turns]
+def plans_from_trajectories(trajectories: Sequence[Trajectory],
+                            block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[AgentPlan]:
+    """Replay each trajectory as it is (``block_tokens``: the trace header's)."""
+    plans = [AgentPlan(t.turns, t.shared, t.start_s, t.blocks, block_tokens)
+             for t in trajectories if t.turns]
     if not plans:
         raise UsageError("the workload has no trajectory with turns")
     return plans
@@ -125,7 +131,7 @@ class Workload:
             return synthetic_plans(self.max_len, agents, self.seed)
         have = self.trace.trajectories
         if agents <= len(have):
-            return plans_from_trajectories(have[:agents])
+            return plans_from_trajectories(have[:agents], self.trace.header.block_tokens)
         if any(t.prefix_seed is not None for t in have):
             raise UsageError(f"{self.source}: {agents} agents asked for but the trace has "
                              f"{len(have)}, already augmented (they cannot be augmented "

@@ -17,10 +17,12 @@ The linking rule, exactly:
    with the same key: two conversations forked from one prompt) go to the most recent.
    Otherwise ``R`` starts a new trajectory. A shared system prompt therefore links nothing
    by itself: ``R`` must extend the previous request's *whole* prefix.
-4. A trajectory's first request opens with ``shared`` segments, one per leading full block
-   whose id also opens another trajectory's first request (``[hash_id, 512]``): those
-   ids mean the same tokens in both (a shared system prompt), so the replay sends the same
-   token ids and a content-addressed store hits them across conversations.
+4. Every turn keeps its request's ``hash_ids`` as its ``blocks`` chain, and each trajectory
+   its first request's arrival (``start_s``, seconds after the log's first request): a replay
+   derives each block's token ids from its id, so a global store hits what the log's store
+   held, within a conversation and across conversations at any depth
+   (``workload.prefix_store``). The counts still say how many trajectories open with a
+   prefix (leading full blocks) that another trajectory's first request opens with too.
 5. Turn ``i`` of a trajectory appends ``input_length_i - (input_length_{i-1} +
    output_length_{i-1})`` tokens (at least 1: a request that dropped some of the previous
    answer is counted as appending one token) and generates ``output_length_i``
@@ -79,6 +81,7 @@ def link_requests(requests: Sequence[MooncakeRequest], source: str = "mooncake"
         for h in set(_full_ids(c[0])):
             opening[h] = opening.get(h, 0) + 1
     with_shared = shared_tokens = 0
+    t0 = min((r.timestamp_ms for r in requests), default=0.0)
     for agent, requests_of in enumerate(chains):
         turns = []
         ctx = 0
@@ -94,16 +97,18 @@ def link_requests(requests: Sequence[MooncakeRequest], source: str = "mooncake"
             turns.append(Turn(append, gen))
             ctx += append + gen
         longest = max(longest, ctx)
-        shared: list[tuple[int, int]] = []
+        opens = 0
         for h in _full_ids(requests_of[0]):
             if opening.get(h, 0) < 2:
                 break
-            shared.append((h % (MAX_SEED + 1), MOONCAKE_BLOCK_TOKENS))
-        if shared:
+            opens += 1
+        if opens:
             with_shared += 1
-            shared_tokens += len(shared) * MOONCAKE_BLOCK_TOKENS
-        trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent,
-                                       shared=tuple(shared)))
+            shared_tokens += opens * MOONCAKE_BLOCK_TOKENS
+        start_s = round((requests_of[0].timestamp_ms - t0) / 1000.0, 6)
+        trajectories.append(Trajectory(
+            agent_id=agent, turns=tuple(turns), token_seed=agent, start_s=start_s,
+            blocks=tuple(tuple(h % (MAX_SEED + 1) for h in r.hash_ids) for r in requests_of)))
     header = TraceHeader(max_len=longest, generator={
         "from": f"dualpath trace convert {source}", "rule": LINK_RULE})
     counts = LinkCounts(len(requests), len(chains), linked,

@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from dualpath_cli.workload.prefix_store import GlobalPrefixStore
+from dualpath_cli.workload.trace_format import DEFAULT_BLOCK_TOKENS
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["TraceStats", "trace_stats", "shared_chain", "shared_hits"]
+__all__ = ["TraceStats", "trace_stats", "chain_hits", "shared_chain", "shared_hits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +42,15 @@ class TraceStats:
         dispersion: ``turns x (append + gen) / total`` (1 when turn count and size unrelated).
         turn_size_corr: Pearson correlation of a trajectory's turn count and mean turn size.
         turn_size_rank_corr: Spearman rank correlation of the same.
-        hit_ratio: token-weighted prefix hit ratio of a replay as a global KV store sees it,
-            (sum(context) + shared_hit_tokens) / sum(prompt).
-        shared_hit_tokens: first-turn tokens found in the store because an earlier
-            trajectory (in file order) opened with the same shared prefix (at least one
-            token of a prompt is always computed).
+        hit_ratio: token-weighted prefix hit ratio of a replay as a global KV store sees it:
+            hit tokens / sum(prompt). A trajectory with ``blocks`` hits what its chains find
+            in one store shared by every trajectory (``workload.prefix_store``; trajectories
+            taken by ``start_s``, then file order, each turn by turn); one without hits its
+            context and its first turn's shared prefix.
+        shared_hit_tokens: hit tokens another conversation stored: a shared prefix an
+            earlier trajectory (in file order) opened with too (at least one token of a
+            prompt is always computed), or, with ``blocks``, the chain's cross-conversation
+            hits.
         cross_conversation_hit_share: shared_hit_tokens over all hit tokens (0 when none).
     """
 
@@ -72,8 +78,10 @@ class TraceStats:
         return asdict(self)
 
 
-def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
+def trace_stats(trajectories: Sequence[Trajectory],
+                block_tokens: int = DEFAULT_BLOCK_TOKENS) -> TraceStats:
     """Compute :class:`TraceStats`; trajectories without turns count in none of the means.
+    ``block_tokens``: tokens one id of a trajectory's ``blocks`` covers (the trace header's).
 
     Raises:
         ValueError: no trajectory has a turn.
@@ -89,8 +97,12 @@ def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
     size = total / n
     turns_sum = float(n.sum())
     prompts = ctx_sum.sum() + append.sum()
-    shared = shared_hits(trajs)
-    hits = float(ctx_sum.sum()) + sum(shared)
+    plain = [t for t in trajs if not t.blocks]
+    shared = shared_hits(plain)
+    hits = float(sum(sum(t.context_lengths()) for t in plain)) + sum(shared)
+    chained, cross = chain_hits([t for t in trajs if t.blocks], block_tokens)
+    hits += chained
+    shared.append(cross)
     mean_size = float((append / n).mean() + (gen / n).mean())
     return TraceStats(
         agents=len(trajs),
@@ -112,6 +124,24 @@ def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
         shared_hit_tokens=int(sum(shared)),
         cross_conversation_hit_share=float(sum(shared) / hits) if hits else 0.0,
     )
+
+
+def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int) -> tuple[int, int]:
+    """Hit tokens of trajectories with ``blocks`` in one global store, and how many of them
+    are cross-conversation: trajectories by ``start_s`` (then in order), turn by turn."""
+    store = GlobalPrefixStore(block_tokens)
+    hits = cross = 0
+    order = sorted(trajectories, key=lambda t: t.start_s or 0.0)
+    for t in order:
+        previous: tuple[int, ...] = ()
+        for i, chain in enumerate(t.blocks):
+            prompt = t.prompt_length(i)
+            hit = store.visit(chain, prompt, previous)
+            tokens = min(hit.tokens, prompt - 1)  # one token of a prompt is always computed
+            hits += tokens
+            cross += min(hit.cross, tokens)
+            previous = chain
+    return hits, cross
 
 
 def shared_chain(shared: Sequence[tuple[int, int]]) -> list[int]:

@@ -7,6 +7,10 @@ Layout (docs/trace-format.md is the reference)::
     {"agent_id": 1, "token_seed": 456, "prefix_seed": 789, "source": 17, "turns": [...]}
     {"agent_id": 2, "token_seed": 457, "shared": [[42, 2048]], "turns": [...]}
     {"agent_id": 3, "token_seed": 3, "start_s": 1.25, "turns": [...]}
+    {"agent_id": 4, "token_seed": 4, "turns": [[900, 20], [300, 9]], "blocks": [[7, 8], [7, 9, 10]]}
+
+A header whose trajectories carry ``blocks`` may say how many tokens one block id covers
+(``"block_tokens"``, default 512: Mooncake's).
 
 Decoding raises :class:`~dualpath_cli.errors.TraceError` with ``SOURCE:LINE: reason`` for the
 first bad line. File access lives in ``trace_io``; this module only sees strings.
@@ -27,6 +31,7 @@ from dualpath_cli.workload.trajectory import Trajectory, Turn
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "DEFAULT_BLOCK_TOKENS",
     "TraceHeader",
     "Trace",
     "encode_lines",
@@ -38,18 +43,24 @@ __all__ = [
 FORMAT_NAME = "dualpath-trace"
 FORMAT_VERSION = 1
 
-_HEADER_KEYS = {"format", "version", "max_len", "generator"}
+_HEADER_KEYS = {"format", "version", "max_len", "generator", "block_tokens"}
 _REQUIRED = ("agent_id", "token_seed", "turns")
-_OPTIONAL = ("prefix_seed", "source", "shared", "start_s")
+_OPTIONAL = ("prefix_seed", "source", "shared", "start_s", "blocks")
+
+DEFAULT_BLOCK_TOKENS = 512
+"""Tokens one ``blocks`` id covers when the header does not say (Mooncake's hash ids)."""
+MAX_BLOCK_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
 class TraceHeader:
-    """First line of a trace: the cap on every total, and how the trace was made."""
+    """First line of a trace: the cap on every total, how the trace was made, and how many
+    tokens one id of a trajectory's ``blocks`` covers."""
 
     max_len: int
     generator: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -62,9 +73,12 @@ class Trace:
 
 def encode_lines(trace: Trace) -> Iterator[str]:
     """The trace as JSON lines (without newlines), header first."""
-    yield json.dumps({"format": FORMAT_NAME, "version": trace.header.version,
-                      "max_len": trace.header.max_len, "generator": trace.header.generator},
-                     separators=(",", ":"))
+    head: dict[str, Any] = {"format": FORMAT_NAME, "version": trace.header.version,
+                            "max_len": trace.header.max_len,
+                            "generator": trace.header.generator}
+    if trace.header.block_tokens != DEFAULT_BLOCK_TOKENS:
+        head["block_tokens"] = trace.header.block_tokens
+    yield json.dumps(head, separators=(",", ":"))
     for traj in trace.trajectories:
         record: dict[str, Any] = {"agent_id": traj.agent_id, "token_seed": traj.token_seed}
         if traj.prefix_seed is not None:
@@ -76,6 +90,8 @@ def encode_lines(trace: Trace) -> Iterator[str]:
         if traj.start_s is not None:
             record["start_s"] = traj.start_s
         record["turns"] = [[t.append, t.gen] for t in traj.turns]
+        if traj.blocks:
+            record["blocks"] = [list(chain) for chain in traj.blocks]
         yield json.dumps(record, separators=(",", ":"))
 
 
@@ -97,7 +113,7 @@ def decode_lines(lines: Iterable[str], source: str) -> Trace:
         if header is None:
             header = _header(obj, where)
             continue
-        traj = _trajectory(obj, where, header.max_len)
+        traj = _trajectory(obj, where, header)
         if traj.agent_id in first_line:
             raise TraceError(f"{where}: duplicate agent_id {traj.agent_id} "
                              f"(first on line {first_line[traj.agent_id]})")
@@ -150,10 +166,16 @@ def _header(obj: dict[str, Any], where: str) -> TraceHeader:
     generator = obj.get("generator", {})
     if not isinstance(generator, dict):
         raise TraceError(f"{where}: header field 'generator' must be an object")
-    return TraceHeader(max_len=max_len, generator=generator, version=version)
+    block_tokens = obj.get("block_tokens", DEFAULT_BLOCK_TOKENS)
+    if not is_int(block_tokens) or not 1 <= block_tokens <= MAX_BLOCK_TOKENS:
+        raise TraceError(f"{where}: header field 'block_tokens' must be an integer in "
+                         f"[1, {MAX_BLOCK_TOKENS}], got {block_tokens!r}")
+    return TraceHeader(max_len=max_len, generator=generator, version=version,
+                       block_tokens=block_tokens)
 
 
-def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
+def _trajectory(obj: dict[str, Any], where: str, header: TraceHeader) -> Trajectory:
+    max_len = header.max_len
     for key in _REQUIRED:
         if key not in obj:
             raise TraceError(f"{where}: missing field {key!r}")
@@ -171,8 +193,10 @@ def _trajectory(obj: dict[str, Any], where: str, max_len: int) -> Trajectory:
         src = _bounded(src, "source", where, 0, MAX_SEED)
     turns = _turns(obj["turns"], where)
     shared = _shared(obj.get("shared"), where, turns[0].append)
+    blocks = _blocks(obj.get("blocks"), where, turns, header.block_tokens)
     traj = Trajectory(agent_id, turns, token_seed=token_seed, prefix_seed=prefix_seed,
-                      source=src, shared=shared, start_s=_start_s(obj.get("start_s"), where))
+                      source=src, shared=shared, start_s=_start_s(obj.get("start_s"), where),
+                      blocks=blocks)
     if traj.total > max_len:
         raise TraceError(f"{where}: agent {agent_id}: total {traj.total} tokens exceeds "
                          f"max_len {max_len}")
@@ -197,6 +221,32 @@ def _shared(value: object, where: str, first_append: int) -> tuple[tuple[int, in
     if total > first_append:
         raise TraceError(f"{where}: the shared prefix ({total} tokens) is longer than the "
                          f"first turn's append ({first_append})")
+    return tuple(out)
+
+
+def _blocks(value: object, where: str, turns: tuple[Turn, ...], block_tokens: int
+            ) -> tuple[tuple[int, ...], ...]:
+    """The optional block chains ``[[id, ...], ...]``: one per turn, each at most as many
+    ids as the turn's prompt has blocks."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) != len(turns):
+        raise TraceError(f"{where}: field 'blocks' must be a list of {len(turns)} lists of "
+                         "block ids, one per turn")
+    out: list[tuple[int, ...]] = []
+    prompt = 0
+    for i, (chain, turn) in enumerate(zip(value, turns, strict=True), start=1):
+        prompt += turn.append
+        if not isinstance(chain, list) or not all(is_int(h) and 0 <= h <= MAX_SEED
+                                                   for h in chain):
+            raise TraceError(f"{where}: turn {i}: blocks must be a list of integers in "
+                             f"[0, {MAX_SEED}]")
+        most = -(-prompt // block_tokens)
+        if len(chain) > most:
+            raise TraceError(f"{where}: turn {i}: {len(chain)} block ids for a prompt of "
+                             f"{prompt} tokens: at most {most} blocks of {block_tokens}")
+        out.append(tuple(chain))
+        prompt += turn.gen
     return tuple(out)
 
 

@@ -49,6 +49,12 @@ class Trajectory:
         start_s: seconds after the trace's first arrival at which this agent's first turn
             arrived (a recording's arrivals, ``dualpath trace convert``); ``None``: not
             known, an offline replay starts the agent at t = 0.
+        blocks: empty, or one chain per turn: the ids of the turn's whole prompt (context
+            plus append) in blocks of the trace's ``block_tokens``, chained as Mooncake's
+            ``hash_ids`` are (equal ids: equal tokens *and* equal prefixes). A replay derives
+            each block's token ids from its id, so a global KV store hits what the request log
+            says it held, within a conversation and across conversations, at any depth
+            (``workload.prefix_store``).
     """
 
     agent_id: int
@@ -58,6 +64,7 @@ class Trajectory:
     source: int | None = None
     shared: tuple[tuple[int, int], ...] = ()
     start_s: float | None = None
+    blocks: tuple[tuple[int, ...], ...] = ()
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +77,9 @@ class Trajectory:
                 raise ValueError(f"agent {self.agent_id}: the shared prefix "
                                  f"({self.shared_tokens} tokens) is longer than the first "
                                  "turn's append")
+        if self.blocks and len(self.blocks) != len(self.turns):
+            raise ValueError(f"agent {self.agent_id}: {len(self.blocks)} block chains for "
+                             f"{len(self.turns)} turns (one chain per turn)")
 
     @property
     def shared_tokens(self) -> int:
@@ -124,7 +134,7 @@ class Trajectory:
             raise IndexError(f"turn {i} out of range for {len(self.turns)} turns")
 
 
-def truncate(traj: Trajectory, max_len: int) -> Trajectory:
+def truncate(traj: Trajectory, max_len: int, block_tokens: int = 512) -> Trajectory:
     """Cut a trajectory at ``max_len`` total tokens, as the paper does when scaling appends.
 
     Whole turns that fit are kept; the first turn that does not fit keeps what fits of its
@@ -145,8 +155,15 @@ def truncate(traj: Trajectory, max_len: int) -> Trajectory:
             kept.append(Turn(append, min(turn.gen, room - append)))
         break
     shared = _clip_shared(traj.shared, kept[0].append if kept else 0)
+    blocks: tuple[tuple[int, ...], ...] = ()
+    if traj.blocks:  # the cut turn keeps the ids of the blocks it still covers (a cut
+        # block keeps its id: its tokens are a prefix of the whole block's)
+        blocks = traj.blocks[:len(kept)]
+        if kept and kept[-1] != traj.turns[len(kept) - 1]:
+            prompt = sum(t.size for t in kept[:-1]) + kept[-1].append
+            blocks = (*blocks[:-1], blocks[-1][:-(-prompt // block_tokens)])
     return Trajectory(traj.agent_id, tuple(kept), traj.token_seed, traj.prefix_seed,
-                      traj.source, shared, traj.start_s)
+                      traj.source, shared, traj.start_s, blocks)
 
 
 def _clip_shared(shared: tuple[tuple[int, int], ...], room: int

@@ -1,0 +1,76 @@
+"""What a global KV store hits for a chain of block ids: one rule for stats, sim and twin.
+
+Why one module: the simulator, ``trace stats`` and the twin must count the hits a global,
+content-addressed store sees (a request log's prefix hits, within a conversation and across
+conversations, at any depth), and must count them the same way as the independent count of a
+Mooncake log (``workload.mooncake.prefix_hits``).
+
+The rule, exactly (a chain is the ids of one prompt's blocks of ``block_tokens`` tokens,
+chained: equal ids mean equal tokens and equal prefixes):
+
+1. the hit is the longest leading run of the chain's ids already stored, worth
+   ``min(block_tokens * run, prompt_tokens)`` tokens (the last block may be partial);
+2. of those, the tokens of the leading blocks the conversation's own previous prompt sent
+   too (same ids) are hits *within* the conversation; the rest are *cross-conversation* hits
+   (a shared system prompt, a tool output another agent sent first, a forked conversation);
+3. then every id of the chain is stored (nothing is evicted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["ChainHit", "GlobalPrefixStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHit:
+    """Hit tokens of one prompt, and how many of them another conversation stored."""
+
+    tokens: int
+    cross: int
+
+
+class GlobalPrefixStore:
+    """An unbounded store of chained block ids."""
+
+    __slots__ = ("block_tokens", "_stored")
+
+    def __init__(self, block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._stored: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    def lookup(self, chain: Sequence[int], prompt_tokens: int,
+               previous: Sequence[int] = ()) -> ChainHit:
+        """The hit of a prompt of ``prompt_tokens`` tokens whose blocks are ``chain``;
+        ``previous``: the chain of the conversation's previous prompt (none for a first)."""
+        stored = self._stored
+        bt = self.block_tokens
+        tokens = own = 0
+        same = True
+        for j, block in enumerate(chain):
+            if tokens >= prompt_tokens or block not in stored:
+                break
+            n = min(bt, prompt_tokens - tokens)
+            tokens += n
+            same = same and j < len(previous) and previous[j] == block
+            if same:
+                own += n
+        return ChainHit(tokens, tokens - own)
+
+    def store(self, chain: Sequence[int]) -> None:
+        """Store every id of ``chain``."""
+        self._stored.update(chain)
+
+    def visit(self, chain: Sequence[int], prompt_tokens: int,
+              previous: Sequence[int] = ()) -> ChainHit:
+        """``lookup`` then ``store``: one request as the store sees it."""
+        hit = self.lookup(chain, prompt_tokens, previous)
+        self._stored.update(chain)
+        return hit
