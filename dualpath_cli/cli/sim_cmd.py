@@ -230,9 +230,9 @@ def run(
         table.add_row(*_row(res))
         _print_fitted(table)
         if wl.trace is not None:  # a global KV store's view: hits across conversations
-            stdout.print(f"prefix hits {res.hit_tokens:,} tokens, "
-                         f"{res.cross_conversation_hit_share:.1%} across conversations "
-                         f"({res.shared_hit_tokens:,} tokens of shared prefixes)",
+            stdout.print(f"prefix hits {res.hit_tokens:,} of {res.prompt_tokens:,} prompt "
+                         f"tokens ({res.hit_ratio:.1%}); {res.shared_hit_tokens:,} across "
+                         f"conversations ({res.cross_conversation_hit_share:.1%} of hits)",
                          highlight=False)
         if res.mode == "online":
             stdout.print(f"TTFT mean {_mean(res.ttft, 1.0, 's', 3)}  TTST mean "
