@@ -254,6 +254,8 @@ def test_after_a_live_alpha_change_the_recheck_says_how_reads_to_the_slow_node_m
     assert g.title == ("node D3 storage NIC still slow; reads to D3 not down (40% before, 40% "
                        "after) since alpha 2s -> 1s (audit #17)")
     assert g.severity is Severity.CRITICAL and g.action and "tune set alpha=" in g.action
+    # the step in the unit status shows alpha in (the samples' 2s, halved), not in tokens
+    assert g.action.endswith("dualpath tune set alpha=1s")
     assert g.evidence["share_after"] == 0.4
 
 

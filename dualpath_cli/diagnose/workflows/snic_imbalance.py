@@ -230,7 +230,7 @@ def _read_queue(ev: Evidence, n: int, role: str, series: list[Any],
                   "alpha_tokens": alpha[-1], "reads_sent": sent,
                   "decisions": total, "samples": len(over)},
         cause=f"{name} reads slower than it is given work",
-        action=f"dualpath tune set alpha={tok_text(max(1, alpha[-1] // 2))}",
+        action=f"dualpath tune set alpha={_value_text(ev, 'alpha', max(1, alpha[-1] // 2))}",
         rule=rule.name, why=v.why)]
 
 
@@ -265,7 +265,7 @@ def _degraded_link(ev: Evidence, n: int, role: str, b: float, med: float, frac: 
     check = f"check the storage NIC of {name} (ethtool -S, dmesg)"
     sev = v.severity
     steer = (f"{check}; meanwhile steer reads away: dualpath tune set alpha="
-             f"{tok_text(max(1, min(alpha) // 2))}")
+             f"{_value_text(ev, 'alpha', max(1, min(alpha) // 2))}")
     kw: dict[str, Any] = {"subject": f"node {name}", "evidence": evidence,
                           "rule": "snic-link", "why": v.why}
     if moved is not None and moved["compared"]:
