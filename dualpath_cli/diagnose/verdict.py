@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dualpath_cli.diagnose import thresholds as th
 from dualpath_cli.diagnose.model import Finding, Severity
 
-__all__ = ["Rule", "RULES", "Verdict", "grade", "verdict_key", "previous_of",
+__all__ = ["Rule", "RULES", "Verdict", "grade", "judge", "verdict_key", "previous_of",
            "not_enough", "previous_grades"]
 
 
@@ -81,7 +81,8 @@ def grade(rule: Rule, value: float, evidence_n: int, previous: Severity | None =
     Without a previous grade: the thresholds as they are. With one: the grade moves up only
     when the value passes the next threshold by more than the band, and down only when it
     is back past the threshold by more than the band; otherwise it stays where it was.
-    Below the minimum evidence callers report :func:`not_enough` instead.
+    Below the minimum evidence callers report :func:`not_enough` instead (:func:`judge`
+    checks the minimum and finds the previous grade).
     """
     text = shown if shown is not None else f"{value:.3g}"
     raw = rule.raw(value)
@@ -102,6 +103,21 @@ def grade(rule: Rule, value: float, evidence_n: int, previous: Severity | None =
            + (", kept from the previous verdict (within the band of a threshold)"
               if held else "") + f" ({rule.thresholds_text()})")
     return Verdict(sev, why, held)
+
+
+def judge(rule: Rule, value: float, evidence_n: int,
+          previous: Mapping[str, Severity] | None, subject: str | None, *,
+          shown: str) -> Verdict | None:
+    """``rule``'s :func:`grade` of ``subject``'s ``value`` over ``evidence_n`` units of
+    evidence, from the subject's grade in ``previous`` (:attr:`Evidence.previous`).
+
+    Why one call: every workflow grades this way, and the minimum is the rule's own.
+    ``None`` below the rule's minimum evidence: no grade, the caller says :func:`not_enough`
+    (or nothing, where a shortfall is not worth a finding).
+    """
+    if evidence_n < rule.minimum:
+        return None
+    return grade(rule, value, evidence_n, previous_of(previous, rule, subject), shown=shown)
 
 
 def not_enough(rule: Rule, n: int, title: str, subject: str | None = None) -> Finding:

@@ -19,7 +19,7 @@ from dualpath_cli.diagnose.thresholds import (
     PREFETCH_ACCURACY_WARN,
     PREFETCH_MIN_BLOCKS,
 )
-from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
+from dualpath_cli.diagnose.verdict import RULES, judge, not_enough
 from dualpath_cli.telemetry.view import LayerHits
 
 __all__ = ["cache_hit", "layer_table", "kv_waits"]
@@ -77,12 +77,13 @@ def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
     out: list[Finding] = []
     follow = [d for d in ev.decisions if d.turn > 0 and d.attempt == 0]
     rule = RULES["prefix-hit"]
-    if len(follow) >= rule.minimum:
-        prompt = sum(d.length for d in follow)
-        cached = sum(d.cached for d in follow)
-        ratio = cached / prompt if prompt else 0.0
-        v = grade(rule, ratio, len(follow), previous_of(ev.previous, rule, None),
-                  shown=f"{pct(ratio)} cached")
+    prompt = sum(d.length for d in follow)
+    cached = sum(d.cached for d in follow)
+    ratio = cached / prompt if prompt else 0.0
+    v = judge(rule, ratio, len(follow), ev.previous, None, shown=f"{pct(ratio)} cached")
+    if v is None:
+        out.append(not_enough(rule, len(follow), "prefix hits of follow-up turns"))
+    else:
         out.append(Finding(
             wf, v.severity,
             f"follow-up turns found {pct(ratio)} of their prompt tokens cached "
@@ -92,8 +93,6 @@ def cache_hit(ev: Evidence, by_layer: bool = False) -> list[Finding]:
                    "kept on their chain") if v.severity else None,
             action="dualpath storage verify <store>; dualpath-monitor --metric cache_hit "
                    "--by-layer" if v.severity else None, rule=rule.name, why=v.why))
-    else:
-        out.append(not_enough(rule, len(follow), "prefix hits of follow-up turns"))
     rows = layer_table(ev)
     judged = [r for r in rows if r["layer"] > 0]  # layer 0 has no layer to overlap with
     late = [r for r in judged
@@ -150,13 +149,10 @@ def _kv_wait(ev: Evidence, wf: str) -> list[Finding]:
     rule = RULES["kv-wait"]
     counts = {eid: len(values_of(s)) for eid, s in ev.engine_series("kv_wait_s").items()}
     for eid, mean in sorted(waits.items()):
-        if counts.get(eid, 0) < rule.minimum:
-            continue
         e = ev.engines[eid]
-        subject = f"node {node_name(e)}"
-        v = grade(rule, mean, counts[eid], previous_of(ev.previous, rule, subject),
+        v = judge(rule, mean, counts.get(eid, 0), ev.previous, f"node {node_name(e)}",
                   shown=f"{mean * 1e3:.1f} ms mean KV wait")
-        if not v.severity:
+        if v is None or not v.severity:
             continue
         svc = mean_of(ev.engine_series("service_time_s").get(eid, ()))
         vs = f" (its compute per request {svc * 1e3:.1f} ms)" if svc else ""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from dualpath_cli.diagnose.grading import OK, no_samples
 from dualpath_cli.diagnose.model import Evidence, Finding, engine_name
-from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
+from dualpath_cli.diagnose.verdict import RULES, judge, not_enough
 
 __all__ = ["fabric", "lost_in_window"]
 
@@ -43,12 +43,11 @@ def fabric(ev: Evidence) -> list[Finding]:
             continue
         e = ev.engines[eid]
         subject = f"engine {eid}"
-        if n < rule.minimum:
+        v = judge(rule, n, n, ev.previous, subject, shown=f"{n} turns")
+        if v is None:
             out.append(not_enough(rule, n, f"{engine_name(e)} lost the KV of {n} turns",
                                   subject))
             continue
-        v = grade(rule, n, n, previous_of(ev.previous, rule, subject),
-                  shown=f"{n} turns")
         out.append(Finding(
             wf, v.severity, f"{engine_name(e)} lost the KV of {n} turns on its fabric link "
             f"in {ev.window_s:.0f} s (each run again)", subject=subject,

@@ -10,7 +10,7 @@ from typing import Any
 
 from dualpath_cli.diagnose.grading import CRITICAL, OK, no_samples, tok_text, values_of
 from dualpath_cli.diagnose.model import Evidence, Finding, engine_name
-from dualpath_cli.diagnose.verdict import RULES, grade, previous_of
+from dualpath_cli.diagnose.verdict import RULES, judge
 
 __all__ = ["hbm_frag"]
 
@@ -35,12 +35,12 @@ def hbm_frag(ev: Evidence) -> list[Finding]:
     rule = RULES["hbm-frag"]
     for eid, series in sorted(frag.items()):
         vals = values_of(series)
-        if len(vals) < rule.minimum:
-            continue
-        last = vals[-1]  # the pool as it is now: a compaction mends it at once
-        worst = max(worst, last)
-        v = grade(rule, last, len(vals), previous_of(ev.previous, rule, f"engine {eid}"),
+        last = vals[-1] if vals else 0.0  # the pool as it is now: a compaction mends it at once
+        v = judge(rule, last, len(vals), ev.previous, f"engine {eid}",
                   shown=f"fragmentation {last:.2f}")
+        if v is None:
+            continue
+        worst = max(worst, last)
         if not v.severity:
             continue
         e = ev.engines[eid]

@@ -32,7 +32,7 @@ from dualpath_cli.diagnose.thresholds import (
     SLOW_SERVICE_MIN_SAMPLES,
     TTFT_MIN_TURNS,
 )
-from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
+from dualpath_cli.diagnose.verdict import RULES, judge, not_enough
 from dualpath_cli.diagnose.workflows.hbm_frag import hbm_frag
 
 __all__ = ["long_tail"]
@@ -63,15 +63,14 @@ def long_tail(ev: Evidence) -> list[Finding]:
     if not buckets:
         out.append(Finding(wf, OK, "TTFT tail: histogram not available",
                            evidence={"turns": 0}))
-    elif turns < rule.minimum:
-        out.append(not_enough(rule, int(turns), f"TTFT tail ({scope})"))
     else:
         p50 = histogram_quantile(0.5, buckets)
         p99 = histogram_quantile(0.99, buckets)
-        if p50 and p99:
-            ratio = p99 / p50
-            v = grade(rule, ratio, int(turns), previous_of(ev.previous, rule, None),
-                      shown=f"P99/P50 {ratio:.1f}")
+        ratio = p99 / p50 if p50 and p99 else 0.0
+        v = judge(rule, ratio, int(turns), ev.previous, None, shown=f"P99/P50 {ratio:.1f}")
+        if v is None:
+            out.append(not_enough(rule, int(turns), f"TTFT tail ({scope})"))
+        elif p50 and p99:
             sev, why = v.severity, v.why
             if scope != "window" and sev > WARNING:  # since start mixes in warm-up and old
                 sev, why = WARNING, why + "; capped at WARNING: histogram since start"
@@ -132,8 +131,10 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         top = max(keys, key=lambda k: (load[k], k))
         subject = reader or f"block {top}"  # who read them not known: the hottest block
         share = load[top] / denom
-        v = grade(rule, share, reads[top], previous_of(ev.previous, rule, subject),
+        v = judge(rule, share, reads[top], ev.previous, subject,
                   shown=f"{pct(share)} of {basis} on its busiest copy")
+        if v is None:  # never: each of keys was read the rule's minimum times
+            continue
         # copied blocks under the hot share say how their reads spread (even beside a block
         # of the node still hot)
         out.extend(_cooled(ev, wf, [k for k in keys if load[k] / denom < rule.warn or
@@ -239,14 +240,13 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
             e = ev.engines[eid]
             over = [t > b for t, b in zip(tokens.get(eid, ()), beta, strict=False)]
             ob = RULES["over-beta"]
-            v = (grade(ob, sum(over) / len(over), len(over),
-                       previous_of(ev.previous, ob, f"engine {eid}"),
-                       shown=f"{pct(sum(over) / len(over))} of samples over beta")
-                 if len(over) >= ob.minimum else None)
+            share = sum(over) / len(over) if over else 0.0
+            v = judge(ob, share, len(over), ev.previous, f"engine {eid}",
+                      shown=f"{pct(share)} of samples over beta")
             if v is not None and v.severity:
                 out.append(Finding(
                     wf, v.severity, f"{engine_name(e)} over beta {tok_text(beta[-1])} tok in "
-                    f"{pct(sum(over) / len(over))} of samples", subject=f"engine {eid}",
+                    f"{pct(share)} of samples", subject=f"engine {eid}",
                     evidence={"engine": eid, "mean_tokens": mean_of(tokens[eid]),
                               "beta_tokens": beta[-1], "samples": len(over)},
                     cause="the scheduler keeps this engine overloaded",
@@ -268,17 +268,15 @@ def _slow_engines(ev: Evidence, wf: str) -> list[Finding]:
                 if med is not None and v >= SLOW_ENGINE_FACTOR * max(med, 0.5):
                     behind += 1
             se = RULES["slow-engine"]
-            if len(mine) < se.minimum:
-                continue
-            v = grade(se, behind / len(mine), len(mine),
-                      previous_of(ev.previous, se, f"engine {eid}"),
-                      shown=f"{pct(behind / len(mine))} of samples behind")
-            if v.severity:
+            behind_share = behind / len(mine) if mine else 0.0
+            v = judge(se, behind_share, len(mine), ev.previous, f"engine {eid}",
+                      shown=f"{pct(behind_share)} of samples behind")
+            if v is not None and v.severity:
                 util = mean_of(ev.engine_series("gpu_utilization").get(eid, ()))
                 out.append(Finding(
                     wf, v.severity, f"{engine_name(e)} holds {mean_of(mine):.1f} unfinished "
                     f"requests on average, >= {SLOW_ENGINE_FACTOR:g}x its {role} peers, in "
-                    f"{pct(behind / len(mine))} of samples",
+                    f"{pct(behind_share)} of samples",
                     subject=f"engine {eid}",
                     evidence={"engine": eid, "mean_seq": mean_of(mine),
                               "peers_median_seq": mean_of(medians[role]),
@@ -316,9 +314,9 @@ def _slow_service(ev: Evidence, wf: str) -> list[Finding]:
                    if len(means) <= 3 else role_med)
             if med <= 0:
                 continue
-            v = grade(rule, mean / med, n, previous_of(ev.previous, rule, f"engine {eid}"),
+            v = judge(rule, mean / med, n, ev.previous, f"engine {eid}",
                       shown=f"{mean / med:.1f}x its peers")
-            if not v.severity:
+            if v is None or not v.severity:
                 continue
             e = ev.engines[eid]
             out.append(Finding(

@@ -33,7 +33,7 @@ from dualpath_cli.diagnose.thresholds import (
     PD_QUEUE_MIN,
     SNIC_BUSY_MIN,
 )
-from dualpath_cli.diagnose.verdict import RULES, grade, previous_of
+from dualpath_cli.diagnose.verdict import RULES, Verdict, judge
 from dualpath_cli.telemetry.view import SchedulerView
 
 __all__ = ["scaling", "scheduler_cost", "role_busy"]
@@ -198,17 +198,15 @@ def scheduler_cost(ev: Evidence, wf: str = "scaling") -> list[Finding]:
             p99[kind] = q
     worst = max(p99, key=lambda k: p99[k]) if p99 else None
     load = p99[worst] * rate if worst is not None else None  # p99 over the arrival gap
-    verdicts = {}  # rule -> its verdict; the finding's grade is the worst of them
+    graded: dict[str, Verdict | None] = {}  # rule -> its verdict (None: too little evidence)
     if cores is not None:
-        rule = RULES["scheduler-cpu"]
-        verdicts[rule.name] = grade(rule, cores, len(ev.samples),
-                                    previous_of(ev.previous, rule, "scheduler"),
-                                    shown=f"{cores:.2f} cores")
+        graded["scheduler-cpu"] = judge(RULES["scheduler-cpu"], cores, len(ev.samples),
+                                        ev.previous, "scheduler", shown=f"{cores:.2f} cores")
     if load is not None and worst is not None:
-        rule = RULES["decision-p99"]
-        verdicts[rule.name] = grade(rule, load, calls[worst],
-                                    previous_of(ev.previous, rule, "scheduler"),
-                                    shown=f"p99 {load:.2f} of the arrival gap")
+        graded["decision-p99"] = judge(RULES["decision-p99"], load, calls[worst], ev.previous,
+                                       "scheduler", shown=f"p99 {load:.2f} of the arrival gap")
+    # the finding's grade is the worst of them
+    verdicts = {name: v for name, v in graded.items() if v is not None}
     severity = max((v.severity for v in verdicts.values()), default=OK)
     why = "; ".join(v.why for v in verdicts.values()) or None
     rule_name = max(verdicts, key=lambda r: verdicts[r].severity) if verdicts else None

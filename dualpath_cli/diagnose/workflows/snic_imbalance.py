@@ -29,7 +29,7 @@ from dualpath_cli.diagnose.thresholds import (
     SNIC_BUSY_MIN,
     SNIC_SATURATED,
 )
-from dualpath_cli.diagnose.verdict import RULES, Verdict, grade, not_enough, previous_of
+from dualpath_cli.diagnose.verdict import RULES, Verdict, judge, not_enough
 from dualpath_cli.telemetry.view import Decision
 
 __all__ = ["snic_imbalance", "change_reach_s"]
@@ -85,13 +85,11 @@ def _links(ev: Evidence, bw: dict[int, list[Any]], all_bw: dict[int, float],
         subject = f"node {name}"
         frac = b / expected if expected else 1.0
         counted = len(values_of(bw.get(n, ())))
-        if counted < rule.minimum:
+        v = judge(rule, frac, counted, ev.previous, subject, shown=f"{pct(frac)} of expected")
+        if v is None:
             if frac < rule.warn:
                 out.append(not_enough(rule, counted, f"{subject} storage NIC", subject))
-            continue
-        v = grade(rule, frac, counted, previous_of(ev.previous, rule, subject),
-                  shown=f"{pct(frac)} of expected")
-        if v.severity:
+        elif v.severity:
             out.append(_degraded_link(ev, n, role, b, expected, frac, all_bw, alpha, v))
     return out
 
@@ -126,12 +124,11 @@ def _store_latency(ev: Evidence) -> list[Finding]:
             continue
         name = node_name(nodes[n])
         subject = f"node {name}"
-        if reads < rule.minimum:
+        v = judge(rule, mean, reads, ev.previous, subject, shown=f"{mean * 1e3:.0f} ms mean")
+        if v is None:
             if mean >= rule.warn:
                 out.append(not_enough(rule, reads, f"{subject} store reads", subject))
             continue
-        v = grade(rule, mean, reads, previous_of(ev.previous, rule, subject),
-                  shown=f"{mean * 1e3:.0f} ms mean")
         if not v.severity:
             continue
         others = {node_name(nodes[m]): r[0] for m, r in window.items()
@@ -168,10 +165,9 @@ def _balance(ev: Evidence, role: str, ids: list[int],
     ratio = known[hot] / avg
     name = _name(ev, hot, role)
     counted = min(len(values_of(util.get(n, ()))) for n in known)
-    if counted < rule.minimum:
+    v = judge(rule, ratio, counted, ev.previous, f"node {name}", shown=f"Max/Avg {ratio:.2f}")
+    if v is None:
         return [not_enough(rule, counted, f"{role} storage NICs Max/Avg", f"node {name}")]
-    v = grade(rule, ratio, counted, previous_of(ev.previous, rule, f"node {name}"),
-              shown=f"Max/Avg {ratio:.2f}")
     sev = v.severity
     return [Finding(
         wf, sev, f"{role} storage NICs Max/Avg {ratio:.2f} over "
@@ -189,12 +185,10 @@ def _saturated(ev: Evidence, n: int, role: str, series: list[Any]) -> list[Findi
     rule = RULES["snic-saturated"]
     name = _name(ev, n, role)
     counted = len(values_of(series))
-    if counted < rule.minimum:
-        return []
     busy = share_of(series, lambda v: v >= SNIC_SATURATED)
-    v = grade(rule, busy, counted, previous_of(ev.previous, rule, f"node {name}"),
+    v = judge(rule, busy, counted, ev.previous, f"node {name}",
               shown=f"{pct(busy)} of samples saturated")
-    if not v.severity:
+    if v is None or not v.severity:
         return []
     return [Finding(
         "snic-imbalance", v.severity, f"node {name} storage NIC saturated (>= "
@@ -211,12 +205,10 @@ def _read_queue(ev: Evidence, n: int, role: str, series: list[Any],
     rule = RULES["read-queue"]
     name = _name(ev, n, role)
     over = [q > a for q, a in zip(series, alpha, strict=False) if q is not None]
-    if len(over) < rule.minimum:
-        return []
-    share = sum(over) / len(over)
-    v = grade(rule, share, len(over), previous_of(ev.previous, rule, f"node {name}"),
+    share = sum(over) / len(over) if over else 0.0
+    v = judge(rule, share, len(over), ev.previous, f"node {name}",
               shown=f"{pct(share)} of samples over alpha")
-    if not v.severity:
+    if v is None or not v.severity:
         return []
     sent = _reads_to_node(ev, n)
     total = len(ev.decisions)
@@ -432,11 +424,12 @@ def _misclassified(ev: Evidence, wf: str) -> list[Finding]:
     out = []
     rule = RULES["misclassified"]
     for eid, (total, bad) in sorted(per_engine.items()):
-        if eid not in engines or total < rule.minimum:
-            continue  # too few decisions of this PE to call a share of them
-        v = grade(rule, bad / total, total, previous_of(ev.previous, rule, f"engine {eid}"),
+        if eid not in engines:
+            continue
+        # None: too few decisions of this PE to call a share of them
+        v = judge(rule, bad / total, total, ev.previous, f"engine {eid}",
                   shown=f"{pct(bad / total)} contradicted")
-        if v.severity:
+        if v is not None and v.severity:
             e = engines[eid]
             out.append(Finding(
                 wf, v.severity, f"{engine_name(e)}: {bad} of {total} decisions classed it "

@@ -20,7 +20,7 @@ from typing import Any
 from dualpath_cli.diagnose.grading import CRITICAL, OK, WARNING, no_samples
 from dualpath_cli.diagnose.model import Evidence, Finding, node_name
 from dualpath_cli.diagnose.thresholds import STORE_READ_CRIT_MIN_READS
-from dualpath_cli.diagnose.verdict import RULES, grade, not_enough, previous_of
+from dualpath_cli.diagnose.verdict import RULES, judge, not_enough
 from dualpath_cli.storage.errors import WRITE_REFUSALS
 
 __all__ = ["store_health"]
@@ -75,13 +75,13 @@ def _read_errors(ev: Evidence, failed: dict[int, int], ok_reads: dict[int, int],
         tried = bad + ok_reads.get(node, 0) + corrupt.get(node, 0)
         name = _name(ev, node)
         subject = f"node {name}"
-        if tried < rule.minimum:
+        share = bad / tried
+        v = judge(rule, share, tried, ev.previous, subject,
+                  shown=f"{bad} of {tried} reads failed ({share:.0%})")
+        if v is None:
             out.append(not_enough(rule, tried, f"{subject}: {bad} of {tried} reads failed",
                                   subject))
             continue
-        share = bad / tried
-        v = grade(rule, share, tried, previous_of(ev.previous, rule, subject),
-                  shown=f"{bad} of {tried} reads failed ({share:.0%})")
         sev, why = v.severity, v.why
         if sev is CRITICAL and tried < STORE_READ_CRIT_MIN_READS:
             sev = WARNING
@@ -110,12 +110,11 @@ def _corrupt(ev: Evidence, corrupt: dict[int, int], samples: int) -> list[Findin
             continue
         name = _name(ev, node)
         subject = f"node {name}"
-        if samples < rule.minimum:
+        v = judge(rule, count, samples, ev.previous, subject, shown=f"{count} corrupt blocks")
+        if v is None:
             out.append(not_enough(rule, samples, f"{subject}: {count} corrupt blocks",
                                   subject))
             continue
-        v = grade(rule, count, samples, previous_of(ev.previous, rule, subject),
-                  shown=f"{count} corrupt blocks")
         if not v.severity:
             continue
         out.append(Finding(
@@ -146,11 +145,10 @@ def _writes(ev: Evidence, refused: dict[str, int], samples: int) -> list[Finding
         subject = f"node {name}"
         main = max(reasons, key=lambda r: reasons[r])
         title = f"{_REFUSED[main]} on node {name}: {total} write{'s' * (total != 1)} refused"
-        if samples < rule.minimum:
+        v = judge(rule, total, samples, ev.previous, subject, shown=f"{total} refused writes")
+        if v is None:
             out.append(not_enough(rule, samples, title, subject))
             continue
-        v = grade(rule, total, samples, previous_of(ev.previous, rule, subject),
-                  shown=f"{total} refused writes")
         if not v.severity:
             continue
         cause = {"full": "the store's file system is full (ENOSPC): new KV is not kept, so "
