@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psutil
 import pytest
@@ -25,6 +25,9 @@ from tiers import (  # noqa: F401 - the test tiers' hooks and guard, run from he
 )
 
 from dualpath_cli.api.listen import free_port
+
+if TYPE_CHECKING:
+    from dualpath_cli.api.fake import FakeClient
 
 T = TypeVar("T")
 
@@ -204,6 +207,30 @@ def clean_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DUALPATH_CONFIG_HOME", str(home))
     monkeypatch.setenv("DUALPATH_SYSTEM_CONFIG", str(tmp_path / "no-system.yaml"))
     return home
+
+
+@pytest.fixture()
+def fake_env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real cluster: nothing of the caller's setup (:func:`clean_config`), the URL and
+    token of the fake cluster (:func:`fake`) instead, and a terminal wide enough for tables."""
+    monkeypatch.setenv("DUALPATH_URL", "http://fake")
+    monkeypatch.setenv("DUALPATH_TOKEN", "fake-token")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture()
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    """The cluster the CLI connects to (``source.connect``): a FakeClient of one 2P4D view
+    (test_diagnose_rules.make_view(0)), no metrics. Imported here, not at the top: most test
+    runs need none of it."""
+    from test_diagnose_rules import make_view
+
+    from dualpath_cli.api.fake import FakeClient
+    from dualpath_cli.cli import source
+
+    client = FakeClient(make_view(0), metrics_text="")
+    monkeypatch.setattr(source, "connect", lambda ref, timeout: client)
+    return client
 
 
 def _launcher_fate(proc: subprocess.Popen[str]) -> str:

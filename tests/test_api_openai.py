@@ -15,29 +15,23 @@ import openai
 import pytest
 from conftest import wait_until
 from openai.types.chat import ChatCompletionMessageParam
-from openai_server import Served, serve, serve_new
+from openai_server import Served, serve, serve_processes, tiny_opts
 
 from dualpath_cli.api.openai_schema import ChatMessage, render_chat
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.tokenizer import ByteTokenizer
-from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.turns import TurnRequest
 from dualpath_cli.services.live import LiveCluster
 
 pytestmark = pytest.mark.e2e  # an API server over engine processes
 
-BT = 8
+BT = 8  # tiny_opts' block_tokens
 MODEL = "tiny"
-
-
-def _opts(**kw: Any) -> RuntimeOptions:
-    return RuntimeOptions(block_tokens=BT, flops_rate=5e9, fetch_s=0.005,
-                          heartbeat_timeout=10.0, **kw)  # a loaded CI box: no false deaths
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve_new(_opts(processes=True, store_dir=tmp_path_factory.mktemp("store"))) as s:
+    with serve_processes(tmp_path_factory.mktemp("store")) as s:
         yield s
 
 
@@ -47,7 +41,7 @@ def _client(s: Served, **kw: Any) -> openai.OpenAI:
 
 def _in_process(prompts: list[list[int]], gens: list[int]) -> list[list[int]]:
     """The same prompts as one agent's turns, run in-process through RuntimeSystem."""
-    with RuntimeSystem(_opts()) as system:
+    with RuntimeSystem(tiny_opts()) as system:
         return [system.submit(TurnRequest(0, i, np.asarray(p), g)).wait(60).tokens
                 for i, (p, g) in enumerate(zip(prompts, gens, strict=True))]
 
@@ -230,7 +224,7 @@ def test_concurrent_requests_are_all_served(served: Served) -> None:
     for t in threads:
         t.join(120)
     assert sorted(got) == list(range(8))
-    with RuntimeSystem(_opts()) as system:
+    with RuntimeSystem(tiny_opts()) as system:
         want = {k: system.submit(TurnRequest(k, 0, np.asarray(p), 4)).wait(60).tokens
                 for k, p in enumerate(prompts)}
     assert got == want
@@ -287,7 +281,7 @@ def test_models_lists_the_one_served_model(served: Served) -> None:
 
 
 def test_a_draining_cluster_answers_503_with_retry_after(tmp_path: Path) -> None:
-    live = LiveCluster(_opts())
+    live = LiveCluster(tiny_opts())
     live.start()
     try:
         with serve(live) as s:

@@ -18,13 +18,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from served_cluster import serve_with_token
 
-from dualpath_cli.api.app import create_app
-from dualpath_cli.api.auth import TokenAuth
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.core.layout import BlockKey, BlockShape, Namespace, prefix_keys
 from dualpath_cli.runtime.options import RuntimeOptions
-from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.storage import PosixStore, encode_block
 
 pytestmark = pytest.mark.e2e  # an API server over a live cluster
@@ -62,16 +59,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root, replica, outside = base / "kv", base / "replica", base / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("not the store's\n")
-    live = LiveCluster(RuntimeOptions(block_tokens=8, heartbeat_timeout=SLOW_HOST_S,
-                                      store_dir=root, replica_dirs=(replica,)))
-    live.start()
-    auth = TokenAuth.generate(base / "run" / "token")
-    try:
-        with ServerThread(create_app(live, auth)) as server:
-            yield Served(server.url, {"Authorization": f"Bearer {auth.token}"}, root,
-                         replica, outside, auth.token)
-    finally:
-        live.drain(10)
+    opts = RuntimeOptions(block_tokens=8, heartbeat_timeout=SLOW_HOST_S, store_dir=root,
+                          replica_dirs=(replica,))
+    with serve_with_token(opts, base / "run" / "token") as s:
+        token = s.auth.token
+        yield Served(s.url, {"Authorization": f"Bearer {token}"}, root, replica, outside, token)
 
 
 def _one_line_4xx(response: httpx.Response) -> None:

@@ -13,13 +13,12 @@ import openai
 import pytest
 from fastapi import FastAPI
 from openai.types.chat import ChatCompletionMessageParam
-from openai_server import Served, serve_new
+from openai_server import Served, serve_new, tiny_opts
 from typer.testing import CliRunner
 
 from dualpath_cli.api import openai_routes
 from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import app
-from dualpath_cli.runtime.options import RuntimeOptions
 
 pytestmark = pytest.mark.e2e  # an API server on loopback
 
@@ -28,9 +27,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    opts = RuntimeOptions(block_tokens=8, flops_rate=5e9, fetch_s=0.005,
-                          heartbeat_timeout=10.0)
-    with serve_new(opts) as s:
+    with serve_new(tiny_opts()) as s:
         yield s
 
 

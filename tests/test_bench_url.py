@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from openai_server import Served, serve_new
+from openai_server import Served, serve_processes, tiny_opts
 
 from dualpath_cli.cli.app import main
 from dualpath_cli.cluster.system import RuntimeSystem
-from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.runtime.workloads import agentic_workload
 from dualpath_cli.services.remote_runner import run_agents_remote
 from dualpath_cli.services.runner import run_agents
@@ -23,14 +21,9 @@ pytestmark = pytest.mark.e2e  # an API server over engine processes
 AGENTS = agentic_workload(3, turns=3, first_append=40, append=12, gen=4, seed=5)
 
 
-def _opts(**kw: Any) -> RuntimeOptions:
-    return RuntimeOptions(block_tokens=8, flops_rate=5e9, fetch_s=0.005,
-                          heartbeat_timeout=10.0, **kw)  # a loaded CI box: no false deaths
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve_new(_opts(processes=True, store_dir=tmp_path_factory.mktemp("store"))) as s:
+    with serve_processes(tmp_path_factory.mktemp("store")) as s:
         yield s
 
 
@@ -41,7 +34,7 @@ def test_remote_run_hits_each_agents_chain_and_matches_in_process(served: Served
     for t in run.turns:
         assert t.ttft > 0 and t.latency >= t.ttft and len(t.tokens) == 4
         assert (t.cached > 0) == (t.turn > 0)  # every later turn hits its own agent's KV
-    with RuntimeSystem(_opts()) as system:
+    with RuntimeSystem(tiny_opts()) as system:
         local = run_agents(system, AGENTS, timeout=60)
     assert run.tokens_by_turn() == local.tokens_by_turn()
     assert {(t.agent, t.turn): t.cached for t in run.turns} == {

@@ -5,31 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from test_diagnose_rules import make_view
 
 from dualpath_cli.api.fake import FakeClient
-from dualpath_cli.cli import source
 from dualpath_cli.cli.app import main
 from dualpath_cli.cli.faults_cmd import fault_line
 from dualpath_cli.faultspec import Fault
 
-
-@pytest.fixture(autouse=True)
-def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DUALPATH_URL", "http://fake")
-    monkeypatch.setenv("DUALPATH_TOKEN", "fake-token")
-    monkeypatch.setenv("COLUMNS", "200")
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    client = FakeClient(make_view(0), metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda ref, timeout: client)
-    return client
+pytestmark = pytest.mark.usefixtures("fake_env")  # conftest: the fake cluster's URL, token
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> Any:

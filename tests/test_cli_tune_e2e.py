@@ -9,11 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from served_cluster import serve_with_token
 from test_api_server import run_turns
 
-from dualpath_cli.api.app import create_app
-from dualpath_cli.api.auth import TokenAuth
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
@@ -24,16 +22,11 @@ pytestmark = pytest.mark.e2e  # an API server and the CLI as a subprocess
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster, str, str]]:
-    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=8))
-    live.start()
-    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
-    try:
-        with ServerThread(create_app(live, auth, gpu=FakeGpuBackend(()))) as server:
-            for agent in range(3):
-                run_turns(live, f"agent-{agent}", 4, seed=agent + 1)
-            yield live, server.url, auth.token
-    finally:
-        live.drain(10)
+    with serve_with_token(RuntimeOptions(policy="round-robin", block_tokens=8),
+                          tmp_path_factory.mktemp("run") / "token", FakeGpuBackend(())) as s:
+        for agent in range(3):
+            run_turns(s.live, f"agent-{agent}", 4, seed=agent + 1)
+        yield s.live, s.url, s.auth.token
 
 
 @pytest.fixture(autouse=True)

@@ -24,20 +24,7 @@ from dualpath_cli.services.tuning import (
 )
 from dualpath_cli.telemetry.view import AuditEntry, ClusterView
 
-
-@pytest.fixture(autouse=True)
-def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No real cluster: nothing of the caller's setup, the fake's URL and token instead."""
-    monkeypatch.setenv("DUALPATH_URL", "http://fake")
-    monkeypatch.setenv("DUALPATH_TOKEN", "fake-token")
-    monkeypatch.setenv("COLUMNS", "200")
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    client = FakeClient(make_view(0), metrics_text="")
-    monkeypatch.setattr(source, "connect", lambda ref, timeout: client)
-    return client
+pytestmark = pytest.mark.usefixtures("fake_env")  # conftest: the fake cluster's URL, token
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> dict[str, Any]:

@@ -6,13 +6,14 @@ is a crash loop: the engine stays down, one CRITICAL line, a CRITICAL membership
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.diagnose.grading import CRITICAL
 from dualpath_cli.diagnose.workflows.membership import membership
 from dualpath_cli.runtime.options import RuntimeOptions
+from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.services.runner import RunResult, TurnRecord, run_agents
 
 pytestmark = pytest.mark.e2e  # engine processes
@@ -115,16 +117,26 @@ def test_five_deaths_in_a_minute_is_a_crash_loop_that_stays_down(
 
 
 # -- fault-matrix rows (bench/reliability.py --faults) ---------------------------------------
-def _restart_pe(tmp: Path) -> FaultRow:
-    """kill -9 the only PE of 1P2D while it holds turns: it restarts, nothing is lost."""
-    store = tmp / "store"
-    t_start = time.monotonic()
-    with _cluster(_opts(store, prefill_nodes=1)) as live:
+@contextlib.contextmanager
+def _under_load(store: Path, **kw: Any) -> Iterator[
+        tuple[LiveCluster, LocalCluster, Sessions, list[threading.Thread]]]:
+    """The fault matrix's cluster (``_opts(store, **kw)``) with every agent's first turn
+    served and its next two running: the cluster, its engine processes, the sessions and
+    their threads."""
+    with _cluster(_opts(store, **kw)) as live:
         s = Sessions(live)
         s.run(range(0, 1))
         threads = s.start(range(1, 3))
         cluster = live.system.cluster
         assert isinstance(cluster, LocalCluster)
+        yield live, cluster, s, threads
+
+
+def _restart_pe(tmp: Path) -> FaultRow:
+    """kill -9 the only PE of 1P2D while it holds turns: it restarts, nothing is lost."""
+    store = tmp / "store"
+    t_start = time.monotonic()
+    with _under_load(store, prefill_nodes=1) as (live, cluster, s, threads):
         victim = _busy_engine(live, "prefill")
         t0 = time.monotonic()
         os.kill(cluster.pid(victim), signal.SIGKILL)
@@ -143,12 +155,7 @@ def _crash_loop_pe(tmp: Path) -> FaultRow:
     finding names it, and the other PE serves every turn."""
     store = tmp / "store"
     t_start = time.monotonic()
-    with _cluster(_opts(store, restart_backoff_s=0.01)) as live:
-        s = Sessions(live)
-        s.run(range(0, 1))
-        threads = s.start(range(1, 3))
-        cluster = live.system.cluster
-        assert isinstance(cluster, LocalCluster)
+    with _under_load(store, restart_backoff_s=0.01) as (live, cluster, s, threads):
         sup = live.system.supervisor
         victim = _busy_engine(live, "prefill")
         t0 = time.monotonic()

@@ -15,14 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from served_cluster import serve_with_token
 from typer.testing import CliRunner
 
-from dualpath_cli.api.app import create_app
-from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.errors import Rejected
 from dualpath_cli.api.fake import FakeClient
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import app
 from dualpath_cli.diagnose.explain import explain_request, render_story, side_reason
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -40,29 +38,24 @@ BT = 8
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[LiveCluster, DualPathClient, dict[str, Decision]]]:
-    live = LiveCluster(RuntimeOptions(policy="round-robin", block_tokens=BT,
-                                      heartbeat_timeout=30.0))
-    live.start()
-    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
-    gpu = UnavailableGpu("no GPU in this test")
-    try:
-        with ServerThread(create_app(live, auth, gpu=gpu)) as server, \
-                DualPathClient(server.url, auth.token, timeout=30) as client:
-            prompt = [(i * 7) % 250 + 1 for i in range(41)]
-            picked: dict[str, Decision] = {}
-            for turn in range(3):
-                if turn == 2:
-                    client.update_scheduler(read_side="split")
-                ticket = live.submit(prompt, 3, "s1")
-                result = ticket.wait(120)
-                live.done(ticket)
-                d = client.decisions()[-1]
-                picked[{0: "none", 1: "de", 2: "split"}[turn]] = d
-                prompt = prompt + list(result.tokens) + [(turn * 13 + i) % 250 + 1
-                                                         for i in range(24)]
-            yield live, client, picked
-    finally:
-        live.drain(10)
+    opts = RuntimeOptions(policy="round-robin", block_tokens=BT, heartbeat_timeout=30.0)
+    with serve_with_token(opts, tmp_path_factory.mktemp("run") / "token",
+                          UnavailableGpu("no GPU in this test")) as s, \
+            DualPathClient(s.url, s.auth.token, timeout=30) as client:
+        live = s.live
+        prompt = [(i * 7) % 250 + 1 for i in range(41)]
+        picked: dict[str, Decision] = {}
+        for turn in range(3):
+            if turn == 2:
+                client.update_scheduler(read_side="split")
+            ticket = live.submit(prompt, 3, "s1")
+            result = ticket.wait(120)
+            live.done(ticket)
+            d = client.decisions()[-1]
+            picked[{0: "none", 1: "de", 2: "split"}[turn]] = d
+            prompt = prompt + list(result.tokens) + [(turn * 13 + i) % 250 + 1
+                                                     for i in range(24)]
+        yield live, client, picked
 
 
 def test_de_side_read_names_the_side_and_its_queues(

@@ -13,13 +13,12 @@ import httpx
 import msgpack
 import pytest
 from conftest import wait_until
+from served_cluster import serve_with_token
 
-from dualpath_cli.api.app import create_app
 from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.client import DualPathClient
 from dualpath_cli.api.errors import Forbidden, Rejected, Unauthorized
 from dualpath_cli.api.fake import FakeClient
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.faultspec import Fault, FaultError, parse_fault, parse_faults
 from dualpath_cli.runtime.hbm import HbmPool
 from dualpath_cli.runtime.options import RuntimeOptions
@@ -119,16 +118,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveClust
                                                                         str]]:
     # basic: the PE (node 0) reads every hit block through node 0's storage NIC, shaped to
     # 400 KB/s so a 6-block hit (about 50 KB) takes ~0.12 s to read
-    live = LiveCluster(RuntimeOptions(policy="basic", prefill_nodes=1, decode_nodes=1,
-                                      block_tokens=8, hbm_blocks=64, snic_bw=400e3,
-                                      heartbeat_timeout=SLOW_HOST_S))
-    live.start()
-    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
-    try:
-        with ServerThread(create_app(live, auth)) as server:
-            yield live, auth, server.url
-    finally:
-        live.drain(10)
+    opts = RuntimeOptions(policy="basic", prefill_nodes=1, decode_nodes=1, block_tokens=8,
+                          hbm_blocks=64, snic_bw=400e3, heartbeat_timeout=SLOW_HOST_S)
+    with serve_with_token(opts, tmp_path_factory.mktemp("run") / "token") as s:
+        yield s.live, s.auth, s.url
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from served_cluster import serve_with_token
 from test_api_server import run_turns
 
-from dualpath_cli.api.app import create_app
-from dualpath_cli.api.auth import TokenAuth
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services.live import LiveCluster
 from dualpath_cli.telemetry.gpu import FakeGpuBackend
@@ -31,15 +29,10 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster, str]]:
-    live = LiveCluster(RuntimeOptions(policy="dualpath", block_tokens=8))
-    live.start()
-    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
-    try:
-        with ServerThread(create_app(live, auth, gpu=FakeGpuBackend(()))) as server:
-            run_turns(live, "warm", 3)
-            yield live, server.url
-    finally:
-        live.drain(10)
+    with serve_with_token(RuntimeOptions(policy="dualpath", block_tokens=8),
+                          tmp_path_factory.mktemp("run") / "token", FakeGpuBackend(())) as s:
+        run_turns(s.live, "warm", 3)
+        yield s.live, s.url
 
 
 def _run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 from conftest import CLI, run_cli, wait_until
+from served_cluster import serve_with_token
 from test_api_server import run_turns
 
-from dualpath_cli.api.app import create_app
-from dualpath_cli.api.auth import TokenAuth
 from dualpath_cli.api.listen import free_port
-from dualpath_cli.api.server import ServerThread
 from dualpath_cli.cli.app import main
 from dualpath_cli.runtime.options import RuntimeOptions
 from dualpath_cli.services import statefile
@@ -41,15 +39,10 @@ pytestmark = pytest.mark.e2e  # an API server, the recorder and a launcher stand
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveCluster, str]]:
-    live = LiveCluster(RuntimeOptions(policy="dualpath", block_tokens=8))
-    live.start()
-    auth = TokenAuth.generate(tmp_path_factory.mktemp("run") / "token")
-    try:
-        with ServerThread(create_app(live, auth, gpu=FakeGpuBackend(()))) as server:
-            run_turns(live, "warm", 2)
-            yield live, server.url
-    finally:
-        live.drain(10)
+    with serve_with_token(RuntimeOptions(policy="dualpath", block_tokens=8),
+                          tmp_path_factory.mktemp("run") / "token", FakeGpuBackend(())) as s:
+        run_turns(s.live, "warm", 2)
+        yield s.live, s.url
 
 
 def _recorded(path: Path) -> int:
