@@ -1,6 +1,7 @@
 """Request size limit: a body larger than the limit is refused with 413 before a handler reads it.
 
-A plain ASGI middleware (no Starlette base class, so streaming responses pass untouched):
+A plain ASGI middleware (api/asgi.py; no Starlette base class, so streaming responses pass
+untouched):
 a declared ``Content-Length`` over the limit is answered at once; a body sent without one
 (chunked) is counted as it arrives and cut off at the limit. The limit is
 ``dualpath_cli.limits`` ``request_bytes`` (16 MiB: a 65,536-token prompt as JSON token ids is
@@ -9,21 +10,12 @@ under 1 MiB), raised with ``DUALPATH_LIMIT_REQUEST_BYTES``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
 from starlette.exceptions import HTTPException
 
+from dualpath_cli.api.asgi import ASGIApp, Message, Receive, Scope, Send, WatchedSend, send_json
 from dualpath_cli.limits import LIMITS, limit_value
 
 __all__ = ["BodyLimit"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class _TooLarge(HTTPException):
@@ -46,12 +38,7 @@ class BodyLimit:
                 f"{LIMITS['request_bytes'].env_var})")
 
     async def _refuse(self, send: Send, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, status, {"detail": detail}, [(b"connection", b"close")])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +55,6 @@ class BodyLimit:
                     await self._refuse(send, 413, self._detail())
                     return
         received = 0
-        started = False
 
         async def counted() -> Message:
             nonlocal received
@@ -79,14 +65,9 @@ class BodyLimit:
                     raise _TooLarge(self._detail())
             return message
 
-        async def watched(message: Message) -> None:
-            nonlocal started
-            if message.get("type") == "http.response.start":
-                started = True
-            await send(message)
-
+        answer = WatchedSend(send)
         try:
-            await self.app(scope, counted, watched)
+            await self.app(scope, counted, answer)
         except _TooLarge:
-            if not started:
+            if not answer.started:
                 await self._refuse(send, 413, self._detail())

@@ -5,30 +5,23 @@ re-raises it, so uvicorn closes the connection: the next request a keep-alive cl
 on it is reset (issue 34 item 3). This middleware sits inside that one, logs the bug once,
 answers ``{"detail": "internal error: ..."}`` with 500 when no answer has started, and does
 not re-raise, so one bad request costs only its own answer. A plain ASGI middleware, like
-the others in this package.
+the others in this package (api/asgi.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from dualpath_cli.api.asgi import ASGIApp, Receive, Scope, Send, WatchedSend, send_json
 
 __all__ = ["ContainErrors"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("dualpath.api")
 
 
-def _detail(err: BaseException) -> bytes:
+def _detail(err: BaseException) -> str:
     text = " ".join(f"internal error: {type(err).__name__}: {err}".split())
-    return json.dumps({"detail": text[:1000]}).encode()
+    return text[:1000]
 
 
 class ContainErrors:
@@ -42,27 +35,13 @@ class ContainErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = ended = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started, ended
-            if message.get("type") == "http.response.start":
-                started = True
-            elif message.get("type") == "http.response.body" and not message.get(
-                    "more_body", False):
-                ended = True
-            await send(message)
-
+        answer = WatchedSend(send)
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, receive, answer)
         except Exception as err:  # the one place a bug becomes a 500
             log.exception("unhandled error in a request")
-            if ended:  # the answer went out whole: the connection is fine
+            if answer.ended:  # the answer went out whole: the connection is fine
                 return
-            if started:  # half an answer is out: only closing the connection ends it
+            if answer.started:  # half an answer is out: only closing the connection ends it
                 raise
-            body = _detail(err)
-            await send({"type": "http.response.start", "status": 500,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await send_json(send, 500, {"detail": _detail(err)})

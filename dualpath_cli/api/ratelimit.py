@@ -20,22 +20,16 @@ Pure standard library, like ``bodylimit.py``: a plain ASGI middleware, streaming
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
+from dualpath_cli.api.asgi import ASGIApp, Receive, Scope, Send, send_json
 from dualpath_cli.limits import LIMITS, limit_value
 
 __all__ = ["RateLimit", "READ_FACTOR", "MAX_CLIENTS", "DEFAULT_RATE", "rate_in_force"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Requests per second per client address when nothing says otherwise.
 DEFAULT_RATE = 5000.0
@@ -123,12 +117,7 @@ class RateLimit:
                                                  "code": "rate_limit_exceeded"}}
         else:
             payload = {"detail": message}
-        body = json.dumps(payload).encode()
-        await send({"type": "http.response.start", "status": 429,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"retry-after", str(retry).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 429, payload, [(b"retry-after", str(retry).encode())])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.on or scope["type"] != "http":

@@ -4,27 +4,20 @@ Why: an operator correlating a client's log with the server's wants one id per e
 OpenAI route answers a turn with the scheduler's request id (api/openai_routes.py); every
 other answer (and a refusal before a turn was admitted) gets the client's own
 ``x-request-id`` back when it sent a usable one, else a generated ``req-<16 hex>`` (never
-digits only, so it is not mistaken for a scheduler's id). A plain ASGI middleware (no
-Starlette base class): streaming responses pass untouched, and it costs a header look-up.
+digits only, so it is not mistaken for a scheduler's id). A plain ASGI middleware
+(api/asgi.py): streaming responses pass untouched, and it costs a header look-up.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
+from dualpath_cli.api.asgi import ASGIApp, Message, Receive, Scope, Send, WatchedSend
 from dualpath_cli.telemetry.request_ids import valid_alias
 
 __all__ = ["RequestIdHeader", "HEADER"]
 
 HEADER = b"x-request-id"
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _client_id(scope: Scope) -> bytes | None:
@@ -49,12 +42,10 @@ class RequestIdHeader:
             await self.app(scope, receive, send)
             return
 
-        async def tagged(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                headers = list(message.get("headers", ()))
-                if not any(name.lower() == HEADER for name, _ in headers):
-                    rid = _client_id(scope) or f"req-{secrets.token_hex(8)}".encode()
-                    message["headers"] = [*headers, (HEADER, rid)]
-            await send(message)
+        def tag(start: Message) -> None:
+            headers = list(start.get("headers", ()))
+            if not any(name.lower() == HEADER for name, _ in headers):
+                rid = _client_id(scope) or f"req-{secrets.token_hex(8)}".encode()
+                start["headers"] = [*headers, (HEADER, rid)]
 
-        await self.app(scope, receive, tagged)
+        await self.app(scope, receive, WatchedSend(send, on_start=tag))
