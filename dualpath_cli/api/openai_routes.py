@@ -108,6 +108,16 @@ MAX_TOKENS_LIMIT = 1024
 TURN_TIMEOUT_S = 600.0
 """A turn that has not finished after this long is answered 504."""
 
+# The headers both turn routes read (their descriptions are the OpenAPI docs'). Module
+# level: FastAPI resolves a route's annotations among the module's names.
+SessionHeader = Annotated[str | None, Header(description=(
+    "Session key: one session is one agent's prefix chain."))]
+IdempotencyHeader = Annotated[str | None, Header(description=(
+    "Names this turn: a resubmission gets the same turn's answer."))]
+ClientIdHeader = Annotated[str | None, Header(description=(
+    "Your own id for this turn (1-200 printable characters, not all digits): kept as an "
+    "alias, so dualpath explain finds the turn by it."))]
+
 
 @dataclass
 class _Served:
@@ -291,13 +301,9 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             responses=ERRORS | {200: {"content": SSE}})
     async def completions(
             body: CompletionRequest,
-            x_session_id: Annotated[str | None, Header(description=(
-                "Session key: one session is one agent's prefix chain."))] = None,
-            idempotency_key: Annotated[str | None, Header(description=(
-                "Names this turn: a resubmission gets the same turn's answer."))] = None,
-            x_request_id: Annotated[str | None, Header(description=(
-                "Your own id for this turn (1-200 printable characters, not all digits): "
-                "kept as an alias, so dualpath explain finds the turn by it."))] = None,
+            x_session_id: SessionHeader = None,
+            idempotency_key: IdempotencyHeader = None,
+            x_request_id: ClientIdHeader = None,
     ) -> Response:
         """Complete one prompt (text or token ids) greedily; ``stream`` for SSE chunks."""
         p = body.prompt  # one prompt after validation: text or token ids
@@ -332,13 +338,9 @@ def router(live: LiveCluster, *, max_tokens_limit: int = MAX_TOKENS_LIMIT,
             responses=ERRORS | {200: {"content": SSE}})
     async def chat_completions(
             body: ChatCompletionRequest,
-            x_session_id: Annotated[str | None, Header(description=(
-                "Session key: one session is one agent's prefix chain."))] = None,
-            idempotency_key: Annotated[str | None, Header(description=(
-                "Names this turn: a resubmission gets the same turn's answer."))] = None,
-            x_request_id: Annotated[str | None, Header(description=(
-                "Your own id for this turn (1-200 printable characters, not all digits): "
-                "kept as an alias, so dualpath explain finds the turn by it."))] = None,
+            x_session_id: SessionHeader = None,
+            idempotency_key: IdempotencyHeader = None,
+            x_request_id: ClientIdHeader = None,
     ) -> Response:
         """Reply to ``messages`` (rendered by the chat template) greedily."""
         tokens = encode(render_chat(body.messages))
