@@ -163,6 +163,14 @@ class JoinService:
             self._next_node = max(self._next_node, int(state.get("next_node", 0)))
             self._next_eid = max(self._next_eid, int(state.get("next_eid", 0)))
 
+    def _joined(self, name: str) -> JoinPlan:
+        """Node ``name``'s plan; a :class:`UsageError` when no node of that name joined."""
+        with self._lock:
+            plan = self._nodes.get(name)
+        if plan is None:
+            raise UsageError(f"no node {name!r} joined this cluster")
+        return plan
+
     def leave(self, name: str, drain_s: float = LEAVE_DRAIN_S) -> int:
         """Take node ``name`` out of scheduling: no new turns now, ``left`` once it finished
         its turns (at most ``drain_s``; then the rest are re-queued); engines taken.
@@ -170,10 +178,7 @@ class JoinService:
         Raises:
             UsageError: no node of that name.
         """
-        with self._lock:
-            plan = self._nodes.get(name)
-        if plan is None:
-            raise UsageError(f"no node {name!r} joined this cluster")
+        plan = self._joined(name)
         self.system.scheduler.drain_engines(list(plan.engine_ids), drain_s)
         return len(plan.engine_ids)
 
@@ -184,10 +189,7 @@ class JoinService:
         Raises:
             UsageError: no node of that name.
         """
-        with self._lock:
-            plan = self._nodes.get(name)
-        if plan is None:
-            raise UsageError(f"no node {name!r} joined this cluster")
+        plan = self._joined(name)
         sched = self.system.scheduler
         known = sched.engine_states()  # one consistent read
         # an engine missing here was not restored (it had not said hello when the
