@@ -168,6 +168,14 @@ def _number(kind: str, key: str, text: str) -> float:
     return value
 
 
+def _share(kind: str, key: str, text: str) -> float:
+    """``key``'s value, a share in (0, 1]."""
+    value = _number(kind, key, text)
+    if not 0 < value <= 1:
+        raise FaultError(f"fault {kind}: {key}={text} must be in (0, 1]")
+    return value
+
+
 def _whole(kind: str, key: str, text: str, low: int) -> int:
     value = _number(kind, key, text)
     if not value.is_integer() or value < low:
@@ -211,10 +219,7 @@ def parse_fault(spec: str) -> Fault:
     at = _whole(kind, target, given[target], 0)
     fault = Fault(kind, node=at) if target == "node" else Fault(kind, engine=at)
     if kind == "snic_throttle":
-        f = _number(kind, "fraction", given["fraction"])
-        if not 0 < f <= 1:
-            raise FaultError(f"fault {kind}: fraction={given['fraction']} must be in (0, 1]")
-        fault = replace(fault, fraction=f)
+        fault = replace(fault, fraction=_share(kind, "fraction", given["fraction"]))
     elif kind == "read_latency":
         try:
             lat = parse_duration(given["latency"])
@@ -225,10 +230,7 @@ def parse_fault(spec: str) -> Fault:
                              "at most 10s")
         fault = replace(fault, latency_s=lat)
     elif kind == "read_errors":
-        r = _number(kind, "rate", given["rate"])
-        if not 0 < r <= 1:
-            raise FaultError(f"fault {kind}: rate={given['rate']} must be in (0, 1]")
-        fault = replace(fault, rate=r)
+        fault = replace(fault, rate=_share(kind, "rate", given["rate"]))
     elif kind == "hot_blocks":
         from dualpath_cli.core.layout import KEY_BYTES  # numpy: only where a key is checked
 
