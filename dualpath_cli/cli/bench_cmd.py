@@ -127,6 +127,21 @@ def render_bench(report: BenchReport, console: Console, online: bool) -> None:
                       "runs", highlight=False)
 
 
+def _print_trace_hits(report: BenchReport, trajectories: Any, block_tokens: int) -> None:
+    """The runtime's prefix hits (its scheduler's store lookups) next to what one global
+    store of the trace's blocks holds (workload.prefix_store, as ``trace stats``)."""
+    from dualpath_cli.workload.stats import trace_stats
+
+    expected = trace_stats(trajectories, block_tokens)
+    stdout.print("prefix hits (share of prompt tokens found in the store): " + ", ".join(
+        f"{p.policy} {p.hit_ratio:.1%}" for p in report.policies)
+        + f"; the trace's global store {expected.hit_ratio:.1%}", highlight=False)
+    stdout.print("hits across conversations: " + ", ".join(
+        f"{p.policy} {p.cross_conversation_hit_share:.1%}" for p in report.policies)
+        + f"; the trace's global store {expected.cross_conversation_hit_share:.1%}",
+        highlight=False)
+
+
 def _render(report: BenchReport, online: bool) -> None:
     render_bench(report, stdout, online)
 
@@ -194,10 +209,13 @@ def bench(
     if token_file is not None and url is None and port is None:
         raise UsageError("--token-file is for a launched cluster (--url or --port); the "
                          "in-process bench needs no token")
+    block_tokens = 512  # tokens one id of a trace's block chains covers (its header's)
     if trace is not None:
         from dualpath_cli.workload.mooncake_link import read_agent_trace
 
-        trajectories = list(read_agent_trace(trace)[0].trajectories)[:agents]
+        replayed = read_agent_trace(trace)[0]
+        trajectories = list(replayed.trajectories)[:agents]
+        block_tokens = replayed.header.block_tokens
     else:
         trajectories = agentic_workload(agents, turns=turns)
     if url is not None or port is not None:
@@ -208,7 +226,7 @@ def bench(
                  "--config": config, "--set": overrides}
         bench_url(ClusterRef(url, port, token_file), trajectories, aps=aps,
                   slo_scale=slo_scale, as_json=as_json,
-                  refused=[k for k, v in given.items() if v])
+                  refused=[k for k, v in given.items() if v], block_tokens=block_tokens)
         return
     sets = list(overrides or [])
     if pd is not None:
@@ -221,7 +239,8 @@ def bench(
     if calibration is not None and calibrate == "oracle":
         stderr.print("calibrating: the oracle (compute only) runs first", highlight=False)
         loaded, _, calibration, oracle = calibrate_by_oracle(
-            trajectories, base, root, preset=preset, config_file=config, sets=sets)
+            trajectories, base, root, preset=preset, config_file=config, sets=sets,
+            block_tokens=block_tokens)
         base = options_from_config(loaded, processes=True)
         if aps is None:  # offline: the calibration run is the oracle row
             done["oracle"] = oracle
@@ -242,15 +261,13 @@ def bench(
 
         report = run_bench(names, base, trajectories, root,
                            aps=aps, slo=SLO(scale=slo_scale), on_turn=on_turn,
-                           calibration=calibration, done=done)
+                           calibration=calibration, done=done, block_tokens=block_tokens)
     if as_json:
         emit_json(report.to_dict())
     else:
         _render(report, online=aps is not None)
         if trace is not None:  # a global KV store's view of the trace's prefix hits
-            stdout.print("hits across conversations: " + ", ".join(
-                f"{p.policy} {p.cross_conversation_hit_share:.1%}" for p in report.policies),
-                highlight=False)
+            _print_trace_hits(report, trajectories, block_tokens)
     failed = [f"{p.policy}: {p.errors[-1]}" for p in report.policies if p.errors]
     if failed:  # results above are partial: say so in the exit code and one line
         from dualpath_cli.errors import DualPathError

@@ -60,11 +60,13 @@ def _render(report: BenchReport, online: bool) -> None:
 
 
 def bench_url(ref: ClusterRef, trajectories: Sequence[Trajectory], *, aps: float | None,
-              slo_scale: float, as_json: bool, refused: Sequence[str] = ()) -> None:
+              slo_scale: float, as_json: bool, refused: Sequence[str] = (),
+              block_tokens: int = 512) -> None:
     """Drive the cluster ``ref`` names with ``trajectories`` and print the report.
 
     ``refused``: options given that only an in-process bench can honour (named in the
-    error). Exits through :class:`DualPathError` when no turn succeeded.
+    error); ``block_tokens``: tokens one id of the trajectories' block chains covers. Exits through
+    :class:`DualPathError` when no turn succeeded.
     """
     from dualpath_cli.cli.source import resolve
     from dualpath_cli.services.remote_runner import run_bench_remote
@@ -86,7 +88,8 @@ def bench_url(ref: ClusterRef, trajectories: Sequence[Trajectory], *, aps: float
             progress.update(task, advance=1)
 
         report = run_bench_remote(url, trajectories, token=target.token, aps=aps,
-                                  slo=SLO(scale=slo_scale), on_turn=on_turn)
+                                  slo=SLO(scale=slo_scale), on_turn=on_turn,
+                                  block_tokens=block_tokens)
     if as_json:
         emit_json(report.to_dict())
     else:

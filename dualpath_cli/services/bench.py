@@ -50,6 +50,7 @@ from dualpath_cli.storage.header import file_nbytes
 from dualpath_cli.telemetry.hostload import ForeignCpu
 from dualpath_cli.termination import temp_dir
 from dualpath_cli.units import parse_bandwidth
+from dualpath_cli.workload.trace_format import DEFAULT_BLOCK_TOKENS
 from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["REGIME_MULTIPLE", "BENCH_FETCH", "SLO", "PolicyReport", "BenchReport",
@@ -129,17 +130,31 @@ class PolicyReport:
     """Corrupt blocks moved aside during the run; kept under ``quarantine_dir``."""
     quarantine_dir: str | None = None
     shared_cached_tokens: int = 0
-    """Cached tokens of first turns: an agent has no earlier turn, so these hits are blocks
-    another conversation stored (a shared system prompt), as a global KV store sees them."""
+    """Cached tokens another conversation stored: hit blocks past the agent's own stored
+    chain, as the runtime's scheduler counts them
+    (``dualpath_kv_cross_conversation_hit_tokens_total``; a shared system prompt, a forked
+    conversation), as a global KV store sees them."""
+    prompt_tokens: int = 0
+    """Prompt tokens the scheduler looked up in the store
+    (``dualpath_kv_requested_tokens_total{tier="store"}``)."""
+    hit_tokens: int = 0
+    """Of those, the tokens it found there (``dualpath_kv_hit_tokens_total{tier="store"}``):
+    whole blocks of the runtime's size, one token of a prompt always computed."""
 
     @property
     def cross_conversation_hit_share(self) -> float:
         """Share of cached tokens another conversation stored (0 when nothing hit)."""
         return self.shared_cached_tokens / self.cached_tokens if self.cached_tokens else 0.0
 
+    @property
+    def hit_ratio(self) -> float:
+        """Share of looked-up prompt tokens the store held (0 when none looked up)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {**asdict(self), "cross_conversation_hit_share": self.cross_conversation_hit_share}
+        return {**asdict(self), "cross_conversation_hit_share": self.cross_conversation_hit_share,
+                "hit_ratio": self.hit_ratio}
 
 
 @dataclass
@@ -393,6 +408,7 @@ def calibrate_by_oracle(trajectories: Sequence[Trajectory], base: RuntimeOptions
                         store_root: Path, *, preset: str | None = None,
                         config_file: Path | None = None, sets: Sequence[str] = (),
                         multiple: float = REGIME_MULTIPLE,
+                        block_tokens: int = DEFAULT_BLOCK_TOKENS,
                         ) -> tuple[LoadedConfig, list[str], SnicCalibration | None,
                                    tuple[PolicyReport, RunResult]]:
     """Run the oracle first and size the NICs from its JCT (:func:`oracle_rate`).
@@ -404,7 +420,8 @@ def calibrate_by_oracle(trajectories: Sequence[Trajectory], base: RuntimeOptions
     store_root.mkdir(parents=True, exist_ok=True)
     meter = ForeignCpu()
     meter.start()
-    rep, run = run_policy("oracle", base, trajectories, store_root)
+    rep, run = run_policy("oracle", base, trajectories, store_root,
+                          block_tokens=block_tokens)
     other = meter.stop()
     rep.foreign_cores = None if other is None else round(other, 3)
     demand = workload_demand(trajectories, base.model, base.block_tokens)
@@ -438,6 +455,7 @@ def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
         return percentile(vals, q)
 
     ttft99, tpot99 = pct("ttft", 99), pct("tpot", 99)
+    counted = system.scheduler.registry.value  # the runtime's own store lookups
     return PolicyReport(
         policy, run.jct, len(turns), pct("ttft", 50), ttft99, pct("ttst", 50),
         pct("ttst", 99), pct("tpot", 50), tpot99,
@@ -445,14 +463,18 @@ def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
         max_over_avg(list(per_node.values())),
         busy / (run.jct * n_eng) if run.jct > 0 else 0.0, bubble,
         sum(t.cached for t in turns), items / batches if batches else 0.0, chunks,
-        list(run.errors), shared_cached_tokens=sum(t.cached for t in turns if t.turn == 0))
+        list(run.errors),
+        shared_cached_tokens=int(counted("dualpath_kv_cross_conversation_hit_tokens_total")),
+        prompt_tokens=int(counted("dualpath_kv_requested_tokens_total", tier="store")),
+        hit_tokens=int(counted("dualpath_kv_hit_tokens_total", tier="store")))
 
 
 def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Trajectory],
                store_root: Path, *, aps: float | None = None, slo: SLO = SLO(),
-               on_turn: Callable[[TurnRecord], None] | None = None) -> tuple[PolicyReport,
-                                                                               RunResult]:
-    """Run ``trajectories`` under ``policy`` on a fresh store below ``store_root``.
+               on_turn: Callable[[TurnRecord], None] | None = None,
+               block_tokens: int = DEFAULT_BLOCK_TOKENS) -> tuple[PolicyReport, RunResult]:
+    """Run ``trajectories`` under ``policy`` on a fresh store below ``store_root``
+    (``block_tokens``: tokens one id of their block chains covers, the trace header's).
 
     The store's name carries this process's pid, so that a run killed outright (SIGKILL:
     no ``finally``) leaves a store the next run recognises as stale and removes
@@ -462,7 +484,8 @@ def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Traject
     with temp_dir(dir=store_root, prefix=f"{policy}-pid{os.getpid()}-") as store:
         opts = dataclasses.replace(base, policy=policy, store_dir=store)
         with RuntimeSystem(opts) as system:
-            run = run_agents(system, trajectories, aps=aps, on_turn=on_turn)
+            run = run_agents(system, trajectories, aps=aps, on_turn=on_turn,
+                             block_tokens=block_tokens)
             reports = system.scheduler.fresh_reports(time.monotonic())
             rep = _summarise(policy, system, run, reports, slo)
             rep.dead_engines = sorted(system.down())  # before the shutdown; restarted ones serve
@@ -498,8 +521,10 @@ def run_bench(policies: Sequence[str], base: RuntimeOptions,
               on_turn: Callable[[str, TurnRecord], None] | None = None,
               setup: dict[str, Any] | None = None,
               calibration: SnicCalibration | None = None,
-              done: dict[str, tuple[PolicyReport, RunResult]] | None = None) -> BenchReport:
-    """Run every policy in turn; mark policies whose tokens differ from the first one's.
+              done: dict[str, tuple[PolicyReport, RunResult]] | None = None,
+              block_tokens: int = DEFAULT_BLOCK_TOKENS) -> BenchReport:
+    """Run every policy in turn; mark policies whose tokens differ from the first one's
+    (``block_tokens``: tokens one id of the trajectories' block chains covers).
 
     ``done``: policies already run on this workload (the oracle run that calibrated the
     NICs, which crosses no shaped NIC), reused instead of run again.
@@ -522,7 +547,7 @@ def run_bench(policies: Sequence[str], base: RuntimeOptions,
         else:
             meter.start()
             rep, run = run_policy(policy, base, trajectories, store_root, aps=aps, slo=slo,
-                                  on_turn=cb)
+                                  on_turn=cb, block_tokens=block_tokens)
             other = meter.stop()
             rep.foreign_cores = None if other is None else round(other, 3)
         tokens = run.tokens_by_turn()

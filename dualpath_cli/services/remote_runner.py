@@ -7,7 +7,8 @@ HTTP server and the stream are part of every number. The workload is the runner'
 plus this turn's appended tokens. Prompts travel as token ids and the output comes back as
 ids (``return_token_ids``), so each agent's prefix chain is exact (text would not round-trip
 through the byte tokenizer); each agent is one session (``X-Session-Id``), i.e. one agent of
-the cluster.
+the cluster. A trajectory with block chains sends the prompts its chains name, as the
+in-process runner does, and the prefix hits are the cluster's own counters (``/metrics``).
 
 Timings are the client's: TTFT from sending the request to the first streamed event (the
 server sends it when the runtime reports the first token), the end at the event carrying
@@ -30,9 +31,11 @@ import httpx
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.services.bench import SLO, BenchReport, PolicyReport
 from dualpath_cli.services.runner import RunResult, TurnRecord, percentile, replay
+from dualpath_cli.workload.trace_format import DEFAULT_BLOCK_TOKENS
 from dualpath_cli.workload.trajectory import Trajectory
 
-__all__ = ["RemoteError", "RemoteTurn", "ServerInfo", "server_info", "complete",
+__all__ = ["RemoteError", "RemoteTurn", "ServerInfo", "STORE_COUNTERS", "store_counters",
+           "server_info", "complete",
            "run_agents_remote", "summarise_remote", "run_bench_remote"]
 
 
@@ -61,6 +64,38 @@ class ServerInfo:
     policy: str | None = None
     node_read_bytes: dict[int, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    store_tokens: dict[str, float] | None = None
+    """The scheduler's store-lookup counters (:data:`STORE_COUNTERS`) when ``/metrics``
+    answers: during the run once :func:`run_agents_remote` has taken the difference."""
+
+
+#: The scheduler's prefix-lookup counters a remote bench reads from ``/metrics`` (name ->
+#: the exposition's series): what the runtime itself found in its store.
+STORE_COUNTERS = {
+    "prompt_tokens": 'dualpath_kv_requested_tokens_total{tier="store"}',
+    "hit_tokens": 'dualpath_kv_hit_tokens_total{tier="store"}',
+    "cross_tokens": "dualpath_kv_cross_conversation_hit_tokens_total",
+}
+
+
+def store_counters(text: str) -> dict[str, float] | None:
+    """:data:`STORE_COUNTERS` read from a Prometheus text exposition (``None``: not all
+    there; a series with more labels than named, e.g. an ``instance``, still counts)."""
+    got: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        for name, want in STORE_COUNTERS.items():
+            base, _, labels = want.partition("{")
+            head, _, have = series.partition("{")
+            if head == base and all(part in have for part in labels.rstrip("}").split(",")
+                                    if part):
+                try:
+                    got[name] = got.get(name, 0.0) + float(value)
+                except ValueError:
+                    return None
+    return got if len(got) == len(STORE_COUNTERS) else None
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -106,7 +141,14 @@ def server_info(client: httpx.Client, url: str) -> ServerInfo:
                      for n in nodes.json()}
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         pass  # the read API is optional for the bench
-    return ServerInfo(url, model, pd, policy, reads)
+    counters = None
+    try:
+        prom = client.get(f"{url}/metrics")
+        if prom.status_code == 200:
+            counters = store_counters(prom.text)
+    except httpx.HTTPError:
+        pass  # so is the exposition
+    return ServerInfo(url, model, pd, policy, reads, store_tokens=counters)
 
 
 def complete(client: httpx.Client, url: str, model: str, prompt: list[int], gen: int,
@@ -169,8 +211,10 @@ def run_agents_remote(url: str, trajectories: Sequence[Trajectory], *,
                       token: str | None = None, aps: float | None = None, seed: int = 0,
                       vocab_size: int = 256,
                       on_turn: Callable[[TurnRecord], None] | None = None,
-                      timeout: float = 600.0) -> tuple[RunResult, ServerInfo]:
-    """Replay ``trajectories`` against the cluster at ``url`` (offline when ``aps`` is None).
+                      timeout: float = 600.0, block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                      ) -> tuple[RunResult, ServerInfo]:
+    """Replay ``trajectories`` against the cluster at ``url`` (offline when ``aps`` is None;
+    ``block_tokens``: tokens one id of their block chains covers, see services/runner.py).
 
     Each agent is one session named after this run and the agent, so two runs against one
     cluster never share sessions. The store is keyed by prefix content, though: a second run
@@ -198,13 +242,18 @@ def run_agents_remote(url: str, trajectories: Sequence[Trajectory], *,
             return _record(traj, i, len(prompt), r)
 
         result = replay(trajectories, serve, failures=(RemoteError,), aps=aps, seed=seed,
-                        vocab_size=vocab_size, on_turn=on_turn)
+                        vocab_size=vocab_size, on_turn=on_turn, block_tokens=block_tokens)
         after = server_info(client, url)
     reads = None
     if before.node_read_bytes is not None and after.node_read_bytes is not None:
         reads = {n: b - before.node_read_bytes.get(n, 0)
                  for n, b in after.node_read_bytes.items()}
-    return result, ServerInfo(url, after.model, after.pd, after.policy, reads)
+    counted = None
+    if before.store_tokens is not None and after.store_tokens is not None:
+        counted = {k: v - before.store_tokens.get(k, 0.0)
+                   for k, v in after.store_tokens.items()}
+    return result, ServerInfo(url, after.model, after.pd, after.policy, reads,
+                              store_tokens=counted)
 
 
 def summarise_remote(run: RunResult, info: ServerInfo, slo: SLO) -> PolicyReport:
@@ -219,19 +268,27 @@ def summarise_remote(run: RunResult, info: ServerInfo, slo: SLO) -> PolicyReport
 
     ttft99, tpot99 = pct("ttft", 99), pct("tpot", 99)
     reads = info.node_read_bytes or {}
+    cached = sum(t.cached for t in turns)  # each turn's cached tokens, as the server says
+    # the scheduler's own lookup counters when /metrics answered, else per turn (a first
+    # turn's hits are another conversation's blocks; deeper shared ones go uncounted)
+    counted = info.store_tokens or {
+        "prompt_tokens": float(sum(t.prompt for t in turns)), "hit_tokens": float(cached),
+        "cross_tokens": float(sum(t.cached for t in turns if t.turn == 0))}
     return PolicyReport(
         info.policy or "remote", run.jct, len(turns), pct("ttft", 50), ttft99, math.nan,
         math.nan, pct("tpot", 50), tpot99,
         ttft99 <= slo.ttft_limit and tpot99 <= slo.tpot_limit, dict(reads),
         max_over_avg(list(reads.values())) if reads else math.nan, math.nan, math.nan,
-        sum(t.cached for t in turns), math.nan, 0, list(run.errors),
-        shared_cached_tokens=sum(t.cached for t in turns if t.turn == 0))
+        cached, math.nan, 0, list(run.errors),
+        shared_cached_tokens=int(counted["cross_tokens"]),
+        prompt_tokens=int(counted["prompt_tokens"]), hit_tokens=int(counted["hit_tokens"]))
 
 
 def run_bench_remote(url: str, trajectories: Sequence[Trajectory], *,
                      token: str | None = None, aps: float | None = None,
                      slo: SLO | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
-                     timeout: float = 600.0) -> BenchReport:
+                     timeout: float = 600.0,
+                     block_tokens: int = DEFAULT_BLOCK_TOKENS) -> BenchReport:
     """``dualpath bench --url``: the workload against a launched cluster, as a BenchReport.
 
     The report has one row (the cluster's own policy); setup names the URL, and the fields
@@ -239,7 +296,7 @@ def run_bench_remote(url: str, trajectories: Sequence[Trajectory], *,
     """
     slo = slo if slo is not None else SLO()
     run, info = run_agents_remote(url, trajectories, token=token, aps=aps, on_turn=on_turn,
-                                  timeout=timeout)
+                                  timeout=timeout, block_tokens=block_tokens)
     row = summarise_remote(run, info, slo)
     setup = {"url": info.url, "pd": info.pd or "n/a", "model": info.model,
              "policy": info.policy, "agents": len(trajectories),

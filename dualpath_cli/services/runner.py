@@ -2,10 +2,18 @@
 
 Turn ``i+1`` is sent when turn ``i`` returns; its prompt is every earlier appended and
 generated token plus this turn's appended tokens (ids from ``workload.tokens``, generated
-ids are the model's own greedy output). Hits come only from the agent's own earlier KV,
-found in the store through the prefix keys (agents' first rounds differ, so keys do).
-Offline mode starts every agent at t = 0 and reports the JCT; online mode starts agents at
-Poisson arrivals of ``aps`` agents per second and reports TTFT, TTST and TPOT.
+ids are the model's own greedy output). Hits come from the agent's own earlier KV (and a
+shared prefix another agent stored), found in the store through the prefix keys.
+
+A trajectory with block chains (a request log's hash ids, ``Trajectory.blocks``) sends each
+turn the prompt its chain names instead (``workload.tokens.chain_token_ids``): equal ids are
+equal tokens, so the runtime's content-addressed store hits what the log's store held,
+within the conversation and across conversations (``workload.prefix_store`` counts the
+same hits).
+
+Offline mode starts every agent at its ``start_s`` (a request log's first arrival; t = 0
+when it has none) and reports the JCT; online mode starts agents at Poisson arrivals of
+``aps`` agents per second and reports TTFT, TTST and TPOT.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from dualpath_cli.cluster.local import EngineFailed, dead_role
 from dualpath_cli.cluster.system import RuntimeSystem
 from dualpath_cli.core.layout import token_ids
 from dualpath_cli.runtime.turns import TurnRequest, TurnResult
-from dualpath_cli.workload.tokens import append_token_ids
+from dualpath_cli.workload.tokens import append_token_ids, chain_token_ids
+from dualpath_cli.workload.trace_format import DEFAULT_BLOCK_TOKENS
 from dualpath_cli.workload.trajectory import Trajectory
 
 __all__ = ["TurnRecord", "RunResult", "ServeTurn", "replay", "run_agents", "percentile",
@@ -84,15 +93,17 @@ ServeTurn = Callable[[Trajectory, int, list[int], int], TurnRecord]
 def replay(trajectories: Sequence[Trajectory], serve: ServeTurn, *,
            failures: tuple[type[Exception], ...], aps: float | None = None, seed: int = 0,
            vocab_size: int = 256, on_turn: Callable[[TurnRecord], None] | None = None,
-           ) -> RunResult:
+           block_tokens: int = DEFAULT_BLOCK_TOKENS) -> RunResult:
     """Replay ``trajectories`` concurrently through ``serve`` (offline when ``aps`` is None).
 
-    One thread per agent: it waits for its arrival, then runs its turns in order, each
-    prompt extending the last with the turn's answer. An agent whose turn raises one of
-    ``failures`` stops there and the failure is in ``errors``. The in-process runner and
-    the HTTP runner (services/remote_runner.py) differ only in ``serve``.
+    One thread per agent: it waits for its arrival (offline: its ``start_s``), then runs
+    its turns in order, each prompt extending the last with the turn's answer, or, for a
+    trajectory with block chains, the prompt its chain names (``block_tokens``: tokens one
+    id covers, the trace header's). An agent whose turn raises one of ``failures`` stops
+    there and the failure is in ``errors``. The in-process runner and the HTTP runner
+    (services/remote_runner.py) differ only in ``serve``.
     """
-    starts = [0.0] * len(trajectories)
+    starts = [t.start_s or 0.0 for t in trajectories]
     if aps is not None:
         gaps = np.random.default_rng(seed).exponential(1.0 / aps, len(trajectories))
         starts = np.cumsum(gaps).tolist()
@@ -106,7 +117,10 @@ def replay(trajectories: Sequence[Trajectory], serve: ServeTurn, *,
             threading.Event().wait(delay)  # the arrival time itself, not a test sleep
         context: list[int] = []
         for i, turn in enumerate(traj.turns):
-            prompt = context + append_token_ids(traj, i, vocab_size).tolist()
+            if traj.blocks:
+                prompt = chain_token_ids(traj, i, block_tokens, vocab_size).tolist()
+            else:
+                prompt = context + append_token_ids(traj, i, vocab_size).tolist()
             try:
                 rec = serve(traj, i, prompt, turn.gen)
             except failures as err:
@@ -132,7 +146,8 @@ def replay(trajectories: Sequence[Trajectory], serve: ServeTurn, *,
 def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
                aps: float | None = None, seed: int = 0, vocab_size: int = 256,
                on_turn: Callable[[TurnRecord], None] | None = None,
-               timeout: float = 600.0) -> RunResult:
+               timeout: float = 600.0,
+               block_tokens: int = DEFAULT_BLOCK_TOKENS) -> RunResult:
     """Replay ``trajectories`` on a started in-process ``system`` (see :func:`replay`).
 
     Args:
@@ -143,6 +158,7 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
         vocab_size: token-id range of appended tokens.
         on_turn: called after every turn (progress bars).
         timeout: per-turn wait limit in seconds.
+        block_tokens: tokens one id of a trajectory's block chains covers.
     """
     roles = {role: system.engine_ids(role) for role in ("prefill", "decode")}
     lost: list[str] = []  # why the run stopped early: a role with no engine left
@@ -166,7 +182,8 @@ def run_agents(system: RuntimeSystem, trajectories: Sequence[Trajectory], *,
         return _record(traj, i, len(prompt), r)
 
     result = replay(trajectories, serve, failures=(TimeoutError, RoleLost), aps=aps,
-                    seed=seed, vocab_size=vocab_size, on_turn=on_turn)
+                    seed=seed, vocab_size=vocab_size, on_turn=on_turn,
+                    block_tokens=block_tokens)
     if lost:  # one line for the run, not one per agent
         stopped = [e for e in result.errors if lost[0] in e]
         result.errors = [e for e in result.errors if lost[0] not in e] + [

@@ -16,10 +16,17 @@ with ids keyed by the segment alone, ``(seed, tokens)`` on a stream of their own
 trajectory that starts with the same segments sends the same ids (a shared system prompt)
 and a content-addressed store finds one conversation's blocks for another. An augmented
 agent's synthetic first round opens with its base trajectory's shared prefix.
+
+Block chains: a turn with a chain of block ids (``Trajectory.blocks``, a request log's hash
+ids) sends the ids its blocks name instead (:func:`chain_token_ids`): block id ``h`` is
+``block_tokens`` ids keyed by ``h`` alone, on a stream of their own, so equal ids send equal
+tokens in any conversation and a content-addressed store hits exactly what the log's store
+held (``workload.prefix_store``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +41,7 @@ __all__ = [
     "gen_token_ids",
     "prompt_token_ids",
     "shared_prefix_ids",
+    "chain_token_ids",
     "distinct_seeds",
 ]
 
@@ -41,7 +49,7 @@ DEFAULT_VOCAB = 32_000
 MAX_SEED = 2**63 - 1
 """Largest seed a trace may carry (seeds fit a signed 64-bit integer)."""
 
-_APPEND, _GEN, _SHARED = 0, 1, 2
+_APPEND, _GEN, _SHARED, _BLOCK = 0, 1, 2, 3
 
 
 def seeded_ids(seed: int, index: int, stream: int, length: int,
@@ -102,6 +110,42 @@ def prompt_token_ids(traj: Trajectory, i: int, vocab_size: int = DEFAULT_VOCAB) 
         parts.append(gen_token_ids(traj, j, vocab_size))
     parts.append(append_token_ids(traj, i, vocab_size))
     return np.concatenate(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_ids(block: int, block_tokens: int, vocab_size: int) -> np.ndarray:
+    """The ids block id ``block`` names (read-only: the cache hands out one array)."""
+    ids = seeded_ids(block, 0, _BLOCK, block_tokens, vocab_size)
+    ids.flags.writeable = False
+    return ids
+
+
+def chain_token_ids(traj: Trajectory, i: int, block_tokens: int,
+                    vocab_size: int = DEFAULT_VOCAB) -> np.ndarray:
+    """The prompt of turn ``i`` of a trajectory with block chains: each block id's
+    ``block_tokens`` ids in chain order, cut to ``traj.prompt_length(i)``; a chain that
+    covers fewer tokens (a log whose request dropped part of the previous answer) is padded
+    with the turn's own append ids.
+
+    Why: the ids, not the conversation's history, say what the prompt holds (the log's
+    store saw these blocks), so equal ids are equal tokens and equal prefixes, in this
+    conversation or in another.
+
+    Raises:
+        ValueError: ``traj`` has no block chains.
+    """
+    if not traj.blocks:
+        raise ValueError(f"agent {traj.agent_id}: no block chains to derive a prompt from")
+    length = traj.prompt_length(i)
+    chain = traj.blocks[i][:-(-length // block_tokens)]
+    parts = [_block_ids(h, block_tokens, vocab_size) for h in chain]
+    have = len(chain) * block_tokens
+    if have < length:
+        seed, index = _key(traj, i)
+        parts.append(seeded_ids(seed, index, _APPEND, length - have, vocab_size))
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
+    return np.concatenate(parts)[:length]
 
 
 def distinct_seeds(rng: np.random.Generator, count: int, *, exclude: frozenset[int] = frozenset(),

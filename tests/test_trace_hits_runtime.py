@@ -1,0 +1,78 @@
+"""The runtime hits what a global store of a request log's blocks holds (issue 36 part 1).
+
+A turn with a block chain sends the token ids its chain names (``chain_token_ids``), so equal
+ids are equal tokens; the runtime's content-addressed store (chained hashes of its own
+smaller blocks) then finds exactly the log's shared blocks, within a conversation and across
+conversations. The e2e test replays a generated Mooncake-format log on the embedded runtime
+and compares the scheduler's own store-lookup counters with the independent count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualpath_cli.workload.mooncake import mooncake_stats
+from dualpath_cli.workload.mooncake_gen import ConversationShape, generate_conversations
+from dualpath_cli.workload.mooncake_link import hit_split, link_requests
+from dualpath_cli.workload.tokens import chain_token_ids, prompt_token_ids
+from dualpath_cli.workload.trajectory import Trajectory, Turn
+
+#: A small log: 5 conversations under one system prompt and two task prompts, 2-3 turns.
+SHAPE = ConversationShape(conversations=5, branching=(1, 2), shared_tokens=(520, 900),
+                          turns=(2, 3), own_tokens=(16, 300), output_tokens=(2, 4))
+
+
+def _chained(blocks: tuple[tuple[int, ...], ...], turns: tuple[Turn, ...]) -> Trajectory:
+    return Trajectory(7, turns, token_seed=7, blocks=blocks)
+
+
+def test_equal_block_ids_send_equal_tokens_in_any_conversation() -> None:
+    a = _chained(((1, 2),), (Turn(20, 2),))
+    b = Trajectory(8, (Turn(24, 2),), token_seed=8, blocks=((1, 3),))
+    ids_a, ids_b = chain_token_ids(a, 0, 8), chain_token_ids(b, 0, 8)
+    assert len(ids_a) == 20 and len(ids_b) == 24
+    assert np.array_equal(ids_a[:8], ids_b[:8])  # block 1 in both
+    assert not np.array_equal(ids_a[8:16], ids_b[8:16])  # 2 and 3 differ
+    assert np.array_equal(chain_token_ids(a, 0, 8), ids_a)  # deterministic
+
+
+def test_a_chain_shorter_than_the_prompt_is_padded_with_the_turns_own_ids() -> None:
+    t = _chained(((5,), (5, 6)), (Turn(8, 2), Turn(10, 1)))
+    second = chain_token_ids(t, 1, 8)
+    assert len(second) == t.prompt_length(1) == 20
+    assert np.array_equal(second[:8], chain_token_ids(t, 0, 8))
+    assert np.array_equal(chain_token_ids(t, 0, 8),
+                          chain_token_ids(_chained(((5,),), (Turn(8, 1),)), 0, 8))
+    with pytest.raises(ValueError, match="no block chains"):
+        chain_token_ids(Trajectory(1, (Turn(4, 1),), token_seed=1), 0, 8)
+    plain = Trajectory(1, (Turn(4, 1), Turn(3, 1)), token_seed=1)
+    assert len(prompt_token_ids(plain, 1)) == plain.prompt_length(1)  # unchanged path
+
+
+@pytest.mark.e2e
+def test_the_runtime_hits_what_the_logs_global_store_held(tmp_path: object) -> None:
+    from dualpath_cli.cluster.system import RuntimeSystem
+    from dualpath_cli.runtime.options import RuntimeOptions
+    from dualpath_cli.services.runner import run_agents
+
+    requests = generate_conversations(SHAPE, seed=1)
+    independent = mooncake_stats(requests)
+    total_hits, cross = hit_split(requests)
+    assert cross > 0 and total_hits > cross  # hits within and across conversations
+    trace, _ = link_requests(requests)
+    order = sorted(trace.trajectories, key=lambda t: t.start_s or 0.0)
+    opts = RuntimeOptions(policy="dualpath", block_tokens=64, flops_rate=1e9)
+    with RuntimeSystem(opts) as system:
+        reg = system.scheduler.registry
+        # one conversation after another, in arrival order: what an earlier request stored
+        # is in the store when a later one looks (the independent count's instant store)
+        for traj in order:
+            run = run_agents(system, [traj], timeout=120)
+            assert not run.errors
+        looked = reg.value("dualpath_kv_requested_tokens_total", tier="store")
+        hit = reg.value("dualpath_kv_hit_tokens_total", tier="store")
+        crossed = reg.value("dualpath_kv_cross_conversation_hit_tokens_total")
+    assert looked == independent.input_tokens  # every prompt as long as its request
+    assert abs(hit / looked - independent.prefix_hit_ratio) <= 0.01
+    assert crossed > 0 and abs(crossed - cross) / looked <= 0.01
