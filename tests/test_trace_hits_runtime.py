@@ -18,9 +18,10 @@ from dualpath_cli.workload.mooncake_link import hit_split, link_requests
 from dualpath_cli.workload.tokens import chain_token_ids, prompt_token_ids
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-#: A small log: 5 conversations under one system prompt and two task prompts, 2-3 turns.
-SHAPE = ConversationShape(conversations=5, branching=(1, 2), shared_tokens=(520, 900),
-                          turns=(2, 3), own_tokens=(16, 300), output_tokens=(2, 4))
+#: A small log: 3 conversations under one system prompt and two task prompts, 2 turns each
+#: (about 8K prompt tokens: a minute of the reference model on a loaded 2-core host).
+SHAPE = ConversationShape(conversations=3, branching=(1, 2), shared_tokens=(520, 640),
+                          turns=(2, 2), own_tokens=(16, 160), output_tokens=(2, 3))
 
 
 def _chained(blocks: tuple[tuple[int, ...], ...], turns: tuple[Turn, ...]) -> Trajectory:
