@@ -64,6 +64,7 @@ GOALS: dict[str, dict[str, str]] = {
     "tune_suggest": {"embedded.suggest_s": "< 60", "embedded_with_stories.suggest_s": "< 60",
                      "ds660b.suggest_s": "< 60"},
     "twin_check": {"agree_within_15pct": "yes"},
+    "trace_agreement": {"jct_within_goal": "yes", "hits_within_goal": "yes"},
 }
 
 

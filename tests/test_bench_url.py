@@ -50,6 +50,9 @@ def test_bench_url_prints_the_bench_json(served: Served,
     row = report["policies"][0]
     assert report["setup"]["url"] == served.url and report["setup"]["agents"] == 2
     assert row["turns"] == 4 and row["errors"] == [] and row["cached_tokens"] > 0
+    # the hits are the cluster's own lookup counters (its /metrics), over this run only
+    assert row["hit_tokens"] == row["cached_tokens"] and row["prompt_tokens"] > 0
+    assert row["hit_ratio"] == row["hit_tokens"] / row["prompt_tokens"]
     assert row["jct_s"] > 0 and row["ttft_p50_s"] > 0 and row["tpot_p99_s"] >= 0
     assert report["jct_s"] == {row["policy"]: row["jct_s"]}
 

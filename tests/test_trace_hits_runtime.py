@@ -51,6 +51,21 @@ def test_a_chain_shorter_than_the_prompt_is_padded_with_the_turns_own_ids() -> N
     assert len(prompt_token_ids(plain, 1)) == plain.prompt_length(1)  # unchanged path
 
 
+def test_a_remote_bench_reads_the_clusters_own_lookup_counters() -> None:
+    from dualpath_cli.services.remote_runner import store_counters
+
+    text = "\n".join([
+        "# TYPE dualpath_kv_hit_tokens_total counter",
+        'dualpath_kv_requested_tokens_total{tier="hbm"} 999',
+        'dualpath_kv_requested_tokens_total{tier="store"} 1000',
+        'dualpath_kv_hit_tokens_total{tier="store"} 640',
+        'dualpath_kv_hit_tokens_total{tier="hbm"} 5',
+        "dualpath_kv_cross_conversation_hit_tokens_total 128"])
+    assert store_counters(text) == {"prompt_tokens": 1000.0, "hit_tokens": 640.0,
+                                    "cross_tokens": 128.0}
+    assert store_counters("dualpath_kv_hit_tokens_total{tier=\"store\"} 1") is None
+
+
 @pytest.mark.e2e
 def test_the_runtime_hits_what_the_logs_global_store_held(tmp_path: object) -> None:
     from dualpath_cli.cluster.system import RuntimeSystem
