@@ -30,6 +30,7 @@ from dualpath_cli.services.recording import (
     trace_from_decisions,
     write_recording,
 )
+from dualpath_cli.services.recording_trace import recorded_trace
 from dualpath_cli.services.runner import run_agents
 from dualpath_cli.sim import twin_replay
 from dualpath_cli.telemetry.stories import RequestListing
@@ -175,3 +176,39 @@ def test_the_linking_rule() -> None:
     links = shared_links(firsts)
     seg = ((0xff >> 1, 40),)
     assert links == {0: seg, 1: seg, 2: seg}
+
+
+def test_a_recording_keeps_each_turns_block_chain_and_the_twin_hits_what_the_store_hit(
+        tmp_path: Path) -> None:
+    """Issue 36: the decisions keep each turn's chain of block ids (as deltas from the
+    conversation's previous turn), the recording's trace carries them in the runtime's block
+    size, and the twin's replay hits the tokens the live store hit (within 1 point of the
+    prompt tokens), within conversations and across them."""
+    path = tmp_path / "chains.jsonl.gz"
+    agents = _agents(8, SYSTEM_PROMPT)
+    counts = _record(path, [agents[:1], agents[1:]])
+    rec = read_recording(path)
+    turns = [d for d in rec.decisions if d.kind == "turn"]
+    looks = [d.inputs["lookup"] for d in turns]
+    assert all(look["block_tokens"] == 8 and isinstance(look["chain"], list)
+               for look in looks)
+    assert any(look["chain_base"] > 0 for look in looks)  # later turns: deltas
+    trace = recorded_trace(rec, str(path))
+    assert trace.header.block_tokens == 8 and trace.header.outputs_stored
+    assert all(len(t.blocks) == len(t.turns) for t in trace.trajectories)
+    # every turn's chain is its whole prompt's full blocks; conversations share the first 5
+    for t in trace.trajectories:
+        for i, chain in enumerate(t.blocks):
+            assert len(chain) == t.prompt_length(i) // 8
+    assert len({t.blocks[0][:5] for t in trace.trajectories}) == 1
+    assert len({t.blocks[0][5] for t in trace.trajectories}) == 8
+
+    traffic = twin.traffic_from_recording(rec, str(path))
+    assert all(p.blocks and p.block_tokens == 8 and p.outputs_stored for p in traffic.plans)
+    world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
+    replay = twin_replay.predict(traffic, world, traffic.current)
+    prompt = sum(d.length for d in turns)
+    assert replay.prompt_tokens == prompt
+    live_share, twin_share = counts["hit"] / prompt, replay.hit_tokens / prompt
+    print(f"live hit share {live_share:.4f}, twin {twin_share:.4f}")
+    assert twin_share == pytest.approx(live_share, abs=0.01), (replay, counts)

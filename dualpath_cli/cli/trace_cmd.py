@@ -135,7 +135,8 @@ def stats(
     trace = read_trace(path)
     if not trace.trajectories:
         raise UsageError(f"{path}: the trace has a header but no trajectories")
-    result = trace_stats(trace.trajectories, trace.header.block_tokens)
+    result = trace_stats(trace.trajectories, trace.header.block_tokens,
+                         trace.header.outputs_stored)
     max_len = trace.header.max_len
     if as_json:
         emit_json({"path": str(path), "format": kind, "max_len": max_len,

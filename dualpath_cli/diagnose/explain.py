@@ -207,7 +207,9 @@ def inflight_row(raw: Mapping[str, Any], decision: Decision | None, now: float, 
         "decision_seq": d.seq if d is not None else None,
         "pe_class": d.pe_class if d is not None else None,
         "de_class": d.de_class if d is not None else None,
-        "lookup": dict(raw.get("lookup") or {}),
+        # the lookup less the prompt's block ids (a replay's evidence, not the story's)
+        "lookup": {k: v for k, v in (raw.get("lookup") or {}).items()
+                   if k not in ("chain", "chain_base")},
     }
 
 

@@ -21,7 +21,10 @@ It keeps, per agent, the chain keys its last finished turn stored (a bounded LRU
 a bounded record of quarantined keys, and the lookup of each request in flight. Counts go to
 ``dualpath_kv_{requested,hit}_tokens_total{tier="store"}``,
 ``dualpath_kv_miss_blocks_total{tier="store"}`` and the evicted-block age histogram; each
-lookup's summary goes into the request's decision (``inputs["lookup"]``).
+lookup's summary goes into the request's decision (``inputs["lookup"]``), with the prompt's
+chain of block ids (:data:`ID_MASK`: the first 8 bytes of each key) as a delta from the agent's
+previous turn's (``chain_base`` ids equal to it, then the ``chain`` ids after them), so a
+recording keeps what a replay must hit (services/recording.py ``trace_from_decisions``).
 
 **Outcomes.** When a turn ends, its timeline (submitted, dispatched, the PE's and DE's facts
 from ``first``/``done``) is kept in a bounded ring by request id, for ``dualpath explain``
@@ -47,7 +50,11 @@ from dualpath_cli.runtime.packed_ring import PackedRing
 from dualpath_cli.storage.tickets import MISS_REASONS
 from dualpath_cli.telemetry.registry import MetricsRegistry
 
-__all__ = ["Lookup", "RequestLedger", "reason_from_why"]
+__all__ = ["ID_MASK", "Lookup", "RequestLedger", "block_ids", "reason_from_why"]
+
+ID_MASK = (1 << 63) - 1
+"""A block key's id: its first 8 bytes (big-endian) masked to 63 bits, a trace's block id
+range (docs/trace-format.md)."""
 
 _FAILURES = frozenset({"quarantined", "read_failed", "timed_out", "evicted", "cancelled"})
 
@@ -81,6 +88,18 @@ def _own_prefix(chain: bytes, raw: bytes, hits: int) -> int:
     return lo
 
 
+def block_ids(heads: bytes) -> list[int]:
+    """The ids of keys whose first 8 bytes are joined in ``heads`` (:data:`ID_MASK`)."""
+    return [h & ID_MASK for h in np.frombuffer(heads, ">u8").tolist()]
+
+
+def _heads(raw: bytes, first: int) -> bytes:
+    """The first 8 bytes of each key of ``raw`` (joined digests) from key ``first`` on."""
+    if len(raw) <= first * KEY_BYTES:
+        return b""
+    return np.frombuffer(raw, np.uint8).reshape(-1, KEY_BYTES)[first:, :8].tobytes()
+
+
 def reason_from_why(why: str) -> str:
     """The miss reason an engine's read-failed text starts with (``read_failed`` if none)."""
     word = why.split(":", 1)[0].strip()
@@ -105,6 +124,13 @@ class Lookup:
             none): the shared prefix those blocks are (keys are chained, so equal keys mean
             equal prefixes). The digital twin links recorded turns into shared-prefix
             segments by these (services/recording.py ``trace_from_decisions``).
+        turn: the turn's index in its conversation (``None``: not known).
+        chain_base: the prompt's leading block keys equal to the agent's previous turn's
+            prompt keys (0 for a first turn, or when that turn is not remembered).
+        chain_heads: the first 8 bytes of each prompt key after those, joined (ids:
+            :func:`block_ids`); the prompt's chain is the previous turn's first
+            ``chain_base`` ids and these.
+        block_tokens: tokens one key covers (the runtime's block size).
     """
 
     prompt_tokens: int
@@ -116,13 +142,22 @@ class Lookup:
     cross_blocks: int = 0
     lead: str | None = None
     cross_key: str | None = None
+    turn: int | None = None
+    chain_base: int = 0
+    chain_heads: bytes = field(default=b"", repr=False)
+    block_tokens: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        """The decision-log form (JSON-ready)."""
-        return {"prompt_tokens": self.prompt_tokens, "blocks": self.blocks,
-                "hit_blocks": self.hit_blocks, "misses": dict(self.misses),
-                "evicted_age_s": self.evicted_age_s, "cross_blocks": self.cross_blocks,
-                "lead": self.lead, "cross_key": self.cross_key}
+    def as_dict(self, chain: bool = False) -> dict[str, Any]:
+        """The decision-log form (JSON-ready); ``chain``: with the prompt's block ids as a
+        delta (``chain_base``, ``chain``; the decision's, not the in-flight listing's)."""
+        out = {"prompt_tokens": self.prompt_tokens, "blocks": self.blocks,
+               "hit_blocks": self.hit_blocks, "misses": dict(self.misses),
+               "evicted_age_s": self.evicted_age_s, "cross_blocks": self.cross_blocks,
+               "lead": self.lead, "cross_key": self.cross_key}
+        if chain and self.turn is not None:
+            out.update(chain_base=self.chain_base, chain=block_ids(self.chain_heads),
+                       block_tokens=self.block_tokens)
+        return out
 
 
 class RequestLedger:
@@ -146,7 +181,8 @@ class RequestLedger:
         self.bt = namespace.shape.block_tokens
         self._agents_max = agents
         self._q_max = quarantine_record
-        self._chains: collections.OrderedDict[int, tuple[bytes, float]] = \
+        # agent -> (the chain its last finished turn stored, when, that turn, its prompt keys)
+        self._chains: collections.OrderedDict[int, tuple[bytes, float, int | None, int]] = \
             collections.OrderedDict()
         self._quarantined: collections.OrderedDict[bytes, float] = collections.OrderedDict()
         # rid -> (first bad block, reason, end of the failed attempt's hits)
@@ -168,17 +204,25 @@ class RequestLedger:
         self.m_cross = registry.counter("dualpath_kv_cross_conversation_hit_tokens_total")
 
     def lookup(self, rid: int, agent: int, keys: Sequence[BlockKey] | bytes,
-               prompt_tokens: int, hits: int, now: float | None = None) -> Lookup:
+               prompt_tokens: int, hits: int, now: float | None = None,
+               turn: int | None = None) -> Lookup:
         """Attribute the blocks after the first ``hits`` of ``keys`` (the lookup's limit:
         the prompt's full blocks less the one holding its last token) and count them.
-        ``keys``: the prompt's keys, or their digests joined (``PromptKeys.raw``)."""
+        ``keys``: the prompt's keys, or their digests joined (``PromptKeys.raw``);
+        ``turn``: the turn's index (its chain of block ids is then kept, :class:`Lookup`)."""
         now = time.monotonic() if now is None else now
         limit = max(0, (prompt_tokens - 1) // self.bt)
         raw = keys if isinstance(keys, bytes) else b"".join([k.raw for k in keys])
-        look = Lookup(prompt_tokens, limit, hits, keys=raw)
+        look = Lookup(prompt_tokens, limit, hits, keys=raw, turn=turn, block_tokens=self.bt)
         with self._lock:
-            chain, done_at = self._chains.get(agent, (b"", now))
+            chain, done_at, last_turn, last_prompt = self._chains.get(
+                agent, (b"", now, None, 0))
             stored = len(chain) // KEY_BYTES
+            if turn is not None:  # the chain as a delta from the previous turn's prompt
+                if turn > 0 and last_turn == turn - 1:
+                    look.chain_base = min(last_prompt, _own_prefix(
+                        chain, raw, len(raw) // KEY_BYTES))
+                look.chain_heads = _heads(raw, look.chain_base)
             failed = self._failed.get(rid)
             own = _own_prefix(chain, raw, hits)  # the rest of the hits: another's blocks
             look.cross_blocks = max(0, hits - own)
@@ -322,9 +366,10 @@ class RequestLedger:
             chain = look.keys + chain_digests(seq, self.ns, look.keys[-KEY_BYTES:] or None)
         else:
             chain = look.keys
+        prompt_keys = len(look.keys) // KEY_BYTES
         look.keys = b""  # a decision may keep the lookup as evidence; the keys are not
         with self._lock:
-            self._chains[agent] = (chain, now)
+            self._chains[agent] = (chain, now, look.turn, prompt_keys)
             self._chains.move_to_end(agent)
             if len(self._chains) > self._agents_max:
                 self._chains.popitem(last=False)

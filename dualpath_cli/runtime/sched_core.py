@@ -162,7 +162,8 @@ class SchedulerCore:
                           .reshape(hits, KEY_BYTES))
         f.prompt = TokenArray(got.tokens.view(np.int32))
         f.cached = hits * self.bt
-        self.ledger.lookup(f.rid, f.req.agent, got.raw, len(f.req.tokens), hits)
+        self.ledger.lookup(f.rid, f.req.agent, got.raw, len(f.req.tokens), hits,
+                           turn=f.req.turn)
 
     # -- loads -------------------------------------------------------------------------
     def _request(self, f: Flight) -> Request:

@@ -84,7 +84,7 @@ def _pe_fetch_inputs(head: list[int], pes: list[_SnapRow], de: _SnapRow,
             "de_engine": _row_dict(de), **flight, "de_place": place,
             "sources": dict(flight["sources"]),
             "de_route": route.as_dict() if route is not None else {},
-            "lookup": look.as_dict() if look is not None else {}}
+            "lookup": look.as_dict(chain=True) if look is not None else {}}
 
 
 class Dispatching(ThresholdControl):

@@ -353,10 +353,21 @@ _PAGE = 1000  # stories per GET /api/v1/requests?state=finished (the API's most)
 
 # --- served turns as a trace -----------------------------------------------------------------
 def _trace_records(decisions: Sequence[Decision]) -> Iterator[dict[str, Any]]:
+    """The ``trace`` lines: the served turns without their block chains (a turn's chain
+    repeats its conversation's so far; the decisions hold them once, as deltas, and
+    services/recording_trace.py ``recorded_trace`` rebuilds them from there)."""
     trace = trace_from_decisions(decisions)
     if trace is None:
         return
-    from dualpath_cli.workload.trace_format import encode_lines
+    from dataclasses import replace
+
+    from dualpath_cli.workload.trace_format import TraceHeader, encode_lines
+
+    if trace.header.outputs_stored:
+        generator = {k: v for k, v in trace.header.generator.items() if k != "blocks"}
+        trace = replace(trace, header=TraceHeader(trace.header.max_len, generator),
+                        trajectories=tuple(replace(t, blocks=())
+                                           for t in trace.trajectories))
 
     for line in encode_lines(trace):
         yield json.loads(line)
@@ -381,16 +392,19 @@ def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
     from dualpath_cli.workload.trajectory import Trajectory, Turn
 
     turns_of: dict[int, dict[int, tuple[int, int | None]]] = {}
+    looks: dict[int, dict[int, dict[str, Any]]] = {}  # agent -> turn -> first lookup
     firsts: dict[int, Decision] = {}
     for d in decisions:
         if d.kind != "turn":
             continue
         turns_of.setdefault(d.agent, {}).setdefault(d.turn, (d.length, d.gen))
+        looks.setdefault(d.agent, {}).setdefault(d.turn, (d.inputs or {}).get("lookup") or {})
         if d.turn == 0:
             firsts.setdefault(d.agent, d)
     if not turns_of:
         return None
     shared = shared_links(firsts.values())
+    block_tokens = _chain_block_tokens(looks)
     trajectories = []
     longest = 1
     folded = False
@@ -407,12 +421,52 @@ def trace_from_decisions(decisions: Sequence[Decision]) -> Any:
         seg = shared.get(agent, ())
         if seg and seg[0][1] > turns[0].append - 1:
             seg = ()  # the replayed first turn is shorter than the prefix (a folded gen)
+        chains = (_chains(looks[agent], sorted(turns_of[agent]), block_tokens)
+                  if block_tokens else ())
         trajectories.append(Trajectory(agent_id=agent, turns=tuple(turns), token_seed=agent,
-                                       shared=seg))
+                                       shared=seg, blocks=chains))
     note = ("1 per turn where the server did not record it; those generated tokens folded "
             "into the next turn's append" if folded else "as generated")
-    header = TraceHeader(max_len=longest, generator={"from": "dualpath record", "gen": note})
+    generator = {"from": "dualpath record", "gen": note}
+    if block_tokens:
+        generator["blocks"] = ("the runtime's block keys (first 8 bytes, 63 bits); "
+                               "a turn's generated blocks are stored when it ends")
+        header = TraceHeader(max_len=longest, generator=generator, block_tokens=block_tokens,
+                             outputs_stored=True)
+    else:
+        header = TraceHeader(max_len=longest, generator=generator)
     return Trace(header, tuple(trajectories))
+
+
+def _chain_block_tokens(looks: dict[int, dict[int, dict[str, Any]]]) -> int | None:
+    """The block size the recorded chains are in (``None``: no turn's lookup kept its
+    chain: an older server's recording)."""
+    for by_turn in looks.values():
+        for look in by_turn.values():
+            bt = look.get("block_tokens")
+            if isinstance(bt, int) and bt > 0 and isinstance(look.get("chain"), list):
+                return bt
+    return None
+
+
+def _chains(looks: dict[int, dict[str, Any]], turns: list[int], block_tokens: int
+            ) -> tuple[tuple[int, ...], ...]:
+    """One agent's prompt chains, turn by turn, from its lookups' deltas (the ledger's
+    ``chain_base`` ids of the previous turn's chain, then ``chain``); empty when one cannot
+    be rebuilt (a turn without a chain, or one whose previous turn is not in the window):
+    that agent then replays hitting its own context, as a trace without chains does."""
+    out: list[tuple[int, ...]] = []
+    prev: tuple[int, ...] = ()
+    for i, turn in enumerate(turns):
+        look = looks.get(turn) or {}
+        ids, base = look.get("chain"), look.get("chain_base", 0)
+        if (not isinstance(ids, list) or not isinstance(base, int)
+                or look.get("block_tokens") != block_tokens
+                or (base and (i == 0 or turns[i - 1] != turn - 1 or base > len(prev)))):
+            return ()
+        prev = (*prev[:base], *ids)
+        out.append(prev)
+    return tuple(out)
 
 
 def shared_links(firsts: Iterable[Decision]) -> dict[int, tuple[tuple[int, int], ...]]:

@@ -73,16 +73,21 @@ def is_recording(path: str | Path) -> bool:
 
 
 def recorded_trace(rec: Recording, source: str) -> Trace:
-    """The served turns of ``rec`` as a trace: its ``trace`` lines (a clean end wrote them),
-    else rebuilt from its decisions (services/recording.py ``trace_from_decisions``).
+    """The served turns of ``rec`` as a trace: rebuilt from its decisions
+    (services/recording.py ``trace_from_decisions``) where they hold the turns' block chains
+    (the ``trace`` lines leave them out), else its ``trace`` lines (a clean end wrote them),
+    else rebuilt from its decisions.
 
     Raises:
         UsageError: the recording served no turn (nothing to replay).
         TraceError: its trace lines do not decode.
     """
+    rebuilt = trace_from_decisions(rec.decisions) if rec.decisions else None
+    if rebuilt is not None and rebuilt.header.outputs_stored:
+        return rebuilt
     if rec.trace_lines:
         return decode_lines((json.dumps(r) for r in rec.trace_lines), f"{source} (trace)")
-    trace = trace_from_decisions(rec.decisions)
+    trace = rebuilt
     if trace is None:
         raise UsageError(f"{source}: no served turns to replay (the decision log is empty; "
                          "record while the cluster serves traffic)")

@@ -107,7 +107,9 @@ def traffic_from_decisions(view: ClusterView, decisions: Sequence[Decision], sou
     if trace is None:
         raise UsageError(f"{source}: no served turns to replay (the decision log is empty; "
                          "record while the cluster serves traffic)")
-    traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source, window_s)
+    traffic = _traffic(view, plans_from_trajectories(
+        trace.trajectories, trace.header.block_tokens, trace.header.outputs_stored),
+        source, window_s)
     return replace(traffic, block_tokens=_block_tokens(decisions))
 
 
@@ -159,8 +161,9 @@ def traffic_from_recording(rec: Recording, source: str) -> Traffic:
     from dualpath_cli.sim import plans_from_trajectories
 
     trace = recorded_trace(rec, source)
-    traffic = _traffic(view, plans_from_trajectories(trace.trajectories), source,
-                       rec.window_s)
+    traffic = _traffic(view, plans_from_trajectories(
+        trace.trajectories, trace.header.block_tokens, trace.header.outputs_stored),
+        source, rec.window_s)
     measured = measured_from_recording(rec)
     starts = None if measured is None else recorded_starts(rec)
     if starts is not None and len(starts) != len(traffic.plans):

@@ -187,7 +187,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         cached = self.context[agent]
         self.context[agent] = cached + append + gen
         if plan.blocks:  # a request log's chain: what the global store holds hits
-            cached, append = self._chain_hit(plan, k, cached + append)
+            cached, append = self._chain_hit(plan, k, cached, cached + append)
         elif self._full_blocks:  # only whole blocks hit; the rest is new
             bt = self._block_tokens
             hit = (cached // bt) * bt
@@ -212,12 +212,16 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
                 self._wake(grp, kind)
             pe_idle.clear()
 
-    def _chain_hit(self, plan: AgentPlan, k: int, prompt: int) -> tuple[int, int]:
+    def _chain_hit(self, plan: AgentPlan, k: int, context: int, prompt: int
+                   ) -> tuple[int, int]:
         """(hit, new) tokens of turn ``k``'s prompt by its block chain in the global store
         (``workload.prefix_store``; whole engine blocks when only whole blocks hit; one token
-        is always computed); counts the cross-conversation part."""
+        is always computed); counts the cross-conversation part. ``context``: the previous
+        turns' tokens (their generated blocks are stored first where the plan says so)."""
         store = self._prefix_store
         assert store is not None
+        if k and plan.outputs_stored:
+            store.store_context(plan.blocks[k], context)
         found = store.lookup(plan.blocks[k], prompt, plan.blocks[k - 1] if k else ())
         hit = min(found.tokens, prompt - 1)
         if self._full_blocks:

@@ -29,13 +29,15 @@ class AgentPlan:
     opens with (``Trajectory.shared``; a global KV store hits them across agents), when
     its first turn arrives in an offline run (``Trajectory.start_s``; ``None``: t = 0), and
     each turn's chain of block ids (``Trajectory.blocks``, ids of ``block_tokens`` tokens;
-    empty: the turn hits its context, as the paper's replay does)."""
+    empty: the turn hits its context, as the paper's replay does), and whether a turn's
+    generated blocks are stored when it ends (the trace header's ``outputs_stored``)."""
 
     turns: tuple[Turn, ...]
     shared: tuple[tuple[int, int], ...] = ()
     start_s: float | None = None
     blocks: tuple[tuple[int, ...], ...] = ()
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    outputs_stored: bool = False
 
     @property
     def num_turns(self) -> int:
@@ -44,9 +46,11 @@ class AgentPlan:
 
 
 def plans_from_trajectories(trajectories: Sequence[Trajectory],
-                            block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[AgentPlan]:
-    """Replay each trajectory as it is (``block_tokens``: the trace header's)."""
-    plans = [AgentPlan(t.turns, t.shared, t.start_s, t.blocks, block_tokens)
+                            block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                            outputs_stored: bool = False) -> list[AgentPlan]:
+    """Replay each trajectory as it is (``block_tokens``, ``outputs_stored``: the trace
+    header's)."""
+    plans = [AgentPlan(t.turns, t.shared, t.start_s, t.blocks, block_tokens, outputs_stored)
              for t in trajectories if t.turns]
     if not plans:
         raise UsageError("the workload has no trajectory with turns")
@@ -131,7 +135,8 @@ class Workload:
             return synthetic_plans(self.max_len, agents, self.seed)
         have = self.trace.trajectories
         if agents <= len(have):
-            return plans_from_trajectories(have[:agents], self.trace.header.block_tokens)
+            return plans_from_trajectories(have[:agents], self.trace.header.block_tokens,
+                                           self.trace.header.outputs_stored)
         if any(t.prefix_seed is not None for t in have):
             raise UsageError(f"{self.source}: {agents} agents asked for but the trace has "
                              f"{len(have)}, already augmented (they cannot be augmented "

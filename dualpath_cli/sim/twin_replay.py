@@ -261,6 +261,8 @@ class Prediction:
     #: (JCT, mean trajectory time) of each replicate replay (:func:`predict` with a seed):
     #: the same setting with arrivals and compute perturbed, for the uncertainty band
     replicates: tuple[tuple[float, float], ...] = ()
+    hit_tokens: int = 0  # prompt tokens the replay found in the store
+    prompt_tokens: int = 0  # every replayed prompt's tokens
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form."""
@@ -445,4 +447,4 @@ def predict(traffic: Traffic, world: World, setting: Setting,
     return Prediction(setting, res.jct, float(res.extra.get("mean_trajectory_s", nan)),
                       ttft.mean if ttft else nan, ttft.p90 if ttft else nan,
                       res.snic_max_avg, dimension, res.cross_conversation_hit_share,
-                      tuple(reps))
+                      tuple(reps), res.hit_tokens, res.prompt_tokens)

@@ -13,7 +13,11 @@ chained: equal ids mean equal tokens and equal prefixes):
 2. of those, the tokens of the leading blocks the conversation's own previous prompt sent
    too (same ids) are hits *within* the conversation; the rest are *cross-conversation* hits
    (a shared system prompt, a tool output another agent sent first, a forked conversation);
-3. then every id of the chain is stored (nothing is evicted).
+3. then every id of the chain is stored (nothing is evicted);
+4. where a trace says so (a recording of the runtime: ``outputs_stored``), a turn's generated
+   tokens' whole blocks are stored too: before the conversation's next prompt is looked up,
+   the ids of that prompt's chain covering the previous prompt and its generated tokens but
+   the last (whose KV is never computed) are stored (:meth:`GlobalPrefixStore.store_context`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,13 @@ class GlobalPrefixStore:
     def store(self, chain: Sequence[int]) -> None:
         """Store every id of ``chain``."""
         self._stored.update(chain)
+
+    def store_context(self, chain: Sequence[int], context_tokens: int) -> None:
+        """Store the ids of ``chain`` (the next prompt's) whose blocks lie within its first
+        ``context_tokens`` tokens less one: the previous turn's prompt and generated tokens,
+        as a runtime whose decode engine writes them back holds them (rule 4)."""
+        if context_tokens > 1:
+            self._stored.update(chain[:(context_tokens - 1) // self.block_tokens])
 
     def visit(self, chain: Sequence[int], prompt_tokens: int,
               previous: Sequence[int] = ()) -> ChainHit:

@@ -79,9 +79,11 @@ class TraceStats:
 
 
 def trace_stats(trajectories: Sequence[Trajectory],
-                block_tokens: int = DEFAULT_BLOCK_TOKENS) -> TraceStats:
+                block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                outputs_stored: bool = False) -> TraceStats:
     """Compute :class:`TraceStats`; trajectories without turns count in none of the means.
-    ``block_tokens``: tokens one id of a trajectory's ``blocks`` covers (the trace header's).
+    ``block_tokens``: tokens one id of a trajectory's ``blocks`` covers (the trace header's);
+    ``outputs_stored``: the header's (``workload.prefix_store`` rule 4).
 
     Raises:
         ValueError: no trajectory has a turn.
@@ -100,7 +102,7 @@ def trace_stats(trajectories: Sequence[Trajectory],
     plain = [t for t in trajs if not t.blocks]
     shared = shared_hits(plain)
     hits = float(sum(sum(t.context_lengths()) for t in plain)) + sum(shared)
-    chained, cross = chain_hits([t for t in trajs if t.blocks], block_tokens)
+    chained, cross = chain_hits([t for t in trajs if t.blocks], block_tokens, outputs_stored)
     hits += chained
     shared.append(cross)
     mean_size = float((append / n).mean() + (gen / n).mean())
@@ -126,9 +128,11 @@ def trace_stats(trajectories: Sequence[Trajectory],
     )
 
 
-def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int) -> tuple[int, int]:
+def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int,
+               outputs_stored: bool = False) -> tuple[int, int]:
     """Hit tokens of trajectories with ``blocks`` in one global store, and how many of them
-    are cross-conversation: trajectories by ``start_s`` (then in order), turn by turn."""
+    are cross-conversation: trajectories by ``start_s`` (then in order), turn by turn
+    (``outputs_stored``: ``workload.prefix_store`` rule 4)."""
     store = GlobalPrefixStore(block_tokens)
     hits = cross = 0
     order = sorted(trajectories, key=lambda t: t.start_s or 0.0)
@@ -136,6 +140,8 @@ def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int) -> tuple[i
         previous: tuple[int, ...] = ()
         for i, chain in enumerate(t.blocks):
             prompt = t.prompt_length(i)
+            if outputs_stored and i:
+                store.store_context(chain, prompt - t.turns[i].append)
             hit = store.visit(chain, prompt, previous)
             tokens = min(hit.tokens, prompt - 1)  # one token of a prompt is always computed
             hits += tokens

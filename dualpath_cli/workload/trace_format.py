@@ -10,7 +10,9 @@ Layout (docs/trace-format.md is the reference)::
     {"agent_id": 4, "token_seed": 4, "turns": [[900, 20], [300, 9]], "blocks": [[7, 8], [7, 9, 10]]}
 
 A header whose trajectories carry ``blocks`` may say how many tokens one block id covers
-(``"block_tokens"``, default 512: Mooncake's).
+(``"block_tokens"``, default 512: Mooncake's), and whether a turn's generated tokens' blocks
+are stored when it ends (``"outputs_stored": true``: a recording of the runtime, whose decode
+engine writes them; default false: only prompts are stored, as a request log's count has it).
 
 Decoding raises :class:`~dualpath_cli.errors.TraceError` with ``SOURCE:LINE: reason`` for the
 first bad line. File access lives in ``trace_io``; this module only sees strings.
@@ -43,7 +45,7 @@ __all__ = [
 FORMAT_NAME = "dualpath-trace"
 FORMAT_VERSION = 1
 
-_HEADER_KEYS = {"format", "version", "max_len", "generator", "block_tokens"}
+_HEADER_KEYS = {"format", "version", "max_len", "generator", "block_tokens", "outputs_stored"}
 _REQUIRED = ("agent_id", "token_seed", "turns")
 _OPTIONAL = ("prefix_seed", "source", "shared", "start_s", "blocks")
 
@@ -61,6 +63,7 @@ class TraceHeader:
     generator: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    outputs_stored: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def encode_lines(trace: Trace) -> Iterator[str]:
                             "generator": trace.header.generator}
     if trace.header.block_tokens != DEFAULT_BLOCK_TOKENS:
         head["block_tokens"] = trace.header.block_tokens
+    if trace.header.outputs_stored:
+        head["outputs_stored"] = True
     yield json.dumps(head, separators=(",", ":"))
     for traj in trace.trajectories:
         record: dict[str, Any] = {"agent_id": traj.agent_id, "token_seed": traj.token_seed}
@@ -170,8 +175,12 @@ def _header(obj: dict[str, Any], where: str) -> TraceHeader:
     if not is_int(block_tokens) or not 1 <= block_tokens <= MAX_BLOCK_TOKENS:
         raise TraceError(f"{where}: header field 'block_tokens' must be an integer in "
                          f"[1, {MAX_BLOCK_TOKENS}], got {block_tokens!r}")
+    outputs_stored = obj.get("outputs_stored", False)
+    if not isinstance(outputs_stored, bool):
+        raise TraceError(f"{where}: header field 'outputs_stored' must be true or false, "
+                         f"got {outputs_stored!r}")
     return TraceHeader(max_len=max_len, generator=generator, version=version,
-                       block_tokens=block_tokens)
+                       block_tokens=block_tokens, outputs_stored=outputs_stored)
 
 
 def _trajectory(obj: dict[str, Any], where: str, header: TraceHeader) -> Trajectory:
