@@ -65,6 +65,7 @@ GOALS: dict[str, dict[str, str]] = {
                      "ds660b.suggest_s": "< 60"},
     "twin_check": {"agree_within_15pct": "yes"},
     "trace_agreement": {"jct_within_goal": "yes", "hits_within_goal": "yes"},
+    "twin_mooncake": {"within_band": "yes"},
 }
 
 

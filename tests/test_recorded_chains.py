@@ -81,6 +81,10 @@ def test_outputs_stored_is_rule_4_of_the_global_store() -> None:
     store.store((1, 2))           # turn 0: a 10-token prompt, 2 full blocks
     store.store_context((1, 2, 3, 4), 12)  # then 2 generated: blocks within 11 tokens
     assert store.lookup((1, 2, 3, 4), 17).tokens == 8
+    own = store.store_context((1, 2, 3, 4), 14, (1, 2))  # 4 generated: block 3 is stored
+    assert own == (1, 2, 3)
+    hit = store.lookup((1, 2, 3, 4), 19, own)
+    assert (hit.tokens, hit.cross) == (12, 0)  # its own generated block: not another's
     traj = Trajectory(0, (Turn(10, 2), Turn(5, 2)), blocks=((1, 2), (1, 2, 3, 4)))
     plain = trace_stats([traj], 4)
     stored = trace_stats([traj], 4, outputs_stored=True)

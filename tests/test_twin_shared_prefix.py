@@ -212,3 +212,5 @@ def test_a_recording_keeps_each_turns_block_chain_and_the_twin_hits_what_the_sto
     live_share, twin_share = counts["hit"] / prompt, replay.hit_tokens / prompt
     print(f"live hit share {live_share:.4f}, twin {twin_share:.4f}")
     assert twin_share == pytest.approx(live_share, abs=0.01), (replay, counts)
+    # hits on a conversation's own generated blocks are its own, not another's
+    assert replay.cross_hit_share == pytest.approx(counts["cross"] / counts["hit"], abs=0.02)

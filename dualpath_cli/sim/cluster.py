@@ -220,9 +220,10 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         turns' tokens (their generated blocks are stored first where the plan says so)."""
         store = self._prefix_store
         assert store is not None
+        previous = plan.blocks[k - 1] if k else ()
         if k and plan.outputs_stored:
-            store.store_context(plan.blocks[k], context)
-        found = store.lookup(plan.blocks[k], prompt, plan.blocks[k - 1] if k else ())
+            previous = store.store_context(plan.blocks[k], context, previous)
+        found = store.lookup(plan.blocks[k], prompt, previous)
         hit = min(found.tokens, prompt - 1)
         if self._full_blocks:
             hit = (hit // self._block_tokens) * self._block_tokens

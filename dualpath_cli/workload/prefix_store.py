@@ -17,7 +17,8 @@ chained: equal ids mean equal tokens and equal prefixes):
 4. where a trace says so (a recording of the runtime: ``outputs_stored``), a turn's generated
    tokens' whole blocks are stored too: before the conversation's next prompt is looked up,
    the ids of that prompt's chain covering the previous prompt and its generated tokens but
-   the last (whose KV is never computed) are stored (:meth:`GlobalPrefixStore.store_context`).
+   the last (whose KV is never computed) are stored (:meth:`GlobalPrefixStore.store_context`);
+   they are the conversation's own blocks (hits on them are within the conversation).
 """
 
 from __future__ import annotations
@@ -72,12 +73,16 @@ class GlobalPrefixStore:
         """Store every id of ``chain``."""
         self._stored.update(chain)
 
-    def store_context(self, chain: Sequence[int], context_tokens: int) -> None:
+    def store_context(self, chain: Sequence[int], context_tokens: int,
+                      previous: Sequence[int] = ()) -> tuple[int, ...]:
         """Store the ids of ``chain`` (the next prompt's) whose blocks lie within its first
         ``context_tokens`` tokens less one: the previous turn's prompt and generated tokens,
-        as a runtime whose decode engine writes them back holds them (rule 4)."""
-        if context_tokens > 1:
-            self._stored.update(chain[:(context_tokens - 1) // self.block_tokens])
+        as a runtime whose decode engine writes them back holds them (rule 4). Returns
+        ``previous`` (the previous prompt's chain) extended by the generated blocks' ids: the
+        conversation's own chain, the ``previous`` of :meth:`lookup`."""
+        ids = chain[:max(0, context_tokens - 1) // self.block_tokens]
+        self._stored.update(ids)
+        return (*previous, *ids[len(previous):])
 
     def visit(self, chain: Sequence[int], prompt_tokens: int,
               previous: Sequence[int] = ()) -> ChainHit:

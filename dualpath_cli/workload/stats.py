@@ -141,7 +141,7 @@ def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int,
         for i, chain in enumerate(t.blocks):
             prompt = t.prompt_length(i)
             if outputs_stored and i:
-                store.store_context(chain, prompt - t.turns[i].append)
+                previous = store.store_context(chain, prompt - t.turns[i].append, previous)
             hit = store.visit(chain, prompt, previous)
             tokens = min(hit.tokens, prompt - 1)  # one token of a prompt is always computed
             hits += tokens
