@@ -124,6 +124,9 @@ KV_WAIT_MIN_SAMPLES = 2
 KV_WAIT_BAND_S = 0.005
 #: Fewest store reads of a node in the window before their mean latency is graded.
 STORE_LATENCY_MIN_READS = 10
+#: With fewer in the window (the scheduler steers reads away from a slow store), how far
+#: back store-latency may count the node's last reads, as earlier diagnose runs counted them.
+STORE_LATENCY_LOOKBACK_S = 300.0
 STORE_LATENCY_BAND_S = 0.02
 SCHED_CPU_BAND = 0.05
 #: The band of rule hot-block (its busiest copy's share of the store's reads).

@@ -178,7 +178,10 @@ def _rules() -> dict[str, Rule]:
         Rule("read-queue", snic, "share of samples with the node's read queue over alpha",
              "samples", th.MIN_SAMPLES, th.PERSIST_FRACTION, None, th.SHARE_BAND),
         Rule("store-latency", snic, "a node's mean store read latency (each block from "
-             "queued to delivered) over the window", "reads", th.STORE_LATENCY_MIN_READS,
+             "queued to delivered) over the window; with fewer reads in it than the minimum "
+             "(reads steered away from a slow store), over the node's last reads back to a "
+             "count an earlier diagnose run took, at most STORE_LATENCY_LOOKBACK_S back",
+             "reads", th.STORE_LATENCY_MIN_READS,
              th.STORE_LATENCY_WARN_S, th.STORE_LATENCY_CRIT_S, th.STORE_LATENCY_BAND_S),
         Rule("misclassified", snic, "share of an engine's decisions whose PE class its "
              "inputs contradict", "decisions", th.MISCLASS_MIN_DECISIONS, th.MISCLASS_WARN,
