@@ -67,6 +67,27 @@ def test_store_latency_keeps_its_grade_inside_the_band() -> None:
                                                       previous=prev)))
 
 
+def test_store_latency_band_is_a_share_of_the_threshold_crossed() -> None:
+    """A queued read's latency wobbles in proportion to it: a steady slow store measured
+    at 0.9 s then 1.1 s keeps its grade (band 20%: 200 ms at CRITICAL's 1 s), while 20 ms
+    still moves it at WARNING's 100 ms (above)."""
+    def graded(mean: float, prev: dict[str, Severity] | None) -> Severity:
+        ev = window(extras=_latency({3: mean}))
+        (f,) = _store_latency(snic_imbalance(Evidence(ev.samples, ev.decisions,
+                                                      previous=prev)))
+        return f.severity
+
+    warned = previous_grades(_store_latency(snic_imbalance(window(extras=_latency({3: 0.9})))))
+    assert graded(1.1, warned) is Severity.WARNING  # under 1.2 s: kept
+    assert graded(1.25, warned) is Severity.CRITICAL
+    crit = previous_grades(_store_latency(snic_imbalance(window(extras=_latency({3: 1.1})))))
+    assert graded(0.85, crit) is Severity.CRITICAL  # over 0.8 s: kept
+    assert graded(0.75, crit) is Severity.WARNING
+    ev = window(extras=_latency({3: 1.1}))
+    (f,) = _store_latency(snic_imbalance(ev))
+    assert "band 20% of the threshold" in (f.why or "")
+
+
 def _hot(lead: int, *, per_s: int = 30, copies: int = 1, others: int = 60,
          readers: bool = True, blocks: int = 2) -> Callable[[int], Extras]:
     """Two blocks (or ``blocks``) node 3 reads ``per_s`` a second each (block ``lead`` a
