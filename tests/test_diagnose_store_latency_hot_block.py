@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from test_diagnose_rules import dataclass_replace, named, ttft_extras, window
+from test_diagnose_rules import T0, dataclass_replace, named, ttft_extras, window
 
 from dualpath_cli.diagnose import rules
 from dualpath_cli.diagnose.model import Evidence, Finding, Severity
+from dualpath_cli.diagnose.thresholds import STORE_LATENCY_LOOKBACK_S
 from dualpath_cli.diagnose.verdict import previous_grades
 from dualpath_cli.diagnose.workflows.long_tail import long_tail
 from dualpath_cli.diagnose.workflows.snic_imbalance import snic_imbalance
@@ -64,6 +65,27 @@ def test_store_latency_keeps_its_grade_inside_the_band() -> None:
     gone = window(extras=_latency({3: 0.07}))  # back past the band: OK
     assert not _store_latency(snic_imbalance(Evidence(gone.samples, gone.decisions,
                                                       previous=prev)))
+
+
+def test_store_latency_band_is_a_share_of_the_threshold_crossed() -> None:
+    """A queued read's latency wobbles in proportion to it: a steady slow store measured
+    at 0.9 s then 1.1 s keeps its grade (band 20%: 200 ms at CRITICAL's 1 s), while 20 ms
+    still moves it at WARNING's 100 ms (above)."""
+    def graded(mean: float, prev: dict[str, Severity] | None) -> Severity:
+        ev = window(extras=_latency({3: mean}))
+        (f,) = _store_latency(snic_imbalance(Evidence(ev.samples, ev.decisions,
+                                                      previous=prev)))
+        return f.severity
+
+    warned = previous_grades(_store_latency(snic_imbalance(window(extras=_latency({3: 0.9})))))
+    assert graded(1.1, warned) is Severity.WARNING  # under 1.2 s: kept
+    assert graded(1.25, warned) is Severity.CRITICAL
+    crit = previous_grades(_store_latency(snic_imbalance(window(extras=_latency({3: 1.1})))))
+    assert graded(0.85, crit) is Severity.CRITICAL  # over 0.8 s: kept
+    assert graded(0.75, crit) is Severity.WARNING
+    ev = window(extras=_latency({3: 1.1}))
+    (f,) = _store_latency(snic_imbalance(ev))
+    assert "band 20% of the threshold" in (f.why or "")
 
 
 def _hot(lead: int, *, per_s: int = 30, copies: int = 1, others: int = 60,
@@ -146,3 +168,65 @@ def test_latency_and_block_readers_come_from_the_metrics_page_and_survive_json()
     assert back.block_readers == x.block_readers
     assert extras_from_dict({}).store_read_latency == {}  # an older recording
     assert named(snic_imbalance(window()), "node D3") == []
+
+
+def _steered(before: int, per_read: float = 0.45) -> Callable[[int], Extras]:
+    """D3's store reads at ``per_read``, ``before`` of them before the window and one a
+    second in it (the scheduler steers reads away from it); the other nodes' 5 a second."""
+    def extras(i: int) -> Extras:
+        lat = {node: (0.01 * 5 * (i + 40), 5 * (i + 40)) for node in range(6)}
+        lat[3] = (per_read * (before + i), before + i)
+        return dataclass_replace(ttft_extras(i), store_read_latency=lat)
+    return extras
+
+
+def test_too_few_reads_in_the_window_grades_the_nodes_last_reads_from_earlier_counts() -> None:
+    """A slow store the scheduler steers reads away from is still slow: with 9 reads in the
+    window, the rule counts the node's last reads back to the newest earlier count that
+    leaves the minimum (kept by an earlier diagnose run), and says so."""
+    ev = window(extras=_steered(before=20))
+    ev.read_history = {3: [(T0 - 90, 0.45 * 2, 2), (T0 - 20, 0.45 * 15, 15),
+                           (T0 - 5, 0.45 * 21, 21)]}
+    (f,) = _store_latency(snic_imbalance(ev))
+    assert f.subject == "node D3" and f.severity is Severity.WARNING
+    # 29 reads at the end: back to T0-20 (14 reads: 5 before the window, 9 in it); the
+    # newer count at T0-5 leaves only 8
+    assert f.evidence["reads"] == 14 and f.evidence["reads_in_window"] == 9
+    assert f.evidence["lookback_s"] == pytest.approx(29.0)
+    assert f.evidence["mean_read_latency_s"] == pytest.approx(0.45)
+    assert "its last 14 reads, over 29 s; 9 in this 9 s window" in f.title
+    assert "the window had 9 reads (< 10): graded on the node's last 14 reads" in (f.why or "")
+
+
+def test_earlier_counts_out_of_reach_or_from_before_a_restart_are_not_evidence() -> None:
+    old = window(extras=_steered(before=20))
+    old.read_history = {3: [(T0 + 9 - STORE_LATENCY_LOOKBACK_S - 1, 0.0, 0)]}
+    (f,) = [f for f in snic_imbalance(old) if f.rule == "store-latency"]
+    assert f.severity is Severity.OK and "not enough evidence: 9 reads" in f.title
+    restarted = window(extras=_steered(before=0))  # counts from zero again
+    restarted.read_history = {3: [(T0 - 30, 0.45 * 500, 500)]}
+    (f,) = [f for f in snic_imbalance(restarted) if f.rule == "store-latency"]
+    assert f.severity is Severity.OK and "not enough evidence" in f.title
+
+
+def test_a_window_with_enough_reads_is_graded_on_them_alone() -> None:
+    """The lookback is for a window short of evidence only: a store that got fast again
+    with plenty of reads in the window is judged by them, not by the slow reads before."""
+    ev = window(extras=_latency({3: 0.01}))
+    ev.read_history = {3: [(T0 - 60, 0.0, 0)]}
+    assert not _store_latency(snic_imbalance(ev))
+
+
+def test_read_history_snapshots_and_merge_keep_one_count_each_in_reach() -> None:
+    from dualpath_cli.diagnose.read_history import merged, snapshots
+
+    ev = window(extras=_steered(before=20))
+    snaps = snapshots(ev.samples)
+    assert len(snaps[3]) == 10 and snaps[3][0][2] == 20 and snaps[3][-1][2] == 29
+    end = ev.samples[-1].at
+    kept = merged({3: [(end - 400, 0.0, 1), (end - 100, 1.0, 5)], 7: [(end - 50, 0.0, 99)]},
+                  snaps, end, 300.0)
+    assert kept[3][0] == (end - 100, 1.0, 5) and len(kept[3]) == 11  # the 400 s one went
+    assert kept[7] == [(end - 50, 0.0, 99)]
+    again = merged(kept, {3: [(end + 1, 0.45 * 29, 29)]}, end + 1, 300.0)
+    assert again[3][-1] == (end + 1, 0.45 * 29, 29) and len(again[3]) == 11  # one per count

@@ -183,6 +183,32 @@ def test_verdicts_are_kept_per_cluster_for_the_next_window_only(
     assert again is not None and again[verdict_key("snic-link", "node D3")] is CRITICAL
 
 
+def test_store_read_counts_are_kept_per_cluster_within_the_lookback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """store-latency's lookback: each run keeps its window's store-read counts by node; the
+    next run on the cluster reads them back, none older than the lookback."""
+    from dataclasses import replace
+
+    from dualpath_cli.cli.verdict_memory import load_read_history, save_verdicts
+    from dualpath_cli.diagnose.thresholds import STORE_LATENCY_LOOKBACK_S
+    from dualpath_cli.telemetry.recording import Sample
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    ev = window()
+    samples = [Sample(s.at, s.view, replace(s.extras, store_read_latency={1: (0.2 * i, i)}))
+               for i, s in enumerate(ev.samples)]
+    end = samples[-1].at
+    save_verdicts("http://a", end, [], samples)
+    got = load_read_history("http://a")
+    assert [c for _, _, c in got[1]] == list(range(len(samples)))
+    assert load_read_history("http://b") == {}
+    later = [Sample(s.at + STORE_LATENCY_LOOKBACK_S, s.view, s.extras) for s in samples[-1:]]
+    save_verdicts("http://a", end + STORE_LATENCY_LOOKBACK_S, [], later)
+    kept = load_read_history("http://a")[1]
+    # one per count, the newest; older than the lookback: dropped
+    assert kept == [(end + STORE_LATENCY_LOOKBACK_S, 0.2 * 9, 9)]
+
+
 def test_every_rule_is_in_the_troubleshooting_table() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "troubleshooting.md").read_text()
     rows = set(re.findall(r"^\| `([a-z0-9-]+)` \| ", doc, re.M))

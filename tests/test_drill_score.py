@@ -211,3 +211,32 @@ def test_a_fix_judged_by_its_evidence_helps_when_the_value_falls_not_the_grade()
     # a row judged by its grade: the grade must drop
     graded = _Looks([[finding(0.1)]])
     assert not _better(graded, made, "WARNING")  # type: ignore[arg-type]
+
+
+class _NoReplicaRoots:
+    """A client whose store has no replica roots (as the server refuses a copy)."""
+
+    def replicate_blocks(self, blocks: list[str], copies: int | None) -> None:
+        from dualpath_cli.errors import DualPathError
+        from dualpath_cli.services.replicate import NO_REPLICA_ROOTS
+
+        raise DualPathError(f"HTTP 422: {NO_REPLICA_ROOTS}, so a copy has nowhere to go")
+
+
+def test_hot_blocks_fix_on_a_store_without_replica_roots_is_not_applicable_when_said() -> None:
+    """Joined nodes launched without --replica-root: the copies the finding offers cannot be
+    made, and the finding says so (launch --replica-root DIR): no fix applied, not a failed
+    one. A finding that does not name the precondition misled the operator: refused."""
+    from dualpath_cli.services.drill import _fix_for
+    from dualpath_cli.services.drill_rows import Made
+
+    told = {"action": "dualpath diagnose long-tail --fix   (copies ...; a store without "
+                      "them: launch --replica-root DIR)", "evidence": {"hot_blocks": {"ab": 30}}}
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+    label, _ = _fix_for(_NoReplicaRoots(), told, made)
+    assert "not applicable" in label and "fix_not_applicable" in made.detail
+    assert "fix_refused" not in made.detail
+    silent = {"action": "dualpath diagnose long-tail --fix", "evidence": {"hot_blocks": {"ab": 30}}}
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+    label, _ = _fix_for(_NoReplicaRoots(), silent, made)
+    assert label == "replicate (refused)" and "fix_refused" in made.detail

@@ -193,7 +193,7 @@ def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
     if live and ev.samples:
         from dualpath_cli.cli.verdict_memory import save_verdicts
 
-        save_verdicts(source, ev.samples[-1].at, reports)
+        save_verdicts(source, ev.samples[-1].at, reports, ev.samples)
     names = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
     if as_json:
         from dualpath_cli.cli.output import emit_json
@@ -222,12 +222,14 @@ def _diagnose(workflow: str, window: str, interval: str, ref: ClusterRef,
 
 def _with_previous(ev: Evidence, target: str) -> Evidence:
     """``ev`` with the previous verdicts on ``target`` where one run ended just before this
-    window (cli/verdict_memory.py): the rules' hysteresis reads them."""
-    from dualpath_cli.cli.verdict_memory import load_previous
+    window, and the store-read counts earlier runs kept (cli/verdict_memory.py): the rules'
+    hysteresis reads the first, store-latency's lookback the second."""
+    from dualpath_cli.cli.verdict_memory import load_previous, load_read_history
 
     if not ev.samples:
         return ev
     ev.previous = load_previous(target, ev.samples[0].at, ev.window_s)
+    ev.read_history = load_read_history(target)
     return ev
 
 

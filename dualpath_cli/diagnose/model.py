@@ -157,12 +157,17 @@ class Evidence:
         previous: the previous verdicts of the graded rules on this cluster, by
             ``verdict.verdict_key`` (``None``: none known); the rules' hysteresis keeps a
             grade while its value stays inside the band around a threshold.
+        read_history: each node's cumulative store-read counts at moments before the window
+            (diagnose/read_history.py; kept by earlier diagnose runs on this cluster), so
+            store-latency can grade a node's last reads when the window holds too few.
     """
 
     def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = (), *,
                  audit: Sequence[AuditEntry] | None = None, earlier: Sequence[Decision] = (),
                  alpha_s_per_token: float | None = None,
-                 previous: Mapping[str, Severity] | None = None) -> None:
+                 previous: Mapping[str, Severity] | None = None,
+                 read_history: Mapping[int, Sequence[tuple[float, float, int]]] | None = None
+                 ) -> None:
         self.samples = tuple(samples)
         self.decisions = tuple(d for d in decisions if d.kind == "turn")  # not controller moves
         first = min((d.seq for d in decisions), default=None)
@@ -174,6 +179,8 @@ class Evidence:
         self.audit = None if audit is None else tuple(audit)
         self.alpha_s_per_token = alpha_s_per_token
         self.previous = None if previous is None else dict(previous)
+        self.read_history: dict[int, list[tuple[float, float, int]]] = {
+            n: list(h) for n, h in (read_history or {}).items()}
 
     @classmethod
     def from_views(cls, views: Sequence[ClusterView],

@@ -124,7 +124,14 @@ KV_WAIT_MIN_SAMPLES = 2
 KV_WAIT_BAND_S = 0.005
 #: Fewest store reads of a node in the window before their mean latency is graded.
 STORE_LATENCY_MIN_READS = 10
-STORE_LATENCY_BAND_S = 0.02
+#: With fewer in the window (the scheduler steers reads away from a slow store), how far
+#: back store-latency may count the node's last reads, as earlier diagnose runs counted them.
+STORE_LATENCY_LOOKBACK_S = 300.0
+#: store-latency's band, a share of the threshold crossed (20 ms at WARNING's 100 ms, 200 ms
+#: at CRITICAL's 1 s): a queued read's latency wobbles in proportion to it (a read behind a
+#: burst of reads on a slow store waits for the burst), so one absolute band that is wide
+#: enough at 100 ms is a fiftieth of the wobble at 1 s.
+STORE_LATENCY_BAND = 0.2
 SCHED_CPU_BAND = 0.05
 #: The band of rule hot-block (its busiest copy's share of the store's reads).
 HOT_BLOCK_BAND = 0.03

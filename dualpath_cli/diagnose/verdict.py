@@ -36,6 +36,8 @@ class Rule:
         band: hysteresis: with a previous grade, the value must pass a threshold by more
             than this to change the grade.
         lower_is_worse: the value is bad when low (a link at 25% of expected).
+        relative_band: ``band`` is a share of the threshold it is about (a latency, whose
+            window-to-window wobble grows with it: 20 ms at 100 ms is 200 ms at 1 s).
     """
 
     name: str
@@ -47,22 +49,29 @@ class Rule:
     crit: float | None
     band: float
     lower_is_worse: bool = False
+    relative_band: bool = False
 
-    def raw(self, value: float, shift: float = 0.0) -> Severity:
-        """The grade by the thresholds moved ``shift`` towards the bad side."""
-        if self.lower_is_worse:
-            if self.crit is not None and value < self.crit - shift:
-                return Severity.CRITICAL
-            return Severity.WARNING if value < self.warn - shift else Severity.OK
-        if self.crit is not None and value >= self.crit + shift:
+    def band_at(self, threshold: float) -> float:
+        """The band around ``threshold``."""
+        return self.band * abs(threshold) if self.relative_band else self.band
+
+    def raw(self, value: float, toward: int = 0) -> Severity:
+        """The grade by the thresholds, each moved its band ``toward`` the bad side (1),
+        the good side (-1) or not at all (0)."""
+        def past(t: float) -> bool:
+            moved = toward * self.band_at(t)
+            return value < t - moved if self.lower_is_worse else value >= t + moved
+
+        if self.crit is not None and past(self.crit):
             return Severity.CRITICAL
-        return Severity.WARNING if value >= self.warn + shift else Severity.OK
+        return Severity.WARNING if past(self.warn) else Severity.OK
 
     def thresholds_text(self) -> str:
         """``WARNING < 0.75, CRITICAL < 0.5 (band 0.05)`` for a finding's why."""
         op = "<" if self.lower_is_worse else ">="
         crit = f", CRITICAL {op} {self.crit:g}" if self.crit is not None else ""
-        return f"WARNING {op} {self.warn:g}{crit}, band {self.band:g}"
+        band = f"{self.band:.0%} of the threshold" if self.relative_band else f"{self.band:g}"
+        return f"WARNING {op} {self.warn:g}{crit}, band {band}"
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,8 @@ def grade(rule: Rule, value: float, evidence_n: int, previous: Severity | None =
     if previous is None or previous not in (Severity.OK, Severity.WARNING, Severity.CRITICAL):
         return Verdict(raw, f"{rule.name} {text} over {counted}: {raw.name} "
                             f"({rule.thresholds_text()})")
-    up = rule.raw(value, rule.band)      # needs the band beyond a threshold to go up
-    down = rule.raw(value, -rule.band)   # needs the band back past it to come down
+    up = rule.raw(value, 1)      # needs the band beyond a threshold to go up
+    down = rule.raw(value, -1)   # needs the band back past it to come down
     if up > previous:
         sev = up
     elif down < previous:
@@ -178,8 +187,12 @@ def _rules() -> dict[str, Rule]:
         Rule("read-queue", snic, "share of samples with the node's read queue over alpha",
              "samples", th.MIN_SAMPLES, th.PERSIST_FRACTION, None, th.SHARE_BAND),
         Rule("store-latency", snic, "a node's mean store read latency (each block from "
-             "queued to delivered) over the window", "reads", th.STORE_LATENCY_MIN_READS,
-             th.STORE_LATENCY_WARN_S, th.STORE_LATENCY_CRIT_S, th.STORE_LATENCY_BAND_S),
+             "queued to delivered) over the window; with fewer reads in it than the minimum "
+             "(reads steered away from a slow store), over the node's last reads back to a "
+             "count an earlier diagnose run took, at most STORE_LATENCY_LOOKBACK_S back",
+             "reads", th.STORE_LATENCY_MIN_READS,
+             th.STORE_LATENCY_WARN_S, th.STORE_LATENCY_CRIT_S, th.STORE_LATENCY_BAND,
+             relative_band=True),
         Rule("misclassified", snic, "share of an engine's decisions whose PE class its "
              "inputs contradict", "decisions", th.MISCLASS_MIN_DECISIONS, th.MISCLASS_WARN,
              None, th.MISCLASS_BAND),

@@ -38,6 +38,7 @@ from dualpath_cli.services.drill_score import (
     rank,
     worst_grade,
 )
+from dualpath_cli.services.replicate import NO_REPLICA_ROOTS
 from dualpath_cli.telemetry.recording import Sample, extras_from_metrics_text
 
 __all__ = ["Session", "run_drill", "run_row", "pick_rows", "DrillError", "INTERVAL_S"]
@@ -153,7 +154,13 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
     if "diagnose long-tail --fix" in action and ev.get("hot_blocks"):
         try:
             client.replicate_blocks(list(ev["hot_blocks"]), None)
-        except DualPathError as err:  # e.g. no replica roots: the offered fix cannot apply
+        except DualPathError as err:
+            if NO_REPLICA_ROOTS in str(err) and "--replica-root" in action:
+                # a cluster launched without replica roots (an operator's joined nodes): the
+                # copies cannot be made here, and the finding said so and what to do
+                # (launch --replica-root DIR); not a fix that failed, none applicable
+                made.detail["fix_not_applicable"] = str(err)
+                return "replicate (not applicable: no replica roots)", lambda: None
             made.detail["fix_refused"] = str(err)
             return "replicate (refused)", lambda: None
         return f"replicate {len(ev['hot_blocks'])} blocks", lambda: None
@@ -227,6 +234,8 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             if made.detail.get("fix_refused"):
                 res.fix_helped = False
                 res.notes.append(f"fix refused: {made.detail['fix_refused']}")
+            elif made.detail.get("fix_not_applicable"):
+                res.notes.append(f"fix not applicable here: {made.detail['fix_not_applicable']}")
             elif res.fix:
                 before = res.grade
                 watch.reset()

@@ -389,6 +389,9 @@ ROWS: tuple[Row, ...] = (
         spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total"),
     Row("store_full", "api", "store-health", "WARNING", spec="store_full:node={node}",
         metric="dualpath_storage_write_errors_total"),
+    # its fix (copies on the replica roots) needs a store with replica roots: on a cluster
+    # without them (joined nodes launched without --replica-root) the finding says to launch
+    # with them, and the row applies no fix (services/drill.py, _fix_for)
     Row("hot_blocks", "api", "long-tail", "WARNING",
         spec="hot_blocks:node={node},count=4,rate=50",
         metric="dualpath_storage_read_blocks_total", fix_drops="hot_share"),

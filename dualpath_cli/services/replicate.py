@@ -19,10 +19,13 @@ from typing import Any
 from dualpath_cli.core.layout import KEY_BYTES
 from dualpath_cli.errors import UsageError
 
-__all__ = ["replicate_blocks", "MAX_BLOCKS", "NoReplicaRoots"]
+__all__ = ["replicate_blocks", "MAX_BLOCKS", "NoReplicaRoots", "NO_REPLICA_ROOTS"]
 
 #: Blocks one request may name (a hot set is a handful; this bounds the work of one call).
 MAX_BLOCKS = 64
+#: How the refusal of a store without replica roots begins (the API passes the message on:
+#: a client tells this refusal, a precondition of the cluster, from a failed copy).
+NO_REPLICA_ROOTS = "this cluster's store has no replica roots"
 
 
 class NoReplicaRoots(UsageError):
@@ -78,9 +81,9 @@ def replicate_blocks(store_dir: Path | None, replica_dirs: Sequence[Path],
 
     keys = check_block_keys(blocks)
     if store_dir is None or not replica_dirs:
-        raise NoReplicaRoots("this cluster's store has no replica roots, so a copy has "
-                             "nowhere to go: launch it with --replica-root DIR (repeatable; "
-                             "or set storage.replica_roots)")
+        raise NoReplicaRoots(f"{NO_REPLICA_ROOTS}, so a copy has nowhere to go: launch "
+                             "it with --replica-root DIR (repeatable; or set "
+                             "storage.replica_roots)")
     roots = [store_dir, *replica_dirs]
     want = len(roots) if copies is None else copies
     if want < 2:

@@ -23,11 +23,13 @@ from dualpath_cli.diagnose.grading import (
     values_of,
 )
 from dualpath_cli.diagnose.model import Change, Evidence, Finding, engine_name, node_name
+from dualpath_cli.diagnose.read_history import Lookback, last_reads
 from dualpath_cli.diagnose.thresholds import (
     CHANGE_MIN_READS,
     CHANGE_REACH_MIN_S,
     SNIC_BUSY_MIN,
     SNIC_SATURATED,
+    STORE_LATENCY_LOOKBACK_S,
 )
 from dualpath_cli.diagnose.verdict import RULES, Verdict, judge, not_enough
 from dualpath_cli.telemetry.view import Decision
@@ -114,12 +116,29 @@ def _store_latency(ev: Evidence) -> list[Finding]:
     does not slow its link, so snic-link cannot see it; and the node's reads are not only
     prefills' (kv-wait): a decode node's loader reads for the reads the scheduler sends to
     the decode side. The mean latency of the reads that did happen does not depend on how
-    many there were (once there are enough), so a steady fault keeps its grade."""
+    many there were (once there are enough), so a steady fault keeps its grade. Where the
+    window holds fewer than the minimum (the scheduler steers reads away from a slow
+    store), the node's last reads are graded instead, counted back to a moment an earlier
+    diagnose run counted (at most STORE_LATENCY_LOOKBACK_S before; diagnose/read_history.py),
+    and the finding says how far back it went."""
     rule = RULES["store-latency"]
     out = []
     window = store_latency_window(ev)
     nodes = ev.nodes
-    for n, (mean, reads) in sorted(window.items(), key=lambda kv: -kv[1][0]):
+    start, end = ev.samples[0].at, ev.samples[-1].at
+    now = ev.samples[-1].extras.store_read_latency
+    graded: dict[int, tuple[float, int, Lookback | None]] = {}
+    for n in set(window) | (set(ev.read_history) & set(now)):
+        mean, reads = window.get(n, (0.0, 0))
+        back = None
+        if reads < rule.minimum and n in now:
+            back = last_reads(ev.read_history.get(n, ()), start, end, now[n], rule.minimum,
+                              STORE_LATENCY_LOOKBACK_S)
+        if back is not None:
+            graded[n] = (back.mean_s, back.reads, back)
+        elif reads:
+            graded[n] = (mean, reads, None)
+    for n, (mean, reads, back) in sorted(graded.items(), key=lambda kv: -kv[1][0]):
         if n not in nodes:
             continue
         name = node_name(nodes[n])
@@ -131,22 +150,34 @@ def _store_latency(ev: Evidence) -> list[Finding]:
             continue
         if not v.severity:
             continue
+        in_window = window.get(n, (0.0, 0))[1]
+        why, counted = v.why, f"{reads} reads in {ev.window_s:.0f} s"
+        if back is not None:
+            why += (f"; the window had {in_window} reads (< {rule.minimum}): graded on the "
+                    f"node's last {reads} reads, back {back.span_s:.0f} s (at most "
+                    f"{STORE_LATENCY_LOOKBACK_S:g} s) to a count an earlier diagnose run took")
+            counted = (f"its last {reads} reads, over {back.span_s:.0f} s; {in_window} in this "
+                       f"{ev.window_s:.0f} s window")
         others = {node_name(nodes[m]): r[0] for m, r in window.items()
                   if m != n and m in nodes}
         peers = ", ".join(f"{k} {ms * 1e3:.0f} ms" for k, ms in sorted(others.items()))
         peers = f"; the other nodes' {peers}" if peers else ""
         out.append(Finding(
             "snic-imbalance", v.severity, f"node {name} store reads take {mean * 1e3:.0f} ms "
-            f"on average ({reads} reads in {ev.window_s:.0f} s){peers}", subject=subject,
+            f"on average ({counted}){peers}", subject=subject,
             evidence={"node": name, "mean_read_latency_s": round(mean, 6), "reads": reads,
+                      "reads_in_window": in_window,
+                      "lookback_s": round(back.span_s, 3) if back is not None else 0.0,
                       "peers_read_latency_s": {k: round(s, 6) for k, s in others.items()}},
             cause=f"slow store reads on {name} (its disk or store target, the path to it; "
                   "its storage NIC's rate is graded by snic-link): every turn that reads "
-                  f"its cached prefix through {name} waits for them",
+                  f"its cached prefix through {name} waits for them"
+                  + ("; the scheduler sends it few reads now (few in the window)"
+                     if back is not None else ""),
             action=f"check the store behind {name}: dualpath storage bench --root <store> "
                    f"(run on {name}); dmesg; the metric dualpath_storage_read_latency_seconds by "
                    "node",
-            rule=rule.name, why=v.why))
+            rule=rule.name, why=why))
     return out
 
 
