@@ -354,12 +354,15 @@ class Session:
 
 def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
               on_row: Callable[[RowResult], None] | None = None,
-              relaunch: Callable[[], Session] | None = None) -> list[RowResult]:
+              relaunch: Callable[[], Session] | None = None,
+              joined: Callable[[], Session] | None = None) -> list[RowResult]:
     """Every row ``repeat`` times against ``session``'s cluster.
 
     A row starts only on an OK cluster: when an earlier row left it broken (an engine that
     was not brought back), ``relaunch`` (the drill's own embedded cluster) gives a fresh one
-    and the row says so; without it the row fails with that reason.
+    and the row says so; without it the row fails with that reason. A row that needs a
+    joined node the cluster lacks (a leave) runs on the cluster ``joined`` gives (the
+    drill's own joined one, launched on first need) and says so; without it, it is skipped.
 
     Raises:
         DualPathError: the cluster is not healthy to begin with, or the reference run failed.
@@ -370,6 +373,7 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                          "faults in force): clear them first (dualpath faults clear --all)")
     out: list[RowResult] = []
     load = AgentLoad(s.url, s.token, drill_agents())
+    side = _Side(joined)
     try:
         reference = load.reference()
         for _ in range(max(1, repeat)):
@@ -385,9 +389,10 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                                     error="the cluster was not OK before this row (an "
                                     "earlier row left it so)")
                 else:
-                    res = run_row(s.client, row, Target(s.client.status(), s.client.view(),
-                                                        s.local, s.store), load, reference,
-                                  _injector(s.client))
+                    target = _target(s)
+                    res = (side.run(row) if side.wanted(row, target) else
+                           run_row(s.client, row, target, load, reference,
+                                   _injector(s.client)))
                 if note:
                     res.notes.append(note)
                 out.append(res)
@@ -395,7 +400,64 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                     on_row(res)
     finally:
         load.close()
+        side.close()
     return out
+
+
+def _target(s: Session) -> Target:
+    return Target(s.client.status(), s.client.view(), s.local, s.store)
+
+
+class _Side:
+    """The drill's own joined cluster, for the rows that need a node with a launcher of its
+    own (a leave) where the cluster under drill has none: launched on first need, with its
+    own load and reference run (its tokens are its own cluster's)."""
+
+    NOTE = ("ran on the drill's own joined cluster (a scheduler and nodes P0, D0, D1, each "
+            "its own launcher on loopback): the embedded default runs every node in one "
+            "launcher, and a leave needs a node's own launcher to stop")
+
+    def __init__(self, launch: Callable[[], Session] | None) -> None:
+        self.launch = launch
+        self.session: Session | None = None
+        self.load: AgentLoad | None = None
+        self.reference: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def wanted(self, row: Row, target: Target) -> bool:
+        """Whether ``row`` runs here: it is skipped on ``target`` for want of a joined node,
+        and there is a joined cluster to launch."""
+        return self.launch is not None and row.how == "leave" and bool(
+            row.skip_reason(target))
+
+    def run(self, row: Row) -> RowResult:
+        """``row`` on the joined cluster (launched now if not yet); an error row when it
+        cannot be launched or is not OK."""
+        try:
+            if self.session is None:
+                assert self.launch is not None
+                self.session = self.launch()
+                self.load = AgentLoad(self.session.url, self.session.token, drill_agents())
+                if not _ok_within(self.session.client, RECOVER_S):
+                    raise DrillError("the drill's joined cluster was not OK after its launch")
+                self.reference = self.load.reference()
+            s = self.session
+            if not _ok_within(s.client, RECOVER_S):
+                raise DrillError("the drill's joined cluster was not OK before this row (an "
+                                 "earlier row left it so)")
+            assert self.load is not None
+            res = run_row(s.client, row, _target(s), self.load, self.reference,
+                          _injector(s.client))
+        except DualPathError as err:
+            res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s,
+                            error=f"on the drill's joined cluster: {err}")
+        res.notes.append(self.NOTE)
+        return res
+
+    def close(self) -> None:
+        """Stop its load (the cluster itself is the front-end's to stop)."""
+        if self.load is not None:
+            self.load.close()
+            self.load = None
 
 
 def _injector(client: Any) -> Callable[[Sequence[str]], int]:

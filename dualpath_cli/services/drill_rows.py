@@ -305,6 +305,8 @@ def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
 
     import psutil
 
+    from dualpath_cli.services.drill_cluster import RELAUNCH_LOG_PREFIX
+
     proc = psutil.Process(pid)
     cmd, cwd, env = proc.cmdline(), proc.cwd(), proc.environ()
 
@@ -312,7 +314,7 @@ def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
         if not _exits(proc, NODE_EXIT_S):
             raise DualPathError(f"the node's launcher (pid {pid}) did not exit within "
                                 f"{NODE_EXIT_S:g} s of its SIGTERM")
-        fd, log = tempfile.mkstemp(prefix="dualpath-drill-node-", suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=RELAUNCH_LOG_PREFIX, suffix=".log")
         with os.fdopen(fd, "w") as err:
             new = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=err,
