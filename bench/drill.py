@@ -2,11 +2,11 @@
 deaths and leaves, within 10 s for degradation.
 
 Runs ``dualpath drill``'s rows (services/drill.py) ``--repeat`` times (3 by default) on a
-fresh embedded cluster (launched, relaunched after a row that left it broken, and stopped,
-as ``dualpath drill`` does with none running) or on the cluster ``--port``/``--url``
-names, and prints one line per row: tries passed, the detection times (median and worst)
-against the row's deadline, and why the tries that failed failed. A skipped row counts as
-not passed::
+fresh embedded cluster (launched, relaunched after a row that left it broken, a joined
+cluster beside it for the leave, and stopped, as ``dualpath drill`` does with none
+running) or on the cluster ``--port``/``--url`` names, and prints one line per row:
+tries passed, the detection times (median and worst) against the row's deadline, and why
+the tries that failed failed. A skipped row counts as not passed::
 
     nice -n 19 python bench/drill.py                     # every row, 3 times
     nice -n 19 python bench/drill.py --only snic_throttle --only kill_decode
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     with DrillSessions(target, quiet=args.json) as sessions:
         done = run_drill(sessions.first(), rows, repeat=args.repeat,
                          relaunch=sessions.relaunch if target is None else None,
+                         joined=sessions.joined if target is None else None,
                          on_row=None if args.json else lambda r: print(
                              f"  {r.fault}: {'pass' if r.passed else 'FAIL'}",
                              file=sys.stderr))

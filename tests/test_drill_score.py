@@ -211,3 +211,33 @@ def test_a_fix_judged_by_its_evidence_helps_when_the_value_falls_not_the_grade()
     # a row judged by its grade: the grade must drop
     graded = _Looks([[finding(0.1)]])
     assert not _better(graded, made, "WARNING")  # type: ignore[arg-type]
+
+
+def test_a_leave_the_embedded_default_cannot_make_runs_on_the_joined_cluster() -> None:
+    """On the embedded default (every node in one launcher) the leave row is routed to the
+    drill's own joined cluster; with none to launch (a cluster given by --port) it stays
+    skipped with its reason, and a joined cluster that fails to launch fails the row with
+    that error (never a pass, never a silent skip)."""
+    from types import SimpleNamespace
+
+    from dualpath_cli.services.drill import _Side
+    from dualpath_cli.services.drill_cluster import LaunchFailed
+    from dualpath_cli.services.drill_rows import Target
+
+    members = SimpleNamespace(nodes=[SimpleNamespace(role="decode", state="serving")] * 2,
+                              name_of=lambda n: None)
+    embedded = Target(SimpleNamespace(membership=members),  # type: ignore[arg-type]
+                      SimpleNamespace(engines=()), True, None)  # type: ignore[arg-type]
+    leave, kill = (next(r for r in ROWS if r.name == n) for n in ("node_leave", "kill_decode"))
+    assert "no joined decode node" in leave.skip_reason(embedded)
+
+    def fails() -> object:
+        raise LaunchFailed("the drill's joined node D1 exited (1): boom")
+
+    assert not _Side(None).wanted(leave, embedded)
+    side = _Side(fails)  # type: ignore[arg-type]
+    assert side.wanted(leave, embedded) and not side.wanted(kill, embedded)
+    res = side.run(leave)
+    assert res.error == "on the drill's joined cluster: the drill's joined node D1 exited " \
+        "(1): boom" and not res.passed and not res.skipped
+    assert res.notes == [_Side.NOTE]
