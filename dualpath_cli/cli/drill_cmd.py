@@ -3,7 +3,8 @@ the runner are services/drill*.py.
 
 The cluster is found as every live command finds it (cli/source.py) and needs its token,
 since the drill injects faults (audited, as ``dualpath faults`` does); with none running
-(and no ``--url``/``--port``), the drill launches a fresh embedded one and stops it after.
+(and no ``--url``/``--port``), the drill launches a fresh embedded one (and, for a leave, a
+joined one beside it) and stops them after.
 Exit codes: 0 every row passed, 2 a row failed or was skipped, 3 no verdict (no cluster,
 no token, bad arguments, the cluster not OK to begin with).
 """
