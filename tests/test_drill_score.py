@@ -11,6 +11,7 @@ from dualpath_cli.services.drill import pick_rows
 from dualpath_cli.services.drill_rows import DEATH_S, DEGRADE_S, ROWS, corrupt_one_block
 from dualpath_cli.services.drill_score import (
     Expect,
+    MetricSample,
     RowResult,
     exit_code,
     matching_findings,
@@ -241,3 +242,31 @@ def test_a_leave_the_embedded_default_cannot_make_runs_on_the_joined_cluster() -
     assert res.error == "on the drill's joined cluster: the drill's joined node D1 exited " \
         "(1): boom" and not res.passed and not res.skipped
     assert res.notes == [_Side.NOTE]
+
+
+def test_the_corrupt_block_is_one_the_load_reads_from_the_store(tmp_path: Path) -> None:
+    """Engines keep a prefix in HBM once read, so the store is read only for some blocks: the
+    drill corrupts the block the load read most since its row started (every copy of it),
+    not merely the first file (which no turn may read again: no surface could see it)."""
+    from dualpath_cli.services.drill import blocks_read
+
+    def reads(**by_node: dict[str, float]) -> list[MetricSample]:
+        return [MetricSample("dualpath_storage_block_reads_total",
+                             {"node": node, "block": k}, v)
+                for node, blocks in by_node.items() for k, v in blocks.items()]
+
+    before = reads(n1={"aa11": 9.0, "bb22": 1.0})
+    after = reads(n1={"aa11": 9.0, "bb22": 2.0}, n2={"cc33": 1.0, "bb22": 1.0})
+    assert blocks_read(before, after) == ("bb22", "cc33")  # aa11 was not read again
+    assert blocks_read(after, after) == ()
+    store = tmp_path / "store"
+    for key in ("aa11", "bb22", "cc33"):
+        d = store / "blocks" / key[:2]
+        d.mkdir(parents=True)
+        (d / f"{key}.kv").write_bytes(bytes(8192))
+    (tmp_path / "replica" / "bb").mkdir(parents=True)
+    (tmp_path / "replica" / "bb" / "bb22.kv").write_bytes(bytes(8192))
+    path, key = corrupt_one_block(store, ("dd44", "bb22", "cc33"))  # dd44: not stored
+    assert key == "bb22" and path.read_bytes()[4096 + 7] == 1
+    assert (tmp_path / "replica" / "bb" / "bb22.kv").read_bytes()[4096 + 7] == 1
+    assert (store / "blocks" / "aa" / "aa11.kv").read_bytes() == bytes(8192)

@@ -19,6 +19,7 @@ the front-end (cli/drill_cmd.py) builds it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,10 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         res.skipped = why
         return res
     watch = _Watch(client)
+    try:  # the store reads so far: the warm-up's are what the load needs from the store
+        scrape0 = parse_metrics(client.metrics_text())
+    except DualPathError:
+        scrape0 = []  # counted since start instead
     load.start()
     made: Made | None = None
     undo_fix: Callable[[], None] = lambda: None  # noqa: E731
@@ -189,6 +194,7 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         _wait(lambda: load.turns >= WARM_TURNS, 120)
         watch.look()
         base = watch.metrics
+        target = dataclasses.replace(target, read_blocks=blocks_read(scrape0, base))
         pre = watch.samples[-1]
         watch.reset()
         # the window starts just before the fault: counters diff from there (one look alone
@@ -259,6 +265,24 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         if why:
             res.notes.append(why)
     return res
+
+
+def blocks_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
+                ) -> tuple[str, ...]:
+    """Blocks read from the store between two scrapes (``dualpath_storage_block_reads_total``
+    summed over nodes), most-read first: what the load needs from the store now."""
+    name = "dualpath_storage_block_reads_total"
+
+    def by_block(ss: Sequence[MetricSample]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for x in ss:
+            if x.name == name and x.labels.get("block"):
+                out[x.labels["block"]] = out.get(x.labels["block"], 0.0) + x.value
+        return out
+
+    b0, b1 = by_block(before), by_block(after)
+    grew = {k: v - b0.get(k, 0.0) for k, v in b1.items() if v > b0.get(k, 0.0)}
+    return tuple(sorted(grew, key=lambda k: (-grew[k], k)))
 
 
 def _better(watch: _Watch, made: Made, before: str, drops: str = "",

@@ -50,6 +50,9 @@ class Target:
     view: ClusterView
     local: bool  # its processes run on this host (a state file here names it)
     store: Path | None  # its store directory, where it is local
+    #: blocks the row's load read from the store before the fault, most-read first (the
+    #: runner fills it in from ``/metrics``): the blocks the load needs from the store
+    read_blocks: tuple[str, ...] = ()
 
     def node_name(self, node: int) -> str:
         """The operator's name of ``node`` (``D1``), else ``N``."""
@@ -163,7 +166,7 @@ class Row:
         if self.how == "corrupt":
             assert t.store is not None
             before = corrupt_in(t.status)
-            path, key = corrupt_one_block(t.store)
+            path, key = corrupt_one_block(t.store, t.read_blocks)
             # the store is shared: whichever node reads the block next finds it corrupt
             return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (
                         f"block {key}", f"block {key[:12]}", "node "), self.grade,
@@ -351,22 +354,28 @@ def _copied_keys(replica_root: Path) -> set[str]:
     return {p.name.removesuffix(".kv") for p in replica_root.rglob("*.kv")}
 
 
-def corrupt_one_block(store: Path) -> tuple[Path, str]:
-    """Change one payload byte of the first stored block file with no copy on the replica
-    root beside the store (its checksum tells; the header does not): the block a reader
-    meets next is corrupt on disk. Where every block has a copy, the first block is
-    corrupted in every copy, so whichever a reader takes is corrupt. The byte is
-    incremented, not XOR-ed, so a second drill on a block nobody read yet leaves it corrupt,
-    not repaired."""
+def corrupt_one_block(store: Path, read: Sequence[str] = ()) -> tuple[Path, str]:
+    """Change one payload byte of a stored block file, and of every copy of it on the
+    replica root beside the store (its checksum tells; the header does not), so whichever
+    copy a reader takes is corrupt.
+
+    Which block: the first of ``read`` (blocks the load was just reading from the store,
+    most-read first) that is stored: engines keep a prefix in HBM once read, so the store
+    is read only for some blocks, and a corrupt block nobody reads is no incident any
+    surface can see (checksums are checked on read). With none of those, the first stored
+    block with no copy, else the first block. The byte is incremented, not XOR-ed, so a
+    second drill on a block nobody read yet leaves it corrupt, not repaired."""
     replica = store.parent / "replica"
     copied = _copied_keys(replica)
     files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
     if not files:
         raise FileNotFoundError(f"no block files under {store / 'blocks'}")
+    by_key = {p.name.removesuffix(".kv"): p for p in files}
     alone = [p for p in files if p.name.removesuffix(".kv") not in copied]
-    path = (alone or files)[0]
+    wanted = [by_key[k] for k in read if k in by_key]
+    path = (wanted or alone or files)[0]
     key = path.name.removesuffix(".kv")
-    copies = [] if alone else sorted(replica.rglob(path.name))
+    copies = sorted(replica.rglob(path.name)) if key in copied else []
     for f in (path, *copies):
         _bump_payload_byte(f)
     return path, key
