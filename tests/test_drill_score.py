@@ -270,3 +270,43 @@ def test_the_corrupt_block_is_one_the_load_reads_from_the_store(tmp_path: Path) 
     assert key == "bb22" and path.read_bytes()[4096 + 7] == 1
     assert (tmp_path / "replica" / "bb" / "bb22.kv").read_bytes()[4096 + 7] == 1
     assert (store / "blocks" / "aa" / "aa11.kv").read_bytes() == bytes(8192)
+
+
+def test_read_latency_goes_on_the_store_the_load_reads() -> None:
+    """A slow store is seen only through its reads (store-latency needs 10 of the node): the
+    row faults the node whose store the load read most before the fault; the other storage
+    rows keep the first decode node."""
+    from types import SimpleNamespace
+
+    from dualpath_cli.services.drill import nodes_read
+    from dualpath_cli.services.drill_rows import Target
+
+    def counts(**by_node: float) -> list[MetricSample]:
+        return [MetricSample("dualpath_storage_read_latency_seconds_count",
+                             {"node": n.removeprefix("n"), "tier": "store"}, v)
+                for n, v in by_node.items()] + [MetricSample(
+                    "dualpath_storage_read_latency_seconds_count",
+                    {"node": "1", "tier": "dram"}, 500.0)]
+
+    assert nodes_read(counts(n0=100, n1=5, n2=5), counts(n0=250, n1=20, n2=30)) == (0, 2, 1)
+    names = {0: "P0", 1: "D1", 2: "D2"}
+    engines = [SimpleNamespace(engine_id=i, node=i, role="prefill" if i == 0 else "decode",
+                               state="ready") for i in range(3)]
+    status = SimpleNamespace(membership=SimpleNamespace(name_of=names.get))
+    t = Target(status, SimpleNamespace(engines=engines), True, None,  # type: ignore[arg-type]
+               read_nodes=(0, 2, 1))
+    rows = {r.name: r for r in ROWS}
+    sent: list[str] = []
+
+    def inject(specs: object) -> int:
+        sent.extend(specs)  # type: ignore[call-overload]
+        return 7
+
+    made = rows["read_latency"].make(t, inject)
+    assert sent == ["read_latency:node=0,latency=200ms"] and made.node == 0
+    assert made.expect.subjects == ("node P0",)
+    rows["read_errors"].make(t, inject)
+    assert sent[-1] == "read_errors:node=1,rate=0.5"  # the first decode node, as before
+    # no reads counted: the first decode node
+    bare = Target(status, SimpleNamespace(engines=engines), True, None)  # type: ignore[arg-type]
+    assert bare.reading_node() == 1

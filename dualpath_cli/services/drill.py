@@ -194,7 +194,8 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         _wait(lambda: load.turns >= WARM_TURNS, 120)
         watch.look()
         base = watch.metrics
-        target = dataclasses.replace(target, read_blocks=blocks_read(scrape0, base))
+        target = dataclasses.replace(target, read_blocks=blocks_read(scrape0, base),
+                                     read_nodes=nodes_read(scrape0, base))
         pre = watch.samples[-1]
         watch.reset()
         # the window starts just before the fault: counters diff from there (one look alone
@@ -283,6 +284,25 @@ def blocks_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
     b0, b1 = by_block(before), by_block(after)
     grew = {k: v - b0.get(k, 0.0) for k, v in b1.items() if v > b0.get(k, 0.0)}
     return tuple(sorted(grew, key=lambda k: (-grew[k], k)))
+
+
+def nodes_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
+               ) -> tuple[int, ...]:
+    """Nodes by their store reads between two scrapes (the count of
+    ``dualpath_storage_read_latency_seconds``, tier store), most first; ties by index."""
+    name = "dualpath_storage_read_latency_seconds_count"
+
+    def by_node(ss: Sequence[MetricSample]) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for x in ss:
+            node = x.labels.get("node", "")
+            if x.name == name and x.labels.get("tier") == "store" and node.isdigit():
+                out[int(node)] = out.get(int(node), 0.0) + x.value
+        return out
+
+    n0, n1 = by_node(before), by_node(after)
+    grew = {n: v - n0.get(n, 0.0) for n, v in n1.items() if v > n0.get(n, 0.0)}
+    return tuple(sorted(grew, key=lambda n: (-grew[n], n)))
 
 
 def _better(watch: _Watch, made: Made, before: str, drops: str = "",
