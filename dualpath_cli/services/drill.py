@@ -35,6 +35,7 @@ from dualpath_cli.services.drill_score import (
     MetricSample,
     RowResult,
     matching_findings,
+    metric_values,
     parse_metrics,
     rank,
     worst_grade,
@@ -245,6 +246,12 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             res.grade = worst_grade(other) if other else ""
             res.subject = str(other[0].get("subject") or "none") if other else "none"
             res.finding = str(other[0].get("title") or "") if other else ""
+            if made.detail.get("block"):  # why no surface saw it: was it read at all?
+                key = str(made.detail["block"])
+                res.notes.append(f"the load read block {key[:12]} "
+                                 f"{_reads_of(key, base, watch.metrics):g} times from the "
+                                 f"store in the watch (before it: "
+                                 f"{', '.join(k[:12] for k in target.read_blocks) or 'none'})")
     except DualPathError as err:
         res.error = str(err)
     except (OSError, ValueError) as err:
@@ -284,6 +291,13 @@ def blocks_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
     b0, b1 = by_block(before), by_block(after)
     grew = {k: v - b0.get(k, 0.0) for k, v in b1.items() if v > b0.get(k, 0.0)}
     return tuple(sorted(grew, key=lambda k: (-grew[k], k)))
+
+
+def _reads_of(key: str, before: Sequence[MetricSample],
+              after: Sequence[MetricSample]) -> float:
+    """Store reads of block ``key`` between two scrapes, all nodes."""
+    name = "dualpath_storage_block_reads_total"
+    return metric_values(after, name, block=key) - metric_values(before, name, block=key)
 
 
 def nodes_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
