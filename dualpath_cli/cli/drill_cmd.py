@@ -169,9 +169,10 @@ class DrillSessions:
         from dualpath_cli.cli import source
 
         return self._session(source.resolve(source.ClusterRef(e.url, None, e.token_file)),
-                             e.store)
+                             e.store, e.workdir)
 
-    def _session(self, target: source.Target, store: Path | None) -> Session:
+    def _session(self, target: source.Target, store: Path | None,
+                 scratch: Path | None = None) -> Session:
         from dualpath_cli.api.client import DualPathClient
         from dualpath_cli.services.drill import Session
 
@@ -180,7 +181,7 @@ class DrillSessions:
         if store is None and state is not None and state.store:
             store = Path(state.store)
         client = DualPathClient(target.url, token, timeout=10.0)
-        return Session(client, target.url, token, state is not None, store)
+        return Session(client, target.url, token, state is not None, store, scratch)
 
 
 def _progress(console: Console, r: RowResult) -> None:

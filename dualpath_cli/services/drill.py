@@ -401,13 +401,15 @@ def _not_recovered(client: Any, made: Made) -> str:
 @dataclass
 class Session:
     """The cluster under drill: a client of its API, the API's URL and token, whether its
-    processes run on this host, and its store directory (where it is local)."""
+    processes run on this host, its store directory (where it is local), and the drill's own
+    work directory for it (where the drill launched it)."""
 
     client: Any
     url: str
     token: str | None
     local: bool
     store: Path | None
+    scratch: Path | None = None
 
 
 def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
@@ -463,7 +465,7 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
 
 
 def _target(s: Session) -> Target:
-    return Target(s.client.status(), s.client.view(), s.local, s.store)
+    return Target(s.client.status(), s.client.view(), s.local, s.store, scratch=s.scratch)
 
 
 class _Side:

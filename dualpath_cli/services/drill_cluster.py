@@ -150,7 +150,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], out: Path, name: str,
 def _stop_joined_nodes(port: int) -> None:
     """SIGTERM every launcher that joined ``port`` on loopback (they drain and leave),
     killing with its engines any still running after :data:`NODE_STOP_S`; then remove the
-    logs the drill gave the nodes it started again after a leave (drill_rows.py)."""
+    logs the drill gave the nodes it started again after a leave (drill_rows.py; those of
+    its own clusters are in their work directory, removed with it)."""
     import psutil
 
     join = f"127.0.0.1:{port}"

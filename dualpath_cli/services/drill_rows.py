@@ -55,6 +55,10 @@ class Target:
     read_blocks: tuple[str, ...] = ()
     #: nodes by their store reads in the same stretch, most first
     read_nodes: tuple[int, ...] = ()
+    #: a directory the drill owns for this cluster (its own clusters' work directory,
+    #: removed when it stops them): where a node it starts again logs. None: the temporary
+    #: directory (an operator's node outlives the drill, and so does its log)
+    scratch: Path | None = None
 
     def node_name(self, node: int) -> str:
         """The operator's name of ``node`` (``D1``), else ``N``."""
@@ -187,7 +191,7 @@ class Row:
                                 "corrupt_before": before})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
-            again = node_relauncher(pid)
+            again = node_relauncher(pid, t.scratch)
             os.kill(pid, signal.SIGTERM)
             engine = next((e.engine_id for e in t.engines("decode") if e.node == node), -1)
             made = Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
@@ -305,7 +309,7 @@ def corrupt_in(st: Status) -> int:
     return sum(n.corrupt_blocks for n in st.storage)
 
 
-def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
+def node_relauncher(pid: int, log_dir: Path | None = None) -> Callable[[], dict[str, Any]]:
     """How to start the launcher ``pid`` again with its own command, directory and
     environment (read now, before it is told to stop): the undo of a leave. The returned
     call waits (bounded) for the old launcher to finish draining and exit, starts the same
@@ -329,7 +333,7 @@ def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
         if not _exits(proc, NODE_EXIT_S):
             raise DualPathError(f"the node's launcher (pid {pid}) did not exit within "
                                 f"{NODE_EXIT_S:g} s of its SIGTERM")
-        fd, log = tempfile.mkstemp(prefix=RELAUNCH_LOG_PREFIX, suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=RELAUNCH_LOG_PREFIX, suffix=".log", dir=log_dir)
         with os.fdopen(fd, "w") as err:
             new = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=err,
