@@ -274,8 +274,8 @@ def test_the_corrupt_block_is_one_the_load_reads_from_the_store(tmp_path: Path) 
 
 def test_read_latency_goes_on_the_store_the_load_reads() -> None:
     """A slow store is seen only through its reads (store-latency needs 10 of the node): the
-    row faults the node whose store the load read most before the fault; the other storage
-    rows keep the first decode node."""
+    row faults the node whose store the load read most before the fault, as read_errors does;
+    the other storage rows keep the first decode node."""
     from types import SimpleNamespace
 
     from dualpath_cli.services.drill import nodes_read
@@ -306,7 +306,9 @@ def test_read_latency_goes_on_the_store_the_load_reads() -> None:
     assert sent == ["read_latency:node=0,latency=200ms"] and made.node == 0
     assert made.expect.subjects == ("node P0",)
     rows["read_errors"].make(t, inject)
-    assert sent[-1] == "read_errors:node=1,rate=0.5"  # the first decode node, as before
+    assert sent[-1] == "read_errors:node=0,rate=0.5"
+    rows["store_full"].make(t, inject)
+    assert sent[-1] == "store_full:node=1"  # a write fault: the first decode node, as before
     # no reads counted: the first decode node
     bare = Target(status, SimpleNamespace(engines=engines), True, None)  # type: ignore[arg-type]
     assert bare.reading_node() == 1

@@ -414,8 +414,10 @@ ROWS: tuple[Row, ...] = (
     Row("read_latency", "api", "snic-imbalance", "WARNING",
         spec="read_latency:node={node},latency=200ms",
         metric="dualpath_storage_read_latency_seconds", on_reads=True),
+    # also on the store the load reads: a failed read is seen only when there is a read
     Row("read_errors", "api", "store-health", "WARNING",
-        spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total"),
+        spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total",
+        on_reads=True),
     Row("store_full", "api", "store-health", "WARNING", spec="store_full:node={node}",
         metric="dualpath_storage_write_errors_total"),
     Row("hot_blocks", "api", "long-tail", "WARNING",
