@@ -2,18 +2,19 @@
 deaths and leaves, within 10 s for degradation.
 
 Runs ``dualpath drill``'s rows (services/drill.py) ``--repeat`` times (3 by default) on a
-fresh embedded cluster (launched, relaunched after a row that left it broken, and stopped,
-as ``dualpath drill`` does with none running) or on the cluster ``--port``/``--url``
-names, and prints one line per row: tries passed, the detection times (median and worst)
-against the row's deadline, and why the tries that failed failed. A skipped row counts as
-not passed::
+fresh embedded cluster (launched, relaunched after a row that left it broken, a joined
+cluster beside it for the leave, and stopped, as ``dualpath drill`` does with none
+running) or on the cluster ``--port``/``--url`` names, and prints one line per row:
+tries passed, the detection times (median and worst) against the row's deadline, and why
+the tries that failed failed. A skipped row counts as not passed::
 
     nice -n 19 python bench/drill.py                     # every row, 3 times
     nice -n 19 python bench/drill.py --only snic_throttle --only kill_decode
     nice -n 19 python bench/drill.py --json              # one JSON object
 
 JSON keys: ``rows`` (every try, as ``dualpath drill --json``'s rows), ``by_fault`` (per row:
-``tries``, ``passed``, ``detected_s`` median and max, ``deadline_s``, ``goal_met``),
+``tries``, ``passed``, ``detected_median_s``, ``detected_max_s``, ``deadline_s``,
+``skipped``, ``goal_met``),
 ``goal_met`` (every row 3 of 3), ``seconds``. Timings are wall-clock on this host: on a
 loaded machine (shared cores) detection times are longer than on an idle one.
 """
@@ -46,8 +47,8 @@ def summarise(rows: list[RowResult], repeat: int) -> dict[str, Any]:
         det = [r.detected_s for r in tries if r.detected_s is not None]
         out[fault] = {
             "tries": len(tries), "passed": sum(r.passed for r in tries),
-            "detected_s": {"median": round(statistics.median(det), 3) if det else None,
-                           "max": round(max(det), 3) if det else None},
+            "detected_median_s": round(statistics.median(det), 3) if det else None,
+            "detected_max_s": round(max(det), 3) if det else None,
             "deadline_s": tries[0].deadline_s,
             "skipped": tries[0].skipped,
             "goal_met": len(tries) >= repeat and all(r.passed for r in tries)}
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     with DrillSessions(target, quiet=args.json) as sessions:
         done = run_drill(sessions.first(), rows, repeat=args.repeat,
                          relaunch=sessions.relaunch if target is None else None,
+                         joined=sessions.joined if target is None else None,
                          on_row=None if args.json else lambda r: print(
                              f"  {r.fault}: {'pass' if r.passed else 'FAIL'}",
                              file=sys.stderr))
@@ -81,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{'fault':16} {'passed':>7} {'detected median/max':>22} {'deadline':>9}  why not")
         for fault, v in by.items():
-            d = v["detected_s"]
             det = ("skipped" if v["skipped"] else
-                   f"{d['median']:.1f}/{d['max']:.1f} s" if d["max"] is not None else "never")
+                   f"{v['detected_median_s']:.1f}/{v['detected_max_s']:.1f} s"
+                   if v["detected_max_s"] is not None else "never")
             why = v["skipped"] or "; ".join(sorted({
                 r.error or ("graded " + (r.grade or "none") + f" want {r.want}")
                 for r in done if r.fault == fault and not r.passed}))

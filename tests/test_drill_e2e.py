@@ -11,10 +11,12 @@ to the reference run.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 from conftest import run_cli
 
@@ -54,15 +56,30 @@ def test_short_drill_on_a_launched_cluster(
     assert done.returncode == 3 and "unknown row nope" in done.stderr
 
 
-def test_drill_launches_and_stops_its_own_cluster(env: dict[str, str]) -> None:
-    # node_leave needs a joined node: skipped on the embedded default, so the test is short
-    done = run_cli(env, "drill", "--only", "node_leave", "--json", timeout=300)
-    assert done.returncode == 2, done.stderr  # a skipped row does not pass
-    [row] = json.loads(done.stdout)["rows"]
-    assert row["skipped"] and not row["passed"] and row["detected_s"] is None
-    assert json.loads(done.stdout)["cluster"] == "embedded"
+def test_drill_launches_and_stops_its_own_clusters(env: dict[str, str]) -> None:
+    """With none running, the drill launches its own embedded cluster and, for node_leave (a
+    node's own launcher to stop; the embedded default runs every node in one), a joined one
+    beside it (a scheduler and P0, D0, D1 on loopback); it stops both, the node it started
+    again after the leave included."""
+    done = run_cli(env, "drill", "--only", "node_leave", "--json", timeout=400)
+    doc = json.loads(done.stdout)
+    [row] = doc["rows"]
+    assert done.returncode == (0 if row["passed"] else 2) == doc["exit_code"], done.stderr
+    assert doc["cluster"] == "embedded"
+    assert not row["skipped"] and not row["error"], row
+    assert any("joined cluster" in n for n in row["notes"]), row
+    name = row["target"].removeprefix("node ").removesuffix(" leaves")
+    assert name in ("D0", "D1"), row  # the newest decode node (join order varies)
+    assert (row["workflow"], row["subject"], row["grade"]) == (
+        "membership", f"node {name}", "WARNING"), row
+    assert row["cleared"] and row["turns_lost"] == 0 and row["tokens_identical"], row
     live, _ = statefile.live_states()
-    assert live == []  # stopped after the drill
+    assert live == []  # both stopped after the drill
+    again = [int(p) for n in row["notes"] for p in re.findall(r"pid (\d+)", n)]
+    assert again, row  # D1 was started again with its own command, and stopped at the end
+    for pid in again:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == (
+            psutil.STATUS_ZOMBIE)
 
 
 def test_store_rows_are_seen_by_status_store_health_and_the_metrics(

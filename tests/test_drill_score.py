@@ -11,6 +11,7 @@ from dualpath_cli.services.drill import pick_rows
 from dualpath_cli.services.drill_rows import DEATH_S, DEGRADE_S, ROWS, corrupt_one_block
 from dualpath_cli.services.drill_score import (
     Expect,
+    MetricSample,
     RowResult,
     exit_code,
     matching_findings,
@@ -240,3 +241,103 @@ def test_hot_blocks_fix_on_a_store_without_replica_roots_is_not_applicable_when_
     made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
     label, _ = _fix_for(_NoReplicaRoots(), silent, made)
     assert label == "replicate (refused)" and "fix_refused" in made.detail
+
+
+def test_a_leave_the_embedded_default_cannot_make_runs_on_the_joined_cluster() -> None:
+    """On the embedded default (every node in one launcher) the leave row is routed to the
+    drill's own joined cluster; with none to launch (a cluster given by --port) it stays
+    skipped with its reason, and a joined cluster that fails to launch fails the row with
+    that error (never a pass, never a silent skip)."""
+    from types import SimpleNamespace
+
+    from dualpath_cli.services.drill import _Side
+    from dualpath_cli.services.drill_cluster import LaunchFailed
+    from dualpath_cli.services.drill_rows import Target
+
+    members = SimpleNamespace(nodes=[SimpleNamespace(role="decode", state="serving")] * 2,
+                              name_of=lambda n: None)
+    embedded = Target(SimpleNamespace(membership=members),  # type: ignore[arg-type]
+                      SimpleNamespace(engines=()), True, None)  # type: ignore[arg-type]
+    leave, kill = (next(r for r in ROWS if r.name == n) for n in ("node_leave", "kill_decode"))
+    assert "no joined decode node" in leave.skip_reason(embedded)
+
+    def fails() -> object:
+        raise LaunchFailed("the drill's joined node D1 exited (1): boom")
+
+    assert not _Side(None).wanted(leave, embedded)
+    side = _Side(fails)  # type: ignore[arg-type]
+    assert side.wanted(leave, embedded) and not side.wanted(kill, embedded)
+    res = side.run(leave)
+    assert res.error == "on the drill's joined cluster: the drill's joined node D1 exited " \
+        "(1): boom" and not res.passed and not res.skipped
+    assert res.notes == [_Side.NOTE]
+
+
+def test_the_corrupt_block_is_one_the_load_reads_from_the_store(tmp_path: Path) -> None:
+    """Engines keep a prefix in HBM once read, so the store is read only for some blocks: the
+    drill corrupts the block the load read most since its row started (every copy of it),
+    not merely the first file (which no turn may read again: no surface could see it)."""
+    from dualpath_cli.services.drill import blocks_read
+
+    def reads(**by_node: dict[str, float]) -> list[MetricSample]:
+        return [MetricSample("dualpath_storage_block_reads_total",
+                             {"node": node, "block": k}, v)
+                for node, blocks in by_node.items() for k, v in blocks.items()]
+
+    before = reads(n1={"aa11": 9.0, "bb22": 1.0})
+    after = reads(n1={"aa11": 9.0, "bb22": 2.0}, n2={"cc33": 1.0, "bb22": 1.0})
+    assert blocks_read(before, after) == ("bb22", "cc33")  # aa11 was not read again
+    assert blocks_read(after, after) == ()
+    store = tmp_path / "store"
+    for key in ("aa11", "bb22", "cc33"):
+        d = store / "blocks" / key[:2]
+        d.mkdir(parents=True)
+        (d / f"{key}.kv").write_bytes(bytes(8192))
+    (tmp_path / "replica" / "bb").mkdir(parents=True)
+    (tmp_path / "replica" / "bb" / "bb22.kv").write_bytes(bytes(8192))
+    path, key = corrupt_one_block(store, ("dd44", "bb22", "cc33"))  # dd44: not stored
+    assert key == "bb22" and path.read_bytes()[4096 + 7] == 1
+    assert (tmp_path / "replica" / "bb" / "bb22.kv").read_bytes()[4096 + 7] == 1
+    assert (store / "blocks" / "aa" / "aa11.kv").read_bytes() == bytes(8192)
+
+
+def test_read_latency_goes_on_the_store_the_load_reads() -> None:
+    """A slow store is seen only through its reads (store-latency needs 10 of the node): the
+    row faults the node whose store the load read most before the fault, as read_errors does;
+    the other storage rows keep the first decode node."""
+    from types import SimpleNamespace
+
+    from dualpath_cli.services.drill import nodes_read
+    from dualpath_cli.services.drill_rows import Target
+
+    def counts(**by_node: float) -> list[MetricSample]:
+        return [MetricSample("dualpath_storage_read_latency_seconds_count",
+                             {"node": n.removeprefix("n"), "tier": "store"}, v)
+                for n, v in by_node.items()] + [MetricSample(
+                    "dualpath_storage_read_latency_seconds_count",
+                    {"node": "1", "tier": "dram"}, 500.0)]
+
+    assert nodes_read(counts(n0=100, n1=5, n2=5), counts(n0=250, n1=20, n2=30)) == (0, 2, 1)
+    names = {0: "P0", 1: "D1", 2: "D2"}
+    engines = [SimpleNamespace(engine_id=i, node=i, role="prefill" if i == 0 else "decode",
+                               state="ready") for i in range(3)]
+    status = SimpleNamespace(membership=SimpleNamespace(name_of=names.get))
+    t = Target(status, SimpleNamespace(engines=engines), True, None,  # type: ignore[arg-type]
+               read_nodes=(0, 2, 1))
+    rows = {r.name: r for r in ROWS}
+    sent: list[str] = []
+
+    def inject(specs: object) -> int:
+        sent.extend(specs)  # type: ignore[call-overload]
+        return 7
+
+    made = rows["read_latency"].make(t, inject)
+    assert sent == ["read_latency:node=0,latency=200ms"] and made.node == 0
+    assert made.expect.subjects == ("node P0",)
+    rows["read_errors"].make(t, inject)
+    assert sent[-1] == "read_errors:node=0,rate=0.5"
+    rows["store_full"].make(t, inject)
+    assert sent[-1] == "store_full:node=1"  # a write fault: the first decode node, as before
+    # no reads counted: the first decode node
+    bare = Target(status, SimpleNamespace(engines=engines), True, None)  # type: ignore[arg-type]
+    assert bare.reading_node() == 1

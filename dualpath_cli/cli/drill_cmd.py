@@ -3,7 +3,8 @@ the runner are services/drill*.py.
 
 The cluster is found as every live command finds it (cli/source.py) and needs its token,
 since the drill injects faults (audited, as ``dualpath faults`` does); with none running
-(and no ``--url``/``--port``), the drill launches a fresh embedded one and stops it after.
+(and no ``--url``/``--port``), the drill launches a fresh embedded one (and, for a leave, a
+joined one beside it) and stops them after.
 Exit codes: 0 every row passed, 2 a row failed or was skipped, 3 no verdict (no cluster,
 no token, bad arguments, the cluster not OK to begin with).
 """
@@ -76,6 +77,7 @@ def _drill(only: list[str], repeat: int, url: str | None, port: int | None,
     with DrillSessions(target, quiet=as_json) as sessions:
         done = run_drill(sessions.first(), rows, repeat=repeat,
                          relaunch=sessions.relaunch if target is None else None,
+                         joined=sessions.joined if target is None else None,
                          on_row=None if as_json else lambda r: _progress(stderr, r))
     code = exit_code(done)
     if as_json:
@@ -91,19 +93,23 @@ def _drill(only: list[str], repeat: int, url: str | None, port: int | None,
 
 class DrillSessions:
     """The cluster under drill: the running one (``target``), or with none a fresh embedded
-    one, relaunched when a row left it broken, and stopped at the end."""
+    one, relaunched when a row left it broken, and (for a leave) a joined one beside it,
+    all stopped at the end."""
 
     def __init__(self, target: source.Target | None, quiet: bool) -> None:
         self.target = target
         self.quiet = quiet
         self.embedded: Any = None
         self.client: Any = None
+        self.joined_cluster: Any = None
+        self.joined_client: Any = None
 
     def __enter__(self) -> DrillSessions:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._close()
+        self._close_joined()
 
     def _close(self) -> None:
         from dualpath_cli.services import drill_cluster
@@ -115,13 +121,24 @@ class DrillSessions:
             drill_cluster.stop_embedded(self.embedded)
             self.embedded = None
 
+    def _close_joined(self) -> None:
+        from dualpath_cli.services import drill_cluster
+
+        if self.joined_client is not None:
+            self.joined_client.close()
+            self.joined_client = None
+        if self.joined_cluster is not None:
+            drill_cluster.stop_embedded(self.joined_cluster)
+            self.joined_cluster = None
+
     def first(self) -> Session:
         if self.target is not None:
-            return self._session(self.target, None)
+            session = self._session(self.target, None)
+            self.client = session.client
+            return session
         return self.relaunch()
 
     def relaunch(self) -> Session:
-        from dualpath_cli.cli import source
         from dualpath_cli.cli.output import stderr
         from dualpath_cli.services import drill_cluster
 
@@ -129,11 +146,33 @@ class DrillSessions:
         if not self.quiet:
             stderr.print("drill: launching a fresh embedded cluster", highlight=False)
         self.embedded = drill_cluster.launch_embedded()
-        target = source.resolve(source.ClusterRef(self.embedded.url, None,
-                                                  self.embedded.token_file))
-        return self._session(target, self.embedded.store)
+        session = self._launched(self.embedded)
+        self.client = session.client
+        return session
 
-    def _session(self, target: source.Target, store: Path | None) -> Session:
+    def joined(self) -> Session:
+        """The drill's own joined cluster (a scheduler and nodes P0, D0, D1 on loopback),
+        for a leave: the embedded default has no node with a launcher of its own."""
+        from dualpath_cli.cli.output import stderr
+        from dualpath_cli.services import drill_cluster
+
+        self._close_joined()
+        if not self.quiet:
+            stderr.print("drill: launching a joined cluster (scheduler, P0, D0, D1) for "
+                         "the leave", highlight=False)
+        self.joined_cluster = drill_cluster.launch_joined()
+        session = self._launched(self.joined_cluster)
+        self.joined_client = session.client
+        return session
+
+    def _launched(self, e: Any) -> Session:
+        from dualpath_cli.cli import source
+
+        return self._session(source.resolve(source.ClusterRef(e.url, None, e.token_file)),
+                             e.store, e.workdir)
+
+    def _session(self, target: source.Target, store: Path | None,
+                 scratch: Path | None = None) -> Session:
         from dualpath_cli.api.client import DualPathClient
         from dualpath_cli.services.drill import Session
 
@@ -141,8 +180,8 @@ class DrillSessions:
         state = target.state
         if store is None and state is not None and state.store:
             store = Path(state.store)
-        self.client = DualPathClient(target.url, token, timeout=10.0)
-        return Session(self.client, target.url, token, state is not None, store)
+        client = DualPathClient(target.url, token, timeout=10.0)
+        return Session(client, target.url, token, state is not None, store, scratch)
 
 
 def _progress(console: Console, r: RowResult) -> None:

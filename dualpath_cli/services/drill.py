@@ -19,6 +19,7 @@ the front-end (cli/drill_cmd.py) builds it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from dualpath_cli.services.drill_score import (
     MetricSample,
     RowResult,
     matching_findings,
+    metric_values,
     parse_metrics,
     rank,
     worst_grade,
@@ -189,6 +191,10 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         res.skipped = why
         return res
     watch = _Watch(client)
+    try:  # the store reads so far: the warm-up's are what the load needs from the store
+        scrape0 = parse_metrics(client.metrics_text())
+    except DualPathError:
+        scrape0 = []  # counted since start instead
     load.start()
     made: Made | None = None
     undo_fix: Callable[[], None] = lambda: None  # noqa: E731
@@ -196,6 +202,8 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         _wait(lambda: load.turns >= WARM_TURNS, 120)
         watch.look()
         base = watch.metrics
+        target = dataclasses.replace(target, read_blocks=blocks_read(scrape0, base),
+                                     read_nodes=nodes_read(scrape0, base))
         pre = watch.samples[-1]
         watch.reset()
         # the window starts just before the fault: counters diff from there (one look alone
@@ -247,6 +255,12 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             res.grade = worst_grade(other) if other else ""
             res.subject = str(other[0].get("subject") or "none") if other else "none"
             res.finding = str(other[0].get("title") or "") if other else ""
+            if made.detail.get("block"):  # why no surface saw it: was it read at all?
+                key = str(made.detail["block"])
+                res.notes.append(f"the load read block {key[:12]} "
+                                 f"{_reads_of(key, base, watch.metrics):g} times from the "
+                                 f"store in the watch (before it: "
+                                 f"{', '.join(k[:12] for k in target.read_blocks) or 'none'})")
     except DualPathError as err:
         res.error = str(err)
     except (OSError, ValueError) as err:
@@ -268,6 +282,50 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
         if why:
             res.notes.append(why)
     return res
+
+
+def blocks_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
+                ) -> tuple[str, ...]:
+    """Blocks read from the store between two scrapes (``dualpath_storage_block_reads_total``
+    summed over nodes), most-read first: what the load needs from the store now."""
+    name = "dualpath_storage_block_reads_total"
+
+    def by_block(ss: Sequence[MetricSample]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for x in ss:
+            if x.name == name and x.labels.get("block"):
+                out[x.labels["block"]] = out.get(x.labels["block"], 0.0) + x.value
+        return out
+
+    b0, b1 = by_block(before), by_block(after)
+    grew = {k: v - b0.get(k, 0.0) for k, v in b1.items() if v > b0.get(k, 0.0)}
+    return tuple(sorted(grew, key=lambda k: (-grew[k], k)))
+
+
+def _reads_of(key: str, before: Sequence[MetricSample],
+              after: Sequence[MetricSample]) -> float:
+    """Store reads of block ``key`` between two scrapes, all nodes."""
+    name = "dualpath_storage_block_reads_total"
+    return metric_values(after, name, block=key) - metric_values(before, name, block=key)
+
+
+def nodes_read(before: Sequence[MetricSample], after: Sequence[MetricSample]
+               ) -> tuple[int, ...]:
+    """Nodes by their store reads between two scrapes (the count of
+    ``dualpath_storage_read_latency_seconds``, tier store), most first; ties by index."""
+    name = "dualpath_storage_read_latency_seconds_count"
+
+    def by_node(ss: Sequence[MetricSample]) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for x in ss:
+            node = x.labels.get("node", "")
+            if x.name == name and x.labels.get("tier") == "store" and node.isdigit():
+                out[int(node)] = out.get(int(node), 0.0) + x.value
+        return out
+
+    n0, n1 = by_node(before), by_node(after)
+    grew = {n: v - n0.get(n, 0.0) for n, v in n1.items() if v > n0.get(n, 0.0)}
+    return tuple(sorted(grew, key=lambda n: (-grew[n], n)))
 
 
 def _better(watch: _Watch, made: Made, before: str, drops: str = "",
@@ -352,23 +410,28 @@ def _not_recovered(client: Any, made: Made) -> str:
 @dataclass
 class Session:
     """The cluster under drill: a client of its API, the API's URL and token, whether its
-    processes run on this host, and its store directory (where it is local)."""
+    processes run on this host, its store directory (where it is local), and the drill's own
+    work directory for it (where the drill launched it)."""
 
     client: Any
     url: str
     token: str | None
     local: bool
     store: Path | None
+    scratch: Path | None = None
 
 
 def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
               on_row: Callable[[RowResult], None] | None = None,
-              relaunch: Callable[[], Session] | None = None) -> list[RowResult]:
+              relaunch: Callable[[], Session] | None = None,
+              joined: Callable[[], Session] | None = None) -> list[RowResult]:
     """Every row ``repeat`` times against ``session``'s cluster.
 
     A row starts only on an OK cluster: when an earlier row left it broken (an engine that
     was not brought back), ``relaunch`` (the drill's own embedded cluster) gives a fresh one
-    and the row says so; without it the row fails with that reason.
+    and the row says so; without it the row fails with that reason. A row that needs a
+    joined node the cluster lacks (a leave) runs on the cluster ``joined`` gives (the
+    drill's own joined one, launched on first need) and says so; without it, it is skipped.
 
     Raises:
         DualPathError: the cluster is not healthy to begin with, or the reference run failed.
@@ -379,6 +442,7 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                          "faults in force): clear them first (dualpath faults clear --all)")
     out: list[RowResult] = []
     load = AgentLoad(s.url, s.token, drill_agents())
+    side = _Side(joined)
     try:
         reference = load.reference()
         for _ in range(max(1, repeat)):
@@ -394,9 +458,10 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                                     error="the cluster was not OK before this row (an "
                                     "earlier row left it so)")
                 else:
-                    res = run_row(s.client, row, Target(s.client.status(), s.client.view(),
-                                                        s.local, s.store), load, reference,
-                                  _injector(s.client))
+                    target = _target(s)
+                    res = (side.run(row) if side.wanted(row, target) else
+                           run_row(s.client, row, target, load, reference,
+                                   _injector(s.client)))
                 if note:
                     res.notes.append(note)
                 out.append(res)
@@ -404,7 +469,64 @@ def run_drill(session: Session, rows: Sequence[Row], *, repeat: int = 1,
                     on_row(res)
     finally:
         load.close()
+        side.close()
     return out
+
+
+def _target(s: Session) -> Target:
+    return Target(s.client.status(), s.client.view(), s.local, s.store, scratch=s.scratch)
+
+
+class _Side:
+    """The drill's own joined cluster, for the rows that need a node with a launcher of its
+    own (a leave) where the cluster under drill has none: launched on first need, with its
+    own load and reference run (its tokens are its own cluster's)."""
+
+    NOTE = ("ran on the drill's own joined cluster (a scheduler and nodes P0, D0, D1, each "
+            "its own launcher on loopback): the embedded default runs every node in one "
+            "launcher, and a leave needs a node's own launcher to stop")
+
+    def __init__(self, launch: Callable[[], Session] | None) -> None:
+        self.launch = launch
+        self.session: Session | None = None
+        self.load: AgentLoad | None = None
+        self.reference: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def wanted(self, row: Row, target: Target) -> bool:
+        """Whether ``row`` runs here: it is skipped on ``target`` for want of a joined node,
+        and there is a joined cluster to launch."""
+        return self.launch is not None and row.how == "leave" and bool(
+            row.skip_reason(target))
+
+    def run(self, row: Row) -> RowResult:
+        """``row`` on the joined cluster (launched now if not yet); an error row when it
+        cannot be launched or is not OK."""
+        try:
+            if self.session is None:
+                assert self.launch is not None
+                self.session = self.launch()
+                self.load = AgentLoad(self.session.url, self.session.token, drill_agents())
+                if not _ok_within(self.session.client, RECOVER_S):
+                    raise DrillError("the drill's joined cluster was not OK after its launch")
+                self.reference = self.load.reference()
+            s = self.session
+            if not _ok_within(s.client, RECOVER_S):
+                raise DrillError("the drill's joined cluster was not OK before this row (an "
+                                 "earlier row left it so)")
+            assert self.load is not None
+            res = run_row(s.client, row, _target(s), self.load, self.reference,
+                          _injector(s.client))
+        except DualPathError as err:
+            res = RowResult(row.name, want=row.grade, deadline_s=row.deadline_s,
+                            error=f"on the drill's joined cluster: {err}")
+        res.notes.append(self.NOTE)
+        return res
+
+    def close(self) -> None:
+        """Stop its load (the cluster itself is the front-end's to stop)."""
+        if self.load is not None:
+            self.load.close()
+            self.load = None
 
 
 def _injector(client: Any) -> Callable[[Sequence[str]], int]:

@@ -50,6 +50,15 @@ class Target:
     view: ClusterView
     local: bool  # its processes run on this host (a state file here names it)
     store: Path | None  # its store directory, where it is local
+    #: blocks the row's load read from the store before the fault, most-read first (the
+    #: runner fills it in from ``/metrics``): the blocks the load needs from the store
+    read_blocks: tuple[str, ...] = ()
+    #: nodes by their store reads in the same stretch, most first
+    read_nodes: tuple[int, ...] = ()
+    #: a directory the drill owns for this cluster (its own clusters' work directory,
+    #: removed when it stops them): where a node it starts again logs. None: the temporary
+    #: directory (an operator's node outlives the drill, and so does its log)
+    scratch: Path | None = None
 
     def node_name(self, node: int) -> str:
         """The operator's name of ``node`` (``D1``), else ``N``."""
@@ -66,6 +75,12 @@ class Target:
         1P2D), else node 0."""
         decode = self.engines("decode")
         return decode[0].node if decode else 0
+
+    def reading_node(self) -> int:
+        """The node whose store the load read most before the fault (P0 under the drill's
+        load on the default 1P2D: the prefill side reads most prefixes), else
+        :meth:`storage_node`."""
+        return self.read_nodes[0] if self.read_nodes else self.storage_node()
 
 
 @dataclass
@@ -99,6 +114,9 @@ class Row:
             :data:`FIX_DROP`) where the grade honestly stays: the fault's own reads keep
             coming at its rate, so copies of hot blocks halve each copy's share of the
             store's reads without taking it under the hot share. "": the grade must drop.
+        on_reads: the fault goes on the node whose store the load reads most
+            (:meth:`Target.reading_node`), not the first decode node: a fault that acts
+            per read is seen only through reads, and a rule needs its minimum of them.
     """
 
     name: str
@@ -111,6 +129,7 @@ class Row:
     metric: str | None = None
     why_not: str = ""
     fix_drops: str = ""
+    on_reads: bool = False
 
     def skip_reason(self, t: Target) -> str:
         """Why this row cannot run against ``t`` ("": it can)."""
@@ -136,7 +155,7 @@ class Row:
     def make(self, t: Target, inject: Callable[[Sequence[str]], int]) -> Made:
         """Make the fault on ``t`` (``inject`` sends SPECs through the API, returning the
         new fault's id)."""
-        node = t.storage_node()
+        node = t.reading_node() if self.on_reads else t.storage_node()
         if self.how == "api":
             engine = _engine_on(t, self.role)
             spec = self.spec.format(node=node, engine=engine)
@@ -163,7 +182,7 @@ class Row:
         if self.how == "corrupt":
             assert t.store is not None
             before = corrupt_in(t.status)
-            path, key = corrupt_one_block(t.store)
+            path, key = corrupt_one_block(t.store, t.read_blocks)
             # the store is shared: whichever node reads the block next finds it corrupt
             return Made(f"corrupt block {key[:12]}", Expect(self.workflow, (
                         f"block {key}", f"block {key[:12]}", "node "), self.grade,
@@ -172,7 +191,7 @@ class Row:
                                 "corrupt_before": before})
         if self.how == "leave":
             pid, node, name = _joined_launcher(t) or (0, -1, "")
-            again = node_relauncher(pid)
+            again = node_relauncher(pid, t.scratch)
             os.kill(pid, signal.SIGTERM)
             engine = next((e.engine_id for e in t.engines("decode") if e.node == node), -1)
             made = Made(f"node {name} leaves", Expect(self.workflow, (f"node {name}",
@@ -290,7 +309,7 @@ def corrupt_in(st: Status) -> int:
     return sum(n.corrupt_blocks for n in st.storage)
 
 
-def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
+def node_relauncher(pid: int, log_dir: Path | None = None) -> Callable[[], dict[str, Any]]:
     """How to start the launcher ``pid`` again with its own command, directory and
     environment (read now, before it is told to stop): the undo of a leave. The returned
     call waits (bounded) for the old launcher to finish draining and exit, starts the same
@@ -305,6 +324,8 @@ def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
 
     import psutil
 
+    from dualpath_cli.services.drill_cluster import RELAUNCH_LOG_PREFIX
+
     proc = psutil.Process(pid)
     cmd, cwd, env = proc.cmdline(), proc.cwd(), proc.environ()
 
@@ -312,7 +333,7 @@ def node_relauncher(pid: int) -> Callable[[], dict[str, Any]]:
         if not _exits(proc, NODE_EXIT_S):
             raise DualPathError(f"the node's launcher (pid {pid}) did not exit within "
                                 f"{NODE_EXIT_S:g} s of its SIGTERM")
-        fd, log = tempfile.mkstemp(prefix="dualpath-drill-node-", suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=RELAUNCH_LOG_PREFIX, suffix=".log", dir=log_dir)
         with os.fdopen(fd, "w") as err:
             new = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=err,
@@ -349,22 +370,28 @@ def _copied_keys(replica_root: Path) -> set[str]:
     return {p.name.removesuffix(".kv") for p in replica_root.rglob("*.kv")}
 
 
-def corrupt_one_block(store: Path) -> tuple[Path, str]:
-    """Change one payload byte of the first stored block file with no copy on the replica
-    root beside the store (its checksum tells; the header does not): the block a reader
-    meets next is corrupt on disk. Where every block has a copy, the first block is
-    corrupted in every copy, so whichever a reader takes is corrupt. The byte is
-    incremented, not XOR-ed, so a second drill on a block nobody read yet leaves it corrupt,
-    not repaired."""
+def corrupt_one_block(store: Path, read: Sequence[str] = ()) -> tuple[Path, str]:
+    """Change one payload byte of a stored block file, and of every copy of it on the
+    replica root beside the store (its checksum tells; the header does not), so whichever
+    copy a reader takes is corrupt.
+
+    Which block: the first of ``read`` (blocks the load was just reading from the store,
+    most-read first) that is stored: engines keep a prefix in HBM once read, so the store
+    is read only for some blocks, and a corrupt block nobody reads is no incident any
+    surface can see (checksums are checked on read). With none of those, the first stored
+    block with no copy, else the first block. The byte is incremented, not XOR-ed, so a
+    second drill on a block nobody read yet leaves it corrupt, not repaired."""
     replica = store.parent / "replica"
     copied = _copied_keys(replica)
     files = sorted(p for p in (store / "blocks").rglob("*.kv") if not p.name.startswith("."))
     if not files:
         raise FileNotFoundError(f"no block files under {store / 'blocks'}")
+    by_key = {p.name.removesuffix(".kv"): p for p in files}
     alone = [p for p in files if p.name.removesuffix(".kv") not in copied]
-    path = (alone or files)[0]
+    wanted = [by_key[k] for k in read if k in by_key]
+    path = (wanted or alone or files)[0]
     key = path.name.removesuffix(".kv")
-    copies = [] if alone else sorted(replica.rglob(path.name))
+    copies = sorted(replica.rglob(path.name)) if key in copied else []
     for f in (path, *copies):
         _bump_payload_byte(f)
     return path, key
@@ -382,11 +409,15 @@ ROWS: tuple[Row, ...] = (
     Row("snic_throttle", "api", "snic-imbalance", "CRITICAL",
         spec="snic_throttle:node={node},fraction=0.25",
         metric="dualpath_storage_shaped_bandwidth_bytes_per_second"),
+    # on the store the load reads (store-latency needs 10 reads of the node: the first
+    # decode node's store gets about 1 a second under the drill's load, P0's about 15)
     Row("read_latency", "api", "snic-imbalance", "WARNING",
         spec="read_latency:node={node},latency=200ms",
-        metric="dualpath_storage_read_latency_seconds"),
+        metric="dualpath_storage_read_latency_seconds", on_reads=True),
+    # also on the store the load reads: a failed read is seen only when there is a read
     Row("read_errors", "api", "store-health", "WARNING",
-        spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total"),
+        spec="read_errors:node={node},rate=0.5", metric="dualpath_storage_read_errors_total",
+        on_reads=True),
     Row("store_full", "api", "store-health", "WARNING", spec="store_full:node={node}",
         metric="dualpath_storage_write_errors_total"),
     # its fix (copies on the replica roots) needs a store with replica roots: on a cluster

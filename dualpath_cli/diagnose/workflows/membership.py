@@ -29,7 +29,11 @@ def membership(ev: Evidence) -> list[Finding]:
     if record is None:  # a recording from before the record: nothing to judge by
         return [Finding(wf, OK, "membership not recorded in this window",
                         evidence={"pd": last.pd})]
-    if last.state == "starting":
+    # the cluster says "starting" until every engine it has registered said hello: at
+    # start-up, and also while an engine restarted after a death has not said hello yet
+    # (the scheduler registers it again first). Only the first is no incident.
+    if last.state == "starting" and not any(n.crash_loop or _is_down(n)
+                                            for n in record.nodes):
         return [Finding(wf, OK, f"starting: {record.serving} of {record.of} serve so far",
                         evidence={"serving": record.serving, "of": record.of})]
     out = []
