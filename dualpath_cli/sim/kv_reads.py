@@ -155,7 +155,10 @@ class ReadStage(SimBase):
         """Free ``nbytes`` of ``node``'s buffer, which were read out of it (to HBM or a PE)."""
         if nbytes <= 0:
             return
-        self._dram(node, nbytes)
+        node.dram_bytes += nbytes  # _dram, inlined
+        b = int(self.loop.now // self._bin_s)
+        bins = node.dram_bins
+        bins[b] = bins.get(b, 0.0) + nbytes
         node.buffer_free += nbytes
         if node.blocked:  # else every engine of the node is reading or has nothing queued
             for eng in node.engines:
