@@ -1,6 +1,6 @@
 """Every field of a run's result pinned before the simulator's speed work (issue 36 part 3).
 
-The expected digests were computed on main at 857ee72, before the hot paths were trimmed
+The expected digests were computed on main at 26b9581, before the hot paths were trimmed
 (decode step time per batch size, inlined helpers), so these tests prove the faster event
 core computes each run field for field as the old one did: a SHA-256 over the JSON of the
 whole result (SNIC series, DRAM, utilisations, hits, latencies; only ``wall_s`` and
@@ -88,20 +88,20 @@ CASES: dict[str, dict[str, Any]] = {
 
 # case -> (turns, events, jct_s, hit_tokens, shared_hit_tokens, digest of every field)
 PINNED = {
-    "1P1D-dualpath-ds27b": (268, 1845, 39.234061113909306, 3027824, 0, "02fca02f864e4cf6"),
-    "1P2D-host-cores": (297, 12388, 77.13470499665569, 2136512, 0, "e403a5e0a6c4d763"),
-    "1P2D-layerwise-ds27b": (574, 3902, 40.148355358518245, 6566414, 0, "2e3825af8d5d9907"),
-    "2P1D-oracle-ds27b": (574, 3694, 41.69925933560992, 6566414, 0, "e2c2310b97437790"),
-    "2P4D-basic": (820, 6476, 182.1089291941936, 12806088, 0, "2f54943c3d1b8699"),
-    "2P4D-controllers": (876, 6999, 176.08671539753703, 14581084, 0, "2561ab1a49e263da"),
-    "2P4D-dualpath": (820, 6437, 180.73925536402217, 12806088, 0, "9d5c0106478e15f8"),
-    "2P4D-online": (1142, 9102, 56.97392387738568, 7583250, 30656, "44df21ab279b031e"),
-    "2P4D-shared-starts": (835, 6717, 189.3333013357965, 12884299, 7744, "d88c49b84f16775d"),
-    "2P4D-split": (820, 7250, 180.77576459914218, 12806088, 0, "88b4ef61ddd5a0bc"),
-    "4P8D-dualpath": (884, 7567, 142.47069172926695, 8739964, 0, "9651f0eb3846791a"),
-    "4P8D-groups2": (1011, 7324, 144.50288473356028, 11775887, 0, "bd3bcbe6c583223b"),
-    "4P8D-hierarchical": (1102, 8142, 145.0910927480581, 13194058, 0, "5f105d2f6dac6f39"),
-    "4P8D-round-robin": (884, 7567, 142.47069172926695, 8739964, 0, "9213344c18ff6fd2"),
+    "1P1D-dualpath-ds27b": (268, 1845, 39.234061113909306, 3027824, 0, "992edf2dc0fc0968"),
+    "1P2D-host-cores": (297, 12388, 77.13470499665569, 2136512, 0, "10c63abffe3bd791"),
+    "1P2D-layerwise-ds27b": (574, 3902, 40.148355358518245, 6566414, 0, "710ea2caa499e86b"),
+    "2P1D-oracle-ds27b": (574, 3694, 41.69925933560992, 6566414, 0, "ce6790bcbb9afe13"),
+    "2P4D-basic": (820, 6476, 182.1089291941936, 12806088, 0, "43dc3d8e09b53f7a"),
+    "2P4D-controllers": (876, 6999, 176.08671539753703, 14581084, 0, "347dae63de1846a9"),
+    "2P4D-dualpath": (820, 6437, 180.73925536402217, 12806088, 0, "73c6e0fb9fce067e"),
+    "2P4D-online": (1142, 9102, 56.97392387738568, 7583250, 30656, "e457381e5eb14f4a"),
+    "2P4D-shared-starts": (835, 6717, 189.3333013357965, 12884299, 7744, "e0ec4abcd1c5bd06"),
+    "2P4D-split": (820, 7250, 180.77576459914218, 12806088, 0, "7154185aad26bf79"),
+    "4P8D-dualpath": (884, 7567, 142.47069172926695, 8739964, 0, "491b07634fb6e842"),
+    "4P8D-groups2": (1011, 7324, 144.50288473356028, 11775887, 0, "3e16de3d8514d18c"),
+    "4P8D-hierarchical": (1102, 8142, 145.0910927480581, 13194058, 0, "58011117841d3b0b"),
+    "4P8D-round-robin": (884, 7567, 142.47069172926695, 8739964, 0, "3aca8eb7b01276ae"),
 }
 
 
