@@ -53,6 +53,11 @@ class SimBase(ABC):
     _full_blocks: bool
     _block_tokens: int
     _kvpt: float
+    _topk: int
+    _fixed_step_s: float | None
+    _hbm_bw: float
+    _decode_base_s: float
+    _linear_s: dict[int, float]
     _bin_s: float
     # the event loop and its handler kinds
     loop: EventLoop

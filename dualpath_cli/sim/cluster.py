@@ -110,6 +110,11 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self._full_blocks = cal.full_blocks_only
         self._block_tokens = cal.block_tokens
         self._kvpt = cost.kv_bytes_per_token
+        self._topk = cost.topk
+        self._fixed_step_s = cal.decode_step_s
+        self._hbm_bw = cost.hbm_bandwidth
+        self._decode_base_s = cost.decode_base_s
+        self._linear_s: dict[int, float] = {}  # decode batch size -> its linear layers' time
         self._bin_s = setup.bin_s
         self.loop = EventLoop()
         ev = self.loop

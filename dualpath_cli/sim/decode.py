@@ -31,12 +31,25 @@ class DecodeStage(SimBase):
         if not heap:
             de.step_s = 0.0
             return
-        step_s = self.cost.decode_step_s(len(heap), de.attended)
+        step_s = self._step_s(len(heap), de.attended)
         if self._host_cores is not None:
             step_s *= self._slowdown()
         de.step_s = step_s
-        wait = max(0.0, heap[0][0] - de.steps) * step_s
+        wait = heap[0][0] - de.steps
+        wait = wait * step_s if wait > 0.0 else 0.0  # max(0.0, wait) * step_s
         heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+
+    def _step_s(self, batch: int, attended: int) -> float:
+        """Core's ``CostModel.decode_step_s``, its linear part looked up per batch size
+        (the same floats: the same operations in the same order, computed once per size)."""
+        fixed = self._fixed_step_s
+        if fixed is not None:
+            return fixed
+        kv = attended * self._kvpt / self._hbm_bw
+        linear = self._linear_s.get(batch)
+        if linear is None:
+            linear = self._linear_s[batch] = self.cost.model.linear_flops(batch) / self.cost.flops
+        return self._decode_base_s + (linear if linear > kv else kv)
 
     def _slowdown(self) -> float:
         """How much slower an engine computes now that ``_computing`` share the host cores."""
@@ -68,12 +81,22 @@ class DecodeStage(SimBase):
             de.steps += (now - de.last) / step_s
             de.busy_time += now - de.last
         de.last = now
-        att = self.cost.attended(req.length + req.gen // 2)
+        context = req.length + req.gen // 2  # core's CostModel.attended, inlined
+        topk = self._topk
+        att = (topk if topk < context else context) if topk > 0 else context
         req.finish_s = att
         de.attended += att
         heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
         req.t_join = now
-        self._reschedule(de, now)
+        if self._host_cores is None:  # _reschedule without host-core contention, inlined
+            version = de.version = de.version + 1
+            heap = de.heap
+            step_s = de.step_s = self._step_s(len(heap), de.attended)
+            wait = heap[0][0] - de.steps
+            wait = wait * step_s if wait > 0.0 else 0.0
+            heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+        else:
+            self._reschedule(de, now)
         req.t_second = now + de.step_s
 
     def _de_step(self, payload: tuple[DEngine, int]) -> None:
@@ -92,7 +115,14 @@ class DecodeStage(SimBase):
             req = heappop(heap)[2]
             de.attended -= int(req.finish_s)
             self._finish(req, de)
-        self._reschedule(de, now)
+        if self._host_cores is None and heap:  # _reschedule's common case, inlined
+            version = de.version = de.version + 1
+            step_s = de.step_s = self._step_s(len(heap), de.attended)
+            wait = heap[0][0] - de.steps
+            wait = wait * step_s if wait > 0.0 else 0.0
+            heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+        else:
+            self._reschedule(de, now)
 
     def _finish(self, req: Req, de: DEngine) -> None:
         now = self.loop.now
@@ -108,8 +138,12 @@ class DecodeStage(SimBase):
             self._wake(grp, self.K_DE_FETCH)
         if self._io:  # persist the turn's new full blocks (never delays a read)
             nbytes = (req.new + gen) * self._kvpt
-            self._dram(de.node, 2 * nbytes)  # GPU -> DRAM -> storage
-            de.node.write.send(now, nbytes)
+            node = de.node
+            node.dram_bytes += 2 * nbytes  # GPU -> DRAM -> storage (_dram, inlined)
+            b = int(now // self._bin_s)
+            bins = node.dram_bins
+            bins[b] = bins.get(b, 0.0) + 2 * nbytes
+            node.write.send(now, nbytes)
             de.cnic_out.bytes += nbytes
         if self.record:
             tpot = (now - req.t_second) / (gen - 2) if gen > 2 else math.nan

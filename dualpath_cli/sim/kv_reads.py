@@ -1,18 +1,17 @@
 """KV reads: each part of a turn's read plan streams through its node's storage NIC into the
 node's DRAM buffer.
 
-The read plan comes from the core policy (``read_plan``). A node's storage-NIC bandwidth is
-fair-shared by its engines' active reads (one per engine at a time, FIFO behind it); a read
-waits while the node's DRAM buffer is full unless the NIC is idle. Read bytes are binned
-per node for the SNIC series, and DRAM traffic is counted (not queued on) for the results'
-``dram_util``/``dram_peak``.
+The read plan comes from the core policy (``read_plan``, whose one line the handler runs
+itself). A node's storage-NIC bandwidth is fair-shared by its engines' active reads (one per
+engine at a time, FIFO behind it); a read waits while the node's DRAM buffer is full unless
+the NIC is idle. Read bytes are binned per node for the SNIC series, and DRAM traffic is
+counted (not queued on) for the results' ``dram_util``/``dram_peak``.
 """
 
 from __future__ import annotations
 
 from heapq import heappush
 
-from dualpath_cli.core.policies import read_plan
 from dualpath_cli.core.quota import PrefillWork
 from dualpath_cli.errors import NoAvailableEngine
 from dualpath_cli.sim.base import SimBase
@@ -36,7 +35,7 @@ class ReadStage(SimBase):
         pe_snap.read_q = pe.node.read_q
         de_snap.read_q = de.node.read_q
         try:
-            plan = read_plan(pol, req.core, pe_snap, de_snap, self.params, self.ordinal)
+            plan = pol.plan(req.core, pe_snap, de_snap, self.params, self.ordinal)  # read_plan
         except NoAvailableEngine:  # seed-select: neither side healthy; try at the next tick
             self._at(self.loop.now + self._period, self.K_IO_RETRY, req)
             return
@@ -95,7 +94,8 @@ class ReadStage(SimBase):
         if version != link.version:
             return
         now = self.loop.now
-        engines, bin_s, bins = self.engines, self._bin_s, node.bins
+        engines, bin_s, bins, dram_bins = self.engines, self._bin_s, node.bins, node.dram_bins
+        now_bin = int(now // bin_s)
         for flow in link.pop_done(now):
             job: ReadJob = flow.token  # type: ignore[assignment]
             eng = engines[flow.owner]
@@ -103,12 +103,13 @@ class ReadStage(SimBase):
             node.read_q -= job.tokens
             nbytes, start = job.nbytes, job.start
             b0 = int(start // bin_s)
-            if b0 == int(now // bin_s) or now <= start:  # _bin's single-bin case, inlined
+            if b0 == now_bin or now <= start:  # _bin's single-bin case, inlined
                 node.read_bytes += nbytes
                 bins[b0] = bins.get(b0, 0.0) + nbytes
             else:
                 self._bin(node, start, now, nbytes)
-            self._dram(node, nbytes)  # written into the node's buffer
+            node.dram_bytes += nbytes  # written into the node's buffer (_dram, inlined)
+            dram_bins[now_bin] = dram_bins.get(now_bin, 0.0) + nbytes
             req = job.req
             if eng.prefill:
                 req.buf_pe += nbytes
@@ -154,7 +155,10 @@ class ReadStage(SimBase):
         """Free ``nbytes`` of ``node``'s buffer, which were read out of it (to HBM or a PE)."""
         if nbytes <= 0:
             return
-        self._dram(node, nbytes)
+        node.dram_bytes += nbytes  # _dram, inlined
+        b = int(self.loop.now // self._bin_s)
+        bins = node.dram_bins
+        bins[b] = bins.get(b, 0.0) + nbytes
         node.buffer_free += nbytes
         if node.blocked:  # else every engine of the node is reading or has nothing queued
             for eng in node.engines:

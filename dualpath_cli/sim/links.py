@@ -68,11 +68,11 @@ class SharedLink:
     def next_finish(self) -> float:
         """Absolute time the next flow completes at the current shares (inf when idle)."""
         flows = self.flows
-        n = len(flows)
-        if n == 0:
+        if not flows:
             return float("inf")
+        n = len(flows)
         least = flows[0].remaining if n == 1 else min([f.remaining for f in flows])
-        return self.last + max(0.0, least) * n / self.bandwidth
+        return self.last + (least if least > 0.0 else 0.0) * n / self.bandwidth  # max(0, least)
 
     def pop_done(self, now: float) -> list[Flow]:
         """Advance to ``now`` and remove the flows with (almost) nothing left.

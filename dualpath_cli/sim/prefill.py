@@ -122,5 +122,9 @@ class PrefillStage(SimBase):
                 sent = full
                 t = pe.cnic_out.send(now, full)
             t = de.cnic_in.send(t, full)  # H2D into DE HBM through the CNIC loopback
-            self._dram(de.node, sent + full)  # into the DE buffer, then out to HBM
+            node = de.node  # into the DE buffer, then out to HBM (_dram, inlined)
+            node.dram_bytes += sent + full
+            b = int(now // self._bin_s)
+            bins = node.dram_bins
+            bins[b] = bins.get(b, 0.0) + (sent + full)
         heappush(self._heap, (t, self._ticket(), self.K_JOIN, req))  # t >= now
