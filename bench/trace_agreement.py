@@ -31,6 +31,11 @@ Steps:
    faster per FLOP, 11.5 against 7.7 GFLOP/s here, which left the simulator 47% slow).
 4. The independent count: ``workload.mooncake.mooncake_stats(log).prefix_hit_ratio``.
 
+Storage reads: the runtime's ``snic_read_mb_by_node`` counts each request's blocks (a block
+several requests joined counts for each), ``store_read_mb_by_node`` what its loaders read
+(once per joined read); the simulator's ``snic_read_mb_by_node`` is what its NICs carried
+(it joins reads the same way, ``sim/kv_reads.py``), ``joined_read_tokens`` what it joined.
+
 Reported: ``runtime_jct_s``, ``sim_jct_s``, ``jct_error`` (sim / runtime - 1; goal: within
 15%), ``runtime_hit_ratio``, ``sim_hit_ratio``, ``independent_hit_ratio`` (goal: within one
 point of each other), the cross-conversation shares, and the CPU other processes used
@@ -92,6 +97,8 @@ def run_runtime(trajs: list[Trajectory], root: Path) -> tuple[RuntimeOptions, di
                   "snic_read_mb": round(sum(row.snic_read_bytes.values()) / 1e6, 2),
                   "snic_read_mb_by_node": [round(b / 1e6, 2) for _, b in
                                            sorted(row.snic_read_bytes.items())],
+                  "store_read_mb_by_node": [round(b / 1e6, 2) for _, b in
+                                            sorted(row.store_read_bytes.items())],
                   "flops_rate": None if cal is None else cal.flops_rate,
                   "cross_share": row.cross_conversation_hit_share,
                   "prompt_tokens": row.prompt_tokens, "hit_tokens": row.hit_tokens,
@@ -209,7 +216,7 @@ def measure(args: argparse.Namespace, boosted: bool) -> dict[str, Any]:
         "where_the_time_goes": {  # engine busy seconds (all engines), batching, NICs
             "runtime": {k: rt[k] for k in ("busy_s", "pe_batch_mean", "pe_chunks",
                                            "flops_rate", "snic_read_mb",
-                                           "snic_read_mb_by_node")},
+                                           "snic_read_mb_by_node", "store_read_mb_by_node")},
             "sim": {k: sim[k] for k in ("busy_s", "pe_busy_s", "pe_batches", "snic_util",
                                         "read_tokens", "joined_read_tokens",
                                         "snic_read_mb_by_node", "snic_kv_rate_mb_s")}},
