@@ -69,35 +69,54 @@ class ReadStage(SimBase):
 
     def _job(self, req: Req, eng: PEngine | DEngine, lo: int, hi: int) -> ReadJob:
         """The read of hit tokens ``[lo, hi)`` of ``req``'s prompt on ``eng``: the tokens of
-        chain blocks another job on ``eng`` still reads are joined, not charged (module
-        docstring); the rest are this job's own, and later jobs may join them."""
+        chain blocks another job on ``eng`` still has to read are joined, not charged
+        (module docstring); the rest are this job's own, and later jobs may join them."""
+        kvpt = self._kvpt
         store = self._prefix_store
         blocks = self.plans[req.agent].blocks if store is not None else ()
         if not blocks:
-            return ReadJob(req, hi - lo, (hi - lo) * self._kvpt, eng)
+            return ReadJob(req, hi - lo, (hi - lo) * kvpt, eng)
         assert store is not None
         bt = store.block_tokens
         chain = blocks[req.turn]
         pending = eng.in_flight
+        job = ReadJob(req, 0, 0.0, eng)
+        read = self._read_so_far(eng)
         own = 0
         owned: list[int] = []
         for j in range(lo // bt, min(len(chain), -(-hi // bt))):
             a, b = max(lo, j * bt), min(hi, (j + 1) * bt)
             key = chain[j]
             got = pending.get(key)
-            joined = 0 if got is None else max(0, min(b, got[2]) - max(a, got[1]))
+            joined = 0
+            if got is not None and not (read is not None and got[3] is read[0]
+                                        and read[1] >= got[4]):  # else delivered already
+                joined = max(0, min(b, got[2]) - max(a, got[1]))
             if joined == b - a:
                 continue
             own += b - a - joined
             owned.append(key)
             if got is None:
-                pending[key] = [1, a, b]
-            else:
+                pending[key] = [1, a, b, job, own]
+            else:  # this job reads (the rest of) it now: later jobs join this read
                 got[0] += 1
                 got[1], got[2] = min(a, got[1]), max(b, got[2])
+                got[3], got[4] = job, own
         own += max(0, hi - max(lo, len(chain) * bt))  # past the chain: never joined
         self.joined_read_tokens += hi - lo - own
-        return ReadJob(req, own, own * self._kvpt, eng, tuple(owned))
+        job.tokens, job.nbytes, job.owned = own, own * kvpt, tuple(owned)
+        return job
+
+    def _read_so_far(self, eng: PEngine | DEngine) -> tuple[ReadJob, float] | None:
+        """The job ``eng`` is reading and how many of its own tokens have landed (its blocks
+        are read in order; a landed block is no longer pending, and a later request that
+        wants it reads it again, as the runtime's loader does); None when idle."""
+        flow = eng.reading
+        if flow is None:
+            return None
+        eng.node.snic.advance(self.loop.now)
+        job: ReadJob = flow.token  # type: ignore[assignment]
+        return job, (flow.size - flow.remaining) / self._kvpt
 
     def _try_read(self, eng: PEngine | DEngine) -> bool:
         rq = eng.rq

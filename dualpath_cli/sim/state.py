@@ -8,6 +8,7 @@ and its stages).
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from dualpath_cli.core.quota import PrefillWork
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
@@ -97,9 +98,10 @@ class _Engine:
         self.snap = EngineSnapshot(idx, node.idx, group.idx, role, hbm_free=hbm_tokens)
         self.rq: deque[ReadJob] = deque()
         self.reading: Flow | None = None
-        # chain id -> [jobs reading it, first, last token it covers]: the blocks queued or
-        # in flight on this engine's loader, which a later request joins instead of re-reading
-        self.in_flight: dict[int, list[int]] = {}
+        # chain id -> [jobs reading it, first, last token it covers, the job reading it now,
+        # that job's own tokens up to its end]: the blocks queued or in flight on this
+        # engine's loader, which a later request joins instead of reading them again
+        self.in_flight: dict[int, list[Any]] = {}
         self.cnic_in = FifoLink(cnic_rate)
         self.cnic_out = FifoLink(cnic_rate)
 
