@@ -29,6 +29,7 @@ def _run(plans: list[AgentPlan]) -> tuple[float, int, float, int]:
     joined, engines)."""
     sim = simulation(make_setup("ds27b", "1P1D", "dualpath"), plans)
     res = sim.run_offline()
+    assert res.turns == len(plans)  # a job that joined every block finishes too
     assert res.hit_tokens == (len(plans) - 1) * len(SHARED) * BT  # every follower hits it
     read = sum(n.read_bytes for n in sim.nodes)
     planned = res.read_tokens_pe_side + res.read_tokens_de_side

@@ -175,14 +175,15 @@ class ReadStage(SimBase):
         node = eng.node
         node.read_q -= job.tokens
         nbytes, start = job.nbytes, job.start
-        bin_s, bins = self._bin_s, node.bins
-        b0 = int(start // bin_s)
-        if b0 == int(now // bin_s) or now <= start:  # _bin's single-bin case, inlined
-            node.read_bytes += nbytes
-            bins[b0] = bins.get(b0, 0.0) + nbytes
-        else:
-            self._bin(node, start, now, nbytes)
-        self._dram(node, nbytes)  # written into the node's buffer
+        if nbytes:  # a job that joined every block read nothing itself
+            bin_s, bins = self._bin_s, node.bins
+            b0 = int(start // bin_s)
+            if b0 == int(now // bin_s) or now <= start:  # _bin's single-bin case, inlined
+                node.read_bytes += nbytes
+                bins[b0] = bins.get(b0, 0.0) + nbytes
+            else:
+                self._bin(node, start, now, nbytes)
+            self._dram(node, nbytes)  # written into the node's buffer
         if job.owned:
             pending = eng.in_flight
             for key in job.owned:
