@@ -21,15 +21,20 @@ Steps:
    the digital twin's embedded world of this host (services.twin ``world_for``: the
    reference model's prefill FLOP/s, per-forward overhead and decode step measured here
    right after the runtime run, engines sharing this host's cores, whole-block hits), as
-   ``dualpath sim run --trace`` replays a trace. Two departures from the twin, both
-   modelling gaps it has on this traffic: the compute is measured afresh, not the twin's
-   kept measurement (``host_compute`` keeps the first it took: one taken at load 20 made the
-   simulator 51% slow against a runtime run at load 16); and the prefill FLOP/s is probed
-   at the workload's mean turn (its mean cached context and append, as ``dualpath bench``
-   probes it), not at the twin's 128 new tokens after 512: the reference model computes
-   long prompts faster per FLOP (11.5 against 7.7 GFLOP/s here), which left the simulator
-   47% slow (``--twin-probe`` shows it).
+   ``dualpath sim run --trace`` replays a trace. The twin probes the prefill FLOP/s at the
+   traffic's mean turn (its mean context and append, ``services.twin.mean_turn``, as
+   ``dualpath bench`` probes it); one departure from the twin: the compute is measured
+   afresh (``measure_compute``), not the twin's kept measurement (``host_compute`` keeps
+   the first it took for a shape: one taken at load 20 made the simulator 51% slow
+   against a runtime run at load 16). ``--twin-probe`` shows the probe the twin used
+   before (128 new tokens after 512 cached; the reference model computes long prompts
+   faster per FLOP, 11.5 against 7.7 GFLOP/s here, which left the simulator 47% slow).
 4. The independent count: ``workload.mooncake.mooncake_stats(log).prefix_hit_ratio``.
+
+Storage reads: the runtime's ``snic_read_mb_by_node`` counts each request's blocks (a block
+several requests joined counts for each), ``store_read_mb_by_node`` what its loaders read
+(once per joined read); the simulator's ``snic_read_mb_by_node`` is what its NICs carried
+(it joins reads the same way, ``sim/kv_reads.py``), ``joined_read_tokens`` what it joined.
 
 Reported: ``runtime_jct_s``, ``sim_jct_s``, ``jct_error`` (sim / runtime - 1; goal: within
 15%), ``runtime_hit_ratio``, ``sim_hit_ratio``, ``independent_hit_ratio`` (goal: within one
@@ -49,14 +54,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dualpath_cli.runtime.calibrate import measure_flops_rate
 from dualpath_cli.runtime.options import RuntimeOptions, options_from_config
-from dualpath_cli.services.bench import (
-    PROBE_SECONDS,
-    load_bench_config,
-    mean_context_and_append,
-    run_bench,
-)
+from dualpath_cli.services.bench import load_bench_config, run_bench
 from dualpath_cli.services.twin import measure_compute, world_for
 from dualpath_cli.sim import plans_from_trajectories
 from dualpath_cli.sim.twin_replay import Setting, Traffic, World
@@ -98,6 +97,8 @@ def run_runtime(trajs: list[Trajectory], root: Path) -> tuple[RuntimeOptions, di
                   "snic_read_mb": round(sum(row.snic_read_bytes.values()) / 1e6, 2),
                   "snic_read_mb_by_node": [round(b / 1e6, 2) for _, b in
                                            sorted(row.snic_read_bytes.items())],
+                  "store_read_mb_by_node": [round(b / 1e6, 2) for _, b in
+                                            sorted(row.store_read_bytes.items())],
                   "flops_rate": None if cal is None else cal.flops_rate,
                   "cross_share": row.cross_conversation_hit_share,
                   "prompt_tokens": row.prompt_tokens, "hit_tokens": row.hit_tokens,
@@ -105,9 +106,9 @@ def run_runtime(trajs: list[Trajectory], root: Path) -> tuple[RuntimeOptions, di
 
 
 def run_sim(trajs: list[Trajectory], base: RuntimeOptions,
-            probe_shape: tuple[int, int]) -> tuple[World, dict[str, Any]]:
-    """The same workload and setting in the twin's embedded world of this host, its prefill
-    FLOP/s probed at ``probe_shape`` (new, cached tokens; new 0: the twin's own probe)."""
+            old_probe: bool = False) -> tuple[World, dict[str, Any]]:
+    """The same workload and setting in the twin's embedded world of this host, measured
+    now at the traffic's mean turn (``old_probe``: at 128 new tokens after 512 instead)."""
     from dualpath_cli.sim import make_setup
     from dualpath_cli.sim.measured import TimedSimulation
 
@@ -117,16 +118,10 @@ def run_sim(trajs: list[Trajectory], base: RuntimeOptions,
     traffic = Traffic("generated log", base.model, pd, setting, base.z_factor, tuple(plans),
                       sum(p.num_turns for p in plans), 0.0, base.snic_bw,
                       block_tokens=base.block_tokens)
-    new, cached = probe_shape
-    if new > 0:  # prefill measured at the workload's mean turn, as dualpath bench probes it
+    def measure(model: str, context: int, new: int) -> dict[str, float]:
+        return measure_compute(model, 512, 128) if old_probe else measure_compute(
+            model, context, new)
 
-        def measure(model: str, context: int) -> dict[str, float]:
-            got = measure_compute(model, context)
-            got["flops"] = measure_flops_rate(model, PROBE_SECONDS, new=new,
-                                              cached=cached).rate
-            return got
-    else:  # the twin's own probe (128 new tokens after 512), measured now
-        measure = measure_compute
     world = world_for(traffic, calibrate=False, measure=measure)
     setup = make_setup("ds660b", pd, base.policy, "hopper", calibration=world.calibration,
                        alpha=base.alpha, beta=base.beta)
@@ -139,6 +134,8 @@ def run_sim(trajs: list[Trajectory], base: RuntimeOptions,
                    "pe_batches": sum(e.batches for e in sim.pes),
                    "snic_util": round(res.snic_util, 3),
                    "read_tokens": [res.read_tokens_pe_side, res.read_tokens_de_side],
+                   "joined_read_tokens": int(res.extra.get("joined_read_tokens", 0)),
+                   "snic_read_mb_by_node": [round(n.read_bytes / 1e6, 2) for n in sim.nodes],
                    "snic_kv_rate_mb_s": round(world.hardware.snic_bandwidth / 1e6, 3),
                    "cross_share": res.cross_conversation_hit_share,
                    "prompt_tokens": res.prompt_tokens, "hit_tokens": res.hit_tokens}
@@ -152,7 +149,7 @@ def main() -> None:
                     help="conversation starts per second in the log (default 2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--twin-probe", action="store_true",
-                    help="calibrate the simulator's prefill with the twin's own probe (128 "
+                    help="calibrate the simulator's prefill with the twin's former probe (128 "
                     "new tokens after 512) instead of at the workload's mean turn")
     ap.add_argument("--no-boost", action="store_true",
                     help="do not raise this session's autogroup priority while measuring")
@@ -193,8 +190,7 @@ def measure(args: argparse.Namespace, boosted: bool) -> dict[str, Any]:
         base, rt = run_runtime(trajs, Path(root))
         print(f"runtime: JCT {rt['jct_s']:.2f} s, hits {rt['hit_ratio']:.2%} "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    shape = mean_context_and_append(trajs)
-    world, sim = run_sim(trajs, base, (0, 0) if args.twin_probe else (shape[1], shape[0]))
+    world, sim = run_sim(trajs, base, args.twin_probe)
     err = sim["jct_s"] / rt["jct_s"] - 1.0
     ind = stats.prefix_hit_ratio
     return {
@@ -220,9 +216,10 @@ def measure(args: argparse.Namespace, boosted: bool) -> dict[str, Any]:
         "where_the_time_goes": {  # engine busy seconds (all engines), batching, NICs
             "runtime": {k: rt[k] for k in ("busy_s", "pe_batch_mean", "pe_chunks",
                                            "flops_rate", "snic_read_mb",
-                                           "snic_read_mb_by_node")},
+                                           "snic_read_mb_by_node", "store_read_mb_by_node")},
             "sim": {k: sim[k] for k in ("busy_s", "pe_busy_s", "pe_batches", "snic_util",
-                                        "read_tokens", "snic_kv_rate_mb_s")}},
+                                        "read_tokens", "joined_read_tokens",
+                                        "snic_read_mb_by_node", "snic_kv_rate_mb_s")}},
         "foreign_cores": rt["foreign_cores"], "priority_boost": boosted,
         "load_average": None if load is None else round(load, 2),
         "wall_s": round(time.perf_counter() - wall, 1),

@@ -31,7 +31,7 @@ COMPUTE = {"flops": 3.3e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.008}
 SNIC = 2e6  # bytes/s per node: storage-bound, as dualpath bench calibrates it
 
 
-def stub_measure(model: str, context: int) -> dict[str, float]:
+def stub_measure(model: str, context: int, new: int) -> dict[str, float]:
     return dict(COMPUTE)
 
 

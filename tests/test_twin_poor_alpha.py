@@ -52,7 +52,7 @@ COMPUTE = {"flops": 3.3e9, "prefill_overhead_s": 0.002, "decode_step_s": 0.008}
 
 @pytest.fixture(autouse=True)
 def env(clean_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(twin, "measure_compute", lambda model, context: dict(COMPUTE))
+    monkeypatch.setattr(twin, "measure_compute", lambda model, context, new: dict(COMPUTE))
 
 
 @pytest.fixture

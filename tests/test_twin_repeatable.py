@@ -35,9 +35,9 @@ def noisy_measure() -> tuple[list[int], Any]:
     """A compute measurement that moves on every call, as a loaded host's does."""
     calls: list[int] = []
 
-    def measure(model: str, context: int) -> dict[str, float]:
+    def measure(model: str, context: int, new: int) -> dict[str, float]:
         calls.append(1)
-        got = stub_measure(model, context)
+        got = stub_measure(model, context, new)
         return {k: v * (1 + 0.07 * len(calls)) for k, v in got.items()}
 
     return calls, measure
@@ -69,6 +69,29 @@ def test_two_runs_answer_byte_for_byte_the_same_but_wall_s(
     # --remeasure measures again (and may answer differently: a new measurement)
     suggest_json(capsys, *args, "--remeasure")
     assert len(calls) == 2
+
+
+def test_the_kept_measurement_is_per_turn_shape_and_says_when_it_was_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes: list[tuple[int, int]] = []
+
+    def measure(model: str, context: int, new: int) -> dict[str, float]:
+        shapes.append((context, new))
+        return stub_measure(model, context, new)
+
+    monkeypatch.setattr(twin, "measure_compute", measure)
+    short = twin.traffic_from_decisions(cluster_view(), served(agentic_workload(4, 2)), "a")
+    long = twin.traffic_from_decisions(cluster_view(), served(agentic_workload(4, 6)), "b")
+    assert twin.mean_turn(short.plans) != twin.mean_turn(long.plans)
+    notes = [twin.world_for(tr, host_cores=2).notes for tr in (short, long, short, long)]
+    # measured at each traffic's own mean turn, once per shape, then kept
+    assert shapes == [twin.mean_turn(short.plans), twin.mean_turn(long.plans)]
+    assert notes[0] == notes[2] and notes[1] == notes[3]  # the same answer twice
+    context, new = twin.mean_turn(short.plans)
+    assert f"{new} new tokens after {context}" in notes[0][0]
+    assert "kept from 20" in notes[0][0] and "--remeasure" in notes[0][0]
+    kept = json.loads(twin.compute_path().read_text())
+    assert all({"taken_unix", "load_average"} <= set(v) for v in kept.values())
 
 
 def test_every_listed_split_is_a_row_even_when_it_loses(

@@ -137,7 +137,7 @@ def test_a_recorded_shared_system_prompt_replays_with_the_clusters_cross_hits(
     assert traffic.starts is not None and traffic.starts[0] == 0.0
     assert min(traffic.starts[1:]) > 0  # the second wave after the first agent
 
-    world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
+    world = twin.world_for(traffic, measure=lambda _m, _c, _n: dict(COMPUTE), host_cores=2)
     replay = twin_replay.predict(traffic, world, traffic.current)
     assert replay.cross_hit_share > 0
     assert replay.cross_hit_share == pytest.approx(measured, abs=0.1), (replay, counts)
@@ -151,7 +151,7 @@ def test_conversations_without_a_shared_prefix_link_nothing(tmp_path: Path) -> N
     trace = trace_from_decisions(rec.decisions)
     assert trace is not None and not any(t.shared for t in trace.trajectories)
     traffic = twin.traffic_from_recording(rec, str(path))
-    world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
+    world = twin.world_for(traffic, measure=lambda _m, _c, _n: dict(COMPUTE), host_cores=2)
     assert twin_replay.predict(traffic, world, traffic.current).cross_hit_share == 0.0
 
 
@@ -205,7 +205,7 @@ def test_a_recording_keeps_each_turns_block_chain_and_the_twin_hits_what_the_sto
 
     traffic = twin.traffic_from_recording(rec, str(path))
     assert all(p.blocks and p.block_tokens == 8 and p.outputs_stored for p in traffic.plans)
-    world = twin.world_for(traffic, measure=lambda _m, _c: dict(COMPUTE), host_cores=2)
+    world = twin.world_for(traffic, measure=lambda _m, _c, _n: dict(COMPUTE), host_cores=2)
     replay = twin_replay.predict(traffic, world, traffic.current)
     prompt = sum(d.length for d in turns)
     assert replay.prompt_tokens == prompt

@@ -36,11 +36,15 @@ _PROBE_NEW, _PROBE_CACHED = 128, 512
 
 
 @functools.cache
-def calibrate_flops_rate(model: str = "tiny", repeats: int = 3) -> float:
-    """Achieved prefill FLOP/s of ``model``: model FLOPs of a probe chunk / its best time."""
+def calibrate_flops_rate(model: str = "tiny", repeats: int = 3, *, new: int = _PROBE_NEW,
+                         cached: int = _PROBE_CACHED) -> float:
+    """Achieved prefill FLOP/s of ``model``: model FLOPs of a probe chunk of ``new`` tokens
+    after ``cached`` / its best time (the rate depends on the shape: the reference model
+    computes long prompts faster per FLOP)."""
+    _check_probe(0.0, new, cached)
     ref = load_model(model)
-    seconds = time_prefill(ref, _PROBE_NEW, _PROBE_CACHED, repeats=repeats)
-    flops = ref.config.to_profile().prefill_flops(_PROBE_CACHED, _PROBE_NEW)
+    seconds = time_prefill(ref, new, cached, repeats=repeats)
+    flops = ref.config.to_profile().prefill_flops(cached, new)
     return flops / max(seconds, 1e-6)
 
 

@@ -140,6 +140,11 @@ class PolicyReport:
     hit_tokens: int = 0
     """Of those, the tokens it found there (``dualpath_kv_hit_tokens_total{tier="store"}``):
     whole blocks of the runtime's size, one token of a prompt always computed."""
+    store_read_bytes: dict[int, int] = field(default_factory=dict)
+    """Bytes each node's loaders read from the store (``dualpath_storage_read_bytes_total``):
+    what crossed its storage NIC. A block several requests asked for while its read was
+    queued or in flight is read once (they join it), where ``snic_read_bytes`` counts it
+    for each request."""
 
     @property
     def cross_conversation_hit_share(self) -> float:
@@ -466,7 +471,19 @@ def _summarise(policy: str, system: RuntimeSystem, run: RunResult,
         list(run.errors),
         shared_cached_tokens=int(counted("dualpath_kv_cross_conversation_hit_tokens_total")),
         prompt_tokens=int(counted("dualpath_kv_requested_tokens_total", tier="store")),
-        hit_tokens=int(counted("dualpath_kv_hit_tokens_total", tier="store")))
+        hit_tokens=int(counted("dualpath_kv_hit_tokens_total", tier="store")),
+        store_read_bytes=_store_read_bytes(system))
+
+
+def _store_read_bytes(system: RuntimeSystem) -> dict[int, int]:
+    """Bytes each node's loaders read (:attr:`PolicyReport.store_read_bytes`), from every
+    live engine's metrics (asked for afresh; bounded wait)."""
+    out: dict[int, int] = {}
+    for snap in system.scheduler.metrics(fresh=True).values():
+        rows = (snap.get("metrics") or {}).get("dualpath_storage_read_bytes_total", [])
+        node = int(snap.get("node", -1))
+        out[node] = out.get(node, 0) + int(sum(float(r.get("value", 0.0)) for r in rows))
+    return out
 
 
 def run_policy(policy: str, base: RuntimeOptions, trajectories: Sequence[Trajectory],

@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -78,7 +79,7 @@ if TYPE_CHECKING:
 __all__ = ["traffic_from_recording", "traffic_from_decisions", "world_for", "measure_compute",
            "measured_from_recording", "nodes_per_group_of", "cockpit_predictor",
            "host_compute", "forget_compute", "compute_path", "COMPUTE_FILE",
-           "BLOCK_HEADER_BYTES"]
+           "BLOCK_HEADER_BYTES", "PROBE_CAP", "mean_turn"]
 
 
 #: Bytes of header in front of each stored block (storage/header.py): NIC bytes that are not
@@ -214,16 +215,18 @@ def measured_from_recording(rec: Recording) -> Measured | None:
 
 def world_for(traffic: Traffic, *, hardware: str | None = None,
               host_cores: int | None = None,
-              measure: Callable[[str, int], dict[str, float]] | None = None,
+              measure: Callable[[str, int, int], dict[str, float]] | None = None,
               calibrate: bool = True) -> World:
     """The simulated world of ``traffic``'s cluster (module docstring).
 
     Args:
         hardware: profile world: the hardware profile (default hopper).
         host_cores: embedded world: cores the engines share (default: this machine's).
-        measure: embedded world: ``(model, context) -> {"flops", "prefill_overhead_s",
-            "decode_step_s"}`` (default: :func:`host_compute`, measured once on this host
-            and kept, so that the same recording gives the same answer twice).
+        measure: embedded world: ``(model, context, new) -> {"flops",
+            "prefill_overhead_s", "decode_step_s"}`` at the traffic's mean turn (``context``
+            tokens cached, ``new`` computed; default: :func:`host_compute`, measured once on
+            this host per shape and kept, so that the same recording gives the same answer
+            twice).
         calibrate: fit the world to what ``traffic`` measured (:func:`fit_world`) when it
             holds measurements.
     """
@@ -234,7 +237,7 @@ def world_for(traffic: Traffic, *, hardware: str | None = None,
 
 
 def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
-           measure: Callable[[str, int], dict[str, float]] | None) -> World:
+           measure: Callable[[str, int, int], dict[str, float]] | None) -> World:
     from dualpath_cli.core.calibration import SimCalibration
     from dualpath_cli.core.profiles import get_hardware_profile, get_model_profile
     from dualpath_cli.core.reference_model import MODEL_CONFIGS
@@ -251,12 +254,13 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
     cfg = load_config(overrides=[f"cluster.pd={traffic.pd}"]).config
     mc = MODEL_CONFIGS[traffic.model]
     model = mc.to_profile()
-    context = _mean_context(traffic.plans)
-    compute = (measure or host_compute)(traffic.model, context)
+    context, new = mean_turn(traffic.plans)
+    compute = (measure or host_compute)(traffic.model, context, new)
     bt = traffic.block_tokens or cfg.storage.block_size
     block = mc.n_layers * bt * mc.kv_bytes_per_token_layer
-    notes = [f"compute measured here: {compute['flops'] / 1e9:.3g} GFLOP/s prefill, "
-             f"{compute['decode_step_s'] * 1e3:.3g} ms per decode step"]
+    notes = [f"compute measured here: {compute['flops'] / 1e9:.3g} GFLOP/s prefill "
+             f"(the mean turn: {new} new tokens after {context}), "
+             f"{compute['decode_step_s'] * 1e3:.3g} ms per decode step{_when(compute)}"]
     snic = traffic.snic_bytes_per_s
     if snic is None:
         notes.append("the cluster's storage NICs are unshaped: reads modelled at the "
@@ -277,17 +281,37 @@ def _world(traffic: Traffic, hardware: str | None, host_cores: int | None,
     return World("embedded", model, hw, cal, tuple(notes))
 
 
-def _mean_context(plans: Sequence[AgentPlan]) -> int:
-    total = n = 0
+def mean_turn(plans: Sequence[AgentPlan]) -> tuple[int, int]:
+    """The traffic's mean turn: (context tokens before it, tokens it appends), the shape at
+    which its prefill speed is measured (as ``dualpath bench`` probes it): the reference
+    model computes long prompts faster per FLOP than short ones, so a fixed probe shape
+    mispredicts traffic of another shape. Capped at :data:`PROBE_CAP` tokens each, to
+    keep the probe short."""
+    total = appended = n = 0
     for p in plans:
         ctx = 0
         for t in p.turns:
             total += ctx
+            appended += max(1, t.append)
             n += 1
             ctx += t.append + t.gen
-    return max(1, total // max(1, n))
+    n = max(1, n)
+    return max(1, min(PROBE_CAP, total // n)), max(1, min(PROBE_CAP, appended // n))
 
 
+def _when(compute: dict[str, float]) -> str:
+    """When and under what load a kept measurement was taken (empty for one without)."""
+    at, load = compute.get("taken_unix"), compute.get("load_average")
+    if at is None:
+        return ""
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+    loaded = "" if load is None else f" at load average {load:.3g}"
+    return f"; kept from {stamp}{loaded} (tune suggest --remeasure measures again)"
+
+
+#: Longest context and append the compute probe uses (the decode step's context is
+#: capped at 4,096): a bounded probe on a long-context trace.
+PROBE_CAP = 16384
 #: Where :func:`host_compute` keeps this host's measurements (in the state directory,
 #: services/statefile.py: per user, gone with the runtime directory).
 COMPUTE_FILE = "twin-compute.json"
@@ -300,17 +324,21 @@ def compute_path() -> Path:
     return state_dir() / COMPUTE_FILE
 
 
-def host_compute(model: str, context: int) -> dict[str, float]:
-    """:func:`measure_compute` of ``model`` at ``context``, measured once on this host and
-    kept in :func:`compute_path` (``tune suggest --remeasure`` measures again).
+def host_compute(model: str, context: int, new: int) -> dict[str, float]:
+    """:func:`measure_compute` of ``model`` at the turn shape (``context`` cached, ``new``
+    computed), measured once on this host per shape and kept in :func:`compute_path`
+    (``tune suggest --remeasure`` measures again), with when it was taken (``taken_unix``)
+    and the load average then (``load_average``), which the world's notes show.
 
     Why: a fresh measurement on a loaded host moves by several percent from run to run, and
     every prediction with it; the twin answers the same twice only with the same compute.
+    A kept one may be stale (taken under another load): the notes say when and under what
+    load, and ``--remeasure`` replaces it; the twin never replaces it by itself.
     """
     from dualpath_cli.atomicio import atomic_write_text
 
     path = compute_path()
-    key = f"{model}@{context}"
+    key = f"{model}@{context}+{new}"
     try:
         kept = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -319,8 +347,12 @@ def host_compute(model: str, context: int) -> dict[str, float]:
         kept = {}
     got = kept.get(key)
     if isinstance(got, dict) and {"flops", "prefill_overhead_s", "decode_step_s"} <= set(got):
-        return {k: float(got[k]) for k in ("flops", "prefill_overhead_s", "decode_step_s")}
-    got = measure_compute(model, context)
+        return {k: float(v) for k, v in got.items() if isinstance(v, (int, float))}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    got = measure_compute(model, context, new)
+    got["taken_unix"] = round(time.time(), 1)
+    if load is not None:
+        got["load_average"] = round(load, 2)
     kept[key] = got
     atomic_write_text(path, json.dumps(kept, indent=1, sort_keys=True) + "\n", mode=0o600)
     return got
@@ -331,9 +363,10 @@ def forget_compute() -> None:
     compute_path().unlink(missing_ok=True)
 
 
-def measure_compute(model: str, context: int) -> dict[str, float]:
-    """Prefill FLOP/s, per-forward overhead and decode step of ``model`` on this machine
-    (median of a few, as bench/validate_sim.py measures them)."""
+def measure_compute(model: str, context: int, new: int) -> dict[str, float]:
+    """Prefill FLOP/s (of ``new`` tokens after ``context``), per-forward overhead and decode
+    step of ``model`` on this machine (median of a few, as bench/validate_sim.py measures
+    them)."""
     from dualpath_cli.runtime.calibrate import calibrate_flops_rate
     from dualpath_cli.runtime.model import load_model
     from dualpath_cli.runtime.model.threads import limit_blas_threads
@@ -341,7 +374,7 @@ def measure_compute(model: str, context: int) -> dict[str, float]:
 
     limit_blas_threads(1)
     ref = load_model(model)
-    flops = calibrate_flops_rate(model, repeats=3)
+    flops = calibrate_flops_rate(model, repeats=3, new=new, cached=context)
     overhead = sorted(time_prefill(ref, 1, 0, repeats=1) for _ in range(3))[1]
     decode = sorted(time_decode(ref, min(context, 4096), steps=2, repeats=1)
                     for _ in range(3))[1]

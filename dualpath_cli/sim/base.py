@@ -104,6 +104,7 @@ class SimBase(ABC):
     ordinal: int
     read_pe_tokens: int
     read_de_tokens: int
+    joined_read_tokens: int
     record: bool
     samples: list[tuple[float, float, float, float]]
     stop_rule: StopRule | None

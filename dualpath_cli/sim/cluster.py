@@ -168,6 +168,7 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         self.ordinal = 0
         self.read_pe_tokens = 0
         self.read_de_tokens = 0
+        self.joined_read_tokens = 0
         self.record = False
         self.samples = []
         self.stop_rule = None  # online runs: the paper's end of a run
@@ -376,6 +377,8 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
             prompt_tokens=self.prompt_tokens,
             extra={"alpha_tokens": float(self.alpha), "beta_tokens": float(self.beta),
                    "snic_max_avg_bins": float(snic_bins),
+                   **({"joined_read_tokens": float(self.joined_read_tokens)}
+                      if self.joined_read_tokens else {}),
                    **({"quota_s": float(self._quota),
                        "controller_moves": float(len(self.control_steps))}
                       if self.controllers.any_on else {})},

@@ -8,6 +8,7 @@ and its stages).
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from dualpath_cli.core.quota import PrefillWork
 from dualpath_cli.core.types import EngineSnapshot, Request, Role
@@ -50,14 +51,16 @@ class Req:
 class ReadJob:
     """Part (or all) of a request's cached KV read by one node's storage NIC."""
 
-    __slots__ = ("req", "tokens", "nbytes", "engine", "start")
+    __slots__ = ("req", "tokens", "nbytes", "engine", "start", "owned")
 
-    def __init__(self, req: Req, tokens: int, nbytes: float, engine: PEngine | DEngine) -> None:
+    def __init__(self, req: Req, tokens: int, nbytes: float, engine: PEngine | DEngine,
+                 owned: tuple[int, ...] = ()) -> None:
         self.req = req
-        self.tokens = tokens
+        self.tokens = tokens      # tokens this job reads itself (not those it joined)
         self.nbytes = nbytes
         self.engine = engine
         self.start = 0.0
+        self.owned = owned        # chain ids whose reads this job carries (others may join)
 
 
 class Node:
@@ -83,7 +86,7 @@ class Node:
 
 class _Engine:
     __slots__ = ("idx", "node", "group", "snap", "rq", "reading", "cnic_in", "cnic_out",
-                 "prefill", "blocked")
+                 "prefill", "blocked", "in_flight")
 
     def __init__(self, idx: int, node: Node, group: Group, role: Role, hbm_tokens: int,
                  cnic_rate: float) -> None:
@@ -95,6 +98,10 @@ class _Engine:
         self.snap = EngineSnapshot(idx, node.idx, group.idx, role, hbm_free=hbm_tokens)
         self.rq: deque[ReadJob] = deque()
         self.reading: Flow | None = None
+        # chain id -> [jobs reading it, first, last token it covers, the job reading it now,
+        # that job's own tokens up to its end]: the blocks queued or in flight on this
+        # engine's loader, which a later request joins instead of reading them again
+        self.in_flight: dict[int, list[Any]] = {}
         self.cnic_in = FifoLink(cnic_rate)
         self.cnic_out = FifoLink(cnic_rate)
 
