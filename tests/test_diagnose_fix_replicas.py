@@ -3,8 +3,10 @@
 Units: a primary-root store with replica roots (what a launched cluster opens with
 ``--replica-root``) copies a named block verified, readers that did not make the copy find
 it by probing and spread their reads over the copies, a corrupt copy is never served (the
-read falls back, the copy is quarantined and dropped), the replicate service refuses a store
-without replica roots, and the long-tail rule judges a replicated block by its busiest copy.
+read falls back, the copy is quarantined and dropped) and is counted as a corrupt block
+found, a block corrupt on every copy reads as corrupt (not missing), the replicate
+service refuses a store without replica roots, and the long-tail rule judges a replicated
+block by its busiest copy.
 
 End to end (one test, a real ``dualpath launch --replica-root ... --inject hot_blocks``):
 diagnose names the hot block, ``--fix`` copies it through the API (token, audited), the
@@ -41,7 +43,10 @@ from dualpath_cli.storage import (
     encode_block,
     read_one,
 )
+from dualpath_cli.storage.buffers import BufferPool
+from dualpath_cli.storage.loader import StorageLoader
 from dualpath_cli.storage.replicas import PROBE_EVERY
+from dualpath_cli.storage.store import ReadOp
 from dualpath_cli.telemetry import MetricsRegistry
 from dualpath_cli.telemetry.recording import Extras, Sample
 
@@ -118,6 +123,65 @@ def test_a_corrupt_copy_is_never_served(tmp_path: Path) -> None:
         assert _read(store, key) == block.tobytes()
     assert store.copies(key) == [0, 2]  # dropped once it failed
     assert not bad.exists() and any((roots[1] / "quarantine").iterdir())
+
+
+def _corrupt(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_SIZE + 10] ^= 0xFF  # a payload byte: only the checksum can tell
+    path.write_bytes(bytes(raw))
+
+
+def _corrupt_reads(registry: MetricsRegistry) -> float:
+    return sum(c.value for fam in registry.families()
+               if fam.spec.name == "dualpath_storage_corrupt_blocks_total"
+               for _, c in fam.children())
+
+
+@pytest.mark.parametrize("reads_before", [0, 1])
+def test_a_block_corrupt_on_every_copy_reads_as_corrupt_whichever_copy_is_tried_first(
+        tmp_path: Path, reads_before: int) -> None:
+    # the drill's corrupt_block after long-tail --fix: both copies corrupt. The first copy
+    # tried was quarantined, the fallback tried the other (corrupt: quarantined) and then
+    # the home again, found it gone, and the read ended "missing": no surface counted it
+    roots = _stores(tmp_path, 2)
+    store = _open(roots)
+    key = prefix_keys(list(range(16)), NS)[0]
+    store.put(*encode_block(key, _block(2), NS))
+    store.replicate(key, 2)
+    for _ in range(reads_before):  # which copy the rotation tries first
+        _read(store, key)
+    for r in roots:
+        _corrupt(PosixStore(r).path(key))
+    op = ReadOp(key)
+    store.read_batch([op], BufferPool(1 << 24))
+    assert not op.ok and not op.missing and op.io_error is None
+    assert op.error is not None and op.error.reason == "checksum"
+    assert all(any((r / "quarantine").iterdir()) for r in roots)
+
+
+def test_the_loader_counts_a_corrupt_copy_once_served_or_not(tmp_path: Path) -> None:
+    roots = _stores(tmp_path, 2)
+    registry = MetricsRegistry()
+    store = ReplicatedStore([PosixStore(r) for r in roots], hot_reads=0, registry=registry,
+                            primary_home=True)
+    keys = prefix_keys(list(range(32)), NS)
+    for i, key in enumerate(keys):
+        store.put(*encode_block(key, _block(i), NS))
+        store.replicate(key, 2)
+    with StorageLoader(store, registry=registry, block_tokens=16) as loader:
+        _corrupt(PosixStore(roots[1]).path(keys[0]))  # one copy: the other serves it
+        for _ in range(2):  # whichever copy the rotation takes, a read meets the bad one
+            got = loader.load([keys[0]])
+            assert got.blocks[0] is not None and got.corrupt == 0
+            got.release()
+        assert _corrupt_reads(registry) == 1
+        for r in roots:  # every copy: a miss, counted once
+            _corrupt(PosixStore(r).path(keys[1]))
+        got = loader.load([keys[1]])
+        assert got.blocks[0] is None and got.corrupt == 1
+        assert got.reasons == {0: "quarantined"}
+        got.release()
+        assert _corrupt_reads(registry) == 2
 
 
 def test_replicate_service_checks_its_input_and_reports_missing_blocks(

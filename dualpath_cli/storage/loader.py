@@ -24,7 +24,9 @@ and records metrics once per batch, and a ticket's waiter is woken once, when it
 block completes. DRAM-cache hits complete in the caller's thread with no hand-off at all.
 
 A corrupt block is quarantined by the store and reported here as a miss (the engine
-recomputes it); nothing corrupt is ever handed out.
+recomputes it); nothing corrupt is ever handed out. A block read found corrupt counts once
+in ``dualpath_storage_corrupt_blocks_total``, also where a replicated store found a corrupt
+copy on its way to a good one that served the read.
 
 The queue of reads is :mod:`~dualpath_cli.storage.block_queue`, the metrics
 :mod:`~dualpath_cli.storage.loader_metrics`, and what a load hands back (ticket, result,
@@ -513,6 +515,9 @@ class StorageLoader:
         with self._lock:
             for pending, op in done:
                 queue.done(pending)
+                if op.copy_errors and op.error is None:  # served, but a copy was corrupt
+                    reason = op.copy_errors[0].reason
+                    corrupt[reason] = corrupt.get(reason, 0) + 1
                 waiters = pending.waiters
                 header, buf = op.header, op.buffer
                 if header is not None and buf is not None:

@@ -147,10 +147,19 @@ class ReplicatedStore:
 
     def _fallback(self, op: ReadOp, tried: int, pool: BufferPool) -> int:
         """Serve ``op`` from another copy after copy ``tried`` failed (missing, unreadable
-        or corrupt: that root quarantined it); the failed copy is no longer read. Returns
-        the root that served it (-1: none did, the op keeps the last failure)."""
+        or corrupt: that root quarantined it); each failed copy is no longer read. Returns
+        the root that served it (-1: none did).
+
+        Each other copy is tried once. When none serves the block, the op carries the worst
+        failure seen: a corrupt copy's error before an I/O error before "missing" (a copy
+        quarantined by an earlier try reads as missing; reporting that would hide the
+        corruption from every surface that counts corrupt blocks). When one does, the corrupt
+        copies found on the way are on ``op.copy_errors``, so the block counts as found
+        corrupt all the same."""
         self._drop_copy(op.key, tried)
-        for index in self._where(op.key) + [self.home(op.key)]:
+        corrupt = [op.error] if op.error is not None else []
+        io_error = op.io_error
+        for index in dict.fromkeys([*self._where(op.key), self.home(op.key)]):
             if index == tried:
                 continue
             if op.buffer is not None:
@@ -159,8 +168,16 @@ class ReplicatedStore:
             op.missing = False
             self.stores[index].read_batch([op], pool)
             if op.ok:
+                op.copy_errors = tuple(corrupt)
                 return index
+            if op.error is not None:
+                corrupt.append(op.error)
+            io_error = io_error or op.io_error
             self._drop_copy(op.key, index)
+        if corrupt:  # the worst failure: a corrupt copy (quarantined), not a later "missing"
+            op.missing, op.io_error, op.error = False, None, corrupt[0]
+        elif io_error is not None:
+            op.missing, op.io_error = True, io_error
         return -1
 
     def _drop_copy(self, key: BlockKey, index: int) -> None:

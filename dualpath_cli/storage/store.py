@@ -59,6 +59,10 @@ class ReadOp:
     missing: bool = False
     error: CorruptBlockError | None = None
     io_error: str | None = None  # a failed read (EIO...): reported as a miss, not quarantined
+    #: corrupt copies found (and quarantined) before another copy served the block: a
+    #: replicated store fills it, so that a copy's corruption is counted like a block's
+    #: even when the read succeeded (storage/replicas.py)
+    copy_errors: tuple[CorruptBlockError, ...] = ()
 
     @property
     def ok(self) -> bool:
