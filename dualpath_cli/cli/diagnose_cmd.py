@@ -224,12 +224,17 @@ def _with_previous(ev: Evidence, target: str) -> Evidence:
     """``ev`` with the previous verdicts on ``target`` where one run ended just before this
     window, and the store-read counts earlier runs kept (cli/verdict_memory.py): the rules'
     hysteresis reads the first, store-latency's lookback the second."""
-    from dualpath_cli.cli.verdict_memory import load_previous, load_read_history
+    from dualpath_cli.cli.verdict_memory import (
+        load_previous,
+        load_read_history,
+        load_service_history,
+    )
 
     if not ev.samples:
         return ev
     ev.previous = load_previous(target, ev.samples[0].at, ev.window_s)
     ev.read_history = load_read_history(target)
+    ev.service_history = load_service_history(target)
     return ev
 
 

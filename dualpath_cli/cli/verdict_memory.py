@@ -6,7 +6,8 @@ drill), so the grade a rule gave the same subject a window ago is read back from
 cluster URL. An entry counts only for the window right after it: when it ended no longer
 ago than one window length (at least :data:`REACH_MIN_S`) before the new window started;
 an older one says nothing about the fault now. Beside the grades, each node's store-read
-counts taken in the window (diagnose/read_history.py) are kept for
+counts taken in the window (diagnose/read_history.py: the blocks' read latency under
+``reads``, the store's service time under ``service``) are kept for
 ``STORE_LATENCY_LOOKBACK_S``: rule store-latency counts a node's last reads back to one of
 them when a window holds too few. Diagnosing a recording uses none and keeps none: its
 verdict is a function of the file alone.
@@ -23,10 +24,11 @@ from dualpath_cli.diagnose.model import Report, Severity
 from dualpath_cli.diagnose.read_history import Snapshot, merged, snapshots
 from dualpath_cli.diagnose.thresholds import STORE_LATENCY_LOOKBACK_S
 from dualpath_cli.diagnose.verdict import RULES, previous_grades
+from dualpath_cli.diagnose.workflows.store_latency import service_of
 from dualpath_cli.services.statefile import state_dir
 
-__all__ = ["load_previous", "load_read_history", "save_verdicts", "REACH_MIN_S",
-           "FILE_NAME"]
+__all__ = ["load_previous", "load_read_history", "load_service_history", "save_verdicts",
+           "REACH_MIN_S", "FILE_NAME"]
 
 FILE_NAME = "diagnose-verdicts.json"
 #: A previous verdict counts when it ended at most one window, and at least this many
@@ -60,9 +62,10 @@ def load_previous(target: str, start: float, window_s: float) -> dict[str, Sever
             if isinstance(v, str) and v in Severity.__members__}
 
 
-def _history(entry: Any) -> dict[int, list[Snapshot]]:
-    """An entry's kept store-read counts by node (malformed ones dropped)."""
-    raw = entry.get("reads") if isinstance(entry, dict) else None
+def _history(entry: Any, key: str = "reads") -> dict[int, list[Snapshot]]:
+    """An entry's kept store-read counts by node under ``key`` (``reads``: read latency,
+    ``service``: service time; malformed ones dropped)."""
+    raw = entry.get(key) if isinstance(entry, dict) else None
     out: dict[int, list[Snapshot]] = {}
     for node, snaps in (raw.items() if isinstance(raw, dict) else ()):
         try:
@@ -76,6 +79,11 @@ def load_read_history(target: str) -> dict[int, list[Snapshot]]:
     """Each node's store-read counts the earlier runs on ``target`` kept (the rule picks
     those in its reach)."""
     return _history(_read().get(target))
+
+
+def load_service_history(target: str) -> dict[int, list[Snapshot]]:
+    """Each node's store service-time counts the earlier runs on ``target`` kept."""
+    return _history(_read().get(target), "service")
 
 
 def save_verdicts(target: str, end: float, reports: list[Report],
@@ -94,8 +102,12 @@ def save_verdicts(target: str, end: float, reports: list[Report],
             if k.split("|", 1)[0] in RULES
             and RULES[k.split("|", 1)[0]].workflow not in ran}
     reads = merged(_history(old), snapshots(samples), end, STORE_LATENCY_LOOKBACK_S)
+    service = merged(_history(old, "service"), snapshots(samples, service_of), end,
+                     STORE_LATENCY_LOOKBACK_S)
     data[target] = {"end": end, "grades": {**kept, **{k: v.name for k, v in grades.items()}},
-                    "reads": {str(n): [list(s) for s in snaps] for n, snaps in reads.items()}}
+                    "reads": {str(n): [list(s) for s in snaps] for n, snaps in reads.items()},
+                    "service": {str(n): [list(s) for s in snaps]
+                                for n, snaps in service.items()}}
     if len(data) > _KEEP:
         newest = sorted(data, key=lambda k: -float((data[k] or {}).get("end", 0) or 0))
         data = {k: data[k] for k in newest[:_KEEP]}

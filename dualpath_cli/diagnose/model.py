@@ -160,13 +160,16 @@ class Evidence:
         read_history: each node's cumulative store-read counts at moments before the window
             (diagnose/read_history.py; kept by earlier diagnose runs on this cluster), so
             store-latency can grade a node's last reads when the window holds too few.
+        service_history: the same for the store's service time (cumulative seconds summed
+            and read batches), which store-latency grades where the cluster reports it.
     """
 
     def __init__(self, samples: Sequence[Sample], decisions: Sequence[Decision] = (), *,
                  audit: Sequence[AuditEntry] | None = None, earlier: Sequence[Decision] = (),
                  alpha_s_per_token: float | None = None,
                  previous: Mapping[str, Severity] | None = None,
-                 read_history: Mapping[int, Sequence[tuple[float, float, int]]] | None = None
+                 read_history: Mapping[int, Sequence[tuple[float, float, int]]] | None = None,
+                 service_history: Mapping[int, Sequence[tuple[float, float, int]]] | None = None
                  ) -> None:
         self.samples = tuple(samples)
         self.decisions = tuple(d for d in decisions if d.kind == "turn")  # not controller moves
@@ -181,6 +184,8 @@ class Evidence:
         self.previous = None if previous is None else dict(previous)
         self.read_history: dict[int, list[tuple[float, float, int]]] = {
             n: list(h) for n, h in (read_history or {}).items()}
+        self.service_history: dict[int, list[tuple[float, float, int]]] = {
+            n: list(h) for n, h in (service_history or {}).items()}
 
     @classmethod
     def from_views(cls, views: Sequence[ClusterView],

@@ -1,5 +1,8 @@
 """A node's store reads as counted at earlier moments: rule store-latency's lookback.
 
+Two counts are kept alike: the store's service time per read batch (what the rule grades
+where the cluster reports it) and the blocks' read latency (what it grades where not).
+
 Why: the scheduler steers reads away from a node whose store is slow, so a window may hold
 fewer reads there than the rule's minimum, and the grade then follows how many reads
 happened to land in it (issue 33). A slow store that is read less is still slow; what is
@@ -16,10 +19,10 @@ them in as :attr:`Evidence.read_history`; the rule looks back at most
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dualpath_cli.telemetry.recording import Sample
+from dualpath_cli.telemetry.recording import Extras, Sample
 
 __all__ = ["Snapshot", "Lookback", "snapshots", "merged", "last_reads", "KEEP"]
 
@@ -39,12 +42,19 @@ class Lookback:
     span_s: float  # from it to the window's end
 
 
-def snapshots(samples: Sequence[Sample]) -> dict[int, list[Snapshot]]:
-    """Each node's cumulative counts in ``samples``, oldest first, one per read count (the
-    newest moment with that count: the shortest span back to it)."""
+def _latency(x: Extras) -> Mapping[int, tuple[float, int]]:
+    return x.store_read_latency
+
+
+def snapshots(samples: Sequence[Sample],
+              counts: Callable[[Extras], Mapping[int, tuple[float, int]]] = _latency
+              ) -> dict[int, list[Snapshot]]:
+    """Each node's cumulative counts in ``samples`` (``counts`` picks which: the read
+    latency by default), oldest first, one per read count (the newest moment with that
+    count: the shortest span back to it)."""
     out: dict[int, dict[int, Snapshot]] = {}
     for s in samples:
-        for node, (total, count) in s.extras.store_read_latency.items():
+        for node, (total, count) in counts(s.extras).items():
             out.setdefault(node, {})[int(count)] = (float(s.at), float(total), int(count))
     return {n: sorted(by.values())[-KEEP:] for n, by in out.items()}
 

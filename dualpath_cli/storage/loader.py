@@ -378,6 +378,7 @@ class StorageLoader:
         returned, before its checksums are collected.
         """
         prev: _Started | None = None
+        free = 0.0  # when this reader last handed a batch over (its service clock restarts)
         while True:
             with self._lock:
                 if prev is not None:
@@ -391,7 +392,7 @@ class StorageLoader:
                 batch = self._queue.take() if not self._closed else []
             started = self._start(reads, batch, helper) if batch else None
             if prev is not None:
-                self._finish(reads, prev, helper)
+                free = self._finish(reads, prev, helper, free)
             if started is not None and started.error is not None:
                 helper.drain()  # its checksums were queued after prev's: collected now
             prev = started
@@ -407,6 +408,7 @@ class StorageLoader:
         stay one at a time; only the oldest batch counts as in flight.
         """
         queued: deque[tuple[list[PendingRead], list[ReadOp], PipedBatch | None, float]] = deque()
+        free = 0.0  # when this thread last handed a batch over (its service clock restarts)
         while True:
             taken: list[list[PendingRead]] = []
             with self._lock:
@@ -442,7 +444,7 @@ class StorageLoader:
                 self._queue.retire(batch)
                 if queued:
                     self._queue.count(queued[0][0])
-            self._deliver(batch, ops, started)
+            free = self._deliver(batch, ops, started, free)
 
     def _start(self, reads: SplitReads, batch: list[PendingRead],
                helper: ChecksumHelper) -> _Started:
@@ -454,7 +456,8 @@ class StorageLoader:
             started.error = err
         return started
 
-    def _finish(self, reads: SplitReads, started: _Started, helper: ChecksumHelper) -> None:
+    def _finish(self, reads: SplitReads, started: _Started, helper: ChecksumHelper,
+                free: float) -> float:
         error = started.error
         if error is None and started.deferred:
             try:
@@ -463,7 +466,7 @@ class StorageLoader:
                 error = err
         if error is not None:
             self._fail(started.ops, error)
-        self._deliver(started.batch, started.ops, started.time)
+        return self._deliver(started.batch, started.ops, started.time, free)
 
     def _fail(self, ops: list[ReadOp], err: Exception) -> None:
         """An unexpected store failure: every op of the batch is a miss, nothing returned."""
@@ -487,11 +490,23 @@ class StorageLoader:
             self._fail(ops, err)
         self._deliver(batch, ops, started)
 
-    def _deliver(self, batch: list[PendingRead], ops: list[ReadOp], started: float) -> None:
-        """Pace to the emulated NIC, then hand the batch's blocks to their tickets."""
+    def _deliver(self, batch: list[PendingRead], ops: list[ReadOp], started: float,
+                 free: float = 0.0) -> float:
+        """Count the store's service time, pace to the emulated NIC, then hand the batch's
+        blocks to their tickets; returns when the reader was done with it.
+
+        Service time: from the batch's I/O start (``started``), or from when this reader
+        handed its previous batch over (``free``) when that was later (a reader that
+        overlaps batches was busy with the one before), to when the store returned it (the
+        read hook, a slow-store fault, included). A block's read latency adds its wait in
+        the queue and the NIC's pacing; this is the store's own time, which a slow store
+        raises by the same amount however many reads queue behind it (issue 33).
+        """
         hook = self._read_hook
+        io_start = started
         if hook is not None:
             started = hook(ops, started)
+        self.metrics.count_service(self.clock() - max(io_start, free))
         if self.shaper.enabled:
             nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
             if nbytes:
@@ -499,6 +514,7 @@ class StorageLoader:
         finished = self._complete(list(zip(batch, ops, strict=True)))
         for ticket in finished:
             ticket.finish()
+        return self.clock()
 
     def _complete(self, done: list[tuple[PendingRead, ReadOp]]) -> list[LoadTicket]:
         """Deliver results and update counters; returns the tickets that just finished."""

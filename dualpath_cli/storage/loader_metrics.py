@@ -30,6 +30,7 @@ class LoaderMetrics:
         self.m_inflight = r.gauge("dualpath_storage_reads_in_flight", node=n)
         self.m_lat = {t: r.histogram("dualpath_storage_read_latency_seconds", node=n, tier=t)
                       for t in ("dram", "store")}
+        self.m_service = r.histogram("dualpath_storage_read_service_seconds", node=n)
         self.m_hits = {t: r.counter("dualpath_storage_cache_hits_total", node=n, tier=t)
                        for t in ("dram", "store")}
         self.m_miss = {t: r.counter("dualpath_storage_cache_misses_total", node=n, tier=t)
@@ -128,3 +129,7 @@ class LoaderMetrics:
         for reason, count in (failed or {}).items():
             self.m_read_errors[reason].inc(count)
         self.m_lat["store"].observe_many(latencies)
+
+    def count_service(self, seconds: float) -> None:
+        """The store's service time of one read batch (the loader's ``_deliver``)."""
+        self.m_service.observe(max(0.0, seconds))

@@ -105,6 +105,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_storage_read_latency_seconds", _H, "seconds", ("node", "tier"),
                "Time from submission to completion of one block read, by serving tier.",
                LATENCY_BUCKETS),
+    MetricSpec("dualpath_storage_read_service_seconds", _H, "seconds", ("node",),
+               "Time the store spent on one read batch: from when a reader started its I/O "
+               "(or, when the reader was still busy with the batch before, from when it "
+               "was free) to when the store returned it, queue wait and NIC pacing excluded.",
+               LATENCY_BUCKETS),
     MetricSpec("dualpath_storage_cache_hits_total", _C, "", ("node", "tier"),
                "Block lookups served by a tier (dram = loader buffer cache, store)."),
     MetricSpec("dualpath_storage_cache_misses_total", _C, "", ("node", "tier"),

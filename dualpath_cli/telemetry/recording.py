@@ -103,6 +103,11 @@ class Extras:
         store_read_latency: by node, the store reads' latency since start as ``(seconds
             summed, reads)`` (``dualpath_storage_read_latency_seconds{tier="store"}``: each
             block from queued to delivered).
+        store_read_service: by node, the store's service time of its read batches since
+            start as ``(seconds summed, batches)``
+            (``dualpath_storage_read_service_seconds``: the store's own time, without the
+            wait in the read queue or the NIC's pacing); empty where not reported (an
+            older recording or cluster).
         block_readers: store reads per block key since start, by the node that read them
             (the exported most-read blocks only; which node hammers a hot block).
     """
@@ -124,6 +129,7 @@ class Extras:
     node_corrupt_blocks: dict[int, int] = field(default_factory=dict)
     node_write_errors: dict[str, int] = field(default_factory=dict)
     store_read_latency: dict[int, tuple[float, int]] = field(default_factory=dict)
+    store_read_service: dict[int, tuple[float, int]] = field(default_factory=dict)
     block_readers: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +166,8 @@ def extras_from_dict(data: dict[str, Any]) -> Extras:
                            (data.get("node_write_errors") or {}).items()},
         store_read_latency={int(k): (float(v[0]), int(v[1])) for k, v in
                             (data.get("store_read_latency") or {}).items()},
+        store_read_service={int(k): (float(v[0]), int(v[1])) for k, v in
+                            (data.get("store_read_service") or {}).items()},
         block_readers={str(k): {int(n): int(c) for n, c in v.items()}
                        for k, v in (data.get("block_readers") or {}).items()})
 
@@ -382,6 +390,7 @@ def extras_from_metrics_text(text: str) -> Extras:
     per_node: dict[str, dict[int, int]] = {name: {} for name in _PER_NODE}
     write_errors: dict[str, int] = {}
     latency: dict[int, list[float]] = {}  # node -> [seconds, reads] of store reads
+    service: dict[int, list[float]] = {}  # node -> [seconds, batches] of the store's service
     readers: dict[str, dict[int, int]] = {}  # block -> node -> reads
     for line in text.splitlines():
         if not line.startswith("dualpath_"):
@@ -436,6 +445,12 @@ def extras_from_metrics_text(text: str) -> Extras:
             if lab.get("tier") == "store" and node is not None and node.lstrip("-").isdigit():
                 acc = latency.setdefault(int(node), [0.0, 0.0])
                 acc[0 if name.endswith("_sum") else 1] += value
+        elif name in ("dualpath_storage_read_service_seconds_sum",
+                      "dualpath_storage_read_service_seconds_count"):
+            node = _labels(labels).get("node")
+            if node is not None and node.lstrip("-").isdigit():
+                acc = service.setdefault(int(node), [0.0, 0.0])
+                acc[0 if name.endswith("_sum") else 1] += value
         elif name == "dualpath_storage_read_blocks_total":
             store_reads = (store_reads or 0) + int(value)
         elif name == "dualpath_storage_warm_blocks_remaining":
@@ -458,6 +473,7 @@ def extras_from_metrics_text(text: str) -> Extras:
                   node_corrupt_blocks=per_node["dualpath_storage_corrupt_blocks_total"],
                   node_write_errors=write_errors,
                   store_read_latency={n: (s, int(c)) for n, (s, c) in latency.items()},
+                  store_read_service={n: (s, int(c)) for n, (s, c) in service.items()},
                   block_readers=readers)
 
 

@@ -1,5 +1,6 @@
 """6.1 Performance drop with storage-NIC imbalance: the storage NICs' balance, bandwidth,
-errors and a recent change of alpha, and decisions that misread a PE's class.
+errors and a recent change of alpha, decisions that misread a PE's class, and a slow store
+behind a node (rule store-latency, diagnose/workflows/store_latency.py).
 
 A pure function over :class:`~dualpath_cli.diagnose.model.Evidence` (diagnose/rules.py
 runs it); thresholds are diagnose/thresholds.py's.
@@ -23,15 +24,14 @@ from dualpath_cli.diagnose.grading import (
     values_of,
 )
 from dualpath_cli.diagnose.model import Change, Evidence, Finding, engine_name, node_name
-from dualpath_cli.diagnose.read_history import Lookback, last_reads
 from dualpath_cli.diagnose.thresholds import (
     CHANGE_MIN_READS,
     CHANGE_REACH_MIN_S,
     SNIC_BUSY_MIN,
     SNIC_SATURATED,
-    STORE_LATENCY_LOOKBACK_S,
 )
 from dualpath_cli.diagnose.verdict import RULES, Verdict, judge, not_enough
+from dualpath_cli.diagnose.workflows.store_latency import store_latency
 from dualpath_cli.telemetry.view import Decision
 
 __all__ = ["snic_imbalance", "change_reach_s"]
@@ -54,7 +54,7 @@ def snic_imbalance(ev: Evidence) -> list[Finding]:
     for role, ids in roles:
         out.extend(_balance(ev, role, ids, util))
     out.extend(_links(ev, bw, all_bw, alpha))
-    out.extend(_store_latency(ev))
+    out.extend(store_latency(ev))
     for role, ids in roles:
         for n in ids:
             out.extend(_saturated(ev, n, role, util.get(n, [])))
@@ -93,91 +93,6 @@ def _links(ev: Evidence, bw: dict[int, list[Any]], all_bw: dict[int, float],
                 out.append(not_enough(rule, counted, f"{subject} storage NIC", subject))
         elif v.severity:
             out.append(_degraded_link(ev, n, role, b, expected, frac, all_bw, alpha, v))
-    return out
-
-
-def store_latency_window(ev: Evidence) -> dict[int, tuple[float, int]]:
-    """Each node's store reads in the window as (mean latency in seconds, reads): the
-    latency histogram's sum and count, last sample less first (one sample: since start)."""
-    x0, x1 = ev.samples[0].extras, ev.samples[-1].extras
-    out = {}
-    for n, (total, count) in x1.store_read_latency.items():
-        s0, c0 = x0.store_read_latency.get(n, (0.0, 0)) if len(ev.samples) > 1 else (0.0, 0)
-        reads = count - c0
-        if reads > 0:
-            out[n] = (max(0.0, total - s0) / reads, reads)
-    return out
-
-
-def _store_latency(ev: Evidence) -> list[Finding]:
-    """Rule store-latency: each node's mean store read latency over the window, worst first.
-
-    Why its own rule: a slow store read on a node (a slow disk or store target behind it)
-    does not slow its link, so snic-link cannot see it; and the node's reads are not only
-    prefills' (kv-wait): a decode node's loader reads for the reads the scheduler sends to
-    the decode side. The mean latency of the reads that did happen does not depend on how
-    many there were (once there are enough), so a steady fault keeps its grade. Where the
-    window holds fewer than the minimum (the scheduler steers reads away from a slow
-    store), the node's last reads are graded instead, counted back to a moment an earlier
-    diagnose run counted (at most STORE_LATENCY_LOOKBACK_S before; diagnose/read_history.py),
-    and the finding says how far back it went."""
-    rule = RULES["store-latency"]
-    out = []
-    window = store_latency_window(ev)
-    nodes = ev.nodes
-    start, end = ev.samples[0].at, ev.samples[-1].at
-    now = ev.samples[-1].extras.store_read_latency
-    graded: dict[int, tuple[float, int, Lookback | None]] = {}
-    for n in set(window) | (set(ev.read_history) & set(now)):
-        mean, reads = window.get(n, (0.0, 0))
-        back = None
-        if reads < rule.minimum and n in now:
-            back = last_reads(ev.read_history.get(n, ()), start, end, now[n], rule.minimum,
-                              STORE_LATENCY_LOOKBACK_S)
-        if back is not None:
-            graded[n] = (back.mean_s, back.reads, back)
-        elif reads:
-            graded[n] = (mean, reads, None)
-    for n, (mean, reads, back) in sorted(graded.items(), key=lambda kv: -kv[1][0]):
-        if n not in nodes:
-            continue
-        name = node_name(nodes[n])
-        subject = f"node {name}"
-        v = judge(rule, mean, reads, ev.previous, subject, shown=f"{mean * 1e3:.0f} ms mean")
-        if v is None:
-            if mean >= rule.warn:
-                out.append(not_enough(rule, reads, f"{subject} store reads", subject))
-            continue
-        if not v.severity:
-            continue
-        in_window = window.get(n, (0.0, 0))[1]
-        why, counted = v.why, f"{reads} reads in {ev.window_s:.0f} s"
-        if back is not None:
-            why += (f"; the window had {in_window} reads (< {rule.minimum}): graded on the "
-                    f"node's last {reads} reads, back {back.span_s:.0f} s (at most "
-                    f"{STORE_LATENCY_LOOKBACK_S:g} s) to a count an earlier diagnose run took")
-            counted = (f"its last {reads} reads, over {back.span_s:.0f} s; {in_window} in this "
-                       f"{ev.window_s:.0f} s window")
-        others = {node_name(nodes[m]): r[0] for m, r in window.items()
-                  if m != n and m in nodes}
-        peers = ", ".join(f"{k} {ms * 1e3:.0f} ms" for k, ms in sorted(others.items()))
-        peers = f"; the other nodes' {peers}" if peers else ""
-        out.append(Finding(
-            "snic-imbalance", v.severity, f"node {name} store reads take {mean * 1e3:.0f} ms "
-            f"on average ({counted}){peers}", subject=subject,
-            evidence={"node": name, "mean_read_latency_s": round(mean, 6), "reads": reads,
-                      "reads_in_window": in_window,
-                      "lookback_s": round(back.span_s, 3) if back is not None else 0.0,
-                      "peers_read_latency_s": {k: round(s, 6) for k, s in others.items()}},
-            cause=f"slow store reads on {name} (its disk or store target, the path to it; "
-                  "its storage NIC's rate is graded by snic-link): every turn that reads "
-                  f"its cached prefix through {name} waits for them"
-                  + ("; the scheduler sends it few reads now (few in the window)"
-                     if back is not None else ""),
-            action=f"check the store behind {name}: dualpath storage bench --root <store> "
-                   f"(run on {name}); dmesg; the metric dualpath_storage_read_latency_seconds by "
-                   "node",
-            rule=rule.name, why=why))
     return out
 
 
