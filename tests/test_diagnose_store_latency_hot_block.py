@@ -230,3 +230,88 @@ def test_read_history_snapshots_and_merge_keep_one_count_each_in_reach() -> None
     assert kept[7] == [(end - 50, 0.0, 99)]
     again = merged(kept, {3: [(end + 1, 0.45 * 29, 29)]}, end + 1, 300.0)
     assert again[3][-1] == (end + 1, 0.45 * 29, 29) and len(again[3]) == 11  # one per count
+
+
+def _serviced(service: float, latency: float, batches_per_s: int = 5,
+              reads_per_batch: int = 4) -> Callable[[int], Extras]:
+    """D3's store serves ``batches_per_s`` read batches a second at ``service`` each while
+    its blocks' read latency (queue wait included) is ``latency``; the other nodes 10 ms."""
+    def extras(i: int) -> Extras:
+        b, r = batches_per_s * i, batches_per_s * reads_per_batch * i
+        svc = {node: (0.01 * b, b) for node in range(6)}
+        lat = {node: (0.02 * r, r) for node in range(6)}
+        svc[3], lat[3] = (service * b, b), (latency * r, r)
+        return dataclass_replace(ttft_extras(i), store_read_service=svc,
+                                 store_read_latency=lat)
+    return extras
+
+
+def test_store_latency_grades_the_stores_service_time_steady_under_a_growing_queue() -> None:
+    """A steady slow store (200 ms per batch) under a growing queue: the blocks' read
+    latency climbs from 0.4 s to 2.5 s window by window (more blocks wait behind each slow
+    batch), the store's own time does not, and neither does the grade (issue 33)."""
+    prev: dict[str, Severity] | None = None
+    grades = []
+    for latency in (0.4, 0.8, 1.6, 2.5, 2.5):
+        ev = window(extras=_serviced(0.2, latency))
+        (f,) = _store_latency(snic_imbalance(Evidence(ev.samples, ev.decisions,
+                                                      previous=prev)))
+        grades.append(f.severity)
+        prev = previous_grades([f])
+        assert f.subject == "node D3" and f.evidence["graded"] == "service_time"
+        assert f.evidence["mean_service_s"] == pytest.approx(0.2)
+        assert f.evidence["read_batches"] == 45
+        assert f.evidence["mean_read_latency_s"] == pytest.approx(latency)  # queue: shown
+        assert f.evidence["reads_in_window"] == 180
+        assert "200 ms per read batch" in f.title
+        assert f"a block read takes {latency * 1e3:.0f} ms" in f.title
+        assert "store service time per read batch" in (f.why or "")
+        assert "dualpath_storage_read_service_seconds" in (f.action or "")
+    assert grades == [Severity.WARNING] * 5
+    # the thresholds apply to service time as they did to latency: 1.5 s a batch is CRITICAL
+    (f,) = _store_latency(snic_imbalance(window(extras=_serviced(1.5, 3.0))))
+    assert f.severity is Severity.CRITICAL
+    # a fast store with a long queue (reads pile up for another reason) is not a slow store
+    assert not _store_latency(snic_imbalance(window(extras=_serviced(0.01, 2.5))))
+
+
+def test_without_service_time_the_rule_falls_back_to_read_latency_and_says_so() -> None:
+    (f,) = _store_latency(snic_imbalance(window(extras=_latency({3: 0.45}))))
+    assert f.evidence["graded"] == "read_latency" and "service time not reported" in f.why
+    assert "queue wait included" in f.title
+
+
+def test_too_few_batches_in_the_window_look_back_on_the_service_history() -> None:
+    """The lookback works on service time as on latency: D3's store served 9 batches in
+    the window; its last 14 back to a count an earlier run kept are graded."""
+    def extras(i: int) -> Extras:
+        svc = {node: (0.01 * 5 * (i + 40), 5 * (i + 40)) for node in range(6)}
+        svc[3] = (0.3 * (20 + i), 20 + i)
+        return dataclass_replace(ttft_extras(i), store_read_service=svc)
+    ev = window(extras=extras)
+    (f,) = [f for f in snic_imbalance(ev) if f.rule == "store-latency"]
+    assert f.severity is Severity.OK and "read batches: not enough evidence: 9 reads" in f.title
+    ev.read_history = {3: [(T0 - 20, 0.0, 0)]}  # the latency's history is not service's
+    (f,) = [f for f in snic_imbalance(ev) if f.rule == "store-latency"]
+    assert f.severity is Severity.OK
+    ev.service_history = {3: [(T0 - 20, 0.3 * 15, 15)]}
+    (f,) = _store_latency(snic_imbalance(ev))
+    assert f.severity is Severity.WARNING and f.evidence["read_batches"] == 14
+    assert f.evidence["read_batches_in_window"] == 9
+    assert f.evidence["mean_service_s"] == pytest.approx(0.3)
+    assert "its last 14 read batches, over 29 s; 9 in this 9 s window" in f.title
+
+
+def test_service_time_comes_from_the_metrics_page_and_survives_json() -> None:
+    import json
+
+    text = "\n".join([
+        'dualpath_storage_read_service_seconds_sum{node="1"} 2.5',
+        'dualpath_storage_read_service_seconds_count{node="1"} 10',
+        'dualpath_storage_read_service_seconds_bucket{node="1",le="+Inf"} 10',
+    ])
+    x = extras_from_metrics_text(text)
+    assert x.store_read_service == {1: (2.5, 10)}
+    assert extras_from_dict(json.loads(json.dumps(x.to_dict()))).store_read_service == {
+        1: (2.5, 10)}
+    assert extras_from_dict({}).store_read_service == {}  # an older recording

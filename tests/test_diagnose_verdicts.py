@@ -189,19 +189,26 @@ def test_store_read_counts_are_kept_per_cluster_within_the_lookback(
     next run on the cluster reads them back, none older than the lookback."""
     from dataclasses import replace
 
-    from dualpath_cli.cli.verdict_memory import load_read_history, save_verdicts
+    from dualpath_cli.cli.verdict_memory import (
+        load_read_history,
+        load_service_history,
+        save_verdicts,
+    )
     from dualpath_cli.diagnose.thresholds import STORE_LATENCY_LOOKBACK_S
     from dualpath_cli.telemetry.recording import Sample
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     ev = window()
-    samples = [Sample(s.at, s.view, replace(s.extras, store_read_latency={1: (0.2 * i, i)}))
+    samples = [Sample(s.at, s.view, replace(s.extras, store_read_latency={1: (0.2 * i, i)},
+                                            store_read_service={1: (0.1 * i, i // 2)}))
                for i, s in enumerate(ev.samples)]
     end = samples[-1].at
     save_verdicts("http://a", end, [], samples)
     got = load_read_history("http://a")
     assert [c for _, _, c in got[1]] == list(range(len(samples)))
     assert load_read_history("http://b") == {}
+    # the store's service time is kept beside it, one per count of read batches
+    assert [c for _, _, c in load_service_history("http://a")[1]] == list(range(5))
     later = [Sample(s.at + STORE_LATENCY_LOOKBACK_S, s.view, s.extras) for s in samples[-1:]]
     save_verdicts("http://a", end + STORE_LATENCY_LOOKBACK_S, [], later)
     kept = load_read_history("http://a")[1]

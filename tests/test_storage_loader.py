@@ -283,3 +283,35 @@ def test_close_completes_queued_tickets_as_misses() -> None:
     first.wait(10).release()
     with pytest.raises(RuntimeError, match="closed"):
         loader.submit(keys)
+
+
+def test_service_time_is_the_stores_own_time_not_the_queue_before_it() -> None:
+    """A store that takes 200 ms a batch (the read_latency fault's hook): seven blocks
+    queued behind the first batch wait for it, so their read latency is 400 ms, while the
+    store's service time stays 200 ms a batch."""
+    store, keys, _ = filled(8)
+    clock = FakeClock()
+    reg = MetricsRegistry()
+    entered, gate = threading.Event(), threading.Event()
+
+    def slow(ops: list[ReadOp], started: float) -> float:
+        if not entered.is_set():  # hold the first batch until the rest is queued
+            entered.set()
+            gate.wait(10)
+        clock.sleep(0.2)
+        return max(started, clock())
+
+    with StorageLoader(store, max_inflight=1, workers=1, block_nbytes=FILE, clock=clock,
+                       sleep=clock.sleep, registry=reg) as loader:
+        loader.set_read_hook(slow)
+        first = loader.submit(keys[:1])
+        assert entered.wait(10)
+        rest = loader.submit(keys[1:])
+        gate.set()
+        first.wait(10).release()
+        rest.wait(10).release()
+    service = reg.histogram("dualpath_storage_read_service_seconds", node=0)
+    latency = reg.histogram("dualpath_storage_read_latency_seconds", node=0, tier="store")
+    assert service.count == 2 and latency.count == 8
+    assert service.sum / service.count == pytest.approx(0.2)
+    assert latency.sum / latency.count == pytest.approx((0.2 + 7 * 0.4) / 8)
