@@ -51,8 +51,13 @@ SLOW_SERVICE_MIN_SAMPLES = 2
 #: compute (the runtime loads the whole hit first): WARNING; CRITICAL at the second value.
 KV_WAIT_WARN_S = 0.025
 KV_WAIT_CRIT_S = 0.1
-#: A node's store reads (each block from queued to delivered) that take this long on average
-#: over the window: WARNING; CRITICAL at the second value.
+#: A node's store that takes this long on average per read batch (its service time: the
+#: batch's I/O start to the store's return, queue wait and NIC pacing left out) over the
+#: window: WARNING; CRITICAL at the second value. A batch is at most about 8 MiB (a reader's
+#: share, storage/block_queue.py), a few ms from a healthy NVMe store or the page cache, so
+#: 100 ms is a store 20x or more slower than it should be and 1 s one that barely serves.
+#: Where service time is not reported (an older recording), the same values apply to a
+#: block's mean read latency (queued to delivered), as before.
 STORE_LATENCY_WARN_S = 0.1
 STORE_LATENCY_CRIT_S = 1.0
 #: An engine is slow/overloaded when its unfinished requests stay at this multiple of its
@@ -122,7 +127,8 @@ HBM_FRAG_BAND = 0.05
 #: Fewest samples of an engine that measured a KV wait before its mean is graded.
 KV_WAIT_MIN_SAMPLES = 2
 KV_WAIT_BAND_S = 0.005
-#: Fewest store reads of a node in the window before their mean latency is graded.
+#: Fewest store reads of a node in the window before their mean is graded (read batches
+#: where the store's service time is graded, blocks where the read latency is).
 STORE_LATENCY_MIN_READS = 10
 #: With fewer in the window (the scheduler steers reads away from a slow store), how far
 #: back store-latency may count the node's last reads, as earlier diagnose runs counted them.

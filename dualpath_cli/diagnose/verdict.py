@@ -186,10 +186,13 @@ def _rules() -> dict[str, Rule]:
              None, th.SHARE_BAND),
         Rule("read-queue", snic, "share of samples with the node's read queue over alpha",
              "samples", th.MIN_SAMPLES, th.PERSIST_FRACTION, None, th.SHARE_BAND),
-        Rule("store-latency", snic, "a node's mean store read latency (each block from "
-             "queued to delivered) over the window; with fewer reads in it than the minimum "
-             "(reads steered away from a slow store), over the node's last reads back to a "
-             "count an earlier diagnose run took, at most STORE_LATENCY_LOOKBACK_S back",
+        Rule("store-latency", snic, "a node's mean store service time per read batch "
+             "(from the batch's I/O start to the store's return; a read: one batch) over "
+             "the window, or where the cluster does not report it its mean store read "
+             "latency (each block from queued to delivered; a read: one block); with fewer "
+             "reads in it than the minimum (reads steered away from a slow store), over the "
+             "node's last reads back to a count an earlier diagnose run took, at most "
+             "STORE_LATENCY_LOOKBACK_S back",
              "reads", th.STORE_LATENCY_MIN_READS,
              th.STORE_LATENCY_WARN_S, th.STORE_LATENCY_CRIT_S, th.STORE_LATENCY_BAND,
              relative_band=True),
