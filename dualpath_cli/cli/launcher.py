@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -254,11 +255,14 @@ def announce_ready(opts: Any, url: str, host: str, port: int, token: Path, t0: f
                  f"{restored['engines']} engines")
     payload = {**state.to_dict(), "ready_s": round(ready_s, 3), "line": line,
                "restored": restored, **extra}
-    _notify({"ok": True, "line": line, "state": payload})
     if as_json:
         emit_json(payload)
     else:
         stdout.print(line, highlight=False, soft_wrap=True)
+    # the log (a --detach child's stdout is a file, block-buffered) holds the ready line
+    # before the parent is told: it says "ready" and may send the operator to the log
+    sys.stdout.flush()
+    _notify({"ok": True, "line": line, "state": payload})
 
 
 def notify_failure(err: BaseException) -> None:
