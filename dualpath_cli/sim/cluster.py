@@ -226,11 +226,9 @@ class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage)
         turns' tokens (their generated blocks are stored first where the plan says so)."""
         store = self._prefix_store
         assert store is not None
-        previous = plan.blocks[k - 1] if k else ()
-        if k and plan.outputs_stored:
-            previous = store.store_context(plan.blocks[k], context, previous)
-        found = store.lookup(plan.blocks[k], prompt, previous)
-        hit = min(found.tokens, prompt - 1)
+        found = store.replay_hit(plan.blocks[k], prompt, plan.blocks[k - 1] if k else (),
+                                 context if k and plan.outputs_stored else None)
+        hit = found.tokens
         if self._full_blocks:
             hit = (hit // self._block_tokens) * self._block_tokens
         self.shared_hit_tokens += min(found.cross, hit)

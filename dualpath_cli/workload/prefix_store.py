@@ -84,6 +84,19 @@ class GlobalPrefixStore:
         self._stored.update(ids)
         return (*previous, *ids[len(previous):])
 
+    def replay_hit(self, chain: Sequence[int], prompt_tokens: int,
+                   previous: Sequence[int] = (), context_tokens: int | None = None
+                   ) -> ChainHit:
+        """What a replay of one turn hits, without storing its chain: rule 4 first where
+        ``context_tokens`` (the previous turns' tokens) is given, then :meth:`lookup`, capped
+        so one token of the prompt is always computed (its cross part within the cap).
+        ``trace stats`` and the simulator count a turn by this one method."""
+        if context_tokens is not None:
+            previous = self.store_context(chain, context_tokens, previous)
+        found = self.lookup(chain, prompt_tokens, previous)
+        tokens = min(found.tokens, prompt_tokens - 1)
+        return ChainHit(tokens, min(found.cross, tokens))
+
     def visit(self, chain: Sequence[int], prompt_tokens: int,
               previous: Sequence[int] = ()) -> ChainHit:
         """``lookup`` then ``store``: one request as the store sees it."""

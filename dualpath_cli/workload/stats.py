@@ -140,12 +140,11 @@ def chain_hits(trajectories: Sequence[Trajectory], block_tokens: int,
         previous: tuple[int, ...] = ()
         for i, chain in enumerate(t.blocks):
             prompt = t.prompt_length(i)
-            if outputs_stored and i:
-                previous = store.store_context(chain, prompt - t.turns[i].append, previous)
-            hit = store.visit(chain, prompt, previous)
-            tokens = min(hit.tokens, prompt - 1)  # one token of a prompt is always computed
-            hits += tokens
-            cross += min(hit.cross, tokens)
+            context = prompt - t.turns[i].append if outputs_stored and i else None
+            hit = store.replay_hit(chain, prompt, previous, context)
+            store.store(chain)
+            hits += hit.tokens
+            cross += hit.cross
             previous = chain
     return hits, cross
 
