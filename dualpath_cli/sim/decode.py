@@ -34,8 +34,14 @@ class DecodeStage(SimBase):
         step_s = self._step_s(len(heap), de.attended)
         if self._host_cores is not None:
             step_s *= self._slowdown()
+        self._push_step(de, now, step_s, version)
+
+    def _push_step(self, de: DEngine, now: float, step_s: float, version: int) -> None:
+        """Run the batch at ``step_s`` a step and schedule its next completion (as
+        ``version``); the hot handlers call it directly where no host-core contention
+        applies (``_reschedule``'s common case)."""
         de.step_s = step_s
-        wait = heap[0][0] - de.steps
+        wait = de.heap[0][0] - de.steps
         wait = wait * step_s if wait > 0.0 else 0.0  # max(0.0, wait) * step_s
         heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
 
@@ -88,13 +94,9 @@ class DecodeStage(SimBase):
         de.attended += att
         heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
         req.t_join = now
-        if self._host_cores is None:  # _reschedule without host-core contention, inlined
-            version = de.version = de.version + 1
-            heap = de.heap
-            step_s = de.step_s = self._step_s(len(heap), de.attended)
-            wait = heap[0][0] - de.steps
-            wait = wait * step_s if wait > 0.0 else 0.0
-            heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+        if self._host_cores is None:  # _reschedule without host-core contention
+            de.version += 1
+            self._push_step(de, now, self._step_s(len(de.heap), de.attended), de.version)
         else:
             self._reschedule(de, now)
         req.t_second = now + de.step_s
@@ -115,12 +117,9 @@ class DecodeStage(SimBase):
             req = heappop(heap)[2]
             de.attended -= int(req.finish_s)
             self._finish(req, de)
-        if self._host_cores is None and heap:  # _reschedule's common case, inlined
-            version = de.version = de.version + 1
-            step_s = de.step_s = self._step_s(len(heap), de.attended)
-            wait = heap[0][0] - de.steps
-            wait = wait * step_s if wait > 0.0 else 0.0
-            heappush(self._heap, (now + wait, self._ticket(), self.K_STEP, (de, version)))
+        if self._host_cores is None and heap:  # _reschedule's common case
+            de.version += 1
+            self._push_step(de, now, self._step_s(len(heap), de.attended), de.version)
         else:
             self._reschedule(de, now)
 
