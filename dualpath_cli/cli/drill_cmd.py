@@ -91,6 +91,16 @@ def _drill(only: list[str], repeat: int, url: str | None, port: int | None,
     return code
 
 
+def _stop(client: Any, cluster: Any) -> None:
+    """Close a session's client, then stop the cluster the drill launched for it (if any)."""
+    from dualpath_cli.services import drill_cluster
+
+    if client is not None:
+        client.close()
+    if cluster is not None:
+        drill_cluster.stop_embedded(cluster)
+
+
 class DrillSessions:
     """The cluster under drill: the running one (``target``), or with none a fresh embedded
     one, relaunched when a row left it broken, and (for a leave) a joined one beside it,
@@ -112,24 +122,13 @@ class DrillSessions:
         self._close_joined()
 
     def _close(self) -> None:
-        from dualpath_cli.services import drill_cluster
-
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        if self.embedded is not None:
-            drill_cluster.stop_embedded(self.embedded)
-            self.embedded = None
+        client, self.client, cluster, self.embedded = self.client, None, self.embedded, None
+        _stop(client, cluster)
 
     def _close_joined(self) -> None:
-        from dualpath_cli.services import drill_cluster
-
-        if self.joined_client is not None:
-            self.joined_client.close()
-            self.joined_client = None
-        if self.joined_cluster is not None:
-            drill_cluster.stop_embedded(self.joined_cluster)
-            self.joined_cluster = None
+        client, self.joined_client = self.joined_client, None
+        cluster, self.joined_cluster = self.joined_cluster, None
+        _stop(client, cluster)
 
     def first(self) -> Session:
         if self.target is not None:
