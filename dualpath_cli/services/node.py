@@ -27,7 +27,12 @@ from typing import Any
 import httpx
 
 from dualpath_cli.cluster.join import LEAVE_DRAIN_S, JoinPlan
-from dualpath_cli.cluster.local import LocalCluster, _bare_main, exit_with_parent
+from dualpath_cli.cluster.local import (
+    LocalCluster,
+    _bare_main,
+    describe_exits,
+    exit_with_parent,
+)
 from dualpath_cli.core.restart_policy import EngineRecord
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.runtime.context import EngineSpec
@@ -249,8 +254,7 @@ class NodeAgent:
         now = time.monotonic()
         decision = decide_restart(policy, self._deaths, now)
         self._deaths = decision.record
-        codes = ", ".join(f"engine {eid} {_exit_text(code)}"
-                          for eid, code in sorted(exited.items()))
+        codes = describe_exits(exited)
         if decision.crash_loop:
             return (f"its engines died {decision.recent_deaths} times within "
                     f"{policy.loop_window_s:g} s ({codes}): a crash loop, not restarted")
@@ -373,16 +377,6 @@ class NodeAgent:
         if self._warm is not None:
             self._warm.shutdown(timeout=2.0)
             self._warm = None
-
-
-def _exit_text(code: int) -> str:
-    """``killed by SIGKILL`` for -9, ``exit 1`` for 1."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit {code}"
 
 
 def _detail(resp: httpx.Response) -> str:
