@@ -67,6 +67,7 @@ GOALS: dict[str, dict[str, str]] = {
     "twin_check": {"agree_within_15pct": "yes"},
     "trace_agreement": {"jct_within_goal": "yes", "hits_within_goal": "yes"},
     "twin_mooncake": {"within_band": "yes"},
+    "trace_hits": {"worst_gap_points": "< 1", "hits_within_goal": "yes"},
 }
 
 
