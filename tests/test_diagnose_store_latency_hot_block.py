@@ -136,6 +136,28 @@ def test_hot_block_grade_by_the_busiest_copys_share_and_copies_lower_it() -> Non
     assert any("spread over 4 copies" in f.title for f in spread)
 
 
+def test_hot_blocks_already_on_every_root_ask_for_a_root_not_a_copy() -> None:
+    """Copies on each root seen serving copies and the busiest still hot: --fix would copy
+    nothing, so the finding asks for another root; with one root not yet holding the block
+    it still offers --fix."""
+    (full,) = _hot_blocks(long_tail(window(extras=_hot(0, per_s=100, others=20, blocks=1,
+                                                       copies=2))))
+    assert full.evidence["on_every_root"] and full.evidence["roots_serving_copies"] == 2
+    assert (full.action or "").startswith("add a replica root") and "--fix has nothing" in (
+        full.action or "")
+    (single,) = _hot_blocks(long_tail(window(extras=_hot(0, per_s=100, others=20, blocks=1))))
+    assert not single.evidence["on_every_root"]
+    assert (single.action or "").startswith("dualpath diagnose long-tail --fix")
+    base = _hot(0, per_s=100, others=20, blocks=2, copies=2)
+
+    def one_root_short(i: int) -> Extras:  # block bb read from /r0 only
+        x = base(i)
+        return dataclass_replace(x, block_copy_reads={"aa" * 16: x.block_copy_reads["aa" * 16]})
+    (part,) = _hot_blocks(long_tail(window(extras=one_root_short)))
+    assert not part.evidence["on_every_root"]
+    assert (part.action or "").startswith("dualpath diagnose long-tail --fix")
+
+
 def test_hot_block_keeps_its_grade_inside_the_band() -> None:
     """30+2 reads a second of ~360: 8.9% on the busiest copy, under the 10% but within the
     band of a previous WARNING."""

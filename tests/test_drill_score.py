@@ -341,3 +341,36 @@ def test_read_latency_goes_on_the_store_the_load_reads() -> None:
     # no reads counted: the first decode node
     bare = Target(status, SimpleNamespace(engines=engines), True, None)  # type: ignore[arg-type]
     assert bare.reading_node() == 1
+
+
+class _Replicates:
+    """A client whose copy adds the given roots per block (none: already on every root)."""
+
+    def __init__(self, added: dict[str, list[str]]) -> None:
+        self.added = added
+
+    def replicate_blocks(self, blocks: list[str], copies: int | None) -> object:
+        from dualpath_cli.telemetry.view import AuditEntry
+
+        return AuditEntry(1, 0.0, "tok", "replicate", {}, {"added": self.added})
+
+
+def test_a_copy_that_adds_nothing_is_a_fix_that_failed_not_one_that_helped() -> None:
+    """The finding offered --fix for blocks already on every root: the drill says the advice
+    changed nothing (the row fails) instead of waiting for a drop that cannot come."""
+    from dualpath_cli.services.drill import _fix_for
+    from dualpath_cli.services.drill_rows import Made
+
+    offered = {"action": "dualpath diagnose long-tail --fix",
+               "evidence": {"hot_blocks": {"ab": 30}}}
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+    label, _ = _fix_for(_Replicates({"ab": []}), offered, made)
+    assert label == "replicate (nothing to copy)" and "fix_failed" in made.detail
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+    label, _ = _fix_for(_Replicates({"ab": ["/r1"]}), offered, made)
+    assert label == "replicate 1 blocks" and not made.detail
+    # a finding that says the copies exist offers no fix to apply
+    told = {"action": "add a replica root: the 1 hot blocks already have a copy on each of "
+                      "the 2 roots serving copies", "evidence": {"hot_blocks": {"ab": 30}}}
+    made = Made("hot", Expect("long-tail", ("node D1",), "WARNING", 10.0))
+    assert _fix_for(_Replicates({}), told, made)[0] == ""

@@ -155,7 +155,7 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
         return f"compact engine {ev['engine']}", lambda: None
     if "diagnose long-tail --fix" in action and ev.get("hot_blocks"):
         try:
-            client.replicate_blocks(list(ev["hot_blocks"]), None)
+            entry = client.replicate_blocks(list(ev["hot_blocks"]), None)
         except DualPathError as err:
             if NO_REPLICA_ROOTS in str(err) and "--replica-root" in action:
                 # a cluster launched without replica roots (an operator's joined nodes): the
@@ -165,6 +165,12 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
                 return "replicate (not applicable: no replica roots)", lambda: None
             made.detail["fix_refused"] = str(err)
             return "replicate (refused)", lambda: None
+        added = ((getattr(entry, "new", None) or {}).get("added") or {}) if entry else {}
+        if entry is not None and not any(added.values()):
+            # the finding offered copies that exist already: advice that changes nothing
+            made.detail["fix_failed"] = ("it copied nothing: every hot block was already "
+                                         "on every root")
+            return "replicate (nothing to copy)", lambda: None
         return f"replicate {len(ev['hot_blocks'])} blocks", lambda: None
     if "dualpath storage verify" in action and made.detail.get("store"):
         return _verify(Path(made.detail["store"])), lambda: None
@@ -239,9 +245,11 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
             res.subject, res.subject_right = str(top.get("subject")), True
             res.finding = str(top.get("title") or "")
             res.fix, undo_fix = _fix_for(client, top, made)
-            if made.detail.get("fix_refused"):
+            if made.detail.get("fix_refused") or made.detail.get("fix_failed"):
                 res.fix_helped = False
-                res.notes.append(f"fix refused: {made.detail['fix_refused']}")
+                res.notes.append(f"fix refused: {made.detail['fix_refused']}"
+                                 if made.detail.get("fix_refused") else
+                                 f"fix failed: {made.detail['fix_failed']}")
             elif made.detail.get("fix_not_applicable"):
                 res.notes.append(f"fix not applicable here: {made.detail['fix_not_applicable']}")
             elif res.fix:

@@ -150,6 +150,19 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         copied = (f"; {have[top]} copies, {spread[top][0]} reads on the busiest"
                   if top in have else "")
         who = f"{reader} reads" if reader else "a reader (not reported) reads"
+        roots = _roots_serving_copies(ev)
+        # every hot block already read from each root seen serving copies: another copy
+        # needs another root (a --fix would copy nothing)
+        on_every_root = len(roots) >= 2 and all(
+            roots <= set(x1.block_copy_reads.get(k, {})) for k in hot)
+        action = (f"add a replica root: the {len(hot)} hot blocks already have a copy on "
+                  f"each of the {len(roots)} roots serving copies, so --fix has nothing to "
+                  "copy (launch --replica-root DIR, repeatable; dualpath storage inspect "
+                  "<root> --top 20 lists the hot blocks)" if on_every_root else
+                  f"dualpath diagnose long-tail --fix   (copies the {len(hot)} hot blocks "
+                  f"to every replica root, at least {max(needed.values())} copies each; a "
+                  "store without them: launch --replica-root DIR; dualpath storage inspect "
+                  "<root> --top 20 lists the hot blocks)")
         out.append(Finding(
             wf, v.severity, f"{who} {len(hot)} hot blocks: block {top[:12]} read "
             f"{reads[top]} times in {ev.window_s:.0f} s, {pct(share)} of {basis} on its "
@@ -157,13 +170,11 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
             evidence={"hot_blocks": {k: reads[k] for k in hot}, "hot_share": round(share, 4),
                       "busiest_copy_reads": load[top], "mean_reads": sum(reads.values())
                       / len(reads), "store_block_reads": total, "copies_needed": needed,
-                      "copies": have},
+                      "copies": have, "roots_serving_copies": len(roots),
+                      "on_every_root": on_every_root},
             cause=f"storage hot spot: {reader or 'one reader, or many turns,'} reads these "
                   "blocks far more than any other",
-            action=f"dualpath diagnose long-tail --fix   (copies the {len(hot)} hot blocks "
-                   f"to every replica root, at least {max(needed.values())} copies each; a "
-                   "store without them: launch --replica-root DIR; dualpath storage inspect "
-                   "<root> --top 20 lists the hot blocks)", rule=rule.name, why=v.why))
+            action=action, rule=rule.name, why=v.why))
     if not out:
         return [Finding(wf, OK, f"no hot block: the most-read block read "
                         f"{max(reads.values())} times in {ev.window_s:.0f} s (hot: >= "
@@ -186,6 +197,13 @@ def _reader_subject(ev: Evidence, key: str) -> str:
         return ""
     node = max(counts, key=lambda n: (counts[n], -n))
     return f"node {node_name(nodes[node])}"
+
+
+def _roots_serving_copies(ev: Evidence) -> set[str]:
+    """The store roots seen serving a replicated block's reads since start (the root and
+    its replica roots; a root no copy was read from is not seen)."""
+    return {r for per_root in ev.samples[-1].extras.block_copy_reads.values()
+            for r, n in per_root.items() if n > 0}
 
 
 def _cooled(ev: Evidence, wf: str, keys: list[str], reads: dict[str, int],
