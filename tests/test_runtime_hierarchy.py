@@ -306,3 +306,20 @@ def test_faults_and_compaction_reach_an_engine_through_its_sub() -> None:
         assert before["hbm_fragmentation"] >= 0.3 and after["hbm_fragmentation"] < 0.05
         with pytest.raises(UsageError, match="^no engine 9 "):
             system.compact_hbm(9)
+        # a Compact the transport drops (a loaded host) is asked again, not waited out
+        sub, dropped = sched.subs[1], []
+        send = sub.send_to_engine
+
+        def drop_first(eid: int, msg: object) -> bool:
+            if not dropped:
+                dropped.append(msg)
+                return False
+            return send(eid, msg)  # type: ignore[arg-type]
+
+        system.clear_faults()
+        system.set_faults([parse_fault("hbm_frag:engine=3,stride=4")])
+        wait_until(lambda: frag(3) >= 0.3, 10, "engine 3 fragmented again",
+                   pace=lambda: sched.subs[1].fresh_reports(time.monotonic(), timeout=1))
+        sub.send_to_engine = drop_first  # type: ignore[method-assign]
+        before, after = system.compact_hbm(3, timeout=10.0, resend_s=0.2)
+        assert len(dropped) == 1 and after["hbm_fragmentation"] < 0.05

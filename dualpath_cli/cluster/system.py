@@ -53,6 +53,9 @@ from dualpath_cli.transfer.shaping import make_bucket
 
 __all__ = ["RuntimeSystem"]
 
+#: How long ``compact_hbm`` waits for the engine's report before it asks again.
+COMPACT_RESEND_S = 2.0
+
 
 def _curve_keys(opts: RuntimeOptions, emulated: bool) -> CurveKeys | None:
     """The cluster's CURVE key pair when ``cluster.curve`` turns CURVE on for the address
@@ -424,8 +427,9 @@ class RuntimeSystem:
             sched.set_snic_scale(scale)
 
     # -- remedies ---------------------------------------------------------------------
-    def compact_hbm(self, engine_id: int, timeout: float = 10.0) -> tuple[dict[str, Any],
-                                                                          dict[str, Any]]:
+    def compact_hbm(self, engine_id: int, timeout: float = 10.0,
+                    resend_s: float = COMPACT_RESEND_S) -> tuple[dict[str, Any],
+                                                                 dict[str, Any]]:
         """Defragment engine ``engine_id``'s HBM pool and wait until it reports the result.
 
         Returns its HBM facts before and after (fragmentation score, largest free run and
@@ -445,14 +449,27 @@ class RuntimeSystem:
             raise UsageError(f"no engine {engine_id} (this cluster has engines "
                              f"{ids[0]}-{ids[-1]})")
         before = e.hb
-        if before is None or not sched.send_to_engine(engine_id, Compact(engine_id)):
+        if before is None or not (e.alive and e.address):
             raise UsageError(f"engine {engine_id} is {e.state}, not serving: nothing to "
                              "compact")
-        after = sched.wait_heartbeat(
-            engine_id, lambda hb: hb.compactions > before.compactions, timeout)
+        # a Compact dropped on the way (a loaded host: the engine took no message within
+        # the send timeout) or lost with its heartbeat is sent again: compacting twice is
+        # harmless, and any heartbeat counting one more compaction answers
+        deadline = time.monotonic() + timeout
+        after, sends, dropped = None, 0, 0
+        while after is None and time.monotonic() < deadline:
+            sends += 1
+            if not sched.send_to_engine(engine_id, Compact(engine_id)):
+                dropped += 1
+            wait = min(resend_s, deadline - time.monotonic())
+            after = sched.wait_heartbeat(
+                engine_id, lambda hb: hb.compactions > before.compactions, max(wait, 0.0))
+            if after is None and not sched.consistent_engines().get(engine_id, e).alive:
+                break
         if after is None:
             raise DualPathError(f"engine {engine_id} did not report its HBM "
-                                f"compaction within {timeout:g} s")
+                                f"compaction within {timeout:g} s ({sends} requests sent, "
+                                f"{dropped} dropped by the transport)")
 
         def facts(hb: Any) -> dict[str, Any]:
             return {"engine": engine_id, "hbm_fragmentation": round(hb.hbm_fragmentation, 4),

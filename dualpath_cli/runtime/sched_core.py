@@ -124,9 +124,11 @@ class SchedulerCore:
     last_gone: dict[str, str]
     _draining: set[int]
 
-    def _send(self, to: str, msg: WireMessage) -> None:
+    def _send(self, to: str, msg: WireMessage) -> bool:
+        """Send ``msg`` to ``to``; False when the endpoint dropped it (closed, or the peer
+        did not take it within the send timeout)."""
         header, frames = encode(msg)
-        self.ep.send(to, header, frames)
+        return self.ep.send(to, header, frames) is not False
 
     def _count_engines(self) -> None:
         """Engines by role and state (the gauges), and the roles' gaps: a role with no

@@ -362,13 +362,13 @@ class SchedulerService(MessageLoop, SchedulerReads):
     # -- commands other modules send through the scheduler ------------------------------
     def send_to_engine(self, engine_id: int, msg: WireMessage) -> bool:
         """Send ``msg`` to engine ``engine_id`` if it is alive and said hello (under the
-        lock: the endpoint is the loop's); whether it was sent."""
+        lock: the endpoint is the loop's); whether it was sent (False too when the endpoint
+        dropped it: the engine did not take it within the send timeout)."""
         with self._lock:
             e = self.engines.get(engine_id)
             if e is None or not (e.alive and e.address):
                 return False
-            self._send(e.address, msg)
-            return True
+            return self._send(e.address, msg)
 
     def set_snic_scale(self, scale: Mapping[int, float]) -> None:
         """Node -> fraction of ``snic_bw`` its storage NIC runs at (a throttle fault's)."""

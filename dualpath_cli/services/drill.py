@@ -258,6 +258,8 @@ def run_row(client: Any, row: Row, target: Target, load: AgentLoad,
                 res.fix_helped = _wait(lambda: _better(watch, made, before, row.fix_drops,
                                                        top, res.notes),
                                        made.expect.deadline_s + GRACE_S)
+            elif top.get("action") and res.grade != "OK":
+                res.notes.append(f"no fix the drill can apply: {str(top['action'])[:100]}")
         else:
             other = _any_subject(watch.reports(), made) if watch.samples else []
             res.grade = worst_grade(other) if other else ""
