@@ -52,6 +52,7 @@ from dualpath_cli.storage import (
     TokenBucket,
     encode_block,
 )
+from dualpath_cli.storage.probe import PROBE_S, StoreProbe
 from dualpath_cli.storage.store import CountsCopyReads
 from dualpath_cli.telemetry.frames import frame
 from dualpath_cli.telemetry.registry import REGISTRY, MetricsRegistry
@@ -97,6 +98,8 @@ class EngineSpec:
         metrics_s: how often a heartbeat carries the full metrics snapshot.
         curve: the cluster's CURVE key pair (``transfer.curve.CurveKeys``) when its
             sockets use CURVE, else ``None``.
+        store_probe_s: probe the store after this many seconds without a store read
+            (storage/probe.py; 0: never).
     """
 
     engine_id: int
@@ -120,6 +123,7 @@ class EngineSpec:
     fetch_s: float = 0.005
     metrics_s: float = 0.25
     curve: Any = None
+    store_probe_s: float = PROBE_S
 
 
 class Counters:
@@ -194,6 +198,8 @@ class EngineContext:
             shaper=spec.snic_read,  # the node's one storage NIC, shared by its engines
             block_tokens=spec.block_tokens, block_nbytes=HEADER_SIZE + shape.full_nbytes,
             cache_bytes=spec.dram_cache_bytes, registry=self.registry)
+        self.probe = (StoreProbe(self.loader, spec.store_probe_s) if spec.store_probe_s > 0
+                      else None)
         self.hbm = HbmPool(spec.hbm_blocks, spec.block_tokens, model.n_layers, self.bpl)
         self.counters = Counters()
         self.started = time.monotonic()
@@ -538,4 +544,6 @@ class EngineContext:
         """Stop the sender thread and the loader."""
         self.stopped.set()
         self._out.put(None)
+        if self.probe is not None:
+            self.probe.close()
         self.loader.close()

@@ -184,6 +184,9 @@ class StorageLoader:
         self._idle = 0
         self._closed = False
         self._read_hook: ReadHook | None = None
+        #: the last store read (or probe): when, and a block it read (storage/probe.py)
+        self.last_store_read: tuple[float, BlockKey] | None = None
+        self.registry = registry
         self.metrics = LoaderMetrics(registry, self.node, role, shaping_bps or 0.0, clock())
         self._threads = [threading.Thread(target=self._run, name=f"dp-loader-{node}-{i}",
                                           daemon=True) for i in range(self.workers)]
@@ -200,6 +203,15 @@ class StorageLoader:
         """Put ``hook`` between every read path and delivery (None: none). Every read path
         ends in delivery, so the reader threads themselves stall or fail under the hook."""
         self._read_hook = hook
+
+    @property
+    def read_hook(self) -> ReadHook | None:
+        """The hook between the read paths and delivery (None: none)."""
+        return self._read_hook
+
+    def note_probe(self, key: BlockKey) -> None:
+        """A probe read ``key`` now: the next one is due ``every_s`` from here."""
+        self.last_store_read = (self.clock(), key)
 
     @property
     def read_queue(self) -> ReadQueue:
@@ -507,6 +519,9 @@ class StorageLoader:
         if hook is not None:
             started = hook(ops, started)
         self.metrics.count_service(self.clock() - max(io_start, free))
+        read = next((op.key for op in ops if op.header is not None), None)
+        if read is not None:
+            self.last_store_read = (self.clock(), read)
         if self.shaper.enabled:
             nbytes = sum(op.header.file_nbytes for op in ops if op.header is not None)
             if nbytes:

@@ -106,8 +106,9 @@ class MemoryStore:
             try:
                 op.header = verify_block(op.key, buf, len(blob), f"{self._name}/{h}")
                 op.buffer = buf
-                with self._lock:
-                    self._access[h] = self._access.get(h, 0) + 1
+                if not op.probe:
+                    with self._lock:
+                        self._access[h] = self._access.get(h, 0) + 1
             except CorruptBlockError as err:
                 buf.release()
                 op.error = err

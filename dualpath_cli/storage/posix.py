@@ -230,7 +230,7 @@ class PosixStore:
 
     def _count_hits(self, ops: list[ReadOp]) -> None:
         """Access counts and LRU order of the blocks read."""
-        hits = [op.key.hex for op in ops if op.header is not None]
+        hits = [op.key.hex for op in ops if op.header is not None and not op.probe]
         if hits:
             with self._lock:
                 index = self._index

@@ -142,7 +142,7 @@ class ReplicatedStore:
                 elif len(self._where(op.key)) > 1 or index != self.home(op.key):
                     served[id(op)] = self._fallback(op, index, pool)
         for op in ops:
-            if op.ok:
+            if op.ok and not op.probe:
                 self._count(op, served.get(id(op), -1), pool)
 
     def _fallback(self, op: ReadOp, tried: int, pool: BufferPool) -> int:

@@ -63,6 +63,9 @@ class ReadOp:
     #: replicated store fills it, so that a copy's corruption is counted like a block's
     #: even when the read succeeded (storage/replicas.py)
     copy_errors: tuple[CorruptBlockError, ...] = ()
+    #: a health probe's read (storage/probe.py), not a turn's: stores count no access for
+    #: it (hot blocks, LRU order, a replicated block's copy reads)
+    probe: bool = False
 
     @property
     def ok(self) -> bool:

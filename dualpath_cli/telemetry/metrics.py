@@ -108,8 +108,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dualpath_storage_read_service_seconds", _H, "seconds", ("node",),
                "Time the store spent on one read batch: from when a reader started its I/O "
                "(or, when the reader was still busy with the batch before, from when it "
-               "was free) to when the store returned it, queue wait and NIC pacing excluded.",
+               "was free) to when the store returned it, queue wait and NIC pacing excluded; "
+               "a node's probe reads (dualpath_storage_probe_reads_total) included.",
                LATENCY_BUCKETS),
+    MetricSpec("dualpath_storage_probe_reads_total", _C, "", ("node",),
+               "Probe reads of a node's store: one block it read before, read again every 2 s "
+               "in which the node served no store read, so that a store the scheduler steers "
+               "reads away from still shows its service time (not a turn's read: not in the "
+               "read counters)."),
     MetricSpec("dualpath_storage_cache_hits_total", _C, "", ("node", "tier"),
                "Block lookups served by a tier (dram = loader buffer cache, store)."),
     MetricSpec("dualpath_storage_cache_misses_total", _C, "", ("node", "tier"),
