@@ -209,10 +209,6 @@ class StorageLoader:
         """The hook between the read paths and delivery (None: none)."""
         return self._read_hook
 
-    def note_probe(self, key: BlockKey) -> None:
-        """A probe read ``key`` now: the next one is due ``every_s`` from here."""
-        self.last_store_read = (self.clock(), key)
-
     @property
     def read_queue(self) -> ReadQueue:
         """Blocks, bytes and tokens queued or in flight (the node's read_q)."""

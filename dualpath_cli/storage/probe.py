@@ -83,7 +83,7 @@ class StoreProbe:
         if op.buffer is not None:
             op.buffer.release()
             op.buffer = None
-        loader.note_probe(key)
+        loader.last_store_read = (loader.clock(), key)  # the next is due every_s on
         self.probes += 1
         self._m_probes.inc()
         return seconds
