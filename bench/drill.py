@@ -4,13 +4,16 @@ deaths and leaves, within 10 s for degradation.
 Runs ``dualpath drill``'s rows (services/drill.py) ``--repeat`` times (3 by default) on a
 fresh embedded cluster (launched, relaunched after a row that left it broken, a joined
 cluster beside it for the leave, and stopped, as ``dualpath drill`` does with none
-running) or on the cluster ``--port``/``--url`` names, and prints one line per row:
+running), on the cluster ``--port``/``--url`` names, or with ``--joined`` on joined nodes
+it launches (a ``--role scheduler`` launch and nodes P0, D0, D1 joined to it on loopback,
+services/drill_cluster.py, stopped at the end), and prints one line per row:
 tries passed, the detection times (median and worst) against the row's deadline, and why
 the tries that failed failed. A skipped row counts as not passed::
 
     nice -n 19 python bench/drill.py                     # every row, 3 times
     nice -n 19 python bench/drill.py --only snic_throttle --only kill_decode
     nice -n 19 python bench/drill.py --json              # one JSON object
+    nice -n 19 python bench/drill.py --joined --json     # on joined nodes
 
 JSON keys: ``rows`` (every try, as ``dualpath drill --json``'s rows), ``by_fault`` (per row:
 ``tries``, ``passed``, ``detected_median_s``, ``detected_max_s``, ``deadline_s``,
@@ -34,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dualpath_cli.cli import source
 from dualpath_cli.cli.drill_cmd import DrillSessions
 from dualpath_cli.services.drill import pick_rows, run_drill
+from dualpath_cli.services.drill_cluster import launch_joined, stop_embedded
+from dualpath_cli.services.drill_rows import Row
 from dualpath_cli.services.drill_score import RowResult
 
 
@@ -61,12 +66,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--port", type=int)
     ap.add_argument("--url")
+    ap.add_argument("--joined", action="store_true",
+                    help="launch joined nodes (a scheduler, P0, D0, D1) and drill them")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = pick_rows(args.only)
     t0 = time.monotonic()
+    if args.joined:
+        if args.url or args.port:
+            ap.error("--joined launches its own cluster: no --port or --url with it")
+        joined = launch_joined()
+        try:
+            return _run(args, rows, source.running(source.ClusterRef(
+                None, joined.port, joined.token_file)), t0)
+        finally:
+            stop_embedded(joined)
     target = source.running(source.ClusterRef(args.url, args.port, None)) if (
         args.url or args.port) else None
+    return _run(args, rows, target, t0)
+
+
+def _run(args: argparse.Namespace, rows: list[Row], target: Any, t0: float) -> int:
+    """Drill ``target`` (None: an embedded cluster of the drill's own) and report."""
     with DrillSessions(target, quiet=args.json) as sessions:
         done = run_drill(sessions.first(), rows, repeat=args.repeat,
                          relaunch=sessions.relaunch if target is None else None,
@@ -77,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     by = summarise(done, args.repeat)
     doc = {"rows": [r.to_dict() for r in done], "by_fault": by,
            "goal_met": bool(by) and all(v["goal_met"] for v in by.values()),
-           "repeat": args.repeat, "seconds": round(time.monotonic() - t0, 1)}
+           "repeat": args.repeat, "seconds": round(time.monotonic() - t0, 1),
+           "cluster": "joined" if args.joined else "given" if target else "embedded"}
     if args.json:
         print(json.dumps(doc))
     else:
