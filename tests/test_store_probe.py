@@ -103,3 +103,32 @@ def test_the_probe_thread_stops_on_close() -> None:
         probe.close()  # idempotent
     with pytest.raises(ValueError, match="every_s"):
         StoreProbe(loader, every_s=0)
+
+
+def test_a_corrupt_block_the_probe_finds_is_counted_and_probed_no_more(tmp_path: Path) -> None:
+    """The probe's block went bad on disk: the store quarantines it, the node counts the
+    corruption as a turn's read would, and the probe waits for a block read anew."""
+    from dualpath_cli.storage.header import HEADER_SIZE
+
+    reg, clock = MetricsRegistry(), _Clock()
+    store = PosixStore(tmp_path / "s", registry=reg)
+    with _loader(store, reg, clock) as loader:
+        res = loader.load([KEYS[0]])
+        for b in res.blocks:
+            if b is not None:
+                b.release()
+        path = store.path(KEYS[0])
+        raw = bytearray(path.read_bytes())
+        raw[HEADER_SIZE + 10] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        clock.now += 3.0
+        assert probe_once(loader) is not None
+        assert sum(v for labels, v in _corrupt(reg)) == 1
+        assert loader.last_store_read is None and not store.contains(KEYS[0])
+        clock.now += 3.0
+        assert probe_once(loader) is None
+
+
+def _corrupt(reg: MetricsRegistry) -> list[tuple[dict[str, str], float]]:
+    return [(labels, child.value) for labels, child
+            in reg.family("dualpath_storage_corrupt_blocks_total").samples()]

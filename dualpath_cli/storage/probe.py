@@ -83,7 +83,15 @@ class StoreProbe:
         if op.buffer is not None:
             op.buffer.release()
             op.buffer = None
-        loader.last_store_read = (loader.clock(), key)  # the next is due every_s on
+        # corruption a probe finds is corruption found (the store quarantined the copy):
+        # counted as a turn's read would count it
+        found = [e.reason for e in (*op.copy_errors, *(() if op.error is None else
+                                                        (op.error,)))]
+        if found:
+            loader.metrics.count_reads(0, 0, 0, {r: found.count(r) for r in set(found)}, [])
+        # the next is due every_s on; a block gone (missing, quarantined) is probed no more
+        loader.last_store_read = ((loader.clock(), key) if op.header is not None
+                                  or op.io_error is not None else None)
         self.probes += 1
         self._m_probes.inc()
         return seconds
