@@ -61,6 +61,7 @@ GOALS: dict[str, dict[str, str]] = {
     "monitor": {"diagnose_s_1152": "< 5", "monitor_cpu_pct": "< 2"},
     "diagnose_stability": {"passed": "yes"},
     "drill": {"goal_met": "yes"},
+    "drill_joined": {"goal_met": "yes"},
     "tui": {"frame_ms_1152": "< 100", "idle_cpu_pct": "< 5"},
     "tune_suggest": {"embedded.suggest_s": "< 60", "embedded_with_stories.suggest_s": "< 60",
                      "ds660b.suggest_s": "< 60"},
