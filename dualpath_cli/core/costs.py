@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.calibration import SimCalibration, facts_for
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.core.quota import Predictor, flops_predictor
@@ -27,6 +29,7 @@ from dualpath_cli.errors import ConfigError
 __all__ = ["CostModel", "build_cost_model"]
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """Pre-computed rates for one (model, hardware, cluster) combination.

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.types import EngineSnapshot, Request
 
 __all__ = [
@@ -67,8 +69,8 @@ class GroupLoads:
 
     def copy(self) -> GroupLoads:
         """An independent copy (O(groups), C speed)."""
-        new = GroupLoads.__new__(GroupLoads)
-        new._load = self._load.copy()  # noqa: SLF001 - a copy of its own class, no __init__
+        new = GroupLoads({})  # not __new__ alone: a class compiled by mypyc needs __init__
+        new._load = self._load.copy()  # noqa: SLF001 - a copy of its own class
         new._heap = self._heap.copy()  # noqa: SLF001 - likewise
         return new
 
@@ -120,6 +122,7 @@ class GroupLoads:
         return group
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class RouteResult:
     """Outcome of phase 1: ``(request_id, group)`` in FIFO order and the loads after it."""
@@ -128,6 +131,7 @@ class RouteResult:
     loads: GroupLoads
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class DEPlaceResult:
     """Outcome of one DE group fetch (phase 2).

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import islice
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.types import EngineSnapshot, Request
 from dualpath_cli.errors import NoAvailableEngine
 
@@ -51,6 +53,7 @@ class PEClass(IntEnum):
         return f"C{int(self)}"
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class PEFetchResult:
     """Outcome of one PE group fetch.

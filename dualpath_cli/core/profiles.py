@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.errors import pick
 
 __all__ = [
@@ -53,6 +55,7 @@ def attended_tokens(cached: int, bsz: int, topk: int = 0) -> int:
     return (first + topk - 1) * below // 2 + topk * (bsz - below)
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """Facts about a model that scheduling and cost models need."""
@@ -90,6 +93,7 @@ class ModelProfile:
         return self.linear_flops(bsz) + self.attention_flops(cached, bsz)
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class HardwareProfile:
     """Facts about one node type. Bandwidths in bytes/s, capacities in bytes."""

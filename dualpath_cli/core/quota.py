@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.profiles import ModelProfile
 
 __all__ = [
@@ -39,6 +41,7 @@ Predictor = Callable[[int, int], float]
 """``(cached, bsz) -> predicted attention time`` (seconds); must be non-decreasing in bsz."""
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class PrefillWork:
     """A request's prefill still to do: ``bsz`` new tokens after ``cached`` existing ones."""
@@ -54,6 +57,7 @@ class PrefillWork:
                 f"got cached={self.cached}, bsz={self.bsz}")
 
 
+@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class QuotaBatch:
     """One forward batch and what is left.

@@ -1,13 +1,17 @@
 """The state the stages of a simulated turn share, and the calls one stage makes on another.
 
-Why a base class and mixins: a simulation's event handlers are split by the stage of a
-turn's life they model (:mod:`.fetch` the schedulers' fetches, :mod:`.kv_reads` the storage
-NICs and DRAM buffers, :mod:`.prefill` the PE batches, :mod:`.decode` the DE batches,
-:mod:`.control` the dynamic controllers), and :class:`~dualpath_cli.sim.cluster.Simulation`
-combines them. A handler still calls another stage's handler with one plain method call and
-reads the shared state as plain attributes, as before the split: a large run is 50M events,
-so no helper object stands in between. Subclasses (:mod:`.hierarchy`, :mod:`.measured`)
-override the handlers as before. This class only declares; ``Simulation`` builds the state.
+Why a base class and a stack of stages: a simulation's event handlers are split by the stage
+of a turn's life they model (:mod:`.fetch` the schedulers' fetches, :mod:`.kv_reads` the
+storage NICs and DRAM buffers, :mod:`.prefill` the PE batches, :mod:`.decode` the DE batches,
+:mod:`.control` the dynamic controllers). Each stage subclasses the one before it (fetch,
+reads, prefill, decode, control), and :class:`~dualpath_cli.sim.cluster.Simulation` the
+last: one line of inheritance, which mypyc compiles into one native class (no mixins: it
+compiles single inheritance only; docs/simulator.md, "Compiled core"). A stage calls another
+only through this class's declarations, never by its position in the stack. A handler still
+calls another stage's handler with one plain method call and reads the shared state as plain
+attributes: a large run is 50M events, so no helper object stands in between. Subclasses
+(:mod:`.hierarchy`, :mod:`.measured`) override the handlers as before. This class only
+declares; ``Simulation`` builds the state.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 from dualpath_cli.core.controllers import Controllers, ControlStep
 from dualpath_cli.core.costs import CostModel
@@ -30,6 +36,7 @@ from dualpath_cli.workload.prefix_store import GlobalPrefixStore
 __all__ = ["SimBase"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SimBase(ABC):
     """Declarations only: the attributes and cross-stage calls of one simulated run."""
 
@@ -52,7 +59,7 @@ class SimBase(ABC):
     _z_factor: float
     _full_blocks: bool
     _block_tokens: int
-    _kvpt: float
+    _kvpt: int
     _topk: int
     _fixed_step_s: float | None
     _hbm_bw: float

@@ -3,7 +3,7 @@
 Every scheduling decision is a call into core/ (``pe_fetch``, ``de_route``, ``de_place``,
 ``read_plan``, ``pack_batch``); the simulation only moves simulated time and bytes. This
 module builds a run and drives it (agents, turns, offline and online runs, the result); the
-stages of a turn's life are its mixins (:mod:`.base` says why): :mod:`.fetch`,
+stages of a turn's life are its base classes (:mod:`.base` says why): :mod:`.fetch`,
 :mod:`.kv_reads`, :mod:`.prefill`, :mod:`.decode` and :mod:`.control`; the machines come
 from :mod:`.topology`. One turn's life (ARCHITECTURE.md, "data flow of one agent turn"):
 
@@ -36,19 +36,16 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from dualpath_cli.core.costs import build_cost_model
 from dualpath_cli.core.policies import SchedParams
 from dualpath_cli.errors import UsageError
 from dualpath_cli.limits import check
 from dualpath_cli.sim.control import ControlStage
-from dualpath_cli.sim.decode import DecodeStage
 from dualpath_cli.sim.events import EventLoop
-from dualpath_cli.sim.fetch import FetchStage
-from dualpath_cli.sim.kv_reads import ReadStage
 from dualpath_cli.sim.metrics import SimResult, latency_stats, max_over_avg, snic_series
 from dualpath_cli.sim.online import StopRule, check_online
-from dualpath_cli.sim.prefill import PrefillStage
 from dualpath_cli.sim.progress import PROGRESS_TICK_S, ProgressFn, RunProgress
 from dualpath_cli.sim.setup import SimSetup, check_fits_decode_hbm, derive_thresholds
 from dualpath_cli.sim.state import Req
@@ -63,7 +60,8 @@ STOP_CHECK_S = 10.0
 """How often (simulated seconds) an online run applies its stop rule."""
 
 
-class Simulation(FetchStage, ReadStage, PrefillStage, DecodeStage, ControlStage):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Simulation(ControlStage):
     """One simulated run. Build, then call :meth:`run_offline` or :meth:`run_online`.
 
     Why the handlers look flat: a 48P96D run is about 7.5M turns and 50M events, so the hot

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.controllers import CONTROLLERS, Controllers, ttft_tail
 from dualpath_cli.errors import UsageError
-from dualpath_cli.sim.base import SimBase
+from dualpath_cli.sim.decode import DecodeStage
 
 __all__ = ["ControlStage"]
 
 
-class ControlStage(SimBase):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ControlStage(DecodeStage):
     """The controller handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
     def _init_control(self) -> None:

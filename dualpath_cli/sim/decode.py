@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 from heapq import heappop, heappush
 
-from dualpath_cli.sim.base import SimBase
+from mypy_extensions import mypyc_attr
+
+from dualpath_cli.sim.prefill import PrefillStage
 from dualpath_cli.sim.state import DEngine, Req
 
 __all__ = ["DecodeStage"]
 
 
-class DecodeStage(SimBase):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class DecodeStage(PrefillStage):
     """The decode handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
     def _reschedule(self, de: DEngine, now: float) -> None:
@@ -90,7 +93,7 @@ class DecodeStage(SimBase):
         context = req.length + req.gen // 2  # core's CostModel.attended, inlined
         topk = self._topk
         att = (topk if topk < context else context) if topk > 0 else context
-        req.finish_s = att
+        req.attended = att
         de.attended += att
         heappush(de.heap, (de.steps + (req.gen - 1), req.rid, req))
         req.t_join = now
@@ -115,7 +118,7 @@ class DecodeStage(SimBase):
         limit = de.steps + 1e-9
         while heap and heap[0][0] <= limit:
             req = heappop(heap)[2]
-            de.attended -= int(req.finish_s)
+            de.attended -= req.attended
             self._finish(req, de)
         if self._host_cores is None and heap:  # _reschedule's common case
             de.version += 1

@@ -17,6 +17,8 @@ from collections import deque
 from itertools import islice
 from operator import attrgetter
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.de_schedule import de_route, place_under_z, z_threshold
 from dualpath_cli.core.pe_fetch import pe_fetch_in_place
 from dualpath_cli.sim.base import SimBase
@@ -26,8 +28,10 @@ __all__ = ["FetchStage"]
 
 _DE_HEAD_MAX = 4096   # bound on the private-queue head offered to one DE fetch
 _cum_end = attrgetter("cum_end")
+_core = attrgetter("core")  # lazily, as a generator would: a fetch may stop early
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FetchStage(SimBase):
     """The fetch handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
@@ -62,7 +66,7 @@ class FetchStage(SimBase):
             read_q = node.read_q
             for sn in node_snaps:
                 sn.read_q = read_q
-        assignments, stop = pe_fetch_in_place((r.core for r in q), snaps, self.alpha, self.beta)
+        assignments, stop = pe_fetch_in_place(map(_core, q), snaps, self.alpha, self.beta)
         if assignments:
             engines = self.engines
             for _rid, eid in assignments:
@@ -121,7 +125,7 @@ class FetchStage(SimBase):
         r_tokens = priv[r_count - 1].cum_end - base if r_count else 0
         live = [sn for sn in snaps if sn.healthy]
         z = z_threshold(r_tokens, live, self._z_factor)
-        assignments, stop = place_under_z((r.core for r in islice(priv, offered)), live, z)
+        assignments, stop = place_under_z(map(_core, islice(priv, offered)), live, z)
         engines = self.engines
         for _rid, eid in assignments:
             req = priv.popleft()

@@ -18,6 +18,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.de_schedule import de_route
 from dualpath_cli.core.hierarchy import check_subs, partition, route_to_subs
 from dualpath_cli.sim.cluster import Simulation
@@ -28,6 +30,7 @@ from dualpath_cli.sim.trace import AgentPlan
 __all__ = ["TimedSimulation", "HierarchicalSimulation"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TimedSimulation(Simulation):
     """The flat simulation, with each scheduling call's wall time in ``decision_ns``."""
 
@@ -57,6 +60,7 @@ class TimedSimulation(Simulation):
         self.decision_ns.append(time.perf_counter_ns() - t)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class HierarchicalSimulation(TimedSimulation):
     """A root and ``subs`` sub-schedulers over the flat simulation's cluster (module doc).
 

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 from heapq import heappush
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.quota import PrefillWork
 from dualpath_cli.errors import NoAvailableEngine
-from dualpath_cli.sim.base import SimBase
+from dualpath_cli.sim.fetch import FetchStage
 from dualpath_cli.sim.links import Flow
 from dualpath_cli.sim.state import DEngine, Node, PEngine, ReadJob, Req
 
 __all__ = ["ReadStage"]
 
 
-class ReadStage(SimBase):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ReadStage(FetchStage):
     """The read handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
     def _start_io(self, req: Req) -> None:
@@ -103,7 +106,7 @@ class ReadStage(SimBase):
                 got[3], got[4] = job, own
         own += max(0, hi - max(lo, len(chain) * bt))  # past the chain: never joined
         self.joined_read_tokens += hi - lo - own
-        job.tokens, job.nbytes, job.owned = own, own * kvpt, tuple(owned)
+        job.tokens, job.nbytes, job.owned = own, float(own * kvpt), tuple(owned)
         return job
 
     def _read_so_far(self, eng: PEngine | DEngine) -> tuple[ReadJob, float] | None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from dualpath_cli.sim.cluster import Simulation
 from dualpath_cli.sim.metrics import SimResult
@@ -44,6 +45,7 @@ class TurnPhases:
     gen: int
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TimedSimulation(Simulation):
     """:class:`Simulation` with a client gap between an agent's turns, a hand-off delay
     before a decode engine takes a turn, and per-turn phases.

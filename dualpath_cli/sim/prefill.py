@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from heapq import heappush
 
+from mypy_extensions import mypyc_attr
+
 from dualpath_cli.core.quota import PrefillWork, pack_batch
-from dualpath_cli.sim.base import SimBase
+from dualpath_cli.sim.kv_reads import ReadStage
 from dualpath_cli.sim.state import PEngine, Req
 
 __all__ = ["PrefillStage"]
@@ -26,7 +28,8 @@ def _hbm_prefix(ready: Iterable[PrefillWork], hbm_tokens: int) -> Iterator[Prefi
         yield w
 
 
-class PrefillStage(SimBase):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class PrefillStage(ReadStage):
     """The prefill handlers of :class:`~dualpath_cli.sim.cluster.Simulation`."""
 
     def _pe_ready(self, req: Req) -> None:

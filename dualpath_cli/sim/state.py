@@ -22,7 +22,7 @@ class Req:
 
     __slots__ = ("rid", "agent", "turn", "length", "cached", "new", "gen", "core", "pe", "de",
                  "pending_reads", "t_arrive", "t_first", "t_join", "t_second", "done_new",
-                 "buf_pe", "buf_de", "finish_s", "cum_end")
+                 "buf_pe", "buf_de", "attended", "cum_end")
 
     def __init__(self, rid: int, agent: int, turn: int, cached: int, new: int, gen: int,
                  now: float) -> None:
@@ -44,7 +44,7 @@ class Req:
         self.done_new = 0
         self.buf_pe = 0.0   # bytes held in the PE node's DRAM buffer
         self.buf_de = 0.0   # bytes held in the DE node's DRAM buffer
-        self.finish_s = 0.0
+        self.attended = 0   # tokens it attends per decode step (set when it joins a DE)
         self.cum_end = 0    # its DE group's routed tokens up to and including this request
 
 
