@@ -10,6 +10,10 @@ as ``trace_wall_s``); ``--progress`` passes the progress callback a terminal's b
 (``progress_reports``: how often it was called), to measure what it costs. The goal: more
 than 8K turns/s, and 48P96D with 48K agents (about 7.5M turns) end to end in under 15
 minutes.
+
+``core`` says which simulator core ran: ``compiled`` (mypyc, built at install) or ``python``
+(the pure-Python reference: ``DUALPATH_PURE_SIM=1``, or no build; dualpath_cli/compiled.py);
+``core_reason`` why.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import sys
 import time
 
+from dualpath_cli import compiled
 from dualpath_cli.errors import DualPathError
 from dualpath_cli.sim import make_setup, simulate_offline, synthetic_plans
 from dualpath_cli.units import parse_tokens
@@ -52,12 +57,14 @@ def main(argv: list[str] | None = None) -> int:
            "max_len": args.max_len, "policy": args.policy, "turns": res.turns,
            "events": res.events, "wall_s": round(res.wall_s, 3),
            "turns_per_s": round(res.turns_per_s, 1), "trace_wall_s": round(trace_wall, 3),
-           "jct_s": round(res.jct, 1), "progress_reports": len(reports)}
+           "jct_s": round(res.jct, 1), "progress_reports": len(reports),
+           "core": compiled.core(), "core_reason": compiled.reason()}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{res.turns} turns in {res.wall_s:.1f} s: {res.turns_per_s:,.0f} turns/s "
-              f"(JCT {res.jct:,.0f} s simulated; trace built in {trace_wall:.1f} s)")
+              f"(JCT {res.jct:,.0f} s simulated; trace built in {trace_wall:.1f} s; "
+              f"{out['core']} core: {out['core_reason']})")
     return 0
 
 

@@ -70,8 +70,8 @@ class GroupLoads:
     def copy(self) -> GroupLoads:
         """An independent copy (O(groups), C speed)."""
         new = GroupLoads({})  # not __new__ alone: a class compiled by mypyc needs __init__
-        new._load = self._load.copy()  # noqa: SLF001 - a copy of its own class
-        new._heap = self._heap.copy()  # noqa: SLF001 - likewise
+        new._load = self._load.copy()
+        new._heap = self._heap.copy()
         return new
 
     def __len__(self) -> int:
