@@ -57,6 +57,9 @@ MODULES: tuple[str, ...] = (
     "dualpath_cli.core.quota",
     "dualpath_cli.core.costs",
     "dualpath_cli.core.profiles",
+    "dualpath_cli.core.types",
+    "dualpath_cli.core.policies",
+    "dualpath_cli.core.read_side",
 )
 """The modules mypyc compiles: the simulator's event core and the core/ functions it calls
 on every turn."""

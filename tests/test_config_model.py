@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -112,8 +114,7 @@ def test_seed_alpha_bytes_convert_to_tokens() -> None:
 
 
 def test_alpha_in_seconds_counts_every_storage_nic_of_the_node() -> None:
-    two_nics = HARDWARE_PROFILES["hopper"].__class__(**{
-        **{f: getattr(HOPPER, f) for f in HOPPER.__slots__}, "snics_per_node": 2})
+    two_nics = dataclasses.replace(HARDWARE_PROFILES["hopper"], snics_per_node=2)
     assert resolve_alpha(parse_alpha("3s"), DS660B, two_nics).value == \
         tokens_readable(100e9, 48068, 3)
 

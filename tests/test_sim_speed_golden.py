@@ -263,3 +263,36 @@ def test_the_golden_runs_match_on_the_pure_python_core() -> None:
     got = json.loads(proc.stdout)
     assert got["core"] == "python"
     assert {k: tuple(v) for k, v in got["runs"].items()} == PINNED
+
+
+def test_the_core_frozen_dataclasses_pickle_and_copy_as_they_were() -> None:
+    """Every frozen dataclass of the compiled modules round-trips through pickle and copy
+    (compiled, pickle would set its fields one by one, which a frozen class refuses:
+    core/frozen.py), and each module's classes are of the side that was loaded."""
+    import copy
+    import dataclasses
+    import importlib
+    import pickle
+
+    from dualpath_cli.core.policies import POLICIES, ReadPlan, SchedParams
+    from dualpath_cli.core.quota import PrefillWork, QuotaBatch
+    from dualpath_cli.core.read_side import SplitRead
+    from dualpath_cli.core.types import EngineSnapshot, ReadSide, Request, Role
+
+    setup = make_setup("ds660b", "2P4D", "dualpath")
+    examples: list[object] = [
+        setup.model, setup.hardware, Request(3, 100, 40),
+        EngineSnapshot(1, 0, 0, Role.DECODE, hbm_free=5), PrefillWork(3, 40, 60),
+        QuotaBatch((PrefillWork(3, 40, 60),), 0.5, 1),
+        SchedParams(1, 2, 1.05, 64, 1.0, 2.0, 7), ReadPlan(ReadSide.PE, 40, 0),
+        SplitRead(64, range(0, 1), range(1, 3), 64, 100, 0.5, 0.5), POLICIES["basic"],
+    ]
+    for obj in examples:
+        for twin in (pickle.loads(pickle.dumps(obj)), copy.copy(obj), copy.deepcopy(obj)):
+            assert type(twin) is type(obj) and twin == obj
+    frozen = {type(o).__name__ for o in examples
+              if dataclasses.is_dataclass(o) and type(o).__dataclass_params__.frozen}
+    assert len(frozen) >= 9
+    for name in compiled.MODULES:
+        mod = importlib.import_module(name)
+        assert str(mod.__file__).endswith(".py") == (compiled.core() == "python")

@@ -18,10 +18,10 @@ Pure, so it lives in core/: the simulator runs on it and the emulated cluster
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from mypy_extensions import mypyc_attr
+from typing import Any
 
 from dualpath_cli.core.calibration import SimCalibration, facts_for
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.profiles import HardwareProfile, ModelProfile
 from dualpath_cli.core.quota import Predictor, flops_predictor
 from dualpath_cli.errors import ConfigError
@@ -29,7 +29,6 @@ from dualpath_cli.errors import ConfigError
 __all__ = ["CostModel", "build_cost_model"]
 
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """Pre-computed rates for one (model, hardware, cluster) combination.
@@ -81,6 +80,9 @@ class CostModel:
     def attended(self, context: int) -> int:
         """Tokens one decode step of a request with ``context`` tokens attends to."""
         return min(context, self.topk) if self.topk > 0 else context
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def _kv_tokens(hbm: int, reserve: float, weights: float, kv_per_token: int) -> int:

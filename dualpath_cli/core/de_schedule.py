@@ -27,9 +27,9 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.types import EngineSnapshot, Request
 
 __all__ = [
@@ -122,7 +122,6 @@ class GroupLoads:
         return group
 
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class RouteResult:
     """Outcome of phase 1: ``(request_id, group)`` in FIFO order and the loads after it."""
@@ -130,8 +129,10 @@ class RouteResult:
     assignments: tuple[tuple[int, int], ...]
     loads: GroupLoads
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
+
 @dataclass(frozen=True, slots=True)
 class DEPlaceResult:
     """Outcome of one DE group fetch (phase 2).
@@ -151,6 +152,9 @@ class DEPlaceResult:
     z: float
     r_count: int
     stop_reason: str
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def group_load(engines: Iterable[EngineSnapshot], queued: Iterable[Request] = ()) -> int:

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import islice
+from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.types import EngineSnapshot, Request
 from dualpath_cli.errors import NoAvailableEngine
 
@@ -53,7 +53,6 @@ class PEClass(IntEnum):
         return f"C{int(self)}"
 
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class PEFetchResult:
     """Outcome of one PE group fetch.
@@ -85,6 +84,9 @@ class PEFetchResult:
         (a one-shot iterator has already been advanced).
         """
         return tuple(islice(self.source, self.consumed, None))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def classify_pe(engine: EngineSnapshot, alpha: int, beta: int) -> PEClass:

@@ -40,8 +40,10 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from dualpath_cli.core.de_schedule import DEFAULT_Z_FACTOR, GroupLoads, de_place, de_route
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.pe_fetch import pe_fetch
 from dualpath_cli.core.read_side import (
     DEFAULT_BLOCK_TOKENS,
@@ -83,6 +85,9 @@ class SchedParams:
     de_read_rate: float = 1.0
     seed: int = 0
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
+
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
@@ -92,6 +97,9 @@ class ReadPlan:
     pe_tokens: int
     de_tokens: int
     split: SplitRead | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 PlanFn = Callable[[Request, EngineSnapshot, EngineSnapshot, SchedParams, int], ReadPlan]
@@ -121,6 +129,9 @@ class Policy:
     def read_rule(self) -> str:
         """The read rule's name (``basic`` for ``layerwise`` and ``oracle``)."""
         return self.rule or self.name
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def _whole(side: ReadSide, cached: int) -> ReadPlan:
@@ -272,6 +283,9 @@ class Decision:
     de_read_q: int
     z: float
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionResult:
@@ -281,6 +295,9 @@ class DecisionResult:
     pe_engines: tuple[EngineSnapshot, ...]
     de_engines: tuple[EngineSnapshot, ...]
     loads: GroupLoads
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def decide(policy: Policy, request: Request, pe_engines: Sequence[EngineSnapshot],

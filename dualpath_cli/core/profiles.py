@@ -26,9 +26,9 @@ prefill, ``(context + append) / prefill_time(context, append)``, not new tokens 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.errors import pick
 
 __all__ = [
@@ -55,7 +55,6 @@ def attended_tokens(cached: int, bsz: int, topk: int = 0) -> int:
     return (first + topk - 1) * below // 2 + topk * (bsz - below)
 
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """Facts about a model that scheduling and cost models need."""
@@ -92,8 +91,10 @@ class ModelProfile:
         """Total prefill FLOPs for a chunk of ``bsz`` new tokens after ``cached`` ones."""
         return self.linear_flops(bsz) + self.attention_flops(cached, bsz)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
+
 @dataclass(frozen=True, slots=True)
 class HardwareProfile:
     """Facts about one node type. Bandwidths in bytes/s, capacities in bytes."""
@@ -133,6 +134,9 @@ class HardwareProfile:
             raise ValueError(f"need append >= 1 and context >= 0, got context={context}, "
                              f"append={append}")
         return (context + append) / self.prefill_s(model, context, append)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 MODEL_PROFILES: dict[str, ModelProfile] = {

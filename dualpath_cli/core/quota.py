@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.profiles import ModelProfile
 
 __all__ = [
@@ -41,7 +41,6 @@ Predictor = Callable[[int, int], float]
 """``(cached, bsz) -> predicted attention time`` (seconds); must be non-decreasing in bsz."""
 
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
 @dataclass(frozen=True, slots=True)
 class PrefillWork:
     """A request's prefill still to do: ``bsz`` new tokens after ``cached`` existing ones."""
@@ -56,8 +55,10 @@ class PrefillWork:
                 f"request {self.request_id}: need cached >= 0 and bsz >= 1, "
                 f"got cached={self.cached}, bsz={self.bsz}")
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
-@mypyc_attr(native_class=False)  # frozen: a compiled one could not be unpickled
+
 @dataclass(frozen=True, slots=True)
 class QuotaBatch:
     """One forward batch and what is left.
@@ -92,6 +93,9 @@ class QuotaBatch:
         """
         head = (self.carry,) if self.carry is not None else ()
         return head + tuple(islice(self.source, self.consumed, None))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def flops_predictor(model: ModelProfile, flops_per_s: float) -> Predictor:

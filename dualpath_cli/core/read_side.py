@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+from dualpath_cli.core.frozen import by_fields
 from dualpath_cli.core.types import ReadSide
 
 __all__ = ["choose_read_side", "SplitRead", "split_read", "DEFAULT_BLOCK_TOKENS"]
@@ -54,6 +56,9 @@ class SplitRead:
     de_tokens: int
     pe_drain: float
     de_drain: float
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
 
 
 def split_read(cached: int, pe_read_q: int, de_read_q: int, *, pe_rate: float = 1.0,

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+
+from dualpath_cli.core.frozen import by_fields
 
 __all__ = ["Role", "ReadSide", "EngineSnapshot", "Request"]
 
@@ -68,3 +71,6 @@ class Request:
     def new_tokens(self) -> int:
         """Tokens to prefill (the miss part)."""
         return self.length - self.cached
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # a compiled frozen class pickles by its constructor
