@@ -51,6 +51,7 @@ GOALS: dict[str, dict[str, str]] = {
     "runtime": {"basic_over_dualpath.min": ">= 1.8", "dualpath_over_oracle.max": "<= 1.2",
                 "goals_met": "yes"},
     "sim_speed": {"turns_per_s": "> 8000", "wall_s": "< 900"},
+    "sim_speed_core": {"compiled_turns_per_s": ">= 50000"},
     "warm": {"serving.kept": ">= 0.9", "cap_held": "yes"},
     "metrics_render": {"metrics_render_ms_1152": "<= 50", "api_metrics_render_ms_1152": "<= 50"},
     "api": {"overhead_p50_ms": "<= 2", "stream_first_chunk_ratio": "<= 0.3", "ready_s": "<= 5",

@@ -118,7 +118,11 @@ def _decide(root: Path = _PACKAGE) -> tuple[bool, str]:
         built = (root / DIGEST_FILE).read_text(encoding="ascii").strip()
     except OSError:
         built = ""
-    if built != source_digest(root):
+    try:
+        current = source_digest(root)
+    except OSError:  # an install without the sources: the compiled copy is all there is
+        return False, "compiled at install (mypyc; no sources to compare)"
+    if built != current:
         return True, "sources changed since the build (pip install -e . rebuilds it)"
     return False, "compiled at install (mypyc)"
 
