@@ -55,7 +55,7 @@ CASES = (
          ("--policy", "basic")),
     Case("read_latency", "read_latency:node=0,latency=100ms", "cache-hit", "node P0",
          ("--policy", "basic")),
-    Case("hot_blocks", "hot_blocks:node=1,count=2,rate=30", "long-tail", "node D1",
+    Case("hot_blocks", "hot_blocks:node=1,count=2,rate=100", "long-tail", "node D1",
          ("--policy", "basic")),
     # the drill's row: a slow store on a decode node, under the default policy (which
     # steers reads away from it: a window with too few reads there is OK, not a guess)
