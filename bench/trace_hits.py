@@ -29,9 +29,12 @@ takes (minutes for the public trace, where real engines would compute 91M tokens
 it counts. The requests go one at a time in arrival order, each a turn of its linked
 conversation carrying the token ids its block chain names, each finished (its blocks stored)
 before the next is sent: the independent count's store, stored at arrival. Keys:
-``runtime_requests``, ``runtime_hit_ratio`` (hit tokens over the replayed requests' input
-tokens), ``runtime_cross_tokens`` (``dualpath_kv_cross_conversation_hit_tokens_total``),
-``runtime_looked_tokens``, ``runtime_wall_s``; with ``--runtime-requests N`` below the log's
+``runtime_requests``, ``runtime_hit_ratio`` (``runtime_hit_tokens`` over the replayed
+requests' input tokens), ``runtime_cross_tokens``
+(``dualpath_kv_cross_conversation_hit_tokens_total``: hits past the chain the conversation's
+previous turn stored, which the scheduler's ledger remembers for its 4,096 most recent
+agents, so an older conversation's own hits count as across), ``runtime_looked_tokens``,
+``runtime_wall_s``; with ``--runtime-requests N`` below the log's
 size the runtime replays only the first N requests in arrival order and is compared with the
 independent count of that prefix (``runtime_prefix_independent_hit_ratio``,
 ``runtime_prefix_independent_cross_tokens``); ``worst_gap_points`` and ``hits_within_goal``
@@ -74,7 +77,8 @@ def runtime_hits(requests: list[MooncakeRequest], limit: int | None
     ratio = got.hit_tokens / truth.input_tokens
     out: dict[str, object] = {
         "runtime_requests": got.requests, "runtime_hit_ratio": round(ratio, 4),
-        "runtime_cross_tokens": got.cross_tokens, "runtime_looked_tokens": got.looked_tokens,
+        "runtime_hit_tokens": got.hit_tokens, "runtime_cross_tokens": got.cross_tokens,
+        "runtime_looked_tokens": got.looked_tokens,
         "runtime_wall_s": got.wall_s}
     if got.requests < len(requests):  # a prefix: its own independent count
         out.update(runtime_prefix_independent_hit_ratio=round(hit / truth.input_tokens, 4),
