@@ -9,6 +9,8 @@ and compares the scheduler's own store-lookup counters with the independent coun
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,47 @@ def test_the_runtime_hits_what_the_logs_global_store_held(tmp_path: object) -> N
     assert looked == independent.input_tokens  # every prompt as long as its request
     assert abs(hit / looked - independent.prefix_hit_ratio) <= 0.01
     assert crossed > 0 and abs(crossed - cross) / looked <= 0.01
+
+
+def test_arrival_turns_name_each_requests_turn_of_the_linked_trace() -> None:
+    from dualpath_cli.workload.mooncake_link import arrival_turns
+
+    requests = generate_conversations(SHAPE, seed=3)
+    trace, _ = link_requests(requests)
+    order = arrival_turns(requests)
+    arrived = sorted(requests, key=lambda r: r.timestamp_ms)
+    assert len(order) == len(requests) == len(set(order))
+    for (agent, turn), r in zip(order, arrived, strict=True):
+        assert trace.trajectories[agent].blocks[turn] == r.hash_ids
+    seen: dict[int, int] = {}
+    for agent, turn in order:  # a conversation's turns arrive in order
+        assert turn == seen.get(agent, -1) + 1
+        seen[agent] = turn
+
+
+#: The bench's log, smaller: conversations sharing system prompts and tool outputs at
+#: different depths (about 130 requests, 1.3M prompt tokens; a few seconds emulated).
+BENCH_SHAPE = ConversationShape(conversations=20)
+
+
+@pytest.mark.e2e
+def test_the_emulated_replay_hits_what_the_independent_count_finds(tmp_path: Path) -> None:
+    """bench/trace_hits.py --runtime's method: the real scheduler's lookup counters with
+    emulated engines, the requests one at a time in arrival order."""
+    from dualpath_cli.services.hits_replay import runtime_store_hits
+
+    requests = generate_conversations(BENCH_SHAPE, seed=1)
+    independent = mooncake_stats(requests)
+    total_hits, cross = hit_split(requests)
+    assert cross > 0 and total_hits > cross
+    got = runtime_store_hits(requests, tmp_path / "all")
+    assert got.requests == len(requests)
+    assert abs(got.looked_tokens - independent.input_tokens) <= len(requests)  # clamps only
+    assert abs(got.hit_tokens - total_hits) / independent.input_tokens <= 0.01
+    assert got.cross_tokens > 0 and abs(got.cross_tokens - cross) / independent.input_tokens <= 0.01
+    # a prefix of the log against the independent count of that prefix
+    first = sorted(requests, key=lambda r: r.timestamp_ms)[:40]
+    head_hits, _ = hit_split(first)
+    head = runtime_store_hits(requests, tmp_path / "head", limit=40)
+    assert head.requests == 40 and head.hit_tokens < got.hit_tokens
+    assert abs(head.hit_tokens - head_hits) / mooncake_stats(first).input_tokens <= 0.01

@@ -42,7 +42,8 @@ from dualpath_cli.workload.tokens import MAX_SEED
 from dualpath_cli.workload.trace_format import Trace, TraceHeader
 from dualpath_cli.workload.trajectory import Trajectory, Turn
 
-__all__ = ["LinkCounts", "link_requests", "read_agent_trace", "hit_split", "LINK_RULE"]
+__all__ = ["LinkCounts", "link_requests", "read_agent_trace", "hit_split", "arrival_turns",
+           "LINK_RULE"]
 
 LINK_RULE = ("a request continues the conversation whose last request's full-block prefix "
              "(its last full 512-token block id) it starts with and whose input it extends; "
@@ -165,6 +166,20 @@ def hit_split(requests: Sequence[MooncakeRequest]) -> tuple[int, int]:
             cross += max(0, h - own)
             own = len(_full_ids(r)) * MOONCAKE_BLOCK_TOKENS
     return sum(hits), cross
+
+
+def arrival_turns(requests: Sequence[MooncakeRequest]) -> list[tuple[int, int]]:
+    """``(agent, turn)`` of each request in arrival order: where :func:`link_requests` put
+    it (agent ids are trajectory indices).
+
+    Why: a replay that sends the log's requests one at a time in arrival order (the global
+    store of ``mooncake.prefix_hits``) needs each one's turn of the linked trace.
+    """
+    chains, _ = _chains(requests)
+    where = {id(r): (agent, turn) for agent, chain in enumerate(chains)
+             for turn, r in enumerate(chain)}
+    order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
+    return [where[id(requests[i])] for i in order]
 
 
 def _full_ids(r: MooncakeRequest) -> tuple[int, ...]:
