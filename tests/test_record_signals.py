@@ -57,9 +57,12 @@ def _start_recording(url: str, path: Path, tmp_path: Path,
                      *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
     env.pop("DUALPATH_URL", None)
+    # SIGINT's default disposition in the child: a suite run as a shell's background job
+    # (``pytest &``) inherits SIGINT ignored, and Python then installs no handler for it
     return subprocess.Popen([*CLI, "record", "--window", "10m", "--interval", "250ms",
                              "-o", str(path), "--url", url, *extra], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("signum,code,suffix,as_json", [
