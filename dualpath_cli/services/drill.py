@@ -165,8 +165,7 @@ def _fix_for(client: Any, finding: Mapping[str, Any], made: Made) -> tuple[str, 
                 return "replicate (not applicable: no replica roots)", lambda: None
             made.detail["fix_refused"] = str(err)
             return "replicate (refused)", lambda: None
-        added = ((getattr(entry, "new", None) or {}).get("added") or {}) if entry else {}
-        if entry is not None and not any(added.values()):
+        if not any((entry.new.get("added") or {}).values()):
             # the finding offered copies that exist already: advice that changes nothing
             made.detail["fix_failed"] = ("it copied nothing: every hot block was already "
                                          "on every root")

@@ -85,8 +85,9 @@ class StoreProbe:
             op.buffer = None
         # corruption a probe finds is corruption found (the store quarantined the copy):
         # counted as a turn's read would count it
-        found = [e.reason for e in (*op.copy_errors, *(() if op.error is None else
-                                                        (op.error,)))]
+        found = [e.reason for e in op.copy_errors]
+        if op.error is not None:
+            found.append(op.error.reason)
         if found:
             loader.metrics.count_reads(0, 0, 0, {r: found.count(r) for r in set(found)}, [])
         # the next is due every_s on; a block gone (missing, quarantined) is probed no more

@@ -127,6 +127,7 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         if reads[k] >= rule.minimum:
             by_subject.setdefault(_reader_subject(ev, k), []).append(k)
     out: list[Finding] = []
+    roots = _roots_serving_copies(ev)
     for reader, keys in sorted(by_subject.items()):
         top = max(keys, key=lambda k: (load[k], k))
         subject = reader or f"block {top}"  # who read them not known: the hottest block
@@ -150,7 +151,6 @@ def _hot_blocks(ev: Evidence, wf: str) -> list[Finding]:
         copied = (f"; {have[top]} copies, {spread[top][0]} reads on the busiest"
                   if top in have else "")
         who = f"{reader} reads" if reader else "a reader (not reported) reads"
-        roots = _roots_serving_copies(ev)
         # every hot block already read from each root seen serving copies: another copy
         # needs another root (a --fix would copy nothing)
         on_every_root = len(roots) >= 2 and all(
